@@ -1,0 +1,279 @@
+//! Typed configuration read once from the environment.
+
+use std::{fmt, time::Duration};
+
+use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
+
+use crate::providers::Provider;
+
+/// Errors in the environment, reported at start-up and never containing a secret.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{var}: {reason}")]
+    Invalid { var: &'static str, reason: String },
+}
+
+fn invalid(var: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid { var, reason: reason.into() }
+}
+
+/// Secret bytes whose `Debug` never shows them.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(Vec<u8>);
+
+impl Secret {
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Self {
+        Secret(bytes.into())
+    }
+    pub fn expose(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+/// Marqeta's Basic credentials and optional signing secrets.
+#[derive(Clone, Debug)]
+pub struct MarqetaAuth {
+    pub username: Secret,
+    /// Several passwords may be valid at once while one is being rotated.
+    pub passwords: Vec<Secret>,
+    /// When non-empty, a valid `X-Marqeta-Signature` is required as well.
+    pub signing_secrets: Vec<Secret>,
+}
+
+/// The secrets of every provider; a provider with none configured has no endpoint.
+#[derive(Clone, Debug, Default)]
+pub struct Secrets {
+    pub stripe: Vec<Secret>,
+    pub shopify: Vec<Secret>,
+    pub github: Vec<Secret>,
+    /// Already base64-decoded, `whsec_` prefix removed.
+    pub standard: Vec<Secret>,
+    pub marqeta: Option<MarqetaAuth>,
+}
+
+impl Secrets {
+    pub fn is_configured(&self, provider: Provider) -> bool {
+        match provider {
+            Provider::Stripe => !self.stripe.is_empty(),
+            Provider::Shopify => !self.shopify.is_empty(),
+            Provider::Github => !self.github.is_empty(),
+            Provider::Standard => !self.standard.is_empty(),
+            Provider::Marqeta => self.marqeta.is_some(),
+        }
+    }
+
+    pub fn none_configured(&self) -> bool {
+        Provider::ALL.iter().all(|p| !self.is_configured(*p))
+    }
+
+    /// Reads every `*_WEBHOOK_*` variable; each may hold several comma-separated secrets.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let list = |var: &'static str| -> Vec<String> {
+            get(var)
+                .map(|v| v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect())
+                .unwrap_or_default()
+        };
+        let plain = |var: &'static str| list(var).into_iter().map(Secret::new).collect::<Vec<_>>();
+
+        let standard = list("STANDARD_WEBHOOK_SECRET")
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                decode_standard_secret(s).ok_or_else(|| {
+                    invalid(
+                        "STANDARD_WEBHOOK_SECRET",
+                        format!("secret #{} is not base64 (after an optional whsec_ prefix)", i + 1),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+
+        let usernames = list("MARQETA_WEBHOOK_USERNAME");
+        let passwords = plain("MARQETA_WEBHOOK_PASSWORD");
+        let signing_secrets = plain("MARQETA_WEBHOOK_SECRET");
+        let marqeta = match (usernames.as_slice(), passwords.is_empty()) {
+            ([], true) => {
+                if !signing_secrets.is_empty() {
+                    return Err(invalid(
+                        "MARQETA_WEBHOOK_SECRET",
+                        "set without MARQETA_WEBHOOK_USERNAME and MARQETA_WEBHOOK_PASSWORD (Basic auth is mandatory)",
+                    ));
+                }
+                None
+            }
+            ([user], false) => {
+                if user.chars().count() > 50 {
+                    return Err(invalid("MARQETA_WEBHOOK_USERNAME", "longer than 50 characters"));
+                }
+                Some(MarqetaAuth { username: Secret::new(user.as_bytes()), passwords, signing_secrets })
+            }
+            ([], false) => return Err(invalid("MARQETA_WEBHOOK_USERNAME", "missing while MARQETA_WEBHOOK_PASSWORD is set")),
+            (_, true) => return Err(invalid("MARQETA_WEBHOOK_PASSWORD", "missing while MARQETA_WEBHOOK_USERNAME is set")),
+            (_, false) => return Err(invalid("MARQETA_WEBHOOK_USERNAME", "holds one username, not a list")),
+        };
+
+        Ok(Secrets {
+            stripe: plain("STRIPE_WEBHOOK_SECRET"),
+            shopify: plain("SHOPIFY_WEBHOOK_SECRET"),
+            github: plain("GITHUB_WEBHOOK_SECRET"),
+            standard,
+            marqeta,
+        })
+    }
+
+    /// Fixed, printed secrets for `inbox dev` when none are configured.
+    pub fn development() -> Self {
+        Secrets {
+            stripe: vec![Secret::new(DEV_STRIPE)],
+            shopify: vec![Secret::new(DEV_SHOPIFY)],
+            github: vec![Secret::new(DEV_GITHUB)],
+            standard: vec![decode_standard_secret(DEV_STANDARD).expect("valid development secret")],
+            marqeta: Some(MarqetaAuth {
+                username: Secret::new(DEV_MARQETA_USERNAME),
+                passwords: vec![Secret::new(DEV_MARQETA_PASSWORD)],
+                signing_secrets: vec![],
+            }),
+        }
+    }
+}
+
+pub const DEV_STRIPE: &str = "whsec_dev_stripe_secret";
+pub const DEV_SHOPIFY: &str = "dev_shopify_secret";
+pub const DEV_GITHUB: &str = "dev_github_secret";
+pub const DEV_STANDARD: &str = "whsec_ZGV2X3N0YW5kYXJkX3dlYmhvb2tzX3NlY3JldA==";
+pub const DEV_MARQETA_USERNAME: &str = "marqeta";
+pub const DEV_MARQETA_PASSWORD: &str = "dev_marqeta_password";
+
+/// Standard Webhooks keys are base64 after an optional `whsec_` prefix.
+pub fn decode_standard_secret(s: &str) -> Option<Secret> {
+    let key = B64.decode(s.strip_prefix("whsec_").unwrap_or(s)).ok()?;
+    (!key.is_empty()).then(|| Secret::new(key))
+}
+
+/// Database settings: a small pool, connected lazily, with timeouts on every session.
+#[derive(Clone, Debug)]
+pub struct DbConfig {
+    pub url: Option<String>,
+    pub pool_size: u32,
+    pub acquire_timeout: Duration,
+    pub lock_timeout: Duration,
+    pub statement_timeout: Duration,
+    pub idle_in_transaction_timeout: Duration,
+}
+
+impl DbConfig {
+    /// `DATABASE_URL`, `INBOX_DB_POOL_SIZE` (default `default_pool`), and the
+    /// `INBOX_*_TIMEOUT_MS` variables (acquire 2000, lock 2000, statement 5000,
+    /// idle in transaction 10000).
+    pub fn from_env(default_pool: u32) -> Result<Self, ConfigError> {
+        let ms = |var: &'static str, default: u64| -> Result<Duration, ConfigError> {
+            Ok(Duration::from_millis(parse_env(var, default)?))
+        };
+        Ok(DbConfig {
+            url: std::env::var("DATABASE_URL").ok().filter(|s| !s.is_empty()),
+            pool_size: parse_env("INBOX_DB_POOL_SIZE", default_pool)?,
+            acquire_timeout: ms("INBOX_DB_ACQUIRE_TIMEOUT_MS", 2000)?,
+            lock_timeout: ms("INBOX_LOCK_TIMEOUT_MS", 2000)?,
+            statement_timeout: ms("INBOX_STATEMENT_TIMEOUT_MS", 5000)?,
+            idle_in_transaction_timeout: ms("INBOX_IDLE_IN_TRANSACTION_TIMEOUT_MS", 10_000)?,
+        })
+    }
+
+    pub fn with_url(url: impl Into<String>) -> Self {
+        DbConfig {
+            url: Some(url.into()),
+            pool_size: 4,
+            acquire_timeout: Duration::from_secs(2),
+            lock_timeout: Duration::from_secs(2),
+            statement_timeout: Duration::from_secs(5),
+            idle_in_transaction_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+fn parse_env<T: std::str::FromStr>(var: &'static str, default: T) -> Result<T, ConfigError> {
+    match std::env::var(var) {
+        Ok(v) if !v.trim().is_empty() => {
+            v.trim().parse().map_err(|_| invalid(var, format!("{v:?} is not a valid number")))
+        }
+        _ => Ok(default),
+    }
+}
+
+/// Everything the receive handler needs.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub db: DbConfig,
+    pub secrets: Secrets,
+    /// `INBOX_MAX_BODY_BYTES`, default 1 MiB: larger bodies get 413 before any hashing.
+    pub max_body_bytes: usize,
+}
+
+pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
+
+impl Config {
+    pub fn from_env(default_pool: u32) -> Result<Self, ConfigError> {
+        Ok(Config {
+            db: DbConfig::from_env(default_pool)?,
+            secrets: Secrets::from_env()?,
+            max_body_bytes: parse_env("INBOX_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lookup<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |name| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
+    }
+
+    #[test]
+    fn comma_separated_secrets_are_all_kept_in_order() {
+        let s = Secrets::from_lookup(lookup(&[("STRIPE_WEBHOOK_SECRET", "whsec_a, whsec_b,,")])).unwrap();
+        assert_eq!(s.stripe, vec![Secret::new("whsec_a"), Secret::new("whsec_b")]);
+        assert!(!s.is_configured(Provider::Shopify));
+    }
+
+    #[test]
+    fn standard_secret_must_be_base64_and_the_error_hides_it() {
+        let err = Secrets::from_lookup(lookup(&[("STANDARD_WEBHOOK_SECRET", "whsec_not*base64")])).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("secret #1 is not base64"), "{text}");
+        assert!(!text.contains("not*base64"), "{text}");
+    }
+
+    #[test]
+    fn marqeta_needs_both_username_and_password() {
+        let err = Secrets::from_lookup(lookup(&[("MARQETA_WEBHOOK_USERNAME", "u")])).unwrap_err();
+        assert!(err.to_string().contains("MARQETA_WEBHOOK_PASSWORD"));
+        let ok = Secrets::from_lookup(lookup(&[
+            ("MARQETA_WEBHOOK_USERNAME", "u"),
+            ("MARQETA_WEBHOOK_PASSWORD", "p1,p2"),
+        ]))
+        .unwrap();
+        assert_eq!(ok.marqeta.unwrap().passwords.len(), 2);
+    }
+
+    #[test]
+    fn secret_debug_is_redacted() {
+        assert_eq!(format!("{:?}", Secret::new("whsec_live")), "Secret(<redacted>)");
+    }
+
+    #[test]
+    fn development_secrets_cover_every_provider() {
+        let s = Secrets::development();
+        assert!(Provider::ALL.iter().all(|p| s.is_configured(*p)));
+    }
+}

@@ -1,0 +1,158 @@
+//! Queries on `webhook_inbox`. The claim is one `INSERT ... ON CONFLICT DO
+//! NOTHING RETURNING`: the primary key is the gate, so no check-then-act exists.
+
+use sqlx::{types::Json, PgExecutor, PgPool};
+
+use crate::{
+    db,
+    providers::{Events, NewEvent, Provider},
+};
+
+/// What the delivery carried besides its events: shared by every row it makes.
+#[derive(Clone, Copy, Debug)]
+pub struct Envelope<'a> {
+    pub provider: Provider,
+    pub raw_body: &'a [u8],
+    pub headers: &'a serde_json::Value,
+    pub secret_index: i16,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Claim {
+    New,
+    Duplicate,
+}
+
+/// A batch's result: rows inserted, and items already known (before or inside the batch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchClaim {
+    pub accepted: usize,
+    pub duplicates: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Claimed {
+    Single(Claim),
+    Batch(BatchClaim),
+}
+
+const CLAIM: &str = "\
+INSERT INTO webhook_inbox
+    (provider, event_id, event_type, payload, status, failure_reason, raw_body, headers, secret_index)
+VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9)
+ON CONFLICT (provider, event_id) DO NOTHING
+RETURNING event_id";
+
+/// Claims one event in a single statement (its own short transaction).
+pub async fn claim<'e>(ex: impl PgExecutor<'e>, env: &Envelope<'_>, e: &NewEvent) -> Result<Claim, sqlx::Error> {
+    let row: Option<(String,)> = sqlx::query_as(CLAIM)
+        .bind(env.provider.as_str())
+        .bind(&e.event_id)
+        .bind(&e.event_type)
+        .bind(e.payload.as_deref())
+        .bind(e.status.as_str())
+        .bind(e.failure_reason.as_deref())
+        .bind(env.raw_body)
+        .bind(Json(env.headers))
+        .bind(env.secret_index)
+        .fetch_optional(ex)
+        .await?;
+    Ok(if row.is_some() { Claim::New } else { Claim::Duplicate })
+}
+
+const CLAIM_BATCH: &str = "\
+INSERT INTO webhook_inbox
+    (provider, event_id, event_type, payload, status, failure_reason, raw_body, headers, secret_index)
+SELECT $1, e.event_id, e.event_type, e.payload::jsonb, e.status, e.failure_reason, $7, $8, $9
+FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
+     AS e (event_id, event_type, payload, status, failure_reason)
+ORDER BY e.event_id COLLATE \"C\"
+ON CONFLICT (provider, event_id) DO NOTHING
+RETURNING event_id";
+
+/// Claims a batch in one `unnest` statement. Keys are sorted (concurrent batches
+/// lock in the same order, so they cannot deadlock) and repeats inside the batch
+/// are collapsed to their first occurrence; only the new rows come back.
+pub async fn claim_batch<'e>(
+    ex: impl PgExecutor<'e>,
+    env: &Envelope<'_>,
+    events: &[NewEvent],
+) -> Result<BatchClaim, sqlx::Error> {
+    let unique = sorted_unique(events);
+    if unique.is_empty() {
+        return Ok(BatchClaim { accepted: 0, duplicates: events.len() });
+    }
+    let col = |f: fn(&NewEvent) -> Option<&str>| unique.iter().map(|e| f(e)).collect::<Vec<_>>();
+    let rows: Vec<(String,)> = sqlx::query_as(CLAIM_BATCH)
+        .bind(env.provider.as_str())
+        .bind(col(|e| Some(&e.event_id)))
+        .bind(col(|e| Some(&e.event_type)))
+        .bind(col(|e| e.payload.as_deref()))
+        .bind(col(|e| Some(e.status.as_str())))
+        .bind(col(|e| e.failure_reason.as_deref()))
+        .bind(env.raw_body)
+        .bind(Json(env.headers))
+        .bind(env.secret_index)
+        .fetch_all(ex)
+        .await?;
+    Ok(BatchClaim { accepted: rows.len(), duplicates: events.len() - rows.len() })
+}
+
+fn sorted_unique(events: &[NewEvent]) -> Vec<&NewEvent> {
+    let mut v: Vec<&NewEvent> = events.iter().collect();
+    v.sort_by(|a, b| a.event_id.as_bytes().cmp(b.event_id.as_bytes()));
+    v.dedup_by(|b, a| a.event_id == b.event_id); // stable sort: the first occurrence stays
+    v
+}
+
+/// Claims what a delivery carried, retrying the whole claim on 40001/40P01.
+///
+/// If PostgreSQL refuses a payload that passed our JSON checks (SQLSTATE class
+/// 22), the event is stored anyway, as `failed` with the raw bytes and no
+/// payload: a signed delivery is never lost.
+pub async fn claim_delivery(pool: &PgPool, env: &Envelope<'_>, events: &Events) -> Result<Claimed, sqlx::Error> {
+    match events {
+        Events::Single(e) => claim_one(pool, env, e).await.map(Claimed::Single),
+        Events::Batch(items) => match db::retry_serialization(|_| claim_batch(pool, env, items)).await {
+            Err(err) if is_data_exception(&err) => {
+                let mut out = BatchClaim { accepted: 0, duplicates: items.len() - sorted_unique(items).len() };
+                for e in sorted_unique(items) {
+                    match claim_one(pool, env, e).await? {
+                        Claim::New => out.accepted += 1,
+                        Claim::Duplicate => out.duplicates += 1,
+                    }
+                }
+                Ok(Claimed::Batch(out))
+            }
+            other => other.map(Claimed::Batch),
+        },
+    }
+}
+
+async fn claim_one(pool: &PgPool, env: &Envelope<'_>, e: &NewEvent) -> Result<Claim, sqlx::Error> {
+    match db::retry_serialization(|_| claim(pool, env, e)).await {
+        Err(err) if e.payload.is_some() && is_data_exception(&err) => {
+            let reason = format!("PostgreSQL refused the payload as jsonb (SQLSTATE {})", db::sqlstate(&err).unwrap_or_default());
+            let fallback = NewEvent::unusable(e.event_id.clone(), &e.event_type, None, reason);
+            db::retry_serialization(|_| claim(pool, env, &fallback)).await
+        }
+        other => other,
+    }
+}
+
+fn is_data_exception(err: &sqlx::Error) -> bool {
+    db::sqlstate(err).is_some_and(|s| s.starts_with("22"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_are_sorted_and_repeats_collapse_to_the_first() {
+        let e = |id: &str, t: &str| NewEvent::pending(id.into(), t, "{}".into());
+        let events = [e("b", "first"), e("a", "x"), e("b", "second")];
+        let v: Vec<_> = sorted_unique(&events).iter().map(|e| (e.event_id.as_str(), e.event_type.as_str())).collect();
+        assert_eq!(v, [("a", "x"), ("b", "first")]);
+    }
+}

@@ -1,0 +1,18 @@
+//! Verified, deduplicated webhook ingestion into PostgreSQL.
+//!
+//! Every Lambda function and the `inbox` binary share this crate: the
+//! providers' signing schemes, the inbox claim, the receive handler, the
+//! database pool and the embedded PostgreSQL used by `inbox dev`.
+
+pub mod config;
+pub mod db;
+pub mod dev_server;
+pub mod embedded_pg;
+pub mod inbox;
+pub mod providers;
+pub mod receive;
+pub mod telemetry;
+
+pub use config::{Config, Secret};
+pub use providers::Provider;
+pub use receive::Receiver;

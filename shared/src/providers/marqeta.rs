@@ -1,0 +1,235 @@
+//! Marqeta: mandatory Basic authentication, an optional `X-Marqeta-Signature`
+//! (hex HMAC-SHA256, or legacy HMAC-SHA1, of the raw body), and batches of up
+//! to 10 notifications keyed by type: `{"transactions":[{"token":"...",...}]}`.
+
+use std::collections::BTreeMap;
+
+use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
+use hmac::Hmac;
+use serde_json::value::RawValue;
+use sha1::Sha1;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use super::{
+    body_digest_id, contains_nul, first_matching, header, header_values, parse_json, str_field, valid_event_id, Delivery,
+    Events, NewEvent, Provider, Rejected, Scheme, Verified,
+};
+use crate::config::{MarqetaAuth, Secret};
+
+pub const SIGNATURE: &str = "x-marqeta-signature";
+/// The notification key of Marqeta's health check, acknowledged and never stored.
+pub const PINGS: &str = "pings";
+
+pub struct Marqeta {
+    auth: MarqetaAuth,
+}
+
+impl Marqeta {
+    pub fn new(auth: MarqetaAuth) -> Self {
+        Marqeta { auth }
+    }
+}
+
+/// Equality in time that depends on neither the contents nor the lengths.
+fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    Sha256::digest(a).ct_eq(&Sha256::digest(b)).into()
+}
+
+impl Marqeta {
+    /// The index of the password that matched.
+    fn check_basic(&self, d: &Delivery<'_>) -> Result<usize, Rejected> {
+        let value = header(d.headers, "authorization").ok_or_else(|| Rejected::new("missing Basic authorization"))?;
+        let encoded = value
+            .strip_prefix("Basic ")
+            .or_else(|| value.strip_prefix("basic "))
+            .ok_or_else(|| Rejected::new("Authorization is not Basic"))?;
+        let decoded = B64.decode(encoded.trim()).map_err(|_| Rejected::new("Basic credentials are not base64"))?;
+        let colon = decoded.iter().position(|b| *b == b':').ok_or_else(|| Rejected::new("Basic credentials have no colon"))?;
+        let (user, password) = (&decoded[..colon], &decoded[colon + 1..]);
+        let user_ok = ct_eq(user, self.auth.username.expose());
+        // Every password is compared, so timing does not tell which one is in use.
+        let matched = self.auth.passwords.iter().map(|p| ct_eq(password, p.expose())).collect::<Vec<_>>();
+        match matched.iter().position(|m| *m) {
+            Some(index) if user_ok => Ok(index),
+            _ => Err(Rejected::new("wrong Basic username or password")),
+        }
+    }
+
+    fn check_signature(&self, d: &Delivery<'_>) -> Result<usize, Rejected> {
+        if header_values(d.headers, SIGNATURE).all(str::is_empty) {
+            return Err(Rejected::new("missing X-Marqeta-Signature header (required while MARQETA_WEBHOOK_SECRET is set)"));
+        }
+        let sigs: Vec<Vec<u8>> = header_values(d.headers, SIGNATURE).filter_map(|v| hex::decode(v).ok()).collect();
+        let (sha256, sha1): (Vec<Vec<u8>>, Vec<Vec<u8>>) = sigs.into_iter().partition(|s| s.len() == 32);
+        let secrets: &[Secret] = &self.auth.signing_secrets;
+        first_matching::<Hmac<Sha256>>(secrets, &[d.body], &sha256)
+            .or_else(|| first_matching::<Hmac<Sha1>>(secrets, &[d.body], &sha1))
+            .ok_or_else(|| Rejected::new("X-Marqeta-Signature does not match a configured secret"))
+    }
+}
+
+impl Scheme for Marqeta {
+    fn provider(&self) -> Provider {
+        Provider::Marqeta
+    }
+
+    fn verify(&self, d: &Delivery<'_>) -> Result<Verified, Rejected> {
+        let password_index = self.check_basic(d)?;
+        let secret_index =
+            if self.auth.signing_secrets.is_empty() { password_index } else { self.check_signature(d)? };
+        Ok(Verified { secret_index })
+    }
+
+    fn events(&self, d: &Delivery<'_>) -> Events {
+        let unusable_body = |reason: String| Events::Batch(vec![NewEvent::unusable(body_digest_id(d.body), "unknown", None, reason)]);
+        let Ok(text) = std::str::from_utf8(d.body) else {
+            return unusable_body("body is not UTF-8".into());
+        };
+        // Items are checked one by one, so one bad notification does not sink the batch.
+        let groups = match serde_json::from_str::<BTreeMap<String, &RawValue>>(text) {
+            Ok(groups) => groups,
+            Err(e) => {
+                let payload = parse_json(d.body).ok().map(|j| j.text.into_owned());
+                return Events::Batch(vec![NewEvent::unusable(
+                    body_digest_id(d.body),
+                    "unknown",
+                    payload,
+                    format!("body is not an object of notification lists: {e}"),
+                )]);
+            }
+        };
+        let mut events = Vec::new();
+        for (key, raw) in groups.into_iter().filter(|(key, _)| key != PINGS) {
+            let key = if key.is_empty() || key.len() > 64 || key.chars().any(char::is_control) {
+                "invalid-key".to_string()
+            } else {
+                key
+            };
+            match serde_json::from_str::<Vec<&RawValue>>(raw.get()) {
+                Ok(items) => events.extend(items.into_iter().map(|item| item_event(&key, item))),
+                Err(_) => events.push(NewEvent::unusable(
+                    format!("{key}:{}", body_digest_id(raw.get().as_bytes())),
+                    &key,
+                    Some(raw.get().to_string()),
+                    format!("{key} is not a list of notifications"),
+                )),
+            }
+        }
+        Events::Batch(events)
+    }
+
+    fn kept_headers(&self) -> &'static [&'static str] {
+        &[SIGNATURE, "content-type"]
+    }
+}
+
+/// One notification: `event_id = "<key>:<token>"`, `event_type = "<key>:<type>"` (or the key alone).
+fn item_event(key: &str, item: &RawValue) -> NewEvent {
+    let value: serde_json::Value = serde_json::from_str(item.get()).unwrap_or_default();
+    let event_type = match str_field(&value, "type") {
+        Some(t) => format!("{key}:{t}"),
+        None => key.to_string(),
+    };
+    let id = str_field(&value, "token").map(|token| format!("{key}:{token}")).filter(|id| valid_event_id(id));
+    match id {
+        Some(id) if contains_nul(&value) => {
+            NewEvent::unusable(id, &event_type, None, "notification contains \\u0000, which PostgreSQL jsonb cannot store")
+        }
+        Some(id) => NewEvent::pending(id, &event_type, item.get().to_string()),
+        None => NewEvent::unusable(
+            format!("{key}:{}", body_digest_id(item.get().as_bytes())),
+            &event_type,
+            Some(item.get().to_string()).filter(|_| !contains_nul(&value)),
+            "notification has no usable token",
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::providers::{test_support::*, InitialStatus};
+    use hmac::Mac;
+
+    const BODY: &[u8] = br#"{"transactions":[{"token":"t1","type":"gpa.credit","amount":10},{"token":"t2","type":"authorization"}]}"#;
+
+    fn basic(user: &str, password: &str) -> String {
+        format!("Basic {}", B64.encode(format!("{user}:{password}")))
+    }
+
+    fn marqeta(signing: &[&str]) -> Marqeta {
+        Marqeta::new(MarqetaAuth {
+            username: Secret::new("mq_user"),
+            passwords: vec![Secret::new("password-one-0123456789"), Secret::new("password-two-0123456789")],
+            signing_secrets: signing.iter().map(|s| Secret::new(*s)).collect(),
+        })
+    }
+
+    fn hmac_hex<M: Mac + hmac::digest::KeyInit>(key: &str) -> String {
+        let mut mac = <M as Mac>::new_from_slice(key.as_bytes()).unwrap();
+        mac.update(BODY);
+        hex::encode(mac.finalize().into_bytes())
+    }
+
+    fn check(m: &Marqeta, pairs: &[(&str, &str)]) -> Result<Verified, Rejected> {
+        let h = headers(pairs);
+        m.verify(&Delivery { headers: &h, body: BODY, now: 0 })
+    }
+
+    #[test]
+    fn basic_auth_matrix() {
+        let m = marqeta(&[]);
+        let ok = basic("mq_user", "password-two-0123456789");
+        assert_eq!(check(&m, &[("Authorization", &ok)]), Ok(Verified { secret_index: 1 }));
+        assert!(check(&m, &[("Authorization", &basic("mq_user", "wrong-password-0123456"))]).is_err());
+        assert!(check(&m, &[("Authorization", &basic("other", "password-one-0123456789"))]).is_err());
+        assert!(check(&m, &[("Authorization", &basic("mq_user", ""))]).is_err());
+        assert!(check(&m, &[("Authorization", "Bearer abc")]).unwrap_err().0.contains("not Basic"));
+        assert!(check(&m, &[]).unwrap_err().0.contains("missing Basic"));
+    }
+
+    #[test]
+    fn signature_is_required_when_a_secret_is_set_and_both_algorithms_verify() {
+        let m = marqeta(&["old-signing", "new-signing"]);
+        let auth = basic("mq_user", "password-one-0123456789");
+        let sha256 = hmac_hex::<Hmac<Sha256>>("new-signing");
+        let sha1 = hmac_hex::<Hmac<Sha1>>("old-signing");
+        assert_eq!(check(&m, &[("Authorization", &auth), ("X-Marqeta-Signature", &sha256)]), Ok(Verified { secret_index: 1 }));
+        assert_eq!(check(&m, &[("Authorization", &auth), ("X-Marqeta-Signature", &sha1)]), Ok(Verified { secret_index: 0 }));
+        assert!(check(&m, &[("Authorization", &auth)]).unwrap_err().0.contains("missing X-Marqeta-Signature"));
+        assert!(check(&m, &[("Authorization", &auth), ("X-Marqeta-Signature", "")]).is_err());
+        let wrong = hmac_hex::<Hmac<Sha256>>("other");
+        assert!(check(&m, &[("Authorization", &auth), ("X-Marqeta-Signature", &wrong)]).is_err());
+        // A valid signature does not replace Basic auth.
+        assert!(check(&m, &[("X-Marqeta-Signature", &sha256)]).unwrap_err().0.contains("Basic"));
+    }
+
+    fn events(body: &[u8]) -> Vec<NewEvent> {
+        let h = headers(&[]);
+        match marqeta(&[]).events(&Delivery { headers: &h, body, now: 0 }) {
+            Events::Batch(v) => v,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn one_event_per_item_keyed_by_notification_type_and_token() {
+        let e = events(BODY);
+        let ids: Vec<_> = e.iter().map(|e| (e.event_id.as_str(), e.event_type.as_str())).collect();
+        assert_eq!(ids, [("transactions:t1", "transactions:gpa.credit"), ("transactions:t2", "transactions:authorization")]);
+        assert_eq!(e[0].payload.as_deref(), Some(r#"{"token":"t1","type":"gpa.credit","amount":10}"#));
+    }
+
+    #[test]
+    fn pings_store_nothing_and_bad_items_are_kept_as_failed() {
+        assert!(events(br#"{"pings":[{"token":"marqeta","payload":"healthcheck"}]}"#).is_empty());
+        let e = events(br#"{"cardtransitions":[{"state":"ACTIVE"},{"token":"c1","x":"\u0000"}]}"#);
+        assert_eq!(e.len(), 2);
+        assert!(e.iter().all(|e| e.status == InitialStatus::Failed));
+        assert!(e[0].event_id.starts_with("cardtransitions:sha256:"));
+        assert_eq!((e[1].event_id.as_str(), e[1].payload.as_deref()), ("cardtransitions:c1", None));
+        let e = events(b"[1,2]");
+        assert!(e[0].event_id.starts_with("sha256:") && e[0].status == InitialStatus::Failed);
+    }
+}

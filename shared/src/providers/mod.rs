@@ -1,0 +1,338 @@
+//! Each provider's signing and delivery contract (`../shared/design/providers.md`),
+//! one module each, behind the [`Scheme`] trait.
+//!
+//! A scheme first verifies the raw bytes ([`Scheme::verify`]), and only then
+//! parses them into the events to claim ([`Scheme::events`]).
+
+use std::{borrow::Cow, fmt};
+
+use http::HeaderMap;
+use sha2::{Digest, Sha256};
+
+use hmac::Mac;
+
+use crate::config::{Secret, Secrets};
+
+pub mod github;
+pub mod marqeta;
+pub mod shopify;
+pub mod standard;
+pub mod stripe;
+
+/// A provider we accept webhooks from; the path segment of `/webhooks/{provider}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Provider {
+    Stripe,
+    Shopify,
+    Marqeta,
+    Github,
+    Standard,
+}
+
+impl Provider {
+    pub const ALL: [Provider; 5] =
+        [Provider::Stripe, Provider::Shopify, Provider::Marqeta, Provider::Github, Provider::Standard];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Provider::Stripe => "stripe",
+            Provider::Shopify => "shopify",
+            Provider::Marqeta => "marqeta",
+            Provider::Github => "github",
+            Provider::Standard => "standard",
+        }
+    }
+}
+
+impl fmt::Display for Provider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl TryFrom<&str> for Provider {
+    type Error = UnknownProvider;
+    fn try_from(s: &str) -> Result<Self, Self::Error> {
+        Provider::ALL.into_iter().find(|p| p.as_str() == s).ok_or(UnknownProvider)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("unknown provider")]
+pub struct UnknownProvider;
+
+/// A delivery as received: headers and the exact bytes, after API Gateway's base64 decoding.
+#[derive(Clone, Copy)]
+pub struct Delivery<'a> {
+    pub headers: &'a HeaderMap,
+    pub body: &'a [u8],
+    /// Unix seconds, for the schemes that sign a timestamp.
+    pub now: i64,
+}
+
+/// Proof that a delivery is authentic: which configured secret matched (by index, never the secret).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Verified {
+    pub secret_index: usize,
+}
+
+/// Why a delivery was refused, in words safe to send back (never a secret or an expected signature).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejected(pub Cow<'static, str>);
+
+impl Rejected {
+    pub fn new(reason: impl Into<Cow<'static, str>>) -> Self {
+        Rejected(reason.into())
+    }
+}
+
+impl fmt::Display for Rejected {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// How a stored event starts its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InitialStatus {
+    Pending,
+    /// Validly signed but unusable: kept with its reason, never retried.
+    Failed,
+}
+
+impl InitialStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InitialStatus::Pending => "pending",
+            InitialStatus::Failed => "failed",
+        }
+    }
+}
+
+/// One row to claim in `webhook_inbox`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewEvent {
+    pub event_id: String,
+    pub event_type: String,
+    /// JSON text valid for `jsonb`; `None` when the body cannot be `jsonb`.
+    pub payload: Option<String>,
+    pub status: InitialStatus,
+    pub failure_reason: Option<String>,
+}
+
+pub const MAX_EVENT_ID_CHARS: usize = 255;
+pub const MAX_EVENT_TYPE_CHARS: usize = 128;
+
+impl NewEvent {
+    pub fn pending(event_id: String, event_type: &str, payload: String) -> Self {
+        NewEvent {
+            event_id,
+            event_type: event_type_of(event_type),
+            payload: Some(payload),
+            status: InitialStatus::Pending,
+            failure_reason: None,
+        }
+    }
+
+    /// A validly signed event we cannot use: stored as `failed`, answered 200.
+    pub fn unusable(event_id: String, event_type: &str, payload: Option<String>, reason: impl Into<String>) -> Self {
+        NewEvent {
+            event_id,
+            event_type: event_type_of(event_type),
+            payload,
+            status: InitialStatus::Failed,
+            failure_reason: Some(reason.into()),
+        }
+    }
+}
+
+/// What a verified delivery turns into.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Events {
+    Single(NewEvent),
+    /// Marqeta: one row per item, answered with counts (a ping is an empty batch).
+    Batch(Vec<NewEvent>),
+}
+
+/// A provider's signing and delivery contract.
+pub trait Scheme: Send + Sync {
+    fn provider(&self) -> Provider;
+    /// Checks the signature over the raw bytes, in constant time, before anything is parsed.
+    fn verify(&self, delivery: &Delivery<'_>) -> Result<Verified, Rejected>;
+    /// The events of a verified delivery. Never fails: what cannot be used is stored as `failed`.
+    fn events(&self, delivery: &Delivery<'_>) -> Events;
+    /// Lower-case names of the headers kept with each row (identity, sequencing, signature).
+    fn kept_headers(&self) -> &'static [&'static str];
+}
+
+/// The configured schemes; a provider with no secret has none, so no unauthenticated endpoint exists.
+pub struct Schemes(Vec<Box<dyn Scheme>>);
+
+impl Schemes {
+    pub fn new(secrets: &Secrets) -> Self {
+        let mut v: Vec<Box<dyn Scheme>> = Vec::new();
+        if !secrets.stripe.is_empty() {
+            v.push(Box::new(stripe::Stripe::new(secrets.stripe.clone())));
+        }
+        if !secrets.shopify.is_empty() {
+            v.push(Box::new(shopify::Shopify::new(secrets.shopify.clone())));
+        }
+        if let Some(auth) = &secrets.marqeta {
+            v.push(Box::new(marqeta::Marqeta::new(auth.clone())));
+        }
+        if !secrets.github.is_empty() {
+            v.push(Box::new(github::Github::new(secrets.github.clone())));
+        }
+        if !secrets.standard.is_empty() {
+            v.push(Box::new(standard::Standard::new(secrets.standard.clone())));
+        }
+        Schemes(v)
+    }
+
+    pub fn get(&self, provider: Provider) -> Option<&dyn Scheme> {
+        self.0.iter().find(|s| s.provider() == provider).map(|b| b.as_ref())
+    }
+}
+
+// ---- helpers shared by the schemes ----
+
+/// Every value of a header, as text (values that are not visible ASCII are skipped).
+pub(crate) fn header_values<'a>(headers: &'a HeaderMap, name: &str) -> impl Iterator<Item = &'a str> {
+    headers.get_all(name).iter().filter_map(|v| v.to_str().ok()).map(str::trim)
+}
+
+/// The first non-empty value of a header.
+pub(crate) fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    header_values(headers, name).find(|v| !v.is_empty())
+}
+
+/// The index of the first secret whose HMAC over `message` equals any candidate
+/// signature, compared in constant time. Empty candidates never match.
+pub(crate) fn first_matching<M>(secrets: &[Secret], message: &[&[u8]], candidates: &[Vec<u8>]) -> Option<usize>
+where
+    M: Mac + hmac::digest::KeyInit + Clone,
+{
+    let candidates: Vec<&Vec<u8>> = candidates.iter().filter(|c| !c.is_empty()).collect();
+    if candidates.is_empty() {
+        return None;
+    }
+    secrets.iter().position(|secret| {
+        let mut mac = <M as Mac>::new_from_slice(secret.expose()).expect("HMAC takes keys of any length");
+        for part in message {
+            mac.update(part);
+        }
+        candidates.iter().any(|sig| mac.clone().verify_slice(sig).is_ok())
+    })
+}
+
+/// `sha256:<hex of body>`: the id of an event whose own id cannot be read.
+pub fn body_digest_id(body: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(body)))
+}
+
+/// At most 128 characters, control characters (which `text` may refuse) replaced.
+fn event_type_of(t: &str) -> String {
+    t.chars().take(MAX_EVENT_TYPE_CHARS).map(|c| if c.is_control() { '?' } else { c }).collect()
+}
+
+/// A usable event id: non-empty, printable, at most 255 characters.
+pub(crate) fn valid_event_id(id: &str) -> bool {
+    !id.is_empty() && id.chars().count() <= MAX_EVENT_ID_CHARS && !id.chars().any(char::is_control)
+}
+
+/// JSON that PostgreSQL's `jsonb` accepts: parsed, and free of `\u0000`.
+pub(crate) struct Json<'a> {
+    pub text: Cow<'a, str>,
+    pub value: serde_json::Value,
+}
+
+/// Parses a body as JSON fit for `jsonb`, or says why it is not.
+pub(crate) fn parse_json(body: &[u8]) -> Result<Json<'_>, String> {
+    let text = std::str::from_utf8(body).map_err(|_| "body is not UTF-8".to_string())?;
+    parse_json_text(Cow::Borrowed(text))
+}
+
+pub(crate) fn parse_json_text(text: Cow<'_, str>) -> Result<Json<'_>, String> {
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("body is not JSON: {e}"))?;
+    if contains_nul(&value) {
+        return Err("body contains \\u0000, which PostgreSQL jsonb cannot store".into());
+    }
+    Ok(Json { text, value })
+}
+
+pub(crate) fn contains_nul(v: &serde_json::Value) -> bool {
+    use serde_json::Value::*;
+    match v {
+        String(s) => s.contains('\0'),
+        Array(a) => a.iter().any(contains_nul),
+        Object(o) => o.iter().any(|(k, v)| k.contains('\0') || contains_nul(v)),
+        _ => false,
+    }
+}
+
+/// The one event of a single-event delivery, or a `failed` row saying why it cannot be used.
+pub(crate) fn single_event(body: &[u8], id: Option<String>, event_type: &str, json: Result<Json<'_>, String>) -> Events {
+    let id = id.filter(|id| valid_event_id(id));
+    let event = match (id, json) {
+        (Some(id), Ok(json)) => NewEvent::pending(id, event_type, json.text.into_owned()),
+        (None, Ok(json)) => NewEvent::unusable(
+            body_digest_id(body),
+            event_type,
+            Some(json.text.into_owned()),
+            "no usable event id (missing, empty, over 255 characters or with control characters)",
+        ),
+        (id, Err(reason)) => {
+            NewEvent::unusable(id.unwrap_or_else(|| body_digest_id(body)), event_type, None, reason)
+        }
+    };
+    Events::Single(event)
+}
+
+/// The text of a JSON string field.
+pub(crate) fn str_field<'a>(v: &'a serde_json::Value, key: &str) -> Option<&'a str> {
+    v.get(key).and_then(|x| x.as_str())
+}
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    use http::{HeaderMap, HeaderName, HeaderValue};
+
+    pub fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    pub fn now() -> i64 {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn provider_names_round_trip_and_unknown_ones_are_refused() {
+        for p in Provider::ALL {
+            assert_eq!(Provider::try_from(p.as_str()).unwrap(), p);
+        }
+        assert!(Provider::try_from("paypal").is_err());
+        assert!(Provider::try_from("Stripe").is_err());
+    }
+
+    #[test]
+    fn nul_anywhere_in_json_is_found() {
+        assert!(parse_json(br#"{"a":["x\u0000"]}"#).is_err());
+        assert!(parse_json(br#"{"a\u0000":1}"#).is_err());
+        assert!(parse_json(br#"{"a":"\\u0000"}"#).is_ok(), "an escaped backslash is not a NUL");
+    }
+
+    #[test]
+    fn event_types_are_cut_at_128_characters_on_a_char_boundary() {
+        let long = "é".repeat(200);
+        assert_eq!(event_type_of(&long).chars().count(), 128);
+    }
+}

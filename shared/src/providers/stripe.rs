@@ -1,0 +1,177 @@
+//! Stripe: `Stripe-Signature: t=<unix>,v1=<hex>[,v1=<hex>...][,v0=<hex>]` over `"{t}.{body}"`.
+
+use hmac::Hmac;
+use sha2::Sha256;
+
+use super::{first_matching, header_values, parse_json, single_event, str_field, Delivery, Events, Provider, Rejected, Scheme, Verified};
+use crate::config::Secret;
+
+pub const HEADER: &str = "stripe-signature";
+/// Seconds between `t` and now, in both directions.
+pub const TOLERANCE_SECS: i64 = 300;
+
+pub struct Stripe {
+    secrets: Vec<Secret>,
+}
+
+impl Stripe {
+    pub fn new(secrets: Vec<Secret>) -> Self {
+        Stripe { secrets }
+    }
+}
+
+/// One `Stripe-Signature` value: its timestamp and every `v1` (a `v0` is test-mode: ignored).
+struct Header<'a> {
+    timestamp: Option<&'a str>,
+    v1: Vec<&'a str>,
+}
+
+fn parse(value: &str) -> Header<'_> {
+    let mut h = Header { timestamp: None, v1: Vec::new() };
+    for item in value.split(',') {
+        match item.trim().split_once('=') {
+            Some(("t", t)) if h.timestamp.is_none() => h.timestamp = Some(t),
+            Some(("v1", sig)) => h.v1.push(sig),
+            _ => {}
+        }
+    }
+    h
+}
+
+impl Scheme for Stripe {
+    fn provider(&self) -> Provider {
+        Provider::Stripe
+    }
+
+    fn verify(&self, d: &Delivery<'_>) -> Result<Verified, Rejected> {
+        let mut reason = Rejected::new("missing Stripe-Signature header");
+        // A repeated header is read value by value: any that verifies is enough.
+        for value in header_values(d.headers, HEADER) {
+            match self.verify_one(value, d) {
+                Ok(v) => return Ok(v),
+                Err(r) => reason = r,
+            }
+        }
+        Err(reason)
+    }
+
+    fn events(&self, d: &Delivery<'_>) -> Events {
+        let json = parse_json(d.body);
+        let value = json.as_ref().ok().map(|j| &j.value);
+        let id = value.and_then(|v| str_field(v, "id")).map(str::to_string);
+        let event_type = value.and_then(|v| str_field(v, "type")).unwrap_or("unknown").to_string();
+        single_event(d.body, id, &event_type, json)
+    }
+
+    fn kept_headers(&self) -> &'static [&'static str] {
+        &[HEADER, "content-type"]
+    }
+}
+
+impl Stripe {
+    fn verify_one(&self, value: &str, d: &Delivery<'_>) -> Result<Verified, Rejected> {
+        let h = parse(value);
+        let t = h.timestamp.ok_or_else(|| Rejected::new("Stripe-Signature has no t= timestamp"))?;
+        let ts: i64 = t.parse().map_err(|_| Rejected::new("Stripe-Signature timestamp is not a number"))?;
+        if (d.now - ts).abs() > TOLERANCE_SECS {
+            return Err(Rejected::new("Stripe-Signature timestamp is outside the 300 s tolerance"));
+        }
+        let candidates: Vec<Vec<u8>> = h.v1.iter().filter_map(|s| hex::decode(s).ok()).filter(|s| !s.is_empty()).collect();
+        if candidates.is_empty() {
+            return Err(Rejected::new("Stripe-Signature has no v1 signature (v0 is not accepted)"));
+        }
+        first_matching::<Hmac<Sha256>>(&self.secrets, &[t.as_bytes(), b".", d.body], &candidates)
+            .map(|secret_index| Verified { secret_index })
+            .ok_or_else(|| Rejected::new("no v1 signature in Stripe-Signature matches a configured secret"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hmac::Mac;
+    use crate::providers::{test_support::*, InitialStatus, NewEvent};
+
+    const BODY: &[u8] = br#"{"id":"evt_1","type":"payment_intent.succeeded","data":{}}"#;
+
+    fn sign(secret: &str, t: i64, body: &[u8]) -> String {
+        let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+        mac.update(format!("{t}.").as_bytes());
+        mac.update(body);
+        hex::encode(mac.finalize().into_bytes())
+    }
+
+    fn stripe() -> Stripe {
+        Stripe::new(vec![Secret::new("whsec_old"), Secret::new("whsec_new")])
+    }
+
+    fn check(header: &str) -> Result<Verified, Rejected> {
+        let h = headers(&[("Stripe-Signature", header)]);
+        stripe().verify(&Delivery { headers: &h, body: BODY, now: now() })
+    }
+
+    #[test]
+    fn valid_signature_with_either_rotated_secret_verifies() {
+        let t = now();
+        assert_eq!(check(&format!("t={t},v1={}", sign("whsec_old", t, BODY))), Ok(Verified { secret_index: 0 }));
+        assert_eq!(check(&format!("t={t},v1={}", sign("whsec_new", t, BODY))), Ok(Verified { secret_index: 1 }));
+    }
+
+    #[test]
+    fn any_of_several_v1_may_match() {
+        let t = now();
+        let h = format!("t={t},v1={},v1={},v0={}", "ab".repeat(32), sign("whsec_new", t, BODY), "cd".repeat(32));
+        assert_eq!(check(&h), Ok(Verified { secret_index: 1 }));
+        // The matching one first, a stale one last: a parser that keeps only the last v1 fails here.
+        let h = format!("t={t},v1={},v1={}", sign("whsec_old", t, BODY), "ab".repeat(32));
+        assert_eq!(check(&h), Ok(Verified { secret_index: 0 }));
+    }
+
+    #[test]
+    fn wrong_secret_missing_empty_and_v0_only_are_refused() {
+        let t = now();
+        assert!(check(&format!("t={t},v1={}", sign("whsec_other", t, BODY))).unwrap_err().0.contains("matches"));
+        assert!(check(&format!("t={t},v1=")).unwrap_err().0.contains("no v1"));
+        assert!(check(&format!("t={t},v0={}", sign("whsec_old", t, BODY))).unwrap_err().0.contains("v0"));
+        assert!(check(&format!("v1={}", sign("whsec_old", t, BODY))).unwrap_err().0.contains("timestamp"));
+        let h = headers(&[]);
+        let err = stripe().verify(&Delivery { headers: &h, body: BODY, now: t }).unwrap_err();
+        assert_eq!(err.0, "missing Stripe-Signature header");
+    }
+
+    #[test]
+    fn timestamps_beyond_300_seconds_either_way_are_refused() {
+        for t in [now() - 301, now() + 301] {
+            let err = check(&format!("t={t},v1={}", sign("whsec_old", t, BODY))).unwrap_err();
+            assert!(err.0.contains("tolerance"), "{err}");
+        }
+        let t = now() - 299;
+        assert!(check(&format!("t={t},v1={}", sign("whsec_old", t, BODY))).is_ok());
+    }
+
+    #[test]
+    fn a_signature_over_other_bytes_is_refused() {
+        let t = now();
+        let sig = sign("whsec_old", t, br#"{"id":"evt_1","type":"payment_intent.succeeded","data":{} }"#);
+        assert!(check(&format!("t={t},v1={sig}")).is_err());
+    }
+
+    #[test]
+    fn events_read_id_and_type_from_the_body() {
+        let h = headers(&[]);
+        let d = Delivery { headers: &h, body: BODY, now: 0 };
+        assert_eq!(
+            stripe().events(&d),
+            Events::Single(NewEvent::pending(
+                "evt_1".into(),
+                "payment_intent.succeeded",
+                String::from_utf8(BODY.to_vec()).unwrap()
+            ))
+        );
+        let d = Delivery { headers: &h, body: b"not json", now: 0 };
+        let Events::Single(e) = stripe().events(&d) else { panic!() };
+        assert_eq!(e.status, InitialStatus::Failed);
+        assert!(e.event_id.starts_with("sha256:"));
+        assert_eq!(e.payload, None);
+    }
+}

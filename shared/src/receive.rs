@@ -1,0 +1,169 @@
+//! The receive handler behind `POST /webhooks/{provider}`: size check, signature
+//! check over the raw bytes, one claim, and a 200 only once the row is committed.
+//!
+//! The same [`Receiver::handle`] serves API Gateway REST (payload 1.0), HTTP API
+//! (2.0), Function URLs and ALB through `lambda_http`, and `inbox dev` over HTTP.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use lambda_http::{Body, RequestExt};
+use serde_json::json;
+use sqlx::PgPool;
+
+use crate::{
+    config::Config,
+    inbox::{self, BatchClaim, Claim, Claimed, Envelope},
+    providers::{Delivery, Events, Provider, Rejected, Schemes},
+};
+
+/// Why a delivery was not accepted; each maps to one HTTP status.
+#[derive(Debug, thiserror::Error)]
+pub enum ReceiveError {
+    #[error("no such route: POST /webhooks/{{provider}}")]
+    NoRoute,
+    #[error("unknown provider {0:?}")]
+    UnknownProvider(String),
+    #[error("provider {0} has no secret configured, so it has no endpoint")]
+    NotConfigured(Provider),
+    #[error("method not allowed: use POST")]
+    MethodNotAllowed,
+    #[error("body is larger than the {0} byte limit")]
+    TooLarge(usize),
+    #[error("{0}")]
+    Unauthorized(Rejected),
+    #[error("the inbox is unavailable; nothing was stored, retry later")]
+    Unavailable(#[source] sqlx::Error),
+}
+
+impl ReceiveError {
+    pub fn status_code(&self) -> StatusCode {
+        match self {
+            ReceiveError::NoRoute | ReceiveError::UnknownProvider(_) | ReceiveError::NotConfigured(_) => {
+                StatusCode::NOT_FOUND
+            }
+            ReceiveError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ReceiveError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ReceiveError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ReceiveError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+}
+
+pub struct Receiver {
+    pool: PgPool,
+    schemes: Schemes,
+    max_body_bytes: usize,
+}
+
+impl Receiver {
+    pub fn new(pool: PgPool, config: &Config) -> Self {
+        Receiver { pool, schemes: Schemes::new(&config.secrets), max_body_bytes: config.max_body_bytes }
+    }
+
+    pub fn max_body_bytes(&self) -> usize {
+        self.max_body_bytes
+    }
+
+    /// The HTTP face of [`Receiver::receive`]: never fails, never panics.
+    pub async fn handle(&self, req: Request<Body>) -> Response<Body> {
+        let provider = provider_of(&req);
+        let result = self.receive(req.method(), provider.as_deref(), req.headers(), req.body().as_ref()).await;
+        respond(result)
+    }
+
+    #[tracing::instrument(skip_all, fields(provider = provider, event_id))]
+    pub async fn receive(
+        &self,
+        method: &Method,
+        provider: Option<&str>,
+        headers: &HeaderMap,
+        body: &[u8],
+    ) -> Result<Claimed, ReceiveError> {
+        let name = provider.ok_or(ReceiveError::NoRoute)?;
+        let provider = Provider::try_from(name).map_err(|_| ReceiveError::UnknownProvider(name.to_string()))?;
+        let scheme = self.schemes.get(provider).ok_or(ReceiveError::NotConfigured(provider))?;
+        if method != Method::POST {
+            return Err(ReceiveError::MethodNotAllowed);
+        }
+        if body.len() > self.max_body_bytes {
+            return Err(ReceiveError::TooLarge(self.max_body_bytes));
+        }
+        let delivery = Delivery { headers, body, now: unix_now() };
+        let verified = scheme.verify(&delivery).map_err(|reason| {
+            tracing::warn!(%reason, "delivery refused");
+            ReceiveError::Unauthorized(reason)
+        })?;
+
+        let events = scheme.events(&delivery);
+        if let Events::Single(e) = &events {
+            tracing::Span::current().record("event_id", e.event_id.as_str());
+        }
+        let headers = kept_headers(headers, scheme.kept_headers());
+        let envelope = Envelope {
+            provider,
+            raw_body: body,
+            headers: &headers,
+            secret_index: i16::try_from(verified.secret_index).unwrap_or(i16::MAX),
+        };
+        let claimed = inbox::claim_delivery(&self.pool, &envelope, &events).await.map_err(|e| {
+            tracing::error!(error = %e, "claim failed; answering 503");
+            ReceiveError::Unavailable(e)
+        })?;
+        tracing::debug!(?claimed, "claimed");
+        Ok(claimed)
+    }
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+}
+
+/// `{provider}` from the route's path parameters, or from a path ending in
+/// `/webhooks/{provider}` (which also covers a stage prefix such as `/prod`).
+fn provider_of(req: &Request<Body>) -> Option<String> {
+    if let Some(p) = req.path_parameters_ref().and_then(|m| m.first("provider")) {
+        return Some(p.to_string());
+    }
+    let mut segments = req.uri().path().trim_end_matches('/').rsplit('/');
+    let provider = segments.next()?;
+    (segments.next() == Some("webhooks") && !provider.is_empty()).then(|| provider.to_string())
+}
+
+/// The headers a scheme keeps, lower-cased, repeated values joined with ", ".
+fn kept_headers(headers: &HeaderMap, names: &[&str]) -> serde_json::Value {
+    let mut map = serde_json::Map::new();
+    for name in names {
+        let values: Vec<String> =
+            headers.get_all(*name).iter().map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()).collect();
+        if !values.is_empty() {
+            map.insert((*name).to_string(), values.join(", ").into());
+        }
+    }
+    serde_json::Value::Object(map)
+}
+
+fn respond(result: Result<Claimed, ReceiveError>) -> Response<Body> {
+    let (status, body) = match &result {
+        Ok(Claimed::Single(Claim::New)) => (StatusCode::OK, json!({"status": "accepted"})),
+        Ok(Claimed::Single(Claim::Duplicate)) => (StatusCode::OK, json!({"status": "duplicate"})),
+        Ok(Claimed::Batch(BatchClaim { accepted, duplicates })) => {
+            (StatusCode::OK, json!({"accepted": accepted, "duplicates": duplicates}))
+        }
+        Err(e) => (e.status_code(), json!({"error": e.to_string()})),
+    };
+    let mut response = Response::new(Body::from(body.to_string()));
+    *response.status_mut() = status;
+    let h = response.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    match result {
+        Err(ReceiveError::MethodNotAllowed) => {
+            h.insert(header::ALLOW, HeaderValue::from_static("POST"));
+        }
+        Err(ReceiveError::Unavailable(_)) => {
+            h.insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+        }
+        _ => {}
+    }
+    response
+}
