@@ -143,7 +143,7 @@ fn kept_headers(headers: &HeaderMap, names: &[&str]) -> serde_json::Value {
     serde_json::Value::Object(map)
 }
 
-fn respond(result: Result<Claimed, ReceiveError>) -> Response<Body> {
+pub fn respond(result: Result<Claimed, ReceiveError>) -> Response<Body> {
     let (status, body) = match &result {
         Ok(Claimed::Single(Claim::New)) => (StatusCode::OK, json!({"status": "accepted"})),
         Ok(Claimed::Single(Claim::Duplicate)) => (StatusCode::OK, json!({"status": "duplicate"})),

@@ -1,1 +1,128 @@
-fn main(){}
+//! `inbox`: the local and operator's binary.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use tokio::net::TcpListener;
+use webhook_inbox::{
+    config::{self, Secrets},
+    db, dev_server,
+    embedded_pg::EmbeddedPostgres,
+    telemetry, Config, Receiver,
+};
+
+#[derive(Parser)]
+#[command(name = "inbox", version, about = "Idempotent webhook inbox on PostgreSQL")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve POST /webhooks/{provider} locally, on DATABASE_URL or an embedded throwaway PostgreSQL.
+    Dev {
+        #[arg(long, env = "PORT", default_value_t = 9000)]
+        port: u16,
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+    },
+    /// Apply the migrations to DATABASE_URL.
+    Migrate,
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    telemetry::init();
+    match Cli::parse().command {
+        Command::Dev { port, host } => dev(&host, port).await,
+        Command::Migrate => {
+            let config = Config::from_env(1)?;
+            let url = config.db.url.as_deref().context("DATABASE_URL is not set")?;
+            let pool = db::pool(&config.db)?;
+            db::MIGRATOR.run(&pool).await.context("applying migrations")?;
+            println!("migrations applied to {}", redact_url(url));
+            Ok(())
+        }
+    }
+}
+
+async fn dev(host: &str, port: u16) -> Result<()> {
+    let mut config = Config::from_env(16)?;
+    let embedded = match &config.db.url {
+        Some(url) => {
+            println!("using DATABASE_URL {}", redact_url(url));
+            None
+        }
+        None => {
+            let pg = EmbeddedPostgres::start().await.context("starting the embedded PostgreSQL")?;
+            println!("embedded PostgreSQL at {} (data in {}; removed on exit)", pg.url(), pg.data_dir().display());
+            config.db.url = Some(pg.url());
+            Some(pg)
+        }
+    };
+    let result = serve(&mut config, host, port).await;
+    if let Some(pg) = embedded {
+        pg.destroy().await.context("stopping the embedded PostgreSQL")?;
+        println!("embedded PostgreSQL stopped");
+    }
+    result
+}
+
+async fn serve(config: &mut Config, host: &str, port: u16) -> Result<()> {
+    let pool = db::pool(&config.db)?;
+    db::MIGRATOR.run(&pool).await.context("applying migrations")?;
+    if config.secrets.none_configured() {
+        config.secrets = Secrets::development();
+        print_development_secrets();
+    }
+    let listener = TcpListener::bind((host, port)).await.with_context(|| format!("binding {host}:{port}"))?;
+    let receiver = Arc::new(Receiver::new(pool, config));
+    println!("inbox dev ready: POST http://{}/webhooks/{{provider}}  (Ctrl-C stops)", listener.local_addr()?);
+    dev_server::serve(listener, receiver, shutdown_signal()).await?;
+    println!("shutting down");
+    Ok(())
+}
+
+fn print_development_secrets() {
+    println!("no webhook secrets set: using development secrets");
+    println!("  STRIPE_WEBHOOK_SECRET={}", config::DEV_STRIPE);
+    println!("  SHOPIFY_WEBHOOK_SECRET={}", config::DEV_SHOPIFY);
+    println!("  GITHUB_WEBHOOK_SECRET={}", config::DEV_GITHUB);
+    println!("  STANDARD_WEBHOOK_SECRET={}", config::DEV_STANDARD);
+    println!("  MARQETA_WEBHOOK_USERNAME={}", config::DEV_MARQETA_USERNAME);
+    println!("  MARQETA_WEBHOOK_PASSWORD={}", config::DEV_MARQETA_PASSWORD);
+}
+
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+/// A database URL without its password.
+fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            let masked = if userinfo.contains(':') { format!("{user}:***") } else { user.to_string() };
+            format!("{}{masked}{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn passwords_never_print() {
+        assert_eq!(redact_url("postgres://u:s3cret@h:5432/db"), "postgres://u:***@h:5432/db");
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+    }
+}

@@ -1,1 +1,21 @@
-fn main(){}
+//! Lambda `receive`: `POST /webhooks/{provider}` behind API Gateway (REST or
+//! HTTP API), a Function URL or an ALB. The logic is `webhook_inbox::Receiver`.
+
+use std::sync::Arc;
+
+use lambda_http::{service_fn, Error, Request};
+use webhook_inbox::{db, telemetry, Config, Receiver};
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    telemetry::init();
+    // Built once per Lambda instance: one or two connections, connected on first use.
+    let config = Config::from_env(2)?;
+    let pool = db::pool(&config.db)?;
+    let receiver = Arc::new(Receiver::new(pool, &config));
+    lambda_http::run(service_fn(move |req: Request| {
+        let receiver = receiver.clone();
+        async move { Ok::<_, Error>(receiver.handle(req).await) }
+    }))
+    .await
+}
