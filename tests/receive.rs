@@ -1,0 +1,643 @@
+//! The receive handler against a real PostgreSQL: signatures, the claim,
+//! concurrency, isolation, bad input and a database that goes away.
+
+use std::{sync::Arc, time::Duration};
+
+use http::StatusCode;
+use inbox_tests::*;
+use serde_json::{json, Value};
+use sqlx::{
+    postgres::{PgConnectOptions, PgPoolOptions},
+    PgPool,
+};
+use tokio::sync::Barrier;
+use webhook_inbox::{
+    db,
+    embedded_pg::EmbeddedPostgres,
+    inbox::{self, Claim, Envelope},
+    providers::{NewEvent, Provider},
+    Receiver,
+};
+
+const MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+
+// ---------- the signature matrix, through the real handler ----------
+
+struct Case {
+    name: &'static str,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+    via_apigw_v2: bool,
+    expect: StatusCode,
+    secret_index: Option<i16>,
+}
+
+fn case(name: &'static str, headers: &[(&str, String)], body: Vec<u8>, expect: u16) -> Case {
+    Case {
+        name,
+        headers: headers.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
+        body,
+        via_apigw_v2: false,
+        expect: StatusCode::from_u16(expect).unwrap(),
+        secret_index: None,
+    }
+}
+
+impl Case {
+    fn secret(mut self, index: i16) -> Self {
+        self.secret_index = Some(index);
+        self
+    }
+    fn via_v2(mut self) -> Self {
+        self.via_apigw_v2 = true;
+        self
+    }
+}
+
+async fn run_matrix(pool: &PgPool, receiver: &Receiver, provider: &str, cases: Vec<Case>) {
+    let mut accepted = 0;
+    for c in &cases {
+        let headers: Vec<(&str, &str)> = c.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let req = if c.via_apigw_v2 {
+            apigw_v2_request(provider, &headers, &c.body)
+        } else {
+            request(provider, &headers, &c.body)
+        };
+        let (status, body) = send(receiver, req).await;
+        assert_eq!(status, c.expect, "{provider} / {}: {body}", c.name);
+        if status == StatusCode::OK {
+            accepted += 1;
+            let index: i16 = sqlx::query_scalar("SELECT secret_index FROM webhook_inbox WHERE raw_body = $1")
+                .bind(&c.body)
+                .fetch_one(pool)
+                .await
+                .unwrap_or_else(|e| panic!("{provider} / {}: no row with the exact raw bytes: {e}", c.name));
+            if let Some(expected) = c.secret_index {
+                assert_eq!(index, expected, "{provider} / {}: secret index", c.name);
+            }
+        } else {
+            let reason = body["error"].as_str().unwrap_or_default();
+            assert!(!reason.is_empty(), "{provider} / {}: a refusal says why", c.name);
+            for secret in STRIPE.iter().chain(&SHOPIFY).chain(&GITHUB).chain(&MARQETA_PASSWORDS).chain(&MARQETA_SIGNING) {
+                assert!(!reason.contains(secret), "{provider} / {}: the reason leaks a secret", c.name);
+            }
+        }
+    }
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_inbox WHERE provider = $1")
+        .bind(provider)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, accepted, "{provider}: only accepted deliveries are stored");
+}
+
+fn stripe_body(id: &str) -> Vec<u8> {
+    format!(r#"{{"id":"{id}","object":"event","type":"payment_intent.succeeded","data":{{"object":{{"id":"pi_{id}"}}}}}}"#)
+        .into_bytes()
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn stripe_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let r = receiver(opts, secrets(false));
+    let [old, new] = STRIPE;
+    let t = now();
+    let sig = |secret: &str, t: i64, body: &[u8]| stripe_v1(secret, t, body);
+    let h = |v: String| vec![("Stripe-Signature", v)];
+    let b = stripe_body;
+    let cases = vec![
+        case("valid", &h(format!("t={t},v1={}", sig(old, t, &b("evt_valid")))), b("evt_valid"), 200).secret(0),
+        case("rotated secret", &h(format!("t={t},v1={}", sig(new, t, &b("evt_rot")))), b("evt_rot"), 200).secret(1),
+        case(
+            "several v1, matching one first",
+            &h(format!("t={t},v1={},v1={},v0={}", sig(new, t, &b("evt_sev")), sig("whsec_x", t, &b("evt_sev")), "00".repeat(32))),
+            b("evt_sev"),
+            200,
+        )
+        .secret(1),
+        case("wrong secret", &h(format!("t={t},v1={}", sig("whsec_wrong", t, &b("evt_w")))), b("evt_w"), 401),
+        case("missing header", &[], b("evt_m"), 401),
+        case("empty signature", &h(format!("t={t},v1=")), b("evt_e"), 401),
+        case("stale timestamp", &h(format!("t={},v1={}", t - 301, sig(old, t - 301, &b("evt_s")))), b("evt_s"), 401),
+        case("future timestamp", &h(format!("t={},v1={}", t + 301, sig(old, t + 301, &b("evt_f")))), b("evt_f"), 401),
+        case("v0 only", &h(format!("t={t},v0={}", sig(old, t, &b("evt_v0")))), b("evt_v0"), 401),
+        case("base64 body through a v2 event", &h(format!("t={t},v1={}", sig(old, t, &b("evt_b64")))), b("evt_b64"), 200)
+            .via_v2(),
+        case(
+            "duplicated header",
+            &[("Stripe-Signature", format!("t={t},v1={}", "11".repeat(32))), ("Stripe-Signature", format!("t={t},v1={}", sig(new, t, &b("evt_dup"))))],
+            b("evt_dup"),
+            200,
+        )
+        .secret(1),
+        case(
+            "duplicated header, neither valid",
+            &[("Stripe-Signature", format!("t={t},v1={}", "11".repeat(32))), ("Stripe-Signature", format!("t={t},v1={}", "22".repeat(32)))],
+            b("evt_dup2"),
+            401,
+        ),
+    ];
+    run_matrix(&pool, &r, "stripe", cases).await;
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn shopify_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let r = receiver(opts, secrets(false));
+    let [old, new] = SHOPIFY;
+    let body = |id: &str| format!(r#"{{"id":{},"note":"{id}"}}"#, id.len()).into_bytes();
+    let h = |id: &str, sig: String| {
+        vec![("X-Shopify-Webhook-Id", id.to_string()), ("X-Shopify-Topic", "orders/create".to_string()), ("X-Shopify-Hmac-Sha256", sig)]
+    };
+    let cases = vec![
+        case("valid", &h("w-valid", shopify_hmac(old, &body("w-valid"))), body("w-valid"), 200).secret(0),
+        case("rotated secret", &h("w-rot", shopify_hmac(new, &body("w-rot"))), body("w-rot"), 200).secret(1),
+        case("wrong secret", &h("w-wrong", shopify_hmac("other", &body("w-wrong"))), body("w-wrong"), 401),
+        case("missing header", &h("w-miss", String::new())[..2], body("w-miss"), 401),
+        case("empty signature", &h("w-empty", String::new()), body("w-empty"), 401),
+        case("base64 body through a v2 event", &h("w-b64", shopify_hmac(old, &body("w-b64"))), body("w-b64"), 200).via_v2(),
+        case(
+            "duplicated header",
+            &[h("w-dup", "AAAA".into()), h("w-dup", shopify_hmac(new, &body("w-dup")))].concat(),
+            body("w-dup"),
+            200,
+        ),
+    ];
+    run_matrix(&pool, &r, "shopify", cases).await;
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn github_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let r = receiver(opts, secrets(false));
+    let [old, new] = GITHUB;
+    let body = |id: &str| format!(r#"{{"action":"opened","zen":"{id}"}}"#).into_bytes();
+    let h = |id: &str, sig: String| {
+        vec![("X-GitHub-Delivery", id.to_string()), ("X-GitHub-Event", "issues".to_string()), ("X-Hub-Signature-256", sig)]
+    };
+    let cases = vec![
+        case("valid", &h("g-valid", github_signature(old, &body("g-valid"))), body("g-valid"), 200).secret(0),
+        case("rotated secret", &h("g-rot", github_signature(new, &body("g-rot"))), body("g-rot"), 200).secret(1),
+        case("wrong secret", &h("g-wrong", github_signature("other", &body("g-wrong"))), body("g-wrong"), 401),
+        case("missing header", &h("g-miss", String::new())[..2], body("g-miss"), 401),
+        case("empty signature", &h("g-empty", "sha256=".into()), body("g-empty"), 401),
+        case("base64 body through a v2 event", &h("g-b64", github_signature(old, &body("g-b64"))), body("g-b64"), 200).via_v2(),
+        case(
+            "duplicated header",
+            &[h("g-dup", "sha256=00".into()), h("g-dup", github_signature(new, &body("g-dup")))].concat(),
+            body("g-dup"),
+            200,
+        ),
+    ];
+    run_matrix(&pool, &r, "github", cases).await;
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn standard_webhooks_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let r = receiver(opts, secrets(false));
+    let [old, new] = STANDARD;
+    let t = now();
+    let body = |id: &str| format!(r#"{{"type":"invoice.paid","data":{{"id":"{id}"}}}}"#).into_bytes();
+    let h = |prefix: &str, id: &str, t: i64, sig: String| {
+        vec![(format!("{prefix}-id"), id.to_string()), (format!("{prefix}-timestamp"), t.to_string()), (format!("{prefix}-signature"), sig)]
+    };
+    let s = |key: &[u8], id: &str, t: i64| standard_signature(key, id, t, &body(id));
+    let owned = |v: Vec<(String, String)>| v;
+    let cases: Vec<(&'static str, Vec<(String, String)>, &str, u16, Option<i16>, bool)> = vec![
+        ("valid", owned(h("webhook", "m-valid", t, s(old, "m-valid", t))), "m-valid", 200, Some(0), false),
+        ("rotated secret", h("webhook", "m-rot", t, s(new, "m-rot", t)), "m-rot", 200, Some(1), false),
+        ("several v1", h("webhook", "m-sev", t, format!("{} {}", s(b"other-key", "m-sev", t), s(new, "m-sev", t))), "m-sev", 200, Some(1), false),
+        ("svix headers", h("svix", "m-svix", t, s(old, "m-svix", t)), "m-svix", 200, Some(0), false),
+        ("wrong secret", h("webhook", "m-wrong", t, s(b"other-key", "m-wrong", t)), "m-wrong", 401, None, false),
+        ("missing header", h("webhook", "m-miss", t, s(old, "m-miss", t))[..2].to_vec(), "m-miss", 401, None, false),
+        ("empty signature", h("webhook", "m-empty", t, "v1,".into()), "m-empty", 401, None, false),
+        ("stale timestamp", h("webhook", "m-stale", t - 301, s(old, "m-stale", t - 301)), "m-stale", 401, None, false),
+        ("future timestamp", h("webhook", "m-fut", t + 301, s(old, "m-fut", t + 301)), "m-fut", 401, None, false),
+        ("v1a only", h("webhook", "m-v1a", t, "v1a,c2lnbmF0dXJl".into()), "m-v1a", 401, None, false),
+        ("base64 body through a v2 event", h("webhook", "m-b64", t, s(old, "m-b64", t)), "m-b64", 200, Some(0), true),
+        (
+            "duplicated header",
+            [h("webhook", "m-dup", t, "v1,AAAA".into()), h("webhook", "m-dup", t, s(new, "m-dup", t))[2..].to_vec()].concat(),
+            "m-dup",
+            200,
+            Some(1),
+            false,
+        ),
+    ];
+    let cases = cases
+        .into_iter()
+        .map(|(name, headers, id, status, index, v2)| {
+            let refs: Vec<(&str, String)> = headers.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+            let mut c = case(name, &refs, body(id), status);
+            c.secret_index = index;
+            c.via_apigw_v2 = v2;
+            c
+        })
+        .collect();
+    run_matrix(&pool, &r, "standard", cases).await;
+}
+
+fn marqeta_body(token: &str) -> Vec<u8> {
+    format!(r#"{{"transactions":[{{"token":"{token}","type":"authorization","state":"PENDING","amount":5.5}}]}}"#).into_bytes()
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn marqeta_basic_auth_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let r = receiver(opts, secrets(false));
+    let [p0, p1] = MARQETA_PASSWORDS;
+    let auth = |user: &str, password: &str| vec![("Authorization", marqeta_basic(user, password))];
+    let b = marqeta_body;
+    let cases = vec![
+        case("valid", &auth(MARQETA_USER, p0), b("q-valid"), 200).secret(0),
+        case("rotated password", &auth(MARQETA_USER, p1), b("q-rot"), 200).secret(1),
+        case("wrong password", &auth(MARQETA_USER, "not-the-password-000"), b("q-wrong"), 401),
+        case("wrong user", &auth("someone", p0), b("q-user"), 401),
+        case("missing header", &[], b("q-miss"), 401),
+        case("empty password", &auth(MARQETA_USER, ""), b("q-empty"), 401),
+        case("base64 body through a v2 event", &auth(MARQETA_USER, p0), b("q-b64"), 200).via_v2(),
+        case("duplicated header", &[auth("x", "y"), auth(MARQETA_USER, p0)].concat(), b("q-dup"), 401),
+    ];
+    run_matrix(&pool, &r, "marqeta", cases).await;
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn marqeta_signature_matrix_when_a_secret_is_set(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let r = receiver(opts, secrets(true));
+    let [old, new] = MARQETA_SIGNING;
+    let b = marqeta_body;
+    let with = |sig: String| vec![("Authorization", marqeta_basic(MARQETA_USER, MARQETA_PASSWORDS[0])), ("X-Marqeta-Signature", sig)];
+    let cases = vec![
+        case("HMAC-SHA256", &with(marqeta_signature_sha256(old, &b("s-256"))), b("s-256"), 200).secret(0),
+        case("legacy HMAC-SHA1", &with(marqeta_signature_sha1(old, &b("s-sha1"))), b("s-sha1"), 200).secret(0),
+        case("rotated secret", &with(marqeta_signature_sha256(new, &b("s-rot"))), b("s-rot"), 200).secret(1),
+        case("wrong secret", &with(marqeta_signature_sha256("other", &b("s-wrong"))), b("s-wrong"), 401),
+        case("missing signature", &with(String::new())[..1], b("s-miss"), 401),
+        case("empty signature", &with(String::new()), b("s-empty"), 401),
+        case(
+            "valid signature without Basic auth",
+            &with(marqeta_signature_sha256(old, &b("s-noauth")))[1..],
+            b("s-noauth"),
+            401,
+        ),
+        case("base64 body through a v2 event", &with(marqeta_signature_sha256(new, &b("s-b64"))), b("s-b64"), 200).via_v2(),
+        case(
+            "duplicated header",
+            &[with("00".repeat(32)), with(marqeta_signature_sha256(new, &b("s-dup")))[1..].to_vec()].concat(),
+            b("s-dup"),
+            200,
+        ),
+    ];
+    run_matrix(&pool, &r, "marqeta", cases).await;
+}
+
+// ---------- the claim ----------
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_stripe_delivery_is_stored_verbatim_then_answered_duplicate(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let r = receiver(opts, secrets(false));
+    let body = stripe_body("evt_1");
+    let sig = stripe_header(STRIPE[0], &body);
+    let headers = [("Stripe-Signature", sig.as_str()), ("Content-Type", "application/json")];
+    assert_eq!(post(&r, "stripe", &headers, &body).await, (StatusCode::OK, json!({"status": "accepted"})));
+    assert_eq!(post(&r, "stripe", &headers, &body).await, (StatusCode::OK, json!({"status": "duplicate"})));
+
+    let row: (String, String, Value, Vec<u8>, Value, String, i16) = sqlx::query_as(
+        "SELECT event_id, event_type, payload, raw_body, headers, status, secret_index FROM webhook_inbox",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(row.0, "evt_1");
+    assert_eq!(row.1, "payment_intent.succeeded");
+    assert_eq!(row.2["data"]["object"]["id"], "pi_evt_1");
+    assert_eq!(row.3, body, "the signed bytes are kept verbatim");
+    assert_eq!(row.4, json!({"stripe-signature": sig, "content-type": "application/json"}));
+    assert_eq!((row.5.as_str(), row.6), ("pending", 0));
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn shopify_identifying_headers_are_kept(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let r = receiver(opts, secrets(false));
+    let body = br#"{"id":450789469,"financial_status":"paid"}"#;
+    let hmac = shopify_hmac(SHOPIFY[0], body);
+    let headers = [
+        ("X-Shopify-Hmac-Sha256", hmac.as_str()),
+        ("X-Shopify-Webhook-Id", "b54557e4-bdd9-4b37-8a5f-bf7d70bcd043"),
+        ("X-Shopify-Event-Id", "98880550-7158-44d4-b7cd-2c97c8a091b5"),
+        ("X-Shopify-Topic", "orders/updated"),
+        ("X-Shopify-Triggered-At", "2026-11-29T21:00:00.000Z"),
+        ("X-Shopify-Shop-Domain", "example.myshopify.com"),
+        ("X-Shopify-API-Version", "2026-10"),
+        ("User-Agent", "Shopify-Captain-Hook"),
+    ];
+    assert_eq!(post(&r, "shopify", &headers, body).await.0, StatusCode::OK);
+    let (id, topic, kept): (String, String, Value) =
+        sqlx::query_as("SELECT event_id, event_type, headers FROM webhook_inbox").fetch_one(&pool).await.unwrap();
+    assert_eq!((id.as_str(), topic.as_str()), ("b54557e4-bdd9-4b37-8a5f-bf7d70bcd043", "orders/updated"));
+    assert_eq!(kept["x-shopify-event-id"], "98880550-7158-44d4-b7cd-2c97c8a091b5");
+    assert_eq!(kept["x-shopify-triggered-at"], "2026-11-29T21:00:00.000Z");
+    assert_eq!(kept["x-shopify-shop-domain"], "example.myshopify.com");
+    assert!(kept.get("user-agent").is_none(), "only the identifying headers are kept");
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn fifty_concurrent_identical_deliveries_claim_once(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let mut cfg = config(secrets(false));
+    cfg.db.pool_size = 50;
+    let r = Arc::new(Receiver::new(db::pool_from(opts, &cfg.db), &cfg));
+    let body = stripe_body("evt_race");
+    let sig = stripe_header(STRIPE[0], &body);
+    let barrier = Arc::new(Barrier::new(50));
+    let tasks: Vec<_> = (0..50)
+        .map(|_| {
+            let (r, barrier, body, sig) = (r.clone(), barrier.clone(), body.clone(), sig.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                post(&r, "stripe", &[("Stripe-Signature", &sig)], &body).await
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for t in tasks {
+        let (status, body) = t.await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{body}");
+        statuses.push(body["status"].as_str().unwrap().to_string());
+    }
+    assert_eq!(statuses.iter().filter(|s| *s == "accepted").count(), 1);
+    assert_eq!(statuses.iter().filter(|s| *s == "duplicate").count(), 49);
+    assert_eq!(count(&pool).await, 1);
+}
+
+fn event(id: &str) -> NewEvent {
+    NewEvent::pending(id.into(), "test.event", "{}".into())
+}
+
+fn envelope(headers: &Value) -> Envelope<'_> {
+    Envelope { provider: Provider::Stripe, raw_body: b"{}", headers, secret_index: 0 }
+}
+
+/// Starts a claim while another transaction holds the same key uncommitted.
+async fn claim_behind_open_insert(pool: &PgPool, id: &'static str) -> (sqlx::Transaction<'static, sqlx::Postgres>, tokio::task::JoinHandle<Claim>) {
+    let headers = json!({});
+    let mut tx = pool.begin().await.unwrap();
+    inbox::claim(&mut *tx, &envelope(&headers), &event(id)).await.unwrap();
+    let p = pool.clone();
+    let waiter = tokio::spawn(async move {
+        let headers = json!({});
+        inbox::claim(&p, &envelope(&headers), &event(id)).await.unwrap()
+    });
+    // The second claim must be waiting on the first transaction's key, not finished.
+    let waiting = eventually(|| async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO webhook_inbox%'")
+            .fetch_one(pool)
+            .await
+            .unwrap()
+            == 1
+    })
+    .await;
+    assert!(waiting, "the second claim waits on the row lock");
+    assert!(!waiter.is_finished());
+    (tx, waiter)
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_claim_blocked_by_an_open_transaction_waits_then_reports_duplicate(pool: PgPool) {
+    let (tx, waiter) = claim_behind_open_insert(&pool, "evt_wait").await;
+    tx.commit().await.unwrap();
+    assert_eq!(waiter.await.unwrap(), Claim::Duplicate);
+    assert_eq!(count(&pool).await, 1);
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_claim_blocked_by_a_transaction_that_rolls_back_claims_the_event(pool: PgPool) {
+    let (tx, waiter) = claim_behind_open_insert(&pool, "evt_rollback").await;
+    tx.rollback().await.unwrap();
+    assert_eq!(waiter.await.unwrap(), Claim::New);
+    assert_eq!(count(&pool).await, 1);
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_claim_stuck_behind_a_lock_past_lock_timeout_answers_503(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let mut cfg = config(secrets(false));
+    cfg.db.lock_timeout = Duration::from_millis(300);
+    let r = Receiver::new(db::pool_from(opts, &cfg.db), &cfg);
+    let body = stripe_body("evt_locked");
+    let headers = json!({});
+    let mut tx = pool.begin().await.unwrap();
+    let held = NewEvent::pending("evt_locked".into(), "x", "{}".into());
+    inbox::claim(&mut *tx, &envelope(&headers), &held).await.unwrap();
+    let (status, body) = post(&r, "stripe", &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))], &body).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(!body.to_string().contains("lock"), "no database text reaches the caller: {body}");
+    tx.rollback().await.unwrap();
+    assert_eq!(count(&pool).await, 0);
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn repeatable_read_fails_with_40001_and_the_retry_recovers(pool: PgPool) {
+    let headers = json!({});
+    let attempts = std::sync::atomic::AtomicU32::new(0);
+    let result = db::retry_serialization(|n| {
+        attempts.store(n, std::sync::atomic::Ordering::SeqCst);
+        let (pool, headers) = (pool.clone(), headers.clone());
+        async move {
+            let mut tx = pool.begin().await?;
+            sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(&mut *tx).await?;
+            sqlx::query("SELECT count(*) FROM webhook_inbox").execute(&mut *tx).await?; // takes the snapshot
+            if n == 1 {
+                // Another delivery of the same event commits after our snapshot was taken.
+                inbox::claim(&pool, &envelope(&headers), &event("evt_rr")).await?;
+            }
+            let claim = inbox::claim(&mut *tx, &envelope(&headers), &event("evt_rr")).await;
+            if n == 1 {
+                let err = claim.as_ref().expect_err("the conflict is invisible to the snapshot");
+                assert_eq!(db::sqlstate(err).as_deref(), Some("40001"));
+            }
+            let claim = claim?;
+            tx.commit().await?;
+            Ok(claim)
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(result, Claim::Duplicate, "the retry's new snapshot sees the committed row");
+    assert_eq!(attempts.into_inner(), 2);
+    assert_eq!(count(&pool).await, 1);
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_marqeta_batch_claims_each_item_once_within_and_across_batches(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let r = receiver(opts, secrets(false));
+    let auth = marqeta_basic(MARQETA_USER, MARQETA_PASSWORDS[0]);
+    let first = br#"{"transactions":[{"token":"c","type":"gpa.credit","state":"COMPLETION","amount":10},{"token":"a","type":"authorization"},{"token":"c","type":"gpa.credit","state":"COMPLETION","amount":10},{"token":"b","type":"authorization"}]}"#;
+    assert_eq!(
+        post(&r, "marqeta", &[("Authorization", &auth)], first).await,
+        (StatusCode::OK, json!({"accepted": 3, "duplicates": 1}))
+    );
+    let second = br#"{"transactions":[{"token":"b","type":"authorization"},{"token":"d","type":"authorization.clearing"}]}"#;
+    assert_eq!(
+        post(&r, "marqeta", &[("Authorization", &auth)], second).await,
+        (StatusCode::OK, json!({"accepted": 1, "duplicates": 1}))
+    );
+    assert_eq!(
+        post(&r, "marqeta", &[("Authorization", &auth)], first).await,
+        (StatusCode::OK, json!({"accepted": 0, "duplicates": 4}))
+    );
+    let rows: Vec<(String, String, Value)> =
+        sqlx::query_as("SELECT event_id, event_type, payload FROM webhook_inbox ORDER BY event_id").fetch_all(&pool).await.unwrap();
+    let ids: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+    assert_eq!(ids, ["transactions:a", "transactions:b", "transactions:c", "transactions:d"]);
+    assert_eq!(rows[2].1, "transactions:gpa.credit");
+    assert_eq!(rows[2].2["amount"], 10, "each row holds its own item");
+    let ping = br#"{"pings":[{"token":"marqeta","payload":"healthcheck"}]}"#;
+    assert_eq!(
+        post(&r, "marqeta", &[("Authorization", &auth)], ping).await,
+        (StatusCode::OK, json!({"accepted": 0, "duplicates": 0}))
+    );
+    assert_eq!(count(&pool).await, 4, "a ping stores nothing");
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn concurrent_overlapping_marqeta_batches_neither_deadlock_nor_double_claim(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let r = Arc::new(receiver(opts, secrets(false)));
+    let auth = marqeta_basic(MARQETA_USER, MARQETA_PASSWORDS[0]);
+    let barrier = Arc::new(Barrier::new(20));
+    let tasks: Vec<_> = (0..20)
+        .map(|i| {
+            // Each batch holds the same ten tokens in a different order.
+            let mut tokens: Vec<u32> = (0..10).collect();
+            tokens.rotate_left(i % 10);
+            if i % 2 == 1 {
+                tokens.reverse();
+            }
+            let items: Vec<String> = tokens.iter().map(|t| format!(r#"{{"token":"t{t}","type":"authorization"}}"#)).collect();
+            let body = format!(r#"{{"transactions":[{}]}}"#, items.join(","));
+            let (r, barrier, auth) = (r.clone(), barrier.clone(), auth.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                post(&r, "marqeta", &[("Authorization", &auth)], body.as_bytes()).await
+            })
+        })
+        .collect();
+    let mut accepted = 0;
+    for t in tasks {
+        let (status, body) = t.await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{body}");
+        accepted += body["accepted"].as_u64().unwrap();
+        assert_eq!(body["accepted"].as_u64().unwrap() + body["duplicates"].as_u64().unwrap(), 10);
+    }
+    assert_eq!(accepted, 10);
+    assert_eq!(count(&pool).await, 10);
+}
+
+// ---------- bad input ----------
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_body_over_the_limit_gets_413_and_nothing_is_stored(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let mut cfg = config(secrets(false));
+    cfg.max_body_bytes = 1000;
+    let r = Receiver::new(db::pool_from(opts, &cfg.db), &cfg);
+    let body = format!(r#"{{"id":"evt_big","type":"x","pad":"{}"}}"#, "x".repeat(1000)).into_bytes();
+    let (status, answer) = post(&r, "stripe", &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))], &body).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(answer["error"], "body is larger than the 1000 byte limit");
+    assert_eq!(count(&pool).await, 0);
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn signed_but_unusable_bodies_are_stored_as_failed_and_answered_200(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let r = receiver(opts, secrets(false));
+    let digest = |body: &[u8]| format!("sha256:{}", hex::encode(<sha2::Sha256 as sha2::Digest>::digest(body)));
+    let cases: [(&str, &[u8], &str, Option<&str>); 4] = [
+        ("nul", br#"{"id":"evt_nul","type":"x","note":"a\u0000b"}"#, "\\u0000", Some("evt_nul")),
+        ("not json", b"<xml>not json</xml>", "not JSON", None),
+        ("no id", br#"{"type":"payment_intent.succeeded"}"#, "no usable event id", None),
+        ("not utf-8", b"\xff\xfe{}", "not UTF-8", None),
+    ];
+    for (name, body, reason, readable_id) in cases {
+        let sig = stripe_header(STRIPE[0], body);
+        let (status, answer) = post(&r, "stripe", &[("Stripe-Signature", &sig)], body).await;
+        assert_eq!((status, answer), (StatusCode::OK, json!({"status": "accepted"})), "{name}");
+        let (id, status, stored_reason, raw): (String, String, String, Vec<u8>) = sqlx::query_as(
+            "SELECT event_id, status, failure_reason, raw_body FROM webhook_inbox WHERE raw_body = $1",
+        )
+        .bind(body)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(status, "failed", "{name}");
+        assert!(stored_reason.contains(reason), "{name}: {stored_reason}");
+        assert_eq!(raw, body, "{name}: the raw bytes are kept");
+        let expected_id = readable_id.map(str::to_string).unwrap_or_else(|| digest(body));
+        assert_eq!(id, expected_id, "{name}: the provider's id when it can be read, else the body's digest");
+        // The same bytes again are a duplicate, not a second failed row.
+        let sig = stripe_header(STRIPE[0], body);
+        assert_eq!(post(&r, "stripe", &[("Stripe-Signature", &sig)], body).await.1["status"], "duplicate", "{name}");
+    }
+    let null_payloads: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_inbox WHERE payload IS NULL").fetch_one(&pool).await.unwrap();
+    assert_eq!(null_payloads, 3, "only valid JSON (the one without an id) keeps its payload");
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn unknown_unconfigured_and_wrong_method_are_refused_with_words(_: PgPoolOptions, opts: PgConnectOptions) {
+    let mut only_stripe = secrets(false);
+    only_stripe.shopify.clear();
+    let r = receiver(opts, only_stripe);
+    let (status, body) = post(&r, "paypal", &[], b"{}").await;
+    assert_eq!((status, body["error"].as_str().unwrap()), (StatusCode::NOT_FOUND, "unknown provider \"paypal\""));
+    let (status, body) = post(&r, "shopify", &[], b"{}").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(body["error"].as_str().unwrap().contains("no secret configured"));
+    let mut req = request("stripe", &[], b"");
+    *req.method_mut() = http::Method::GET;
+    let response = r.handle(req).await;
+    assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(response.headers()["allow"], "POST");
+}
+
+// ---------- the database goes away ----------
+
+#[tokio::test]
+async fn the_database_down_answers_503_and_recovers_when_it_returns() {
+    let mut pg = EmbeddedPostgres::start().await.expect("a throwaway cluster");
+    let url = pg.url();
+    let setup = PgPool::connect(&url).await.unwrap();
+    MIGRATOR.run(&setup).await.unwrap();
+    setup.close().await;
+    let mut cfg = config(secrets(false));
+    cfg.db.url = Some(url.clone());
+    let r = Receiver::new(db::pool(&cfg.db).unwrap(), &cfg);
+    let send_event = |id: &'static str| {
+        let body = stripe_body(id);
+        let sig = stripe_header(STRIPE[0], &body);
+        let r = &r;
+        async move { post(r, "stripe", &[("Stripe-Signature", &sig)], &body).await }
+    };
+    assert_eq!(send_event("evt_before").await.0, StatusCode::OK);
+
+    pg.pause().await.unwrap();
+    let started = std::time::Instant::now();
+    let (status, body) = send_event("evt_during").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(started.elapsed() < Duration::from_secs(10), "503 comes within the acquire timeout");
+    assert_eq!(body["error"], "the inbox is unavailable; nothing was stored, retry later");
+
+    pg.resume().await.unwrap();
+    let (status, body) = send_event("evt_during").await;
+    assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("accepted")), "the retry is stored");
+    let check = PgPool::connect(&url).await.unwrap();
+    assert_eq!(count(&check).await, 2);
+    check.close().await;
+    pg.destroy().await.unwrap();
+}

@@ -21,19 +21,24 @@ pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
 /// function killed mid-transaction cannot hold a connection for long.
 pub fn pool(cfg: &DbConfig) -> Result<PgPool, sqlx::Error> {
     let url = cfg.url.as_deref().ok_or_else(|| sqlx::Error::Configuration("DATABASE_URL is not set".into()))?;
+    Ok(pool_from(PgConnectOptions::from_str(url)?, cfg))
+}
+
+/// [`pool`] for connect options already parsed (tests get theirs from `#[sqlx::test]`).
+pub fn pool_from(options: PgConnectOptions, cfg: &DbConfig) -> PgPool {
     let ms = |d: Duration| d.as_millis().to_string();
-    let options = PgConnectOptions::from_str(url)?
+    let options = options
         .application_name("webhook-inbox")
         .options([
             ("lock_timeout", ms(cfg.lock_timeout)),
             ("statement_timeout", ms(cfg.statement_timeout)),
             ("idle_in_transaction_session_timeout", ms(cfg.idle_in_transaction_timeout)),
         ]);
-    Ok(PgPoolOptions::new()
+    PgPoolOptions::new()
         .max_connections(cfg.pool_size.max(1))
         .min_connections(0)
         .acquire_timeout(cfg.acquire_timeout)
-        .connect_lazy_with(options))
+        .connect_lazy_with(options)
 }
 
 /// SQLSTATE of an error that PostgreSQL raised, if any.

@@ -1,0 +1,180 @@
+//! Shared by the integration tests: test secrets, independent signers for each
+//! provider (written from providers.md, not from the product's code), and
+//! helpers that drive the real receive handler against a real PostgreSQL.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
+use hmac::{Hmac, Mac};
+use http::{Method, Request, StatusCode};
+use lambda_http::Body;
+use serde_json::Value;
+use sha2::Sha256;
+use sqlx::{postgres::PgConnectOptions, PgPool};
+use webhook_inbox::{
+    config::{DbConfig, MarqetaAuth, Secrets, DEFAULT_MAX_BODY_BYTES},
+    db, Config, Receiver, Secret,
+};
+
+/// Two secrets per provider: the second is the one being rotated in.
+pub const STRIPE: [&str; 2] = ["whsec_test_old", "whsec_test_new"];
+pub const SHOPIFY: [&str; 2] = ["shopify_old", "shopify_new"];
+pub const GITHUB: [&str; 2] = ["github_old", "github_new"];
+/// Standard Webhooks keys, raw; configured as `whsec_<base64>`.
+pub const STANDARD: [&[u8]; 2] = [b"standard-old-key", b"standard-new-key"];
+pub const MARQETA_USER: &str = "marqeta_user";
+pub const MARQETA_PASSWORDS: [&str; 2] = ["marqeta-password-0001", "marqeta-password-0002"];
+pub const MARQETA_SIGNING: [&str; 2] = ["marqeta-signing-old", "marqeta-signing-new"];
+
+pub fn secrets(marqeta_signing: bool) -> Secrets {
+    let list = |s: &[&str]| s.iter().map(|s| Secret::new(*s)).collect::<Vec<_>>();
+    Secrets {
+        stripe: list(&STRIPE),
+        shopify: list(&SHOPIFY),
+        github: list(&GITHUB),
+        standard: STANDARD.iter().map(|k| Secret::new(*k)).collect(),
+        marqeta: Some(MarqetaAuth {
+            username: Secret::new(MARQETA_USER),
+            passwords: list(&MARQETA_PASSWORDS),
+            signing_secrets: if marqeta_signing { list(&MARQETA_SIGNING) } else { vec![] },
+        }),
+    }
+}
+
+pub fn db_config() -> DbConfig {
+    DbConfig::with_url("unused: connect options come from the test")
+}
+
+pub fn config(secrets: Secrets) -> Config {
+    Config { db: db_config(), secrets, max_body_bytes: DEFAULT_MAX_BODY_BYTES }
+}
+
+/// A receiver on the test's database, with the production pool settings.
+pub fn receiver(opts: PgConnectOptions, secrets: Secrets) -> Receiver {
+    let mut cfg = config(secrets);
+    cfg.db.pool_size = 8;
+    Receiver::new(db::pool_from(opts, &cfg.db), &cfg)
+}
+
+pub fn now() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64
+}
+
+fn hmac256(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
+    let mut mac = Hmac::<Sha256>::new_from_slice(key).unwrap();
+    for p in parts {
+        mac.update(p);
+    }
+    mac.finalize().into_bytes().to_vec()
+}
+
+pub fn stripe_v1(secret: &str, t: i64, body: &[u8]) -> String {
+    hex::encode(hmac256(secret.as_bytes(), &[t.to_string().as_bytes(), b".", body]))
+}
+
+pub fn stripe_header(secret: &str, body: &[u8]) -> String {
+    let t = now();
+    format!("t={t},v1={}", stripe_v1(secret, t, body))
+}
+
+pub fn shopify_hmac(secret: &str, body: &[u8]) -> String {
+    B64.encode(hmac256(secret.as_bytes(), &[body]))
+}
+
+pub fn github_signature(secret: &str, body: &[u8]) -> String {
+    format!("sha256={}", hex::encode(hmac256(secret.as_bytes(), &[body])))
+}
+
+pub fn standard_signature(key: &[u8], id: &str, t: i64, body: &[u8]) -> String {
+    format!("v1,{}", B64.encode(hmac256(key, &[id.as_bytes(), b".", t.to_string().as_bytes(), b".", body])))
+}
+
+pub fn marqeta_basic(user: &str, password: &str) -> String {
+    format!("Basic {}", B64.encode(format!("{user}:{password}")))
+}
+
+pub fn marqeta_signature_sha256(secret: &str, body: &[u8]) -> String {
+    hex::encode(hmac256(secret.as_bytes(), &[body]))
+}
+
+pub fn marqeta_signature_sha1(secret: &str, body: &[u8]) -> String {
+    let mut mac = Hmac::<sha1::Sha1>::new_from_slice(secret.as_bytes()).unwrap();
+    mac.update(body);
+    hex::encode(mac.finalize().into_bytes())
+}
+
+/// A request as `lambda_http` hands it to the handler.
+pub fn request(provider: &str, headers: &[(&str, &str)], body: &[u8]) -> Request<Body> {
+    let mut b = Request::builder().method(Method::POST).uri(format!("https://example.test/webhooks/{provider}"));
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    b.body(Body::from(body.to_vec())).unwrap()
+}
+
+/// Sends a request through the real handler; returns the status and the JSON body.
+pub async fn send(receiver: &Receiver, req: Request<Body>) -> (StatusCode, Value) {
+    let response = receiver.handle(req).await;
+    let status = response.status();
+    let body: Value = serde_json::from_slice(response.body().as_ref()).expect("every answer is JSON");
+    (status, body)
+}
+
+pub async fn post(receiver: &Receiver, provider: &str, headers: &[(&str, &str)], body: &[u8]) -> (StatusCode, Value) {
+    send(receiver, request(provider, headers, body)).await
+}
+
+pub async fn count(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM webhook_inbox").fetch_one(pool).await.unwrap()
+}
+
+/// Polls until `f` is true or 10 s pass.
+pub async fn eventually<F, Fut>(mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..200 {
+        if f().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// A real API Gateway HTTP API (payload 2.0) event, body base64-encoded as API
+/// Gateway does for non-text content types, parsed by `lambda_http` itself.
+pub fn apigw_v2_request(provider: &str, headers: &[(&str, &str)], body: &[u8]) -> Request<Body> {
+    let headers: serde_json::Map<String, Value> =
+        headers.iter().map(|(k, v)| (k.to_ascii_lowercase(), Value::from(*v))).collect();
+    let event = serde_json::json!({
+        "version": "2.0",
+        "routeKey": "POST /webhooks/{provider}",
+        "rawPath": format!("/webhooks/{provider}"),
+        "rawQueryString": "",
+        "headers": headers,
+        "requestContext": {
+            "accountId": "123456789012",
+            "apiId": "r3pmxmplak",
+            "domainName": "r3pmxmplak.execute-api.us-east-1.amazonaws.com",
+            "domainPrefix": "r3pmxmplak",
+            "http": {
+                "method": "POST",
+                "path": format!("/webhooks/{provider}"),
+                "protocol": "HTTP/1.1",
+                "sourceIp": "203.0.113.10",
+                "userAgent": "provider-webhooks/1.0"
+            },
+            "requestId": "JKJaXmPLvHcESHA=",
+            "routeKey": "POST /webhooks/{provider}",
+            "stage": "$default",
+            "time": "29/Nov/2026:21:00:00 +0000",
+            "timeEpoch": 1796000000000u64
+        },
+        "pathParameters": { "provider": provider },
+        "body": B64.encode(body),
+        "isBase64Encoded": true
+    });
+    lambda_http::request::from_str(&event.to_string()).expect("a valid API Gateway v2 event")
+}

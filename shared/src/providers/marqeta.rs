@@ -90,7 +90,7 @@ impl Scheme for Marqeta {
         let groups = match serde_json::from_str::<BTreeMap<String, &RawValue>>(text) {
             Ok(groups) => groups,
             Err(e) => {
-                let payload = parse_json(d.body).ok().map(|j| j.text.into_owned());
+                let payload = parse_json(d.body).ok().filter(|j| !j.has_nul).map(|j| j.text.into_owned());
                 return Events::Batch(vec![NewEvent::unusable(
                     body_digest_id(d.body),
                     "unknown",

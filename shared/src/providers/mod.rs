@@ -240,13 +240,16 @@ pub(crate) fn valid_event_id(id: &str) -> bool {
     !id.is_empty() && id.chars().count() <= MAX_EVENT_ID_CHARS && !id.chars().any(char::is_control)
 }
 
-/// JSON that PostgreSQL's `jsonb` accepts: parsed, and free of `\u0000`.
+/// A body that is JSON. `has_nul` marks a `\u0000`, which PostgreSQL's `jsonb` refuses.
 pub(crate) struct Json<'a> {
     pub text: Cow<'a, str>,
     pub value: serde_json::Value,
+    pub has_nul: bool,
 }
 
-/// Parses a body as JSON fit for `jsonb`, or says why it is not.
+pub(crate) const NUL_REASON: &str = "body contains \\u0000, which PostgreSQL jsonb cannot store";
+
+/// Parses a body as JSON, or says why it is not JSON.
 pub(crate) fn parse_json(body: &[u8]) -> Result<Json<'_>, String> {
     let text = std::str::from_utf8(body).map_err(|_| "body is not UTF-8".to_string())?;
     parse_json_text(Cow::Borrowed(text))
@@ -254,10 +257,8 @@ pub(crate) fn parse_json(body: &[u8]) -> Result<Json<'_>, String> {
 
 pub(crate) fn parse_json_text(text: Cow<'_, str>) -> Result<Json<'_>, String> {
     let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("body is not JSON: {e}"))?;
-    if contains_nul(&value) {
-        return Err("body contains \\u0000, which PostgreSQL jsonb cannot store".into());
-    }
-    Ok(Json { text, value })
+    let has_nul = contains_nul(&value);
+    Ok(Json { text, value, has_nul })
 }
 
 pub(crate) fn contains_nul(v: &serde_json::Value) -> bool {
@@ -274,6 +275,9 @@ pub(crate) fn contains_nul(v: &serde_json::Value) -> bool {
 pub(crate) fn single_event(body: &[u8], id: Option<String>, event_type: &str, json: Result<Json<'_>, String>) -> Events {
     let id = id.filter(|id| valid_event_id(id));
     let event = match (id, json) {
+        (id, Ok(json)) if json.has_nul => {
+            NewEvent::unusable(id.unwrap_or_else(|| body_digest_id(body)), event_type, None, NUL_REASON)
+        }
         (Some(id), Ok(json)) => NewEvent::pending(id, event_type, json.text.into_owned()),
         (None, Ok(json)) => NewEvent::unusable(
             body_digest_id(body),
@@ -325,9 +329,9 @@ mod tests {
 
     #[test]
     fn nul_anywhere_in_json_is_found() {
-        assert!(parse_json(br#"{"a":["x\u0000"]}"#).is_err());
-        assert!(parse_json(br#"{"a\u0000":1}"#).is_err());
-        assert!(parse_json(br#"{"a":"\\u0000"}"#).is_ok(), "an escaped backslash is not a NUL");
+        assert!(parse_json(br#"{"a":["x\u0000"]}"#).unwrap().has_nul);
+        assert!(parse_json(br#"{"a\u0000":1}"#).unwrap().has_nul);
+        assert!(!parse_json(br#"{"a":"\\u0000"}"#).unwrap().has_nul, "an escaped backslash is not a NUL");
     }
 
     #[test]
