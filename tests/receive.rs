@@ -641,3 +641,80 @@ async fn the_database_down_answers_503_and_recovers_when_it_returns() {
     check.close().await;
     pg.destroy().await.unwrap();
 }
+
+// ---------- every Lambda event shape ----------
+
+/// API Gateway REST (payload 1.0), a Function URL and an ALB, each as the real
+/// event JSON that `lambda_http` parses, reach the same handler and the same row.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn rest_api_function_url_and_alb_events_reach_the_same_handler(_: PgPoolOptions, opts: PgConnectOptions) {
+    use base64::Engine as _;
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let r = receiver(opts, secrets(false));
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+
+    let body = stripe_body("evt_rest");
+    let sig = stripe_header(STRIPE[0], &body);
+    let rest = json!({
+        "resource": "/webhooks/{provider}",
+        "path": "/webhooks/stripe",
+        "httpMethod": "POST",
+        "headers": {"Content-Type": "application/json", "Stripe-Signature": sig},
+        "multiValueHeaders": {"Content-Type": ["application/json"], "Stripe-Signature": [sig]},
+        "queryStringParameters": null,
+        "multiValueQueryStringParameters": null,
+        "pathParameters": {"provider": "stripe"},
+        "stageVariables": null,
+        "requestContext": {
+            "resourceId": "2gxmpl", "resourcePath": "/webhooks/{provider}", "httpMethod": "POST",
+            "path": "/prod/webhooks/stripe", "accountId": "123456789012", "protocol": "HTTP/1.1",
+            "stage": "prod", "requestId": "e6d3f0d5-0b1d-4f1e-9c1b-3f0c5d1f8e2a",
+            "identity": {"sourceIp": "203.0.113.10", "userAgent": "Stripe/1.0"},
+            "domainName": "70ixmpl4fl.execute-api.us-east-2.amazonaws.com", "apiId": "70ixmpl4fl"
+        },
+        "body": String::from_utf8(body.clone()).unwrap(),
+        "isBase64Encoded": false
+    });
+
+    let body_url = stripe_body("evt_url");
+    let sig_url = stripe_header(STRIPE[1], &body_url);
+    let function_url = json!({
+        "version": "2.0",
+        "routeKey": "$default",
+        "rawPath": "/webhooks/stripe",
+        "rawQueryString": "",
+        "headers": {"stripe-signature": sig_url, "host": "abcdefg.lambda-url.us-east-1.on.aws"},
+        "requestContext": {
+            "accountId": "anonymous", "apiId": "abcdefg", "domainName": "abcdefg.lambda-url.us-east-1.on.aws",
+            "domainPrefix": "abcdefg",
+            "http": {"method": "POST", "path": "/webhooks/stripe", "protocol": "HTTP/1.1", "sourceIp": "203.0.113.10", "userAgent": "Stripe/1.0"},
+            "requestId": "c7e5b5a9-1a1b-4f3e-8d0e-0d6f5e0e1a2b", "routeKey": "$default", "stage": "$default",
+            "time": "29/Nov/2026:21:00:00 +0000", "timeEpoch": 1796000000000u64
+        },
+        "body": b64(&body_url),
+        "isBase64Encoded": true
+    });
+
+    let body_alb = stripe_body("evt_alb");
+    let sig_alb = stripe_header(STRIPE[0], &body_alb);
+    let alb = json!({
+        "requestContext": {"elb": {"targetGroupArn": "arn:aws:elasticloadbalancing:us-east-1:123456789012:targetgroup/inbox/6d0ecf831eec9f09"}},
+        "httpMethod": "POST",
+        "path": "/webhooks/stripe",
+        "queryStringParameters": {},
+        "headers": {"content-type": "application/octet-stream", "stripe-signature": sig_alb, "host": "inbox.example.com"},
+        "body": b64(&body_alb),
+        "isBase64Encoded": true
+    });
+
+    for (name, event, id) in [("REST", rest, "evt_rest"), ("Function URL", function_url, "evt_url"), ("ALB", alb, "evt_alb")] {
+        let req = lambda_http::request::from_str(&event.to_string()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(send(&r, req).await, (StatusCode::OK, json!({"status": "accepted"})), "{name}");
+        let raw: Vec<u8> = sqlx::query_scalar("SELECT raw_body FROM webhook_inbox WHERE event_id = $1")
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(raw, stripe_body(id), "{name}: the decoded bytes are what was verified and stored");
+    }
+}
