@@ -1,44 +1,139 @@
 //! The connection pool, migrations, and the retry wrapper for serialization failures.
 
-use std::{future::Future, str::FromStr, time::Duration};
+use std::{
+    future::Future,
+    ops::{Deref, DerefMut},
+    str::FromStr,
+    sync::Mutex,
+    time::Duration,
+};
 
 use sqlx::{
     migrate::Migrator,
     postgres::{PgConnectOptions, PgPoolOptions},
-    PgPool,
+    Connection, PgConnection, PgPool,
 };
+use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::config::DbConfig;
 
 /// The schema, embedded in every binary.
 pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
 
-/// Builds the pool once per process (per Lambda instance); connects lazily, so a
-/// cold start costs no round trip until the first delivery.
-///
-/// The timeouts are sent as startup parameters: every session has them without
-/// an extra statement on the hot path, and a claim stuck behind a lock or a
-/// function killed mid-transaction cannot hold a connection for long.
+/// A pool for everything but the claim (migrations, workers, operators' queries).
 pub fn pool(cfg: &DbConfig) -> Result<PgPool, sqlx::Error> {
-    let url = cfg.url.as_deref().ok_or_else(|| sqlx::Error::Configuration("DATABASE_URL is not set".into()))?;
-    Ok(pool_from(PgConnectOptions::from_str(url)?, cfg))
+    Ok(pool_from(parse_url(cfg)?, cfg))
 }
 
 /// [`pool`] for connect options already parsed (tests get theirs from `#[sqlx::test]`).
 pub fn pool_from(options: PgConnectOptions, cfg: &DbConfig) -> PgPool {
-    let ms = |d: Duration| d.as_millis().to_string();
-    let options = options
-        .application_name("webhook-inbox")
-        .options([
-            ("lock_timeout", ms(cfg.lock_timeout)),
-            ("statement_timeout", ms(cfg.statement_timeout)),
-            ("idle_in_transaction_session_timeout", ms(cfg.idle_in_transaction_timeout)),
-        ]);
     PgPoolOptions::new()
         .max_connections(cfg.pool_size.max(1))
         .min_connections(0)
         .acquire_timeout(cfg.acquire_timeout)
-        .connect_lazy_with(options)
+        .connect_lazy_with(with_timeouts(options, cfg))
+}
+
+fn parse_url(cfg: &DbConfig) -> Result<PgConnectOptions, sqlx::Error> {
+    let url = cfg.url.as_deref().ok_or_else(|| sqlx::Error::Configuration("DATABASE_URL is not set".into()))?;
+    PgConnectOptions::from_str(url)
+}
+
+/// The timeouts travel as startup parameters: every session has them without
+/// an extra statement on the hot path, and a claim stuck behind a lock or a
+/// function killed mid-transaction cannot hold a connection for long.
+fn with_timeouts(options: PgConnectOptions, cfg: &DbConfig) -> PgConnectOptions {
+    let ms = |d: Duration| d.as_millis().to_string();
+    options.application_name("webhook-inbox").options([
+        ("lock_timeout", ms(cfg.lock_timeout)),
+        ("statement_timeout", ms(cfg.statement_timeout)),
+        ("idle_in_transaction_session_timeout", ms(cfg.idle_in_transaction_timeout)),
+    ])
+}
+
+/// The receive path's connections: built once per process (per Lambda
+/// instance), small, connected lazily on first use.
+///
+/// Not sqlx's `Pool`, because that pings every connection it takes back: a
+/// second round trip to the database per delivery. Here a delivery costs one.
+/// A connection is reused only after its statement completed; one whose
+/// statement failed with a lost connection, or whose future was dropped
+/// half-way, is closed instead.
+pub struct Connections {
+    options: PgConnectOptions,
+    idle: Mutex<Vec<PgConnection>>,
+    permits: Semaphore,
+    acquire_timeout: Duration,
+}
+
+impl Connections {
+    pub fn new(cfg: &DbConfig) -> Result<Self, sqlx::Error> {
+        Ok(Self::from_options(parse_url(cfg)?, cfg))
+    }
+
+    pub fn from_options(options: PgConnectOptions, cfg: &DbConfig) -> Self {
+        Connections {
+            options: with_timeouts(options, cfg),
+            idle: Mutex::new(Vec::new()),
+            permits: Semaphore::new(cfg.pool_size.max(1) as usize),
+            acquire_timeout: cfg.acquire_timeout,
+        }
+    }
+
+    /// An idle connection, or a new one; waits at most the acquire timeout in all.
+    pub async fn acquire(&self) -> Result<Lease<'_>, sqlx::Error> {
+        let work = async {
+            let permit = self.permits.acquire().await.map_err(|_| sqlx::Error::PoolClosed)?;
+            let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            let conn = match idle {
+                Some(conn) => conn,
+                None => PgConnection::connect_with(&self.options).await?,
+            };
+            Ok(Lease { owner: self, conn: Some(conn), reusable: false, _permit: permit })
+        };
+        tokio::time::timeout(self.acquire_timeout, work).await.map_err(|_| sqlx::Error::PoolTimedOut)?
+    }
+
+    /// Closes every idle connection: after one was found dead, the others probably are too.
+    pub fn discard_idle(&self) {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+}
+
+/// A connection on loan from [`Connections`]; goes back only if [`Lease::reuse`] was called.
+pub struct Lease<'a> {
+    owner: &'a Connections,
+    conn: Option<PgConnection>,
+    reusable: bool,
+    _permit: SemaphorePermit<'a>,
+}
+
+impl Lease<'_> {
+    /// The statement completed and the connection is in a known state: keep it.
+    pub fn reuse(mut self) {
+        self.reusable = true;
+    }
+}
+
+impl Deref for Lease<'_> {
+    type Target = PgConnection;
+    fn deref(&self) -> &PgConnection {
+        self.conn.as_ref().expect("present until drop")
+    }
+}
+
+impl DerefMut for Lease<'_> {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        self.conn.as_mut().expect("present until drop")
+    }
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        if let (true, Some(conn)) = (self.reusable, self.conn.take()) {
+            self.owner.idle.lock().unwrap_or_else(|e| e.into_inner()).push(conn);
+        }
+    }
 }
 
 /// SQLSTATE of an error that PostgreSQL raised, if any.
@@ -54,12 +149,33 @@ pub fn is_retryable(err: &sqlx::Error) -> bool {
     matches!(sqlstate(err).as_deref(), Some("40001" | "40P01"))
 }
 
+/// The connection died under the statement (server restart, failover, idle
+/// cut): the statement may run again on a fresh connection.
+pub fn is_connection_lost(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Io(_) => true,
+        sqlx::Error::Database(_) => matches!(sqlstate(err).as_deref(), Some("57P01" | "57P02" | "57P03")),
+        _ => false,
+    }
+}
+
 /// Attempts of a transaction that keeps failing with 40001/40P01 before giving up.
 pub const MAX_TRANSACTION_ATTEMPTS: u32 = 5;
 
-/// Runs `attempt` (a whole transaction) again on 40001/40P01, with a short
-/// jittered backoff; the retry takes a new snapshot and so sees what the
-/// conflicting transaction committed.
+/// How long to wait before attempt `attempt + 1` of a transaction that failed
+/// with `err`: `Some` on 40001/40P01 while attempts remain (a short jittered
+/// backoff), `None` when the error is final.
+pub fn retry_after(err: &sqlx::Error, attempt: u32) -> Option<Duration> {
+    if attempt >= MAX_TRANSACTION_ATTEMPTS || !is_retryable(err) {
+        return None;
+    }
+    tracing::debug!(attempt, sqlstate = ?sqlstate(err), "transaction conflict, retrying");
+    let base = 5u64 << attempt;
+    Some(Duration::from_millis(base / 2 + jitter(base / 2)))
+}
+
+/// Runs `attempt` (a whole transaction) again on 40001/40P01; the retry takes a
+/// new snapshot and so sees what the conflicting transaction committed.
 pub async fn retry_serialization<T, F, Fut>(mut attempt: F) -> Result<T, sqlx::Error>
 where
     F: FnMut(u32) -> Fut,
@@ -68,13 +184,14 @@ where
     let mut n = 1;
     loop {
         match attempt(n).await {
-            Err(e) if n < MAX_TRANSACTION_ATTEMPTS && is_retryable(&e) => {
-                tracing::debug!(attempt = n, sqlstate = ?sqlstate(&e), "transaction conflict, retrying");
-                let base = 5u64 << n;
-                tokio::time::sleep(Duration::from_millis(base / 2 + jitter(base / 2))).await;
-                n += 1;
-            }
-            other => return other,
+            Err(e) => match retry_after(&e, n) {
+                Some(wait) => {
+                    tokio::time::sleep(wait).await;
+                    n += 1;
+                }
+                None => return Err(e),
+            },
+            ok => return ok,
         }
     }
 }

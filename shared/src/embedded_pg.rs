@@ -119,7 +119,7 @@ impl Drop for EmbeddedPostgres {
 }
 
 /// `INBOX_PG_BIN`, else the newest `/usr/lib/postgresql/<version>/bin`, else the folder of `initdb` on `PATH`.
-fn find_bin_dir() -> Result<PathBuf> {
+pub fn find_bin_dir() -> Result<PathBuf> {
     if let Some(dir) = std::env::var_os("INBOX_PG_BIN") {
         return Ok(PathBuf::from(dir));
     }

@@ -1,7 +1,7 @@
 //! Queries on `webhook_inbox`. The claim is one `INSERT ... ON CONFLICT DO
 //! NOTHING RETURNING`: the primary key is the gate, so no check-then-act exists.
 
-use sqlx::{types::Json, PgExecutor, PgPool};
+use sqlx::{types::Json, PgConnection, PgExecutor};
 
 use crate::{
     db,
@@ -105,19 +105,65 @@ fn sorted_unique(events: &[NewEvent]) -> Vec<&NewEvent> {
     v
 }
 
-/// Claims what a delivery carried, retrying the whole claim on 40001/40P01.
+/// Claims what a delivery carried, retrying the whole claim on 40001/40P01, and
+/// once on a connection that turns out to be dead (the claim is idempotent, so
+/// running it again after an unknown outcome answers `duplicate`, never twice).
 ///
 /// If PostgreSQL refuses a payload that passed our JSON checks (SQLSTATE class
 /// 22), the event is stored anyway, as `failed` with the raw bytes and no
 /// payload: a signed delivery is never lost.
-pub async fn claim_delivery(pool: &PgPool, env: &Envelope<'_>, events: &Events) -> Result<Claimed, sqlx::Error> {
+pub async fn claim_delivery(
+    connections: &db::Connections,
+    env: &Envelope<'_>,
+    events: &Events,
+) -> Result<Claimed, sqlx::Error> {
+    let mut retried = false;
+    loop {
+        let mut conn = connections.acquire().await?;
+        match claim_events(&mut conn, env, events).await {
+            Err(e) if db::is_connection_lost(&e) => {
+                connections.discard_idle();
+                if retried {
+                    return Err(e);
+                }
+                tracing::warn!(error = %e, "connection lost during the claim; claiming again on a fresh one");
+                retried = true;
+            }
+            other => {
+                conn.reuse();
+                return other;
+            }
+        }
+    }
+}
+
+/// Awaits `$call` again, on the same connection, while [`db::retry_after`] says so.
+macro_rules! retrying {
+    ($call:expr) => {{
+        let mut attempt = 1;
+        loop {
+            match $call.await {
+                Err(err) => match db::retry_after(&err, attempt) {
+                    Some(wait) => {
+                        tokio::time::sleep(wait).await;
+                        attempt += 1;
+                    }
+                    None => break Err(err),
+                },
+                ok => break ok,
+            }
+        }
+    }};
+}
+
+async fn claim_events(conn: &mut PgConnection, env: &Envelope<'_>, events: &Events) -> Result<Claimed, sqlx::Error> {
     match events {
-        Events::Single(e) => claim_one(pool, env, e).await.map(Claimed::Single),
-        Events::Batch(items) => match db::retry_serialization(|_| claim_batch(pool, env, items)).await {
+        Events::Single(e) => claim_one(conn, env, e).await.map(Claimed::Single),
+        Events::Batch(items) => match retrying!(claim_batch(&mut *conn, env, items)) {
             Err(err) if is_data_exception(&err) => {
                 let mut out = BatchClaim { accepted: 0, duplicates: items.len() - sorted_unique(items).len() };
                 for e in sorted_unique(items) {
-                    match claim_one(pool, env, e).await? {
+                    match claim_one(conn, env, e).await? {
                         Claim::New => out.accepted += 1,
                         Claim::Duplicate => out.duplicates += 1,
                     }
@@ -129,12 +175,12 @@ pub async fn claim_delivery(pool: &PgPool, env: &Envelope<'_>, events: &Events) 
     }
 }
 
-async fn claim_one(pool: &PgPool, env: &Envelope<'_>, e: &NewEvent) -> Result<Claim, sqlx::Error> {
-    match db::retry_serialization(|_| claim(pool, env, e)).await {
+async fn claim_one(conn: &mut PgConnection, env: &Envelope<'_>, e: &NewEvent) -> Result<Claim, sqlx::Error> {
+    match retrying!(claim(&mut *conn, env, e)) {
         Err(err) if e.payload.is_some() && is_data_exception(&err) => {
             let reason = format!("PostgreSQL refused the payload as jsonb (SQLSTATE {})", db::sqlstate(&err).unwrap_or_default());
             let fallback = NewEvent::unusable(e.event_id.clone(), &e.event_type, None, reason);
-            db::retry_serialization(|_| claim(pool, env, &fallback)).await
+            retrying!(claim(&mut *conn, env, &fallback))
         }
         other => other,
     }

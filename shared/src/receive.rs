@@ -9,10 +9,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use lambda_http::{Body, RequestExt};
 use serde_json::json;
-use sqlx::PgPool;
 
 use crate::{
     config::Config,
+    db::Connections,
     inbox::{self, BatchClaim, Claim, Claimed, Envelope},
     providers::{Delivery, Events, Provider, Rejected, Schemes},
 };
@@ -51,14 +51,14 @@ impl ReceiveError {
 }
 
 pub struct Receiver {
-    pool: PgPool,
+    connections: Connections,
     schemes: Schemes,
     max_body_bytes: usize,
 }
 
 impl Receiver {
-    pub fn new(pool: PgPool, config: &Config) -> Self {
-        Receiver { pool, schemes: Schemes::new(&config.secrets), max_body_bytes: config.max_body_bytes }
+    pub fn new(connections: Connections, config: &Config) -> Self {
+        Receiver { connections, schemes: Schemes::new(&config.secrets), max_body_bytes: config.max_body_bytes }
     }
 
     pub fn max_body_bytes(&self) -> usize {
@@ -72,7 +72,8 @@ impl Receiver {
         respond(result)
     }
 
-    #[tracing::instrument(skip_all, fields(provider = provider, event_id))]
+    /// Its span is at debug level: at the default `info` nothing is formatted per delivery.
+    #[tracing::instrument(level = "debug", skip_all, fields(provider = provider, event_id))]
     pub async fn receive(
         &self,
         method: &Method,
@@ -91,7 +92,7 @@ impl Receiver {
         }
         let delivery = Delivery { headers, body, now: unix_now() };
         let verified = scheme.verify(&delivery).map_err(|reason| {
-            tracing::warn!(%reason, "delivery refused");
+            tracing::warn!(%provider, %reason, "delivery refused");
             ReceiveError::Unauthorized(reason)
         })?;
 
@@ -106,8 +107,8 @@ impl Receiver {
             headers: &headers,
             secret_index: i16::try_from(verified.secret_index).unwrap_or(i16::MAX),
         };
-        let claimed = inbox::claim_delivery(&self.pool, &envelope, &events).await.map_err(|e| {
-            tracing::error!(error = %e, "claim failed; answering 503");
+        let claimed = inbox::claim_delivery(&self.connections, &envelope, &events).await.map_err(|e| {
+            tracing::error!(%provider, error = %e, "claim failed; answering 503");
             ReceiveError::Unavailable(e)
         })?;
         tracing::debug!(?claimed, "claimed");

@@ -53,7 +53,7 @@ pub fn config(secrets: Secrets) -> Config {
 pub fn receiver(opts: PgConnectOptions, secrets: Secrets) -> Receiver {
     let mut cfg = config(secrets);
     cfg.db.pool_size = 8;
-    Receiver::new(db::pool_from(opts, &cfg.db), &cfg)
+    Receiver::new(db::Connections::from_options(opts, &cfg.db), &cfg)
 }
 
 pub fn now() -> i64 {

@@ -1,5 +1,7 @@
 //! `inbox`: the local and operator's binary.
 
+mod bench;
+
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
@@ -30,6 +32,14 @@ enum Command {
     },
     /// Apply the migrations to DATABASE_URL.
     Migrate,
+    /// Measure receive over HTTP against pgbench running the identical INSERT
+    /// (on DATABASE_URL, rows removed afterwards, or on an embedded throwaway PostgreSQL).
+    Bench {
+        #[arg(long, default_value_t = 16)]
+        concurrency: usize,
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+    },
 }
 
 #[tokio::main]
@@ -37,6 +47,10 @@ async fn main() -> Result<()> {
     telemetry::init();
     match Cli::parse().command {
         Command::Dev { port, host } => dev(&host, port).await,
+        Command::Bench { concurrency, seconds } => {
+            let bench = bench::Bench { concurrency: concurrency.max(1), seconds: seconds.max(1) };
+            with_database(Config::from_env(16)?, |config| async move { bench.run(config).await }).await
+        }
         Command::Migrate => {
             let config = Config::from_env(1)?;
             let url = config.db.url.as_deref().context("DATABASE_URL is not set")?;
@@ -49,7 +63,16 @@ async fn main() -> Result<()> {
 }
 
 async fn dev(host: &str, port: u16) -> Result<()> {
-    let mut config = Config::from_env(16)?;
+    let host = host.to_string();
+    with_database(Config::from_env(16)?, |mut config| async move { serve(&mut config, &host, port).await }).await
+}
+
+/// Runs `f` on DATABASE_URL, or on an embedded throwaway PostgreSQL that is removed afterwards.
+async fn with_database<F, Fut>(mut config: Config, f: F) -> Result<()>
+where
+    F: FnOnce(Config) -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
     let embedded = match &config.db.url {
         Some(url) => {
             println!("using DATABASE_URL {}", redact_url(url));
@@ -62,7 +85,7 @@ async fn dev(host: &str, port: u16) -> Result<()> {
             Some(pg)
         }
     };
-    let result = serve(&mut config, host, port).await;
+    let result = f(config).await;
     if let Some(pg) = embedded {
         pg.destroy().await.context("stopping the embedded PostgreSQL")?;
         println!("embedded PostgreSQL stopped");
@@ -78,7 +101,8 @@ async fn serve(config: &mut Config, host: &str, port: u16) -> Result<()> {
         print_development_secrets();
     }
     let listener = TcpListener::bind((host, port)).await.with_context(|| format!("binding {host}:{port}"))?;
-    let receiver = Arc::new(Receiver::new(pool, config));
+    pool.close().await;
+    let receiver = Arc::new(Receiver::new(db::Connections::new(&config.db)?, config));
     println!("inbox dev ready: POST http://{}/webhooks/{{provider}}  (Ctrl-C stops)", listener.local_addr()?);
     dev_server::serve(listener, receiver, shutdown_signal()).await?;
     println!("shutting down");

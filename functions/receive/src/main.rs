@@ -11,8 +11,7 @@ async fn main() -> Result<(), Error> {
     telemetry::init();
     // Built once per Lambda instance: one or two connections, connected on first use.
     let config = Config::from_env(2)?;
-    let pool = db::pool(&config.db)?;
-    let receiver = Arc::new(Receiver::new(pool, &config));
+    let receiver = Arc::new(Receiver::new(db::Connections::new(&config.db)?, &config));
     lambda_http::run(service_fn(move |req: Request| {
         let receiver = receiver.clone();
         async move { Ok::<_, Error>(receiver.handle(req).await) }

@@ -6,7 +6,7 @@ use hmac::Hmac;
 use sha2::Sha256;
 
 use super::{
-    first_matching, header, header_values, parse_json, parse_json_text, single_event, str_field, Delivery, Events,
+    first_matching, header, header_values, parse_json, parse_json_text, single_event, Delivery, Events,
     Provider, Rejected, Scheme, Verified,
 };
 use crate::config::Secret;
@@ -58,7 +58,7 @@ impl Scheme for Github {
             parse_json(d.body)
         };
         let event = header(d.headers, EVENT).unwrap_or("unknown");
-        let action = json.as_ref().ok().and_then(|j| str_field(&j.value, "action"));
+        let action = json.as_ref().ok().and_then(|j| j.fields.action.as_deref());
         let event_type = match action {
             Some(action) => format!("{event}.{action}"),
             None => event.to_string(),

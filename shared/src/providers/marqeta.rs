@@ -2,7 +2,7 @@
 //! (hex HMAC-SHA256, or legacy HMAC-SHA1, of the raw body), and batches of up
 //! to 10 notifications keyed by type: `{"transactions":[{"token":"...",...}]}`.
 
-use std::collections::BTreeMap;
+use std::{borrow::Cow, collections::BTreeMap};
 
 use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
 use hmac::Hmac;
@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::{
-    body_digest_id, contains_nul, first_matching, header, header_values, parse_json, str_field, valid_event_id, Delivery,
+    body_digest_id, first_matching, header, header_values, parse_json, parse_json_text, valid_event_id, Delivery,
     Events, NewEvent, Provider, Rejected, Scheme, Verified,
 };
 use crate::config::{MarqetaAuth, Secret};
@@ -126,21 +126,24 @@ impl Scheme for Marqeta {
 
 /// One notification: `event_id = "<key>:<token>"`, `event_type = "<key>:<type>"` (or the key alone).
 fn item_event(key: &str, item: &RawValue) -> NewEvent {
-    let value: serde_json::Value = serde_json::from_str(item.get()).unwrap_or_default();
-    let event_type = match str_field(&value, "type") {
+    let json = match parse_json_text(Cow::Borrowed(item.get())) {
+        Ok(json) => json,
+        Err(reason) => return NewEvent::unusable(format!("{key}:{}", body_digest_id(item.get().as_bytes())), key, None, reason),
+    };
+    let event_type = match &json.fields.kind {
         Some(t) => format!("{key}:{t}"),
         None => key.to_string(),
     };
-    let id = str_field(&value, "token").map(|token| format!("{key}:{token}")).filter(|id| valid_event_id(id));
+    let id = json.fields.token.as_ref().map(|token| format!("{key}:{token}")).filter(|id| valid_event_id(id));
     match id {
-        Some(id) if contains_nul(&value) => {
+        Some(id) if json.has_nul => {
             NewEvent::unusable(id, &event_type, None, "notification contains \\u0000, which PostgreSQL jsonb cannot store")
         }
         Some(id) => NewEvent::pending(id, &event_type, item.get().to_string()),
         None => NewEvent::unusable(
             format!("{key}:{}", body_digest_id(item.get().as_bytes())),
             &event_type,
-            Some(item.get().to_string()).filter(|_| !contains_nul(&value)),
+            Some(item.get().to_string()).filter(|_| !json.has_nul),
             "notification has no usable token",
         ),
     }

@@ -240,11 +240,33 @@ pub(crate) fn valid_event_id(id: &str) -> bool {
     !id.is_empty() && id.chars().count() <= MAX_EVENT_ID_CHARS && !id.chars().any(char::is_control)
 }
 
-/// A body that is JSON. `has_nul` marks a `\u0000`, which PostgreSQL's `jsonb` refuses.
+/// A body that is JSON, with the top-level fields the schemes read.
+/// `has_nul` marks a `\u0000`, which PostgreSQL's `jsonb` refuses.
 pub(crate) struct Json<'a> {
     pub text: Cow<'a, str>,
-    pub value: serde_json::Value,
+    pub fields: Fields,
     pub has_nul: bool,
+}
+
+/// Top-level string fields; anything else in the body is validated and skipped, never built.
+#[derive(Default, serde::Deserialize)]
+pub(crate) struct Fields {
+    #[serde(default, deserialize_with = "string_or_none")]
+    pub id: Option<String>,
+    #[serde(default, rename = "type", deserialize_with = "string_or_none")]
+    pub kind: Option<String>,
+    #[serde(default, deserialize_with = "string_or_none")]
+    pub action: Option<String>,
+    #[serde(default, deserialize_with = "string_or_none")]
+    pub token: Option<String>,
+}
+
+fn string_or_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    use serde::Deserialize;
+    Ok(match serde_json::Value::deserialize(d)? {
+        serde_json::Value::String(s) => Some(s),
+        _ => None,
+    })
 }
 
 pub(crate) const NUL_REASON: &str = "body contains \\u0000, which PostgreSQL jsonb cannot store";
@@ -256,19 +278,30 @@ pub(crate) fn parse_json(body: &[u8]) -> Result<Json<'_>, String> {
 }
 
 pub(crate) fn parse_json_text(text: Cow<'_, str>) -> Result<Json<'_>, String> {
-    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("body is not JSON: {e}"))?;
-    let has_nul = contains_nul(&value);
-    Ok(Json { text, value, has_nul })
+    let fields = match serde_json::from_str::<Fields>(&text) {
+        Ok(fields) => fields,
+        // Valid JSON that is not an object (an array, a string, ...) has no fields.
+        Err(_) => serde_json::from_str::<serde::de::IgnoredAny>(&text)
+            .map(|_| Fields::default())
+            .map_err(|e| format!("body is not JSON: {e}"))?,
+    };
+    let has_nul = has_nul_escape(&text);
+    Ok(Json { text, fields, has_nul })
 }
 
-pub(crate) fn contains_nul(v: &serde_json::Value) -> bool {
-    use serde_json::Value::*;
-    match v {
-        String(s) => s.contains('\0'),
-        Array(a) => a.iter().any(contains_nul),
-        Object(o) => o.iter().any(|(k, v)| k.contains('\0') || contains_nul(v)),
-        _ => false,
+/// Whether valid JSON text holds a `\u0000` escape (a raw NUL byte is not valid JSON):
+/// a `\u0000` preceded by an even number of backslashes.
+pub(crate) fn has_nul_escape(json: &str) -> bool {
+    let b = json.as_bytes();
+    let mut from = 0;
+    while let Some(i) = b[from..].windows(6).position(|w| w == b"\\u0000").map(|i| i + from) {
+        let backslashes_before = b[..i].iter().rev().take_while(|c| **c == b'\\').count();
+        if backslashes_before % 2 == 0 {
+            return true;
+        }
+        from = i + 1;
     }
+    false
 }
 
 /// The one event of a single-event delivery, or a `failed` row saying why it cannot be used.
@@ -290,11 +323,6 @@ pub(crate) fn single_event(body: &[u8], id: Option<String>, event_type: &str, js
         }
     };
     Events::Single(event)
-}
-
-/// The text of a JSON string field.
-pub(crate) fn str_field<'a>(v: &'a serde_json::Value, key: &str) -> Option<&'a str> {
-    v.get(key).and_then(|x| x.as_str())
 }
 
 #[cfg(test)]
@@ -332,6 +360,17 @@ mod tests {
         assert!(parse_json(br#"{"a":["x\u0000"]}"#).unwrap().has_nul);
         assert!(parse_json(br#"{"a\u0000":1}"#).unwrap().has_nul);
         assert!(!parse_json(br#"{"a":"\\u0000"}"#).unwrap().has_nul, "an escaped backslash is not a NUL");
+        assert!(parse_json(br#"{"a":"\\\u0000"}"#).unwrap().has_nul, "a backslash, then a NUL");
+    }
+
+    #[test]
+    fn fields_are_read_only_when_they_are_strings() {
+        let j = parse_json(br#"{"id":"evt_1","type":7,"data":{"id":"inner"},"action":"opened"}"#).unwrap();
+        assert_eq!((j.fields.id.as_deref(), j.fields.kind.as_deref()), (Some("evt_1"), None));
+        assert_eq!(j.fields.action.as_deref(), Some("opened"));
+        assert!(parse_json(b"[1,2]").unwrap().fields.id.is_none());
+        assert!(parse_json(br#""text""#).is_ok());
+        assert!(parse_json(br#"{"id":"evt_1""#).is_err());
     }
 
     #[test]
