@@ -718,3 +718,25 @@ async fn rest_api_function_url_and_alb_events_reach_the_same_handler(_: PgPoolOp
         assert_eq!(raw, stripe_body(id), "{name}: the decoded bytes are what was verified and stored");
     }
 }
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_connection_killed_between_deliveries_is_replaced_without_a_503(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let r = receiver(opts, secrets(false));
+    for id in ["evt_k1", "evt_k2"] {
+        let body = stripe_body(id);
+        assert_eq!(post(&r, "stripe", &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))], &body).await.0, StatusCode::OK);
+    }
+    // As a failover or an idle cut would: every connection the receiver holds dies.
+    let killed: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'webhook-inbox' AND datname = current_database()",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(!killed.is_empty());
+    let body = stripe_body("evt_k3");
+    let (status, answer) = post(&r, "stripe", &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))], &body).await;
+    assert_eq!((status, answer), (StatusCode::OK, json!({"status": "accepted"})));
+    assert_eq!(count(&pool).await, 3);
+}

@@ -39,6 +39,8 @@ enum Command {
         concurrency: usize,
         #[arg(long, default_value_t = 10)]
         seconds: u64,
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
     },
 }
 
@@ -47,8 +49,8 @@ async fn main() -> Result<()> {
     telemetry::init();
     match Cli::parse().command {
         Command::Dev { port, host } => dev(&host, port).await,
-        Command::Bench { concurrency, seconds } => {
-            let bench = bench::Bench { concurrency: concurrency.max(1), seconds: seconds.max(1) };
+        Command::Bench { concurrency, seconds, rounds } => {
+            let bench = bench::Bench { concurrency: concurrency.max(1), seconds: seconds.max(1), rounds: rounds.max(1) };
             with_database(Config::from_env(16)?, |config| async move { bench.run(config).await }).await
         }
         Command::Migrate => {

@@ -81,3 +81,20 @@ fn inbox_dev_runs_on_an_embedded_postgres_and_takes_signed_deliveries() {
     assert!(status.success(), "inbox dev exits cleanly: {status}");
     assert!(!std::path::Path::new(&data_dir).exists(), "the embedded cluster is removed on exit");
 }
+
+#[test]
+fn inbox_bench_measures_both_sides_and_reports_the_ratio() {
+    let out = Command::new(env!("CARGO_BIN_EXE_inbox"))
+        .args(["bench", "--concurrency", "2", "--seconds", "1", "--rounds", "1"])
+        .env_remove("DATABASE_URL")
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let round = stdout.lines().find(|l| l.starts_with("round 1:")).expect("a round line");
+    let rates: Vec<f64> = round.split('|').filter_map(|part| part.split_whitespace().find_map(|w| w.strip_suffix("/s")?.parse().ok())).collect();
+    assert_eq!(rates.len(), 2, "{round}");
+    assert!(rates.iter().all(|r| *r > 0.0), "{round}");
+    assert!(stdout.contains("median ratio HTTP / pgbench"), "{stdout}");
+}
