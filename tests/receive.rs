@@ -19,8 +19,6 @@ use webhook_inbox::{
     Receiver,
 };
 
-const MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
-
 // ---------- the signature matrix, through the real handler ----------
 
 struct Case {
@@ -81,6 +79,9 @@ async fn run_matrix(pool: &PgPool, receiver: &Receiver, provider: &str, cases: V
             for secret in STRIPE.iter().chain(&SHOPIFY).chain(&GITHUB).chain(&MARQETA_PASSWORDS).chain(&MARQETA_SIGNING) {
                 assert!(!reason.contains(secret), "{provider} / {}: the reason leaks a secret", c.name);
             }
+            for key in STANDARD {
+                assert!(!reason.contains(std::str::from_utf8(key).unwrap()), "{provider} / {}: the reason leaks a key", c.name);
+            }
         }
     }
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_inbox WHERE provider = $1")
@@ -96,7 +97,7 @@ fn stripe_body(id: &str) -> Vec<u8> {
         .into_bytes()
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn stripe_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let r = receiver(opts, secrets(false));
@@ -140,7 +141,7 @@ async fn stripe_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
     run_matrix(&pool, &r, "stripe", cases).await;
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn shopify_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let r = receiver(opts, secrets(false));
@@ -166,7 +167,7 @@ async fn shopify_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
     run_matrix(&pool, &r, "shopify", cases).await;
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn github_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let r = receiver(opts, secrets(false));
@@ -192,7 +193,7 @@ async fn github_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
     run_matrix(&pool, &r, "github", cases).await;
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn standard_webhooks_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let r = receiver(opts, secrets(false));
@@ -242,7 +243,7 @@ fn marqeta_body(token: &str) -> Vec<u8> {
     format!(r#"{{"transactions":[{{"token":"{token}","type":"authorization","state":"PENDING","amount":5.5}}]}}"#).into_bytes()
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn marqeta_basic_auth_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let r = receiver(opts, secrets(false));
@@ -262,7 +263,7 @@ async fn marqeta_basic_auth_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
     run_matrix(&pool, &r, "marqeta", cases).await;
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn marqeta_signature_matrix_when_a_secret_is_set(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let r = receiver(opts, secrets(true));
@@ -295,7 +296,7 @@ async fn marqeta_signature_matrix_when_a_secret_is_set(_: PgPoolOptions, opts: P
 
 // ---------- the claim ----------
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn a_stripe_delivery_is_stored_verbatim_then_answered_duplicate(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let r = receiver(opts, secrets(false));
@@ -319,7 +320,7 @@ async fn a_stripe_delivery_is_stored_verbatim_then_answered_duplicate(_: PgPoolO
     assert_eq!((row.5.as_str(), row.6), ("pending", 0));
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn shopify_identifying_headers_are_kept(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let r = receiver(opts, secrets(false));
@@ -345,7 +346,7 @@ async fn shopify_identifying_headers_are_kept(_: PgPoolOptions, opts: PgConnectO
     assert!(kept.get("user-agent").is_none(), "only the identifying headers are kept");
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn fifty_concurrent_identical_deliveries_claim_once(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let mut cfg = config(secrets(false));
@@ -382,6 +383,17 @@ fn envelope(headers: &Value) -> Envelope<'_> {
     Envelope { provider: Provider::Stripe, raw_body: b"{}", headers, secret_index: 0 }
 }
 
+/// Claims of this test's database waiting on a lock.
+async fn lock_waiters(pool: &PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'INSERT INTO webhook_inbox%'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
 /// Starts a claim while another transaction holds the same key uncommitted.
 async fn claim_behind_open_insert(pool: &PgPool, id: &'static str) -> (sqlx::Transaction<'static, sqlx::Postgres>, tokio::task::JoinHandle<Claim>) {
     let headers = json!({});
@@ -393,20 +405,13 @@ async fn claim_behind_open_insert(pool: &PgPool, id: &'static str) -> (sqlx::Tra
         inbox::claim(&p, &envelope(&headers), &event(id)).await.unwrap()
     });
     // The second claim must be waiting on the first transaction's key, not finished.
-    let waiting = eventually(|| async {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO webhook_inbox%'")
-            .fetch_one(pool)
-            .await
-            .unwrap()
-            == 1
-    })
-    .await;
+    let waiting = eventually(|| async { lock_waiters(pool).await == 1 }).await;
     assert!(waiting, "the second claim waits on the row lock");
     assert!(!waiter.is_finished());
     (tx, waiter)
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn a_claim_blocked_by_an_open_transaction_waits_then_reports_duplicate(pool: PgPool) {
     let (tx, waiter) = claim_behind_open_insert(&pool, "evt_wait").await;
     tx.commit().await.unwrap();
@@ -414,7 +419,7 @@ async fn a_claim_blocked_by_an_open_transaction_waits_then_reports_duplicate(poo
     assert_eq!(count(&pool).await, 1);
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn a_claim_blocked_by_a_transaction_that_rolls_back_claims_the_event(pool: PgPool) {
     let (tx, waiter) = claim_behind_open_insert(&pool, "evt_rollback").await;
     tx.rollback().await.unwrap();
@@ -422,7 +427,7 @@ async fn a_claim_blocked_by_a_transaction_that_rolls_back_claims_the_event(pool:
     assert_eq!(count(&pool).await, 1);
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn a_claim_stuck_behind_a_lock_past_lock_timeout_answers_503(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let mut cfg = config(secrets(false));
@@ -440,39 +445,51 @@ async fn a_claim_stuck_behind_a_lock_past_lock_timeout_answers_503(_: PgPoolOpti
     assert_eq!(count(&pool).await, 0);
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
-async fn repeatable_read_fails_with_40001_and_the_retry_recovers(pool: PgPool) {
+/// A database whose default isolation is REPEATABLE READ (set on a role, or by a framework).
+fn repeatable_read(opts: PgConnectOptions) -> PgConnectOptions {
+    opts.options([("default_transaction_isolation", "repeatable\\ read")])
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn under_repeatable_read_the_claim_fails_with_40001(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let rr = PgPool::connect_with(repeatable_read(opts)).await.unwrap();
+    let isolation: String = sqlx::query_scalar("SHOW transaction_isolation").fetch_one(&rr).await.unwrap();
+    assert_eq!(isolation, "repeatable read");
     let headers = json!({});
-    let attempts = std::sync::atomic::AtomicU32::new(0);
-    let result = db::retry_serialization(|n| {
-        attempts.store(n, std::sync::atomic::Ordering::SeqCst);
-        let (pool, headers) = (pool.clone(), headers.clone());
-        async move {
-            let mut tx = pool.begin().await?;
-            sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(&mut *tx).await?;
-            sqlx::query("SELECT count(*) FROM webhook_inbox").execute(&mut *tx).await?; // takes the snapshot
-            if n == 1 {
-                // Another delivery of the same event commits after our snapshot was taken.
-                inbox::claim(&pool, &envelope(&headers), &event("evt_rr")).await?;
-            }
-            let claim = inbox::claim(&mut *tx, &envelope(&headers), &event("evt_rr")).await;
-            if n == 1 {
-                let err = claim.as_ref().expect_err("the conflict is invisible to the snapshot");
-                assert_eq!(db::sqlstate(err).as_deref(), Some("40001"));
-            }
-            let claim = claim?;
-            tx.commit().await?;
-            Ok(claim)
-        }
-    })
-    .await
-    .unwrap();
-    assert_eq!(result, Claim::Duplicate, "the retry's new snapshot sees the committed row");
-    assert_eq!(attempts.into_inner(), 2);
+    let mut tx = pool.begin().await.unwrap();
+    inbox::claim(&mut *tx, &envelope(&headers), &event("evt_rr")).await.unwrap();
+    let waiter = tokio::spawn(async move {
+        let headers = json!({});
+        inbox::claim(&rr, &envelope(&headers), &event("evt_rr")).await
+    });
+    assert!(eventually(|| async { lock_waiters(&pool).await == 1 }).await);
+    tx.commit().await.unwrap();
+    let err = waiter.await.unwrap().expect_err("the committed row is invisible to the waiting statement's snapshot");
+    assert_eq!(db::sqlstate(&err).as_deref(), Some("40001"));
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn under_repeatable_read_the_receivers_retry_answers_duplicate(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let r = Arc::new(receiver(repeatable_read(opts), secrets(false)));
+    let body = stripe_body("evt_rr");
+    let headers = json!({});
+    let mut tx = pool.begin().await.unwrap();
+    let held = NewEvent::pending("evt_rr".into(), "x", "{}".into());
+    inbox::claim(&mut *tx, &envelope(&headers), &held).await.unwrap();
+    let sig = stripe_header(STRIPE[0], &body);
+    let delivery = {
+        let r = r.clone();
+        tokio::spawn(async move { post(&r, "stripe", &[("Stripe-Signature", &sig)], &body).await })
+    };
+    assert!(eventually(|| async { lock_waiters(&pool).await == 1 }).await);
+    tx.commit().await.unwrap();
+    assert_eq!(delivery.await.unwrap(), (StatusCode::OK, json!({"status": "duplicate"})), "40001, retried, sees the row");
     assert_eq!(count(&pool).await, 1);
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn a_marqeta_batch_claims_each_item_once_within_and_across_batches(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let r = receiver(opts, secrets(false));
@@ -505,35 +522,37 @@ async fn a_marqeta_batch_claims_each_item_once_within_and_across_batches(_: PgPo
     assert_eq!(count(&pool).await, 4, "a ping stores nothing");
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
-async fn concurrent_overlapping_marqeta_batches_neither_deadlock_nor_double_claim(_: PgPoolOptions, opts: PgConnectOptions) {
-    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
-    let r = Arc::new(receiver(opts, secrets(false)));
-    let auth = marqeta_basic(MARQETA_USER, MARQETA_PASSWORDS[0]);
+/// Twenty batches of the same ten keys in twenty orders, released together, each
+/// on its own connection and with no retry: sorted keys mean no deadlock (40P01)
+/// can happen, and each key is claimed once.
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn concurrent_overlapping_batches_neither_deadlock_nor_double_claim(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPoolOptions::new().max_connections(21).connect_with(opts).await.unwrap();
     let barrier = Arc::new(Barrier::new(20));
     let tasks: Vec<_> = (0..20)
         .map(|i| {
-            // Each batch holds the same ten tokens in a different order.
-            let mut tokens: Vec<u32> = (0..10).collect();
+            let mut tokens: Vec<usize> = (0..10).collect();
             tokens.rotate_left(i % 10);
             if i % 2 == 1 {
                 tokens.reverse();
             }
-            let items: Vec<String> = tokens.iter().map(|t| format!(r#"{{"token":"t{t}","type":"authorization"}}"#)).collect();
-            let body = format!(r#"{{"transactions":[{}]}}"#, items.join(","));
-            let (r, barrier, auth) = (r.clone(), barrier.clone(), auth.clone());
+            let events: Vec<NewEvent> =
+                tokens.iter().map(|t| NewEvent::pending(format!("transactions:t{t}"), "transactions", "{}".into())).collect();
+            let (pool, barrier) = (pool.clone(), barrier.clone());
             tokio::spawn(async move {
+                let mut conn = pool.acquire().await.unwrap();
+                let headers = json!({});
+                let env = Envelope { provider: Provider::Marqeta, raw_body: b"{}", headers: &headers, secret_index: 0 };
                 barrier.wait().await;
-                post(&r, "marqeta", &[("Authorization", &auth)], body.as_bytes()).await
+                inbox::claim_batch(&mut *conn, &env, &events).await
             })
         })
         .collect();
     let mut accepted = 0;
     for t in tasks {
-        let (status, body) = t.await.unwrap();
-        assert_eq!(status, StatusCode::OK, "{body}");
-        accepted += body["accepted"].as_u64().unwrap();
-        assert_eq!(body["accepted"].as_u64().unwrap() + body["duplicates"].as_u64().unwrap(), 10);
+        let claim = t.await.unwrap().expect("no deadlock, no error");
+        assert_eq!(claim.accepted + claim.duplicates, 10);
+        accepted += claim.accepted;
     }
     assert_eq!(accepted, 10);
     assert_eq!(count(&pool).await, 10);
@@ -541,7 +560,7 @@ async fn concurrent_overlapping_marqeta_batches_neither_deadlock_nor_double_clai
 
 // ---------- bad input ----------
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn a_body_over_the_limit_gets_413_and_nothing_is_stored(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let mut cfg = config(secrets(false));
@@ -554,7 +573,7 @@ async fn a_body_over_the_limit_gets_413_and_nothing_is_stored(_: PgPoolOptions, 
     assert_eq!(count(&pool).await, 0);
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn signed_but_unusable_bodies_are_stored_as_failed_and_answered_200(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let r = receiver(opts, secrets(false));
@@ -589,7 +608,36 @@ async fn signed_but_unusable_bodies_are_stored_as_failed_and_answered_200(_: PgP
     assert_eq!(null_payloads, 3, "only valid JSON (the one without an id) keeps its payload");
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+/// JSON that passes our parse but that PostgreSQL's jsonb refuses (a lone
+/// surrogate): the event is still stored, as `failed`, with its raw bytes.
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn a_payload_postgres_refuses_is_kept_as_failed_not_lost(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let r = receiver(opts, secrets(false));
+    let body = br#"{"id":"evt_surrogate","type":"x","note":"\ud800"}"#;
+    let sig = stripe_header(STRIPE[0], body);
+    assert_eq!(post(&r, "stripe", &[("Stripe-Signature", &sig)], body).await, (StatusCode::OK, json!({"status": "accepted"})));
+    let auth = marqeta_basic(MARQETA_USER, MARQETA_PASSWORDS[0]);
+    let batch = br#"{"transactions":[{"token":"ok","type":"authorization"},{"token":"bad","note":"\ud800"}]}"#;
+    assert_eq!(
+        post(&r, "marqeta", &[("Authorization", &auth)], batch).await,
+        (StatusCode::OK, json!({"accepted": 2, "duplicates": 0}))
+    );
+    let rows: Vec<(String, String, bool, Option<String>)> = sqlx::query_as(
+        "SELECT event_id, status, payload IS NULL, failure_reason FROM webhook_inbox ORDER BY event_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let summary: Vec<(&str, &str, bool)> = rows.iter().map(|r| (r.0.as_str(), r.1.as_str(), r.2)).collect();
+    assert_eq!(
+        summary,
+        [("evt_surrogate", "failed", true), ("transactions:bad", "failed", true), ("transactions:ok", "pending", false)]
+    );
+    assert!(rows[0].3.as_deref().unwrap().contains("refused the payload as jsonb"), "{:?}", rows[0].3);
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn unknown_unconfigured_and_wrong_method_are_refused_with_words(_: PgPoolOptions, opts: PgConnectOptions) {
     let mut only_stripe = secrets(false);
     only_stripe.shopify.clear();
@@ -613,7 +661,7 @@ async fn the_database_down_answers_503_and_recovers_when_it_returns() {
     let mut pg = EmbeddedPostgres::start().await.expect("a throwaway cluster");
     let url = pg.url();
     let setup = PgPool::connect(&url).await.unwrap();
-    MIGRATOR.run(&setup).await.unwrap();
+    db::MIGRATOR.run(&setup).await.unwrap();
     setup.close().await;
     let mut cfg = config(secrets(false));
     cfg.db.url = Some(url.clone());
@@ -646,7 +694,7 @@ async fn the_database_down_answers_503_and_recovers_when_it_returns() {
 
 /// API Gateway REST (payload 1.0), a Function URL and an ALB, each as the real
 /// event JSON that `lambda_http` parses, reach the same handler and the same row.
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn rest_api_function_url_and_alb_events_reach_the_same_handler(_: PgPoolOptions, opts: PgConnectOptions) {
     use base64::Engine as _;
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
@@ -719,7 +767,7 @@ async fn rest_api_function_url_and_alb_events_reach_the_same_handler(_: PgPoolOp
     }
 }
 
-#[sqlx::test(migrator = "MIGRATOR")]
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn a_connection_killed_between_deliveries_is_replaced_without_a_503(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let r = receiver(opts, secrets(false));

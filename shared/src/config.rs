@@ -17,8 +17,9 @@ fn invalid(var: &'static str, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid { var, reason: reason.into() }
 }
 
-/// Secret bytes whose `Debug` never shows them.
-#[derive(Clone, PartialEq, Eq)]
+/// Secret bytes whose `Debug` never shows them. No `PartialEq`: secrets are
+/// compared only in constant time, by the schemes.
+#[derive(Clone)]
 pub struct Secret(Vec<u8>);
 
 impl Secret {
@@ -115,6 +116,13 @@ impl Secrets {
                 if user.chars().count() > 50 {
                     return Err(invalid("MARQETA_WEBHOOK_USERNAME", "longer than 50 characters"));
                 }
+                // Marqeta's own rule; a password cannot contain the comma that separates rotated ones.
+                if let Some(i) = passwords.iter().position(|p| !(20..=50).contains(&p.expose().len())) {
+                    return Err(invalid(
+                        "MARQETA_WEBHOOK_PASSWORD",
+                        format!("password #{} is not 20 to 50 characters long (Marqeta's rule)", i + 1),
+                    ));
+                }
                 Some(MarqetaAuth { username: Secret::new(user.as_bytes()), passwords, signing_secrets })
             }
             ([], false) => return Err(invalid("MARQETA_WEBHOOK_USERNAME", "missing while MARQETA_WEBHOOK_PASSWORD is set")),
@@ -201,7 +209,7 @@ impl DbConfig {
     }
 }
 
-fn parse_env<T: std::str::FromStr>(var: &'static str, default: T) -> Result<T, ConfigError> {
+pub fn parse_env<T: std::str::FromStr>(var: &'static str, default: T) -> Result<T, ConfigError> {
     match std::env::var(var) {
         Ok(v) if !v.trim().is_empty() => {
             v.trim().parse().map_err(|_| invalid(var, format!("{v:?} is not a valid number")))
@@ -242,7 +250,8 @@ mod tests {
     #[test]
     fn comma_separated_secrets_are_all_kept_in_order() {
         let s = Secrets::from_lookup(lookup(&[("STRIPE_WEBHOOK_SECRET", "whsec_a, whsec_b,,")])).unwrap();
-        assert_eq!(s.stripe, vec![Secret::new("whsec_a"), Secret::new("whsec_b")]);
+        let stripe: Vec<&[u8]> = s.stripe.iter().map(Secret::expose).collect();
+        assert_eq!(stripe, [b"whsec_a".as_slice(), b"whsec_b"]);
         assert!(!s.is_configured(Provider::Shopify));
     }
 
@@ -260,10 +269,13 @@ mod tests {
         assert!(err.to_string().contains("MARQETA_WEBHOOK_PASSWORD"));
         let ok = Secrets::from_lookup(lookup(&[
             ("MARQETA_WEBHOOK_USERNAME", "u"),
-            ("MARQETA_WEBHOOK_PASSWORD", "p1,p2"),
+            ("MARQETA_WEBHOOK_PASSWORD", "password-one-0123456789,password-two-0123456789"),
         ]))
         .unwrap();
         assert_eq!(ok.marqeta.unwrap().passwords.len(), 2);
+        let short = Secrets::from_lookup(lookup(&[("MARQETA_WEBHOOK_USERNAME", "u"), ("MARQETA_WEBHOOK_PASSWORD", "short")]));
+        let err = short.unwrap_err().to_string();
+        assert!(err.contains("20 to 50") && !err.contains("short"), "{err}");
     }
 
     #[test]

@@ -1,7 +1,6 @@
 //! The connection pool, migrations, and the retry wrapper for serialization failures.
 
 use std::{
-    future::Future,
     ops::{Deref, DerefMut},
     str::FromStr,
     sync::Mutex,
@@ -149,6 +148,12 @@ pub fn is_retryable(err: &sqlx::Error) -> bool {
     matches!(sqlstate(err).as_deref(), Some("40001" | "40P01"))
 }
 
+/// Errors that repeat on every try: data exceptions (22xxx) and integrity
+/// violations (23xxx) come from the input, not from the moment.
+pub fn is_permanent(err: &sqlx::Error) -> bool {
+    matches!(sqlstate(err).as_deref().map(|s| &s[..2]), Some("22" | "23"))
+}
+
 /// The connection died under the statement (server restart, failover, idle
 /// cut): the statement may run again on a fresh connection.
 pub fn is_connection_lost(err: &sqlx::Error) -> bool {
@@ -172,28 +177,6 @@ pub fn retry_after(err: &sqlx::Error, attempt: u32) -> Option<Duration> {
     tracing::debug!(attempt, sqlstate = ?sqlstate(err), "transaction conflict, retrying");
     let base = 5u64 << attempt;
     Some(Duration::from_millis(base / 2 + jitter(base / 2)))
-}
-
-/// Runs `attempt` (a whole transaction) again on 40001/40P01; the retry takes a
-/// new snapshot and so sees what the conflicting transaction committed.
-pub async fn retry_serialization<T, F, Fut>(mut attempt: F) -> Result<T, sqlx::Error>
-where
-    F: FnMut(u32) -> Fut,
-    Fut: Future<Output = Result<T, sqlx::Error>>,
-{
-    let mut n = 1;
-    loop {
-        match attempt(n).await {
-            Err(e) => match retry_after(&e, n) {
-                Some(wait) => {
-                    tokio::time::sleep(wait).await;
-                    n += 1;
-                }
-                None => return Err(e),
-            },
-            ok => return ok,
-        }
-    }
 }
 
 /// A random number in `0..=max`, from the standard library's per-process random keys.

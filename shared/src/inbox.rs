@@ -117,24 +117,24 @@ pub async fn claim_delivery(
     env: &Envelope<'_>,
     events: &Events,
 ) -> Result<Claimed, sqlx::Error> {
-    let mut retried = false;
-    loop {
-        let mut conn = connections.acquire().await?;
-        match claim_events(&mut conn, env, events).await {
-            Err(e) if db::is_connection_lost(&e) => {
-                connections.discard_idle();
-                if retried {
-                    return Err(e);
-                }
-                tracing::warn!(error = %e, "connection lost during the claim; claiming again on a fresh one");
-                retried = true;
-            }
-            other => {
-                conn.reuse();
-                return other;
-            }
+    match claim_on_a_lease(connections, env, events).await {
+        Err(e) if db::is_connection_lost(&e) => {
+            connections.discard_idle();
+            tracing::warn!(error = %e, "connection lost during the claim; claiming again on a fresh one");
+            claim_on_a_lease(connections, env, events).await
         }
+        other => other,
     }
+}
+
+async fn claim_on_a_lease(connections: &db::Connections, env: &Envelope<'_>, events: &Events) -> Result<Claimed, sqlx::Error> {
+    let mut conn = connections.acquire().await?;
+    let result = claim_events(&mut conn, env, events).await;
+    // After any other error (protocol, decoding, ...) the connection's state is unknown: it is closed.
+    if matches!(result, Ok(_) | Err(sqlx::Error::Database(_))) {
+        conn.reuse();
+    }
+    result
 }
 
 /// Awaits `$call` again, on the same connection, while [`db::retry_after`] says so.

@@ -7,11 +7,16 @@
 pub mod config;
 pub mod db;
 pub mod dev_server;
+pub mod domain;
 pub mod embedded_pg;
+pub mod handlers;
 pub mod inbox;
+pub mod outbox;
+pub mod process;
 pub mod providers;
 pub mod receive;
 pub mod telemetry;
+pub mod worker;
 
 pub use config::{Config, Secret};
 pub use providers::Provider;

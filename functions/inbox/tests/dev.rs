@@ -36,18 +36,32 @@ fn signed_stripe_post(addr: &str, body: &str) -> String {
     )
 }
 
+/// A failed assertion must not leave `inbox dev` (and its cluster) running.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = Command::new("kill").args(["-TERM", &self.0.id().to_string()]).status();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 #[test]
 fn inbox_dev_runs_on_an_embedded_postgres_and_takes_signed_deliveries() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_inbox"))
+    // As a new user: no DATABASE_URL, no secrets, nothing inherited.
+    let child = Command::new(env!("CARGO_BIN_EXE_inbox"))
         .args(["dev", "--port", "0"])
-        .env_remove("DATABASE_URL")
-        .envs([("STRIPE_WEBHOOK_SECRET", ""), ("RUST_LOG", "warn")])
+        .env_clear()
+        .envs([("PATH", std::env::var("PATH").unwrap_or_default()), ("RUST_LOG", "warn".into())])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
+    let mut child = KillOnDrop(child);
     let (lines_tx, lines) = mpsc::channel();
-    let stdout = child.stdout.take().unwrap();
+    let stdout = child.0.stdout.take().unwrap();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
             println!("inbox dev: {line}");
@@ -76,8 +90,8 @@ fn inbox_dev_runs_on_an_embedded_postgres_and_takes_signed_deliveries() {
     let (status, answer) = http(&addr, &format!("POST /webhooks/stripe HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 2000000\r\nConnection: close\r\n\r\n"));
     assert_eq!(status, 413, "{answer}");
 
-    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
-    let status = child.wait().unwrap();
+    Command::new("kill").args(["-TERM", &child.0.id().to_string()]).status().unwrap();
+    let status = child.0.wait().unwrap();
     assert!(status.success(), "inbox dev exits cleanly: {status}");
     assert!(!std::path::Path::new(&data_dir).exists(), "the embedded cluster is removed on exit");
 }
@@ -86,8 +100,8 @@ fn inbox_dev_runs_on_an_embedded_postgres_and_takes_signed_deliveries() {
 fn inbox_bench_measures_both_sides_and_reports_the_ratio() {
     let out = Command::new(env!("CARGO_BIN_EXE_inbox"))
         .args(["bench", "--concurrency", "2", "--seconds", "1", "--rounds", "1"])
-        .env_remove("DATABASE_URL")
-        .env("RUST_LOG", "warn")
+        .env_clear()
+        .envs([("PATH", std::env::var("PATH").unwrap_or_default()), ("RUST_LOG", "warn".into())])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

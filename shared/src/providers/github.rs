@@ -48,7 +48,8 @@ impl Scheme for Github {
 
     fn events(&self, d: &Delivery<'_>) -> Events {
         // A hook may be set to deliver `application/x-www-form-urlencoded` with the JSON in `payload`.
-        let form = header(d.headers, "content-type").is_some_and(|ct| ct.starts_with("application/x-www-form-urlencoded"));
+        let form = header(d.headers, "content-type")
+            .is_some_and(|ct| ct.to_ascii_lowercase().starts_with("application/x-www-form-urlencoded"));
         let json = if form {
             form_urlencoded::parse(d.body)
                 .find(|(k, _)| k == "payload")

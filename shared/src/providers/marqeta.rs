@@ -2,7 +2,7 @@
 //! (hex HMAC-SHA256, or legacy HMAC-SHA1, of the raw body), and batches of up
 //! to 10 notifications keyed by type: `{"transactions":[{"token":"...",...}]}`.
 
-use std::{borrow::Cow, collections::BTreeMap};
+use std::borrow::Cow;
 
 use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
 use hmac::Hmac;
@@ -12,8 +12,8 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::{
-    body_digest_id, first_matching, header, header_values, parse_json, parse_json_text, valid_event_id, Delivery,
-    Events, NewEvent, Provider, Rejected, Scheme, Verified,
+    body_digest_id, event_from, first_matching, has_nul_escape, header, header_values, parse_json, parse_json_text,
+    Delivery, Events, NewEvent, Provider, Rejected, Scheme, Verified,
 };
 use crate::config::{MarqetaAuth, Secret};
 
@@ -41,8 +41,9 @@ impl Marqeta {
     fn check_basic(&self, d: &Delivery<'_>) -> Result<usize, Rejected> {
         let value = header(d.headers, "authorization").ok_or_else(|| Rejected::new("missing Basic authorization"))?;
         let encoded = value
-            .strip_prefix("Basic ")
-            .or_else(|| value.strip_prefix("basic "))
+            .split_once(' ')
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("basic"))
+            .map(|(_, credentials)| credentials)
             .ok_or_else(|| Rejected::new("Authorization is not Basic"))?;
         let decoded = B64.decode(encoded.trim()).map_err(|_| Rejected::new("Basic credentials are not base64"))?;
         let colon = decoded.iter().position(|b| *b == b':').ok_or_else(|| Rejected::new("Basic credentials have no colon"))?;
@@ -87,8 +88,8 @@ impl Scheme for Marqeta {
             return unusable_body("body is not UTF-8".into());
         };
         // Items are checked one by one, so one bad notification does not sink the batch.
-        let groups = match serde_json::from_str::<BTreeMap<String, &RawValue>>(text) {
-            Ok(groups) => groups,
+        let groups = match serde_json::from_str::<Groups<'_>>(text) {
+            Ok(groups) => groups.0,
             Err(e) => {
                 let payload = parse_json(d.body).ok().filter(|j| !j.has_nul).map(|j| j.text.into_owned());
                 return Events::Batch(vec![NewEvent::unusable(
@@ -101,18 +102,14 @@ impl Scheme for Marqeta {
         };
         let mut events = Vec::new();
         for (key, raw) in groups.into_iter().filter(|(key, _)| key != PINGS) {
-            let key = if key.is_empty() || key.len() > 64 || key.chars().any(char::is_control) {
-                "invalid-key".to_string()
-            } else {
-                key
-            };
-            match serde_json::from_str::<Vec<&RawValue>>(raw.get()) {
-                Ok(items) => events.extend(items.into_iter().map(|item| item_event(&key, item))),
-                Err(_) => events.push(NewEvent::unusable(
-                    format!("{key}:{}", body_digest_id(raw.get().as_bytes())),
-                    &key,
-                    Some(raw.get().to_string()),
-                    format!("{key} is not a list of notifications"),
+            let items = serde_json::from_str::<Vec<&RawValue>>(raw.get());
+            match items {
+                Ok(items) if valid_key(&key) => events.extend(items.into_iter().map(|item| item_event(&key, item))),
+                _ => events.push(NewEvent::unusable(
+                    body_digest_id(raw.get().as_bytes()),
+                    "unknown",
+                    Some(raw.get().to_string()).filter(|raw| !has_nul_escape(raw)),
+                    "a notification key that is empty, long or odd, or whose value is not a list",
                 )),
             }
         }
@@ -124,28 +121,43 @@ impl Scheme for Marqeta {
     }
 }
 
+fn valid_key(key: &str) -> bool {
+    !key.is_empty() && key.len() <= 64 && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
+}
+
 /// One notification: `event_id = "<key>:<token>"`, `event_type = "<key>:<type>"` (or the key alone).
 fn item_event(key: &str, item: &RawValue) -> NewEvent {
-    let json = match parse_json_text(Cow::Borrowed(item.get())) {
-        Ok(json) => json,
-        Err(reason) => return NewEvent::unusable(format!("{key}:{}", body_digest_id(item.get().as_bytes())), key, None, reason),
-    };
-    let event_type = match &json.fields.kind {
+    let json = parse_json_text(Cow::Borrowed(item.get()));
+    let fields = json.as_ref().ok().map(|j| &j.fields);
+    let event_type = match fields.and_then(|f| f.kind.as_deref()) {
         Some(t) => format!("{key}:{t}"),
         None => key.to_string(),
     };
-    let id = json.fields.token.as_ref().map(|token| format!("{key}:{token}")).filter(|id| valid_event_id(id));
-    match id {
-        Some(id) if json.has_nul => {
-            NewEvent::unusable(id, &event_type, None, "notification contains \\u0000, which PostgreSQL jsonb cannot store")
+    let id = fields.and_then(|f| f.token.as_deref()).map(|token| format!("{key}:{token}"));
+    event_from(item.get().as_bytes(), id, &event_type, json)
+}
+
+/// The top-level object's entries in order, repeats kept: `{"transactions":[a],"transactions":[b]}`
+/// holds two groups, and neither is lost.
+struct Groups<'a>(Vec<(String, &'a RawValue)>);
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for Groups<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = Groups<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object of notification lists")
+            }
+            fn visit_map<M: serde::de::MapAccess<'de>>(self, mut map: M) -> Result<Groups<'a>, M::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = map.next_entry::<String, &'de RawValue>()? {
+                    entries.push(entry);
+                }
+                Ok(Groups(entries))
+            }
         }
-        Some(id) => NewEvent::pending(id, &event_type, item.get().to_string()),
-        None => NewEvent::unusable(
-            format!("{key}:{}", body_digest_id(item.get().as_bytes())),
-            &event_type,
-            Some(item.get().to_string()).filter(|_| !json.has_nul),
-            "notification has no usable token",
-        ),
+        d.deserialize_map(Visit(std::marker::PhantomData))
     }
 }
 
@@ -230,9 +242,20 @@ mod tests {
         let e = events(br#"{"cardtransitions":[{"state":"ACTIVE"},{"token":"c1","x":"\u0000"}]}"#);
         assert_eq!(e.len(), 2);
         assert!(e.iter().all(|e| e.status == InitialStatus::Failed));
-        assert!(e[0].event_id.starts_with("cardtransitions:sha256:"));
+        assert!(e[0].event_id.starts_with("sha256:"));
         assert_eq!((e[1].event_id.as_str(), e[1].payload.as_deref()), ("cardtransitions:c1", None));
         let e = events(b"[1,2]");
         assert!(e[0].event_id.starts_with("sha256:") && e[0].status == InitialStatus::Failed);
+        let e = events(br#"{"bad key":[{"token":"t"}],"other":{"token":"t"}}"#);
+        assert_eq!(e.len(), 2);
+        assert!(e.iter().all(|e| e.status == InitialStatus::Failed && e.event_id.starts_with("sha256:")));
+        assert_ne!(e[0].event_id, e[1].event_id);
+    }
+
+    #[test]
+    fn a_repeated_notification_key_loses_no_item() {
+        let e = events(br#"{"transactions":[{"token":"a"}],"transactions":[{"token":"b"}]}"#);
+        let ids: Vec<_> = e.iter().map(|e| e.event_id.as_str()).collect();
+        assert_eq!(ids, ["transactions:a", "transactions:b"]);
     }
 }

@@ -306,8 +306,15 @@ pub(crate) fn has_nul_escape(json: &str) -> bool {
 
 /// The one event of a single-event delivery, or a `failed` row saying why it cannot be used.
 pub(crate) fn single_event(body: &[u8], id: Option<String>, event_type: &str, json: Result<Json<'_>, String>) -> Events {
+    Events::Single(event_from(body, id, event_type, json))
+}
+
+/// An event from its bytes, its id (if one could be read) and its JSON: `pending`
+/// when usable, else `failed` with the reason, keyed by the bytes' digest when
+/// there is no usable id.
+pub(crate) fn event_from(body: &[u8], id: Option<String>, event_type: &str, json: Result<Json<'_>, String>) -> NewEvent {
     let id = id.filter(|id| valid_event_id(id));
-    let event = match (id, json) {
+    match (id, json) {
         (id, Ok(json)) if json.has_nul => {
             NewEvent::unusable(id.unwrap_or_else(|| body_digest_id(body)), event_type, None, NUL_REASON)
         }
@@ -318,11 +325,8 @@ pub(crate) fn single_event(body: &[u8], id: Option<String>, event_type: &str, js
             Some(json.text.into_owned()),
             "no usable event id (missing, empty, over 255 characters or with control characters)",
         ),
-        (id, Err(reason)) => {
-            NewEvent::unusable(id.unwrap_or_else(|| body_digest_id(body)), event_type, None, reason)
-        }
-    };
-    Events::Single(event)
+        (id, Err(reason)) => NewEvent::unusable(id.unwrap_or_else(|| body_digest_id(body)), event_type, None, reason),
+    }
 }
 
 #[cfg(test)]

@@ -61,7 +61,7 @@ impl Scheme for Standard {
             return Err(Rejected::new("missing webhook-signature header"));
         }
         let ts: i64 = t.parse().map_err(|_| Rejected::new("webhook-timestamp is not a number"))?;
-        if (d.now - ts).abs() > TOLERANCE_SECS {
+        if d.now.abs_diff(ts) > TOLERANCE_SECS as u64 {
             return Err(Rejected::new("webhook-timestamp is outside the 300 s tolerance"));
         }
         // Only `v1,` (HMAC-SHA256) entries count; `v1a,` (ed25519) and unknown versions are skipped.

@@ -74,7 +74,7 @@ impl Stripe {
         let h = parse(value);
         let t = h.timestamp.ok_or_else(|| Rejected::new("Stripe-Signature has no t= timestamp"))?;
         let ts: i64 = t.parse().map_err(|_| Rejected::new("Stripe-Signature timestamp is not a number"))?;
-        if (d.now - ts).abs() > TOLERANCE_SECS {
+        if d.now.abs_diff(ts) > TOLERANCE_SECS as u64 {
             return Err(Rejected::new("Stripe-Signature timestamp is outside the 300 s tolerance"));
         }
         let candidates: Vec<Vec<u8>> = h.v1.iter().filter_map(|s| hex::decode(s).ok()).filter(|s| !s.is_empty()).collect();
@@ -148,6 +148,14 @@ mod tests {
         }
         let t = now() - 290;
         assert!(check(&format!("t={t},v1={}", sign("whsec_old", t, BODY))).is_ok());
+    }
+
+    #[test]
+    fn extreme_timestamps_are_refused_without_overflow() {
+        for t in [i64::MIN, i64::MAX, 0] {
+            let err = check(&format!("t={t},v1={}", "00".repeat(32))).unwrap_err();
+            assert!(err.0.contains("tolerance"), "{t}: {err}");
+        }
     }
 
     #[test]

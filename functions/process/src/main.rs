@@ -1,0 +1,32 @@
+//! Lambda `process`: on an EventBridge schedule, drains pending events until the
+//! deadline less a margin; on SQS, processes the events the messages name and
+//! reports partial batch failures. The logic is `webhook_inbox::{worker, process}`.
+
+use std::{sync::Arc, time::Duration};
+
+use lambda_runtime::{service_fn, Error, LambdaEvent};
+use serde_json::Value;
+use webhook_inbox::{
+    config::{parse_env, DbConfig},
+    db,
+    handlers::Handlers,
+    process,
+    telemetry,
+    worker::{Worker, WorkerConfig},
+};
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    telemetry::init();
+    let pool = db::pool(&DbConfig::from_env(2)?)?;
+    let margin = Duration::from_millis(parse_env("INBOX_DEADLINE_MARGIN_MS", process::DEFAULT_DEADLINE_MARGIN.as_millis() as u64)?);
+    let worker = Arc::new(Worker::new(pool, Handlers::reference(), WorkerConfig::from_env()?));
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
+        let worker = worker.clone();
+        async move {
+            let deadline = process::drain_until(event.context.deadline, margin);
+            Ok::<_, Error>(process::handle(&worker, event.payload, deadline).await?)
+        }
+    }))
+    .await
+}

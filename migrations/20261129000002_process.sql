@@ -1,0 +1,61 @@
+-- Processing: attempts and backoff on the inbox, the reference domain, and the outbox.
+
+ALTER TABLE webhook_inbox
+    ADD COLUMN attempts        INTEGER     NOT NULL DEFAULT 0,
+    -- NULL: due now. A transient failure pushes it out with exponential backoff.
+    ADD COLUMN next_attempt_at TIMESTAMPTZ,
+    ADD CONSTRAINT attempts_not_negative CHECK (attempts >= 0);
+
+-- Shopify order snapshots, guarded by the source's version (updated_at).
+CREATE TABLE orders (
+    order_id          VARCHAR(128)   PRIMARY KEY,
+    customer_id       VARCHAR(128),
+    status            VARCHAR(64)    NOT NULL,
+    total_amount      NUMERIC(12, 2) NOT NULL,
+    source_updated_at TIMESTAMPTZ    NOT NULL
+);
+
+-- Stripe payments, keyed by the PaymentIntent: the business-level unique key
+-- that makes a twin event (another event id, same PaymentIntent) change nothing.
+CREATE TABLE payments (
+    payment_id      VARCHAR(128) PRIMARY KEY,
+    amount          BIGINT       NOT NULL,
+    currency        VARCHAR(3)   NOT NULL,
+    customer_id     VARCHAR(128),
+    stripe_event_id VARCHAR(255) NOT NULL,
+    created_at      TIMESTAMPTZ  NOT NULL DEFAULT now()
+);
+
+-- Balances moved by Marqeta deposits (deltas, never snapshots).
+CREATE TABLE accounts (
+    account_id VARCHAR(128)   PRIMARY KEY,
+    balance    NUMERIC(14, 2) NOT NULL DEFAULT 0.00,
+    updated_at TIMESTAMPTZ    NOT NULL DEFAULT now()
+);
+
+-- One row per credited Marqeta transaction token: a deposit is applied once.
+CREATE TABLE account_deposits (
+    token       VARCHAR(128)   PRIMARY KEY,
+    account_id  VARCHAR(128)   NOT NULL,
+    amount      NUMERIC(14, 2) NOT NULL,
+    event_id    VARCHAR(255)   NOT NULL,
+    credited_at TIMESTAMPTZ    NOT NULL DEFAULT now()
+);
+
+-- Side effects to publish, written in the same transaction as the state change.
+CREATE TABLE transactional_outbox (
+    id              BIGSERIAL    PRIMARY KEY,
+    aggregate_type  VARCHAR(64)  NOT NULL,
+    aggregate_id    VARCHAR(128) NOT NULL,
+    payload         JSONB        NOT NULL,
+    created_at      TIMESTAMPTZ  NOT NULL DEFAULT now(),
+    processed_at    TIMESTAMPTZ,
+    -- Stable, derived from the event: consumers deduplicate on it (Idempotency-Key).
+    message_key     VARCHAR(512) NOT NULL,
+    attempts        INTEGER      NOT NULL DEFAULT 0,
+    next_attempt_at TIMESTAMPTZ,
+    last_error      TEXT,
+    CONSTRAINT message_key_is_unique UNIQUE (message_key)
+);
+
+CREATE INDEX outbox_unprocessed_idx ON transactional_outbox (id) WHERE processed_at IS NULL;

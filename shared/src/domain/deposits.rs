@@ -1,0 +1,106 @@
+//! Marqeta deposits (`transactions` items of type `gpa.credit` in state
+//! `COMPLETION`): a delta, applied once per transaction token through a ledger.
+
+use serde_json::{json, Value};
+use sqlx::PgConnection;
+
+use super::{decimal, required};
+use crate::{
+    handlers::{Event, Handler, HandlerError, HandlerFuture, Outcome},
+    outbox::{self, Message},
+};
+
+/// The event type receive gives a `transactions` item of type `gpa.credit`.
+pub const EVENT_TYPE: &str = "transactions:gpa.credit";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deposit {
+    pub token: String,
+    pub account_id: String,
+    /// Decimal text.
+    pub amount: String,
+    pub event_id: String,
+}
+
+impl Deposit {
+    /// `None` when the item is not a completed credit (pending authorizations, ...).
+    pub fn from_marqeta(event_id: &str, item: &Value) -> Result<Option<Self>, HandlerError> {
+        if item["type"] != "gpa.credit" || item["state"] != "COMPLETION" {
+            return Ok(None);
+        }
+        Ok(Some(Deposit {
+            token: required(&item["token"], "token")?,
+            account_id: required(&item["user_token"], "user_token")?,
+            amount: decimal(&item["amount"], "amount")?,
+            event_id: event_id.to_string(),
+        }))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Credit {
+    /// The new balance.
+    Credited(String),
+    AlreadyCredited,
+}
+
+/// Records the token in the ledger and credits the account, once. An account that
+/// does not exist yet is transient: the savepoint rolls the ledger row back too,
+/// and the event is retried until the account exists.
+pub async fn credit(conn: &mut PgConnection, d: &Deposit) -> Result<Credit, HandlerError> {
+    let new: Option<(String,)> = sqlx::query_as(
+        "INSERT INTO account_deposits (token, account_id, amount, event_id)
+         VALUES ($1, $2, $3::numeric, $4)
+         ON CONFLICT (token) DO NOTHING
+         RETURNING token",
+    )
+    .bind(&d.token)
+    .bind(&d.account_id)
+    .bind(&d.amount)
+    .bind(&d.event_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    if new.is_none() {
+        return Ok(Credit::AlreadyCredited);
+    }
+    let balance: Option<String> = sqlx::query_scalar(
+        "UPDATE accounts SET balance = balance + $2::numeric, updated_at = now()
+         WHERE account_id = $1
+         RETURNING balance::text",
+    )
+    .bind(&d.account_id)
+    .bind(&d.amount)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let balance = balance.ok_or_else(|| HandlerError::Transient(format!("account {} does not exist yet", d.account_id)))?;
+    let message = Message {
+        aggregate_type: "account",
+        aggregate_id: &d.account_id,
+        message_key: format!("balance_updated:{}", d.token),
+        payload: json!({
+            "event": "balance_updated",
+            "account_id": d.account_id,
+            "deposit_amount": d.amount,
+            "balance": balance,
+            "token": d.token,
+        }),
+    };
+    outbox::enqueue(conn, &message).await?;
+    Ok(Credit::Credited(balance))
+}
+
+pub struct DepositHandler;
+
+impl Handler for DepositHandler {
+    fn handle<'a>(&'a self, conn: &'a mut PgConnection, event: &'a Event) -> HandlerFuture<'a> {
+        Box::pin(async move {
+            match Deposit::from_marqeta(&event.event_id, &event.payload)? {
+                None => Ok(Outcome::NoEffect),
+                Some(deposit) => match credit(conn, &deposit).await? {
+                    Credit::Credited(_) => Ok(Outcome::Applied),
+                    Credit::AlreadyCredited => Ok(Outcome::NoEffect),
+                },
+            }
+        })
+    }
+}

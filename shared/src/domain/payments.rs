@@ -1,0 +1,86 @@
+//! Stripe `payment_intent.succeeded`: one payment per PaymentIntent, one outbox
+//! message per payment, however many events (twins included) report it.
+
+use serde_json::{json, Value};
+use sqlx::PgConnection;
+
+use super::{required, text};
+use crate::{
+    handlers::{Event, Handler, HandlerError, HandlerFuture, Outcome},
+    outbox::{self, Message},
+};
+
+pub const EVENT_TYPE: &str = "payment_intent.succeeded";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Payment {
+    pub payment_id: String,
+    /// Minor units, from `amount_received`.
+    pub amount: i64,
+    pub currency: String,
+    pub customer_id: Option<String>,
+    pub stripe_event_id: String,
+}
+
+impl Payment {
+    pub fn from_stripe(event_id: &str, p: &Value) -> Result<Self, HandlerError> {
+        let pi = &p["data"]["object"];
+        let amount = pi["amount_received"]
+            .as_i64()
+            .ok_or_else(|| HandlerError::Permanent("data.object.amount_received is not an integer".into()))?;
+        Ok(Payment {
+            payment_id: required(&pi["id"], "data.object.id")?,
+            amount,
+            currency: required(&pi["currency"], "data.object.currency")?,
+            // `customer` is an id, or an expanded object.
+            customer_id: text(&pi["customer"]).or_else(|| text(&pi["customer"]["id"])),
+            stripe_event_id: event_id.to_string(),
+        })
+    }
+}
+
+/// Inserts the payment unless its PaymentIntent is already recorded; true when new.
+pub async fn insert(conn: &mut PgConnection, p: &Payment) -> Result<bool, sqlx::Error> {
+    let row: Option<(String,)> = sqlx::query_as(
+        "INSERT INTO payments (payment_id, amount, currency, customer_id, stripe_event_id)
+         VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT (payment_id) DO NOTHING
+         RETURNING payment_id",
+    )
+    .bind(&p.payment_id)
+    .bind(p.amount)
+    .bind(&p.currency)
+    .bind(&p.customer_id)
+    .bind(&p.stripe_event_id)
+    .fetch_optional(conn)
+    .await?;
+    Ok(row.is_some())
+}
+
+pub struct PaymentSucceededHandler;
+
+impl Handler for PaymentSucceededHandler {
+    fn handle<'a>(&'a self, conn: &'a mut PgConnection, event: &'a Event) -> HandlerFuture<'a> {
+        Box::pin(async move {
+            let payment = Payment::from_stripe(&event.event_id, &event.payload)?;
+            if insert(conn, &payment).await? {
+                let message = Message {
+                    aggregate_type: "payment",
+                    aggregate_id: &payment.payment_id,
+                    message_key: format!("payment_succeeded:{}", payment.payment_id),
+                    payload: json!({
+                        "event": "payment_succeeded",
+                        "payment_id": payment.payment_id,
+                        "amount": payment.amount,
+                        "currency": payment.currency,
+                        "customer_id": payment.customer_id,
+                        "stripe_event_id": payment.stripe_event_id,
+                    }),
+                };
+                outbox::enqueue(conn, &message).await?;
+            }
+            // A twin event finds the payment recorded: done, with nothing more to do.
+            Ok(Outcome::Applied)
+        })
+    }
+}

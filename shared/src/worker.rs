@@ -1,0 +1,296 @@
+//! The worker: takes pending inbox rows with `FOR UPDATE SKIP LOCKED`, in
+//! receive order, and applies each one's handler inside one transaction per
+//! batch, a savepoint per event. The row locks are held until commit, so a worker
+//! that dies leaves nothing half-done: its transaction rolls back and the rows
+//! are simply pending again (no `processing` status, no lease, no reaper).
+
+use std::time::{Duration, Instant};
+
+use sqlx::{Acquire, PgPool, Postgres, Transaction};
+
+use crate::{
+    db,
+    handlers::{try_lock_event, Event, HandlerError, Handlers, Outcome},
+    providers::Provider,
+};
+
+/// Longest wait between two attempts of one event.
+pub const RETRY_CAP: Duration = Duration::from_secs(3600);
+
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// `INBOX_BATCH_SIZE`, default 100: events per transaction.
+    pub batch_size: i64,
+    /// `INBOX_MAX_ATTEMPTS`, default 10: then a transient failure is final.
+    pub max_attempts: i32,
+    /// `INBOX_RETRY_BASE_MS`, default 1000: first backoff, doubled per attempt, capped at an hour.
+    pub retry_base: Duration,
+    /// `INBOX_POLL_MS`, default 200: the idle wait of a continuously running worker.
+    pub poll: Duration,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig { batch_size: 100, max_attempts: 10, retry_base: Duration::from_secs(1), poll: Duration::from_millis(200) }
+    }
+}
+
+impl WorkerConfig {
+    pub fn from_env() -> Result<Self, crate::config::ConfigError> {
+        use crate::config::parse_env;
+        let d = WorkerConfig::default();
+        Ok(WorkerConfig {
+            batch_size: parse_env("INBOX_BATCH_SIZE", d.batch_size)?.max(1),
+            max_attempts: parse_env("INBOX_MAX_ATTEMPTS", d.max_attempts)?.max(1),
+            retry_base: Duration::from_millis(parse_env("INBOX_RETRY_BASE_MS", 1000u64)?),
+            poll: Duration::from_millis(parse_env("INBOX_POLL_MS", 200u64)?),
+        })
+    }
+
+    /// Exponential backoff with jitter: half the doubled delay fixed, half random.
+    pub fn backoff(&self, attempts_before: i32) -> Duration {
+        let exp = 2u32.saturating_pow(attempts_before.clamp(0, 31) as u32);
+        let full = self.retry_base.saturating_mul(exp).min(RETRY_CAP).as_millis() as u64;
+        Duration::from_millis(full / 2 + db::jitter(full / 2))
+    }
+}
+
+/// What a pass did, event by event.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Counts {
+    pub taken: usize,
+    pub applied: usize,
+    pub no_effect: usize,
+    /// Event types with no handler: done, with no effect.
+    pub no_handler: usize,
+    pub retried: usize,
+    pub failed: usize,
+    /// Held by another claimer's advisory lock: left pending, no attempt counted.
+    pub skipped: usize,
+}
+
+impl Counts {
+    fn add(&mut self, o: &Counts) {
+        self.taken += o.taken;
+        self.applied += o.applied;
+        self.no_effect += o.no_effect;
+        self.no_handler += o.no_handler;
+        self.retried += o.retried;
+        self.failed += o.failed;
+        self.skipped += o.skipped;
+    }
+}
+
+#[derive(sqlx::FromRow)]
+struct Row {
+    provider: String,
+    event_id: String,
+    event_type: String,
+    payload: Option<sqlx::types::Json<serde_json::Value>>,
+    attempts: i32,
+}
+
+/// How one event ends this attempt.
+enum Finish {
+    Done,
+    Retry { after: Duration, reason: String },
+    Failed(String),
+    Skipped,
+}
+
+const TAKE_PENDING: &str = "\
+SELECT provider, event_id, event_type, payload, attempts
+FROM webhook_inbox
+WHERE status = 'pending' AND (next_attempt_at IS NULL OR next_attempt_at <= now())
+ORDER BY received_at
+LIMIT $1
+FOR UPDATE SKIP LOCKED";
+
+const TAKE_ONE: &str = "\
+SELECT provider, event_id, event_type, payload, attempts
+FROM webhook_inbox
+WHERE provider = $1 AND event_id = $2 AND status = 'pending'
+FOR UPDATE SKIP LOCKED";
+
+/// Every outcome of a batch in one statement.
+const FINISH: &str = "\
+UPDATE webhook_inbox AS w
+SET status = u.status,
+    attempts = w.attempts + 1,
+    processed_at = CASE WHEN u.status = 'done' THEN now() END,
+    next_attempt_at = now() + u.delay_ms * interval '1 millisecond',
+    failure_reason = u.reason
+FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[])
+     AS u (provider, event_id, status, delay_ms, reason)
+WHERE w.provider = u.provider AND w.event_id = u.event_id";
+
+pub struct Worker {
+    pool: PgPool,
+    handlers: Handlers,
+    config: WorkerConfig,
+}
+
+impl Worker {
+    pub fn new(pool: PgPool, handlers: Handlers, config: WorkerConfig) -> Self {
+        Worker { pool, handlers, config }
+    }
+
+    pub fn config(&self) -> &WorkerConfig {
+        &self.config
+    }
+
+    /// One batch: take up to `batch_size` due events, apply them, commit once.
+    pub async fn run_once(&self) -> Result<Counts, sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        let rows: Vec<Row> = sqlx::query_as(TAKE_PENDING).bind(self.config.batch_size).fetch_all(&mut *tx).await?;
+        self.apply_all(tx, rows).await
+    }
+
+    /// One named event, if it is pending and nobody holds it (the SQS path);
+    /// `taken` is 0 when there was nothing to do.
+    pub async fn run_event(&self, provider: &str, event_id: &str) -> Result<Counts, sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        let rows: Vec<Row> = sqlx::query_as(TAKE_ONE).bind(provider).bind(event_id).fetch_all(&mut *tx).await?;
+        self.apply_all(tx, rows).await
+    }
+
+    /// Batch after batch until one comes back short or the deadline passes.
+    pub async fn drain(&self, deadline: Instant) -> Result<Counts, sqlx::Error> {
+        let mut total = Counts::default();
+        loop {
+            let counts = self.run_once().await?;
+            total.add(&counts);
+            if (counts.taken as i64) < self.config.batch_size || Instant::now() >= deadline {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Drains continuously (as `inbox dev` does), idling `poll` between short batches.
+    pub async fn run_until(&self, shutdown: impl std::future::Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        loop {
+            let wait = match self.drain(Instant::now() + Duration::from_secs(60)).await {
+                Ok(c) if c.taken > 0 => {
+                    tracing::info!(?c, "processed");
+                    if (c.taken as i64) < self.config.batch_size { self.config.poll } else { Duration::ZERO }
+                }
+                Ok(_) => self.config.poll,
+                Err(e) => {
+                    tracing::warn!(error = %e, "worker pass failed; trying again");
+                    self.config.poll.max(Duration::from_secs(1))
+                }
+            };
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = &mut shutdown => return,
+            }
+        }
+    }
+
+    async fn apply_all(&self, mut tx: Transaction<'static, Postgres>, rows: Vec<Row>) -> Result<Counts, sqlx::Error> {
+        let mut counts = Counts { taken: rows.len(), ..Counts::default() };
+        let (mut providers, mut ids, mut statuses, mut delays, mut reasons) = (vec![], vec![], vec![], vec![], vec![]);
+        for row in rows {
+            let (status, delay, reason): (&str, Option<i64>, Option<String>) = match self.apply(&mut tx, &row, &mut counts).await? {
+                Finish::Skipped => continue,
+                Finish::Done => ("done", None, None),
+                Finish::Retry { after, reason } => ("pending", Some(after.as_millis() as i64), Some(reason)),
+                Finish::Failed(reason) => ("failed", None, Some(reason)),
+            };
+            providers.push(row.provider);
+            ids.push(row.event_id);
+            statuses.push(status);
+            delays.push(delay);
+            reasons.push(reason);
+        }
+        if !ids.is_empty() {
+            sqlx::query(FINISH)
+                .bind(&providers)
+                .bind(&ids)
+                .bind(&statuses)
+                .bind(&delays)
+                .bind(&reasons)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(counts)
+    }
+
+    /// One event inside its own savepoint. `Err` only when the batch cannot go on
+    /// (the connection is gone); every event-level failure is a [`Finish`].
+    async fn apply(&self, tx: &mut Transaction<'static, Postgres>, row: &Row, counts: &mut Counts) -> Result<Finish, sqlx::Error> {
+        let Ok(provider) = Provider::try_from(row.provider.as_str()) else {
+            counts.failed += 1;
+            return Ok(Finish::Failed(format!("unknown provider {:?}", row.provider)));
+        };
+        let Some(handler) = self.handlers.get(provider, &row.event_type) else {
+            counts.no_handler += 1;
+            return Ok(Finish::Done);
+        };
+        let Some(payload) = &row.payload else {
+            counts.failed += 1;
+            return Ok(Finish::Failed("no payload to apply".into()));
+        };
+        let event = Event {
+            provider,
+            event_id: row.event_id.clone(),
+            event_type: row.event_type.clone(),
+            payload: payload.0.clone(),
+            attempts: row.attempts,
+        };
+
+        let mut savepoint = tx.begin().await?;
+        if handler.exclusive() && !try_lock_event(&mut savepoint, provider, &event.event_id).await? {
+            savepoint.rollback().await?;
+            counts.skipped += 1;
+            return Ok(Finish::Skipped);
+        }
+        let result = handler.handle(&mut savepoint, &event).await;
+        match result {
+            Ok(outcome) => {
+                savepoint.commit().await?;
+                match outcome {
+                    Outcome::Applied => counts.applied += 1,
+                    Outcome::NoEffect => counts.no_effect += 1,
+                }
+                Ok(Finish::Done)
+            }
+            Err(HandlerError::Database(e)) if db::is_connection_lost(&e) => Err(e),
+            Err(e) => {
+                savepoint.rollback().await?;
+                Ok(self.after_failure(row, e, counts))
+            }
+        }
+    }
+
+    fn after_failure(&self, row: &Row, err: HandlerError, counts: &mut Counts) -> Finish {
+        let attempts = row.attempts + 1;
+        let reason = format!("attempt {attempts}: {err}");
+        if err.is_transient() && attempts < self.config.max_attempts {
+            counts.retried += 1;
+            tracing::info!(provider = %row.provider, event_id = %row.event_id, %reason, "retrying later");
+            Finish::Retry { after: self.config.backoff(row.attempts), reason }
+        } else {
+            counts.failed += 1;
+            tracing::warn!(provider = %row.provider, event_id = %row.event_id, %reason, "event failed");
+            Finish::Failed(reason)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_with_jitter_and_stops_at_an_hour() {
+        let c = WorkerConfig { retry_base: Duration::from_millis(1000), ..WorkerConfig::default() };
+        for (attempts, full) in [(0, 1000u64), (1, 2000), (3, 8000)] {
+            let d = c.backoff(attempts).as_millis() as u64;
+            assert!((full / 2..=full).contains(&d), "attempt {attempts}: {d} ms");
+        }
+        assert!(c.backoff(30) <= RETRY_CAP && c.backoff(30) >= RETRY_CAP / 2);
+    }
+}

@@ -1,0 +1,1 @@
+//! The worker and the reference domain against a real PostgreSQL.
