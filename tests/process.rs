@@ -1,1 +1,409 @@
-//! The worker and the reference domain against a real PostgreSQL.
+//! The worker and the reference domain against a real PostgreSQL: effects
+//! apply once under duplicates, concurrency, crashes, retries and disorder.
+
+use std::{sync::Arc, time::{Duration, Instant}};
+
+use http::StatusCode;
+use inbox_tests::*;
+use serde_json::{json, Value};
+use sqlx::{
+    postgres::{PgConnectOptions, PgPoolOptions},
+    PgConnection, PgPool,
+};
+use tokio::sync::Barrier;
+use webhook_inbox::{
+    db,
+    domain::{
+        orders::{self, Applied, OrderSnapshot},
+        payments::PaymentSucceededHandler,
+    },
+    handlers::{advisory_key, Event, Handler, HandlerError, HandlerFuture, Handlers, Outcome},
+    inbox::{self, Envelope},
+    process,
+    providers::{NewEvent, Provider},
+    worker::{Counts, Worker, WorkerConfig},
+};
+
+fn fast_config() -> WorkerConfig {
+    WorkerConfig { batch_size: 100, max_attempts: 3, retry_base: Duration::from_millis(1), poll: Duration::from_millis(10) }
+}
+
+fn worker(pool: &PgPool, handlers: Handlers) -> Worker {
+    Worker::new(pool.clone(), handlers, fast_config())
+}
+
+/// Puts an event in the inbox as receive would.
+async fn stored(pool: &PgPool, provider: Provider, event_id: &str, event_type: &str, payload: Value) {
+    let headers = json!({});
+    let text = payload.to_string();
+    let env = Envelope { provider, raw_body: text.as_bytes(), headers: &headers, secret_index: 0 };
+    let event = NewEvent::pending(event_id.into(), event_type, text.clone());
+    inbox::claim(pool, &env, &event).await.unwrap();
+}
+
+async fn scalar<T>(pool: &PgPool, sql: &str) -> T
+where
+    T: Send + Unpin + for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
+
+/// Drains until nothing is due, waiting out short backoffs; gives up after 10 s.
+async fn drain_all(w: &Worker, pool: &PgPool) -> Counts {
+    let mut total = Counts::default();
+    for _ in 0..1000 {
+        let c = w.drain(Instant::now() + Duration::from_secs(5)).await.unwrap();
+        total.taken += c.taken;
+        total.applied += c.applied;
+        total.no_effect += c.no_effect;
+        total.no_handler += c.no_handler;
+        total.retried += c.retried;
+        total.failed += c.failed;
+        let pending: i64 = scalar(pool, "SELECT count(*) FROM webhook_inbox WHERE status = 'pending'").await;
+        if pending == 0 {
+            return total;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("events still pending after 10 s");
+}
+
+fn order(id: u64, status: &str, total: &str, updated_at: &str) -> Value {
+    json!({"id": id, "customer": {"id": 7001}, "financial_status": status, "total_price": total, "updated_at": updated_at})
+}
+
+fn payment_event(event_id: &str, pi: &str, amount: i64) -> Value {
+    json!({"id": event_id, "type": "payment_intent.succeeded",
+           "data": {"object": {"id": pi, "amount_received": amount, "currency": "usd", "customer": "cus_1"}}})
+}
+
+// ---------- orders: version guards ----------
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn out_of_order_snapshots_leave_the_newest(pool: PgPool) {
+    let w = worker(&pool, Handlers::reference());
+    // `paid` happened at 12:00:05 but arrives first; `pending` (12:00:00) arrives late.
+    stored(&pool, Provider::Shopify, "d-new", "orders/updated", order(1001, "paid", "120.00", "2026-09-20T12:00:05Z")).await;
+    assert_eq!(w.run_once().await.unwrap().applied, 1);
+    stored(&pool, Provider::Shopify, "d-old", "orders/updated", order(1001, "pending", "99.00", "2026-09-20T12:00:00Z")).await;
+    let c = w.run_once().await.unwrap();
+    assert_eq!((c.applied, c.no_effect), (0, 1), "the stale snapshot changes nothing");
+    let (status, total): (String, String) =
+        sqlx::query_as("SELECT status, total_amount::text FROM orders WHERE order_id = '1001'").fetch_one(&pool).await.unwrap();
+    assert_eq!((status.as_str(), total.as_str()), ("paid", "120.00"));
+    let done: i64 = scalar(&pool, "SELECT count(*) FROM webhook_inbox WHERE status = 'done'").await;
+    assert_eq!(done, 2, "a stale event is done, not failed");
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn the_upsert_tells_inserted_updated_and_stale_and_a_replay_keeps_xmin(pool: PgPool) {
+    let mut conn = pool.acquire().await.unwrap();
+    let v1 = OrderSnapshot::from_shopify(&order(5, "pending", "10.00", "2026-09-20T12:00:00Z")).unwrap();
+    let v2 = OrderSnapshot::from_shopify(&order(5, "paid", "10.00", "2026-09-20T12:00:01Z")).unwrap();
+    assert_eq!(orders::upsert(&mut conn, &v1).await.unwrap(), Applied::Inserted);
+    assert_eq!(orders::upsert(&mut conn, &v2).await.unwrap(), Applied::Updated);
+    let xmin = || async { scalar::<String>(&pool, "SELECT xmin::text FROM orders WHERE order_id = '5'").await };
+    let before = xmin().await;
+    assert_eq!(orders::upsert(&mut conn, &v2).await.unwrap(), Applied::Stale, "an identical replay (a tie) is stale");
+    assert_eq!(orders::upsert(&mut conn, &v1).await.unwrap(), Applied::Stale);
+    assert_eq!(xmin().await, before, "no new row version was written");
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn a_malformed_order_fails_at_once_with_its_reason(pool: PgPool) {
+    let w = worker(&pool, Handlers::reference());
+    stored(&pool, Provider::Shopify, "bad-total", "orders/create", order(9, "paid", "12,00", "2026-09-20T12:00:00Z")).await;
+    stored(&pool, Provider::Shopify, "bad-time", "orders/create", order(10, "paid", "12.00", "half past noon")).await;
+    let c = w.run_once().await.unwrap();
+    assert_eq!((c.failed, c.retried), (2, 0), "permanent errors are not retried");
+    let reasons: Vec<String> =
+        sqlx::query_scalar("SELECT failure_reason FROM webhook_inbox ORDER BY event_id").fetch_all(&pool).await.unwrap();
+    assert!(reasons[0].contains("invalid input syntax for type timestamp"), "{reasons:?}");
+    assert!(reasons[1].contains("total_price is not a decimal"), "{reasons:?}");
+}
+
+// ---------- payments: the business key ----------
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn stripe_twin_events_make_one_payment_and_one_outbox_message(pool: PgPool) {
+    let w = worker(&pool, Handlers::reference());
+    stored(&pool, Provider::Stripe, "evt_a", "payment_intent.succeeded", payment_event("evt_a", "pi_1", 2000)).await;
+    stored(&pool, Provider::Stripe, "evt_b", "payment_intent.succeeded", payment_event("evt_b", "pi_1", 2000)).await;
+    let c = w.run_once().await.unwrap();
+    assert_eq!((c.taken, c.applied), (2, 2));
+    let (payments, messages): (i64, i64) = (
+        scalar(&pool, "SELECT count(*) FROM payments").await,
+        scalar(&pool, "SELECT count(*) FROM transactional_outbox").await,
+    );
+    assert_eq!((payments, messages), (1, 1));
+    let (key, payload): (String, Value) =
+        sqlx::query_as("SELECT message_key, payload FROM transactional_outbox").fetch_one(&pool).await.unwrap();
+    assert_eq!(key, "payment_succeeded:pi_1");
+    assert_eq!((payload["payment_id"].as_str(), payload["amount"].as_i64()), (Some("pi_1"), Some(2000)));
+}
+
+/// 30 copies of each of 10 payment events arrive at once while 4 workers drain.
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn thirty_concurrent_duplicates_with_four_workers_apply_each_effect_once(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPoolOptions::new().max_connections(12).connect_with(opts.clone()).await.unwrap();
+    let mut cfg = config(secrets(false));
+    cfg.db.pool_size = 30;
+    let r = Arc::new(webhook_inbox::Receiver::new(db::Connections::from_options(opts, &cfg.db), &cfg));
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let workers: Vec<_> = (0..4)
+        .map(|_| {
+            let (w, stop) = (Arc::new(worker(&pool, Handlers::reference())), stop.clone());
+            tokio::spawn(async move { w.run_until(async move { stop.notified().await }).await })
+        })
+        .collect();
+    let barrier = Arc::new(Barrier::new(300));
+    let deliveries: Vec<_> = (0..300)
+        .map(|i| {
+            let n = i % 10;
+            let body = payment_event(&format!("evt_{n}"), &format!("pi_{n}"), 100 + n as i64).to_string().into_bytes();
+            let (r, barrier) = (r.clone(), barrier.clone());
+            tokio::spawn(async move {
+                let sig = stripe_header(STRIPE[0], &body);
+                barrier.wait().await;
+                post(&r, "stripe", &[("Stripe-Signature", &sig)], &body).await.0
+            })
+        })
+        .collect();
+    for d in deliveries {
+        assert_eq!(d.await.unwrap(), StatusCode::OK);
+    }
+    assert!(eventually(|| async { scalar::<i64>(&pool, "SELECT count(*) FROM webhook_inbox WHERE status <> 'done'").await == 0 }).await);
+    stop.notify_waiters();
+    for w in workers {
+        w.await.unwrap();
+    }
+    let counts: (i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM webhook_inbox), (SELECT count(*) FROM payments),
+                (SELECT count(*) FROM transactional_outbox), (SELECT coalesce(sum(amount), 0)::bigint FROM payments)",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(counts, (10, 10, 10, (100..110).sum::<i64>()));
+}
+
+// ---------- failures ----------
+
+/// Always fails, transiently: a poison event.
+struct Poison;
+
+impl Handler for Poison {
+    fn handle<'a>(&'a self, _: &'a mut PgConnection, _: &'a Event) -> HandlerFuture<'a> {
+        Box::pin(async { Err(HandlerError::Transient("the downstream is on fire".into())) })
+    }
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn a_poison_event_fails_after_its_attempts_while_a_thousand_others_are_done(pool: PgPool) {
+    let w = worker(&pool, Handlers::new().on(Provider::Standard, "poison", Poison));
+    stored(&pool, Provider::Standard, "msg_poison", "poison", json!({"type": "poison"})).await;
+    for i in 0..1000 {
+        stored(&pool, Provider::Standard, &format!("msg_{i:04}"), "invoice.paid", json!({"type": "invoice.paid"})).await;
+    }
+    let first = w.run_once().await.unwrap();
+    assert_eq!((first.taken, first.retried, first.no_handler), (100, 1, 99), "the poison event is first in line and blocks nothing");
+    let total = drain_all(&w, &pool).await;
+    assert_eq!(total.no_handler + first.no_handler, 1000, "types with no handler are done, and counted");
+    let (status, attempts, reason): (String, i32, String) =
+        sqlx::query_as("SELECT status, attempts, failure_reason FROM webhook_inbox WHERE event_id = 'msg_poison'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((status.as_str(), attempts), ("failed", 3));
+    assert_eq!(reason, "attempt 3: the downstream is on fire");
+    assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM webhook_inbox WHERE status = 'done'").await, 1000);
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn a_deposit_for_a_missing_account_is_retried_and_lands_once_after_the_account_exists(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let r = receiver(opts, secrets(false));
+    let w = Worker::new(pool.clone(), Handlers::reference(), WorkerConfig { max_attempts: 10, ..fast_config() });
+    let auth = marqeta_basic(MARQETA_USER, MARQETA_PASSWORDS[0]);
+    let batch = br#"{"transactions":[{"token":"dep_1","type":"gpa.credit","state":"COMPLETION","user_token":"acct_1","amount":25.5},{"token":"auth_1","type":"authorization","state":"PENDING","user_token":"acct_1","amount":3}]}"#;
+    assert_eq!(post(&r, "marqeta", &[("Authorization", &auth)], batch).await.0, StatusCode::OK);
+
+    let c = w.run_once().await.unwrap();
+    assert_eq!((c.retried, c.no_handler), (1, 1));
+    let (attempts, reason): (i32, String) =
+        sqlx::query_as("SELECT attempts, failure_reason FROM webhook_inbox WHERE event_id = 'transactions:dep_1'").fetch_one(&pool).await.unwrap();
+    assert_eq!((attempts, reason.as_str()), (1, "attempt 1: account acct_1 does not exist yet"));
+    assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM account_deposits").await, 0, "the ledger row rolled back with the savepoint");
+
+    sqlx::query("INSERT INTO accounts (account_id, balance) VALUES ('acct_1', 100.00)").execute(&pool).await.unwrap();
+    drain_all(&w, &pool).await;
+    // The same batch again, and another pass: nothing moves.
+    assert_eq!(post(&r, "marqeta", &[("Authorization", &auth)], batch).await.1, json!({"accepted": 0, "duplicates": 2}));
+    w.run_once().await.unwrap();
+    let balance: String = scalar(&pool, "SELECT balance::text FROM accounts WHERE account_id = 'acct_1'").await;
+    assert_eq!(balance, "125.50");
+    let (deposits, messages): (i64, i64) = (
+        scalar(&pool, "SELECT count(*) FROM account_deposits").await,
+        scalar(&pool, "SELECT count(*) FROM transactional_outbox WHERE payload->>'event' = 'balance_updated'").await,
+    );
+    assert_eq!((deposits, messages), (1, 1));
+}
+
+/// Applies real payments, but parks inside the transaction on one event, so the
+/// test can cut the worker's connection mid-batch.
+struct ParkOn(&'static str);
+
+impl Handler for ParkOn {
+    fn handle<'a>(&'a self, conn: &'a mut PgConnection, event: &'a Event) -> HandlerFuture<'a> {
+        Box::pin(async move {
+            let outcome = PaymentSucceededHandler.handle(&mut *conn, event).await?;
+            if event.event_id == self.0 {
+                sqlx::query("SELECT pg_sleep(60)").execute(&mut *conn).await?;
+            }
+            Ok(outcome)
+        })
+    }
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn a_worker_cut_off_mid_batch_leaves_its_rows_and_every_effect_lands_once(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    for i in 0..20 {
+        let id = format!("evt_{i:02}");
+        stored(&pool, Provider::Stripe, &id, "payment_intent.succeeded", payment_event(&id, &format!("pi_{i:02}"), 500)).await;
+    }
+    let doomed_pool = PgPoolOptions::new().max_connections(1).connect_with(opts.application_name("doomed-worker")).await.unwrap();
+    let doomed = Worker::new(doomed_pool, Handlers::new().on(Provider::Stripe, "payment_intent.succeeded", ParkOn("evt_05")), fast_config());
+    let run = tokio::spawn(async move { doomed.run_once().await });
+    let parked = eventually(|| async {
+        scalar::<i64>(&pool, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'doomed-worker' AND query LIKE '%pg_sleep%'").await == 1
+    })
+    .await;
+    assert!(parked, "the doomed worker is mid-batch");
+    // Effects 0-5 are written, uncommitted. Cut the connection, as a crash or timeout would.
+    sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'doomed-worker'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert!(run.await.unwrap().is_err(), "the cut worker reports an error");
+    assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM payments").await, 0, "nothing half-done survives");
+
+    let c = drain_all(&worker(&pool, Handlers::reference()), &pool).await;
+    assert_eq!(c.applied, 20);
+    let counts: (i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM payments), (SELECT count(*) FROM transactional_outbox),
+                (SELECT count(*) FROM webhook_inbox WHERE status = 'done' AND attempts = 1)",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(counts, (20, 20, 20));
+}
+
+/// Claims with `pg_try_advisory_xact_lock` first.
+struct Exclusive;
+
+impl Handler for Exclusive {
+    fn handle<'a>(&'a self, _: &'a mut PgConnection, _: &'a Event) -> HandlerFuture<'a> {
+        Box::pin(async { Ok(Outcome::Applied) })
+    }
+    fn exclusive(&self) -> bool {
+        true
+    }
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn an_exclusive_handler_skips_an_event_whose_advisory_lock_is_held(pool: PgPool) {
+    let w = worker(&pool, Handlers::new().on(Provider::Github, "push", Exclusive));
+    stored(&pool, Provider::Github, "d-1", "push", json!({})).await;
+    let mut holder = pool.begin().await.unwrap();
+    let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
+        .bind(advisory_key(Provider::Github, "d-1"))
+        .fetch_one(&mut *holder)
+        .await
+        .unwrap();
+    assert!(got);
+    let c = w.run_once().await.unwrap();
+    assert_eq!((c.skipped, c.applied), (1, 0), "skipped, not queued behind the holder");
+    let attempts: i32 = scalar(&pool, "SELECT attempts FROM webhook_inbox WHERE event_id = 'd-1'").await;
+    assert_eq!(attempts, 0, "a skip is not an attempt");
+    holder.rollback().await.unwrap();
+    assert_eq!(w.run_once().await.unwrap().applied, 1);
+}
+
+// ---------- the two triggers ----------
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn the_schedule_drains_batch_after_batch_and_stops_at_the_deadline(pool: PgPool) {
+    for i in 0..250 {
+        stored(&pool, Provider::Github, &format!("d-{i:03}"), "ping", json!({})).await;
+    }
+    let w = worker(&pool, Handlers::reference());
+    let past = process::on_schedule(&w, Instant::now()).await;
+    assert_eq!(past.counts.taken, 100, "a passed deadline still finishes the batch in hand, then stops");
+    let rest = process::on_schedule(&w, Instant::now() + Duration::from_secs(30)).await;
+    assert_eq!(rest.counts.taken, 150, "until a short batch");
+    assert!(rest.error.is_none());
+}
+
+fn sqs_event(bodies: &[(&str, &str)]) -> aws_lambda_events::event::sqs::SqsEvent {
+    let records: Vec<Value> = bodies
+        .iter()
+        .map(|(id, body)| {
+            json!({
+                "messageId": id, "receiptHandle": "AQEB", "body": body,
+                "attributes": {"ApproximateReceiveCount": "1", "SentTimestamp": "1796000000000", "SenderId": "AIDA", "ApproximateFirstReceiveTimestamp": "1796000000001"},
+                "messageAttributes": {}, "md5OfBody": "x", "eventSource": "aws:sqs",
+                "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:inbox", "awsRegion": "us-east-1"
+            })
+        })
+        .collect();
+    serde_json::from_value(json!({ "Records": records })).unwrap()
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn the_sqs_path_reports_only_the_failed_messages(pool: PgPool) {
+    stored(&pool, Provider::Stripe, "evt_ok", "payment_intent.succeeded", payment_event("evt_ok", "pi_ok", 700)).await;
+    let deposit = json!({"token": "dep_9", "type": "gpa.credit", "state": "COMPLETION", "user_token": "nobody", "amount": 1});
+    stored(&pool, Provider::Marqeta, "transactions:dep_9", "transactions:gpa.credit", deposit).await;
+    let w = worker(&pool, Handlers::reference());
+    let event = sqs_event(&[
+        ("m-ok", r#"{"provider":"stripe","event_id":"evt_ok"}"#),
+        ("m-retry", r#"{"provider":"marqeta","event_id":"transactions:dep_9"}"#),
+        ("m-garbage", "not json"),
+        ("m-unknown", r#"{"provider":"stripe","event_id":"evt_never_received"}"#),
+    ]);
+    let response = process::handle(&w, serde_json::to_value(&event).unwrap(), Instant::now()).await.unwrap();
+    assert_eq!(
+        response,
+        json!({"batchItemFailures": [{"itemIdentifier": "m-retry"}, {"itemIdentifier": "m-garbage"}]})
+    );
+    assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM payments").await, 1);
+}
+
+// ---------- documentation as tests (article sections 6 and 7) ----------
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn merge_raises_unique_violation_where_on_conflict_returns_no_row(pool: PgPool) {
+    sqlx::query("CREATE TABLE keys (k text PRIMARY KEY)").execute(&pool).await.unwrap();
+    async fn race(pool: &PgPool, sql: &'static str, key: &'static str) -> Result<u64, sqlx::Error> {
+        let mut first = pool.begin().await.unwrap();
+        sqlx::query(sql).bind(key).execute(&mut *first).await.unwrap();
+        let p = pool.clone();
+        let second = tokio::spawn(async move { sqlx::query(sql).bind(key).execute(&p).await.map(|r| r.rows_affected()) });
+        let waiting = eventually(|| async {
+            scalar::<i64>(pool, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'").await == 1
+        })
+        .await;
+        assert!(waiting);
+        first.commit().await.unwrap();
+        second.await.unwrap()
+    }
+    let merge = "MERGE INTO keys USING (SELECT $1::text AS k) s ON keys.k = s.k WHEN NOT MATCHED THEN INSERT VALUES (s.k)";
+    let err = race(&pool, merge, "a").await.expect_err("MERGE does not take the conflict path");
+    assert_eq!(db::sqlstate(&err).as_deref(), Some("23505"));
+    let upsert = "INSERT INTO keys VALUES ($1) ON CONFLICT (k) DO NOTHING";
+    assert_eq!(race(&pool, upsert, "b").await.unwrap(), 0, "ON CONFLICT DO NOTHING: zero rows, no error");
+    let returning = sqlx::query(&format!("{merge} RETURNING k")).bind("c").execute(&pool).await.unwrap_err();
+    assert_eq!(db::sqlstate(&returning).as_deref(), Some("42601"), "MERGE ... RETURNING is a syntax error before PostgreSQL 17");
+}
