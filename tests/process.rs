@@ -407,3 +407,47 @@ async fn merge_raises_unique_violation_where_on_conflict_returns_no_row(pool: Pg
     let returning = sqlx::query(&format!("{merge} RETURNING k")).bind("c").execute(&pool).await.unwrap_err();
     assert_eq!(db::sqlstate(&returning).as_deref(), Some("42601"), "MERGE ... RETURNING is a syntax error before PostgreSQL 17");
 }
+
+// ---------- inline mode ----------
+
+fn inline_receiver(opts: PgConnectOptions, providers: Vec<Provider>) -> webhook_inbox::Receiver {
+    let mut cfg = config(secrets(false));
+    cfg.inline_providers = providers;
+    webhook_inbox::Receiver::new(db::Connections::from_options(opts, &cfg.db), &cfg)
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn inline_mode_applies_the_effect_before_the_200_and_a_replay_changes_nothing(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let r = inline_receiver(opts, vec![Provider::Stripe]);
+    let body = payment_event("evt_inline", "pi_inline", 900).to_string().into_bytes();
+    let sig = stripe_header(STRIPE[0], &body);
+    assert_eq!(post(&r, "stripe", &[("Stripe-Signature", &sig)], &body).await.1, json!({"status": "accepted"}));
+    // No worker has run: the effect committed with the claim.
+    let state: (String, i32, i64, i64) = sqlx::query_as(
+        "SELECT status, attempts, (SELECT count(*) FROM payments), (SELECT count(*) FROM transactional_outbox) FROM webhook_inbox",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(state, ("done".into(), 1, 1, 1));
+    assert_eq!(post(&r, "stripe", &[("Stripe-Signature", &sig)], &body).await.1, json!({"status": "duplicate"}));
+    assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM payments").await, 1);
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn an_inline_handler_that_fails_still_commits_the_claim_as_pending(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let r = inline_receiver(opts, vec![Provider::Marqeta]);
+    let auth = marqeta_basic(MARQETA_USER, MARQETA_PASSWORDS[0]);
+    let batch = br#"{"transactions":[{"token":"dep_x","type":"gpa.credit","state":"COMPLETION","user_token":"acct_x","amount":10}]}"#;
+    assert_eq!(post(&r, "marqeta", &[("Authorization", &auth)], batch).await, (StatusCode::OK, json!({"accepted": 1, "duplicates": 0})));
+    let (status, reason): (String, String) =
+        sqlx::query_as("SELECT status, failure_reason FROM webhook_inbox").fetch_one(&pool).await.unwrap();
+    assert_eq!((status.as_str(), reason.as_str()), ("pending", "inline attempt: account acct_x does not exist yet"));
+    assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM account_deposits").await, 0);
+
+    sqlx::query("INSERT INTO accounts (account_id) VALUES ('acct_x')").execute(&pool).await.unwrap();
+    drain_all(&worker(&pool, Handlers::reference()), &pool).await;
+    assert_eq!(scalar::<String>(&pool, "SELECT balance::text FROM accounts").await, "10.00");
+}

@@ -225,9 +225,24 @@ pub struct Config {
     pub secrets: Secrets,
     /// `INBOX_MAX_BODY_BYTES`, default 1 MiB: larger bodies get 413 before any hashing.
     pub max_body_bytes: usize,
+    /// `INBOX_INLINE_PROVIDERS` (e.g. `stripe,shopify`): receive applies their
+    /// handlers inside the claim's transaction.
+    pub inline_providers: Vec<Provider>,
 }
 
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
+
+fn inline_providers(value: Option<&str>) -> Result<Vec<Provider>, ConfigError> {
+    value
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|name| {
+            Provider::try_from(name).map_err(|_| invalid("INBOX_INLINE_PROVIDERS", format!("unknown provider {name:?}")))
+        })
+        .collect()
+}
 
 impl Config {
     pub fn from_env(default_pool: u32) -> Result<Self, ConfigError> {
@@ -235,6 +250,7 @@ impl Config {
             db: DbConfig::from_env(default_pool)?,
             secrets: Secrets::from_env()?,
             max_body_bytes: parse_env("INBOX_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES)?,
+            inline_providers: inline_providers(std::env::var("INBOX_INLINE_PROVIDERS").ok().as_deref())?,
         })
     }
 }
@@ -276,6 +292,13 @@ mod tests {
         let short = Secrets::from_lookup(lookup(&[("MARQETA_WEBHOOK_USERNAME", "u"), ("MARQETA_WEBHOOK_PASSWORD", "short")]));
         let err = short.unwrap_err().to_string();
         assert!(err.contains("20 to 50") && !err.contains("short"), "{err}");
+    }
+
+    #[test]
+    fn inline_providers_are_names_and_unknown_ones_are_refused() {
+        assert_eq!(inline_providers(Some("stripe, marqeta")).unwrap(), [Provider::Stripe, Provider::Marqeta]);
+        assert!(inline_providers(None).unwrap().is_empty());
+        assert!(inline_providers(Some("stripe,paypal")).unwrap_err().to_string().contains("paypal"));
     }
 
     #[test]

@@ -5,6 +5,7 @@ use sqlx::{types::Json, PgConnection, PgExecutor};
 
 use crate::{
     db,
+    handlers::Handlers,
     providers::{Events, NewEvent, Provider},
 };
 
@@ -78,9 +79,19 @@ pub async fn claim_batch<'e>(
     env: &Envelope<'_>,
     events: &[NewEvent],
 ) -> Result<BatchClaim, sqlx::Error> {
+    let accepted = claim_batch_new_ids(ex, env, events).await?.len();
+    Ok(BatchClaim { accepted, duplicates: events.len() - accepted })
+}
+
+/// [`claim_batch`], returning the ids of the rows it inserted.
+pub async fn claim_batch_new_ids<'e>(
+    ex: impl PgExecutor<'e>,
+    env: &Envelope<'_>,
+    events: &[NewEvent],
+) -> Result<Vec<String>, sqlx::Error> {
     let unique = sorted_unique(events);
     if unique.is_empty() {
-        return Ok(BatchClaim { accepted: 0, duplicates: events.len() });
+        return Ok(vec![]);
     }
     let col = |f: fn(&NewEvent) -> Option<&str>| unique.iter().map(|e| f(e)).collect::<Vec<_>>();
     let rows: Vec<(String,)> = sqlx::query_as(CLAIM_BATCH)
@@ -95,46 +106,14 @@ pub async fn claim_batch<'e>(
         .bind(env.secret_index)
         .fetch_all(ex)
         .await?;
-    Ok(BatchClaim { accepted: rows.len(), duplicates: events.len() - rows.len() })
+    Ok(rows.into_iter().map(|(id,)| id).collect())
 }
 
-fn sorted_unique(events: &[NewEvent]) -> Vec<&NewEvent> {
+pub(crate) fn sorted_unique(events: &[NewEvent]) -> Vec<&NewEvent> {
     let mut v: Vec<&NewEvent> = events.iter().collect();
     v.sort_by(|a, b| a.event_id.as_bytes().cmp(b.event_id.as_bytes()));
     v.dedup_by(|b, a| a.event_id == b.event_id); // stable sort: the first occurrence stays
     v
-}
-
-/// Claims what a delivery carried, retrying the whole claim on 40001/40P01, and
-/// once on a connection that turns out to be dead (the claim is idempotent, so
-/// running it again after an unknown outcome answers `duplicate`, never twice).
-///
-/// If PostgreSQL refuses a payload that passed our JSON checks (SQLSTATE class
-/// 22), the event is stored anyway, as `failed` with the raw bytes and no
-/// payload: a signed delivery is never lost.
-pub async fn claim_delivery(
-    connections: &db::Connections,
-    env: &Envelope<'_>,
-    events: &Events,
-) -> Result<Claimed, sqlx::Error> {
-    match claim_on_a_lease(connections, env, events).await {
-        Err(e) if db::is_connection_lost(&e) => {
-            connections.discard_idle();
-            tracing::warn!(error = %e, "connection lost during the claim; claiming again on a fresh one");
-            claim_on_a_lease(connections, env, events).await
-        }
-        other => other,
-    }
-}
-
-async fn claim_on_a_lease(connections: &db::Connections, env: &Envelope<'_>, events: &Events) -> Result<Claimed, sqlx::Error> {
-    let mut conn = connections.acquire().await?;
-    let result = claim_events(&mut conn, env, events).await;
-    // After any other error (protocol, decoding, ...) the connection's state is unknown: it is closed.
-    if matches!(result, Ok(_) | Err(sqlx::Error::Database(_))) {
-        conn.reuse();
-    }
-    result
 }
 
 /// Awaits `$call` again, on the same connection, while [`db::retry_after`] says so.
@@ -154,6 +133,54 @@ macro_rules! retrying {
             }
         }
     }};
+}
+
+/// Claims what a delivery carried, retrying the whole claim on 40001/40P01, and
+/// once on a connection that turns out to be dead (the claim is idempotent, so
+/// running it again after an unknown outcome answers `duplicate`, never twice).
+///
+/// If PostgreSQL refuses a payload that passed our JSON checks (SQLSTATE class
+/// 22), the event is stored anyway, as `failed` with the raw bytes and no
+/// payload: a signed delivery is never lost.
+///
+/// With `inline` handlers (inline mode), the new events' handlers run inside the
+/// claim's transaction; see [`crate::inline`].
+pub async fn claim_delivery(
+    connections: &db::Connections,
+    env: &Envelope<'_>,
+    events: &Events,
+    inline: Option<&Handlers>,
+) -> Result<Claimed, sqlx::Error> {
+    match claim_on_a_lease(connections, env, events, inline).await {
+        Err(e) if db::is_connection_lost(&e) => {
+            connections.discard_idle();
+            tracing::warn!(error = %e, "connection lost during the claim; claiming again on a fresh one");
+            claim_on_a_lease(connections, env, events, inline).await
+        }
+        other => other,
+    }
+}
+
+async fn claim_on_a_lease(
+    connections: &db::Connections,
+    env: &Envelope<'_>,
+    events: &Events,
+    inline: Option<&Handlers>,
+) -> Result<Claimed, sqlx::Error> {
+    let mut conn = connections.acquire().await?;
+    let result = match inline {
+        Some(handlers) => match retrying!(crate::inline::claim_and_apply(&mut conn, env, events, handlers)) {
+            // A payload PostgreSQL refuses: stored by the plain claim's fallback, for the worker to see.
+            Err(e) if is_data_exception(&e) => claim_events(&mut conn, env, events).await,
+            other => other,
+        },
+        None => claim_events(&mut conn, env, events).await,
+    };
+    // After any other error (protocol, decoding, ...) the connection's state is unknown: it is closed.
+    if matches!(result, Ok(_) | Err(sqlx::Error::Database(_))) {
+        conn.reuse();
+    }
+    result
 }
 
 async fn claim_events(conn: &mut PgConnection, env: &Envelope<'_>, events: &Events) -> Result<Claimed, sqlx::Error> {

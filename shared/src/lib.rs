@@ -11,6 +11,7 @@ pub mod domain;
 pub mod embedded_pg;
 pub mod handlers;
 pub mod inbox;
+mod inline;
 pub mod outbox;
 pub mod process;
 pub mod providers;

@@ -13,6 +13,7 @@ use serde_json::json;
 use crate::{
     config::Config,
     db::Connections,
+    handlers::Handlers,
     inbox::{self, BatchClaim, Claim, Claimed, Envelope},
     providers::{Delivery, Events, Provider, Rejected, Schemes},
 };
@@ -54,11 +55,27 @@ pub struct Receiver {
     connections: Connections,
     schemes: Schemes,
     max_body_bytes: usize,
+    /// Handlers for the inline providers; the others are left to the worker.
+    handlers: Handlers,
+    inline: Vec<Provider>,
 }
 
 impl Receiver {
+    /// A receiver with the reference handlers for its inline providers.
     pub fn new(connections: Connections, config: &Config) -> Self {
-        Receiver { connections, schemes: Schemes::new(&config.secrets), max_body_bytes: config.max_body_bytes }
+        Receiver {
+            connections,
+            schemes: Schemes::new(&config.secrets),
+            max_body_bytes: config.max_body_bytes,
+            handlers: Handlers::reference(),
+            inline: config.inline_providers.clone(),
+        }
+    }
+
+    /// Your own handlers for inline mode, instead of the reference domain.
+    pub fn with_handlers(mut self, handlers: Handlers) -> Self {
+        self.handlers = handlers;
+        self
     }
 
     pub fn max_body_bytes(&self) -> usize {
@@ -107,7 +124,8 @@ impl Receiver {
             headers: &headers,
             secret_index: i16::try_from(verified.secret_index).unwrap_or(i16::MAX),
         };
-        let claimed = inbox::claim_delivery(&self.connections, &envelope, &events).await.map_err(|e| {
+        let inline = self.inline.contains(&provider).then_some(&self.handlers);
+        let claimed = inbox::claim_delivery(&self.connections, &envelope, &events, inline).await.map_err(|e| {
             tracing::error!(%provider, error = %e, "claim failed; answering 503");
             ReceiveError::Unavailable(e)
         })?;

@@ -46,7 +46,7 @@ pub fn db_config() -> DbConfig {
 }
 
 pub fn config(secrets: Secrets) -> Config {
-    Config { db: db_config(), secrets, max_body_bytes: DEFAULT_MAX_BODY_BYTES }
+    Config { db: db_config(), secrets, max_body_bytes: DEFAULT_MAX_BODY_BYTES, inline_providers: vec![] }
 }
 
 /// A receiver on the test's database, with the production pool settings.

@@ -11,7 +11,10 @@ use webhook_inbox::{
     config::{self, Secrets},
     db, dev_server,
     embedded_pg::EmbeddedPostgres,
-    telemetry, Config, Receiver,
+    handlers::Handlers,
+    telemetry,
+    worker::{Worker, WorkerConfig},
+    Config, Receiver,
 };
 
 #[derive(Parser)]
@@ -23,7 +26,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve POST /webhooks/{provider} locally, on DATABASE_URL or an embedded throwaway PostgreSQL.
+    /// Serve POST /webhooks/{provider} and run the worker, on DATABASE_URL or an embedded throwaway PostgreSQL.
     Dev {
         #[arg(long, env = "PORT", default_value_t = 9000)]
         port: u16,
@@ -103,11 +106,21 @@ async fn serve(config: &mut Config, host: &str, port: u16) -> Result<()> {
         print_development_secrets();
     }
     let listener = TcpListener::bind((host, port)).await.with_context(|| format!("binding {host}:{port}"))?;
-    pool.close().await;
     let receiver = Arc::new(Receiver::new(db::Connections::new(&config.db)?, config));
+
+    // The same worker as the `process` function, running continuously.
+    let worker = Worker::new(pool, Handlers::reference(), WorkerConfig::from_env()?);
+    let (stop, stopped) = tokio::sync::watch::channel(());
+    let worker = tokio::spawn(async move {
+        let mut stopped = stopped;
+        worker.run_until(async move { let _ = stopped.changed().await; }).await
+    });
+
     println!("inbox dev ready: POST http://{}/webhooks/{{provider}}  (Ctrl-C stops)", listener.local_addr()?);
     dev_server::serve(listener, receiver, shutdown_signal()).await?;
     println!("shutting down");
+    let _ = stop.send(());
+    let _ = worker.await;
     Ok(())
 }
 

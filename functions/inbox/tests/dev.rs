@@ -69,8 +69,12 @@ fn inbox_dev_runs_on_an_embedded_postgres_and_takes_signed_deliveries() {
         }
     });
     let mut data_dir = None;
+    let mut database_url = None;
     let addr = loop {
         let line = lines.recv_timeout(Duration::from_secs(120)).expect("inbox dev prints ready");
+        if let Some(rest) = line.strip_prefix("embedded PostgreSQL at ") {
+            database_url = rest.split_whitespace().next().map(str::to_string);
+        }
         if let Some(rest) = line.split("(data in ").nth(1) {
             data_dir = rest.split(';').next().map(str::to_string);
         }
@@ -81,9 +85,32 @@ fn inbox_dev_runs_on_an_embedded_postgres_and_takes_signed_deliveries() {
     };
     let data_dir = data_dir.expect("the embedded cluster's folder is printed");
 
-    let body = r#"{"id":"evt_dev_1","type":"payment_intent.succeeded","data":{"object":{"id":"pi_1"}}}"#;
+    let body = r#"{"id":"evt_dev_1","type":"payment_intent.succeeded","data":{"object":{"id":"pi_1","amount_received":2000,"currency":"usd"}}}"#;
     assert_eq!(http(&addr, &signed_stripe_post(&addr, body)), (200, r#"{"status":"accepted"}"#.into()));
     assert_eq!(http(&addr, &signed_stripe_post(&addr, body)), (200, r#"{"status":"duplicate"}"#.into()));
+    // The worker turns it into a payment and an outbox message (polling every INBOX_POLL_MS, 200 ms).
+    let url = database_url.expect("the embedded cluster's URL is printed");
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let started = std::time::Instant::now();
+    let effects = runtime.block_on(async {
+        let pool = sqlx::PgPool::connect(&url).await.unwrap();
+        loop {
+            let counts: (i64, i64) = sqlx::query_as(
+                "SELECT (SELECT count(*) FROM payments WHERE payment_id = 'pi_1'), (SELECT count(*) FROM transactional_outbox)",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            if counts == (1, 1) || started.elapsed() > Duration::from_secs(5) {
+                pool.close().await;
+                return counts;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    assert_eq!(effects, (1, 1), "no payment and outbox message after 5 s");
+    println!("payment and outbox message visible {:?} after the 200", started.elapsed());
+
     let forged = signed_stripe_post(&addr, body).replace("v1=", "v1=00");
     assert_eq!(http(&addr, &forged).0, 401);
     // Refused from the Content-Length alone: the body is never sent.

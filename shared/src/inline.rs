@@ -1,0 +1,71 @@
+//! Inline mode (`INBOX_INLINE_PROVIDERS`): receive runs the handler inside the
+//! claim's transaction (article section 2), so the effect is visible when the
+//! sender gets its 200. A failing handler never loses the event: its savepoint
+//! rolls back, the claim commits as `pending`, and the worker retries it.
+
+use sqlx::{Acquire, PgConnection};
+
+use crate::{
+    db,
+    handlers::{Event, HandlerError, Handlers},
+    inbox::{self, BatchClaim, Claim, Claimed, Envelope},
+    providers::{Events, InitialStatus, NewEvent},
+};
+
+pub(crate) async fn claim_and_apply(
+    conn: &mut PgConnection,
+    env: &Envelope<'_>,
+    events: &Events,
+    handlers: &Handlers,
+) -> Result<Claimed, sqlx::Error> {
+    let mut tx = conn.begin().await?;
+    let (claimed, new): (Claimed, Vec<&NewEvent>) = match events {
+        Events::Single(e) => {
+            let claim = inbox::claim(&mut *tx, env, e).await?;
+            (Claimed::Single(claim), if claim == Claim::New { vec![e] } else { vec![] })
+        }
+        Events::Batch(items) => {
+            let ids = inbox::claim_batch_new_ids(&mut *tx, env, items).await?;
+            let new: Vec<&NewEvent> = inbox::sorted_unique(items).into_iter().filter(|e| ids.contains(&e.event_id)).collect();
+            (Claimed::Batch(BatchClaim { accepted: new.len(), duplicates: items.len() - new.len() }), new)
+        }
+    };
+    for e in new.into_iter().filter(|e| e.status == InitialStatus::Pending) {
+        // Types with no handler stay pending: the worker marks them done, and counts them.
+        let Some(handler) = handlers.get(env.provider, &e.event_type) else { continue };
+        let event = Event {
+            provider: env.provider,
+            event_id: e.event_id.clone(),
+            event_type: e.event_type.clone(),
+            payload: e.payload.as_deref().and_then(|p| serde_json::from_str(p).ok()).unwrap_or_default(),
+            attempts: 0,
+        };
+        let mut savepoint = tx.begin().await?;
+        match handler.handle(&mut savepoint, &event).await {
+            Ok(_) => {
+                savepoint.commit().await?;
+                sqlx::query(
+                    "UPDATE webhook_inbox SET status = 'done', processed_at = now(), attempts = attempts + 1
+                     WHERE provider = $1 AND event_id = $2",
+                )
+                .bind(env.provider.as_str())
+                .bind(&e.event_id)
+                .execute(&mut *tx)
+                .await?;
+            }
+            Err(HandlerError::Database(err)) if db::is_connection_lost(&err) => return Err(err),
+            Err(err) => {
+                savepoint.rollback().await?;
+                tracing::info!(provider = %env.provider, event_id = %e.event_id, error = %err, "inline handler failed; left pending for the worker");
+                sqlx::query("UPDATE webhook_inbox SET failure_reason = $3 WHERE provider = $1 AND event_id = $2")
+                    .bind(env.provider.as_str())
+                    .bind(&e.event_id)
+                    .bind(format!("inline attempt: {err}"))
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
+    }
+    tx.commit().await?;
+    Ok(claimed)
+}
