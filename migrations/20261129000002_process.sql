@@ -4,7 +4,14 @@ ALTER TABLE webhook_inbox
     ADD COLUMN attempts        INTEGER     NOT NULL DEFAULT 0,
     -- NULL: due now. A transient failure pushes it out with exponential backoff.
     ADD COLUMN next_attempt_at TIMESTAMPTZ,
-    ADD CONSTRAINT attempts_not_negative CHECK (attempts >= 0);
+    ADD CONSTRAINT attempts_not_negative CHECK (attempts >= 0),
+    -- Workers hold row locks instead of a 'processing' status: nothing to reap.
+    DROP CONSTRAINT status_is_known,
+    ADD CONSTRAINT status_is_known CHECK (status IN ('pending', 'done', 'failed'));
+
+-- The queue in receive order; event_id breaks ties (a Marqeta batch shares one received_at).
+DROP INDEX webhook_inbox_pending_idx;
+CREATE INDEX webhook_inbox_pending_idx ON webhook_inbox (received_at, event_id) WHERE status = 'pending';
 
 -- Shopify order snapshots, guarded by the source's version (updated_at).
 CREATE TABLE orders (

@@ -17,7 +17,7 @@ use webhook_inbox::{
         orders::{self, Applied, OrderSnapshot},
         payments::PaymentSucceededHandler,
     },
-    handlers::{advisory_key, Event, Handler, HandlerError, HandlerFuture, Handlers, Outcome},
+    handlers::{Event, Handler, HandlerError, HandlerFuture, Handlers, Outcome},
     inbox::{self, Envelope},
     process,
     providers::{NewEvent, Provider},
@@ -26,6 +26,10 @@ use webhook_inbox::{
 
 fn fast_config() -> WorkerConfig {
     WorkerConfig { batch_size: 100, max_attempts: 3, retry_base: Duration::from_millis(1), poll: Duration::from_millis(10) }
+}
+
+fn later() -> Instant {
+    Instant::now() + Duration::from_secs(60)
 }
 
 fn worker(pool: &PgPool, handlers: Handlers) -> Worker {
@@ -52,13 +56,9 @@ where
 async fn drain_all(w: &Worker, pool: &PgPool) -> Counts {
     let mut total = Counts::default();
     for _ in 0..1000 {
-        let c = w.drain(Instant::now() + Duration::from_secs(5)).await.unwrap();
-        total.taken += c.taken;
-        total.applied += c.applied;
-        total.no_effect += c.no_effect;
-        total.no_handler += c.no_handler;
-        total.retried += c.retried;
-        total.failed += c.failed;
+        let (c, error) = w.drain(Instant::now() + Duration::from_secs(5)).await;
+        assert!(error.is_none(), "{error:?}");
+        total.add(&c);
         let pending: i64 = scalar(pool, "SELECT count(*) FROM webhook_inbox WHERE status = 'pending'").await;
         if pending == 0 {
             return total;
@@ -84,9 +84,9 @@ async fn out_of_order_snapshots_leave_the_newest(pool: PgPool) {
     let w = worker(&pool, Handlers::reference());
     // `paid` happened at 12:00:05 but arrives first; `pending` (12:00:00) arrives late.
     stored(&pool, Provider::Shopify, "d-new", "orders/updated", order(1001, "paid", "120.00", "2026-09-20T12:00:05Z")).await;
-    assert_eq!(w.run_once().await.unwrap().applied, 1);
+    assert_eq!(w.run_once(later()).await.unwrap().applied, 1);
     stored(&pool, Provider::Shopify, "d-old", "orders/updated", order(1001, "pending", "99.00", "2026-09-20T12:00:00Z")).await;
-    let c = w.run_once().await.unwrap();
+    let c = w.run_once(later()).await.unwrap();
     assert_eq!((c.applied, c.no_effect), (0, 1), "the stale snapshot changes nothing");
     let (status, total): (String, String) =
         sqlx::query_as("SELECT status, total_amount::text FROM orders WHERE order_id = '1001'").fetch_one(&pool).await.unwrap();
@@ -114,7 +114,7 @@ async fn a_malformed_order_fails_at_once_with_its_reason(pool: PgPool) {
     let w = worker(&pool, Handlers::reference());
     stored(&pool, Provider::Shopify, "bad-total", "orders/create", order(9, "paid", "12,00", "2026-09-20T12:00:00Z")).await;
     stored(&pool, Provider::Shopify, "bad-time", "orders/create", order(10, "paid", "12.00", "half past noon")).await;
-    let c = w.run_once().await.unwrap();
+    let c = w.run_once(later()).await.unwrap();
     assert_eq!((c.failed, c.retried), (2, 0), "permanent errors are not retried");
     let reasons: Vec<String> =
         sqlx::query_scalar("SELECT failure_reason FROM webhook_inbox ORDER BY event_id").fetch_all(&pool).await.unwrap();
@@ -129,8 +129,8 @@ async fn stripe_twin_events_make_one_payment_and_one_outbox_message(pool: PgPool
     let w = worker(&pool, Handlers::reference());
     stored(&pool, Provider::Stripe, "evt_a", "payment_intent.succeeded", payment_event("evt_a", "pi_1", 2000)).await;
     stored(&pool, Provider::Stripe, "evt_b", "payment_intent.succeeded", payment_event("evt_b", "pi_1", 2000)).await;
-    let c = w.run_once().await.unwrap();
-    assert_eq!((c.taken, c.applied), (2, 2));
+    let c = w.run_once(later()).await.unwrap();
+    assert_eq!((c.taken, c.applied, c.no_effect), (2, 1, 1), "the twin finds the payment recorded");
     let (payments, messages): (i64, i64) = (
         scalar(&pool, "SELECT count(*) FROM payments").await,
         scalar(&pool, "SELECT count(*) FROM transactional_outbox").await,
@@ -185,6 +185,8 @@ async fn thirty_concurrent_duplicates_with_four_workers_apply_each_effect_once(_
     .await
     .unwrap();
     assert_eq!(counts, (10, 10, 10, (100..110).sum::<i64>()));
+    let not_once: i64 = scalar(&pool, "SELECT count(*) FROM webhook_inbox WHERE attempts <> 1").await;
+    assert_eq!(not_once, 0, "each event was applied by exactly one worker, once");
 }
 
 // ---------- failures ----------
@@ -205,7 +207,7 @@ async fn a_poison_event_fails_after_its_attempts_while_a_thousand_others_are_don
     for i in 0..1000 {
         stored(&pool, Provider::Standard, &format!("msg_{i:04}"), "invoice.paid", json!({"type": "invoice.paid"})).await;
     }
-    let first = w.run_once().await.unwrap();
+    let first = w.run_once(later()).await.unwrap();
     assert_eq!((first.taken, first.retried, first.no_handler), (100, 1, 99), "the poison event is first in line and blocks nothing");
     let total = drain_all(&w, &pool).await;
     assert_eq!(total.no_handler + first.no_handler, 1000, "types with no handler are done, and counted");
@@ -228,7 +230,7 @@ async fn a_deposit_for_a_missing_account_is_retried_and_lands_once_after_the_acc
     let batch = br#"{"transactions":[{"token":"dep_1","type":"gpa.credit","state":"COMPLETION","user_token":"acct_1","amount":25.5},{"token":"auth_1","type":"authorization","state":"PENDING","user_token":"acct_1","amount":3}]}"#;
     assert_eq!(post(&r, "marqeta", &[("Authorization", &auth)], batch).await.0, StatusCode::OK);
 
-    let c = w.run_once().await.unwrap();
+    let c = w.run_once(later()).await.unwrap();
     assert_eq!((c.retried, c.no_handler), (1, 1));
     let (attempts, reason): (i32, String) =
         sqlx::query_as("SELECT attempts, failure_reason FROM webhook_inbox WHERE event_id = 'transactions:dep_1'").fetch_one(&pool).await.unwrap();
@@ -239,7 +241,7 @@ async fn a_deposit_for_a_missing_account_is_retried_and_lands_once_after_the_acc
     drain_all(&w, &pool).await;
     // The same batch again, and another pass: nothing moves.
     assert_eq!(post(&r, "marqeta", &[("Authorization", &auth)], batch).await.1, json!({"accepted": 0, "duplicates": 2}));
-    w.run_once().await.unwrap();
+    w.run_once(later()).await.unwrap();
     let balance: String = scalar(&pool, "SELECT balance::text FROM accounts WHERE account_id = 'acct_1'").await;
     assert_eq!(balance, "125.50");
     let (deposits, messages): (i64, i64) = (
@@ -274,7 +276,7 @@ async fn a_worker_cut_off_mid_batch_leaves_its_rows_and_every_effect_lands_once(
     }
     let doomed_pool = PgPoolOptions::new().max_connections(1).connect_with(opts.application_name("doomed-worker")).await.unwrap();
     let doomed = Worker::new(doomed_pool, Handlers::new().on(Provider::Stripe, "payment_intent.succeeded", ParkOn("evt_05")), fast_config());
-    let run = tokio::spawn(async move { doomed.run_once().await });
+    let run = tokio::spawn(async move { doomed.run_once(later()).await });
     let parked = eventually(|| async {
         scalar::<i64>(&pool, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'doomed-worker' AND query LIKE '%pg_sleep%'").await == 1
     })
@@ -300,38 +302,33 @@ async fn a_worker_cut_off_mid_batch_leaves_its_rows_and_every_effect_lands_once(
     assert_eq!(counts, (20, 20, 20));
 }
 
-/// Claims with `pg_try_advisory_xact_lock` first.
-struct Exclusive;
-
-impl Handler for Exclusive {
-    fn handle<'a>(&'a self, _: &'a mut PgConnection, _: &'a Event) -> HandlerFuture<'a> {
-        Box::pin(async { Ok(Outcome::Applied) })
-    }
-    fn exclusive(&self) -> bool {
-        true
-    }
-}
-
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn an_exclusive_handler_skips_an_event_whose_advisory_lock_is_held(pool: PgPool) {
-    let w = worker(&pool, Handlers::new().on(Provider::Github, "push", Exclusive));
-    stored(&pool, Provider::Github, "d-1", "push", json!({})).await;
+async fn a_lock_timeout_is_retried_without_spending_an_attempt(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let mut cfg = db_config();
+    cfg.lock_timeout = Duration::from_millis(200);
+    let w = Worker::new(db::pool_from(opts, &cfg), Handlers::reference(), fast_config());
+    sqlx::query("INSERT INTO accounts (account_id) VALUES ('busy')").execute(&pool).await.unwrap();
+    let deposit = json!({"token": "dep_b", "type": "gpa.credit", "state": "COMPLETION", "user_token": "busy", "amount": 5});
+    stored(&pool, Provider::Marqeta, "transactions:dep_b", "transactions:gpa.credit", deposit).await;
+
     let mut holder = pool.begin().await.unwrap();
-    let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
-        .bind(advisory_key(Provider::Github, "d-1"))
-        .fetch_one(&mut *holder)
-        .await
-        .unwrap();
-    assert!(got);
-    let c = w.run_once().await.unwrap();
-    assert_eq!((c.skipped, c.applied), (1, 0), "skipped, not queued behind the holder");
-    let attempts: i32 = scalar(&pool, "SELECT attempts FROM webhook_inbox WHERE event_id = 'd-1'").await;
-    assert_eq!(attempts, 0, "a skip is not an attempt");
+    sqlx::query("SELECT * FROM accounts WHERE account_id = 'busy' FOR UPDATE").execute(&mut *holder).await.unwrap();
+    for _ in 0..3 {
+        let c = w.run_once(later()).await.unwrap();
+        assert_eq!(c.retried, 1);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (attempts, reason): (i32, String) =
+        sqlx::query_as("SELECT attempts, failure_reason FROM webhook_inbox").fetch_one(&pool).await.unwrap();
+    assert_eq!(attempts, 0, "{reason}");
+    assert!(reason.starts_with("contention (not counted as an attempt)"), "{reason}");
     holder.rollback().await.unwrap();
-    assert_eq!(w.run_once().await.unwrap().applied, 1);
+    drain_all(&w, &pool).await;
+    assert_eq!(scalar::<String>(&pool, "SELECT balance::text FROM accounts").await, "5.00");
 }
 
-// ---------- the two triggers ----------
+// ---------- the two triggers ----------// ---------- the two triggers ----------
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn the_schedule_drains_batch_after_batch_and_stops_at_the_deadline(pool: PgPool) {
@@ -340,10 +337,11 @@ async fn the_schedule_drains_batch_after_batch_and_stops_at_the_deadline(pool: P
     }
     let w = worker(&pool, Handlers::reference());
     let past = process::on_schedule(&w, Instant::now()).await;
-    assert_eq!(past.counts.taken, 100, "a passed deadline still finishes the batch in hand, then stops");
-    let rest = process::on_schedule(&w, Instant::now() + Duration::from_secs(30)).await;
-    assert_eq!(rest.counts.taken, 150, "until a short batch");
-    assert!(rest.error.is_none());
+    assert_eq!(past.counts.taken, 0, "past the deadline no event is started");
+    assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM webhook_inbox WHERE status = 'pending' AND attempts = 0").await, 250);
+    let all = process::on_schedule(&w, Instant::now() + Duration::from_secs(30)).await;
+    assert_eq!(all.counts.taken, 250, "batch after batch, until a short one");
+    assert!(all.error.is_none());
 }
 
 fn sqs_event(bodies: &[(&str, &str)]) -> aws_lambda_events::event::sqs::SqsEvent {
@@ -404,8 +402,11 @@ async fn merge_raises_unique_violation_where_on_conflict_returns_no_row(pool: Pg
     assert_eq!(db::sqlstate(&err).as_deref(), Some("23505"));
     let upsert = "INSERT INTO keys VALUES ($1) ON CONFLICT (k) DO NOTHING";
     assert_eq!(race(&pool, upsert, "b").await.unwrap(), 0, "ON CONFLICT DO NOTHING: zero rows, no error");
-    let returning = sqlx::query(&format!("{merge} RETURNING k")).bind("c").execute(&pool).await.unwrap_err();
-    assert_eq!(db::sqlstate(&returning).as_deref(), Some("42601"), "MERGE ... RETURNING is a syntax error before PostgreSQL 17");
+    let version: i32 = scalar(&pool, "SELECT current_setting('server_version_num')::int").await;
+    if version < 170000 {
+        let returning = sqlx::query(&format!("{merge} RETURNING k")).bind("c").execute(&pool).await.unwrap_err();
+        assert_eq!(db::sqlstate(&returning).as_deref(), Some("42601"), "MERGE ... RETURNING is a syntax error before PostgreSQL 17");
+    }
 }
 
 // ---------- inline mode ----------
@@ -444,10 +445,46 @@ async fn an_inline_handler_that_fails_still_commits_the_claim_as_pending(_: PgPo
     assert_eq!(post(&r, "marqeta", &[("Authorization", &auth)], batch).await, (StatusCode::OK, json!({"accepted": 1, "duplicates": 0})));
     let (status, reason): (String, String) =
         sqlx::query_as("SELECT status, failure_reason FROM webhook_inbox").fetch_one(&pool).await.unwrap();
-    assert_eq!((status.as_str(), reason.as_str()), ("pending", "inline attempt: account acct_x does not exist yet"));
+    assert_eq!((status.as_str(), reason.as_str()), ("pending", "attempt 1 (inline): account acct_x does not exist yet"));
     assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM account_deposits").await, 0);
 
     sqlx::query("INSERT INTO accounts (account_id) VALUES ('acct_x')").execute(&pool).await.unwrap();
     drain_all(&worker(&pool, Handlers::reference()), &pool).await;
     assert_eq!(scalar::<String>(&pool, "SELECT balance::text FROM accounts").await, "10.00");
+}
+
+/// Heavy inline work: takes the event's advisory lock, then works a while.
+struct SlowExclusive;
+
+impl Handler for SlowExclusive {
+    fn handle<'a>(&'a self, conn: &'a mut PgConnection, _: &'a Event) -> HandlerFuture<'a> {
+        Box::pin(async move {
+            sqlx::query("SELECT pg_sleep(1)").execute(&mut *conn).await?;
+            Ok(Outcome::Applied)
+        })
+    }
+    fn exclusive(&self) -> bool {
+        true
+    }
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn an_exclusive_inline_handler_makes_a_concurrent_duplicate_retry_instead_of_queueing(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let r = Arc::new(inline_receiver(opts, vec![Provider::Github]).with_handlers(Handlers::new().on(Provider::Github, "push", SlowExclusive)));
+    let body = br#"{"ref":"refs/heads/main"}"#.to_vec();
+    let sig = github_signature(GITHUB[0], &body);
+    let send = |r: Arc<webhook_inbox::Receiver>| {
+        let (body, sig) = (body.clone(), sig.clone());
+        async move {
+            post(&r, "github", &[("X-Hub-Signature-256", &sig), ("X-GitHub-Delivery", "d-heavy"), ("X-GitHub-Event", "push")], &body).await
+        }
+    };
+    let first = tokio::spawn(send(r.clone()));
+    assert!(eventually(|| async { scalar::<i64>(&pool, "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(1)%' AND state = 'active' AND pid <> pg_backend_pid()").await == 1 }).await);
+    let (status, answer) = send(r.clone()).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
+    assert!(!first.is_finished(), "the duplicate was answered while the first was still working");
+    assert_eq!(first.await.unwrap(), (StatusCode::OK, json!({"status": "accepted"})));
+    assert_eq!(send(r.clone()).await, (StatusCode::OK, json!({"status": "duplicate"})));
 }

@@ -148,10 +148,24 @@ pub fn is_retryable(err: &sqlx::Error) -> bool {
     matches!(sqlstate(err).as_deref(), Some("40001" | "40P01"))
 }
 
-/// Errors that repeat on every try: data exceptions (22xxx) and integrity
-/// violations (23xxx) come from the input, not from the moment.
-pub fn is_permanent(err: &sqlx::Error) -> bool {
-    matches!(sqlstate(err).as_deref().map(|s| &s[..2]), Some("22" | "23"))
+/// Errors of the moment, not of the input: serialization failure and deadlock
+/// (40001, 40P01), a lock or statement timeout (55P03, 57014), an exhausted
+/// server (class 53), or a lost connection. Anything else repeats on every try.
+pub fn is_transient(err: &sqlx::Error) -> bool {
+    if is_connection_lost(err) || matches!(err, sqlx::Error::PoolTimedOut) {
+        return true;
+    }
+    match sqlstate(err).as_deref() {
+        Some("40001" | "40P01" | "55P03" | "57014") => true,
+        Some(s) => s.starts_with("53") || s.starts_with("08"),
+        None => false,
+    }
+}
+
+/// Transient because of another transaction (serialization, deadlock, lock
+/// timeout): retried soon, without spending one of the event's attempts.
+pub fn is_contention(err: &sqlx::Error) -> bool {
+    matches!(sqlstate(err).as_deref(), Some("40001" | "40P01" | "55P03"))
 }
 
 /// The connection died under the statement (server restart, failover, idle

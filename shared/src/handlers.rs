@@ -42,13 +42,18 @@ pub enum HandlerError {
 }
 
 impl HandlerError {
+    /// The handler says so, or the database failed for a reason of the moment.
     pub fn is_transient(&self) -> bool {
         match self {
             HandlerError::Transient(_) => true,
             HandlerError::Permanent(_) => false,
-            // Data and integrity errors (SQLSTATE classes 22, 23) repeat on every try.
-            HandlerError::Database(e) => !db::is_permanent(e),
+            HandlerError::Database(e) => db::is_transient(e),
         }
+    }
+
+    /// Lost to another transaction: retried without counting an attempt.
+    pub fn is_contention(&self) -> bool {
+        matches!(self, HandlerError::Database(e) if db::is_contention(e))
     }
 }
 
@@ -60,8 +65,10 @@ pub type HandlerFuture<'a> = Pin<Box<dyn Future<Output = Result<Outcome, Handler
 pub trait Handler: Send + Sync {
     fn handle<'a>(&'a self, conn: &'a mut PgConnection, event: &'a Event) -> HandlerFuture<'a>;
 
-    /// When true, the event's advisory lock is tried first and a concurrent
-    /// claimer skips the event instead of queueing behind it.
+    /// For heavy work in inline mode: when true, receive tries the event's advisory
+    /// lock before claiming, and a concurrent duplicate delivery is told to retry
+    /// (503) instead of queueing behind it. (Workers need no such lock: they
+    /// already hold the row's lock, taken with `SKIP LOCKED`.)
     fn exclusive(&self) -> bool {
         false
     }

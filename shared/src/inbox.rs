@@ -35,6 +35,8 @@ pub struct BatchClaim {
 pub enum Claimed {
     Single(Claim),
     Batch(BatchClaim),
+    /// Inline mode, exclusive handler: another delivery of the event holds its lock. Nothing stored.
+    Busy,
 }
 
 const CLAIM: &str = "\

@@ -2,12 +2,16 @@
 //! claim's transaction (article section 2), so the effect is visible when the
 //! sender gets its 200. A failing handler never loses the event: its savepoint
 //! rolls back, the claim commits as `pending`, and the worker retries it.
+//!
+//! A handler that is `exclusive()` (heavy work) takes the event's advisory lock
+//! before the claim, so a concurrent duplicate delivery is told to come back
+//! (503) instead of queueing behind it on the primary key.
 
 use sqlx::{Acquire, PgConnection};
 
 use crate::{
     db,
-    handlers::{Event, HandlerError, Handlers},
+    handlers::{try_lock_event, Event, HandlerError, Handlers},
     inbox::{self, BatchClaim, Claim, Claimed, Envelope},
     providers::{Events, InitialStatus, NewEvent},
 };
@@ -19,6 +23,14 @@ pub(crate) async fn claim_and_apply(
     handlers: &Handlers,
 ) -> Result<Claimed, sqlx::Error> {
     let mut tx = conn.begin().await?;
+    if let Events::Single(e) = events {
+        let exclusive = handlers.get(env.provider, &e.event_type).is_some_and(|h| h.exclusive());
+        if exclusive && !try_lock_event(&mut tx, env.provider, &e.event_id).await? {
+            // Another delivery of this very event is inside its handler: skip, don't queue.
+            tx.rollback().await?;
+            return Ok(Claimed::Busy);
+        }
+    }
     let (claimed, new): (Claimed, Vec<&NewEvent>) = match events {
         Events::Single(e) => {
             let claim = inbox::claim(&mut *tx, env, e).await?;
@@ -57,10 +69,13 @@ pub(crate) async fn claim_and_apply(
             Err(err) => {
                 savepoint.rollback().await?;
                 tracing::info!(provider = %env.provider, event_id = %e.event_id, error = %err, "inline handler failed; left pending for the worker");
-                sqlx::query("UPDATE webhook_inbox SET failure_reason = $3 WHERE provider = $1 AND event_id = $2")
+                sqlx::query(
+                    "UPDATE webhook_inbox SET attempts = attempts + 1, failure_reason = $3
+                     WHERE provider = $1 AND event_id = $2",
+                )
                     .bind(env.provider.as_str())
                     .bind(&e.event_id)
-                    .bind(format!("inline attempt: {err}"))
+                    .bind(format!("attempt 1 (inline): {err}"))
                     .execute(&mut *tx)
                     .await?;
             }

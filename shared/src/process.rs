@@ -37,13 +37,12 @@ pub struct ScheduleOutcome {
 
 /// EventBridge schedule: drain batch after batch until a short batch or the deadline.
 pub async fn on_schedule(worker: &Worker, deadline: Instant) -> ScheduleOutcome {
-    match worker.drain(deadline).await {
-        Ok(counts) => ScheduleOutcome { counts, error: None },
-        Err(e) => {
-            tracing::error!(error = %e, "drain failed");
-            ScheduleOutcome { counts: Counts::default(), error: Some("database unavailable".into()) }
-        }
-    }
+    let (counts, error) = worker.drain(deadline).await;
+    let error = error.map(|e| {
+        tracing::error!(error = %e, "drain stopped");
+        "database unavailable".to_string()
+    });
+    ScheduleOutcome { counts, error }
 }
 
 /// The SQS message body that names one inbox event.
@@ -56,6 +55,8 @@ pub struct EventRef {
 /// SQS: each message names one event. Only the messages that must come back
 /// (unreadable, or a transient failure to retry) are reported as failures; the
 /// others are deleted from the queue. Never a whole-batch failure for one message.
+/// An event that is not due (in backoff), already done, or held by another
+/// worker is acknowledged: the schedule owns it from there.
 pub async fn on_sqs(worker: &Worker, event: SqsEvent) -> SqsBatchResponse {
     let mut response = SqsBatchResponse::default();
     for message in event.records {

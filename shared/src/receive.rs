@@ -35,6 +35,8 @@ pub enum ReceiveError {
     Unauthorized(Rejected),
     #[error("the inbox is unavailable; nothing was stored, retry later")]
     Unavailable(#[source] sqlx::Error),
+    #[error("another delivery of this event is being processed; nothing was stored, retry later")]
+    Busy,
 }
 
 impl ReceiveError {
@@ -46,7 +48,7 @@ impl ReceiveError {
             ReceiveError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ReceiveError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ReceiveError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            ReceiveError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ReceiveError::Unavailable(_) | ReceiveError::Busy => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 }
@@ -130,7 +132,10 @@ impl Receiver {
             ReceiveError::Unavailable(e)
         })?;
         tracing::debug!(?claimed, "claimed");
-        Ok(claimed)
+        match claimed {
+            Claimed::Busy => Err(ReceiveError::Busy),
+            claimed => Ok(claimed),
+        }
     }
 }
 
@@ -169,6 +174,7 @@ pub fn respond(result: Result<Claimed, ReceiveError>) -> Response<Body> {
         Ok(Claimed::Batch(BatchClaim { accepted, duplicates })) => {
             (StatusCode::OK, json!({"accepted": accepted, "duplicates": duplicates}))
         }
+        Ok(Claimed::Busy) => (StatusCode::SERVICE_UNAVAILABLE, json!({"error": ReceiveError::Busy.to_string()})),
         Err(e) => (e.status_code(), json!({"error": e.to_string()})),
     };
     let mut response = Response::new(Body::from(body.to_string()));
@@ -179,7 +185,7 @@ pub fn respond(result: Result<Claimed, ReceiveError>) -> Response<Body> {
         Err(ReceiveError::MethodNotAllowed) => {
             h.insert(header::ALLOW, HeaderValue::from_static("POST"));
         }
-        Err(ReceiveError::Unavailable(_)) => {
+        Err(ReceiveError::Unavailable(_) | ReceiveError::Busy) => {
             h.insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
         }
         _ => {}

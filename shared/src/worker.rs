@@ -10,7 +10,7 @@ use sqlx::{Acquire, PgPool, Postgres, Transaction};
 
 use crate::{
     db,
-    handlers::{try_lock_event, Event, HandlerError, Handlers, Outcome},
+    handlers::{Event, HandlerError, Handlers, Outcome},
     providers::Provider,
 };
 
@@ -65,19 +65,16 @@ pub struct Counts {
     pub no_handler: usize,
     pub retried: usize,
     pub failed: usize,
-    /// Held by another claimer's advisory lock: left pending, no attempt counted.
-    pub skipped: usize,
 }
 
 impl Counts {
-    fn add(&mut self, o: &Counts) {
+    pub fn add(&mut self, o: &Counts) {
         self.taken += o.taken;
         self.applied += o.applied;
         self.no_effect += o.no_effect;
         self.no_handler += o.no_handler;
         self.retried += o.retried;
         self.failed += o.failed;
-        self.skipped += o.skipped;
     }
 }
 
@@ -90,38 +87,41 @@ struct Row {
     attempts: i32,
 }
 
-/// How one event ends this attempt.
+/// How one event ends this pass.
 enum Finish {
     Done,
-    Retry { after: Duration, reason: String },
+    /// `counted`: false when the event lost to another transaction (40001, 40P01,
+    /// 55P03): that says nothing about the event, so it spends no attempt.
+    Retry { after: Duration, reason: String, counted: bool },
     Failed(String),
-    Skipped,
 }
 
 const TAKE_PENDING: &str = "\
 SELECT provider, event_id, event_type, payload, attempts
 FROM webhook_inbox
 WHERE status = 'pending' AND (next_attempt_at IS NULL OR next_attempt_at <= now())
-ORDER BY received_at
+ORDER BY received_at, event_id
 LIMIT $1
 FOR UPDATE SKIP LOCKED";
 
+/// The SQS path: the named event, if it is due and nobody holds it.
 const TAKE_ONE: &str = "\
 SELECT provider, event_id, event_type, payload, attempts
 FROM webhook_inbox
 WHERE provider = $1 AND event_id = $2 AND status = 'pending'
+  AND (next_attempt_at IS NULL OR next_attempt_at <= now())
 FOR UPDATE SKIP LOCKED";
 
 /// Every outcome of a batch in one statement.
 const FINISH: &str = "\
 UPDATE webhook_inbox AS w
 SET status = u.status,
-    attempts = w.attempts + 1,
+    attempts = w.attempts + CASE WHEN u.counted THEN 1 ELSE 0 END,
     processed_at = CASE WHEN u.status = 'done' THEN now() END,
     next_attempt_at = now() + u.delay_ms * interval '1 millisecond',
     failure_reason = u.reason
-FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[])
-     AS u (provider, event_id, status, delay_ms, reason)
+FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::bool[])
+     AS u (provider, event_id, status, delay_ms, reason, counted)
 WHERE w.provider = u.provider AND w.event_id = u.event_id";
 
 pub struct Worker {
@@ -140,28 +140,34 @@ impl Worker {
     }
 
     /// One batch: take up to `batch_size` due events, apply them, commit once.
-    pub async fn run_once(&self) -> Result<Counts, sqlx::Error> {
+    /// Past `deadline`, the events not yet started are left pending, untouched.
+    pub async fn run_once(&self, deadline: Instant) -> Result<Counts, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         let rows: Vec<Row> = sqlx::query_as(TAKE_PENDING).bind(self.config.batch_size).fetch_all(&mut *tx).await?;
-        self.apply_all(tx, rows).await
+        self.apply_all(tx, rows, deadline).await
     }
 
-    /// One named event, if it is pending and nobody holds it (the SQS path);
+    /// One named event, if it is pending, due and nobody holds it (the SQS path);
     /// `taken` is 0 when there was nothing to do.
     pub async fn run_event(&self, provider: &str, event_id: &str) -> Result<Counts, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         let rows: Vec<Row> = sqlx::query_as(TAKE_ONE).bind(provider).bind(event_id).fetch_all(&mut *tx).await?;
-        self.apply_all(tx, rows).await
+        self.apply_all(tx, rows, far_future()).await
     }
 
-    /// Batch after batch until one comes back short or the deadline passes.
-    pub async fn drain(&self, deadline: Instant) -> Result<Counts, sqlx::Error> {
+    /// Batch after batch until one comes back short or the deadline passes. The
+    /// counts of the batches that committed are returned even when a later one fails.
+    pub async fn drain(&self, deadline: Instant) -> (Counts, Option<sqlx::Error>) {
         let mut total = Counts::default();
         loop {
-            let counts = self.run_once().await?;
-            total.add(&counts);
-            if (counts.taken as i64) < self.config.batch_size || Instant::now() >= deadline {
-                return Ok(total);
+            match self.run_once(deadline).await {
+                Ok(counts) => {
+                    total.add(&counts);
+                    if (counts.taken as i64) < self.config.batch_size || Instant::now() >= deadline {
+                        return (total, None);
+                    }
+                }
+                Err(e) => return (total, Some(e)),
             }
         }
     }
@@ -170,16 +176,17 @@ impl Worker {
     pub async fn run_until(&self, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
         loop {
-            let wait = match self.drain(Instant::now() + Duration::from_secs(60)).await {
-                Ok(c) if c.taken > 0 => {
-                    tracing::info!(?c, "processed");
-                    if (c.taken as i64) < self.config.batch_size { self.config.poll } else { Duration::ZERO }
-                }
-                Ok(_) => self.config.poll,
-                Err(e) => {
+            let (counts, error) = self.drain(Instant::now() + Duration::from_secs(60)).await;
+            if counts.taken > 0 {
+                tracing::info!(?counts, "processed");
+            }
+            let wait = match error {
+                Some(e) => {
                     tracing::warn!(error = %e, "worker pass failed; trying again");
                     self.config.poll.max(Duration::from_secs(1))
                 }
+                None if (counts.taken as i64) >= self.config.batch_size => Duration::ZERO,
+                None => self.config.poll,
             };
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
@@ -188,21 +195,27 @@ impl Worker {
         }
     }
 
-    async fn apply_all(&self, mut tx: Transaction<'static, Postgres>, rows: Vec<Row>) -> Result<Counts, sqlx::Error> {
-        let mut counts = Counts { taken: rows.len(), ..Counts::default() };
-        let (mut providers, mut ids, mut statuses, mut delays, mut reasons) = (vec![], vec![], vec![], vec![], vec![]);
+    async fn apply_all(&self, mut tx: Transaction<'static, Postgres>, rows: Vec<Row>, deadline: Instant) -> Result<Counts, sqlx::Error> {
+        let mut counts = Counts::default();
+        let (mut providers, mut ids, mut statuses, mut delays, mut reasons, mut counted) =
+            (vec![], vec![], vec![], vec![], vec![], vec![]);
         for row in rows {
-            let (status, delay, reason): (&str, Option<i64>, Option<String>) = match self.apply(&mut tx, &row, &mut counts).await? {
-                Finish::Skipped => continue,
-                Finish::Done => ("done", None, None),
-                Finish::Retry { after, reason } => ("pending", Some(after.as_millis() as i64), Some(reason)),
-                Finish::Failed(reason) => ("failed", None, Some(reason)),
-            };
+            if Instant::now() >= deadline {
+                break; // left pending; its lock goes with the commit
+            }
+            counts.taken += 1;
+            let (status, delay, reason, count): (&str, Option<i64>, Option<String>, bool) =
+                match self.apply(&mut tx, &row, &mut counts).await? {
+                    Finish::Done => ("done", None, None, true),
+                    Finish::Retry { after, reason, counted } => ("pending", Some(after.as_millis() as i64), Some(reason), counted),
+                    Finish::Failed(reason) => ("failed", None, Some(reason), true),
+                };
             providers.push(row.provider);
             ids.push(row.event_id);
             statuses.push(status);
             delays.push(delay);
             reasons.push(reason);
+            counted.push(count);
         }
         if !ids.is_empty() {
             sqlx::query(FINISH)
@@ -211,6 +224,7 @@ impl Worker {
                 .bind(&statuses)
                 .bind(&delays)
                 .bind(&reasons)
+                .bind(&counted)
                 .execute(&mut *tx)
                 .await?;
         }
@@ -229,26 +243,15 @@ impl Worker {
             counts.no_handler += 1;
             return Ok(Finish::Done);
         };
-        let Some(payload) = &row.payload else {
-            counts.failed += 1;
-            return Ok(Finish::Failed("no payload to apply".into()));
-        };
         let event = Event {
             provider,
             event_id: row.event_id.clone(),
             event_type: row.event_type.clone(),
-            payload: payload.0.clone(),
+            payload: row.payload.as_ref().map(|p| p.0.clone()).unwrap_or_default(),
             attempts: row.attempts,
         };
-
         let mut savepoint = tx.begin().await?;
-        if handler.exclusive() && !try_lock_event(&mut savepoint, provider, &event.event_id).await? {
-            savepoint.rollback().await?;
-            counts.skipped += 1;
-            return Ok(Finish::Skipped);
-        }
-        let result = handler.handle(&mut savepoint, &event).await;
-        match result {
+        match handler.handle(&mut savepoint, &event).await {
             Ok(outcome) => {
                 savepoint.commit().await?;
                 match outcome {
@@ -266,18 +269,27 @@ impl Worker {
     }
 
     fn after_failure(&self, row: &Row, err: HandlerError, counts: &mut Counts) -> Finish {
+        if err.is_contention() {
+            counts.retried += 1;
+            let reason = format!("contention (not counted as an attempt): {err}");
+            return Finish::Retry { after: self.config.backoff(0), reason, counted: false };
+        }
         let attempts = row.attempts + 1;
         let reason = format!("attempt {attempts}: {err}");
         if err.is_transient() && attempts < self.config.max_attempts {
             counts.retried += 1;
             tracing::info!(provider = %row.provider, event_id = %row.event_id, %reason, "retrying later");
-            Finish::Retry { after: self.config.backoff(row.attempts), reason }
+            Finish::Retry { after: self.config.backoff(row.attempts), reason, counted: true }
         } else {
             counts.failed += 1;
             tracing::warn!(provider = %row.provider, event_id = %row.event_id, %reason, "event failed");
             Finish::Failed(reason)
         }
     }
+}
+
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(3600)
 }
 
 #[cfg(test)]

@@ -28,10 +28,14 @@ impl Deposit {
         if item["type"] != "gpa.credit" || item["state"] != "COMPLETION" {
             return Ok(None);
         }
+        let amount = decimal(&item["amount"], "amount")?;
+        if amount.starts_with('-') || amount.bytes().all(|b| b == b'0' || b == b'.') {
+            return Err(HandlerError::Permanent(format!("a deposit must be positive, not {amount}")));
+        }
         Ok(Some(Deposit {
             token: required(&item["token"], "token")?,
             account_id: required(&item["user_token"], "user_token")?,
-            amount: decimal(&item["amount"], "amount")?,
+            amount,
             event_id: event_id.to_string(),
         }))
     }

@@ -7,7 +7,8 @@ use super::{decimal, required, text};
 use crate::handlers::{Event, Handler, HandlerError, HandlerFuture, Outcome};
 
 /// The topics whose payload is a whole order.
-pub const TOPICS: [&str; 5] = ["orders/create", "orders/updated", "orders/paid", "orders/cancelled", "orders/fulfilled"];
+pub const TOPICS: [&str; 6] =
+    ["orders/create", "orders/updated", "orders/paid", "orders/cancelled", "orders/fulfilled", "orders/partially_fulfilled"];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OrderSnapshot {
@@ -42,9 +43,13 @@ pub enum Applied {
     Stale,
 }
 
-/// The version-guarded upsert. A tie is stale, and an identical replay writes no
-/// new row version. `xmax = 0` tells an insert from an update on PostgreSQL 15-17
-/// (18 has `RETURNING old/new`); it is an implementation detail, covered by a test.
+/// The version-guarded upsert. The strict `<` makes a tie stale, so an identical
+/// replay writes no new row version. (An `IS DISTINCT FROM` on the content
+/// columns alone would be wrong: a newer snapshot with the same content would
+/// leave `source_updated_at` behind, and a late, older one could then win. With
+/// `source_updated_at` in the tuple it is always true under `<`, so it is left out.)
+/// `xmax = 0` tells an insert from an update on PostgreSQL 15-17 (18 has
+/// `RETURNING old/new`); it is an implementation detail, covered by a test.
 pub async fn upsert(conn: &mut PgConnection, o: &OrderSnapshot) -> Result<Applied, sqlx::Error> {
     let inserted: Option<bool> = sqlx::query_scalar(
         "INSERT INTO orders AS o (order_id, customer_id, status, total_amount, source_updated_at)
@@ -55,8 +60,6 @@ pub async fn upsert(conn: &mut PgConnection, o: &OrderSnapshot) -> Result<Applie
              total_amount = EXCLUDED.total_amount,
              source_updated_at = EXCLUDED.source_updated_at
          WHERE o.source_updated_at < EXCLUDED.source_updated_at
-           AND (o.customer_id, o.status, o.total_amount, o.source_updated_at)
-               IS DISTINCT FROM (EXCLUDED.customer_id, EXCLUDED.status, EXCLUDED.total_amount, EXCLUDED.source_updated_at)
          RETURNING (xmax = 0)",
     )
     .bind(&o.order_id)

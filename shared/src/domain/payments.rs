@@ -63,23 +63,24 @@ impl Handler for PaymentSucceededHandler {
     fn handle<'a>(&'a self, conn: &'a mut PgConnection, event: &'a Event) -> HandlerFuture<'a> {
         Box::pin(async move {
             let payment = Payment::from_stripe(&event.event_id, &event.payload)?;
-            if insert(conn, &payment).await? {
-                let message = Message {
-                    aggregate_type: "payment",
-                    aggregate_id: &payment.payment_id,
-                    message_key: format!("payment_succeeded:{}", payment.payment_id),
-                    payload: json!({
-                        "event": "payment_succeeded",
-                        "payment_id": payment.payment_id,
-                        "amount": payment.amount,
-                        "currency": payment.currency,
-                        "customer_id": payment.customer_id,
-                        "stripe_event_id": payment.stripe_event_id,
-                    }),
-                };
-                outbox::enqueue(conn, &message).await?;
+            if !insert(conn, &payment).await? {
+                // A twin event (or a replay) finds the PaymentIntent recorded.
+                return Ok(Outcome::NoEffect);
             }
-            // A twin event finds the payment recorded: done, with nothing more to do.
+            let message = Message {
+                aggregate_type: "payment",
+                aggregate_id: &payment.payment_id,
+                message_key: format!("payment_succeeded:{}", payment.payment_id),
+                payload: json!({
+                    "event": "payment_succeeded",
+                    "payment_id": payment.payment_id,
+                    "amount": payment.amount,
+                    "currency": payment.currency,
+                    "customer_id": payment.customer_id,
+                    "stripe_event_id": payment.stripe_event_id,
+                }),
+            };
+            outbox::enqueue(conn, &message).await?;
             Ok(Outcome::Applied)
         })
     }
