@@ -12,6 +12,7 @@ use webhook_inbox::{
     db, dev_server,
     embedded_pg::EmbeddedPostgres,
     handlers::Handlers,
+    retention::{Pruner, RetentionConfig},
     telemetry,
     worker::{Worker, WorkerConfig},
     Config, Receiver,
@@ -35,6 +36,12 @@ enum Command {
     },
     /// Apply the migrations to DATABASE_URL.
     Migrate,
+    /// One pass of the `prune` function: delete what is past its retention, print the counts.
+    Prune {
+        /// Run one pass and exit (the only mode; schedule it for more).
+        #[arg(long)]
+        once: bool,
+    },
     /// Measure receive over HTTP against pgbench running the identical INSERT
     /// (on DATABASE_URL, rows removed afterwards, or on an embedded throwaway PostgreSQL).
     Bench {
@@ -55,6 +62,16 @@ async fn main() -> Result<()> {
         Command::Bench { concurrency, seconds, rounds } => {
             let bench = bench::Bench { concurrency: concurrency.max(1), seconds: seconds.max(1), rounds: rounds.max(1) };
             with_database(Config::from_env(16)?, |config| async move { bench.run(config).await }).await
+        }
+        Command::Prune { once } => {
+            anyhow::ensure!(once, "inbox prune runs one pass of the prune function: pass --once (schedule it for more)");
+            let retention = RetentionConfig::from_env()?;
+            let config = Config::from_env(1)?;
+            anyhow::ensure!(config.db.url.is_some(), "DATABASE_URL is not set");
+            let pruner = Pruner::new(db::pool(&config.db)?, retention);
+            let pruned = pruner.run(std::time::Instant::now() + std::time::Duration::from_secs(900)).await?;
+            println!("pruned: {} done inbox rows, {} failed inbox rows, {} sent outbox messages", pruned.done, pruned.failed, pruned.outbox);
+            Ok(())
         }
         Command::Migrate => {
             let config = Config::from_env(1)?;

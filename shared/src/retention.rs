@@ -1,0 +1,214 @@
+//! Retention: deletes what no provider can redeliver any more, in small batches
+//! that never wait on a lock, so receive is not slowed while it runs.
+//!
+//! The inbox's keys are its deduplication memory: a key deleted before the
+//! provider's redelivery window closes lets a resent event be processed twice.
+//! So a retention shorter than that window is refused at start-up.
+
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+use sqlx::{PgExecutor, PgPool};
+
+use crate::{
+    config::{parse_env, ConfigError},
+    providers::Provider,
+};
+
+/// The longest a provider may redeliver an event, in days (providers.md).
+pub fn redelivery_window_days(provider: Provider) -> u32 {
+    match provider {
+        Provider::Stripe => 30,  // manual resend, up to 30 days
+        Provider::Marqeta => 13, // 10 retries, a little over 12 days
+        Provider::Github => 3,   // manual redelivery of the last 3 days
+        Provider::Standard => 3, // about 28 h of retries; senders' replay windows
+        Provider::Shopify => 1,  // 8 retries over 4 h
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RetentionConfig {
+    /// Days `done` rows are kept, per provider: `INBOX_RETENTION_DAYS` (60),
+    /// overridden by `INBOX_RETENTION_DAYS_<PROVIDER>`.
+    pub done_days: HashMap<Provider, u32>,
+    /// `INBOX_FAILED_RETENTION_DAYS` (180).
+    pub failed_days: u32,
+    /// `OUTBOX_RETENTION_DAYS` (7): for sent messages.
+    pub outbox_days: u32,
+    /// `INBOX_PRUNE_BATCH` (1000): rows per DELETE.
+    pub batch_size: i64,
+}
+
+impl RetentionConfig {
+    pub fn from_env() -> Result<Self, ConfigError> {
+        let default_days: u32 = parse_env("INBOX_RETENTION_DAYS", 60)?;
+        let mut done_days = HashMap::new();
+        for p in Provider::ALL {
+            let var: &'static str = match p {
+                Provider::Stripe => "INBOX_RETENTION_DAYS_STRIPE",
+                Provider::Shopify => "INBOX_RETENTION_DAYS_SHOPIFY",
+                Provider::Marqeta => "INBOX_RETENTION_DAYS_MARQETA",
+                Provider::Github => "INBOX_RETENTION_DAYS_GITHUB",
+                Provider::Standard => "INBOX_RETENTION_DAYS_STANDARD",
+            };
+            done_days.insert(p, parse_env(var, default_days)?);
+        }
+        let config = RetentionConfig {
+            done_days,
+            failed_days: parse_env("INBOX_FAILED_RETENTION_DAYS", 180)?,
+            outbox_days: parse_env("OUTBOX_RETENTION_DAYS", 7)?,
+            batch_size: parse_env("INBOX_PRUNE_BATCH", 1000i64)?.max(1),
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Refuses a retention that would forget a key while its provider may still redeliver it.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for p in Provider::ALL {
+            let window = redelivery_window_days(p);
+            let done = self.done_days.get(&p).copied().unwrap_or(0);
+            // Failed rows remember their keys too.
+            for (var, kept, what) in [("INBOX_RETENTION_DAYS", done, "done"), ("INBOX_FAILED_RETENTION_DAYS", self.failed_days, "failed")] {
+                if kept < window {
+                    return Err(ConfigError::Invalid {
+                        var,
+                        reason: format!(
+                            "{what} {p} rows would be kept {kept} days, shorter than {p}'s redelivery window of {window} days: \
+                             an event redelivered after its key is deleted would be processed twice"
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a pass deleted.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Pruned {
+    pub done: u64,
+    pub failed: u64,
+    pub outbox: u64,
+}
+
+/// Deletes up to `limit` `done` rows of `provider` received before `days` ago.
+/// Rows another transaction holds are skipped, never waited for.
+pub async fn delete_done_before<'e>(ex: impl PgExecutor<'e>, provider: Provider, days: u32, limit: i64) -> Result<u64, sqlx::Error> {
+    delete_inbox_before(ex, provider.as_str(), "done", days, limit).await
+}
+
+/// Deletes up to `limit` `failed` rows (any provider) received before `days` ago.
+pub async fn delete_failed_before<'e>(ex: impl PgExecutor<'e>, days: u32, limit: i64) -> Result<u64, sqlx::Error> {
+    delete_inbox_before(ex, "", "failed", days, limit).await
+}
+
+async fn delete_inbox_before<'e>(ex: impl PgExecutor<'e>, provider: &str, status: &str, days: u32, limit: i64) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query(
+        "DELETE FROM webhook_inbox AS w
+         USING (SELECT provider, event_id FROM webhook_inbox
+                WHERE received_at < now() - make_interval(days => $3)
+                  AND status = $2 AND ($1 = '' OR provider = $1)
+                LIMIT $4
+                FOR UPDATE SKIP LOCKED) AS old
+         WHERE w.provider = old.provider AND w.event_id = old.event_id",
+    )
+    .bind(provider)
+    .bind(status)
+    .bind(days as i32)
+    .bind(limit)
+    .execute(ex)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// Deletes up to `limit` outbox messages sent before `days` ago.
+pub async fn delete_sent_before<'e>(ex: impl PgExecutor<'e>, days: u32, limit: i64) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query(
+        "DELETE FROM transactional_outbox
+         WHERE id IN (SELECT id FROM transactional_outbox
+                      WHERE processed_at IS NOT NULL AND processed_at < now() - make_interval(days => $1)
+                      LIMIT $2
+                      FOR UPDATE SKIP LOCKED)",
+    )
+    .bind(days as i32)
+    .bind(limit)
+    .execute(ex)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+pub struct Pruner {
+    pool: PgPool,
+    config: RetentionConfig,
+}
+
+impl Pruner {
+    pub fn new(pool: PgPool, config: RetentionConfig) -> Self {
+        Pruner { pool, config }
+    }
+
+    /// One batch of each kind; each DELETE is its own short transaction.
+    pub async fn run_once(&self) -> Result<(Pruned, bool), sqlx::Error> {
+        let limit = self.config.batch_size;
+        let mut pruned = Pruned::default();
+        let mut short = true;
+        for p in Provider::ALL {
+            let n = delete_done_before(&self.pool, p, self.config.done_days[&p], limit).await?;
+            short &= (n as i64) < limit;
+            pruned.done += n;
+        }
+        pruned.failed = delete_failed_before(&self.pool, self.config.failed_days, limit).await?;
+        pruned.outbox = delete_sent_before(&self.pool, self.config.outbox_days, limit).await?;
+        short &= (pruned.failed as i64) < limit && (pruned.outbox as i64) < limit;
+        Ok((pruned, short))
+    }
+
+    /// Batches until every kind comes back short, or the deadline passes.
+    pub async fn run(&self, deadline: Instant) -> Result<Pruned, sqlx::Error> {
+        let mut total = Pruned::default();
+        loop {
+            let (p, short) = self.run_once().await?;
+            total.done += p.done;
+            total.failed += p.failed;
+            total.outbox += p.outbox;
+            if short || Instant::now() >= deadline {
+                return Ok(total);
+            }
+            // Give concurrent work a moment between batches.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(days: u32) -> RetentionConfig {
+        RetentionConfig {
+            done_days: Provider::ALL.iter().map(|p| (*p, days)).collect(),
+            failed_days: 180,
+            outbox_days: 7,
+            batch_size: 1000,
+        }
+    }
+
+    #[test]
+    fn a_retention_shorter_than_a_redelivery_window_is_refused_with_the_reason() {
+        assert!(config(60).validate().is_ok());
+        let mut c = config(60);
+        c.done_days.insert(Provider::Stripe, 10);
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("done stripe rows would be kept 10 days") && err.contains("30 days"), "{err}");
+        let mut c = config(60);
+        c.failed_days = 5;
+        assert!(c.validate().unwrap_err().to_string().starts_with("INBOX_FAILED_RETENTION_DAYS"), "failed rows are dedup memory too");
+        let mut c = config(60);
+        c.done_days.insert(Provider::Shopify, 1);
+        assert!(c.validate().is_ok(), "Shopify redelivers for 4 hours");
+    }
+}
