@@ -1,0 +1,37 @@
+-- Optional variant: hash-partition webhook_inbox on its key (provider, event_id).
+--
+-- Apply once, after the migrations in migrations/, when partition-level
+-- maintenance (VACUUM, reindex, moving partitions) matters more than a few
+-- microseconds per claim:
+--     psql "$DATABASE_URL" -v ON_ERROR_STOP=1 -f migrations-optional/hash_partitioned_inbox.sql
+--
+-- Hash partitioning on the key keeps the key unique: every copy of an event
+-- hashes to the same partition, whose primary key refuses the duplicate. Expiry
+-- stays the batched DELETE of `prune`. Time partitioning (by received_at) is not
+-- offered: PostgreSQL requires the partition column in every unique key, so the
+-- key would become (provider, event_id, received_at), and a redelivery that
+-- lands in another month's partition would be claimed a second time.
+BEGIN;
+
+ALTER TABLE webhook_inbox RENAME TO webhook_inbox_unpartitioned;
+
+CREATE TABLE webhook_inbox (
+    LIKE webhook_inbox_unpartitioned INCLUDING DEFAULTS INCLUDING CONSTRAINTS,
+    PRIMARY KEY (provider, event_id)
+) PARTITION BY HASH (provider, event_id);
+
+DO $$
+BEGIN
+    FOR i IN 0..15 LOOP
+        EXECUTE format(
+            'CREATE TABLE webhook_inbox_p%s PARTITION OF webhook_inbox FOR VALUES WITH (MODULUS 16, REMAINDER %s)', i, i);
+    END LOOP;
+END $$;
+
+INSERT INTO webhook_inbox SELECT * FROM webhook_inbox_unpartitioned;
+DROP TABLE webhook_inbox_unpartitioned;
+
+CREATE INDEX webhook_inbox_pending_idx ON webhook_inbox (received_at, event_id) WHERE status = 'pending';
+CREATE INDEX webhook_inbox_received_at_idx ON webhook_inbox (received_at);
+
+COMMIT;
