@@ -29,3 +29,90 @@ pub async fn enqueue(conn: &mut PgConnection, m: &Message<'_>) -> Result<bool, s
     .await?;
     Ok(row.is_some())
 }
+
+/// A message on its way out.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Outgoing {
+    pub id: i64,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub payload: sqlx::types::Json<serde_json::Value>,
+    pub message_key: String,
+    /// Attempts including this one.
+    pub attempts: i32,
+}
+
+/// Leases up to `limit` due, unsent messages for `lease`, in id order, skipping
+/// those another relay holds. The lease is committed at once: no transaction
+/// stays open across the sink's network calls. A relay that dies leaves its
+/// lease to expire, and the messages go out again, under the same key.
+pub async fn lease_unsent(pool: &sqlx::PgPool, limit: i64, lease: std::time::Duration) -> Result<Vec<Outgoing>, sqlx::Error> {
+    sqlx::query_as(
+        "WITH batch AS (
+             SELECT id FROM transactional_outbox
+             WHERE processed_at IS NULL AND dead_at IS NULL
+               AND (next_attempt_at IS NULL OR next_attempt_at <= now())
+             ORDER BY id
+             LIMIT $1
+             FOR UPDATE SKIP LOCKED)
+         UPDATE transactional_outbox AS o
+         SET attempts = o.attempts + 1, next_attempt_at = now() + $2 * interval '1 millisecond'
+         FROM batch WHERE o.id = batch.id
+         RETURNING o.id, o.aggregate_type, o.aggregate_id, o.payload, o.message_key, o.attempts",
+    )
+    .bind(limit)
+    .bind(lease.as_millis() as i64)
+    .fetch_all(pool)
+    .await
+    .map(|mut rows: Vec<Outgoing>| {
+        rows.sort_by_key(|m| m.id);
+        rows
+    })
+}
+
+/// How a delivery ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Dispatch {
+    Sent,
+    Retry { after: std::time::Duration, reason: String },
+    Dead(String),
+}
+
+/// Records every result of a batch in one statement. `processed_at` is set only
+/// here, after the sink confirmed.
+pub async fn record_results(pool: &sqlx::PgPool, results: &[(i64, Dispatch)]) -> Result<(), sqlx::Error> {
+    if results.is_empty() {
+        return Ok(());
+    }
+    let mut ids = Vec::new();
+    let mut outcomes = Vec::new();
+    let mut delays: Vec<Option<i64>> = Vec::new();
+    let mut reasons: Vec<Option<String>> = Vec::new();
+    for (id, d) in results {
+        ids.push(*id);
+        let (outcome, delay, reason) = match d {
+            Dispatch::Sent => ("sent", None, None),
+            Dispatch::Retry { after, reason } => ("retry", Some(after.as_millis() as i64), Some(reason.clone())),
+            Dispatch::Dead(reason) => ("dead", None, Some(reason.clone())),
+        };
+        outcomes.push(outcome);
+        delays.push(delay);
+        reasons.push(reason);
+    }
+    sqlx::query(
+        "UPDATE transactional_outbox AS o
+         SET processed_at = CASE WHEN r.outcome = 'sent' THEN now() END,
+             dead_at = CASE WHEN r.outcome = 'dead' THEN now() END,
+             next_attempt_at = CASE WHEN r.outcome = 'retry' THEN now() + r.delay_ms * interval '1 millisecond' END,
+             last_error = r.reason
+         FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[]) AS r (id, outcome, delay_ms, reason)
+         WHERE o.id = r.id",
+    )
+    .bind(&ids)
+    .bind(&outcomes)
+    .bind(&delays)
+    .bind(&reasons)
+    .execute(pool)
+    .await?;
+    Ok(())
+}

@@ -47,12 +47,20 @@ impl WorkerConfig {
         })
     }
 
-    /// Exponential backoff with jitter: half the doubled delay fixed, half random.
     pub fn backoff(&self, attempts_before: i32) -> Duration {
-        let exp = 2u32.saturating_pow(attempts_before.clamp(0, 31) as u32);
-        let full = self.retry_base.saturating_mul(exp).min(RETRY_CAP).as_millis() as u64;
-        Duration::from_millis(full / 2 + db::jitter(full / 2))
+        backoff(self.retry_base, attempts_before)
     }
+}
+
+/// Exponential backoff with jitter, capped at an hour: `base` doubled per
+/// attempt already made, half of it fixed and half random.
+pub fn backoff(base: Duration, attempts_before: i32) -> Duration {
+    let exp = 2u32.saturating_pow(attempts_before.clamp(0, 31) as u32);
+    let full = base.saturating_mul(exp).min(RETRY_CAP).as_millis() as u64;
+    Duration::from_millis(full / 2 + db::jitter(full / 2))
+}
+
+impl WorkerConfig {
 }
 
 /// What a pass did, event by event.
@@ -170,6 +178,11 @@ impl Worker {
                 Err(e) => return (total, Some(e)),
             }
         }
+    }
+
+    /// [`Worker::run_until`], owning the worker (for `tokio::spawn`).
+    pub async fn run_until_owned(self, shutdown: impl std::future::Future<Output = ()>) {
+        self.run_until(shutdown).await
     }
 
     /// Drains continuously (as `inbox dev` does), idling `poll` between short batches.

@@ -12,6 +12,7 @@ use webhook_inbox::{
     db, dev_server,
     embedded_pg::EmbeddedPostgres,
     handlers::Handlers,
+    relay::{sinks_from_env, Relay, RelayConfig},
     retention::{Pruner, RetentionConfig},
     telemetry,
     worker::{Worker, WorkerConfig},
@@ -36,6 +37,12 @@ enum Command {
     },
     /// Apply the migrations to DATABASE_URL.
     Migrate,
+    /// One pass of the `relay` function: deliver due outbox messages, print the counts.
+    Relay {
+        /// Run one pass and exit (the only mode; `inbox dev` relays continuously).
+        #[arg(long)]
+        once: bool,
+    },
     /// One pass of the `prune` function: delete what is past its retention, print the counts.
     Prune {
         /// Run one pass and exit (the only mode; schedule it for more).
@@ -62,6 +69,17 @@ async fn main() -> Result<()> {
         Command::Bench { concurrency, seconds, rounds } => {
             let bench = bench::Bench { concurrency: concurrency.max(1), seconds: seconds.max(1), rounds: rounds.max(1) };
             with_database(Config::from_env(16)?, |config| async move { bench.run(config).await }).await
+        }
+        Command::Relay { once } => {
+            anyhow::ensure!(once, "inbox relay runs one pass of the relay function: pass --once (`inbox dev` relays continuously)");
+            let sinks = sinks_from_env()?;
+            anyhow::ensure!(!sinks.is_empty(), "no sink configured: set RELAY_HTTP_URL");
+            let config = Config::from_env(1)?;
+            anyhow::ensure!(config.db.url.is_some(), "DATABASE_URL is not set");
+            let relay = Relay::new(db::pool(&config.db)?, sinks, RelayConfig::from_env()?);
+            let r = relay.run(std::time::Instant::now() + std::time::Duration::from_secs(900)).await?;
+            println!("relayed: {} leased, {} sent, {} to retry, {} dead", r.leased, r.sent, r.retried, r.dead);
+            Ok(())
         }
         Command::Prune { once } => {
             anyhow::ensure!(once, "inbox prune runs one pass of the prune function: pass --once (schedule it for more)");
@@ -125,19 +143,31 @@ async fn serve(config: &mut Config, host: &str, port: u16) -> Result<()> {
     let listener = TcpListener::bind((host, port)).await.with_context(|| format!("binding {host}:{port}"))?;
     let receiver = Arc::new(Receiver::new(db::Connections::new(&config.db)?, config));
 
-    // The same worker as the `process` function, running continuously.
-    let worker = Worker::new(pool, Handlers::reference(), WorkerConfig::from_env()?);
+    // The same worker as the `process` function, and the relay when a sink is set, running continuously.
     let (stop, stopped) = tokio::sync::watch::channel(());
-    let worker = tokio::spawn(async move {
-        let mut stopped = stopped;
-        worker.run_until(async move { let _ = stopped.changed().await; }).await
-    });
+    let until_stopped = |mut stopped: tokio::sync::watch::Receiver<()>| async move {
+        let _ = stopped.changed().await;
+    };
+    let worker = Worker::new(pool.clone(), Handlers::reference(), WorkerConfig::from_env()?);
+    let poll = worker.config().poll;
+    let worker = tokio::spawn(worker.run_until_owned(until_stopped(stopped.clone())));
+    let sinks = sinks_from_env()?;
+    let relay = if sinks.is_empty() {
+        println!("no RELAY_HTTP_URL: outbox messages stay in transactional_outbox");
+        None
+    } else {
+        let relay = Relay::new(pool, sinks, RelayConfig::from_env()?);
+        Some(tokio::spawn(relay.run_until_owned(poll, until_stopped(stopped.clone()))))
+    };
 
     println!("inbox dev ready: POST http://{}/webhooks/{{provider}}  (Ctrl-C stops)", listener.local_addr()?);
     dev_server::serve(listener, receiver, shutdown_signal()).await?;
     println!("shutting down");
     let _ = stop.send(());
     let _ = worker.await;
+    if let Some(relay) = relay {
+        let _ = relay.await;
+    }
     Ok(())
 }
 

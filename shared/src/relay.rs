@@ -1,0 +1,241 @@
+//! The relay: delivers outbox messages to their sinks, at least once, each
+//! under its stable `message_key`. A crash between publishing and marking
+//! re-sends the message with the same key, so consumers deduplicate on it.
+
+use std::{future::Future, pin::Pin, sync::Arc, time::{Duration, Instant}};
+
+use sqlx::PgPool;
+
+use crate::{
+    config::{parse_env, ConfigError},
+    outbox::{self, Dispatch, Outgoing},
+    worker::backoff,
+};
+
+/// What a sink says about one message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delivery {
+    Delivered,
+    /// Worth another try (5xx, 408, 429, timeouts), no sooner than `retry_after` if the sink said so.
+    Retryable { reason: String, retry_after: Option<Duration> },
+    /// Will never be accepted (other 4xx): dead at once.
+    Rejected(String),
+}
+
+pub type DeliveryFuture<'a> = Pin<Box<dyn Future<Output = Delivery> + Send + 'a>>;
+
+/// A destination for outbox messages.
+pub trait Sink: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn deliver<'a>(&'a self, message: &'a Outgoing) -> DeliveryFuture<'a>;
+}
+
+/// Response bodies kept as a dead message's reason are cut to this many bytes.
+pub const REASON_BODY_BYTES: usize = 500;
+
+/// `RELAY_HTTP_URL`: POSTs the payload as JSON with `Idempotency-Key: <message_key>`.
+pub struct HttpSink {
+    client: reqwest::Client,
+    url: String,
+}
+
+impl HttpSink {
+    pub fn new(url: impl Into<String>, timeout: Duration) -> Result<Self, ConfigError> {
+        // reqwest is built without a default crypto provider; ring is ours.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout.min(Duration::from_secs(5)))
+            .user_agent("webhook-inbox-relay")
+            .build()
+            .map_err(|e| ConfigError::Invalid { var: "RELAY_HTTP_URL", reason: format!("cannot build an HTTP client: {e}") })?;
+        Ok(HttpSink { client, url: url.into() })
+    }
+}
+
+impl Sink for HttpSink {
+    fn name(&self) -> &'static str {
+        "http"
+    }
+
+    fn deliver<'a>(&'a self, m: &'a Outgoing) -> DeliveryFuture<'a> {
+        Box::pin(async move {
+            let sent = self.client.post(&self.url).header("Idempotency-Key", &m.message_key).json(&m.payload.0).send().await;
+            let response = match sent {
+                Ok(r) => r,
+                Err(e) => return Delivery::Retryable { reason: format!("HTTP request failed: {e}"), retry_after: None },
+            };
+            let status = response.status();
+            if status.is_success() {
+                return Delivery::Delivered;
+            }
+            let retry_after = response
+                .headers()
+                .get(reqwest::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
+                .map(Duration::from_secs);
+            let body = response.bytes().await.unwrap_or_default();
+            let cut = &body[..body.len().min(REASON_BODY_BYTES)];
+            let reason = format!("HTTP {}: {}", status.as_u16(), String::from_utf8_lossy(cut));
+            if status.is_server_error() || status.as_u16() == 408 || status.as_u16() == 429 {
+                Delivery::Retryable { reason, retry_after }
+            } else {
+                Delivery::Rejected(reason)
+            }
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    /// `RELAY_BATCH_SIZE` (100).
+    pub batch_size: i64,
+    /// `RELAY_MAX_ATTEMPTS` (10): then a retryable message is dead.
+    pub max_attempts: i32,
+    /// `RELAY_RETRY_BASE_MS` (1000), doubled per attempt, capped at an hour.
+    pub retry_base: Duration,
+    /// `RELAY_LEASE_MS` (60000): how long a leased message is left alone.
+    pub lease: Duration,
+    /// `RELAY_CONCURRENCY` (8): deliveries in flight.
+    pub concurrency: usize,
+}
+
+impl RelayConfig {
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Ok(RelayConfig {
+            batch_size: parse_env("RELAY_BATCH_SIZE", 100i64)?.max(1),
+            max_attempts: parse_env("RELAY_MAX_ATTEMPTS", 10i32)?.max(1),
+            retry_base: Duration::from_millis(parse_env("RELAY_RETRY_BASE_MS", 1000u64)?),
+            lease: Duration::from_millis(parse_env("RELAY_LEASE_MS", 60_000u64)?),
+            concurrency: parse_env("RELAY_CONCURRENCY", 8usize)?.max(1),
+        })
+    }
+}
+
+/// The configured sinks: `RELAY_HTTP_URL` (timeout `RELAY_HTTP_TIMEOUT_MS`, 10000).
+pub fn sinks_from_env() -> Result<Vec<Arc<dyn Sink>>, ConfigError> {
+    let mut sinks: Vec<Arc<dyn Sink>> = Vec::new();
+    if let Some(url) = std::env::var("RELAY_HTTP_URL").ok().filter(|u| !u.is_empty()) {
+        let timeout = Duration::from_millis(parse_env("RELAY_HTTP_TIMEOUT_MS", 10_000u64)?);
+        sinks.push(Arc::new(HttpSink::new(url, timeout)?));
+    }
+    Ok(sinks)
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Relayed {
+    pub leased: usize,
+    pub sent: usize,
+    pub retried: usize,
+    pub dead: usize,
+}
+
+pub struct Relay {
+    pool: PgPool,
+    sinks: Arc<Vec<Arc<dyn Sink>>>,
+    config: RelayConfig,
+}
+
+impl Relay {
+    pub fn new(pool: PgPool, sinks: Vec<Arc<dyn Sink>>, config: RelayConfig) -> Self {
+        Relay { pool, sinks: Arc::new(sinks), config }
+    }
+
+    /// One batch: lease, deliver to every sink, record each result.
+    pub async fn run_once(&self) -> Result<Relayed, sqlx::Error> {
+        let messages = outbox::lease_unsent(&self.pool, self.config.batch_size, self.config.lease).await?;
+        let mut relayed = Relayed { leased: messages.len(), ..Relayed::default() };
+        let mut results = Vec::with_capacity(messages.len());
+        let mut in_flight = tokio::task::JoinSet::new();
+        for m in messages {
+            if in_flight.len() >= self.config.concurrency {
+                if let Some(Ok(r)) = in_flight.join_next().await {
+                    results.push(r);
+                }
+            }
+            let sinks = self.sinks.clone();
+            in_flight.spawn(async move {
+                let mut outcome = Delivery::Delivered;
+                for sink in sinks.iter() {
+                    match sink.deliver(&m).await {
+                        Delivery::Delivered => {}
+                        failed => {
+                            outcome = failed;
+                            break;
+                        }
+                    }
+                }
+                (m.id, m.attempts, outcome)
+            });
+        }
+        while let Some(joined) = in_flight.join_next().await {
+            if let Ok(r) = joined {
+                results.push(r);
+            }
+        }
+        // A delivery task that panicked leaves its message leased: it goes out again when the lease ends.
+        let dispatches: Vec<(i64, Dispatch)> =
+            results.into_iter().map(|(id, attempts, d)| (id, self.dispatch(attempts, d))).collect();
+        for (_, d) in &dispatches {
+            match d {
+                Dispatch::Sent => relayed.sent += 1,
+                Dispatch::Retry { .. } => relayed.retried += 1,
+                Dispatch::Dead(_) => relayed.dead += 1,
+            }
+        }
+        outbox::record_results(&self.pool, &dispatches).await?;
+        Ok(relayed)
+    }
+
+    fn dispatch(&self, attempts: i32, delivery: Delivery) -> Dispatch {
+        match delivery {
+            Delivery::Delivered => Dispatch::Sent,
+            Delivery::Rejected(reason) => Dispatch::Dead(reason),
+            Delivery::Retryable { reason, .. } if attempts >= self.config.max_attempts => {
+                Dispatch::Dead(format!("after {attempts} attempts: {reason}"))
+            }
+            Delivery::Retryable { reason, retry_after } => {
+                let after = backoff(self.config.retry_base, attempts - 1).max(retry_after.unwrap_or_default());
+                Dispatch::Retry { after, reason }
+            }
+        }
+    }
+
+    /// Relays continuously (as `inbox dev` does), idling `poll` between short batches.
+    pub async fn run_until_owned(self, poll: Duration, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        loop {
+            let wait = match self.run(Instant::now() + Duration::from_secs(60)).await {
+                Ok(r) => {
+                    if r.leased > 0 {
+                        tracing::info!(?r, "relayed");
+                    }
+                    poll
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "relay pass failed; trying again");
+                    poll.max(Duration::from_secs(1))
+                }
+            };
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = &mut shutdown => return,
+            }
+        }
+    }
+
+    /// Batches until one comes back short or the deadline passes.
+    pub async fn run(&self, deadline: Instant) -> Result<Relayed, sqlx::Error> {
+        let mut total = Relayed::default();
+        loop {
+            let r = self.run_once().await?;
+            total.leased += r.leased;
+            total.sent += r.sent;
+            total.retried += r.retried;
+            total.dead += r.dead;
+            if (r.leased as i64) < self.config.batch_size || Instant::now() >= deadline {
+                return Ok(total);
+            }
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! The relay against a real PostgreSQL and a real local HTTP server (wiremock).
+
+use std::{
+    collections::HashSet,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use serde_json::{json, Value};
+use sqlx::PgPool;
+use webhook_inbox::{
+    outbox,
+    relay::{HttpSink, Relay, RelayConfig, Sink},
+};
+use wiremock::{
+    matchers::{method, path},
+    Mock, MockServer, Request, ResponseTemplate,
+};
+
+fn config() -> RelayConfig {
+    RelayConfig { batch_size: 100, max_attempts: 5, retry_base: Duration::from_millis(1), lease: Duration::from_secs(60), concurrency: 8 }
+}
+
+fn http_sink(server: &MockServer) -> Arc<dyn Sink> {
+    Arc::new(HttpSink::new(format!("{}/hook", server.uri()), Duration::from_secs(5)).unwrap())
+}
+
+async fn messages(pool: &PgPool, n: usize) {
+    for i in 0..n {
+        sqlx::query("INSERT INTO transactional_outbox (aggregate_type, aggregate_id, payload, message_key) VALUES ('payment', $1, $2, $3)")
+            .bind(format!("pi_{i}"))
+            .bind(json!({"event": "payment_succeeded", "payment_id": format!("pi_{i}")}))
+            .bind(format!("payment_succeeded:pi_{i}"))
+            .execute(pool)
+            .await
+            .unwrap();
+    }
+}
+
+fn key(r: &Request) -> String {
+    r.headers.get("idempotency-key").expect("every request carries its key").to_str().unwrap().to_string()
+}
+
+async fn row(pool: &PgPool) -> (i32, bool, bool, Option<String>) {
+    sqlx::query_as("SELECT attempts, processed_at IS NOT NULL, dead_at IS NOT NULL, last_error FROM transactional_outbox")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn every_message_reaches_the_http_sink_with_its_key(pool: PgPool) {
+    let server = MockServer::start().await;
+    Mock::given(method("POST")).and(path("/hook")).respond_with(ResponseTemplate::new(204)).mount(&server).await;
+    messages(&pool, 250).await;
+    let relay = Relay::new(pool.clone(), vec![http_sink(&server)], config());
+    let r = relay.run(Instant::now() + Duration::from_secs(60)).await.unwrap();
+    assert_eq!((r.sent, r.retried, r.dead), (250, 0, 0));
+
+    let requests = server.received_requests().await.unwrap();
+    let keys: HashSet<String> = requests.iter().map(key).collect();
+    assert_eq!(keys, (0..250).map(|i| format!("payment_succeeded:pi_{i}")).collect::<HashSet<_>>());
+    for r in &requests {
+        let body: Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(format!("payment_succeeded:{}", body["payment_id"].as_str().unwrap()), key(r), "the payload is the message's");
+        assert_eq!(r.headers.get("content-type").unwrap(), "application/json");
+    }
+    let unsent: i64 = sqlx::query_scalar("SELECT count(*) FROM transactional_outbox WHERE processed_at IS NULL").fetch_one(&pool).await.unwrap();
+    assert_eq!(unsent, 0);
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn a_sink_that_fails_twice_then_succeeds_gets_the_message_on_the_third_attempt(pool: PgPool) {
+    let server = MockServer::start().await;
+    Mock::given(method("POST")).respond_with(ResponseTemplate::new(503)).up_to_n_times(2).with_priority(1).mount(&server).await;
+    Mock::given(method("POST")).respond_with(ResponseTemplate::new(200)).with_priority(2).mount(&server).await;
+    messages(&pool, 1).await;
+    let relay = Relay::new(pool.clone(), vec![http_sink(&server)], config());
+    for _ in 0..200 {
+        relay.run_once().await.unwrap();
+        if row(&pool).await.1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (attempts, sent, dead, _) = row(&pool).await;
+    assert_eq!((attempts, sent, dead), (3, true, false));
+    let requests = server.received_requests().await.unwrap();
+    assert_eq!(requests.len(), 3);
+    assert!(requests.iter().all(|r| key(r) == "payment_succeeded:pi_0"), "every attempt carries the same key");
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn retry_after_is_honoured(pool: PgPool) {
+    let server = MockServer::start().await;
+    Mock::given(method("POST")).respond_with(ResponseTemplate::new(429).insert_header("Retry-After", "30")).mount(&server).await;
+    messages(&pool, 1).await;
+    let r = Relay::new(pool.clone(), vec![http_sink(&server)], config()).run_once().await.unwrap();
+    assert_eq!(r.retried, 1);
+    let wait: f64 = sqlx::query_scalar("SELECT extract(epoch FROM next_attempt_at - now())::float8 FROM transactional_outbox")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!((28.0..=31.0).contains(&wait), "next attempt in {wait} s");
+    assert!(row(&pool).await.3.unwrap().starts_with("HTTP 429"));
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn another_4xx_is_dead_with_its_status_and_a_capped_body(pool: PgPool) {
+    let server = MockServer::start().await;
+    Mock::given(method("POST")).respond_with(ResponseTemplate::new(422).set_body_string("x".repeat(2000))).mount(&server).await;
+    messages(&pool, 1).await;
+    let r = Relay::new(pool.clone(), vec![http_sink(&server)], config()).run_once().await.unwrap();
+    assert_eq!(r.dead, 1);
+    let (attempts, sent, dead, reason) = row(&pool).await;
+    assert_eq!((attempts, sent, dead), (1, false, true));
+    assert_eq!(reason.unwrap(), format!("HTTP 422: {}", "x".repeat(500)));
+    assert_eq!(Relay::new(pool.clone(), vec![http_sink(&server)], config()).run_once().await.unwrap().leased, 0, "dead stays dead");
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn a_sink_that_keeps_failing_leaves_the_message_dead_after_its_attempts(pool: PgPool) {
+    let server = MockServer::start().await;
+    Mock::given(method("POST")).respond_with(ResponseTemplate::new(500)).mount(&server).await;
+    messages(&pool, 1).await;
+    let relay = Relay::new(pool.clone(), vec![http_sink(&server)], config());
+    for _ in 0..200 {
+        relay.run_once().await.unwrap();
+        if row(&pool).await.2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (attempts, _, dead, reason) = row(&pool).await;
+    assert_eq!((attempts, dead), (5, true));
+    assert!(reason.unwrap().starts_with("after 5 attempts: HTTP 500"));
+}
+
+/// The relay publishes, then dies before it marks the messages: once the lease
+/// runs out, they go out again, under the same keys, and are marked once.
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn a_relay_killed_after_publishing_resends_with_the_same_key(pool: PgPool) {
+    let server = MockServer::start().await;
+    Mock::given(method("POST")).respond_with(ResponseTemplate::new(200)).mount(&server).await;
+    messages(&pool, 3).await;
+    let sink = http_sink(&server);
+    let leased = outbox::lease_unsent(&pool, 10, Duration::from_millis(50)).await.unwrap();
+    for m in &leased {
+        sink.deliver(m).await; // published; the crash comes before record_results
+    }
+    assert_eq!(Relay::new(pool.clone(), vec![sink.clone()], config()).run_once().await.unwrap().leased, 0, "leased, not re-sent yet");
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    let r = Relay::new(pool.clone(), vec![sink], config()).run_once().await.unwrap();
+    assert_eq!(r.sent, 3);
+    let requests = server.received_requests().await.unwrap();
+    assert_eq!(requests.len(), 6);
+    for i in 0..3 {
+        let k = format!("payment_succeeded:pi_{i}");
+        assert_eq!(requests.iter().filter(|r| key(r) == k).count(), 2, "sent twice under one key, for the consumer to dedupe");
+    }
+    let sent: i64 = sqlx::query_scalar("SELECT count(*) FROM transactional_outbox WHERE processed_at IS NOT NULL").fetch_one(&pool).await.unwrap();
+    assert_eq!(sent, 3);
+}
