@@ -48,13 +48,57 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// A local HTTP sink: answers 200 to every request and hands over its Idempotency-Key.
+fn sink() -> (String, mpsc::Receiver<String>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/outbox", listener.local_addr().unwrap());
+    let (keys, received) = mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().map_while(Result::ok) {
+            let keys = keys.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut stream = stream;
+                loop {
+                    let (mut length, mut key) = (0usize, None);
+                    let mut line = String::new();
+                    while reader.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
+                        let l = line.trim_end().to_ascii_lowercase();
+                        if l.is_empty() {
+                            break;
+                        }
+                        if let Some(v) = l.strip_prefix("content-length:") {
+                            length = v.trim().parse().unwrap_or(0);
+                        }
+                        if let Some(v) = l.strip_prefix("idempotency-key:") {
+                            key = Some(v.trim().to_string());
+                        }
+                        line.clear();
+                    }
+                    let Some(key) = key else { return };
+                    let mut body = vec![0; length];
+                    if reader.read_exact(&mut body).is_err() {
+                        return;
+                    }
+                    let _ = keys.send(key);
+                    if stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (url, received)
+}
+
 #[test]
 fn inbox_dev_runs_on_an_embedded_postgres_and_takes_signed_deliveries() {
-    // As a new user: no DATABASE_URL, no secrets, nothing inherited.
+    let (sink_url, sink_keys) = sink();
+    // As a new user: no DATABASE_URL, no secrets, nothing inherited; a local sink for the relay.
     let child = Command::new(env!("CARGO_BIN_EXE_inbox"))
         .args(["dev", "--port", "0"])
         .env_clear()
-        .envs([("PATH", std::env::var("PATH").unwrap_or_default()), ("RUST_LOG", "warn".into())])
+        .envs([("PATH", std::env::var("PATH").unwrap_or_default()), ("RUST_LOG", "warn".into()), ("RELAY_HTTP_URL", sink_url)])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -110,6 +154,9 @@ fn inbox_dev_runs_on_an_embedded_postgres_and_takes_signed_deliveries() {
     });
     assert_eq!(effects, (1, 1), "no payment and outbox message after 5 s");
     println!("payment and outbox message visible {:?} after the 200", started.elapsed());
+    let key = sink_keys.recv_timeout(Duration::from_secs(5)).expect("the relay delivers the outbox message to the sink");
+    assert_eq!(key, "payment_succeeded:pi_1");
+    println!("outbox message at the sink {:?} after the 200", started.elapsed());
 
     let forged = signed_stripe_post(&addr, body).replace("v1=", "v1=00");
     assert_eq!(http(&addr, &forged).0, 401);
