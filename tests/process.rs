@@ -40,7 +40,7 @@ fn worker(pool: &PgPool, handlers: Handlers) -> Worker {
 async fn stored(pool: &PgPool, provider: Provider, event_id: &str, event_type: &str, payload: Value) {
     let headers = json!({});
     let text = payload.to_string();
-    let env = Envelope { provider, raw_body: text.as_bytes(), headers: &headers, secret_index: 0 };
+    let env = Envelope { provider, raw_body: text.as_bytes(), headers: &headers, secret_index: Some(0) };
     let event = NewEvent::pending(event_id.into(), event_type, text.clone());
     inbox::claim(pool, &env, &event).await.unwrap();
 }

@@ -32,7 +32,7 @@ fn retention(batch_size: i64) -> RetentionConfig {
 /// An inbox row of `status`, received `days` ago.
 async fn row(pool: &PgPool, provider: Provider, id: &str, status: &str, days: i32) {
     let headers = json!({});
-    let env = Envelope { provider, raw_body: b"{}", headers: &headers, secret_index: 0 };
+    let env = Envelope { provider, raw_body: b"{}", headers: &headers, secret_index: Some(0) };
     inbox::claim(pool, &env, &NewEvent::pending(id.into(), "t", "{}".into())).await.unwrap();
     sqlx::query(
         "UPDATE webhook_inbox SET status = $3, received_at = now() - make_interval(days => $4),

@@ -15,7 +15,9 @@ pub struct Envelope<'a> {
     pub provider: Provider,
     pub raw_body: &'a [u8],
     pub headers: &'a serde_json::Value,
-    pub secret_index: i16,
+    /// Which configured secret verified the delivery; `None` for an event that
+    /// reconcile fetched from the provider's API (stored with `source = 'reconcile'`).
+    pub secret_index: Option<i16>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,8 +43,8 @@ pub enum Claimed {
 
 const CLAIM: &str = "\
 INSERT INTO webhook_inbox
-    (provider, event_id, event_type, payload, status, failure_reason, raw_body, headers, secret_index)
-VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9)
+    (provider, event_id, event_type, payload, status, failure_reason, raw_body, headers, secret_index, source)
+VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, CASE WHEN $9 IS NULL THEN 'reconcile' ELSE 'webhook' END)
 ON CONFLICT (provider, event_id) DO NOTHING
 RETURNING event_id";
 
@@ -65,8 +67,9 @@ pub async fn claim<'e>(ex: impl PgExecutor<'e>, env: &Envelope<'_>, e: &NewEvent
 
 const CLAIM_BATCH: &str = "\
 INSERT INTO webhook_inbox
-    (provider, event_id, event_type, payload, status, failure_reason, raw_body, headers, secret_index)
-SELECT $1, e.event_id, e.event_type, e.payload::jsonb, e.status, e.failure_reason, $7, $8, $9
+    (provider, event_id, event_type, payload, status, failure_reason, raw_body, headers, secret_index, source)
+SELECT $1, e.event_id, e.event_type, e.payload::jsonb, e.status, e.failure_reason, $7, $8, $9,
+       CASE WHEN $9::smallint IS NULL THEN 'reconcile' ELSE 'webhook' END
 FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
      AS e (event_id, event_type, payload, status, failure_reason)
 ORDER BY e.event_id COLLATE \"C\"

@@ -16,6 +16,7 @@ pub mod outbox;
 pub mod process;
 pub mod providers;
 pub mod receive;
+pub mod reconcile;
 pub mod relay;
 pub mod retention;
 pub mod telemetry;

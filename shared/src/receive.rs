@@ -124,7 +124,7 @@ impl Receiver {
             provider,
             raw_body: body,
             headers: &headers,
-            secret_index: i16::try_from(verified.secret_index).unwrap_or(i16::MAX),
+            secret_index: Some(i16::try_from(verified.secret_index).unwrap_or(i16::MAX)),
         };
         let inline = self.inline.contains(&provider).then_some(&self.handlers);
         let claimed = inbox::claim_delivery(&self.connections, &envelope, &events, inline).await.map_err(|e| {

@@ -39,15 +39,20 @@ pub struct HttpSink {
     url: String,
 }
 
+/// An HTTP client for outbound calls (sinks, provider APIs), TLS by rustls with ring.
+pub fn http_client(timeout: Duration) -> Result<reqwest::Client, reqwest::Error> {
+    // reqwest is built without a default crypto provider; ring is ours.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .timeout(timeout)
+        .connect_timeout(timeout.min(Duration::from_secs(5)))
+        .user_agent("webhook-inbox")
+        .build()
+}
+
 impl HttpSink {
     pub fn new(url: impl Into<String>, timeout: Duration) -> Result<Self, ConfigError> {
-        // reqwest is built without a default crypto provider; ring is ours.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let client = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout.min(Duration::from_secs(5)))
-            .user_agent("webhook-inbox-relay")
-            .build()
+        let client = http_client(timeout)
             .map_err(|e| ConfigError::Invalid { var: "RELAY_HTTP_URL", reason: format!("cannot build an HTTP client: {e}") })?;
         Ok(HttpSink { client, url: url.into() })
     }

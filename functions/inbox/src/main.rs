@@ -12,6 +12,7 @@ use webhook_inbox::{
     db, dev_server,
     embedded_pg::EmbeddedPostgres,
     handlers::Handlers,
+    reconcile::Reconciler,
     relay::{sinks_from_env, Relay, RelayConfig},
     retention::{Pruner, RetentionConfig},
     telemetry,
@@ -40,6 +41,12 @@ enum Command {
     /// One pass of the `relay` function: deliver due outbox messages, print the counts.
     Relay {
         /// Run one pass and exit (the only mode; `inbox dev` relays continuously).
+        #[arg(long)]
+        once: bool,
+    },
+    /// One pass of the `reconcile` function: fetch what providers never delivered, print the counts.
+    Reconcile {
+        /// Run one pass and exit (the only mode; schedule it for more).
         #[arg(long)]
         once: bool,
     },
@@ -79,6 +86,18 @@ async fn main() -> Result<()> {
             let relay = Relay::new(db::pool(&config.db)?, sinks, RelayConfig::from_env()?);
             let r = relay.run(std::time::Instant::now() + std::time::Duration::from_secs(900)).await?;
             println!("relayed: {} leased, {} sent, {} to retry, {} dead", r.leased, r.sent, r.retried, r.dead);
+            Ok(())
+        }
+        Command::Reconcile { once } => {
+            anyhow::ensure!(once, "inbox reconcile runs one pass of the reconcile function: pass --once (schedule it for more)");
+            let config = Config::from_env(1)?;
+            anyhow::ensure!(config.db.url.is_some(), "DATABASE_URL is not set");
+            let pool = db::pool(&config.db)?;
+            let reconciler = Reconciler::from_env()?;
+            anyhow::ensure!(reconciler.is_configured(), "nothing to reconcile: set STRIPE_API_KEY, or SHOPIFY_SHOP_DOMAIN and SHOPIFY_ACCESS_TOKEN");
+            for (source, found) in reconciler.run(&pool).await? {
+                println!("{source}: {} fetched, {} new, {} already known", found.fetched, found.applied, found.already_known);
+            }
             Ok(())
         }
         Command::Prune { once } => {

@@ -1,0 +1,330 @@
+//! Reconciliation: webhook delivery is not guaranteed, so fetch from the
+//! providers' APIs what never arrived. Stripe events go through the very same
+//! claim as webhooks (marked `source = 'reconcile'`); Shopify orders through the
+//! same version-guarded upsert. Checkpoints advance only after what was found
+//! has committed, so a run that dies is simply run again: nothing lands twice.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use sqlx::PgPool;
+
+use crate::{
+    config::{parse_env, ConfigError, Secret},
+    domain::orders::{self, Applied, OrderSnapshot},
+    inbox::{self, Claim, Envelope},
+    providers::{stripe::Stripe, Delivery, Events, Provider, Scheme},
+    relay::http_client,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("{api} answered HTTP {status}: {body}")]
+    Api { api: &'static str, status: u16, body: String },
+    #[error("{api} request failed: {source}")]
+    Request { api: &'static str, source: reqwest::Error },
+    #[error("{api} sent an unexpected body: {reason}")]
+    Body { api: &'static str, reason: String },
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// What a run found.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Found {
+    pub fetched: usize,
+    /// Stripe: events the inbox did not have. Shopify: orders inserted or updated.
+    pub applied: usize,
+    pub already_known: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct ReconcileConfig {
+    /// `RECONCILE_LOOKBACK_HOURS` (72): how far back the first run looks.
+    pub first_lookback: Duration,
+    /// Re-read this much before the checkpoint, for clocks and late writes (5 min).
+    pub overlap: Duration,
+}
+
+impl ReconcileConfig {
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Ok(ReconcileConfig {
+            first_lookback: Duration::from_secs(3600 * parse_env("RECONCILE_LOOKBACK_HOURS", 72u64)?),
+            overlap: Duration::from_secs(300),
+        })
+    }
+}
+
+/// GET with `429`/`Retry-After` honoured (up to 5 tries, at most 30 s a wait).
+async fn get(api: &'static str, req: reqwest::RequestBuilder) -> Result<reqwest::Response, ReconcileError> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let Some(r) = req.try_clone() else {
+            return Err(ReconcileError::Body { api, reason: "request cannot be retried".into() });
+        };
+        let response = r.send().await.map_err(|source| ReconcileError::Request { api, source })?;
+        if response.status().as_u16() == 429 && attempt < 5 {
+            let wait = response
+                .headers()
+                .get(reqwest::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
+                .unwrap_or(1)
+                .min(30);
+            tracing::info!(api, wait, "rate limited; waiting as asked");
+            tokio::time::sleep(Duration::from_secs(wait)).await;
+            continue;
+        }
+        if !response.status().is_success() {
+            let status = response.status().as_u16();
+            let body = response.text().await.unwrap_or_default();
+            return Err(ReconcileError::Api { api, status, body: body.chars().take(500).collect() });
+        }
+        return Ok(response);
+    }
+}
+
+async fn load_checkpoint(pool: &PgPool, source: &str) -> Result<Option<f64>, sqlx::Error> {
+    sqlx::query_scalar("SELECT extract(epoch FROM checkpoint)::float8 FROM reconcile_checkpoints WHERE source = $1")
+        .bind(source)
+        .fetch_optional(pool)
+        .await
+}
+
+/// Moves the checkpoint forward (never back) to `epoch` seconds.
+async fn save_checkpoint(pool: &PgPool, source: &str, epoch: f64) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO reconcile_checkpoints (source, checkpoint) VALUES ($1, to_timestamp($2))
+         ON CONFLICT (source) DO UPDATE
+         SET checkpoint = GREATEST(reconcile_checkpoints.checkpoint, EXCLUDED.checkpoint), updated_at = now()",
+    )
+    .bind(source)
+    .bind(epoch)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+fn now_epoch() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+/// Stripe's events API: `STRIPE_API_BASE` (default `https://api.stripe.com`), `STRIPE_API_KEY`.
+pub struct StripeEvents {
+    client: reqwest::Client,
+    base: String,
+    key: Secret,
+}
+
+#[derive(Deserialize)]
+struct EventPage<'a> {
+    #[serde(borrow)]
+    data: Vec<&'a RawValue>,
+    has_more: bool,
+}
+
+#[derive(Deserialize)]
+struct EventHead {
+    id: String,
+    created: i64,
+}
+
+impl StripeEvents {
+    pub fn new(base: impl Into<String>, key: Secret) -> Result<Self, ConfigError> {
+        let client = http_client(Duration::from_secs(30))
+            .map_err(|e| ConfigError::Invalid { var: "STRIPE_API_KEY", reason: format!("cannot build an HTTP client: {e}") })?;
+        Ok(StripeEvents { client, base: base.into().trim_end_matches('/').to_string(), key })
+    }
+
+    pub fn from_env() -> Result<Option<Self>, ConfigError> {
+        let Some(key) = std::env::var("STRIPE_API_KEY").ok().filter(|k| !k.is_empty()) else { return Ok(None) };
+        let base = std::env::var("STRIPE_API_BASE").unwrap_or_else(|_| "https://api.stripe.com".into());
+        Self::new(base, Secret::new(key)).map(Some)
+    }
+
+    /// Lists undelivered events created since the checkpoint (newest first,
+    /// paginated with `starting_after`) and claims each through the webhook claim.
+    pub async fn reconcile(&self, pool: &PgPool, config: &ReconcileConfig) -> Result<Found, ReconcileError> {
+        const SOURCE: &str = "stripe:events";
+        let since = load_checkpoint(pool, SOURCE).await?.unwrap_or(now_epoch() - config.first_lookback.as_secs_f64())
+            - config.overlap.as_secs_f64();
+        let parser = Stripe::new(vec![]);
+        let headers = http::HeaderMap::new();
+        let empty = serde_json::json!({});
+        let mut found = Found::default();
+        let mut latest = since.max(0.0);
+        let mut starting_after: Option<String> = None;
+        loop {
+            let mut query = vec![
+                ("limit", "100".to_string()),
+                ("created[gte]", (since.max(0.0) as i64).to_string()),
+                ("delivery_success", "false".to_string()),
+            ];
+            if let Some(after) = &starting_after {
+                query.push(("starting_after", after.clone()));
+            }
+            let req = self.client.get(format!("{}/v1/events", self.base)).bearer_auth(String::from_utf8_lossy(self.key.expose())).query(&query);
+            let text = get("Stripe", req).await?.text().await.map_err(|source| ReconcileError::Request { api: "Stripe", source })?;
+            let page: EventPage<'_> = serde_json::from_str(&text).map_err(|e| ReconcileError::Body { api: "Stripe", reason: e.to_string() })?;
+
+            let mut tx = pool.begin().await?;
+            for raw in &page.data {
+                let head: EventHead = serde_json::from_str(raw.get()).map_err(|e| ReconcileError::Body { api: "Stripe", reason: e.to_string() })?;
+                latest = latest.max(head.created as f64);
+                let body = raw.get().as_bytes();
+                let Events::Single(event) = parser.events(&Delivery { headers: &headers, body, now: 0 }) else { continue };
+                let env = Envelope { provider: Provider::Stripe, raw_body: body, headers: &empty, secret_index: None };
+                match inbox::claim(&mut *tx, &env, &event).await? {
+                    Claim::New => found.applied += 1,
+                    Claim::Duplicate => found.already_known += 1,
+                }
+                found.fetched += 1;
+                starting_after = Some(head.id);
+            }
+            tx.commit().await?;
+            if !page.has_more || page.data.is_empty() {
+                break;
+            }
+        }
+        save_checkpoint(pool, SOURCE, latest).await?;
+        Ok(found)
+    }
+}
+
+/// Shopify's Admin API: `SHOPIFY_SHOP_DOMAIN`, `SHOPIFY_ACCESS_TOKEN`,
+/// `SHOPIFY_API_BASE` (default `https://<shop domain>`), `SHOPIFY_API_VERSION` (2024-10).
+pub struct ShopifyOrders {
+    client: reqwest::Client,
+    base: String,
+    version: String,
+    token: Secret,
+}
+
+#[derive(Deserialize)]
+struct OrderPage {
+    orders: Vec<serde_json::Value>,
+}
+
+impl ShopifyOrders {
+    pub fn new(base: impl Into<String>, version: impl Into<String>, token: Secret) -> Result<Self, ConfigError> {
+        let client = http_client(Duration::from_secs(30))
+            .map_err(|e| ConfigError::Invalid { var: "SHOPIFY_ACCESS_TOKEN", reason: format!("cannot build an HTTP client: {e}") })?;
+        Ok(ShopifyOrders { client, base: base.into().trim_end_matches('/').to_string(), version: version.into(), token })
+    }
+
+    pub fn from_env() -> Result<Option<Self>, ConfigError> {
+        let token = std::env::var("SHOPIFY_ACCESS_TOKEN").ok().filter(|t| !t.is_empty());
+        let domain = std::env::var("SHOPIFY_SHOP_DOMAIN").ok().filter(|d| !d.is_empty());
+        let (Some(token), Some(domain)) = (token, domain) else { return Ok(None) };
+        let base = std::env::var("SHOPIFY_API_BASE").unwrap_or_else(|_| format!("https://{domain}"));
+        let version = std::env::var("SHOPIFY_API_VERSION").unwrap_or_else(|_| "2024-10".into());
+        Self::new(base, version, Secret::new(token)).map(Some)
+    }
+
+    /// Orders updated since the checkpoint, page by page (`Link: rel="next"`),
+    /// through the version-guarded upsert: a stale or known order changes nothing.
+    pub async fn reconcile(&self, pool: &PgPool, config: &ReconcileConfig) -> Result<Found, ReconcileError> {
+        const SOURCE: &str = "shopify:orders";
+        let since = load_checkpoint(pool, SOURCE).await?.unwrap_or(now_epoch() - config.first_lookback.as_secs_f64())
+            - config.overlap.as_secs_f64();
+        let since_text: String = sqlx::query_scalar("SELECT to_char(to_timestamp($1) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')")
+            .bind(since.max(0.0))
+            .fetch_one(pool)
+            .await?;
+        let mut url = format!("{}/admin/api/{}/orders.json", self.base, self.version);
+        let mut query = vec![("status", "any".to_string()), ("limit", "250".to_string()), ("updated_at_min", since_text)];
+        let mut found = Found::default();
+        let mut versions: Vec<String> = Vec::new();
+        loop {
+            let req = self
+                .client
+                .get(&url)
+                .header("X-Shopify-Access-Token", String::from_utf8_lossy(self.token.expose()).into_owned())
+                .query(&query);
+            let response = get("Shopify", req).await?;
+            let next = response.headers().get(reqwest::header::LINK).and_then(|v| v.to_str().ok()).and_then(next_link);
+            let page: OrderPage = response.json().await.map_err(|source| ReconcileError::Request { api: "Shopify", source })?;
+            let mut tx = pool.begin().await?;
+            for order in &page.orders {
+                found.fetched += 1;
+                let snapshot = match OrderSnapshot::from_shopify(order) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "order from the Admin API skipped");
+                        continue;
+                    }
+                };
+                versions.push(snapshot.source_updated_at.clone());
+                match orders::upsert(&mut tx, &snapshot).await? {
+                    Applied::Inserted | Applied::Updated => found.applied += 1,
+                    Applied::Stale => found.already_known += 1,
+                }
+            }
+            tx.commit().await?;
+            match next {
+                Some(n) => {
+                    url = n;
+                    query.clear(); // page_info carries the query
+                }
+                None => break,
+            }
+        }
+        let latest: Option<f64> = sqlx::query_scalar("SELECT extract(epoch FROM max(v::timestamptz))::float8 FROM unnest($1::text[]) AS v")
+            .bind(&versions)
+            .fetch_one(pool)
+            .await?;
+        if let Some(latest) = latest {
+            save_checkpoint(pool, SOURCE, latest).await?;
+        }
+        Ok(found)
+    }
+}
+
+/// Every configured reconciliation, as the `reconcile` function runs them.
+pub struct Reconciler {
+    stripe: Option<StripeEvents>,
+    shopify: Option<ShopifyOrders>,
+    config: ReconcileConfig,
+}
+
+impl Reconciler {
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Ok(Reconciler { stripe: StripeEvents::from_env()?, shopify: ShopifyOrders::from_env()?, config: ReconcileConfig::from_env()? })
+    }
+
+    pub fn is_configured(&self) -> bool {
+        self.stripe.is_some() || self.shopify.is_some()
+    }
+
+    /// Runs each configured source once; what each found, by source.
+    pub async fn run(&self, pool: &PgPool) -> Result<Vec<(&'static str, Found)>, ReconcileError> {
+        let mut out = Vec::new();
+        if let Some(s) = &self.stripe {
+            out.push(("stripe events", s.reconcile(pool, &self.config).await?));
+        }
+        if let Some(s) = &self.shopify {
+            out.push(("shopify orders", s.reconcile(pool, &self.config).await?));
+        }
+        Ok(out)
+    }
+}
+
+/// The `rel="next"` URL of a `Link` header.
+fn next_link(link: &str) -> Option<String> {
+    link.split(',').find(|part| part.contains("rel=\"next\"")).and_then(|part| {
+        let start = part.find('<')? + 1;
+        let end = part.find('>')?;
+        Some(part[start..end].to_string())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn next_links_are_read_from_the_link_header() {
+        let h = r#"<https://s.myshopify.com/admin/api/2024-10/orders.json?page_info=abc&limit=250>; rel="next", <https://x>; rel="previous""#;
+        assert_eq!(super::next_link(h).as_deref(), Some("https://s.myshopify.com/admin/api/2024-10/orders.json?page_info=abc&limit=250"));
+        assert_eq!(super::next_link(r#"<https://x>; rel="previous""#), None);
+    }
+}
