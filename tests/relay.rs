@@ -9,6 +9,7 @@ use std::{
 use serde_json::{json, Value};
 use sqlx::PgPool;
 use webhook_inbox::{
+    aws::{EventBridgeSink, SqsSink},
     outbox,
     relay::{HttpSink, Relay, RelayConfig, Sink},
 };
@@ -18,7 +19,7 @@ use wiremock::{
 };
 
 fn config() -> RelayConfig {
-    RelayConfig { batch_size: 100, max_attempts: 5, retry_base: Duration::from_millis(1), lease: Duration::from_secs(60), concurrency: 8 }
+    RelayConfig { batch_size: 100, max_attempts: 5, retry_base: Duration::from_millis(1), lease: Duration::from_secs(60) }
 }
 
 fn http_sink(server: &MockServer) -> Arc<dyn Sink> {
@@ -143,11 +144,10 @@ async fn a_relay_killed_after_publishing_resends_with_the_same_key(pool: PgPool)
     let server = MockServer::start().await;
     Mock::given(method("POST")).respond_with(ResponseTemplate::new(200)).mount(&server).await;
     messages(&pool, 3).await;
-    let sink = http_sink(&server);
+    let http = HttpSink::new(format!("{}/hook", server.uri()), Duration::from_secs(5)).unwrap();
     let leased = outbox::lease_unsent(&pool, 10, Duration::from_millis(50)).await.unwrap();
-    for m in &leased {
-        sink.deliver(m).await; // published; the crash comes before record_results
-    }
+    http.deliver_all(&leased).await; // published; the crash comes before record_results
+    let sink: Arc<dyn Sink> = Arc::new(http);
     assert_eq!(Relay::new(pool.clone(), vec![sink.clone()], config()).run_once().await.unwrap().leased, 0, "leased, not re-sent yet");
     tokio::time::sleep(Duration::from_millis(80)).await;
     let r = Relay::new(pool.clone(), vec![sink], config()).run_once().await.unwrap();
@@ -160,4 +160,132 @@ async fn a_relay_killed_after_publishing_resends_with_the_same_key(pool: PgPool)
     }
     let sent: i64 = sqlx::query_scalar("SELECT count(*) FROM transactional_outbox WHERE processed_at IS NOT NULL").fetch_one(&pool).await.unwrap();
     assert_eq!(sent, 3);
+}
+
+// ---------- SQS and EventBridge, against moto ----------
+
+/// Every message in the queue, as (message_key attribute, body).
+async fn drain_queue(sqs: &aws_sdk_sqs::Client, url: &str, expected: usize) -> Vec<(String, Value, std::collections::HashMap<String, String>)> {
+    let mut out = Vec::new();
+    for _ in 0..50 {
+        let r = sqs
+            .receive_message()
+            .queue_url(url)
+            .max_number_of_messages(10)
+            .message_attribute_names("All")
+            .message_system_attribute_names(aws_sdk_sqs::types::MessageSystemAttributeName::All)
+            .send()
+            .await
+            .unwrap();
+        for m in r.messages() {
+            let key = m.message_attributes().and_then(|a| a.get("message_key")).and_then(|v| v.string_value()).unwrap_or("").to_string();
+            let attrs = m.attributes().map(|a| a.iter().map(|(k, v)| (k.as_str().to_string(), v.clone())).collect()).unwrap_or_default();
+            out.push((key, serde_json::from_str(m.body().unwrap()).unwrap(), attrs));
+        }
+        if out.len() >= expected && r.messages().is_empty() {
+            break;
+        }
+    }
+    out
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn sqs_deliveries_land_in_the_queue_with_their_keys(pool: PgPool) {
+    let moto = inbox_tests::Moto::start();
+    let sqs = aws_sdk_sqs::Client::new(&moto.aws().await);
+    let url = sqs.create_queue().queue_name("outbox").send().await.unwrap().queue_url().unwrap().to_string();
+    messages(&pool, 23).await;
+    let sink: Arc<dyn Sink> = Arc::new(SqsSink::new(sqs.clone(), &url));
+    let r = Relay::new(pool.clone(), vec![sink], config()).run(Instant::now() + Duration::from_secs(60)).await.unwrap();
+    assert_eq!((r.sent, r.dead), (23, 0), "three SendMessageBatch calls of at most 10");
+    let got = drain_queue(&sqs, &url, 23).await;
+    let keys: HashSet<String> = got.iter().map(|(k, _, _)| k.clone()).collect();
+    assert_eq!(keys, (0..23).map(|i| format!("payment_succeeded:pi_{i}")).collect::<HashSet<_>>());
+    assert!(got.iter().all(|(k, body, _)| k == &format!("payment_succeeded:{}", body["payment_id"].as_str().unwrap())));
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn a_fifo_queue_gets_the_key_as_deduplication_id_and_drops_a_resend(pool: PgPool) {
+    let moto = inbox_tests::Moto::start();
+    let sqs = aws_sdk_sqs::Client::new(&moto.aws().await);
+    let url = sqs
+        .create_queue()
+        .queue_name("outbox.fifo")
+        .attributes(aws_sdk_sqs::types::QueueAttributeName::FifoQueue, "true")
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_string();
+    messages(&pool, 3).await;
+    let sink = SqsSink::new(sqs.clone(), &url);
+    // A relay that published and died before marking: the same messages go out twice.
+    let leased = outbox::lease_unsent(&pool, 10, Duration::from_millis(10)).await.unwrap();
+    assert!(sink.deliver_all(&leased).await.iter().all(|d| *d == webhook_inbox::relay::Delivery::Delivered));
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let r = Relay::new(pool.clone(), vec![Arc::new(sink)], config()).run_once().await.unwrap();
+    assert_eq!(r.sent, 3);
+    let got = drain_queue(&sqs, &url, 3).await;
+    assert_eq!(got.len(), 3, "the FIFO queue deduplicated the re-send on the message key");
+    for (key, body, attrs) in &got {
+        assert_eq!(attrs.get("MessageDeduplicationId"), Some(key));
+        assert_eq!(attrs.get("MessageGroupId").map(String::as_str), body["payment_id"].as_str(), "grouped by aggregate id");
+    }
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn a_missing_queue_is_retried_not_lost(pool: PgPool) {
+    let moto = inbox_tests::Moto::start();
+    let sqs = aws_sdk_sqs::Client::new(&moto.aws().await);
+    messages(&pool, 2).await;
+    let sink: Arc<dyn Sink> = Arc::new(SqsSink::new(sqs, format!("{}/123456789012/no-such-queue", moto.url)));
+    let r = Relay::new(pool.clone(), vec![sink], config()).run_once().await.unwrap();
+    assert_eq!((r.sent, r.retried), (0, 2));
+    let unsent: i64 = sqlx::query_scalar("SELECT count(*) FROM transactional_outbox WHERE processed_at IS NULL AND dead_at IS NULL AND last_error LIKE 'SQS%'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(unsent, 2);
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn eventbridge_deliveries_reach_a_rule_target_with_their_keys(pool: PgPool) {
+    let moto = inbox_tests::Moto::start();
+    let aws = moto.aws().await;
+    let (sqs, eb) = (aws_sdk_sqs::Client::new(&aws), aws_sdk_eventbridge::Client::new(&aws));
+    let url = sqs.create_queue().queue_name("bus-target").send().await.unwrap().queue_url().unwrap().to_string();
+    let arn = sqs
+        .get_queue_attributes()
+        .queue_url(&url)
+        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .unwrap()
+        .attributes()
+        .unwrap()[&aws_sdk_sqs::types::QueueAttributeName::QueueArn]
+        .clone();
+    eb.create_event_bus().name("inbox-bus").send().await.unwrap();
+    eb.put_rule()
+        .name("all-outbox")
+        .event_bus_name("inbox-bus")
+        .event_pattern(r#"{"source":["webhook-inbox"]}"#)
+        .send()
+        .await
+        .unwrap();
+    eb.put_targets()
+        .rule("all-outbox")
+        .event_bus_name("inbox-bus")
+        .targets(aws_sdk_eventbridge::types::Target::builder().id("q").arn(arn).build().unwrap())
+        .send()
+        .await
+        .unwrap();
+    messages(&pool, 12).await;
+    let sink: Arc<dyn Sink> = Arc::new(EventBridgeSink::new(eb, "inbox-bus"));
+    let r = Relay::new(pool.clone(), vec![sink], config()).run(Instant::now() + Duration::from_secs(60)).await.unwrap();
+    assert_eq!((r.sent, r.dead), (12, 0));
+    let got = drain_queue(&sqs, &url, 12).await;
+    let keys: HashSet<String> = got.iter().map(|(_, event, _)| event["detail"]["message_key"].as_str().unwrap().to_string()).collect();
+    assert_eq!(keys, (0..12).map(|i| format!("payment_succeeded:pi_{i}")).collect::<HashSet<_>>());
+    assert!(got.iter().all(|(_, event, _)| event["detail-type"] == "payment_succeeded" && event["source"] == "webhook-inbox"));
 }

@@ -4,6 +4,7 @@
 //! providers' signing schemes, the inbox claim, the receive handler, the
 //! database pool and the embedded PostgreSQL used by `inbox dev`.
 
+pub mod aws;
 pub mod config;
 pub mod db;
 pub mod dev_server;

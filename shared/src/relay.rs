@@ -23,11 +23,13 @@ pub enum Delivery {
 }
 
 pub type DeliveryFuture<'a> = Pin<Box<dyn Future<Output = Delivery> + Send + 'a>>;
+pub type DeliveriesFuture<'a> = Pin<Box<dyn Future<Output = Vec<Delivery>> + Send + 'a>>;
 
 /// A destination for outbox messages.
 pub trait Sink: Send + Sync {
     fn name(&self) -> &'static str;
-    fn deliver<'a>(&'a self, message: &'a Outgoing) -> DeliveryFuture<'a>;
+    /// One result per message, in order.
+    fn deliver_all<'a>(&'a self, messages: &'a [Outgoing]) -> DeliveriesFuture<'a>;
 }
 
 /// Response bodies kept as a dead message's reason are cut to this many bytes.
@@ -37,6 +39,7 @@ pub const REASON_BODY_BYTES: usize = 500;
 pub struct HttpSink {
     client: reqwest::Client,
     url: String,
+    concurrency: usize,
 }
 
 /// An HTTP client for outbound calls (sinks, provider APIs), TLS by rustls with ring.
@@ -54,16 +57,37 @@ impl HttpSink {
     pub fn new(url: impl Into<String>, timeout: Duration) -> Result<Self, ConfigError> {
         let client = http_client(timeout)
             .map_err(|e| ConfigError::Invalid { var: "RELAY_HTTP_URL", reason: format!("cannot build an HTTP client: {e}") })?;
-        Ok(HttpSink { client, url: url.into() })
+        Ok(HttpSink { client, url: url.into(), concurrency: HTTP_CONCURRENCY_DEFAULT })
+    }
+
+    pub fn with_concurrency(mut self, concurrency: usize) -> Self {
+        self.concurrency = concurrency.max(1);
+        self
     }
 }
+
+/// Requests in flight at once to the HTTP sink: `RELAY_CONCURRENCY` (8).
+const HTTP_CONCURRENCY_DEFAULT: usize = 8;
 
 impl Sink for HttpSink {
     fn name(&self) -> &'static str {
         "http"
     }
 
-    fn deliver<'a>(&'a self, m: &'a Outgoing) -> DeliveryFuture<'a> {
+    fn deliver_all<'a>(&'a self, messages: &'a [Outgoing]) -> DeliveriesFuture<'a> {
+        Box::pin(async move {
+            let mut out = Vec::with_capacity(messages.len());
+            for chunk in messages.chunks(self.concurrency) {
+                out.extend(futures_util::future::join_all(chunk.iter().map(|m| self.deliver(m))).await);
+            }
+            out
+        })
+    }
+}
+
+impl HttpSink {
+    /// One message: POST it with its key.
+    pub fn deliver<'a>(&'a self, m: &'a Outgoing) -> DeliveryFuture<'a> {
         Box::pin(async move {
             let sent = self.client.post(&self.url).header("Idempotency-Key", &m.message_key).json(&m.payload.0).send().await;
             let response = match sent {
@@ -101,8 +125,6 @@ pub struct RelayConfig {
     pub retry_base: Duration,
     /// `RELAY_LEASE_MS` (60000): how long a leased message is left alone.
     pub lease: Duration,
-    /// `RELAY_CONCURRENCY` (8): deliveries in flight.
-    pub concurrency: usize,
 }
 
 impl RelayConfig {
@@ -112,17 +134,30 @@ impl RelayConfig {
             max_attempts: parse_env("RELAY_MAX_ATTEMPTS", 10i32)?.max(1),
             retry_base: Duration::from_millis(parse_env("RELAY_RETRY_BASE_MS", 1000u64)?),
             lease: Duration::from_millis(parse_env("RELAY_LEASE_MS", 60_000u64)?),
-            concurrency: parse_env("RELAY_CONCURRENCY", 8usize)?.max(1),
         })
     }
 }
 
-/// The configured sinks: `RELAY_HTTP_URL` (timeout `RELAY_HTTP_TIMEOUT_MS`, 10000).
-pub fn sinks_from_env() -> Result<Vec<Arc<dyn Sink>>, ConfigError> {
+/// The configured sinks: `RELAY_HTTP_URL` (timeout `RELAY_HTTP_TIMEOUT_MS`, 10000;
+/// `RELAY_CONCURRENCY`, 8), `RELAY_SQS_QUEUE_URL`, `RELAY_EVENT_BUS`. AWS
+/// credentials and region come from the usual AWS environment.
+pub async fn sinks_from_env() -> Result<Vec<Arc<dyn Sink>>, ConfigError> {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
     let mut sinks: Vec<Arc<dyn Sink>> = Vec::new();
-    if let Some(url) = std::env::var("RELAY_HTTP_URL").ok().filter(|u| !u.is_empty()) {
+    if let Some(url) = var("RELAY_HTTP_URL") {
         let timeout = Duration::from_millis(parse_env("RELAY_HTTP_TIMEOUT_MS", 10_000u64)?);
-        sinks.push(Arc::new(HttpSink::new(url, timeout)?));
+        let concurrency = parse_env("RELAY_CONCURRENCY", HTTP_CONCURRENCY_DEFAULT)?;
+        sinks.push(Arc::new(HttpSink::new(url, timeout)?.with_concurrency(concurrency)));
+    }
+    let (queue, bus) = (var("RELAY_SQS_QUEUE_URL"), var("RELAY_EVENT_BUS"));
+    if queue.is_some() || bus.is_some() {
+        let aws = crate::aws::config(None).await;
+        if let Some(queue) = queue {
+            sinks.push(Arc::new(crate::aws::SqsSink::new(aws_sdk_sqs::Client::new(&aws), queue)));
+        }
+        if let Some(bus) = bus {
+            sinks.push(Arc::new(crate::aws::EventBridgeSink::new(aws_sdk_eventbridge::Client::new(&aws), bus)));
+        }
     }
     Ok(sinks)
 }
@@ -146,41 +181,32 @@ impl Relay {
         Relay { pool, sinks: Arc::new(sinks), config }
     }
 
-    /// One batch: lease, deliver to every sink, record each result.
+    /// One batch: lease, deliver to every sink, record each result. A message
+    /// counts as sent once every sink took it; if one did not, it goes to all
+    /// of them again later, under the same key.
     pub async fn run_once(&self) -> Result<Relayed, sqlx::Error> {
         let messages = outbox::lease_unsent(&self.pool, self.config.batch_size, self.config.lease).await?;
+        let mut outcomes = vec![Delivery::Delivered; messages.len()];
+        for sink in self.sinks.iter() {
+            let (pending, idx): (Vec<Outgoing>, Vec<usize>) = messages
+                .iter()
+                .zip(0..)
+                .filter(|(_, i)| outcomes[*i] == Delivery::Delivered)
+                .map(|(m, i)| (m.clone(), i))
+                .unzip();
+            if pending.is_empty() {
+                break;
+            }
+            for (i, result) in idx.into_iter().zip(sink.deliver_all(&pending).await) {
+                if result != Delivery::Delivered {
+                    tracing::info!(sink = sink.name(), message_key = %messages[i].message_key, ?result, "not delivered");
+                    outcomes[i] = result;
+                }
+            }
+        }
         let mut relayed = Relayed { leased: messages.len(), ..Relayed::default() };
-        let mut results = Vec::with_capacity(messages.len());
-        let mut in_flight = tokio::task::JoinSet::new();
-        for m in messages {
-            if in_flight.len() >= self.config.concurrency {
-                if let Some(Ok(r)) = in_flight.join_next().await {
-                    results.push(r);
-                }
-            }
-            let sinks = self.sinks.clone();
-            in_flight.spawn(async move {
-                let mut outcome = Delivery::Delivered;
-                for sink in sinks.iter() {
-                    match sink.deliver(&m).await {
-                        Delivery::Delivered => {}
-                        failed => {
-                            outcome = failed;
-                            break;
-                        }
-                    }
-                }
-                (m.id, m.attempts, outcome)
-            });
-        }
-        while let Some(joined) = in_flight.join_next().await {
-            if let Ok(r) = joined {
-                results.push(r);
-            }
-        }
-        // A delivery task that panicked leaves its message leased: it goes out again when the lease ends.
         let dispatches: Vec<(i64, Dispatch)> =
-            results.into_iter().map(|(id, attempts, d)| (id, self.dispatch(attempts, d))).collect();
+            messages.iter().zip(outcomes).map(|(m, d)| (m.id, self.dispatch(m.attempts, d))).collect();
         for (_, d) in &dispatches {
             match d {
                 Dispatch::Sent => relayed.sent += 1,

@@ -178,3 +178,44 @@ pub fn apigw_v2_request(provider: &str, headers: &[(&str, &str)], body: &[u8]) -
     });
     lambda_http::request::from_str(&event.to_string()).expect("a valid API Gateway v2 event")
 }
+
+/// A moto server (the AWS emulator from PyPI) on a free loopback port, killed on drop.
+pub struct Moto {
+    child: std::process::Child,
+    pub url: String,
+}
+
+impl Moto {
+    pub fn start() -> Moto {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = std::process::Command::new("moto_server")
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("moto_server is not installed: `pip install 'moto[server]'` (.ci/run does)");
+        let moto = Moto { child, url: format!("http://127.0.0.1:{port}") };
+        for _ in 0..300 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return moto;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("moto_server did not listen on {port} within 15 s");
+    }
+
+    /// AWS configuration pointed at this server, with throwaway credentials.
+    pub async fn aws(&self) -> aws_config::SdkConfig {
+        for (k, v) in [("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_REGION", "us-east-1")] {
+            std::env::set_var(k, v);
+        }
+        webhook_inbox::aws::config(Some(&self.url)).await
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -79,8 +79,8 @@ async fn main() -> Result<()> {
         }
         Command::Relay { once } => {
             anyhow::ensure!(once, "inbox relay runs one pass of the relay function: pass --once (`inbox dev` relays continuously)");
-            let sinks = sinks_from_env()?;
-            anyhow::ensure!(!sinks.is_empty(), "no sink configured: set RELAY_HTTP_URL");
+            let sinks = sinks_from_env().await?;
+            anyhow::ensure!(!sinks.is_empty(), "no sink configured: set RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL or RELAY_EVENT_BUS");
             let config = Config::from_env(1)?;
             anyhow::ensure!(config.db.url.is_some(), "DATABASE_URL is not set");
             let relay = Relay::new(db::pool(&config.db)?, sinks, RelayConfig::from_env()?);
@@ -170,9 +170,9 @@ async fn serve(config: &mut Config, host: &str, port: u16) -> Result<()> {
     let worker = Worker::new(pool.clone(), Handlers::reference(), WorkerConfig::from_env()?);
     let poll = worker.config().poll;
     let worker = tokio::spawn(worker.run_until_owned(until_stopped(stopped.clone())));
-    let sinks = sinks_from_env()?;
+    let sinks = sinks_from_env().await?;
     let relay = if sinks.is_empty() {
-        println!("no RELAY_HTTP_URL: outbox messages stay in transactional_outbox");
+        println!("no relay sink (RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL, RELAY_EVENT_BUS): outbox messages stay in transactional_outbox");
         None
     } else {
         let relay = Relay::new(pool, sinks, RelayConfig::from_env()?);

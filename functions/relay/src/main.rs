@@ -15,9 +15,9 @@ use webhook_inbox::{
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     telemetry::init();
-    let sinks = sinks_from_env()?;
+    let sinks = sinks_from_env().await?;
     if sinks.is_empty() {
-        return Err("no sink configured: set RELAY_HTTP_URL".into());
+        return Err("no sink configured: set RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL or RELAY_EVENT_BUS".into());
     }
     let relay = Relay::new(db::pool(&DbConfig::from_env(1)?)?, sinks, RelayConfig::from_env()?);
     let margin = Duration::from_millis(parse_env("INBOX_DEADLINE_MARGIN_MS", process::DEFAULT_DEADLINE_MARGIN.as_millis() as u64)?);

@@ -1,0 +1,178 @@
+//! AWS sinks for the relay (official AWS SDK for Rust): SQS `SendMessageBatch`
+//! and EventBridge `PutEvents`, with per-entry failures handled one by one.
+
+use aws_sdk_eventbridge::types::PutEventsRequestEntry;
+use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
+use aws_smithy_http_client::tls;
+
+use crate::{
+    outbox::Outgoing,
+    relay::{DeliveriesFuture, Delivery, Sink},
+};
+
+/// Both services take at most 10 entries a call.
+const ENTRIES_PER_CALL: usize = 10;
+
+/// The AWS configuration from the environment, TLS by rustls with ring;
+/// `endpoint` overrides the service endpoint (tests point it at moto).
+pub async fn config(endpoint: Option<&str>) -> aws_config::SdkConfig {
+    let http = aws_smithy_http_client::Builder::new()
+        .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
+        .build_https();
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(http);
+    if let Some(endpoint) = endpoint {
+        loader = loader.endpoint_url(endpoint);
+    }
+    loader.load().await
+}
+
+/// `RELAY_SQS_QUEUE_URL`. The body is the payload; the key rides along as the
+/// `message_key` attribute. On a FIFO queue, `MessageDeduplicationId` is the key
+/// and `MessageGroupId` the aggregate id.
+pub struct SqsSink {
+    client: aws_sdk_sqs::Client,
+    queue_url: String,
+    fifo: bool,
+}
+
+impl SqsSink {
+    pub fn new(client: aws_sdk_sqs::Client, queue_url: impl Into<String>) -> Self {
+        let queue_url = queue_url.into();
+        SqsSink { fifo: queue_url.ends_with(".fifo"), client, queue_url }
+    }
+
+    async fn send(&self, chunk: &[Outgoing]) -> Vec<Delivery> {
+        let entries: Result<Vec<_>, _> = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let key = MessageAttributeValue::builder().data_type("String").string_value(&m.message_key).build()?;
+                SendMessageBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .message_body(m.payload.0.to_string())
+                    .message_attributes("message_key", key)
+                    .set_message_deduplication_id(self.fifo.then(|| dedup_id(&m.message_key)))
+                    .set_message_group_id(self.fifo.then(|| m.aggregate_id.clone()))
+                    .build()
+            })
+            .collect();
+        let entries = match entries {
+            Ok(e) => e,
+            Err(e) => return vec![Delivery::Rejected(format!("SQS entry: {e}")); chunk.len()],
+        };
+        let sent = self.client.send_message_batch().queue_url(&self.queue_url).set_entries(Some(entries)).send().await;
+        let output = match sent {
+            Ok(o) => o,
+            Err(e) => {
+                let reason = format!("SQS SendMessageBatch: {}", aws_sdk_sqs::error::DisplayErrorContext(&e));
+                return vec![Delivery::Retryable { reason, retry_after: None }; chunk.len()];
+            }
+        };
+        let mut out = vec![Delivery::Delivered; chunk.len()];
+        for failed in output.failed() {
+            let Some(i) = failed.id().parse::<usize>().ok().filter(|i| *i < chunk.len()) else { continue };
+            let reason = format!("SQS {}: {}", failed.code(), failed.message().unwrap_or(""));
+            out[i] = if failed.sender_fault() { Delivery::Rejected(reason) } else { Delivery::Retryable { reason, retry_after: None } };
+        }
+        out
+    }
+}
+
+/// SQS deduplication ids are at most 128 characters: a longer key is hashed.
+fn dedup_id(key: &str) -> String {
+    use sha2::{Digest, Sha256};
+    if key.len() <= 128 && key.chars().all(|c| c.is_ascii_graphic()) {
+        key.to_string()
+    } else {
+        hex::encode(Sha256::digest(key.as_bytes()))
+    }
+}
+
+impl Sink for SqsSink {
+    fn name(&self) -> &'static str {
+        "sqs"
+    }
+
+    fn deliver_all<'a>(&'a self, messages: &'a [Outgoing]) -> DeliveriesFuture<'a> {
+        Box::pin(async move {
+            let mut out = Vec::with_capacity(messages.len());
+            for chunk in messages.chunks(ENTRIES_PER_CALL) {
+                out.extend(self.send(chunk).await);
+            }
+            out
+        })
+    }
+}
+
+/// `RELAY_EVENT_BUS`: source `webhook-inbox`, detail type the payload's `event`
+/// (else the aggregate type), detail `{"message_key", "aggregate_type", "aggregate_id", "payload"}`.
+pub struct EventBridgeSink {
+    client: aws_sdk_eventbridge::Client,
+    bus: String,
+}
+
+impl EventBridgeSink {
+    pub fn new(client: aws_sdk_eventbridge::Client, bus: impl Into<String>) -> Self {
+        EventBridgeSink { client, bus: bus.into() }
+    }
+
+    async fn put(&self, chunk: &[Outgoing]) -> Vec<Delivery> {
+        let entries: Vec<PutEventsRequestEntry> = chunk
+            .iter()
+            .map(|m| {
+                let detail_type = m.payload.0.get("event").and_then(|e| e.as_str()).unwrap_or(&m.aggregate_type).to_string();
+                let detail = serde_json::json!({
+                    "message_key": m.message_key,
+                    "aggregate_type": m.aggregate_type,
+                    "aggregate_id": m.aggregate_id,
+                    "payload": m.payload.0,
+                });
+                PutEventsRequestEntry::builder()
+                    .event_bus_name(&self.bus)
+                    .source("webhook-inbox")
+                    .detail_type(detail_type)
+                    .detail(detail.to_string())
+                    .build()
+            })
+            .collect();
+        let output = match self.client.put_events().set_entries(Some(entries)).send().await {
+            Ok(o) => o,
+            Err(e) => {
+                let reason = format!("EventBridge PutEvents: {}", aws_sdk_eventbridge::error::DisplayErrorContext(&e));
+                return vec![Delivery::Retryable { reason, retry_after: None }; chunk.len()];
+            }
+        };
+        // Result entries come back in request order; a failed one has an error code.
+        let results = output.entries();
+        (0..chunk.len())
+            .map(|i| match results.get(i).and_then(|r| r.error_code().map(|c| (c, r.error_message().unwrap_or("")))) {
+                None if i < results.len() => Delivery::Delivered,
+                None => Delivery::Retryable { reason: "EventBridge returned no result for the entry".into(), retry_after: None },
+                Some((code, message)) => {
+                    let reason = format!("EventBridge {code}: {message}");
+                    if code.contains("Throttl") || code.contains("InternalFailure") || code.contains("ServiceUnavailable") {
+                        Delivery::Retryable { reason, retry_after: None }
+                    } else {
+                        Delivery::Rejected(reason)
+                    }
+                }
+            })
+            .collect()
+    }
+}
+
+impl Sink for EventBridgeSink {
+    fn name(&self) -> &'static str {
+        "eventbridge"
+    }
+
+    fn deliver_all<'a>(&'a self, messages: &'a [Outgoing]) -> DeliveriesFuture<'a> {
+        Box::pin(async move {
+            let mut out = Vec::with_capacity(messages.len());
+            for chunk in messages.chunks(ENTRIES_PER_CALL) {
+                out.extend(self.put(chunk).await);
+            }
+            out
+        })
+    }
+}
