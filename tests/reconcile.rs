@@ -18,8 +18,10 @@ fn config() -> ReconcileConfig {
     ReconcileConfig { first_lookback: std::time::Duration::from_secs(72 * 3600), overlap: std::time::Duration::from_secs(300) }
 }
 
+/// An event created `n` seconds after an hour ago.
 fn stripe_event(n: i64) -> Value {
-    json!({"id": format!("evt_{n}"), "object": "event", "type": "payment_intent.succeeded", "created": 1_796_000_000 + n,
+    let an_hour_ago = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64 - 3600;
+    json!({"id": format!("evt_{n}"), "object": "event", "type": "payment_intent.succeeded", "created": an_hour_ago + n,
            "data": {"object": {"id": format!("pi_{n}"), "amount_received": 100 * n, "currency": "usd"}}})
 }
 
@@ -63,17 +65,18 @@ async fn reconcile_claims_exactly_the_missing_stripe_events_and_nothing_twice(po
         .fetch_one(&pool)
         .await
         .unwrap();
-    assert_eq!(checkpoint, 1_796_000_005, "the newest event seen");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    assert!((now - 310..=now).contains(&checkpoint), "the run's start less the overlap: {checkpoint} vs {now}");
     let last = server.received_requests().await.unwrap().pop().unwrap();
-    let asked = last.url.query_pairs().find(|(k, _)| k == "created[gte]").map(|(_, v)| v.into_owned());
-    assert_eq!(asked.as_deref(), Some("1795999705"), "the second run starts at the checkpoint less the overlap");
+    let asked: i64 = last.url.query_pairs().find(|(k, _)| k == "created[gte]").map(|(_, v)| v.parse().unwrap()).unwrap();
+    assert!((checkpoint - 301..=checkpoint - 299).contains(&asked), "the second run starts at the checkpoint less the overlap");
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn reconcile_waits_out_a_429_as_the_api_asks(pool: PgPool) {
     let server = MockServer::start().await;
     Mock::given(method("GET"))
-        .respond_with(ResponseTemplate::new(429).insert_header("Retry-After", "1"))
+        .respond_with(ResponseTemplate::new(429).insert_header("Retry-After", "1.0"))
         .up_to_n_times(1)
         .with_priority(1)
         .mount(&server)
@@ -125,11 +128,15 @@ async fn reconcile_feeds_shopify_orders_through_the_version_guard(pool: PgPool) 
     assert_eq!((first.fetched, first.applied, first.already_known), (3, 2, 1));
     let statuses: Vec<(String, String)> = sqlx::query_as("SELECT order_id, status FROM orders ORDER BY order_id").fetch_all(&pool).await.unwrap();
     assert_eq!(statuses, [("1".into(), "paid".into()), ("2".into(), "refunded".into()), ("3".into(), "paid".into())]);
+    let expected: String = sqlx::query_scalar(
+        "SELECT to_char((checkpoint - interval '5 minutes') AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') FROM reconcile_checkpoints WHERE source = 'shopify:orders'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
     let second = api.reconcile(&pool, &config()).await.unwrap();
     assert_eq!((second.applied, second.already_known), (0, 3), "run twice, nothing twice");
-    let checkpoint: String = sqlx::query_scalar("SELECT checkpoint::text FROM reconcile_checkpoints WHERE source = 'shopify:orders'")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(checkpoint, "2026-11-29 10:00:00+00");
+    let last = server.received_requests().await.unwrap().into_iter().filter(|r| r.url.query().unwrap_or("").contains("updated_at_min")).last().unwrap();
+    let asked = last.url.query_pairs().find(|(k, _)| k == "updated_at_min").map(|(_, v)| v.into_owned()).unwrap();
+    assert_eq!(asked, expected, "the second run asks from the checkpoint less the overlap");
 }

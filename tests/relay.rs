@@ -289,3 +289,40 @@ async fn eventbridge_deliveries_reach_a_rule_target_with_their_keys(pool: PgPool
     assert_eq!(keys, (0..12).map(|i| format!("payment_succeeded:pi_{i}")).collect::<HashSet<_>>());
     assert!(got.iter().all(|(_, event, _)| event["detail-type"] == "payment_succeeded" && event["source"] == "webhook-inbox"));
 }
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn a_redirect_is_not_followed_and_not_counted_as_delivered(pool: PgPool) {
+    let server = MockServer::start().await;
+    Mock::given(method("POST")).and(path("/hook")).respond_with(ResponseTemplate::new(302).insert_header("Location", "/elsewhere")).mount(&server).await;
+    Mock::given(method("GET")).and(path("/elsewhere")).respond_with(ResponseTemplate::new(200)).mount(&server).await;
+    messages(&pool, 1).await;
+    let r = Relay::new(pool.clone(), vec![http_sink(&server)], config()).run_once().await.unwrap();
+    assert_eq!((r.sent, r.dead), (0, 1));
+    assert!(row(&pool).await.3.unwrap().starts_with("HTTP 302"));
+    assert_eq!(server.received_requests().await.unwrap().len(), 1, "the redirect was not followed");
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn a_408_is_retried(pool: PgPool) {
+    let server = MockServer::start().await;
+    Mock::given(method("POST")).respond_with(ResponseTemplate::new(408)).mount(&server).await;
+    messages(&pool, 1).await;
+    let r = Relay::new(pool.clone(), vec![http_sink(&server)], config()).run_once().await.unwrap();
+    assert_eq!((r.retried, r.dead), (1, 0));
+}
+
+/// A relay whose lease ran out while it worked, and whose messages another relay
+/// has since sent, cannot undo that with its late result.
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn a_late_result_from_an_expired_lease_changes_nothing(pool: PgPool) {
+    let server = MockServer::start().await;
+    Mock::given(method("POST")).respond_with(ResponseTemplate::new(200)).mount(&server).await;
+    messages(&pool, 1).await;
+    let slow = outbox::lease_unsent(&pool, 10, Duration::from_millis(10)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    assert_eq!(Relay::new(pool.clone(), vec![http_sink(&server)], config()).run_once().await.unwrap().sent, 1);
+    let late = [(slow[0].id, slow[0].attempts, outbox::Dispatch::Dead("HTTP 500 after the lease ran out".into()))];
+    outbox::record_results(&pool, &late).await.unwrap();
+    let (attempts, sent, dead, error) = row(&pool).await;
+    assert_eq!((attempts, sent, dead, error), (2, true, false, None));
+}

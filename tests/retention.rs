@@ -158,6 +158,7 @@ async fn prune_runs_in_batches_while_deliveries_keep_arriving(_: PgPoolOptions, 
     }
 
     assert_eq!(pruned.done, 20_000);
+    assert!(pruned.statements >= 7 * 40, "in batches of 500, each its own transaction: {} statements", pruned.statements);
     let (old, new): (i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE event_id LIKE 'old_%'), count(*) FILTER (WHERE event_id NOT LIKE 'old_%') FROM webhook_inbox",
     )

@@ -68,9 +68,17 @@ impl SqsSink {
                 return vec![Delivery::Retryable { reason, retry_after: None }; chunk.len()];
             }
         };
-        let mut out = vec![Delivery::Delivered; chunk.len()];
+        // Only what SQS lists as successful is delivered; anything it leaves out is retried.
+        let unknown = Delivery::Retryable { reason: "SQS reported nothing for the entry".into(), retry_after: None };
+        let mut out = vec![unknown; chunk.len()];
+        let index = |id: &str| id.parse::<usize>().ok().filter(|i| *i < chunk.len());
+        for ok in output.successful() {
+            if let Some(i) = index(ok.id()) {
+                out[i] = Delivery::Delivered;
+            }
+        }
         for failed in output.failed() {
-            let Some(i) = failed.id().parse::<usize>().ok().filter(|i| *i < chunk.len()) else { continue };
+            let Some(i) = index(failed.id()) else { continue };
             let reason = format!("SQS {}: {}", failed.code(), failed.message().unwrap_or(""));
             out[i] = if failed.sender_fault() { Delivery::Rejected(reason) } else { Delivery::Retryable { reason, retry_after: None } };
         }

@@ -79,17 +79,21 @@ pub enum Dispatch {
 }
 
 /// Records every result of a batch in one statement. `processed_at` is set only
-/// here, after the sink confirmed.
-pub async fn record_results(pool: &sqlx::PgPool, results: &[(i64, Dispatch)]) -> Result<(), sqlx::Error> {
+/// here, after the sink confirmed. Each result names the lease it belongs to
+/// (the attempt number): a relay whose lease ran out and was taken over by
+/// another writes nothing, so it cannot undo the other's result.
+pub async fn record_results(pool: &sqlx::PgPool, results: &[(i64, i32, Dispatch)]) -> Result<(), sqlx::Error> {
     if results.is_empty() {
         return Ok(());
     }
     let mut ids = Vec::new();
+    let mut leases = Vec::new();
     let mut outcomes = Vec::new();
     let mut delays: Vec<Option<i64>> = Vec::new();
     let mut reasons: Vec<Option<String>> = Vec::new();
-    for (id, d) in results {
+    for (id, attempts, d) in results {
         ids.push(*id);
+        leases.push(*attempts);
         let (outcome, delay, reason) = match d {
             Dispatch::Sent => ("sent", None, None),
             Dispatch::Retry { after, reason } => ("retry", Some(after.as_millis() as i64), Some(reason.clone())),
@@ -105,13 +109,14 @@ pub async fn record_results(pool: &sqlx::PgPool, results: &[(i64, Dispatch)]) ->
              dead_at = CASE WHEN r.outcome = 'dead' THEN now() END,
              next_attempt_at = CASE WHEN r.outcome = 'retry' THEN now() + r.delay_ms * interval '1 millisecond' END,
              last_error = r.reason
-         FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[]) AS r (id, outcome, delay_ms, reason)
-         WHERE o.id = r.id",
+         FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::int[]) AS r (id, outcome, delay_ms, reason, lease)
+         WHERE o.id = r.id AND o.attempts = r.lease AND o.processed_at IS NULL AND o.dead_at IS NULL",
     )
     .bind(&ids)
     .bind(&outcomes)
     .bind(&delays)
     .bind(&reasons)
+    .bind(&leases)
     .execute(pool)
     .await?;
     Ok(())

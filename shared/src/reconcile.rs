@@ -15,7 +15,7 @@ use crate::{
     domain::orders::{self, Applied, OrderSnapshot},
     inbox::{self, Claim, Envelope},
     providers::{stripe::Stripe, Delivery, Events, Provider, Scheme},
-    relay::http_client,
+    relay::{http_client, retry_after},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -66,14 +66,10 @@ async fn get(api: &'static str, req: reqwest::RequestBuilder) -> Result<reqwest:
         };
         let response = r.send().await.map_err(|source| ReconcileError::Request { api, source })?;
         if response.status().as_u16() == 429 && attempt < 5 {
-            let wait = response
-                .headers()
-                .get(reqwest::header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
-                .unwrap_or(1)
-                .min(30);
-            tracing::info!(api, wait, "rate limited; waiting as asked");
-            tokio::time::sleep(Duration::from_secs(wait)).await;
+            // Shopify sends `Retry-After: 2.0`; Stripe whole seconds.
+            let wait = retry_after(response.headers()).unwrap_or(Duration::from_secs(1)).min(Duration::from_secs(30));
+            tracing::info!(api, ?wait, "rate limited; waiting as asked");
+            tokio::time::sleep(wait).await;
             continue;
         }
         if !response.status().is_success() {
@@ -126,8 +122,8 @@ struct EventPage<'a> {
 
 #[derive(Deserialize)]
 struct EventHead {
-    id: String,
-    created: i64,
+    id: Option<String>,
+    created: Option<i64>,
 }
 
 impl StripeEvents {
@@ -153,7 +149,8 @@ impl StripeEvents {
         let headers = http::HeaderMap::new();
         let empty = serde_json::json!({});
         let mut found = Found::default();
-        let mut latest = since.max(0.0);
+        // Every event created before this run started was listed now (undelivered) or delivered.
+        let mut latest = now_epoch() - config.overlap.as_secs_f64();
         let mut starting_after: Option<String> = None;
         loop {
             let mut query = vec![
@@ -170,8 +167,11 @@ impl StripeEvents {
 
             let mut tx = pool.begin().await?;
             for raw in &page.data {
-                let head: EventHead = serde_json::from_str(raw.get()).map_err(|e| ReconcileError::Body { api: "Stripe", reason: e.to_string() })?;
-                latest = latest.max(head.created as f64);
+                let head: EventHead = serde_json::from_str(raw.get()).unwrap_or(EventHead { id: None, created: None });
+                if let Some(id) = &head.id {
+                    starting_after = Some(id.clone());
+                }
+                latest = latest.max(head.created.unwrap_or(0) as f64);
                 let body = raw.get().as_bytes();
                 let Events::Single(event) = parser.events(&Delivery { headers: &headers, body, now: 0 }) else { continue };
                 let env = Envelope { provider: Provider::Stripe, raw_body: body, headers: &empty, secret_index: None };
@@ -180,7 +180,6 @@ impl StripeEvents {
                     Claim::Duplicate => found.already_known += 1,
                 }
                 found.fetched += 1;
-                starting_after = Some(head.id);
             }
             tx.commit().await?;
             if !page.has_more || page.data.is_empty() {
@@ -235,13 +234,13 @@ impl ShopifyOrders {
         let mut url = format!("{}/admin/api/{}/orders.json", self.base, self.version);
         let mut query = vec![("status", "any".to_string()), ("limit", "250".to_string()), ("updated_at_min", since_text)];
         let mut found = Found::default();
+        let run_started = now_epoch() - config.overlap.as_secs_f64();
         let mut versions: Vec<String> = Vec::new();
         loop {
-            let req = self
-                .client
-                .get(&url)
-                .header("X-Shopify-Access-Token", String::from_utf8_lossy(self.token.expose()).into_owned())
-                .query(&query);
+            let mut token = reqwest::header::HeaderValue::from_bytes(self.token.expose())
+                .map_err(|_| ReconcileError::Body { api: "Shopify", reason: "SHOPIFY_ACCESS_TOKEN is not a valid header value".into() })?;
+            token.set_sensitive(true);
+            let req = self.client.get(&url).header("X-Shopify-Access-Token", token).query(&query);
             let response = get("Shopify", req).await?;
             let next = response.headers().get(reqwest::header::LINK).and_then(|v| v.to_str().ok()).and_then(next_link);
             let page: OrderPage = response.json().await.map_err(|source| ReconcileError::Request { api: "Shopify", source })?;
@@ -274,9 +273,8 @@ impl ShopifyOrders {
             .bind(&versions)
             .fetch_one(pool)
             .await?;
-        if let Some(latest) = latest {
-            save_checkpoint(pool, SOURCE, latest).await?;
-        }
+        // Every order updated before this run started was listed now.
+        save_checkpoint(pool, SOURCE, latest.unwrap_or(0.0).max(run_started)).await?;
         Ok(found)
     }
 }
@@ -297,16 +295,16 @@ impl Reconciler {
         self.stripe.is_some() || self.shopify.is_some()
     }
 
-    /// Runs each configured source once; what each found, by source.
-    pub async fn run(&self, pool: &PgPool) -> Result<Vec<(&'static str, Found)>, ReconcileError> {
+    /// Runs each configured source once, each on its own: one failing does not stop the other.
+    pub async fn run(&self, pool: &PgPool) -> Vec<(&'static str, Result<Found, ReconcileError>)> {
         let mut out = Vec::new();
         if let Some(s) = &self.stripe {
-            out.push(("stripe events", s.reconcile(pool, &self.config).await?));
+            out.push(("stripe events", s.reconcile(pool, &self.config).await));
         }
         if let Some(s) = &self.shopify {
-            out.push(("shopify orders", s.reconcile(pool, &self.config).await?));
+            out.push(("shopify orders", s.reconcile(pool, &self.config).await));
         }
-        Ok(out)
+        out
     }
 }
 

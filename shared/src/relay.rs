@@ -32,6 +32,12 @@ pub trait Sink: Send + Sync {
     fn deliver_all<'a>(&'a self, messages: &'a [Outgoing]) -> DeliveriesFuture<'a>;
 }
 
+/// `Retry-After` in seconds (whole or decimal), at most an hour.
+pub fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let secs = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?.trim().parse::<f64>().ok()?;
+    (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs.min(crate::worker::RETRY_CAP.as_secs_f64())))
+}
+
 /// Response bodies kept as a dead message's reason are cut to this many bytes.
 pub const REASON_BODY_BYTES: usize = 500;
 
@@ -43,10 +49,13 @@ pub struct HttpSink {
 }
 
 /// An HTTP client for outbound calls (sinks, provider APIs), TLS by rustls with ring.
+/// Redirects are not followed: a POST turned into a GET would count as
+/// delivered, and a token header could be carried to another host.
 pub fn http_client(timeout: Duration) -> Result<reqwest::Client, reqwest::Error> {
     // reqwest is built without a default crypto provider; ring is ours.
     let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
         .timeout(timeout)
         .connect_timeout(timeout.min(Duration::from_secs(5)))
         .user_agent("webhook-inbox")
@@ -89,20 +98,20 @@ impl HttpSink {
     /// One message: POST it with its key.
     pub fn deliver<'a>(&'a self, m: &'a Outgoing) -> DeliveryFuture<'a> {
         Box::pin(async move {
-            let sent = self.client.post(&self.url).header("Idempotency-Key", &m.message_key).json(&m.payload.0).send().await;
+            let Ok(key) = reqwest::header::HeaderValue::from_str(&m.message_key) else {
+                return Delivery::Rejected("message_key is not a valid header value".into());
+            };
+            let sent = self.client.post(&self.url).header("Idempotency-Key", key).json(&m.payload.0).send().await;
             let response = match sent {
                 Ok(r) => r,
-                Err(e) => return Delivery::Retryable { reason: format!("HTTP request failed: {e}"), retry_after: None },
+                // Without the URL: it may carry credentials.
+                Err(e) => return Delivery::Retryable { reason: format!("HTTP request failed: {}", e.without_url()), retry_after: None },
             };
             let status = response.status();
             if status.is_success() {
                 return Delivery::Delivered;
             }
-            let retry_after = response
-                .headers()
-                .get(reqwest::header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
-                .map(Duration::from_secs);
+            let retry_after = retry_after(response.headers());
             let body = response.bytes().await.unwrap_or_default();
             let cut = &body[..body.len().min(REASON_BODY_BYTES)];
             let reason = format!("HTTP {}: {}", status.as_u16(), String::from_utf8_lossy(cut));
@@ -123,7 +132,8 @@ pub struct RelayConfig {
     pub max_attempts: i32,
     /// `RELAY_RETRY_BASE_MS` (1000), doubled per attempt, capped at an hour.
     pub retry_base: Duration,
-    /// `RELAY_LEASE_MS` (60000): how long a leased message is left alone.
+    /// `RELAY_LEASE_MS` (300000): how long a leased message is left alone; longer
+    /// than a batch can take, or another relay sends it again meanwhile.
     pub lease: Duration,
 }
 
@@ -133,7 +143,7 @@ impl RelayConfig {
             batch_size: parse_env("RELAY_BATCH_SIZE", 100i64)?.max(1),
             max_attempts: parse_env("RELAY_MAX_ATTEMPTS", 10i32)?.max(1),
             retry_base: Duration::from_millis(parse_env("RELAY_RETRY_BASE_MS", 1000u64)?),
-            lease: Duration::from_millis(parse_env("RELAY_LEASE_MS", 60_000u64)?),
+            lease: Duration::from_millis(parse_env("RELAY_LEASE_MS", 300_000u64)?),
         })
     }
 }
@@ -205,9 +215,9 @@ impl Relay {
             }
         }
         let mut relayed = Relayed { leased: messages.len(), ..Relayed::default() };
-        let dispatches: Vec<(i64, Dispatch)> =
-            messages.iter().zip(outcomes).map(|(m, d)| (m.id, self.dispatch(m.attempts, d))).collect();
-        for (_, d) in &dispatches {
+        let dispatches: Vec<(i64, i32, Dispatch)> =
+            messages.iter().zip(outcomes).map(|(m, d)| (m.id, m.attempts, self.dispatch(m.attempts, d))).collect();
+        for (_, _, d) in &dispatches {
             match d {
                 Dispatch::Sent => relayed.sent += 1,
                 Dispatch::Retry { .. } => relayed.retried += 1,

@@ -17,6 +17,9 @@ use crate::{
     providers::Provider,
 };
 
+/// A retention longer than this (100 years) is a typo.
+pub const MAX_DAYS: u32 = 36_500;
+
 /// The longest a provider may redeliver an event, in days (providers.md).
 pub fn redelivery_window_days(provider: Provider) -> u32 {
     match provider {
@@ -67,6 +70,14 @@ impl RetentionConfig {
 
     /// Refuses a retention that would forget a key while its provider may still redeliver it.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        for (var, days) in [("OUTBOX_RETENTION_DAYS", self.outbox_days), ("INBOX_FAILED_RETENTION_DAYS", self.failed_days)]
+            .into_iter()
+            .chain(self.done_days.values().map(|d| ("INBOX_RETENTION_DAYS", *d)))
+        {
+            if days > MAX_DAYS {
+                return Err(ConfigError::Invalid { var, reason: format!("{days} days is more than {MAX_DAYS}") });
+            }
+        }
         for p in Provider::ALL {
             let window = redelivery_window_days(p);
             let done = self.done_days.get(&p).copied().unwrap_or(0);
@@ -93,6 +104,8 @@ pub struct Pruned {
     pub done: u64,
     pub failed: u64,
     pub outbox: u64,
+    /// DELETE statements run, each its own short transaction.
+    pub statements: u64,
 }
 
 /// Deletes up to `limit` `done` rows of `provider` received before `days` ago.
@@ -163,6 +176,7 @@ impl Pruner {
         }
         pruned.failed = delete_failed_before(&self.pool, self.config.failed_days, limit).await?;
         pruned.outbox = delete_sent_before(&self.pool, self.config.outbox_days, limit).await?;
+        pruned.statements = Provider::ALL.len() as u64 + 2;
         short &= (pruned.failed as i64) < limit && (pruned.outbox as i64) < limit;
         Ok((pruned, short))
     }
@@ -175,6 +189,7 @@ impl Pruner {
             total.done += p.done;
             total.failed += p.failed;
             total.outbox += p.outbox;
+            total.statements += p.statements;
             if short || Instant::now() >= deadline {
                 return Ok(total);
             }

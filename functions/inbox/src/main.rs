@@ -95,9 +95,17 @@ async fn main() -> Result<()> {
             let pool = db::pool(&config.db)?;
             let reconciler = Reconciler::from_env()?;
             anyhow::ensure!(reconciler.is_configured(), "nothing to reconcile: set STRIPE_API_KEY, or SHOPIFY_SHOP_DOMAIN and SHOPIFY_ACCESS_TOKEN");
-            for (source, found) in reconciler.run(&pool).await? {
-                println!("{source}: {} fetched, {} new, {} already known", found.fetched, found.applied, found.already_known);
+            let mut failed = 0;
+            for (source, result) in reconciler.run(&pool).await {
+                match result {
+                    Ok(f) => println!("{source}: {} fetched, {} new, {} already known", f.fetched, f.applied, f.already_known),
+                    Err(e) => {
+                        failed += 1;
+                        println!("{source}: failed: {e}");
+                    }
+                }
             }
+            anyhow::ensure!(failed == 0, "{failed} reconciliation(s) failed");
             Ok(())
         }
         Command::Prune { once } => {

@@ -16,9 +16,21 @@ async fn main() -> Result<(), Error> {
     let (reconciler, pool) = (&reconciler, &pool);
     lambda_runtime::run(service_fn(move |_: LambdaEvent<Value>| async move {
         let mut out = Map::new();
-        for (source, found) in reconciler.run(pool).await? {
-            tracing::info!(source, ?found, "reconciled");
-            out.insert(source.to_string(), serde_json::to_value(found)?);
+        let mut failed = Vec::new();
+        for (source, result) in reconciler.run(pool).await {
+            match result {
+                Ok(found) => {
+                    tracing::info!(source, ?found, "reconciled");
+                    out.insert(source.to_string(), serde_json::to_value(found)?);
+                }
+                Err(e) => {
+                    tracing::error!(source, error = %e, "reconcile failed");
+                    failed.push(format!("{source}: {e}"));
+                }
+            }
+        }
+        if !failed.is_empty() {
+            return Err(Error::from(failed.join("; ")));
         }
         Ok::<_, Error>(Value::Object(out))
     }))
