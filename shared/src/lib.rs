@@ -1,8 +1,10 @@
 //! Verified, deduplicated webhook ingestion into PostgreSQL.
 //!
 //! Every Lambda function and the `inbox` binary share this crate: the
-//! providers' signing schemes, the inbox claim, the receive handler, the
-//! database pool and the embedded PostgreSQL used by `inbox dev`.
+//! providers' signing schemes and the receive handler (`providers`, `inbox`,
+//! `receive`), the worker and its handlers (`worker`, `handlers`, `domain`,
+//! `outbox`, `process`), the relay and its sinks (`relay`, `aws`), retention,
+//! reconciliation, and the local tooling (`dev_server`, `embedded_pg`).
 
 pub mod aws;
 pub mod config;
