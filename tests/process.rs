@@ -488,3 +488,48 @@ async fn an_exclusive_inline_handler_makes_a_concurrent_duplicate_retry_instead_
     assert_eq!(first.await.unwrap(), (StatusCode::OK, json!({"status": "accepted"})));
     assert_eq!(send(r.clone()).await, (StatusCode::OK, json!({"status": "duplicate"})));
 }
+
+/// Kills its own connection, every time: the batch it is in always rolls back.
+struct ConnectionKiller;
+
+impl Handler for ConnectionKiller {
+    fn handle<'a>(&'a self, conn: &'a mut PgConnection, _: &'a Event) -> HandlerFuture<'a> {
+        Box::pin(async move {
+            sqlx::query("SELECT pg_terminate_backend(pg_backend_pid())").execute(&mut *conn).await?;
+            Ok(Outcome::Applied)
+        })
+    }
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn an_event_that_kills_its_connection_fails_after_its_attempts_and_blocks_nobody(pool: PgPool) {
+    let handlers = Handlers::new()
+        .on(Provider::Github, "killer", ConnectionKiller)
+        .on(Provider::Stripe, "payment_intent.succeeded", PaymentSucceededHandler);
+    let w = worker(&pool, handlers);
+    stored(&pool, Provider::Github, "d-killer", "killer", json!({})).await;
+    for i in 0..20 {
+        let id = format!("evt_{i:02}");
+        stored(&pool, Provider::Stripe, &id, "payment_intent.succeeded", payment_event(&id, &format!("pi_{i:02}"), 100)).await;
+    }
+    let started = Instant::now();
+    loop {
+        let _ = w.drain(later()).await; // the killer's batches fail; that is the point
+        let left: i64 = scalar(&pool, "SELECT count(*) FROM webhook_inbox WHERE status = 'pending'").await;
+        if left == 0 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "{left} events still pending");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (status, attempts, reason): (String, i32, String) =
+        sqlx::query_as("SELECT status, attempts, failure_reason FROM webhook_inbox WHERE event_id = 'd-killer'").fetch_one(&pool).await.unwrap();
+    assert_eq!((status.as_str(), attempts), ("failed", 3), "{reason}");
+    let counts: (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM payments), (SELECT count(*) FROM webhook_inbox WHERE status = 'done' AND attempts = 1)",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(counts, (20, 20), "the others were applied once each");
+}

@@ -120,6 +120,30 @@ WHERE provider = $1 AND event_id = $2 AND status = 'pending'
   AND (next_attempt_at IS NULL OR next_attempt_at <= now())
 FOR UPDATE SKIP LOCKED";
 
+/// Careful mode: count the next due event's attempt and hold it back by
+/// `$1` ms doubled per attempt (it may crash again), committed before it runs.
+/// Returns the attempts made before this one.
+const COUNT_NEXT: &str = "\
+WITH next AS (
+    SELECT provider, event_id FROM webhook_inbox
+    WHERE status = 'pending' AND (next_attempt_at IS NULL OR next_attempt_at <= now())
+    ORDER BY received_at, event_id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED)
+UPDATE webhook_inbox AS w
+SET attempts = w.attempts + 1,
+    next_attempt_at = now() + least($1 * power(2, w.attempts), 3600000) * interval '1 millisecond'
+FROM next
+WHERE w.provider = next.provider AND w.event_id = next.event_id
+RETURNING w.provider, w.event_id, w.event_type, w.payload, w.attempts - 1 AS attempts";
+
+/// Careful mode: the counted event, whatever its backoff says.
+const TAKE_ONE_ANY_TIME: &str = "\
+SELECT provider, event_id, event_type, payload, attempts - 1 AS attempts
+FROM webhook_inbox
+WHERE provider = $1 AND event_id = $2 AND status = 'pending'
+FOR UPDATE SKIP LOCKED";
+
 /// Every outcome of a batch in one statement.
 const FINISH: &str = "\
 UPDATE webhook_inbox AS w
@@ -136,11 +160,14 @@ pub struct Worker {
     pool: PgPool,
     handlers: Handlers,
     config: WorkerConfig,
+    /// Set when a batch lost its connection: the next pass goes event by event,
+    /// counting each attempt before it runs (see [`Worker::run_careful`]).
+    careful: std::sync::atomic::AtomicBool,
 }
 
 impl Worker {
     pub fn new(pool: PgPool, handlers: Handlers, config: WorkerConfig) -> Self {
-        Worker { pool, handlers, config }
+        Worker { pool, handlers, config, careful: std::sync::atomic::AtomicBool::new(false) }
     }
 
     pub fn config(&self) -> &WorkerConfig {
@@ -150,9 +177,62 @@ impl Worker {
     /// One batch: take up to `batch_size` due events, apply them, commit once.
     /// Past `deadline`, the events not yet started are left pending, untouched.
     pub async fn run_once(&self, deadline: Instant) -> Result<Counts, sqlx::Error> {
+        use std::sync::atomic::Ordering;
+        if self.careful.load(Ordering::Relaxed) {
+            return self.run_careful(deadline).await;
+        }
         let mut tx = self.pool.begin().await?;
         let rows: Vec<Row> = sqlx::query_as(TAKE_PENDING).bind(self.config.batch_size).fetch_all(&mut *tx).await?;
-        self.apply_all(tx, rows, deadline).await
+        let result = self.apply_all(tx, rows, deadline, false).await;
+        if result.as_ref().is_err_and(db::is_connection_lost) {
+            self.careful.store(true, Ordering::Relaxed);
+        }
+        result
+    }
+
+    /// After a batch lost its connection (an event that crashes the backend, a
+    /// statement timeout on the whole session, ...), the batch rolled back and
+    /// no attempt was counted: the same event would sink every batch forever.
+    /// So, event by event, each attempt is committed before the event runs
+    /// (and the event is held back by its backoff meanwhile); one that keeps
+    /// cutting the connection reaches its maximum and fails, and the others
+    /// go on. A full careful batch without a loss returns to normal batches.
+    async fn run_careful(&self, deadline: Instant) -> Result<Counts, sqlx::Error> {
+        let mut total = Counts::default();
+        for _ in 0..self.config.batch_size {
+            if Instant::now() >= deadline {
+                return Ok(total);
+            }
+            let Some(row) = sqlx::query_as::<_, Row>(COUNT_NEXT).bind(self.config.retry_base.as_millis() as i64).fetch_optional(&self.pool).await? else {
+                break;
+            };
+            let counts = if row.attempts >= self.config.max_attempts {
+                self.give_up(&row).await?
+            } else {
+                let mut tx = self.pool.begin().await?;
+                let rows: Vec<Row> = sqlx::query_as(TAKE_ONE_ANY_TIME).bind(&row.provider).bind(&row.event_id).fetch_all(&mut *tx).await?;
+                self.apply_all(tx, rows, deadline, true).await?
+            };
+            total.add(&counts);
+        }
+        self.careful.store(false, std::sync::atomic::Ordering::Relaxed);
+        Ok(total)
+    }
+
+    async fn give_up(&self, row: &Row) -> Result<Counts, sqlx::Error> {
+        let reason = format!("attempt {}: processing lost its connection every time; given up", row.attempts);
+        tracing::warn!(provider = %row.provider, event_id = %row.event_id, %reason, "event failed");
+        // The attempt counted to take it is not made: it is undone.
+        sqlx::query(
+            "UPDATE webhook_inbox SET status = 'failed', failure_reason = $3, next_attempt_at = NULL, attempts = attempts - 1
+             WHERE provider = $1 AND event_id = $2 AND status = 'pending'",
+        )
+            .bind(&row.provider)
+            .bind(&row.event_id)
+            .bind(reason)
+            .execute(&self.pool)
+            .await?;
+        Ok(Counts { taken: 1, failed: 1, ..Counts::default() })
     }
 
     /// One named event, if it is pending, due and nobody holds it (the SQS path);
@@ -160,7 +240,7 @@ impl Worker {
     pub async fn run_event(&self, provider: &str, event_id: &str) -> Result<Counts, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         let rows: Vec<Row> = sqlx::query_as(TAKE_ONE).bind(provider).bind(event_id).fetch_all(&mut *tx).await?;
-        self.apply_all(tx, rows, far_future()).await
+        self.apply_all(tx, rows, far_future(), false).await
     }
 
     /// Batch after batch until one comes back short or the deadline passes. The
@@ -208,7 +288,14 @@ impl Worker {
         }
     }
 
-    async fn apply_all(&self, mut tx: Transaction<'static, Postgres>, rows: Vec<Row>, deadline: Instant) -> Result<Counts, sqlx::Error> {
+    /// `precounted`: the attempt was already committed (careful mode).
+    async fn apply_all(
+        &self,
+        mut tx: Transaction<'static, Postgres>,
+        rows: Vec<Row>,
+        deadline: Instant,
+        precounted: bool,
+    ) -> Result<Counts, sqlx::Error> {
         let mut counts = Counts::default();
         let (mut providers, mut ids, mut statuses, mut delays, mut reasons, mut counted) =
             (vec![], vec![], vec![], vec![], vec![], vec![]);
@@ -219,9 +306,11 @@ impl Worker {
             counts.taken += 1;
             let (status, delay, reason, count): (&str, Option<i64>, Option<String>, bool) =
                 match self.apply(&mut tx, &row, &mut counts).await? {
-                    Finish::Done => ("done", None, None, true),
-                    Finish::Retry { after, reason, counted } => ("pending", Some(after.as_millis() as i64), Some(reason), counted),
-                    Finish::Failed(reason) => ("failed", None, Some(reason), true),
+                    Finish::Done => ("done", None, None, !precounted),
+                    Finish::Retry { after, reason, counted } => {
+                        ("pending", Some(after.as_millis() as i64), Some(reason), counted && !precounted)
+                    }
+                    Finish::Failed(reason) => ("failed", None, Some(reason), !precounted),
                 };
             providers.push(row.provider);
             ids.push(row.event_id);
