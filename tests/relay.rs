@@ -326,3 +326,31 @@ async fn a_late_result_from_an_expired_lease_changes_nothing(pool: PgPool) {
     let (attempts, sent, dead, error) = row(&pool).await;
     assert_eq!((attempts, sent, dead, error), (2, true, false, None));
 }
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn a_message_too_large_for_sqs_is_dead_and_the_others_go(pool: PgPool) {
+    let moto = inbox_tests::Moto::start();
+    let sqs = aws_sdk_sqs::Client::new(&moto.aws().await);
+    let url = sqs.create_queue().queue_name("sized").send().await.unwrap().queue_url().unwrap().to_string();
+    messages(&pool, 2).await;
+    sqlx::query("INSERT INTO transactional_outbox (aggregate_type, aggregate_id, payload, message_key) VALUES ('blob', 'b', $1, 'blob:1')")
+        .bind(json!({"data": "x".repeat(300 * 1024)}))
+        .execute(&pool)
+        .await
+        .unwrap();
+    // Twelve 100 KiB messages: more than fit in one call by size, fewer than ten a call.
+    for i in 0..12 {
+        sqlx::query("INSERT INTO transactional_outbox (aggregate_type, aggregate_id, payload, message_key) VALUES ('blob', 'b', $1, $2)")
+            .bind(json!({"data": "y".repeat(100 * 1024)}))
+            .bind(format!("medium:{i}"))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    let sink: Arc<dyn Sink> = Arc::new(SqsSink::new(sqs.clone(), &url));
+    let r = Relay::new(pool.clone(), vec![sink], config()).run_once().await.unwrap();
+    assert_eq!((r.sent, r.dead, r.retried), (14, 1, 0));
+    let reason: String = sqlx::query_scalar("SELECT last_error FROM transactional_outbox WHERE message_key = 'blob:1'").fetch_one(&pool).await.unwrap();
+    assert!(reason.contains("over the service's limit"), "{reason}");
+    assert_eq!(drain_queue(&sqs, &url, 14).await.len(), 14);
+}

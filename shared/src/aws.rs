@@ -10,8 +10,46 @@ use crate::{
     relay::{DeliveriesFuture, Delivery, Sink},
 };
 
-/// Both services take at most 10 entries a call.
+/// Both services take at most 10 entries and 256 KiB a call, and 256 KiB an entry.
 const ENTRIES_PER_CALL: usize = 10;
+const BYTES_PER_CALL: usize = 256 * 1024;
+/// Room left in an entry for attributes and, for EventBridge, the envelope.
+const BYTES_PER_ENTRY: usize = 250 * 1024;
+
+/// Deliveries in order: entries too large for the service are refused at once
+/// (they never fit), the rest are sent in calls within both limits.
+async fn in_calls<'a, F, Fut>(messages: &'a [Outgoing], size: impl Fn(&Outgoing) -> usize, mut send: F) -> Vec<Delivery>
+where
+    F: FnMut(Vec<&'a Outgoing>) -> Fut,
+    Fut: std::future::Future<Output = Vec<Delivery>>,
+{
+    let mut out: Vec<Option<Delivery>> = vec![None; messages.len()];
+    let mut calls: Vec<Vec<usize>> = vec![vec![]];
+    let mut bytes = 0;
+    for (i, m) in messages.iter().enumerate() {
+        let n = size(m);
+        if n > BYTES_PER_ENTRY {
+            out[i] = Some(Delivery::Rejected(format!("{n} bytes is over the service's limit for one message")));
+            continue;
+        }
+        let call = calls.last_mut().expect("never empty");
+        if call.len() == ENTRIES_PER_CALL || bytes + n > BYTES_PER_CALL {
+            calls.push(vec![]);
+            bytes = 0;
+        }
+        bytes += n;
+        calls.last_mut().expect("never empty").push(i);
+    }
+    for call in calls.into_iter().filter(|c| !c.is_empty()) {
+        let results = send(call.iter().map(|i| &messages[*i]).collect()).await;
+        for (i, d) in call.into_iter().zip(results) {
+            out[i] = Some(d);
+        }
+    }
+    out.into_iter()
+        .map(|d| d.unwrap_or(Delivery::Retryable { reason: "no result for the entry".into(), retry_after: None }))
+        .collect()
+}
 
 /// The AWS configuration from the environment, TLS by rustls with ring;
 /// `endpoint` overrides the service endpoint (tests point it at moto).
@@ -41,7 +79,7 @@ impl SqsSink {
         SqsSink { fifo: queue_url.ends_with(".fifo"), client, queue_url }
     }
 
-    async fn send(&self, chunk: &[Outgoing]) -> Vec<Delivery> {
+    async fn send(&self, chunk: Vec<&Outgoing>) -> Vec<Delivery> {
         let entries: Result<Vec<_>, _> = chunk
             .iter()
             .enumerate()
@@ -102,13 +140,7 @@ impl Sink for SqsSink {
     }
 
     fn deliver_all<'a>(&'a self, messages: &'a [Outgoing]) -> DeliveriesFuture<'a> {
-        Box::pin(async move {
-            let mut out = Vec::with_capacity(messages.len());
-            for chunk in messages.chunks(ENTRIES_PER_CALL) {
-                out.extend(self.send(chunk).await);
-            }
-            out
-        })
+        Box::pin(in_calls(messages, |m| m.payload.0.to_string().len() + m.message_key.len(), move |chunk| self.send(chunk)))
     }
 }
 
@@ -124,7 +156,7 @@ impl EventBridgeSink {
         EventBridgeSink { client, bus: bus.into() }
     }
 
-    async fn put(&self, chunk: &[Outgoing]) -> Vec<Delivery> {
+    async fn put(&self, chunk: Vec<&Outgoing>) -> Vec<Delivery> {
         let entries: Vec<PutEventsRequestEntry> = chunk
             .iter()
             .map(|m| {
@@ -175,12 +207,6 @@ impl Sink for EventBridgeSink {
     }
 
     fn deliver_all<'a>(&'a self, messages: &'a [Outgoing]) -> DeliveriesFuture<'a> {
-        Box::pin(async move {
-            let mut out = Vec::with_capacity(messages.len());
-            for chunk in messages.chunks(ENTRIES_PER_CALL) {
-                out.extend(self.put(chunk).await);
-            }
-            out
-        })
+        Box::pin(in_calls(messages, |m| m.payload.0.to_string().len() + m.message_key.len() + 512, move |chunk| self.put(chunk)))
     }
 }

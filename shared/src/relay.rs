@@ -32,10 +32,15 @@ pub trait Sink: Send + Sync {
     fn deliver_all<'a>(&'a self, messages: &'a [Outgoing]) -> DeliveriesFuture<'a>;
 }
 
-/// `Retry-After` in seconds (whole or decimal), at most an hour.
+/// `Retry-After` as seconds (whole or decimal) or an HTTP date, at most an hour.
 pub fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
-    let secs = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?.trim().parse::<f64>().ok()?;
-    (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs.min(crate::worker::RETRY_CAP.as_secs_f64())))
+    let value = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?.trim();
+    let wait = match value.parse::<f64>() {
+        Ok(secs) if secs.is_finite() && secs >= 0.0 => Duration::from_secs_f64(secs.min(crate::worker::RETRY_CAP.as_secs_f64())),
+        Ok(_) => return None,
+        Err(_) => httpdate::parse_http_date(value).ok()?.duration_since(std::time::SystemTime::now()).unwrap_or_default(),
+    };
+    Some(wait.min(crate::worker::RETRY_CAP))
 }
 
 /// Response bodies kept as a dead message's reason are cut to this many bytes.
@@ -121,6 +126,31 @@ impl HttpSink {
                 Delivery::Rejected(reason)
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::header::{HeaderMap, HeaderValue, RETRY_AFTER};
+
+    fn after(v: &str) -> Option<Duration> {
+        let mut h = HeaderMap::new();
+        h.insert(RETRY_AFTER, HeaderValue::from_str(v).unwrap());
+        retry_after(&h)
+    }
+
+    #[test]
+    fn retry_after_reads_seconds_decimals_and_dates_and_is_capped() {
+        assert_eq!(after("30"), Some(Duration::from_secs(30)));
+        assert_eq!(after("2.5"), Some(Duration::from_millis(2500)));
+        assert_eq!(after("99999999999"), Some(crate::worker::RETRY_CAP));
+        assert_eq!(after("-1"), None);
+        let in_a_minute = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(61));
+        let d = after(&in_a_minute).unwrap();
+        assert!((Duration::from_secs(59)..=Duration::from_secs(61)).contains(&d), "{d:?}");
+        assert_eq!(after("Wed, 21 Oct 2015 07:28:00 GMT"), Some(Duration::ZERO), "a past date: now");
+        assert_eq!(after("soon"), None);
     }
 }
 
