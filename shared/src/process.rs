@@ -12,6 +12,12 @@ use crate::worker::{Counts, Worker};
 /// batches this long before the Lambda deadline.
 pub const DEFAULT_DEADLINE_MARGIN: Duration = Duration::from_millis(3000);
 
+/// `INBOX_DEADLINE_MARGIN_MS`, for every scheduled function.
+pub fn deadline_margin_from_env() -> Result<Duration, crate::config::ConfigError> {
+    let ms = crate::config::parse_env("INBOX_DEADLINE_MARGIN_MS", DEFAULT_DEADLINE_MARGIN.as_millis() as u64)?;
+    Ok(Duration::from_millis(ms))
+}
+
 /// Dispatches on the event's shape: an SQS batch (`Records`) or a schedule (anything else).
 pub async fn handle(worker: &Worker, event: Value, deadline: Instant) -> Result<Value, serde_json::Error> {
     if event.get("Records").is_some() {

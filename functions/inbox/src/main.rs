@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use tokio::net::TcpListener;
 use webhook_inbox::{
-    config::{self, Secrets},
+    config::{self, DbConfig, Secrets},
     db, dev_server,
     embedded_pg::EmbeddedPostgres,
     handlers::Handlers,
@@ -81,18 +81,14 @@ async fn main() -> Result<()> {
             anyhow::ensure!(once, "inbox relay runs one pass of the relay function: pass --once (`inbox dev` relays continuously)");
             let sinks = sinks_from_env().await?;
             anyhow::ensure!(!sinks.is_empty(), "no sink configured: set RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL or RELAY_EVENT_BUS");
-            let config = Config::from_env(1)?;
-            anyhow::ensure!(config.db.url.is_some(), "DATABASE_URL is not set");
-            let relay = Relay::new(db::pool(&config.db)?, sinks, RelayConfig::from_env()?);
-            let r = relay.run(std::time::Instant::now() + std::time::Duration::from_secs(900)).await?;
+            let relay = Relay::new(database()?, sinks, RelayConfig::from_env()?);
+            let r = relay.run(one_pass_deadline()).await?;
             println!("relayed: {} leased, {} sent, {} to retry, {} dead", r.leased, r.sent, r.retried, r.dead);
             Ok(())
         }
         Command::Reconcile { once } => {
             anyhow::ensure!(once, "inbox reconcile runs one pass of the reconcile function: pass --once (schedule it for more)");
-            let config = Config::from_env(1)?;
-            anyhow::ensure!(config.db.url.is_some(), "DATABASE_URL is not set");
-            let pool = db::pool(&config.db)?;
+            let pool = database()?;
             let reconciler = Reconciler::from_env()?;
             anyhow::ensure!(reconciler.is_configured(), "nothing to reconcile: set STRIPE_API_KEY, or SHOPIFY_SHOP_DOMAIN and SHOPIFY_ACCESS_TOKEN");
             let mut failed = 0;
@@ -110,23 +106,29 @@ async fn main() -> Result<()> {
         }
         Command::Prune { once } => {
             anyhow::ensure!(once, "inbox prune runs one pass of the prune function: pass --once (schedule it for more)");
-            let retention = RetentionConfig::from_env()?;
-            let config = Config::from_env(1)?;
-            anyhow::ensure!(config.db.url.is_some(), "DATABASE_URL is not set");
-            let pruner = Pruner::new(db::pool(&config.db)?, retention);
-            let pruned = pruner.run(std::time::Instant::now() + std::time::Duration::from_secs(900)).await?;
+            let pruner = Pruner::new(database()?, RetentionConfig::from_env()?);
+            let pruned = pruner.run(one_pass_deadline()).await?;
             println!("pruned: {} done inbox rows, {} failed inbox rows, {} sent outbox messages", pruned.done, pruned.failed, pruned.outbox);
             Ok(())
         }
         Command::Migrate => {
-            let config = Config::from_env(1)?;
-            let url = config.db.url.as_deref().context("DATABASE_URL is not set")?;
-            let pool = db::pool(&config.db)?;
-            db::MIGRATOR.run(&pool).await.context("applying migrations")?;
-            println!("migrations applied to {}", redact_url(url));
+            db::MIGRATOR.run(&database()?).await.context("applying migrations")?;
+            println!("migrations applied to {}", redact_url(&std::env::var("DATABASE_URL")?));
             Ok(())
         }
     }
+}
+
+/// A one-connection pool on DATABASE_URL, for the one-pass commands.
+fn database() -> Result<sqlx::PgPool> {
+    let config = DbConfig::from_env(1)?;
+    anyhow::ensure!(config.url.is_some(), "DATABASE_URL is not set");
+    Ok(db::pool(&config)?)
+}
+
+/// A one-pass command stops starting batches after this long, as a Lambda would at its deadline.
+fn one_pass_deadline() -> std::time::Instant {
+    std::time::Instant::now() + std::time::Duration::from_secs(900)
 }
 
 async fn dev(host: &str, port: u16) -> Result<()> {

@@ -2,12 +2,12 @@
 //! deadline less a margin; on SQS, processes the events the messages name and
 //! reports partial batch failures. The logic is `webhook_inbox::{worker, process}`.
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
 use lambda_runtime::{service_fn, Error, LambdaEvent};
 use serde_json::Value;
 use webhook_inbox::{
-    config::{parse_env, DbConfig},
+    config::DbConfig,
     db,
     handlers::Handlers,
     process,
@@ -19,7 +19,7 @@ use webhook_inbox::{
 async fn main() -> Result<(), Error> {
     telemetry::init();
     let pool = db::pool(&DbConfig::from_env(2)?)?;
-    let margin = Duration::from_millis(parse_env("INBOX_DEADLINE_MARGIN_MS", process::DEFAULT_DEADLINE_MARGIN.as_millis() as u64)?);
+    let margin = process::deadline_margin_from_env()?;
     let worker = Arc::new(Worker::new(pool, Handlers::reference(), WorkerConfig::from_env()?));
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
         let worker = worker.clone();
