@@ -1,7 +1,10 @@
 //! The worker and the reference domain against a real PostgreSQL: effects
 //! apply once under duplicates, concurrency, crashes, retries and disorder.
 
-use std::{sync::Arc, time::{Duration, Instant}};
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use http::StatusCode;
 use inbox_tests::*;
@@ -25,7 +28,12 @@ use webhook_inbox::{
 };
 
 fn fast_config() -> WorkerConfig {
-    WorkerConfig { batch_size: 100, max_attempts: 3, retry_base: Duration::from_millis(1), poll: Duration::from_millis(10) }
+    WorkerConfig {
+        batch_size: 100,
+        max_attempts: 3,
+        retry_base: Duration::from_millis(1),
+        poll: Duration::from_millis(10),
+    }
 }
 
 fn later() -> Instant {
@@ -37,10 +45,21 @@ fn worker(pool: &PgPool, handlers: Handlers) -> Worker {
 }
 
 /// Puts an event in the inbox as receive would.
-async fn stored(pool: &PgPool, provider: Provider, event_id: &str, event_type: &str, payload: Value) {
+async fn stored(
+    pool: &PgPool,
+    provider: Provider,
+    event_id: &str,
+    event_type: &str,
+    payload: Value,
+) {
     let headers = json!({});
     let text = payload.to_string();
-    let env = Envelope { provider, raw_body: text.as_bytes(), headers: &headers, secret_index: Some(0) };
+    let env = Envelope {
+        provider,
+        raw_body: text.as_bytes(),
+        headers: &headers,
+        secret_index: Some(0),
+    };
     let event = NewEvent::pending(event_id.into(), event_type, text.clone());
     inbox::claim(pool, &env, &event).await.unwrap();
 }
@@ -59,7 +78,11 @@ async fn drain_all(w: &Worker, pool: &PgPool) -> Counts {
         let (c, error) = w.drain(Instant::now() + Duration::from_secs(5)).await;
         assert!(error.is_none(), "{error:?}");
         total.add(&c);
-        let pending: i64 = scalar(pool, "SELECT count(*) FROM webhook_inbox WHERE status = 'pending'").await;
+        let pending: i64 = scalar(
+            pool,
+            "SELECT count(*) FROM webhook_inbox WHERE status = 'pending'",
+        )
+        .await;
         if pending == 0 {
             return total;
         }
@@ -83,43 +106,112 @@ fn payment_event(event_id: &str, pi: &str, amount: i64) -> Value {
 async fn out_of_order_snapshots_leave_the_newest(pool: PgPool) {
     let w = worker(&pool, Handlers::reference());
     // `paid` happened at 12:00:05 but arrives first; `pending` (12:00:00) arrives late.
-    stored(&pool, Provider::Shopify, "d-new", "orders/updated", order(1001, "paid", "120.00", "2026-09-20T12:00:05Z")).await;
+    stored(
+        &pool,
+        Provider::Shopify,
+        "d-new",
+        "orders/updated",
+        order(1001, "paid", "120.00", "2026-09-20T12:00:05Z"),
+    )
+    .await;
     assert_eq!(w.run_once(later()).await.unwrap().applied, 1);
-    stored(&pool, Provider::Shopify, "d-old", "orders/updated", order(1001, "pending", "99.00", "2026-09-20T12:00:00Z")).await;
+    stored(
+        &pool,
+        Provider::Shopify,
+        "d-old",
+        "orders/updated",
+        order(1001, "pending", "99.00", "2026-09-20T12:00:00Z"),
+    )
+    .await;
     let c = w.run_once(later()).await.unwrap();
-    assert_eq!((c.applied, c.no_effect), (0, 1), "the stale snapshot changes nothing");
+    assert_eq!(
+        (c.applied, c.no_effect),
+        (0, 1),
+        "the stale snapshot changes nothing"
+    );
     let (status, total): (String, String) =
-        sqlx::query_as("SELECT status, total_amount::text FROM orders WHERE order_id = '1001'").fetch_one(&pool).await.unwrap();
+        sqlx::query_as("SELECT status, total_amount::text FROM orders WHERE order_id = '1001'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert_eq!((status.as_str(), total.as_str()), ("paid", "120.00"));
-    let done: i64 = scalar(&pool, "SELECT count(*) FROM webhook_inbox WHERE status = 'done'").await;
+    let done: i64 = scalar(
+        &pool,
+        "SELECT count(*) FROM webhook_inbox WHERE status = 'done'",
+    )
+    .await;
     assert_eq!(done, 2, "a stale event is done, not failed");
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn the_upsert_tells_inserted_updated_and_stale_and_a_replay_keeps_xmin(pool: PgPool) {
     let mut conn = pool.acquire().await.unwrap();
-    let v1 = OrderSnapshot::from_shopify(&order(5, "pending", "10.00", "2026-09-20T12:00:00Z")).unwrap();
-    let v2 = OrderSnapshot::from_shopify(&order(5, "paid", "10.00", "2026-09-20T12:00:01Z")).unwrap();
-    assert_eq!(orders::upsert(&mut conn, &v1).await.unwrap(), Applied::Inserted);
-    assert_eq!(orders::upsert(&mut conn, &v2).await.unwrap(), Applied::Updated);
-    let xmin = || async { scalar::<String>(&pool, "SELECT xmin::text FROM orders WHERE order_id = '5'").await };
+    let v1 =
+        OrderSnapshot::from_shopify(&order(5, "pending", "10.00", "2026-09-20T12:00:00Z")).unwrap();
+    let v2 =
+        OrderSnapshot::from_shopify(&order(5, "paid", "10.00", "2026-09-20T12:00:01Z")).unwrap();
+    assert_eq!(
+        orders::upsert(&mut conn, &v1).await.unwrap(),
+        Applied::Inserted
+    );
+    assert_eq!(
+        orders::upsert(&mut conn, &v2).await.unwrap(),
+        Applied::Updated
+    );
+    let xmin = || async {
+        scalar::<String>(&pool, "SELECT xmin::text FROM orders WHERE order_id = '5'").await
+    };
     let before = xmin().await;
-    assert_eq!(orders::upsert(&mut conn, &v2).await.unwrap(), Applied::Stale, "an identical replay (a tie) is stale");
-    assert_eq!(orders::upsert(&mut conn, &v1).await.unwrap(), Applied::Stale);
+    assert_eq!(
+        orders::upsert(&mut conn, &v2).await.unwrap(),
+        Applied::Stale,
+        "an identical replay (a tie) is stale"
+    );
+    assert_eq!(
+        orders::upsert(&mut conn, &v1).await.unwrap(),
+        Applied::Stale
+    );
     assert_eq!(xmin().await, before, "no new row version was written");
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn a_malformed_order_fails_at_once_with_its_reason(pool: PgPool) {
     let w = worker(&pool, Handlers::reference());
-    stored(&pool, Provider::Shopify, "bad-total", "orders/create", order(9, "paid", "12,00", "2026-09-20T12:00:00Z")).await;
-    stored(&pool, Provider::Shopify, "bad-time", "orders/create", order(10, "paid", "12.00", "half past noon")).await;
+    stored(
+        &pool,
+        Provider::Shopify,
+        "bad-total",
+        "orders/create",
+        order(9, "paid", "12,00", "2026-09-20T12:00:00Z"),
+    )
+    .await;
+    stored(
+        &pool,
+        Provider::Shopify,
+        "bad-time",
+        "orders/create",
+        order(10, "paid", "12.00", "half past noon"),
+    )
+    .await;
     let c = w.run_once(later()).await.unwrap();
-    assert_eq!((c.failed, c.retried), (2, 0), "permanent errors are not retried");
+    assert_eq!(
+        (c.failed, c.retried),
+        (2, 0),
+        "permanent errors are not retried"
+    );
     let reasons: Vec<String> =
-        sqlx::query_scalar("SELECT failure_reason FROM webhook_inbox ORDER BY event_id").fetch_all(&pool).await.unwrap();
-    assert!(reasons[0].contains("invalid input syntax for type timestamp"), "{reasons:?}");
-    assert!(reasons[1].contains("total_price is not a decimal"), "{reasons:?}");
+        sqlx::query_scalar("SELECT failure_reason FROM webhook_inbox ORDER BY event_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert!(
+        reasons[0].contains("invalid input syntax for type timestamp"),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons[1].contains("total_price is not a decimal"),
+        "{reasons:?}"
+    );
 }
 
 // ---------- payments: the business key ----------
@@ -127,28 +219,62 @@ async fn a_malformed_order_fails_at_once_with_its_reason(pool: PgPool) {
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn stripe_twin_events_make_one_payment_and_one_outbox_message(pool: PgPool) {
     let w = worker(&pool, Handlers::reference());
-    stored(&pool, Provider::Stripe, "evt_a", "payment_intent.succeeded", payment_event("evt_a", "pi_1", 2000)).await;
-    stored(&pool, Provider::Stripe, "evt_b", "payment_intent.succeeded", payment_event("evt_b", "pi_1", 2000)).await;
+    stored(
+        &pool,
+        Provider::Stripe,
+        "evt_a",
+        "payment_intent.succeeded",
+        payment_event("evt_a", "pi_1", 2000),
+    )
+    .await;
+    stored(
+        &pool,
+        Provider::Stripe,
+        "evt_b",
+        "payment_intent.succeeded",
+        payment_event("evt_b", "pi_1", 2000),
+    )
+    .await;
     let c = w.run_once(later()).await.unwrap();
-    assert_eq!((c.taken, c.applied, c.no_effect), (2, 1, 1), "the twin finds the payment recorded");
+    assert_eq!(
+        (c.taken, c.applied, c.no_effect),
+        (2, 1, 1),
+        "the twin finds the payment recorded"
+    );
     let (payments, messages): (i64, i64) = (
         scalar(&pool, "SELECT count(*) FROM payments").await,
         scalar(&pool, "SELECT count(*) FROM transactional_outbox").await,
     );
     assert_eq!((payments, messages), (1, 1));
     let (key, payload): (String, Value) =
-        sqlx::query_as("SELECT message_key, payload FROM transactional_outbox").fetch_one(&pool).await.unwrap();
+        sqlx::query_as("SELECT message_key, payload FROM transactional_outbox")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert_eq!(key, "payment_succeeded:pi_1");
-    assert_eq!((payload["payment_id"].as_str(), payload["amount"].as_i64()), (Some("pi_1"), Some(2000)));
+    assert_eq!(
+        (payload["payment_id"].as_str(), payload["amount"].as_i64()),
+        (Some("pi_1"), Some(2000))
+    );
 }
 
 /// 30 copies of each of 10 payment events arrive at once while 4 workers drain.
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn thirty_concurrent_duplicates_with_four_workers_apply_each_effect_once(_: PgPoolOptions, opts: PgConnectOptions) {
-    let pool = PgPoolOptions::new().max_connections(12).connect_with(opts.clone()).await.unwrap();
+async fn thirty_concurrent_duplicates_with_four_workers_apply_each_effect_once(
+    _: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    let pool = PgPoolOptions::new()
+        .max_connections(12)
+        .connect_with(opts.clone())
+        .await
+        .unwrap();
     let mut cfg = config(secrets(false));
     cfg.db.pool_size = 30;
-    let r = Arc::new(webhook_inbox::Receiver::new(db::Connections::from_options(opts, &cfg.db), &cfg));
+    let r = Arc::new(webhook_inbox::Receiver::new(
+        db::Connections::from_options(opts, &cfg.db),
+        &cfg,
+    ));
     let stop = Arc::new(tokio::sync::Notify::new());
     let workers: Vec<_> = (0..4)
         .map(|_| {
@@ -160,19 +286,33 @@ async fn thirty_concurrent_duplicates_with_four_workers_apply_each_effect_once(_
     let deliveries: Vec<_> = (0..300)
         .map(|i| {
             let n = i % 10;
-            let body = payment_event(&format!("evt_{n}"), &format!("pi_{n}"), 100 + n as i64).to_string().into_bytes();
+            let body = payment_event(&format!("evt_{n}"), &format!("pi_{n}"), 100 + n as i64)
+                .to_string()
+                .into_bytes();
             let (r, barrier) = (r.clone(), barrier.clone());
             tokio::spawn(async move {
                 let sig = stripe_header(STRIPE[0], &body);
                 barrier.wait().await;
-                post(&r, "stripe", &[("Stripe-Signature", &sig)], &body).await.0
+                post(&r, "stripe", &[("Stripe-Signature", &sig)], &body)
+                    .await
+                    .0
             })
         })
         .collect();
     for d in deliveries {
         assert_eq!(d.await.unwrap(), StatusCode::OK);
     }
-    assert!(eventually(|| async { scalar::<i64>(&pool, "SELECT count(*) FROM webhook_inbox WHERE status <> 'done'").await == 0 }).await);
+    assert!(
+        eventually(|| async {
+            scalar::<i64>(
+                &pool,
+                "SELECT count(*) FROM webhook_inbox WHERE status <> 'done'",
+            )
+            .await
+                == 0
+        })
+        .await
+    );
     stop.notify_waiters();
     for w in workers {
         w.await.unwrap();
@@ -185,8 +325,15 @@ async fn thirty_concurrent_duplicates_with_four_workers_apply_each_effect_once(_
     .await
     .unwrap();
     assert_eq!(counts, (10, 10, 10, (100..110).sum::<i64>()));
-    let not_once: i64 = scalar(&pool, "SELECT count(*) FROM webhook_inbox WHERE attempts <> 1").await;
-    assert_eq!(not_once, 0, "each event was applied by exactly one worker, once");
+    let not_once: i64 = scalar(
+        &pool,
+        "SELECT count(*) FROM webhook_inbox WHERE attempts <> 1",
+    )
+    .await;
+    assert_eq!(
+        not_once, 0,
+        "each event was applied by exactly one worker, once"
+    );
 }
 
 // ---------- failures ----------
@@ -202,51 +349,126 @@ impl Handler for Poison {
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn a_poison_event_fails_after_its_attempts_while_a_thousand_others_are_done(pool: PgPool) {
-    let w = worker(&pool, Handlers::new().on(Provider::Standard, "poison", Poison));
-    stored(&pool, Provider::Standard, "msg_poison", "poison", json!({"type": "poison"})).await;
+    let w = worker(
+        &pool,
+        Handlers::new().on(Provider::Standard, "poison", Poison),
+    );
+    stored(
+        &pool,
+        Provider::Standard,
+        "msg_poison",
+        "poison",
+        json!({"type": "poison"}),
+    )
+    .await;
     for i in 0..1000 {
-        stored(&pool, Provider::Standard, &format!("msg_{i:04}"), "invoice.paid", json!({"type": "invoice.paid"})).await;
+        stored(
+            &pool,
+            Provider::Standard,
+            &format!("msg_{i:04}"),
+            "invoice.paid",
+            json!({"type": "invoice.paid"}),
+        )
+        .await;
     }
     let first = w.run_once(later()).await.unwrap();
-    assert_eq!((first.taken, first.retried, first.no_handler), (100, 1, 99), "the poison event is first in line and blocks nothing");
+    assert_eq!(
+        (first.taken, first.retried, first.no_handler),
+        (100, 1, 99),
+        "the poison event is first in line and blocks nothing"
+    );
     let total = drain_all(&w, &pool).await;
-    assert_eq!(total.no_handler + first.no_handler, 1000, "types with no handler are done, and counted");
-    let (status, attempts, reason): (String, i32, String) =
-        sqlx::query_as("SELECT status, attempts, failure_reason FROM webhook_inbox WHERE event_id = 'msg_poison'")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    assert_eq!(
+        total.no_handler + first.no_handler,
+        1000,
+        "types with no handler are done, and counted"
+    );
+    let (status, attempts, reason): (String, i32, String) = sqlx::query_as(
+        "SELECT status, attempts, failure_reason FROM webhook_inbox WHERE event_id = 'msg_poison'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
     assert_eq!((status.as_str(), attempts), ("failed", 3));
     assert_eq!(reason, "attempt 3: the downstream is on fire");
-    assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM webhook_inbox WHERE status = 'done'").await, 1000);
+    assert_eq!(
+        scalar::<i64>(
+            &pool,
+            "SELECT count(*) FROM webhook_inbox WHERE status = 'done'"
+        )
+        .await,
+        1000
+    );
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn a_deposit_for_a_missing_account_is_retried_and_lands_once_after_the_account_exists(_: PgPoolOptions, opts: PgConnectOptions) {
+async fn a_deposit_for_a_missing_account_is_retried_and_lands_once_after_the_account_exists(
+    _: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let r = receiver(opts, secrets(false));
-    let w = Worker::new(pool.clone(), Handlers::reference(), WorkerConfig { max_attempts: 10, ..fast_config() });
+    let w = Worker::new(
+        pool.clone(),
+        Handlers::reference(),
+        WorkerConfig {
+            max_attempts: 10,
+            ..fast_config()
+        },
+    );
     let auth = marqeta_basic(MARQETA_USER, MARQETA_PASSWORDS[0]);
     let batch = br#"{"transactions":[{"token":"dep_1","type":"gpa.credit","state":"COMPLETION","user_token":"acct_1","amount":25.5},{"token":"auth_1","type":"authorization","state":"PENDING","user_token":"acct_1","amount":3}]}"#;
-    assert_eq!(post(&r, "marqeta", &[("Authorization", &auth)], batch).await.0, StatusCode::OK);
+    assert_eq!(
+        post(&r, "marqeta", &[("Authorization", &auth)], batch)
+            .await
+            .0,
+        StatusCode::OK
+    );
 
     let c = w.run_once(later()).await.unwrap();
     assert_eq!((c.retried, c.no_handler), (1, 1));
-    let (attempts, reason): (i32, String) =
-        sqlx::query_as("SELECT attempts, failure_reason FROM webhook_inbox WHERE event_id = 'transactions:dep_1'").fetch_one(&pool).await.unwrap();
-    assert_eq!((attempts, reason.as_str()), (1, "attempt 1: account acct_1 does not exist yet"));
-    assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM account_deposits").await, 0, "the ledger row rolled back with the savepoint");
+    let (attempts, reason): (i32, String) = sqlx::query_as(
+        "SELECT attempts, failure_reason FROM webhook_inbox WHERE event_id = 'transactions:dep_1'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (attempts, reason.as_str()),
+        (1, "attempt 1: account acct_1 does not exist yet")
+    );
+    assert_eq!(
+        scalar::<i64>(&pool, "SELECT count(*) FROM account_deposits").await,
+        0,
+        "the ledger row rolled back with the savepoint"
+    );
 
-    sqlx::query("INSERT INTO accounts (account_id, balance) VALUES ('acct_1', 100.00)").execute(&pool).await.unwrap();
+    sqlx::query("INSERT INTO accounts (account_id, balance) VALUES ('acct_1', 100.00)")
+        .execute(&pool)
+        .await
+        .unwrap();
     drain_all(&w, &pool).await;
     // The same batch again, and another pass: nothing moves.
-    assert_eq!(post(&r, "marqeta", &[("Authorization", &auth)], batch).await.1, json!({"accepted": 0, "duplicates": 2}));
+    assert_eq!(
+        post(&r, "marqeta", &[("Authorization", &auth)], batch)
+            .await
+            .1,
+        json!({"accepted": 0, "duplicates": 2})
+    );
     w.run_once(later()).await.unwrap();
-    let balance: String = scalar(&pool, "SELECT balance::text FROM accounts WHERE account_id = 'acct_1'").await;
+    let balance: String = scalar(
+        &pool,
+        "SELECT balance::text FROM accounts WHERE account_id = 'acct_1'",
+    )
+    .await;
     assert_eq!(balance, "125.50");
     let (deposits, messages): (i64, i64) = (
         scalar(&pool, "SELECT count(*) FROM account_deposits").await,
-        scalar(&pool, "SELECT count(*) FROM transactional_outbox WHERE payload->>'event' = 'balance_updated'").await,
+        scalar(
+            &pool,
+            "SELECT count(*) FROM transactional_outbox WHERE payload->>'event' = 'balance_updated'",
+        )
+        .await,
     );
     assert_eq!((deposits, messages), (1, 1));
 }
@@ -260,7 +482,9 @@ impl Handler for ParkOn {
         Box::pin(async move {
             let outcome = PaymentSucceededHandler.handle(&mut *conn, event).await?;
             if event.event_id == self.0 {
-                sqlx::query("SELECT pg_sleep(60)").execute(&mut *conn).await?;
+                sqlx::query("SELECT pg_sleep(60)")
+                    .execute(&mut *conn)
+                    .await?;
             }
             Ok(outcome)
         })
@@ -268,14 +492,36 @@ impl Handler for ParkOn {
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn a_worker_cut_off_mid_batch_leaves_its_rows_and_every_effect_lands_once(_: PgPoolOptions, opts: PgConnectOptions) {
+async fn a_worker_cut_off_mid_batch_leaves_its_rows_and_every_effect_lands_once(
+    _: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     for i in 0..20 {
         let id = format!("evt_{i:02}");
-        stored(&pool, Provider::Stripe, &id, "payment_intent.succeeded", payment_event(&id, &format!("pi_{i:02}"), 500)).await;
+        stored(
+            &pool,
+            Provider::Stripe,
+            &id,
+            "payment_intent.succeeded",
+            payment_event(&id, &format!("pi_{i:02}"), 500),
+        )
+        .await;
     }
-    let doomed_pool = PgPoolOptions::new().max_connections(1).connect_with(opts.application_name("doomed-worker")).await.unwrap();
-    let doomed = Worker::new(doomed_pool, Handlers::new().on(Provider::Stripe, "payment_intent.succeeded", ParkOn("evt_05")), fast_config());
+    let doomed_pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(opts.application_name("doomed-worker"))
+        .await
+        .unwrap();
+    let doomed = Worker::new(
+        doomed_pool,
+        Handlers::new().on(
+            Provider::Stripe,
+            "payment_intent.succeeded",
+            ParkOn("evt_05"),
+        ),
+        fast_config(),
+    );
     let run = tokio::spawn(async move { doomed.run_once(later()).await });
     let parked = eventually(|| async {
         scalar::<i64>(&pool, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'doomed-worker' AND query LIKE '%pg_sleep%'").await == 1
@@ -287,8 +533,15 @@ async fn a_worker_cut_off_mid_batch_leaves_its_rows_and_every_effect_lands_once(
         .execute(&pool)
         .await
         .unwrap();
-    assert!(run.await.unwrap().is_err(), "the cut worker reports an error");
-    assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM payments").await, 0, "nothing half-done survives");
+    assert!(
+        run.await.unwrap().is_err(),
+        "the cut worker reports an error"
+    );
+    assert_eq!(
+        scalar::<i64>(&pool, "SELECT count(*) FROM payments").await,
+        0,
+        "nothing half-done survives"
+    );
 
     let c = drain_all(&worker(&pool, Handlers::reference()), &pool).await;
     assert_eq!(c.applied, 20);
@@ -303,29 +556,58 @@ async fn a_worker_cut_off_mid_batch_leaves_its_rows_and_every_effect_lands_once(
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn a_lock_timeout_is_retried_without_spending_an_attempt(_: PgPoolOptions, opts: PgConnectOptions) {
+async fn a_lock_timeout_is_retried_without_spending_an_attempt(
+    _: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let mut cfg = db_config();
     cfg.lock_timeout = Duration::from_millis(200);
-    let w = Worker::new(db::pool_from(opts, &cfg), Handlers::reference(), fast_config());
-    sqlx::query("INSERT INTO accounts (account_id) VALUES ('busy')").execute(&pool).await.unwrap();
+    let w = Worker::new(
+        db::pool_from(opts, &cfg),
+        Handlers::reference(),
+        fast_config(),
+    );
+    sqlx::query("INSERT INTO accounts (account_id) VALUES ('busy')")
+        .execute(&pool)
+        .await
+        .unwrap();
     let deposit = json!({"token": "dep_b", "type": "gpa.credit", "state": "COMPLETION", "user_token": "busy", "amount": 5});
-    stored(&pool, Provider::Marqeta, "transactions:dep_b", "transactions:gpa.credit", deposit).await;
+    stored(
+        &pool,
+        Provider::Marqeta,
+        "transactions:dep_b",
+        "transactions:gpa.credit",
+        deposit,
+    )
+    .await;
 
     let mut holder = pool.begin().await.unwrap();
-    sqlx::query("SELECT * FROM accounts WHERE account_id = 'busy' FOR UPDATE").execute(&mut *holder).await.unwrap();
+    sqlx::query("SELECT * FROM accounts WHERE account_id = 'busy' FOR UPDATE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
     for _ in 0..3 {
         let c = w.run_once(later()).await.unwrap();
         assert_eq!(c.retried, 1);
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let (attempts, reason): (i32, String) =
-        sqlx::query_as("SELECT attempts, failure_reason FROM webhook_inbox").fetch_one(&pool).await.unwrap();
+        sqlx::query_as("SELECT attempts, failure_reason FROM webhook_inbox")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert_eq!(attempts, 0, "{reason}");
-    assert!(reason.starts_with("contention (not counted as an attempt)"), "{reason}");
+    assert!(
+        reason.starts_with("contention (not counted as an attempt)"),
+        "{reason}"
+    );
     holder.rollback().await.unwrap();
     drain_all(&w, &pool).await;
-    assert_eq!(scalar::<String>(&pool, "SELECT balance::text FROM accounts").await, "5.00");
+    assert_eq!(
+        scalar::<String>(&pool, "SELECT balance::text FROM accounts").await,
+        "5.00"
+    );
 }
 
 // ---------- the two triggers ----------// ---------- the two triggers ----------
@@ -333,14 +615,34 @@ async fn a_lock_timeout_is_retried_without_spending_an_attempt(_: PgPoolOptions,
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn the_schedule_drains_batch_after_batch_and_stops_at_the_deadline(pool: PgPool) {
     for i in 0..250 {
-        stored(&pool, Provider::Github, &format!("d-{i:03}"), "ping", json!({})).await;
+        stored(
+            &pool,
+            Provider::Github,
+            &format!("d-{i:03}"),
+            "ping",
+            json!({}),
+        )
+        .await;
     }
     let w = worker(&pool, Handlers::reference());
     let past = process::on_schedule(&w, Instant::now()).await;
-    assert_eq!(past.counts.taken, 0, "past the deadline no event is started");
-    assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM webhook_inbox WHERE status = 'pending' AND attempts = 0").await, 250);
+    assert_eq!(
+        past.counts.taken, 0,
+        "past the deadline no event is started"
+    );
+    assert_eq!(
+        scalar::<i64>(
+            &pool,
+            "SELECT count(*) FROM webhook_inbox WHERE status = 'pending' AND attempts = 0"
+        )
+        .await,
+        250
+    );
     let all = process::on_schedule(&w, Instant::now() + Duration::from_secs(30)).await;
-    assert_eq!(all.counts.taken, 250, "batch after batch, until a short one");
+    assert_eq!(
+        all.counts.taken, 250,
+        "batch after batch, until a short one"
+    );
     assert!(all.error.is_none());
 }
 
@@ -361,34 +663,72 @@ fn sqs_event(bodies: &[(&str, &str)]) -> aws_lambda_events::event::sqs::SqsEvent
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn the_sqs_path_reports_only_the_failed_messages(pool: PgPool) {
-    stored(&pool, Provider::Stripe, "evt_ok", "payment_intent.succeeded", payment_event("evt_ok", "pi_ok", 700)).await;
+    stored(
+        &pool,
+        Provider::Stripe,
+        "evt_ok",
+        "payment_intent.succeeded",
+        payment_event("evt_ok", "pi_ok", 700),
+    )
+    .await;
     let deposit = json!({"token": "dep_9", "type": "gpa.credit", "state": "COMPLETION", "user_token": "nobody", "amount": 1});
-    stored(&pool, Provider::Marqeta, "transactions:dep_9", "transactions:gpa.credit", deposit).await;
+    stored(
+        &pool,
+        Provider::Marqeta,
+        "transactions:dep_9",
+        "transactions:gpa.credit",
+        deposit,
+    )
+    .await;
     let w = worker(&pool, Handlers::reference());
     let event = sqs_event(&[
         ("m-ok", r#"{"provider":"stripe","event_id":"evt_ok"}"#),
-        ("m-retry", r#"{"provider":"marqeta","event_id":"transactions:dep_9"}"#),
+        (
+            "m-retry",
+            r#"{"provider":"marqeta","event_id":"transactions:dep_9"}"#,
+        ),
         ("m-garbage", "not json"),
-        ("m-unknown", r#"{"provider":"stripe","event_id":"evt_never_received"}"#),
+        (
+            "m-unknown",
+            r#"{"provider":"stripe","event_id":"evt_never_received"}"#,
+        ),
     ]);
-    let response = process::handle(&w, serde_json::to_value(&event).unwrap(), Instant::now()).await.unwrap();
+    let response = process::handle(&w, serde_json::to_value(&event).unwrap(), Instant::now())
+        .await
+        .unwrap();
     assert_eq!(
         response,
         json!({"batchItemFailures": [{"itemIdentifier": "m-retry"}, {"itemIdentifier": "m-garbage"}]})
     );
-    assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM payments").await, 1);
+    assert_eq!(
+        scalar::<i64>(&pool, "SELECT count(*) FROM payments").await,
+        1
+    );
 }
 
 // ---------- documentation as tests (article sections 6 and 7) ----------
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn merge_raises_unique_violation_where_on_conflict_returns_no_row(pool: PgPool) {
-    sqlx::query("CREATE TABLE keys (k text PRIMARY KEY)").execute(&pool).await.unwrap();
+    sqlx::query("CREATE TABLE keys (k text PRIMARY KEY)")
+        .execute(&pool)
+        .await
+        .unwrap();
     async fn race(pool: &PgPool, sql: &'static str, key: &'static str) -> Result<u64, sqlx::Error> {
         let mut first = pool.begin().await.unwrap();
-        sqlx::query(sql).bind(key).execute(&mut *first).await.unwrap();
+        sqlx::query(sql)
+            .bind(key)
+            .execute(&mut *first)
+            .await
+            .unwrap();
         let p = pool.clone();
-        let second = tokio::spawn(async move { sqlx::query(sql).bind(key).execute(&p).await.map(|r| r.rows_affected()) });
+        let second = tokio::spawn(async move {
+            sqlx::query(sql)
+                .bind(key)
+                .execute(&p)
+                .await
+                .map(|r| r.rows_affected())
+        });
         let waiting = eventually(|| async {
             scalar::<i64>(pool, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'").await == 1
         })
@@ -398,14 +738,28 @@ async fn merge_raises_unique_violation_where_on_conflict_returns_no_row(pool: Pg
         second.await.unwrap()
     }
     let merge = "MERGE INTO keys USING (SELECT $1::text AS k) s ON keys.k = s.k WHEN NOT MATCHED THEN INSERT VALUES (s.k)";
-    let err = race(&pool, merge, "a").await.expect_err("MERGE does not take the conflict path");
+    let err = race(&pool, merge, "a")
+        .await
+        .expect_err("MERGE does not take the conflict path");
     assert_eq!(db::sqlstate(&err).as_deref(), Some("23505"));
     let upsert = "INSERT INTO keys VALUES ($1) ON CONFLICT (k) DO NOTHING";
-    assert_eq!(race(&pool, upsert, "b").await.unwrap(), 0, "ON CONFLICT DO NOTHING: zero rows, no error");
+    assert_eq!(
+        race(&pool, upsert, "b").await.unwrap(),
+        0,
+        "ON CONFLICT DO NOTHING: zero rows, no error"
+    );
     let version: i32 = scalar(&pool, "SELECT current_setting('server_version_num')::int").await;
     if version < 170000 {
-        let returning = sqlx::query(&format!("{merge} RETURNING k")).bind("c").execute(&pool).await.unwrap_err();
-        assert_eq!(db::sqlstate(&returning).as_deref(), Some("42601"), "MERGE ... RETURNING is a syntax error before PostgreSQL 17");
+        let returning = sqlx::query(&format!("{merge} RETURNING k"))
+            .bind("c")
+            .execute(&pool)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            db::sqlstate(&returning).as_deref(),
+            Some("42601"),
+            "MERGE ... RETURNING is a syntax error before PostgreSQL 17"
+        );
     }
 }
 
@@ -418,12 +772,22 @@ fn inline_receiver(opts: PgConnectOptions, providers: Vec<Provider>) -> webhook_
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn inline_mode_applies_the_effect_before_the_200_and_a_replay_changes_nothing(_: PgPoolOptions, opts: PgConnectOptions) {
+async fn inline_mode_applies_the_effect_before_the_200_and_a_replay_changes_nothing(
+    _: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let r = inline_receiver(opts, vec![Provider::Stripe]);
-    let body = payment_event("evt_inline", "pi_inline", 900).to_string().into_bytes();
+    let body = payment_event("evt_inline", "pi_inline", 900)
+        .to_string()
+        .into_bytes();
     let sig = stripe_header(STRIPE[0], &body);
-    assert_eq!(post(&r, "stripe", &[("Stripe-Signature", &sig)], &body).await.1, json!({"status": "accepted"}));
+    assert_eq!(
+        post(&r, "stripe", &[("Stripe-Signature", &sig)], &body)
+            .await
+            .1,
+        json!({"status": "accepted"})
+    );
     // No worker has run: the effect committed with the claim.
     let state: (String, i32, i64, i64) = sqlx::query_as(
         "SELECT status, attempts, (SELECT count(*) FROM payments), (SELECT count(*) FROM transactional_outbox) FROM webhook_inbox",
@@ -432,25 +796,57 @@ async fn inline_mode_applies_the_effect_before_the_200_and_a_replay_changes_noth
     .await
     .unwrap();
     assert_eq!(state, ("done".into(), 1, 1, 1));
-    assert_eq!(post(&r, "stripe", &[("Stripe-Signature", &sig)], &body).await.1, json!({"status": "duplicate"}));
-    assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM payments").await, 1);
+    assert_eq!(
+        post(&r, "stripe", &[("Stripe-Signature", &sig)], &body)
+            .await
+            .1,
+        json!({"status": "duplicate"})
+    );
+    assert_eq!(
+        scalar::<i64>(&pool, "SELECT count(*) FROM payments").await,
+        1
+    );
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn an_inline_handler_that_fails_still_commits_the_claim_as_pending(_: PgPoolOptions, opts: PgConnectOptions) {
+async fn an_inline_handler_that_fails_still_commits_the_claim_as_pending(
+    _: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let r = inline_receiver(opts, vec![Provider::Marqeta]);
     let auth = marqeta_basic(MARQETA_USER, MARQETA_PASSWORDS[0]);
     let batch = br#"{"transactions":[{"token":"dep_x","type":"gpa.credit","state":"COMPLETION","user_token":"acct_x","amount":10}]}"#;
-    assert_eq!(post(&r, "marqeta", &[("Authorization", &auth)], batch).await, (StatusCode::OK, json!({"accepted": 1, "duplicates": 0})));
+    assert_eq!(
+        post(&r, "marqeta", &[("Authorization", &auth)], batch).await,
+        (StatusCode::OK, json!({"accepted": 1, "duplicates": 0}))
+    );
     let (status, reason): (String, String) =
-        sqlx::query_as("SELECT status, failure_reason FROM webhook_inbox").fetch_one(&pool).await.unwrap();
-    assert_eq!((status.as_str(), reason.as_str()), ("pending", "attempt 1 (inline): account acct_x does not exist yet"));
-    assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM account_deposits").await, 0);
+        sqlx::query_as("SELECT status, failure_reason FROM webhook_inbox")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        (
+            "pending",
+            "attempt 1 (inline): account acct_x does not exist yet"
+        )
+    );
+    assert_eq!(
+        scalar::<i64>(&pool, "SELECT count(*) FROM account_deposits").await,
+        0
+    );
 
-    sqlx::query("INSERT INTO accounts (account_id) VALUES ('acct_x')").execute(&pool).await.unwrap();
+    sqlx::query("INSERT INTO accounts (account_id) VALUES ('acct_x')")
+        .execute(&pool)
+        .await
+        .unwrap();
     drain_all(&worker(&pool, Handlers::reference()), &pool).await;
-    assert_eq!(scalar::<String>(&pool, "SELECT balance::text FROM accounts").await, "10.00");
+    assert_eq!(
+        scalar::<String>(&pool, "SELECT balance::text FROM accounts").await,
+        "10.00"
+    );
 }
 
 /// Heavy inline work: takes the event's advisory lock, then works a while.
@@ -459,7 +855,9 @@ struct SlowExclusive;
 impl Handler for SlowExclusive {
     fn handle<'a>(&'a self, conn: &'a mut PgConnection, _: &'a Event) -> HandlerFuture<'a> {
         Box::pin(async move {
-            sqlx::query("SELECT pg_sleep(1)").execute(&mut *conn).await?;
+            sqlx::query("SELECT pg_sleep(1)")
+                .execute(&mut *conn)
+                .await?;
             Ok(Outcome::Applied)
         })
     }
@@ -469,24 +867,52 @@ impl Handler for SlowExclusive {
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn an_exclusive_inline_handler_makes_a_concurrent_duplicate_retry_instead_of_queueing(_: PgPoolOptions, opts: PgConnectOptions) {
+async fn an_exclusive_inline_handler_makes_a_concurrent_duplicate_retry_instead_of_queueing(
+    _: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
-    let r = Arc::new(inline_receiver(opts, vec![Provider::Github]).with_handlers(Handlers::new().on(Provider::Github, "push", SlowExclusive)));
+    let r = Arc::new(
+        inline_receiver(opts, vec![Provider::Github]).with_handlers(Handlers::new().on(
+            Provider::Github,
+            "push",
+            SlowExclusive,
+        )),
+    );
     let body = br#"{"ref":"refs/heads/main"}"#.to_vec();
     let sig = github_signature(GITHUB[0], &body);
     let send = |r: Arc<webhook_inbox::Receiver>| {
         let (body, sig) = (body.clone(), sig.clone());
         async move {
-            post(&r, "github", &[("X-Hub-Signature-256", &sig), ("X-GitHub-Delivery", "d-heavy"), ("X-GitHub-Event", "push")], &body).await
+            post(
+                &r,
+                "github",
+                &[
+                    ("X-Hub-Signature-256", &sig),
+                    ("X-GitHub-Delivery", "d-heavy"),
+                    ("X-GitHub-Event", "push"),
+                ],
+                &body,
+            )
+            .await
         }
     };
     let first = tokio::spawn(send(r.clone()));
     assert!(eventually(|| async { scalar::<i64>(&pool, "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(1)%' AND state = 'active' AND pid <> pg_backend_pid()").await == 1 }).await);
     let (status, answer) = send(r.clone()).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
-    assert!(!first.is_finished(), "the duplicate was answered while the first was still working");
-    assert_eq!(first.await.unwrap(), (StatusCode::OK, json!({"status": "accepted"})));
-    assert_eq!(send(r.clone()).await, (StatusCode::OK, json!({"status": "duplicate"})));
+    assert!(
+        !first.is_finished(),
+        "the duplicate was answered while the first was still working"
+    );
+    assert_eq!(
+        first.await.unwrap(),
+        (StatusCode::OK, json!({"status": "accepted"}))
+    );
+    assert_eq!(
+        send(r.clone()).await,
+        (StatusCode::OK, json!({"status": "duplicate"}))
+    );
 }
 
 /// Kills its own connection, every time: the batch it is in always rolls back.
@@ -495,35 +921,61 @@ struct ConnectionKiller;
 impl Handler for ConnectionKiller {
     fn handle<'a>(&'a self, conn: &'a mut PgConnection, _: &'a Event) -> HandlerFuture<'a> {
         Box::pin(async move {
-            sqlx::query("SELECT pg_terminate_backend(pg_backend_pid())").execute(&mut *conn).await?;
+            sqlx::query("SELECT pg_terminate_backend(pg_backend_pid())")
+                .execute(&mut *conn)
+                .await?;
             Ok(Outcome::Applied)
         })
     }
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn an_event_that_kills_its_connection_fails_after_its_attempts_and_blocks_nobody(pool: PgPool) {
+async fn an_event_that_kills_its_connection_fails_after_its_attempts_and_blocks_nobody(
+    pool: PgPool,
+) {
     let handlers = Handlers::new()
         .on(Provider::Github, "killer", ConnectionKiller)
-        .on(Provider::Stripe, "payment_intent.succeeded", PaymentSucceededHandler);
+        .on(
+            Provider::Stripe,
+            "payment_intent.succeeded",
+            PaymentSucceededHandler,
+        );
     let w = worker(&pool, handlers);
     stored(&pool, Provider::Github, "d-killer", "killer", json!({})).await;
     for i in 0..20 {
         let id = format!("evt_{i:02}");
-        stored(&pool, Provider::Stripe, &id, "payment_intent.succeeded", payment_event(&id, &format!("pi_{i:02}"), 100)).await;
+        stored(
+            &pool,
+            Provider::Stripe,
+            &id,
+            "payment_intent.succeeded",
+            payment_event(&id, &format!("pi_{i:02}"), 100),
+        )
+        .await;
     }
     let started = Instant::now();
     loop {
         let _ = w.drain(later()).await; // the killer's batches fail; that is the point
-        let left: i64 = scalar(&pool, "SELECT count(*) FROM webhook_inbox WHERE status = 'pending'").await;
+        let left: i64 = scalar(
+            &pool,
+            "SELECT count(*) FROM webhook_inbox WHERE status = 'pending'",
+        )
+        .await;
         if left == 0 {
             break;
         }
-        assert!(started.elapsed() < Duration::from_secs(20), "{left} events still pending");
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{left} events still pending"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let (status, attempts, reason): (String, i32, String) =
-        sqlx::query_as("SELECT status, attempts, failure_reason FROM webhook_inbox WHERE event_id = 'd-killer'").fetch_one(&pool).await.unwrap();
+    let (status, attempts, reason): (String, i32, String) = sqlx::query_as(
+        "SELECT status, attempts, failure_reason FROM webhook_inbox WHERE event_id = 'd-killer'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
     assert_eq!((status.as_str(), attempts), ("failed", 3), "{reason}");
     let counts: (i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM payments), (SELECT count(*) FROM webhook_inbox WHERE status = 'done' AND attempts = 1)",

@@ -15,12 +15,19 @@ use wiremock::{
 };
 
 fn config() -> ReconcileConfig {
-    ReconcileConfig { first_lookback: std::time::Duration::from_secs(72 * 3600), overlap: std::time::Duration::from_secs(300) }
+    ReconcileConfig {
+        first_lookback: std::time::Duration::from_secs(72 * 3600),
+        overlap: std::time::Duration::from_secs(300),
+    }
 }
 
 /// An event created `n` seconds after an hour ago.
 fn stripe_event(n: i64) -> Value {
-    let an_hour_ago = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64 - 3600;
+    let an_hour_ago = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+        - 3600;
     json!({"id": format!("evt_{n}"), "object": "event", "type": "payment_intent.succeeded", "created": an_hour_ago + n,
            "data": {"object": {"id": format!("pi_{n}"), "amount_received": 100 * n, "currency": "usd"}}})
 }
@@ -46,30 +53,72 @@ async fn reconcile_claims_exactly_the_missing_stripe_events_and_nothing_twice(po
     // evt_2 did arrive as a webhook.
     let webhook = stripe_event(2).to_string();
     let headers = json!({});
-    let env = Envelope { provider: Provider::Stripe, raw_body: webhook.as_bytes(), headers: &headers, secret_index: Some(0) };
-    inbox::claim(&pool, &env, &NewEvent::pending("evt_2".into(), "payment_intent.succeeded", webhook.clone())).await.unwrap();
+    let env = Envelope {
+        provider: Provider::Stripe,
+        raw_body: webhook.as_bytes(),
+        headers: &headers,
+        secret_index: Some(0),
+    };
+    inbox::claim(
+        &pool,
+        &env,
+        &NewEvent::pending("evt_2".into(), "payment_intent.succeeded", webhook.clone()),
+    )
+    .await
+    .unwrap();
 
     let api = StripeEvents::new(server.uri(), Secret::new("sk_test_fake")).unwrap();
     let first = api.reconcile(&pool, &config()).await.unwrap();
-    assert_eq!((first.fetched, first.applied, first.already_known), (5, 4, 1));
-    let rows: Vec<(String, String, Option<i16>)> =
-        sqlx::query_as("SELECT event_id, source, secret_index FROM webhook_inbox ORDER BY event_id").fetch_all(&pool).await.unwrap();
+    assert_eq!(
+        (first.fetched, first.applied, first.already_known),
+        (5, 4, 1)
+    );
+    let rows: Vec<(String, String, Option<i16>)> = sqlx::query_as(
+        "SELECT event_id, source, secret_index FROM webhook_inbox ORDER BY event_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
     let expected: Vec<(String, String, Option<i16>)> = (1..=5)
-        .map(|n| if n == 2 { ("evt_2".into(), "webhook".into(), Some(0)) } else { (format!("evt_{n}"), "reconcile".into(), None) })
+        .map(|n| {
+            if n == 2 {
+                ("evt_2".into(), "webhook".into(), Some(0))
+            } else {
+                (format!("evt_{n}"), "reconcile".into(), None)
+            }
+        })
         .collect();
     assert_eq!(rows, expected);
 
     let second = api.reconcile(&pool, &config()).await.unwrap();
-    assert_eq!((second.applied, second.already_known), (0, 5), "run twice, nothing twice");
+    assert_eq!(
+        (second.applied, second.already_known),
+        (0, 5),
+        "run twice, nothing twice"
+    );
     let checkpoint: i64 = sqlx::query_scalar("SELECT extract(epoch FROM checkpoint)::bigint FROM reconcile_checkpoints WHERE source = 'stripe:events'")
         .fetch_one(&pool)
         .await
         .unwrap();
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
-    assert!((now - 310..=now).contains(&checkpoint), "the run's start less the overlap: {checkpoint} vs {now}");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert!(
+        (now - 310..=now).contains(&checkpoint),
+        "the run's start less the overlap: {checkpoint} vs {now}"
+    );
     let last = server.received_requests().await.unwrap().pop().unwrap();
-    let asked: i64 = last.url.query_pairs().find(|(k, _)| k == "created[gte]").map(|(_, v)| v.parse().unwrap()).unwrap();
-    assert!((checkpoint - 301..=checkpoint - 299).contains(&asked), "the second run starts at the checkpoint less the overlap");
+    let asked: i64 = last
+        .url
+        .query_pairs()
+        .find(|(k, _)| k == "created[gte]")
+        .map(|(_, v)| v.parse().unwrap())
+        .unwrap();
+    assert!(
+        (checkpoint - 301..=checkpoint - 299).contains(&asked),
+        "the second run starts at the checkpoint less the overlap"
+    );
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
@@ -82,15 +131,25 @@ async fn reconcile_waits_out_a_429_as_the_api_asks(pool: PgPool) {
         .mount(&server)
         .await;
     Mock::given(method("GET"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"data": [stripe_event(9)], "has_more": false})))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(json!({"data": [stripe_event(9)], "has_more": false})),
+        )
         .with_priority(2)
         .mount(&server)
         .await;
     let started = std::time::Instant::now();
-    let found = StripeEvents::new(server.uri(), Secret::new("sk")).unwrap().reconcile(&pool, &config()).await.unwrap();
+    let found = StripeEvents::new(server.uri(), Secret::new("sk"))
+        .unwrap()
+        .reconcile(&pool, &config())
+        .await
+        .unwrap();
     assert_eq!(found.applied, 1);
     assert_eq!(server.received_requests().await.unwrap().len(), 2);
-    assert!(started.elapsed() >= std::time::Duration::from_millis(900), "it waited for Retry-After");
+    assert!(
+        started.elapsed() >= std::time::Duration::from_millis(900),
+        "it waited for Retry-After"
+    );
 }
 
 fn order(id: u64, status: &str, updated_at: &str) -> Value {
@@ -100,11 +159,17 @@ fn order(id: u64, status: &str, updated_at: &str) -> Value {
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn reconcile_feeds_shopify_orders_through_the_version_guard(pool: PgPool) {
     let server = MockServer::start().await;
-    let next = format!("<{}/admin/api/2024-10/orders.json?page_info=p2&limit=250>; rel=\"next\"", server.uri());
+    let next = format!(
+        "<{}/admin/api/2024-10/orders.json?page_info=p2&limit=250>; rel=\"next\"",
+        server.uri()
+    );
     Mock::given(method("GET"))
         .and(path("/admin/api/2024-10/orders.json"))
         .and(query_param("page_info", "p2"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"orders": [order(3, "paid", "2026-11-29T10:00:00Z")]})))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(json!({"orders": [order(3, "paid", "2026-11-29T10:00:00Z")]})),
+        )
         .with_priority(1)
         .mount(&server)
         .await;
@@ -121,13 +186,30 @@ async fn reconcile_feeds_shopify_orders_through_the_version_guard(pool: PgPool) 
         .mount(&server)
         .await;
     // Order 2 is already known in a newer version: the fetched one is stale.
-    sqlx::query("INSERT INTO orders VALUES ('2', '42', 'refunded', 10.00, '2026-11-29T11:00:00Z')").execute(&pool).await.unwrap();
+    sqlx::query("INSERT INTO orders VALUES ('2', '42', 'refunded', 10.00, '2026-11-29T11:00:00Z')")
+        .execute(&pool)
+        .await
+        .unwrap();
 
     let api = ShopifyOrders::new(server.uri(), "2024-10", Secret::new("shpat_fake")).unwrap();
     let first = api.reconcile(&pool, &config()).await.unwrap();
-    assert_eq!((first.fetched, first.applied, first.already_known), (3, 2, 1));
-    let statuses: Vec<(String, String)> = sqlx::query_as("SELECT order_id, status FROM orders ORDER BY order_id").fetch_all(&pool).await.unwrap();
-    assert_eq!(statuses, [("1".into(), "paid".into()), ("2".into(), "refunded".into()), ("3".into(), "paid".into())]);
+    assert_eq!(
+        (first.fetched, first.applied, first.already_known),
+        (3, 2, 1)
+    );
+    let statuses: Vec<(String, String)> =
+        sqlx::query_as("SELECT order_id, status FROM orders ORDER BY order_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        statuses,
+        [
+            ("1".into(), "paid".into()),
+            ("2".into(), "refunded".into()),
+            ("3".into(), "paid".into())
+        ]
+    );
     let expected: String = sqlx::query_scalar(
         "SELECT to_char((checkpoint - interval '5 minutes') AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') FROM reconcile_checkpoints WHERE source = 'shopify:orders'",
     )
@@ -135,8 +217,27 @@ async fn reconcile_feeds_shopify_orders_through_the_version_guard(pool: PgPool) 
     .await
     .unwrap();
     let second = api.reconcile(&pool, &config()).await.unwrap();
-    assert_eq!((second.applied, second.already_known), (0, 3), "run twice, nothing twice");
-    let last = server.received_requests().await.unwrap().into_iter().filter(|r| r.url.query().unwrap_or("").contains("updated_at_min")).last().unwrap();
-    let asked = last.url.query_pairs().find(|(k, _)| k == "updated_at_min").map(|(_, v)| v.into_owned()).unwrap();
-    assert_eq!(asked, expected, "the second run asks from the checkpoint less the overlap");
+    assert_eq!(
+        (second.applied, second.already_known),
+        (0, 3),
+        "run twice, nothing twice"
+    );
+    let last = server
+        .received_requests()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.url.query().unwrap_or("").contains("updated_at_min"))
+        .last()
+        .unwrap();
+    let asked = last
+        .url
+        .query_pairs()
+        .find(|(k, _)| k == "updated_at_min")
+        .map(|(_, v)| v.into_owned())
+        .unwrap();
+    assert_eq!(
+        asked, expected,
+        "the second run asks from the checkpoint less the overlap"
+    );
 }

@@ -18,7 +18,11 @@ const BYTES_PER_ENTRY: usize = 250 * 1024;
 
 /// Deliveries in order: entries too large for the service are refused at once
 /// (they never fit), the rest are sent in calls within both limits.
-async fn in_calls<'a, F, Fut>(messages: &'a [Outgoing], size: impl Fn(&Outgoing) -> usize, mut send: F) -> Vec<Delivery>
+async fn in_calls<'a, F, Fut>(
+    messages: &'a [Outgoing],
+    size: impl Fn(&Outgoing) -> usize,
+    mut send: F,
+) -> Vec<Delivery>
 where
     F: FnMut(Vec<&'a Outgoing>) -> Fut,
     Fut: std::future::Future<Output = Vec<Delivery>>,
@@ -29,7 +33,9 @@ where
     for (i, m) in messages.iter().enumerate() {
         let n = size(m);
         if n > BYTES_PER_ENTRY {
-            out[i] = Some(Delivery::Rejected(format!("{n} bytes is over the service's limit for one message")));
+            out[i] = Some(Delivery::Rejected(format!(
+                "{n} bytes is over the service's limit for one message"
+            )));
             continue;
         }
         let call = calls.last_mut().expect("never empty");
@@ -47,7 +53,12 @@ where
         }
     }
     out.into_iter()
-        .map(|d| d.unwrap_or(Delivery::Retryable { reason: "no result for the entry".into(), retry_after: None }))
+        .map(|d| {
+            d.unwrap_or(Delivery::Retryable {
+                reason: "no result for the entry".into(),
+                retry_after: None,
+            })
+        })
         .collect()
 }
 
@@ -55,7 +66,9 @@ where
 /// `endpoint` overrides the service endpoint (tests point it at moto).
 pub async fn config(endpoint: Option<&str>) -> aws_config::SdkConfig {
     let http = aws_smithy_http_client::Builder::new()
-        .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
+        .tls_provider(tls::Provider::Rustls(
+            tls::rustls_provider::CryptoMode::Ring,
+        ))
         .build_https();
     let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(http);
     if let Some(endpoint) = endpoint {
@@ -76,7 +89,11 @@ pub struct SqsSink {
 impl SqsSink {
     pub fn new(client: aws_sdk_sqs::Client, queue_url: impl Into<String>) -> Self {
         let queue_url = queue_url.into();
-        SqsSink { fifo: queue_url.ends_with(".fifo"), client, queue_url }
+        SqsSink {
+            fifo: queue_url.ends_with(".fifo"),
+            client,
+            queue_url,
+        }
     }
 
     async fn send(&self, chunk: Vec<&Outgoing>) -> Vec<Delivery> {
@@ -84,7 +101,10 @@ impl SqsSink {
             .iter()
             .enumerate()
             .map(|(i, m)| {
-                let key = MessageAttributeValue::builder().data_type("String").string_value(&m.message_key).build()?;
+                let key = MessageAttributeValue::builder()
+                    .data_type("String")
+                    .string_value(&m.message_key)
+                    .build()?;
                 SendMessageBatchRequestEntry::builder()
                     .id(i.to_string())
                     .message_body(m.payload.0.to_string())
@@ -98,16 +118,34 @@ impl SqsSink {
             Ok(e) => e,
             Err(e) => return vec![Delivery::Rejected(format!("SQS entry: {e}")); chunk.len()],
         };
-        let sent = self.client.send_message_batch().queue_url(&self.queue_url).set_entries(Some(entries)).send().await;
+        let sent = self
+            .client
+            .send_message_batch()
+            .queue_url(&self.queue_url)
+            .set_entries(Some(entries))
+            .send()
+            .await;
         let output = match sent {
             Ok(o) => o,
             Err(e) => {
-                let reason = format!("SQS SendMessageBatch: {}", aws_sdk_sqs::error::DisplayErrorContext(&e));
-                return vec![Delivery::Retryable { reason, retry_after: None }; chunk.len()];
+                let reason = format!(
+                    "SQS SendMessageBatch: {}",
+                    aws_sdk_sqs::error::DisplayErrorContext(&e)
+                );
+                return vec![
+                    Delivery::Retryable {
+                        reason,
+                        retry_after: None
+                    };
+                    chunk.len()
+                ];
             }
         };
         // Only what SQS lists as successful is delivered; anything it leaves out is retried.
-        let unknown = Delivery::Retryable { reason: "SQS reported nothing for the entry".into(), retry_after: None };
+        let unknown = Delivery::Retryable {
+            reason: "SQS reported nothing for the entry".into(),
+            retry_after: None,
+        };
         let mut out = vec![unknown; chunk.len()];
         let index = |id: &str| id.parse::<usize>().ok().filter(|i| *i < chunk.len());
         for ok in output.successful() {
@@ -116,9 +154,18 @@ impl SqsSink {
             }
         }
         for failed in output.failed() {
-            let Some(i) = index(failed.id()) else { continue };
+            let Some(i) = index(failed.id()) else {
+                continue;
+            };
             let reason = format!("SQS {}: {}", failed.code(), failed.message().unwrap_or(""));
-            out[i] = if failed.sender_fault() { Delivery::Rejected(reason) } else { Delivery::Retryable { reason, retry_after: None } };
+            out[i] = if failed.sender_fault() {
+                Delivery::Rejected(reason)
+            } else {
+                Delivery::Retryable {
+                    reason,
+                    retry_after: None,
+                }
+            };
         }
         out
     }
@@ -140,7 +187,11 @@ impl Sink for SqsSink {
     }
 
     fn deliver_all<'a>(&'a self, messages: &'a [Outgoing]) -> DeliveriesFuture<'a> {
-        Box::pin(in_calls(messages, |m| m.payload.0.to_string().len() + m.message_key.len(), move |chunk| self.send(chunk)))
+        Box::pin(in_calls(
+            messages,
+            |m| m.payload.0.to_string().len() + m.message_key.len(),
+            move |chunk| self.send(chunk),
+        ))
     }
 }
 
@@ -153,14 +204,23 @@ pub struct EventBridgeSink {
 
 impl EventBridgeSink {
     pub fn new(client: aws_sdk_eventbridge::Client, bus: impl Into<String>) -> Self {
-        EventBridgeSink { client, bus: bus.into() }
+        EventBridgeSink {
+            client,
+            bus: bus.into(),
+        }
     }
 
     async fn put(&self, chunk: Vec<&Outgoing>) -> Vec<Delivery> {
         let entries: Vec<PutEventsRequestEntry> = chunk
             .iter()
             .map(|m| {
-                let detail_type = m.payload.0.get("event").and_then(|e| e.as_str()).unwrap_or(&m.aggregate_type).to_string();
+                let detail_type = m
+                    .payload
+                    .0
+                    .get("event")
+                    .and_then(|e| e.as_str())
+                    .unwrap_or(&m.aggregate_type)
+                    .to_string();
                 let detail = serde_json::json!({
                     "message_key": m.message_key,
                     "aggregate_type": m.aggregate_type,
@@ -175,25 +235,54 @@ impl EventBridgeSink {
                     .build()
             })
             .collect();
-        let output = match self.client.put_events().set_entries(Some(entries)).send().await {
+        let output = match self
+            .client
+            .put_events()
+            .set_entries(Some(entries))
+            .send()
+            .await
+        {
             Ok(o) => o,
             Err(e) => {
-                let reason = format!("EventBridge PutEvents: {}", aws_sdk_eventbridge::error::DisplayErrorContext(&e));
-                return vec![Delivery::Retryable { reason, retry_after: None }; chunk.len()];
+                let reason = format!(
+                    "EventBridge PutEvents: {}",
+                    aws_sdk_eventbridge::error::DisplayErrorContext(&e)
+                );
+                return vec![
+                    Delivery::Retryable {
+                        reason,
+                        retry_after: None
+                    };
+                    chunk.len()
+                ];
             }
         };
         // Result entries come back in request order; a failed one has an error code.
         let results = output.entries();
         (0..chunk.len())
-            .map(|i| match results.get(i).and_then(|r| r.error_code().map(|c| (c, r.error_message().unwrap_or("")))) {
-                None if i < results.len() => Delivery::Delivered,
-                None => Delivery::Retryable { reason: "EventBridge returned no result for the entry".into(), retry_after: None },
-                Some((code, message)) => {
-                    let reason = format!("EventBridge {code}: {message}");
-                    if code.contains("Throttl") || code.contains("InternalFailure") || code.contains("ServiceUnavailable") {
-                        Delivery::Retryable { reason, retry_after: None }
-                    } else {
-                        Delivery::Rejected(reason)
+            .map(|i| {
+                match results
+                    .get(i)
+                    .and_then(|r| r.error_code().map(|c| (c, r.error_message().unwrap_or(""))))
+                {
+                    None if i < results.len() => Delivery::Delivered,
+                    None => Delivery::Retryable {
+                        reason: "EventBridge returned no result for the entry".into(),
+                        retry_after: None,
+                    },
+                    Some((code, message)) => {
+                        let reason = format!("EventBridge {code}: {message}");
+                        if code.contains("Throttl")
+                            || code.contains("InternalFailure")
+                            || code.contains("ServiceUnavailable")
+                        {
+                            Delivery::Retryable {
+                                reason,
+                                retry_after: None,
+                            }
+                        } else {
+                            Delivery::Rejected(reason)
+                        }
                     }
                 }
             })
@@ -207,6 +296,10 @@ impl Sink for EventBridgeSink {
     }
 
     fn deliver_all<'a>(&'a self, messages: &'a [Outgoing]) -> DeliveriesFuture<'a> {
-        Box::pin(in_calls(messages, |m| m.payload.0.to_string().len() + m.message_key.len() + 512, move |chunk| self.put(chunk)))
+        Box::pin(in_calls(
+            messages,
+            |m| m.payload.0.to_string().len() + m.message_key.len() + 512,
+            move |chunk| self.put(chunk),
+        ))
     }
 }

@@ -14,7 +14,10 @@ pub enum ConfigError {
 }
 
 fn invalid(var: &'static str, reason: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid { var, reason: reason.into() }
+    ConfigError::Invalid {
+        var,
+        reason: reason.into(),
+    }
 }
 
 /// Secret bytes whose `Debug` never shows them. No `PartialEq`: secrets are
@@ -81,7 +84,13 @@ impl Secrets {
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let list = |var: &'static str| -> Vec<String> {
             get(var)
-                .map(|v| v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect())
+                .map(|v| {
+                    v.split(',')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(String::from)
+                        .collect()
+                })
                 .unwrap_or_default()
         };
         let plain = |var: &'static str| list(var).into_iter().map(Secret::new).collect::<Vec<_>>();
@@ -93,7 +102,10 @@ impl Secrets {
                 decode_standard_secret(s).ok_or_else(|| {
                     invalid(
                         "STANDARD_WEBHOOK_SECRET",
-                        format!("secret #{} is not base64 (after an optional whsec_ prefix)", i + 1),
+                        format!(
+                            "secret #{} is not base64 (after an optional whsec_ prefix)",
+                            i + 1
+                        ),
                     )
                 })
             })
@@ -114,20 +126,48 @@ impl Secrets {
             }
             ([user], false) => {
                 if user.chars().count() > 50 {
-                    return Err(invalid("MARQETA_WEBHOOK_USERNAME", "longer than 50 characters"));
-                }
-                // Marqeta's own rule; a password cannot contain the comma that separates rotated ones.
-                if let Some(i) = passwords.iter().position(|p| !(20..=50).contains(&p.expose().len())) {
                     return Err(invalid(
-                        "MARQETA_WEBHOOK_PASSWORD",
-                        format!("password #{} is not 20 to 50 characters long (Marqeta's rule)", i + 1),
+                        "MARQETA_WEBHOOK_USERNAME",
+                        "longer than 50 characters",
                     ));
                 }
-                Some(MarqetaAuth { username: Secret::new(user.as_bytes()), passwords, signing_secrets })
+                // Marqeta's own rule; a password cannot contain the comma that separates rotated ones.
+                if let Some(i) = passwords
+                    .iter()
+                    .position(|p| !(20..=50).contains(&p.expose().len()))
+                {
+                    return Err(invalid(
+                        "MARQETA_WEBHOOK_PASSWORD",
+                        format!(
+                            "password #{} is not 20 to 50 characters long (Marqeta's rule)",
+                            i + 1
+                        ),
+                    ));
+                }
+                Some(MarqetaAuth {
+                    username: Secret::new(user.as_bytes()),
+                    passwords,
+                    signing_secrets,
+                })
             }
-            ([], false) => return Err(invalid("MARQETA_WEBHOOK_USERNAME", "missing while MARQETA_WEBHOOK_PASSWORD is set")),
-            (_, true) => return Err(invalid("MARQETA_WEBHOOK_PASSWORD", "missing while MARQETA_WEBHOOK_USERNAME is set")),
-            (_, false) => return Err(invalid("MARQETA_WEBHOOK_USERNAME", "holds one username, not a list")),
+            ([], false) => {
+                return Err(invalid(
+                    "MARQETA_WEBHOOK_USERNAME",
+                    "missing while MARQETA_WEBHOOK_PASSWORD is set",
+                ))
+            }
+            (_, true) => {
+                return Err(invalid(
+                    "MARQETA_WEBHOOK_PASSWORD",
+                    "missing while MARQETA_WEBHOOK_USERNAME is set",
+                ))
+            }
+            (_, false) => {
+                return Err(invalid(
+                    "MARQETA_WEBHOOK_USERNAME",
+                    "holds one username, not a list",
+                ))
+            }
         };
 
         Ok(Secrets {
@@ -211,9 +251,10 @@ impl DbConfig {
 
 pub fn parse_env<T: std::str::FromStr>(var: &'static str, default: T) -> Result<T, ConfigError> {
     match std::env::var(var) {
-        Ok(v) if !v.trim().is_empty() => {
-            v.trim().parse().map_err(|_| invalid(var, format!("{v:?} is not a valid number")))
-        }
+        Ok(v) if !v.trim().is_empty() => v
+            .trim()
+            .parse()
+            .map_err(|_| invalid(var, format!("{v:?} is not a valid number"))),
         _ => Ok(default),
     }
 }
@@ -239,7 +280,12 @@ fn inline_providers(value: Option<&str>) -> Result<Vec<Provider>, ConfigError> {
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(|name| {
-            Provider::try_from(name).map_err(|_| invalid("INBOX_INLINE_PROVIDERS", format!("unknown provider {name:?}")))
+            Provider::try_from(name).map_err(|_| {
+                invalid(
+                    "INBOX_INLINE_PROVIDERS",
+                    format!("unknown provider {name:?}"),
+                )
+            })
         })
         .collect()
 }
@@ -250,7 +296,9 @@ impl Config {
             db: DbConfig::from_env(default_pool)?,
             secrets: Secrets::from_env()?,
             max_body_bytes: parse_env("INBOX_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES)?,
-            inline_providers: inline_providers(std::env::var("INBOX_INLINE_PROVIDERS").ok().as_deref())?,
+            inline_providers: inline_providers(
+                std::env::var("INBOX_INLINE_PROVIDERS").ok().as_deref(),
+            )?,
         })
     }
 }
@@ -260,12 +308,18 @@ mod tests {
     use super::*;
 
     fn lookup<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
-        move |name| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
+        move |name| {
+            pairs
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        }
     }
 
     #[test]
     fn comma_separated_secrets_are_all_kept_in_order() {
-        let s = Secrets::from_lookup(lookup(&[("STRIPE_WEBHOOK_SECRET", "whsec_a, whsec_b,,")])).unwrap();
+        let s = Secrets::from_lookup(lookup(&[("STRIPE_WEBHOOK_SECRET", "whsec_a, whsec_b,,")]))
+            .unwrap();
         let stripe: Vec<&[u8]> = s.stripe.iter().map(Secret::expose).collect();
         assert_eq!(stripe, [b"whsec_a".as_slice(), b"whsec_b"]);
         assert!(!s.is_configured(Provider::Shopify));
@@ -273,7 +327,8 @@ mod tests {
 
     #[test]
     fn standard_secret_must_be_base64_and_the_error_hides_it() {
-        let err = Secrets::from_lookup(lookup(&[("STANDARD_WEBHOOK_SECRET", "whsec_not*base64")])).unwrap_err();
+        let err = Secrets::from_lookup(lookup(&[("STANDARD_WEBHOOK_SECRET", "whsec_not*base64")]))
+            .unwrap_err();
         let text = err.to_string();
         assert!(text.contains("secret #1 is not base64"), "{text}");
         assert!(!text.contains("not*base64"), "{text}");
@@ -285,25 +340,40 @@ mod tests {
         assert!(err.to_string().contains("MARQETA_WEBHOOK_PASSWORD"));
         let ok = Secrets::from_lookup(lookup(&[
             ("MARQETA_WEBHOOK_USERNAME", "u"),
-            ("MARQETA_WEBHOOK_PASSWORD", "password-one-0123456789,password-two-0123456789"),
+            (
+                "MARQETA_WEBHOOK_PASSWORD",
+                "password-one-0123456789,password-two-0123456789",
+            ),
         ]))
         .unwrap();
         assert_eq!(ok.marqeta.unwrap().passwords.len(), 2);
-        let short = Secrets::from_lookup(lookup(&[("MARQETA_WEBHOOK_USERNAME", "u"), ("MARQETA_WEBHOOK_PASSWORD", "short")]));
+        let short = Secrets::from_lookup(lookup(&[
+            ("MARQETA_WEBHOOK_USERNAME", "u"),
+            ("MARQETA_WEBHOOK_PASSWORD", "short"),
+        ]));
         let err = short.unwrap_err().to_string();
         assert!(err.contains("20 to 50") && !err.contains("short"), "{err}");
     }
 
     #[test]
     fn inline_providers_are_names_and_unknown_ones_are_refused() {
-        assert_eq!(inline_providers(Some("stripe, marqeta")).unwrap(), [Provider::Stripe, Provider::Marqeta]);
+        assert_eq!(
+            inline_providers(Some("stripe, marqeta")).unwrap(),
+            [Provider::Stripe, Provider::Marqeta]
+        );
         assert!(inline_providers(None).unwrap().is_empty());
-        assert!(inline_providers(Some("stripe,paypal")).unwrap_err().to_string().contains("paypal"));
+        assert!(inline_providers(Some("stripe,paypal"))
+            .unwrap_err()
+            .to_string()
+            .contains("paypal"));
     }
 
     #[test]
     fn secret_debug_is_redacted() {
-        assert_eq!(format!("{:?}", Secret::new("whsec_live")), "Secret(<redacted>)");
+        assert_eq!(
+            format!("{:?}", Secret::new("whsec_live")),
+            "Secret(<redacted>)"
+        );
     }
 
     #[test]

@@ -34,7 +34,10 @@ pub fn pool_from(options: PgConnectOptions, cfg: &DbConfig) -> PgPool {
 }
 
 fn parse_url(cfg: &DbConfig) -> Result<PgConnectOptions, sqlx::Error> {
-    let url = cfg.url.as_deref().ok_or_else(|| sqlx::Error::Configuration("DATABASE_URL is not set".into()))?;
+    let url = cfg
+        .url
+        .as_deref()
+        .ok_or_else(|| sqlx::Error::Configuration("DATABASE_URL is not set".into()))?;
     PgConnectOptions::from_str(url)
 }
 
@@ -46,7 +49,10 @@ fn with_timeouts(options: PgConnectOptions, cfg: &DbConfig) -> PgConnectOptions 
     options.application_name("webhook-inbox").options([
         ("lock_timeout", ms(cfg.lock_timeout)),
         ("statement_timeout", ms(cfg.statement_timeout)),
-        ("idle_in_transaction_session_timeout", ms(cfg.idle_in_transaction_timeout)),
+        (
+            "idle_in_transaction_session_timeout",
+            ms(cfg.idle_in_transaction_timeout),
+        ),
     ])
 }
 
@@ -82,15 +88,26 @@ impl Connections {
     /// An idle connection, or a new one; waits at most the acquire timeout in all.
     pub async fn acquire(&self) -> Result<Lease<'_>, sqlx::Error> {
         let work = async {
-            let permit = self.permits.acquire().await.map_err(|_| sqlx::Error::PoolClosed)?;
+            let permit = self
+                .permits
+                .acquire()
+                .await
+                .map_err(|_| sqlx::Error::PoolClosed)?;
             let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
             let conn = match idle {
                 Some(conn) => conn,
                 None => PgConnection::connect_with(&self.options).await?,
             };
-            Ok(Lease { owner: self, conn: Some(conn), reusable: false, _permit: permit })
+            Ok(Lease {
+                owner: self,
+                conn: Some(conn),
+                reusable: false,
+                _permit: permit,
+            })
         };
-        tokio::time::timeout(self.acquire_timeout, work).await.map_err(|_| sqlx::Error::PoolTimedOut)?
+        tokio::time::timeout(self.acquire_timeout, work)
+            .await
+            .map_err(|_| sqlx::Error::PoolTimedOut)?
     }
 
     /// Closes every idle connection: after one was found dead, the others probably are too.
@@ -130,7 +147,11 @@ impl DerefMut for Lease<'_> {
 impl Drop for Lease<'_> {
     fn drop(&mut self) {
         if let (true, Some(conn)) = (self.reusable, self.conn.take()) {
-            self.owner.idle.lock().unwrap_or_else(|e| e.into_inner()).push(conn);
+            self.owner
+                .idle
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(conn);
         }
     }
 }
@@ -173,7 +194,9 @@ pub fn is_contention(err: &sqlx::Error) -> bool {
 pub fn is_connection_lost(err: &sqlx::Error) -> bool {
     match err {
         sqlx::Error::Io(_) => true,
-        sqlx::Error::Database(_) => matches!(sqlstate(err).as_deref(), Some("57P01" | "57P02" | "57P03")),
+        sqlx::Error::Database(_) => {
+            matches!(sqlstate(err).as_deref(), Some("57P01" | "57P02" | "57P03"))
+        }
         _ => false,
     }
 }

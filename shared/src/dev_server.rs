@@ -13,7 +13,11 @@ use tokio::net::TcpListener;
 use crate::receive::{respond, ReceiveError, Receiver};
 
 /// Serves until `shutdown` completes; each connection on its own task.
-pub async fn serve(listener: TcpListener, receiver: Arc<Receiver>, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
+pub async fn serve(
+    listener: TcpListener,
+    receiver: Arc<Receiver>,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
     tokio::pin!(shutdown);
     loop {
         let (stream, _) = tokio::select! {
@@ -33,7 +37,10 @@ pub async fn serve(listener: TcpListener, receiver: Arc<Receiver>, shutdown: imp
                 let receiver = receiver.clone();
                 async move { Ok::<_, Infallible>(handle(&receiver, req).await) }
             });
-            if let Err(e) = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await {
+            if let Err(e) = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
                 tracing::debug!(error = %e, "connection ended");
             }
         });
@@ -43,7 +50,10 @@ pub async fn serve(listener: TcpListener, receiver: Arc<Receiver>, shutdown: imp
 async fn handle(receiver: &Receiver, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let limit = receiver.max_body_bytes();
     let (parts, body) = req.into_parts();
-    let declared = parts.headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let declared = parts
+        .headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     // A body over the limit is refused before it is read, let alone hashed.
     let response = if declared.is_some_and(|n| n > limit as u64) {
         respond(Err(ReceiveError::TooLarge(limit)))
@@ -53,10 +63,14 @@ async fn handle(receiver: &Receiver, req: Request<Incoming>) -> Response<Full<By
                 let body = lambda_http::Body::from(Vec::from(collected.to_bytes()));
                 receiver.handle(Request::from_parts(parts, body)).await
             }
-            Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => respond(Err(ReceiveError::TooLarge(limit))),
+            Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
+                respond(Err(ReceiveError::TooLarge(limit)))
+            }
             Err(e) => {
                 tracing::debug!(error = %e, "reading the body failed");
-                let mut r = Response::new(lambda_http::Body::from(r#"{"error":"could not read the request body"}"#));
+                let mut r = Response::new(lambda_http::Body::from(
+                    r#"{"error":"could not read the request body"}"#,
+                ));
                 *r.status_mut() = StatusCode::BAD_REQUEST;
                 r
             }

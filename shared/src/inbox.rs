@@ -49,7 +49,11 @@ ON CONFLICT (provider, event_id) DO NOTHING
 RETURNING event_id";
 
 /// Claims one event in a single statement (its own short transaction).
-pub async fn claim<'e>(ex: impl PgExecutor<'e>, env: &Envelope<'_>, e: &NewEvent) -> Result<Claim, sqlx::Error> {
+pub async fn claim<'e>(
+    ex: impl PgExecutor<'e>,
+    env: &Envelope<'_>,
+    e: &NewEvent,
+) -> Result<Claim, sqlx::Error> {
     let row: Option<(String,)> = sqlx::query_as(CLAIM)
         .bind(env.provider.as_str())
         .bind(&e.event_id)
@@ -62,7 +66,11 @@ pub async fn claim<'e>(ex: impl PgExecutor<'e>, env: &Envelope<'_>, e: &NewEvent
         .bind(env.secret_index)
         .fetch_optional(ex)
         .await?;
-    Ok(if row.is_some() { Claim::New } else { Claim::Duplicate })
+    Ok(if row.is_some() {
+        Claim::New
+    } else {
+        Claim::Duplicate
+    })
 }
 
 const CLAIM_BATCH: &str = "\
@@ -85,7 +93,10 @@ pub async fn claim_batch<'e>(
     events: &[NewEvent],
 ) -> Result<BatchClaim, sqlx::Error> {
     let accepted = claim_batch_new_ids(ex, env, events).await?.len();
-    Ok(BatchClaim { accepted, duplicates: events.len() - accepted })
+    Ok(BatchClaim {
+        accepted,
+        duplicates: events.len() - accepted,
+    })
 }
 
 /// [`claim_batch`], returning the ids of the rows it inserted.
@@ -174,7 +185,9 @@ async fn claim_on_a_lease(
 ) -> Result<Claimed, sqlx::Error> {
     let mut conn = connections.acquire().await?;
     let result = match inline {
-        Some(handlers) => match retrying!(crate::inline::claim_and_apply(&mut conn, env, events, handlers)) {
+        Some(handlers) => match retrying!(crate::inline::claim_and_apply(
+            &mut conn, env, events, handlers
+        )) {
             // A payload PostgreSQL refuses: stored by the plain claim's fallback, for the worker to see.
             Err(e) if is_data_exception(&e) => claim_events(&mut conn, env, events).await,
             other => other,
@@ -188,12 +201,19 @@ async fn claim_on_a_lease(
     result
 }
 
-async fn claim_events(conn: &mut PgConnection, env: &Envelope<'_>, events: &Events) -> Result<Claimed, sqlx::Error> {
+async fn claim_events(
+    conn: &mut PgConnection,
+    env: &Envelope<'_>,
+    events: &Events,
+) -> Result<Claimed, sqlx::Error> {
     match events {
         Events::Single(e) => claim_one(conn, env, e).await.map(Claimed::Single),
         Events::Batch(items) => match retrying!(claim_batch(&mut *conn, env, items)) {
             Err(err) if is_data_exception(&err) => {
-                let mut out = BatchClaim { accepted: 0, duplicates: items.len() - sorted_unique(items).len() };
+                let mut out = BatchClaim {
+                    accepted: 0,
+                    duplicates: items.len() - sorted_unique(items).len(),
+                };
                 for e in sorted_unique(items) {
                     match claim_one(conn, env, e).await? {
                         Claim::New => out.accepted += 1,
@@ -207,10 +227,17 @@ async fn claim_events(conn: &mut PgConnection, env: &Envelope<'_>, events: &Even
     }
 }
 
-async fn claim_one(conn: &mut PgConnection, env: &Envelope<'_>, e: &NewEvent) -> Result<Claim, sqlx::Error> {
+async fn claim_one(
+    conn: &mut PgConnection,
+    env: &Envelope<'_>,
+    e: &NewEvent,
+) -> Result<Claim, sqlx::Error> {
     match retrying!(claim(&mut *conn, env, e)) {
         Err(err) if e.payload.is_some() && is_data_exception(&err) => {
-            let reason = format!("PostgreSQL refused the payload as jsonb (SQLSTATE {})", db::sqlstate(&err).unwrap_or_default());
+            let reason = format!(
+                "PostgreSQL refused the payload as jsonb (SQLSTATE {})",
+                db::sqlstate(&err).unwrap_or_default()
+            );
             let fallback = NewEvent::unusable(e.event_id.clone(), &e.event_type, None, reason);
             retrying!(claim(&mut *conn, env, &fallback))
         }
@@ -230,7 +257,10 @@ mod tests {
     fn batches_are_sorted_and_repeats_collapse_to_the_first() {
         let e = |id: &str, t: &str| NewEvent::pending(id.into(), t, "{}".into());
         let events = [e("b", "first"), e("a", "x"), e("b", "second")];
-        let v: Vec<_> = sorted_unique(&events).iter().map(|e| (e.event_id.as_str(), e.event_type.as_str())).collect();
+        let v: Vec<_> = sorted_unique(&events)
+            .iter()
+            .map(|e| (e.event_id.as_str(), e.event_type.as_str()))
+            .collect();
         assert_eq!(v, [("a", "x"), ("b", "first")]);
     }
 }

@@ -24,7 +24,9 @@ pub(crate) async fn claim_and_apply(
 ) -> Result<Claimed, sqlx::Error> {
     let mut tx = conn.begin().await?;
     if let Events::Single(e) = events {
-        let exclusive = handlers.get(env.provider, &e.event_type).is_some_and(|h| h.exclusive());
+        let exclusive = handlers
+            .get(env.provider, &e.event_type)
+            .is_some_and(|h| h.exclusive());
         if exclusive && !try_lock_event(&mut tx, env.provider, &e.event_id).await? {
             // Another delivery of this very event is inside its handler: skip, don't queue.
             tx.rollback().await?;
@@ -34,22 +36,43 @@ pub(crate) async fn claim_and_apply(
     let (claimed, new): (Claimed, Vec<&NewEvent>) = match events {
         Events::Single(e) => {
             let claim = inbox::claim(&mut *tx, env, e).await?;
-            (Claimed::Single(claim), if claim == Claim::New { vec![e] } else { vec![] })
+            (
+                Claimed::Single(claim),
+                if claim == Claim::New { vec![e] } else { vec![] },
+            )
         }
         Events::Batch(items) => {
             let ids = inbox::claim_batch_new_ids(&mut *tx, env, items).await?;
-            let new: Vec<&NewEvent> = inbox::sorted_unique(items).into_iter().filter(|e| ids.contains(&e.event_id)).collect();
-            (Claimed::Batch(BatchClaim { accepted: new.len(), duplicates: items.len() - new.len() }), new)
+            let new: Vec<&NewEvent> = inbox::sorted_unique(items)
+                .into_iter()
+                .filter(|e| ids.contains(&e.event_id))
+                .collect();
+            (
+                Claimed::Batch(BatchClaim {
+                    accepted: new.len(),
+                    duplicates: items.len() - new.len(),
+                }),
+                new,
+            )
         }
     };
-    for e in new.into_iter().filter(|e| e.status == InitialStatus::Pending) {
+    for e in new
+        .into_iter()
+        .filter(|e| e.status == InitialStatus::Pending)
+    {
         // Types with no handler stay pending: the worker marks them done, and counts them.
-        let Some(handler) = handlers.get(env.provider, &e.event_type) else { continue };
+        let Some(handler) = handlers.get(env.provider, &e.event_type) else {
+            continue;
+        };
         let event = Event {
             provider: env.provider,
             event_id: e.event_id.clone(),
             event_type: e.event_type.clone(),
-            payload: e.payload.as_deref().and_then(|p| serde_json::from_str(p).ok()).unwrap_or_default(),
+            payload: e
+                .payload
+                .as_deref()
+                .and_then(|p| serde_json::from_str(p).ok())
+                .unwrap_or_default(),
             attempts: 0,
         };
         let mut savepoint = tx.begin().await?;
@@ -73,11 +96,11 @@ pub(crate) async fn claim_and_apply(
                     "UPDATE webhook_inbox SET attempts = attempts + 1, failure_reason = $3
                      WHERE provider = $1 AND event_id = $2",
                 )
-                    .bind(env.provider.as_str())
-                    .bind(&e.event_id)
-                    .bind(format!("attempt 1 (inline): {err}"))
-                    .execute(&mut *tx)
-                    .await?;
+                .bind(env.provider.as_str())
+                .bind(&e.event_id)
+                .bind(format!("attempt 1 (inline): {err}"))
+                .execute(&mut *tx)
+                .await?;
             }
         }
     }

@@ -46,7 +46,11 @@ pub struct Outgoing {
 /// those another relay holds. The lease is committed at once: no transaction
 /// stays open across the sink's network calls. A relay that dies leaves its
 /// lease to expire, and the messages go out again, under the same key.
-pub async fn lease_unsent(pool: &sqlx::PgPool, limit: i64, lease: std::time::Duration) -> Result<Vec<Outgoing>, sqlx::Error> {
+pub async fn lease_unsent(
+    pool: &sqlx::PgPool,
+    limit: i64,
+    lease: std::time::Duration,
+) -> Result<Vec<Outgoing>, sqlx::Error> {
     sqlx::query_as(
         "WITH batch AS (
              SELECT id FROM transactional_outbox
@@ -74,7 +78,10 @@ pub async fn lease_unsent(pool: &sqlx::PgPool, limit: i64, lease: std::time::Dur
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Dispatch {
     Sent,
-    Retry { after: std::time::Duration, reason: String },
+    Retry {
+        after: std::time::Duration,
+        reason: String,
+    },
     Dead(String),
 }
 
@@ -82,7 +89,10 @@ pub enum Dispatch {
 /// here, after the sink confirmed. Each result names the lease it belongs to
 /// (the attempt number): a relay whose lease ran out and was taken over by
 /// another writes nothing, so it cannot undo the other's result.
-pub async fn record_results(pool: &sqlx::PgPool, results: &[(i64, i32, Dispatch)]) -> Result<(), sqlx::Error> {
+pub async fn record_results(
+    pool: &sqlx::PgPool,
+    results: &[(i64, i32, Dispatch)],
+) -> Result<(), sqlx::Error> {
     if results.is_empty() {
         return Ok(());
     }
@@ -96,7 +106,11 @@ pub async fn record_results(pool: &sqlx::PgPool, results: &[(i64, i32, Dispatch)
         leases.push(*attempts);
         let (outcome, delay, reason) = match d {
             Dispatch::Sent => ("sent", None, None),
-            Dispatch::Retry { after, reason } => ("retry", Some(after.as_millis() as i64), Some(reason.clone())),
+            Dispatch::Retry { after, reason } => (
+                "retry",
+                Some(after.as_millis() as i64),
+                Some(reason.clone()),
+            ),
             Dispatch::Dead(reason) => ("dead", None, Some(reason.clone())),
         };
         outcomes.push(outcome);

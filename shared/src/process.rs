@@ -14,12 +14,19 @@ pub const DEFAULT_DEADLINE_MARGIN: Duration = Duration::from_millis(3000);
 
 /// `INBOX_DEADLINE_MARGIN_MS`, for every scheduled function.
 pub fn deadline_margin_from_env() -> Result<Duration, crate::config::ConfigError> {
-    let ms = crate::config::parse_env("INBOX_DEADLINE_MARGIN_MS", DEFAULT_DEADLINE_MARGIN.as_millis() as u64)?;
+    let ms = crate::config::parse_env(
+        "INBOX_DEADLINE_MARGIN_MS",
+        DEFAULT_DEADLINE_MARGIN.as_millis() as u64,
+    )?;
     Ok(Duration::from_millis(ms))
 }
 
 /// Dispatches on the event's shape: an SQS batch (`Records`) or a schedule (anything else).
-pub async fn handle(worker: &Worker, event: Value, deadline: Instant) -> Result<Value, serde_json::Error> {
+pub async fn handle(
+    worker: &Worker,
+    event: Value,
+    deadline: Instant,
+) -> Result<Value, serde_json::Error> {
     if event.get("Records").is_some() {
         let sqs: SqsEvent = serde_json::from_value(event)?;
         serde_json::to_value(on_sqs(worker, sqs).await)
@@ -30,8 +37,12 @@ pub async fn handle(worker: &Worker, event: Value, deadline: Instant) -> Result<
 
 /// The Lambda deadline (milliseconds since the epoch) less the margin, as an `Instant`.
 pub fn drain_until(deadline_epoch_ms: u64, margin: Duration) -> Instant {
-    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
-    Instant::now() + Duration::from_millis(deadline_epoch_ms.saturating_sub(now_ms)).saturating_sub(margin)
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    Instant::now()
+        + Duration::from_millis(deadline_epoch_ms.saturating_sub(now_ms)).saturating_sub(margin)
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -67,7 +78,11 @@ pub async fn on_sqs(worker: &Worker, event: SqsEvent) -> SqsBatchResponse {
     let mut response = SqsBatchResponse::default();
     for message in event.records {
         let id = message.message_id.clone().unwrap_or_default();
-        let Some(target) = message.body.as_deref().and_then(|b| serde_json::from_str::<EventRef>(b).ok()) else {
+        let Some(target) = message
+            .body
+            .as_deref()
+            .and_then(|b| serde_json::from_str::<EventRef>(b).ok())
+        else {
             tracing::error!(message_id = %id, "SQS message is not {{\"provider\",\"event_id\"}}; returned to the queue (its DLQ keeps it)");
             response.add_failure(id);
             continue;

@@ -21,9 +21,16 @@ use crate::{
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
     #[error("{api} answered HTTP {status}: {body}")]
-    Api { api: &'static str, status: u16, body: String },
+    Api {
+        api: &'static str,
+        status: u16,
+        body: String,
+    },
     #[error("{api} request failed: {source}")]
-    Request { api: &'static str, source: reqwest::Error },
+    Request {
+        api: &'static str,
+        source: reqwest::Error,
+    },
     #[error("{api} sent an unexpected body: {reason}")]
     Body { api: &'static str, reason: String },
     #[error("database: {0}")]
@@ -50,24 +57,37 @@ pub struct ReconcileConfig {
 impl ReconcileConfig {
     pub fn from_env() -> Result<Self, ConfigError> {
         Ok(ReconcileConfig {
-            first_lookback: Duration::from_secs(3600 * parse_env("RECONCILE_LOOKBACK_HOURS", 72u64)?),
+            first_lookback: Duration::from_secs(
+                3600 * parse_env("RECONCILE_LOOKBACK_HOURS", 72u64)?,
+            ),
             overlap: Duration::from_secs(300),
         })
     }
 }
 
 /// GET with `429`/`Retry-After` honoured (up to 5 tries, at most 30 s a wait).
-async fn get(api: &'static str, req: reqwest::RequestBuilder) -> Result<reqwest::Response, ReconcileError> {
+async fn get(
+    api: &'static str,
+    req: reqwest::RequestBuilder,
+) -> Result<reqwest::Response, ReconcileError> {
     let mut attempt = 0;
     loop {
         attempt += 1;
         let Some(r) = req.try_clone() else {
-            return Err(ReconcileError::Body { api, reason: "request cannot be retried".into() });
+            return Err(ReconcileError::Body {
+                api,
+                reason: "request cannot be retried".into(),
+            });
         };
-        let response = r.send().await.map_err(|source| ReconcileError::Request { api, source })?;
+        let response = r
+            .send()
+            .await
+            .map_err(|source| ReconcileError::Request { api, source })?;
         if response.status().as_u16() == 429 && attempt < 5 {
             // Shopify sends `Retry-After: 2.0`; Stripe whole seconds.
-            let wait = retry_after(response.headers()).unwrap_or(Duration::from_secs(1)).min(Duration::from_secs(30));
+            let wait = retry_after(response.headers())
+                .unwrap_or(Duration::from_secs(1))
+                .min(Duration::from_secs(30));
             tracing::info!(api, ?wait, "rate limited; waiting as asked");
             tokio::time::sleep(wait).await;
             continue;
@@ -75,7 +95,11 @@ async fn get(api: &'static str, req: reqwest::RequestBuilder) -> Result<reqwest:
         if !response.status().is_success() {
             let status = response.status().as_u16();
             let body = response.text().await.unwrap_or_default();
-            return Err(ReconcileError::Api { api, status, body: body.chars().take(500).collect() });
+            return Err(ReconcileError::Api {
+                api,
+                status,
+                body: body.chars().take(500).collect(),
+            });
         }
         return Ok(response);
     }
@@ -103,7 +127,10 @@ async fn save_checkpoint(pool: &PgPool, source: &str, epoch: f64) -> Result<(), 
 }
 
 fn now_epoch() -> f64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }
 
 /// Stripe's events API: `STRIPE_API_BASE` (default `https://api.stripe.com`), `STRIPE_API_KEY`.
@@ -128,22 +155,40 @@ struct EventHead {
 
 impl StripeEvents {
     pub fn new(base: impl Into<String>, key: Secret) -> Result<Self, ConfigError> {
-        let client = http_client(Duration::from_secs(30))
-            .map_err(|e| ConfigError::Invalid { var: "STRIPE_API_KEY", reason: format!("cannot build an HTTP client: {e}") })?;
-        Ok(StripeEvents { client, base: base.into().trim_end_matches('/').to_string(), key })
+        let client = http_client(Duration::from_secs(30)).map_err(|e| ConfigError::Invalid {
+            var: "STRIPE_API_KEY",
+            reason: format!("cannot build an HTTP client: {e}"),
+        })?;
+        Ok(StripeEvents {
+            client,
+            base: base.into().trim_end_matches('/').to_string(),
+            key,
+        })
     }
 
     pub fn from_env() -> Result<Option<Self>, ConfigError> {
-        let Some(key) = std::env::var("STRIPE_API_KEY").ok().filter(|k| !k.is_empty()) else { return Ok(None) };
-        let base = std::env::var("STRIPE_API_BASE").unwrap_or_else(|_| "https://api.stripe.com".into());
+        let Some(key) = std::env::var("STRIPE_API_KEY")
+            .ok()
+            .filter(|k| !k.is_empty())
+        else {
+            return Ok(None);
+        };
+        let base =
+            std::env::var("STRIPE_API_BASE").unwrap_or_else(|_| "https://api.stripe.com".into());
         Self::new(base, Secret::new(key)).map(Some)
     }
 
     /// Lists undelivered events created since the checkpoint (newest first,
     /// paginated with `starting_after`) and claims each through the webhook claim.
-    pub async fn reconcile(&self, pool: &PgPool, config: &ReconcileConfig) -> Result<Found, ReconcileError> {
+    pub async fn reconcile(
+        &self,
+        pool: &PgPool,
+        config: &ReconcileConfig,
+    ) -> Result<Found, ReconcileError> {
         const SOURCE: &str = "stripe:events";
-        let since = load_checkpoint(pool, SOURCE).await?.unwrap_or(now_epoch() - config.first_lookback.as_secs_f64())
+        let since = load_checkpoint(pool, SOURCE)
+            .await?
+            .unwrap_or(now_epoch() - config.first_lookback.as_secs_f64())
             - config.overlap.as_secs_f64();
         let parser = Stripe::new(vec![]);
         let headers = http::HeaderMap::new();
@@ -161,20 +206,47 @@ impl StripeEvents {
             if let Some(after) = &starting_after {
                 query.push(("starting_after", after.clone()));
             }
-            let req = self.client.get(format!("{}/v1/events", self.base)).bearer_auth(String::from_utf8_lossy(self.key.expose())).query(&query);
-            let text = get("Stripe", req).await?.text().await.map_err(|source| ReconcileError::Request { api: "Stripe", source })?;
-            let page: EventPage<'_> = serde_json::from_str(&text).map_err(|e| ReconcileError::Body { api: "Stripe", reason: e.to_string() })?;
+            let req = self
+                .client
+                .get(format!("{}/v1/events", self.base))
+                .bearer_auth(String::from_utf8_lossy(self.key.expose()))
+                .query(&query);
+            let text = get("Stripe", req).await?.text().await.map_err(|source| {
+                ReconcileError::Request {
+                    api: "Stripe",
+                    source,
+                }
+            })?;
+            let page: EventPage<'_> =
+                serde_json::from_str(&text).map_err(|e| ReconcileError::Body {
+                    api: "Stripe",
+                    reason: e.to_string(),
+                })?;
 
             let mut tx = pool.begin().await?;
             for raw in &page.data {
-                let head: EventHead = serde_json::from_str(raw.get()).unwrap_or(EventHead { id: None, created: None });
+                let head: EventHead = serde_json::from_str(raw.get()).unwrap_or(EventHead {
+                    id: None,
+                    created: None,
+                });
                 if let Some(id) = &head.id {
                     starting_after = Some(id.clone());
                 }
                 latest = latest.max(head.created.unwrap_or(0) as f64);
                 let body = raw.get().as_bytes();
-                let Events::Single(event) = parser.events(&Delivery { headers: &headers, body, now: 0 }) else { continue };
-                let env = Envelope { provider: Provider::Stripe, raw_body: body, headers: &empty, secret_index: None };
+                let Events::Single(event) = parser.events(&Delivery {
+                    headers: &headers,
+                    body,
+                    now: 0,
+                }) else {
+                    continue;
+                };
+                let env = Envelope {
+                    provider: Provider::Stripe,
+                    raw_body: body,
+                    headers: &empty,
+                    secret_index: None,
+                };
                 match inbox::claim(&mut *tx, &env, &event).await? {
                     Claim::New => found.applied += 1,
                     Claim::Duplicate => found.already_known += 1,
@@ -206,44 +278,94 @@ struct OrderPage {
 }
 
 impl ShopifyOrders {
-    pub fn new(base: impl Into<String>, version: impl Into<String>, token: Secret) -> Result<Self, ConfigError> {
-        let client = http_client(Duration::from_secs(30))
-            .map_err(|e| ConfigError::Invalid { var: "SHOPIFY_ACCESS_TOKEN", reason: format!("cannot build an HTTP client: {e}") })?;
-        Ok(ShopifyOrders { client, base: base.into().trim_end_matches('/').to_string(), version: version.into(), token })
+    pub fn new(
+        base: impl Into<String>,
+        version: impl Into<String>,
+        token: Secret,
+    ) -> Result<Self, ConfigError> {
+        let client = http_client(Duration::from_secs(30)).map_err(|e| ConfigError::Invalid {
+            var: "SHOPIFY_ACCESS_TOKEN",
+            reason: format!("cannot build an HTTP client: {e}"),
+        })?;
+        Ok(ShopifyOrders {
+            client,
+            base: base.into().trim_end_matches('/').to_string(),
+            version: version.into(),
+            token,
+        })
     }
 
     pub fn from_env() -> Result<Option<Self>, ConfigError> {
-        let token = std::env::var("SHOPIFY_ACCESS_TOKEN").ok().filter(|t| !t.is_empty());
-        let domain = std::env::var("SHOPIFY_SHOP_DOMAIN").ok().filter(|d| !d.is_empty());
-        let (Some(token), Some(domain)) = (token, domain) else { return Ok(None) };
-        let base = std::env::var("SHOPIFY_API_BASE").unwrap_or_else(|_| format!("https://{domain}"));
+        let token = std::env::var("SHOPIFY_ACCESS_TOKEN")
+            .ok()
+            .filter(|t| !t.is_empty());
+        let domain = std::env::var("SHOPIFY_SHOP_DOMAIN")
+            .ok()
+            .filter(|d| !d.is_empty());
+        let (Some(token), Some(domain)) = (token, domain) else {
+            return Ok(None);
+        };
+        let base =
+            std::env::var("SHOPIFY_API_BASE").unwrap_or_else(|_| format!("https://{domain}"));
         let version = std::env::var("SHOPIFY_API_VERSION").unwrap_or_else(|_| "2024-10".into());
         Self::new(base, version, Secret::new(token)).map(Some)
     }
 
     /// Orders updated since the checkpoint, page by page (`Link: rel="next"`),
     /// through the version-guarded upsert: a stale or known order changes nothing.
-    pub async fn reconcile(&self, pool: &PgPool, config: &ReconcileConfig) -> Result<Found, ReconcileError> {
+    pub async fn reconcile(
+        &self,
+        pool: &PgPool,
+        config: &ReconcileConfig,
+    ) -> Result<Found, ReconcileError> {
         const SOURCE: &str = "shopify:orders";
-        let since = load_checkpoint(pool, SOURCE).await?.unwrap_or(now_epoch() - config.first_lookback.as_secs_f64())
+        let since = load_checkpoint(pool, SOURCE)
+            .await?
+            .unwrap_or(now_epoch() - config.first_lookback.as_secs_f64())
             - config.overlap.as_secs_f64();
-        let since_text: String = sqlx::query_scalar("SELECT to_char(to_timestamp($1) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')")
-            .bind(since.max(0.0))
-            .fetch_one(pool)
-            .await?;
+        let since_text: String = sqlx::query_scalar(
+            "SELECT to_char(to_timestamp($1) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')",
+        )
+        .bind(since.max(0.0))
+        .fetch_one(pool)
+        .await?;
         let mut url = format!("{}/admin/api/{}/orders.json", self.base, self.version);
-        let mut query = vec![("status", "any".to_string()), ("limit", "250".to_string()), ("updated_at_min", since_text)];
+        let mut query = vec![
+            ("status", "any".to_string()),
+            ("limit", "250".to_string()),
+            ("updated_at_min", since_text),
+        ];
         let mut found = Found::default();
         let run_started = now_epoch() - config.overlap.as_secs_f64();
         let mut versions: Vec<String> = Vec::new();
         loop {
-            let mut token = reqwest::header::HeaderValue::from_bytes(self.token.expose())
-                .map_err(|_| ReconcileError::Body { api: "Shopify", reason: "SHOPIFY_ACCESS_TOKEN is not a valid header value".into() })?;
+            let mut token =
+                reqwest::header::HeaderValue::from_bytes(self.token.expose()).map_err(|_| {
+                    ReconcileError::Body {
+                        api: "Shopify",
+                        reason: "SHOPIFY_ACCESS_TOKEN is not a valid header value".into(),
+                    }
+                })?;
             token.set_sensitive(true);
-            let req = self.client.get(&url).header("X-Shopify-Access-Token", token).query(&query);
+            let req = self
+                .client
+                .get(&url)
+                .header("X-Shopify-Access-Token", token)
+                .query(&query);
             let response = get("Shopify", req).await?;
-            let next = response.headers().get(reqwest::header::LINK).and_then(|v| v.to_str().ok()).and_then(next_link);
-            let page: OrderPage = response.json().await.map_err(|source| ReconcileError::Request { api: "Shopify", source })?;
+            let next = response
+                .headers()
+                .get(reqwest::header::LINK)
+                .and_then(|v| v.to_str().ok())
+                .and_then(next_link);
+            let page: OrderPage =
+                response
+                    .json()
+                    .await
+                    .map_err(|source| ReconcileError::Request {
+                        api: "Shopify",
+                        source,
+                    })?;
             let mut tx = pool.begin().await?;
             for order in &page.orders {
                 found.fetched += 1;
@@ -269,10 +391,12 @@ impl ShopifyOrders {
                 None => break,
             }
         }
-        let latest: Option<f64> = sqlx::query_scalar("SELECT extract(epoch FROM max(v::timestamptz))::float8 FROM unnest($1::text[]) AS v")
-            .bind(&versions)
-            .fetch_one(pool)
-            .await?;
+        let latest: Option<f64> = sqlx::query_scalar(
+            "SELECT extract(epoch FROM max(v::timestamptz))::float8 FROM unnest($1::text[]) AS v",
+        )
+        .bind(&versions)
+        .fetch_one(pool)
+        .await?;
         // Every order updated before this run started was listed now.
         save_checkpoint(pool, SOURCE, latest.unwrap_or(0.0).max(run_started)).await?;
         Ok(found)
@@ -288,7 +412,11 @@ pub struct Reconciler {
 
 impl Reconciler {
     pub fn from_env() -> Result<Self, ConfigError> {
-        Ok(Reconciler { stripe: StripeEvents::from_env()?, shopify: ShopifyOrders::from_env()?, config: ReconcileConfig::from_env()? })
+        Ok(Reconciler {
+            stripe: StripeEvents::from_env()?,
+            shopify: ShopifyOrders::from_env()?,
+            config: ReconcileConfig::from_env()?,
+        })
     }
 
     pub fn is_configured(&self) -> bool {
@@ -310,11 +438,13 @@ impl Reconciler {
 
 /// The `rel="next"` URL of a `Link` header.
 fn next_link(link: &str) -> Option<String> {
-    link.split(',').find(|part| part.contains("rel=\"next\"")).and_then(|part| {
-        let start = part.find('<')? + 1;
-        let end = part.find('>')?;
-        Some(part[start..end].to_string())
-    })
+    link.split(',')
+        .find(|part| part.contains("rel=\"next\""))
+        .and_then(|part| {
+            let start = part.find('<')? + 1;
+            let end = part.find('>')?;
+            Some(part[start..end].to_string())
+        })
 }
 
 #[cfg(test)]
@@ -322,7 +452,10 @@ mod tests {
     #[test]
     fn next_links_are_read_from_the_link_header() {
         let h = r#"<https://s.myshopify.com/admin/api/2024-10/orders.json?page_info=abc&limit=250>; rel="next", <https://x>; rel="previous""#;
-        assert_eq!(super::next_link(h).as_deref(), Some("https://s.myshopify.com/admin/api/2024-10/orders.json?page_info=abc&limit=250"));
+        assert_eq!(
+            super::next_link(h).as_deref(),
+            Some("https://s.myshopify.com/admin/api/2024-10/orders.json?page_info=abc&limit=250")
+        );
         assert_eq!(super::next_link(r#"<https://x>; rel="previous""#), None);
     }
 }

@@ -2,7 +2,12 @@
 //! under its stable `message_key`. A crash between publishing and marking
 //! re-sends the message with the same key, so consumers deduplicate on it.
 
-use std::{future::Future, pin::Pin, sync::Arc, time::{Duration, Instant}};
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use sqlx::PgPool;
 
@@ -17,7 +22,10 @@ use crate::{
 pub enum Delivery {
     Delivered,
     /// Worth another try (5xx, 408, 429, timeouts), no sooner than `retry_after` if the sink said so.
-    Retryable { reason: String, retry_after: Option<Duration> },
+    Retryable {
+        reason: String,
+        retry_after: Option<Duration>,
+    },
     /// Will never be accepted (other 4xx): dead at once.
     Rejected(String),
 }
@@ -34,11 +42,20 @@ pub trait Sink: Send + Sync {
 
 /// `Retry-After` as seconds (whole or decimal) or an HTTP date, at most an hour.
 pub fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
-    let value = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?.trim();
+    let value = headers
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim();
     let wait = match value.parse::<f64>() {
-        Ok(secs) if secs.is_finite() && secs >= 0.0 => Duration::from_secs_f64(secs.min(crate::worker::RETRY_CAP.as_secs_f64())),
+        Ok(secs) if secs.is_finite() && secs >= 0.0 => {
+            Duration::from_secs_f64(secs.min(crate::worker::RETRY_CAP.as_secs_f64()))
+        }
         Ok(_) => return None,
-        Err(_) => httpdate::parse_http_date(value).ok()?.duration_since(std::time::SystemTime::now()).unwrap_or_default(),
+        Err(_) => httpdate::parse_http_date(value)
+            .ok()?
+            .duration_since(std::time::SystemTime::now())
+            .unwrap_or_default(),
     };
     Some(wait.min(crate::worker::RETRY_CAP))
 }
@@ -69,9 +86,15 @@ pub fn http_client(timeout: Duration) -> Result<reqwest::Client, reqwest::Error>
 
 impl HttpSink {
     pub fn new(url: impl Into<String>, timeout: Duration) -> Result<Self, ConfigError> {
-        let client = http_client(timeout)
-            .map_err(|e| ConfigError::Invalid { var: "RELAY_HTTP_URL", reason: format!("cannot build an HTTP client: {e}") })?;
-        Ok(HttpSink { client, url: url.into(), concurrency: HTTP_CONCURRENCY_DEFAULT })
+        let client = http_client(timeout).map_err(|e| ConfigError::Invalid {
+            var: "RELAY_HTTP_URL",
+            reason: format!("cannot build an HTTP client: {e}"),
+        })?;
+        Ok(HttpSink {
+            client,
+            url: url.into(),
+            concurrency: HTTP_CONCURRENCY_DEFAULT,
+        })
     }
 
     pub fn with_concurrency(mut self, concurrency: usize) -> Self {
@@ -92,7 +115,9 @@ impl Sink for HttpSink {
         Box::pin(async move {
             let mut out = Vec::with_capacity(messages.len());
             for chunk in messages.chunks(self.concurrency) {
-                out.extend(futures_util::future::join_all(chunk.iter().map(|m| self.deliver(m))).await);
+                out.extend(
+                    futures_util::future::join_all(chunk.iter().map(|m| self.deliver(m))).await,
+                );
             }
             out
         })
@@ -106,11 +131,22 @@ impl HttpSink {
             let Ok(key) = reqwest::header::HeaderValue::from_str(&m.message_key) else {
                 return Delivery::Rejected("message_key is not a valid header value".into());
             };
-            let sent = self.client.post(&self.url).header("Idempotency-Key", key).json(&m.payload.0).send().await;
+            let sent = self
+                .client
+                .post(&self.url)
+                .header("Idempotency-Key", key)
+                .json(&m.payload.0)
+                .send()
+                .await;
             let response = match sent {
                 Ok(r) => r,
                 // Without the URL: it may carry credentials.
-                Err(e) => return Delivery::Retryable { reason: format!("HTTP request failed: {}", e.without_url()), retry_after: None },
+                Err(e) => {
+                    return Delivery::Retryable {
+                        reason: format!("HTTP request failed: {}", e.without_url()),
+                        retry_after: None,
+                    }
+                }
             };
             let status = response.status();
             if status.is_success() {
@@ -121,7 +157,10 @@ impl HttpSink {
             let cut = &body[..body.len().min(REASON_BODY_BYTES)];
             let reason = format!("HTTP {}: {}", status.as_u16(), String::from_utf8_lossy(cut));
             if status.is_server_error() || status.as_u16() == 408 || status.as_u16() == 429 {
-                Delivery::Retryable { reason, retry_after }
+                Delivery::Retryable {
+                    reason,
+                    retry_after,
+                }
             } else {
                 Delivery::Rejected(reason)
             }
@@ -146,10 +185,18 @@ mod tests {
         assert_eq!(after("2.5"), Some(Duration::from_millis(2500)));
         assert_eq!(after("99999999999"), Some(crate::worker::RETRY_CAP));
         assert_eq!(after("-1"), None);
-        let in_a_minute = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(61));
+        let in_a_minute =
+            httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(61));
         let d = after(&in_a_minute).unwrap();
-        assert!((Duration::from_secs(59)..=Duration::from_secs(61)).contains(&d), "{d:?}");
-        assert_eq!(after("Wed, 21 Oct 2015 07:28:00 GMT"), Some(Duration::ZERO), "a past date: now");
+        assert!(
+            (Duration::from_secs(59)..=Duration::from_secs(61)).contains(&d),
+            "{d:?}"
+        );
+        assert_eq!(
+            after("Wed, 21 Oct 2015 07:28:00 GMT"),
+            Some(Duration::ZERO),
+            "a past date: now"
+        );
         assert_eq!(after("soon"), None);
     }
 }
@@ -187,16 +234,24 @@ pub async fn sinks_from_env() -> Result<Vec<Arc<dyn Sink>>, ConfigError> {
     if let Some(url) = var("RELAY_HTTP_URL") {
         let timeout = Duration::from_millis(parse_env("RELAY_HTTP_TIMEOUT_MS", 10_000u64)?);
         let concurrency = parse_env("RELAY_CONCURRENCY", HTTP_CONCURRENCY_DEFAULT)?;
-        sinks.push(Arc::new(HttpSink::new(url, timeout)?.with_concurrency(concurrency)));
+        sinks.push(Arc::new(
+            HttpSink::new(url, timeout)?.with_concurrency(concurrency),
+        ));
     }
     let (queue, bus) = (var("RELAY_SQS_QUEUE_URL"), var("RELAY_EVENT_BUS"));
     if queue.is_some() || bus.is_some() {
         let aws = crate::aws::config(None).await;
         if let Some(queue) = queue {
-            sinks.push(Arc::new(crate::aws::SqsSink::new(aws_sdk_sqs::Client::new(&aws), queue)));
+            sinks.push(Arc::new(crate::aws::SqsSink::new(
+                aws_sdk_sqs::Client::new(&aws),
+                queue,
+            )));
         }
         if let Some(bus) = bus {
-            sinks.push(Arc::new(crate::aws::EventBridgeSink::new(aws_sdk_eventbridge::Client::new(&aws), bus)));
+            sinks.push(Arc::new(crate::aws::EventBridgeSink::new(
+                aws_sdk_eventbridge::Client::new(&aws),
+                bus,
+            )));
         }
     }
     Ok(sinks)
@@ -218,14 +273,19 @@ pub struct Relay {
 
 impl Relay {
     pub fn new(pool: PgPool, sinks: Vec<Arc<dyn Sink>>, config: RelayConfig) -> Self {
-        Relay { pool, sinks: Arc::new(sinks), config }
+        Relay {
+            pool,
+            sinks: Arc::new(sinks),
+            config,
+        }
     }
 
     /// One batch: lease, deliver to every sink, record each result. A message
     /// counts as sent once every sink took it; if one did not, it goes to all
     /// of them again later, under the same key.
     pub async fn run_once(&self) -> Result<Relayed, sqlx::Error> {
-        let messages = outbox::lease_unsent(&self.pool, self.config.batch_size, self.config.lease).await?;
+        let messages =
+            outbox::lease_unsent(&self.pool, self.config.batch_size, self.config.lease).await?;
         let mut outcomes = vec![Delivery::Delivered; messages.len()];
         for sink in self.sinks.iter() {
             let (pending, idx): (Vec<Outgoing>, Vec<usize>) = messages
@@ -244,9 +304,15 @@ impl Relay {
                 }
             }
         }
-        let mut relayed = Relayed { leased: messages.len(), ..Relayed::default() };
-        let dispatches: Vec<(i64, i32, Dispatch)> =
-            messages.iter().zip(outcomes).map(|(m, d)| (m.id, m.attempts, self.dispatch(m.attempts, d))).collect();
+        let mut relayed = Relayed {
+            leased: messages.len(),
+            ..Relayed::default()
+        };
+        let dispatches: Vec<(i64, i32, Dispatch)> = messages
+            .iter()
+            .zip(outcomes)
+            .map(|(m, d)| (m.id, m.attempts, self.dispatch(m.attempts, d)))
+            .collect();
         for (_, _, d) in &dispatches {
             match d {
                 Dispatch::Sent => relayed.sent += 1,
@@ -265,8 +331,12 @@ impl Relay {
             Delivery::Retryable { reason, .. } if attempts >= self.config.max_attempts => {
                 Dispatch::Dead(format!("after {attempts} attempts: {reason}"))
             }
-            Delivery::Retryable { reason, retry_after } => {
-                let after = backoff(self.config.retry_base, attempts - 1).max(retry_after.unwrap_or_default());
+            Delivery::Retryable {
+                reason,
+                retry_after,
+            } => {
+                let after = backoff(self.config.retry_base, attempts - 1)
+                    .max(retry_after.unwrap_or_default());
                 Dispatch::Retry { after, reason }
             }
         }

@@ -70,19 +70,31 @@ impl RetentionConfig {
 
     /// Refuses a retention that would forget a key while its provider may still redeliver it.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        for (var, days) in [("OUTBOX_RETENTION_DAYS", self.outbox_days), ("INBOX_FAILED_RETENTION_DAYS", self.failed_days)]
-            .into_iter()
-            .chain(self.done_days.values().map(|d| ("INBOX_RETENTION_DAYS", *d)))
-        {
+        for (var, days) in [
+            ("OUTBOX_RETENTION_DAYS", self.outbox_days),
+            ("INBOX_FAILED_RETENTION_DAYS", self.failed_days),
+        ]
+        .into_iter()
+        .chain(
+            self.done_days
+                .values()
+                .map(|d| ("INBOX_RETENTION_DAYS", *d)),
+        ) {
             if days > MAX_DAYS {
-                return Err(ConfigError::Invalid { var, reason: format!("{days} days is more than {MAX_DAYS}") });
+                return Err(ConfigError::Invalid {
+                    var,
+                    reason: format!("{days} days is more than {MAX_DAYS}"),
+                });
             }
         }
         for p in Provider::ALL {
             let window = redelivery_window_days(p);
             let done = self.done_days.get(&p).copied().unwrap_or(0);
             // Failed rows remember their keys too.
-            for (var, kept, what) in [("INBOX_RETENTION_DAYS", done, "done"), ("INBOX_FAILED_RETENTION_DAYS", self.failed_days, "failed")] {
+            for (var, kept, what) in [
+                ("INBOX_RETENTION_DAYS", done, "done"),
+                ("INBOX_FAILED_RETENTION_DAYS", self.failed_days, "failed"),
+            ] {
                 if kept < window {
                     return Err(ConfigError::Invalid {
                         var,
@@ -110,16 +122,31 @@ pub struct Pruned {
 
 /// Deletes up to `limit` `done` rows of `provider` received before `days` ago.
 /// Rows another transaction holds are skipped, never waited for.
-pub async fn delete_done_before<'e>(ex: impl PgExecutor<'e>, provider: Provider, days: u32, limit: i64) -> Result<u64, sqlx::Error> {
+pub async fn delete_done_before<'e>(
+    ex: impl PgExecutor<'e>,
+    provider: Provider,
+    days: u32,
+    limit: i64,
+) -> Result<u64, sqlx::Error> {
     delete_inbox_before(ex, provider.as_str(), "done", days, limit).await
 }
 
 /// Deletes up to `limit` `failed` rows (any provider) received before `days` ago.
-pub async fn delete_failed_before<'e>(ex: impl PgExecutor<'e>, days: u32, limit: i64) -> Result<u64, sqlx::Error> {
+pub async fn delete_failed_before<'e>(
+    ex: impl PgExecutor<'e>,
+    days: u32,
+    limit: i64,
+) -> Result<u64, sqlx::Error> {
     delete_inbox_before(ex, "", "failed", days, limit).await
 }
 
-async fn delete_inbox_before<'e>(ex: impl PgExecutor<'e>, provider: &str, status: &str, days: u32, limit: i64) -> Result<u64, sqlx::Error> {
+async fn delete_inbox_before<'e>(
+    ex: impl PgExecutor<'e>,
+    provider: &str,
+    status: &str,
+    days: u32,
+    limit: i64,
+) -> Result<u64, sqlx::Error> {
     let done = sqlx::query(
         "DELETE FROM webhook_inbox AS w
          USING (SELECT provider, event_id FROM webhook_inbox
@@ -139,7 +166,11 @@ async fn delete_inbox_before<'e>(ex: impl PgExecutor<'e>, provider: &str, status
 }
 
 /// Deletes up to `limit` outbox messages sent before `days` ago.
-pub async fn delete_sent_before<'e>(ex: impl PgExecutor<'e>, days: u32, limit: i64) -> Result<u64, sqlx::Error> {
+pub async fn delete_sent_before<'e>(
+    ex: impl PgExecutor<'e>,
+    days: u32,
+    limit: i64,
+) -> Result<u64, sqlx::Error> {
     let done = sqlx::query(
         "DELETE FROM transactional_outbox
          WHERE id IN (SELECT id FROM transactional_outbox
@@ -218,10 +249,19 @@ mod tests {
         let mut c = config(60);
         c.done_days.insert(Provider::Stripe, 10);
         let err = c.validate().unwrap_err().to_string();
-        assert!(err.contains("done stripe rows would be kept 10 days") && err.contains("30 days"), "{err}");
+        assert!(
+            err.contains("done stripe rows would be kept 10 days") && err.contains("30 days"),
+            "{err}"
+        );
         let mut c = config(60);
         c.failed_days = 5;
-        assert!(c.validate().unwrap_err().to_string().starts_with("INBOX_FAILED_RETENTION_DAYS"), "failed rows are dedup memory too");
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .starts_with("INBOX_FAILED_RETENTION_DAYS"),
+            "failed rows are dedup memory too"
+        );
         let mut c = config(60);
         c.done_days.insert(Provider::Shopify, 1);
         assert!(c.validate().is_ok(), "Shopify redelivers for 4 hours");

@@ -31,7 +31,12 @@ pub struct WorkerConfig {
 
 impl Default for WorkerConfig {
     fn default() -> Self {
-        WorkerConfig { batch_size: 100, max_attempts: 10, retry_base: Duration::from_secs(1), poll: Duration::from_millis(200) }
+        WorkerConfig {
+            batch_size: 100,
+            max_attempts: 10,
+            retry_base: Duration::from_secs(1),
+            poll: Duration::from_millis(200),
+        }
     }
 }
 
@@ -60,8 +65,7 @@ pub fn backoff(base: Duration, attempts_before: i32) -> Duration {
     Duration::from_millis(full / 2 + db::jitter(full / 2))
 }
 
-impl WorkerConfig {
-}
+impl WorkerConfig {}
 
 /// What a pass did, event by event.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -100,7 +104,11 @@ enum Finish {
     Done,
     /// `counted`: false when the event lost to another transaction (40001, 40P01,
     /// 55P03): that says nothing about the event, so it spends no attempt.
-    Retry { after: Duration, reason: String, counted: bool },
+    Retry {
+        after: Duration,
+        reason: String,
+        counted: bool,
+    },
     Failed(String),
 }
 
@@ -167,7 +175,12 @@ pub struct Worker {
 
 impl Worker {
     pub fn new(pool: PgPool, handlers: Handlers, config: WorkerConfig) -> Self {
-        Worker { pool, handlers, config, careful: std::sync::atomic::AtomicBool::new(false) }
+        Worker {
+            pool,
+            handlers,
+            config,
+            careful: std::sync::atomic::AtomicBool::new(false),
+        }
     }
 
     pub fn config(&self) -> &WorkerConfig {
@@ -182,7 +195,10 @@ impl Worker {
             return self.run_careful(deadline).await;
         }
         let mut tx = self.pool.begin().await?;
-        let rows: Vec<Row> = sqlx::query_as(TAKE_PENDING).bind(self.config.batch_size).fetch_all(&mut *tx).await?;
+        let rows: Vec<Row> = sqlx::query_as(TAKE_PENDING)
+            .bind(self.config.batch_size)
+            .fetch_all(&mut *tx)
+            .await?;
         let result = self.apply_all(tx, rows, deadline, false).await;
         if result.as_ref().is_err_and(db::is_connection_lost) {
             self.careful.store(true, Ordering::Relaxed);
@@ -203,24 +219,36 @@ impl Worker {
             if Instant::now() >= deadline {
                 return Ok(total);
             }
-            let Some(row) = sqlx::query_as::<_, Row>(COUNT_NEXT).bind(self.config.retry_base.as_millis() as i64).fetch_optional(&self.pool).await? else {
+            let Some(row) = sqlx::query_as::<_, Row>(COUNT_NEXT)
+                .bind(self.config.retry_base.as_millis() as i64)
+                .fetch_optional(&self.pool)
+                .await?
+            else {
                 break;
             };
             let counts = if row.attempts >= self.config.max_attempts {
                 self.give_up(&row).await?
             } else {
                 let mut tx = self.pool.begin().await?;
-                let rows: Vec<Row> = sqlx::query_as(TAKE_ONE_ANY_TIME).bind(&row.provider).bind(&row.event_id).fetch_all(&mut *tx).await?;
+                let rows: Vec<Row> = sqlx::query_as(TAKE_ONE_ANY_TIME)
+                    .bind(&row.provider)
+                    .bind(&row.event_id)
+                    .fetch_all(&mut *tx)
+                    .await?;
                 self.apply_all(tx, rows, deadline, true).await?
             };
             total.add(&counts);
         }
-        self.careful.store(false, std::sync::atomic::Ordering::Relaxed);
+        self.careful
+            .store(false, std::sync::atomic::Ordering::Relaxed);
         Ok(total)
     }
 
     async fn give_up(&self, row: &Row) -> Result<Counts, sqlx::Error> {
-        let reason = format!("attempt {}: processing lost its connection every time; given up", row.attempts);
+        let reason = format!(
+            "attempt {}: processing lost its connection every time; given up",
+            row.attempts
+        );
         tracing::warn!(provider = %row.provider, event_id = %row.event_id, %reason, "event failed");
         // The attempt counted to take it is not made: it is undone.
         sqlx::query(
@@ -232,14 +260,22 @@ impl Worker {
             .bind(reason)
             .execute(&self.pool)
             .await?;
-        Ok(Counts { taken: 1, failed: 1, ..Counts::default() })
+        Ok(Counts {
+            taken: 1,
+            failed: 1,
+            ..Counts::default()
+        })
     }
 
     /// One named event, if it is pending, due and nobody holds it (the SQS path);
     /// `taken` is 0 when there was nothing to do.
     pub async fn run_event(&self, provider: &str, event_id: &str) -> Result<Counts, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
-        let rows: Vec<Row> = sqlx::query_as(TAKE_ONE).bind(provider).bind(event_id).fetch_all(&mut *tx).await?;
+        let rows: Vec<Row> = sqlx::query_as(TAKE_ONE)
+            .bind(provider)
+            .bind(event_id)
+            .fetch_all(&mut *tx)
+            .await?;
         self.apply_all(tx, rows, far_future(), false).await
     }
 
@@ -251,7 +287,8 @@ impl Worker {
             match self.run_once(deadline).await {
                 Ok(counts) => {
                     total.add(&counts);
-                    if (counts.taken as i64) < self.config.batch_size || Instant::now() >= deadline {
+                    if (counts.taken as i64) < self.config.batch_size || Instant::now() >= deadline
+                    {
                         return (total, None);
                     }
                 }
@@ -307,9 +344,16 @@ impl Worker {
             let (status, delay, reason, count): (&str, Option<i64>, Option<String>, bool) =
                 match self.apply(&mut tx, &row, &mut counts).await? {
                     Finish::Done => ("done", None, None, !precounted),
-                    Finish::Retry { after, reason, counted } => {
-                        ("pending", Some(after.as_millis() as i64), Some(reason), counted && !precounted)
-                    }
+                    Finish::Retry {
+                        after,
+                        reason,
+                        counted,
+                    } => (
+                        "pending",
+                        Some(after.as_millis() as i64),
+                        Some(reason),
+                        counted && !precounted,
+                    ),
                     Finish::Failed(reason) => ("failed", None, Some(reason), !precounted),
                 };
             providers.push(row.provider);
@@ -336,10 +380,18 @@ impl Worker {
 
     /// One event inside its own savepoint. `Err` only when the batch cannot go on
     /// (the connection is gone); every event-level failure is a [`Finish`].
-    async fn apply(&self, tx: &mut Transaction<'static, Postgres>, row: &Row, counts: &mut Counts) -> Result<Finish, sqlx::Error> {
+    async fn apply(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        row: &Row,
+        counts: &mut Counts,
+    ) -> Result<Finish, sqlx::Error> {
         let Ok(provider) = Provider::try_from(row.provider.as_str()) else {
             counts.failed += 1;
-            return Ok(Finish::Failed(format!("unknown provider {:?}", row.provider)));
+            return Ok(Finish::Failed(format!(
+                "unknown provider {:?}",
+                row.provider
+            )));
         };
         let Some(handler) = self.handlers.get(provider, &row.event_type) else {
             counts.no_handler += 1;
@@ -349,7 +401,11 @@ impl Worker {
             provider,
             event_id: row.event_id.clone(),
             event_type: row.event_type.clone(),
-            payload: row.payload.as_ref().map(|p| p.0.clone()).unwrap_or_default(),
+            payload: row
+                .payload
+                .as_ref()
+                .map(|p| p.0.clone())
+                .unwrap_or_default(),
             attempts: row.attempts,
         };
         let mut savepoint = tx.begin().await?;
@@ -374,14 +430,22 @@ impl Worker {
         if err.is_contention() {
             counts.retried += 1;
             let reason = format!("contention (not counted as an attempt): {err}");
-            return Finish::Retry { after: self.config.backoff(0), reason, counted: false };
+            return Finish::Retry {
+                after: self.config.backoff(0),
+                reason,
+                counted: false,
+            };
         }
         let attempts = row.attempts + 1;
         let reason = format!("attempt {attempts}: {err}");
         if err.is_transient() && attempts < self.config.max_attempts {
             counts.retried += 1;
             tracing::info!(provider = %row.provider, event_id = %row.event_id, %reason, "retrying later");
-            Finish::Retry { after: self.config.backoff(row.attempts), reason, counted: true }
+            Finish::Retry {
+                after: self.config.backoff(row.attempts),
+                reason,
+                counted: true,
+            }
         } else {
             counts.failed += 1;
             tracing::warn!(provider = %row.provider, event_id = %row.event_id, %reason, "event failed");
@@ -400,7 +464,10 @@ mod tests {
 
     #[test]
     fn backoff_doubles_with_jitter_and_stops_at_an_hour() {
-        let c = WorkerConfig { retry_base: Duration::from_millis(1000), ..WorkerConfig::default() };
+        let c = WorkerConfig {
+            retry_base: Duration::from_millis(1000),
+            ..WorkerConfig::default()
+        };
         for (attempts, full) in [(0, 1000u64), (1, 2000), (3, 8000)] {
             let d = c.backoff(attempts).as_millis() as u64;
             assert!((full / 2..=full).contains(&d), "attempt {attempts}: {d} ms");

@@ -10,8 +10,7 @@ use webhook_inbox::{
     config::DbConfig,
     db,
     handlers::Handlers,
-    process,
-    telemetry,
+    process, telemetry,
     worker::{Worker, WorkerConfig},
 };
 
@@ -20,7 +19,11 @@ async fn main() -> Result<(), Error> {
     telemetry::init();
     let pool = db::pool(&DbConfig::from_env(2)?)?;
     let margin = process::deadline_margin_from_env()?;
-    let worker = Arc::new(Worker::new(pool, Handlers::reference(), WorkerConfig::from_env()?));
+    let worker = Arc::new(Worker::new(
+        pool,
+        Handlers::reference(),
+        WorkerConfig::from_env()?,
+    ));
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
         let worker = worker.clone();
         async move {

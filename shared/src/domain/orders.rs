@@ -7,8 +7,14 @@ use super::{decimal, required, text};
 use crate::handlers::{Event, Handler, HandlerError, HandlerFuture, Outcome};
 
 /// The topics whose payload is a whole order.
-pub const TOPICS: [&str; 6] =
-    ["orders/create", "orders/updated", "orders/paid", "orders/cancelled", "orders/fulfilled", "orders/partially_fulfilled"];
+pub const TOPICS: [&str; 6] = [
+    "orders/create",
+    "orders/updated",
+    "orders/paid",
+    "orders/cancelled",
+    "orders/fulfilled",
+    "orders/partially_fulfilled",
+];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OrderSnapshot {
@@ -84,7 +90,11 @@ impl Handler for OrderSnapshotHandler {
             let order = OrderSnapshot::from_shopify(&event.payload)?;
             let applied = upsert(conn, &order).await?;
             tracing::debug!(order_id = %order.order_id, ?applied, "order snapshot");
-            Ok(if applied == Applied::Stale { Outcome::NoEffect } else { Outcome::Applied })
+            Ok(if applied == Applied::Stale {
+                Outcome::NoEffect
+            } else {
+                Outcome::Applied
+            })
         })
     }
 }

@@ -30,8 +30,13 @@ pub enum Provider {
 }
 
 impl Provider {
-    pub const ALL: [Provider; 5] =
-        [Provider::Stripe, Provider::Shopify, Provider::Marqeta, Provider::Github, Provider::Standard];
+    pub const ALL: [Provider; 5] = [
+        Provider::Stripe,
+        Provider::Shopify,
+        Provider::Marqeta,
+        Provider::Github,
+        Provider::Standard,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -53,7 +58,10 @@ impl fmt::Display for Provider {
 impl TryFrom<&str> for Provider {
     type Error = UnknownProvider;
     fn try_from(s: &str) -> Result<Self, Self::Error> {
-        Provider::ALL.into_iter().find(|p| p.as_str() == s).ok_or(UnknownProvider)
+        Provider::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s)
+            .ok_or(UnknownProvider)
     }
 }
 
@@ -135,7 +143,12 @@ impl NewEvent {
     }
 
     /// A validly signed event we cannot use: stored as `failed`, answered 200.
-    pub fn unusable(event_id: String, event_type: &str, payload: Option<String>, reason: impl Into<String>) -> Self {
+    pub fn unusable(
+        event_id: String,
+        event_type: &str,
+        payload: Option<String>,
+        reason: impl Into<String>,
+    ) -> Self {
         NewEvent {
             event_id,
             event_type: event_type_of(event_type),
@@ -190,15 +203,25 @@ impl Schemes {
     }
 
     pub fn get(&self, provider: Provider) -> Option<&dyn Scheme> {
-        self.0.iter().find(|s| s.provider() == provider).map(|b| b.as_ref())
+        self.0
+            .iter()
+            .find(|s| s.provider() == provider)
+            .map(|b| b.as_ref())
     }
 }
 
 // ---- helpers shared by the schemes ----
 
 /// Every value of a header, as text (values that are not visible ASCII are skipped).
-pub(crate) fn header_values<'a>(headers: &'a HeaderMap, name: &str) -> impl Iterator<Item = &'a str> {
-    headers.get_all(name).iter().filter_map(|v| v.to_str().ok()).map(str::trim)
+pub(crate) fn header_values<'a>(
+    headers: &'a HeaderMap,
+    name: &str,
+) -> impl Iterator<Item = &'a str> {
+    headers
+        .get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .map(str::trim)
 }
 
 /// The first non-empty value of a header.
@@ -208,7 +231,11 @@ pub(crate) fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> 
 
 /// The index of the first secret whose HMAC over `message` equals any candidate
 /// signature, compared in constant time. Empty candidates never match.
-pub(crate) fn first_matching<M>(secrets: &[Secret], message: &[&[u8]], candidates: &[Vec<u8>]) -> Option<usize>
+pub(crate) fn first_matching<M>(
+    secrets: &[Secret],
+    message: &[&[u8]],
+    candidates: &[Vec<u8>],
+) -> Option<usize>
 where
     M: Mac + hmac::digest::KeyInit + Clone,
 {
@@ -217,11 +244,14 @@ where
         return None;
     }
     secrets.iter().position(|secret| {
-        let mut mac = <M as Mac>::new_from_slice(secret.expose()).expect("HMAC takes keys of any length");
+        let mut mac =
+            <M as Mac>::new_from_slice(secret.expose()).expect("HMAC takes keys of any length");
         for part in message {
             mac.update(part);
         }
-        candidates.iter().any(|sig| mac.clone().verify_slice(sig).is_ok())
+        candidates
+            .iter()
+            .any(|sig| mac.clone().verify_slice(sig).is_ok())
     })
 }
 
@@ -232,7 +262,10 @@ pub fn body_digest_id(body: &[u8]) -> String {
 
 /// At most 128 characters, control characters (which `text` may refuse) replaced.
 fn event_type_of(t: &str) -> String {
-    t.chars().take(MAX_EVENT_TYPE_CHARS).map(|c| if c.is_control() { '?' } else { c }).collect()
+    t.chars()
+        .take(MAX_EVENT_TYPE_CHARS)
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
 }
 
 /// A usable event id: non-empty, printable, at most 255 characters.
@@ -286,7 +319,11 @@ pub(crate) fn parse_json_text(text: Cow<'_, str>) -> Result<Json<'_>, String> {
             .map_err(|e| format!("body is not JSON: {e}"))?,
     };
     let has_nul = has_nul_escape(&text);
-    Ok(Json { text, fields, has_nul })
+    Ok(Json {
+        text,
+        fields,
+        has_nul,
+    })
 }
 
 /// Whether valid JSON text holds a `\u0000` escape (a raw NUL byte is not valid JSON):
@@ -294,7 +331,11 @@ pub(crate) fn parse_json_text(text: Cow<'_, str>) -> Result<Json<'_>, String> {
 pub(crate) fn has_nul_escape(json: &str) -> bool {
     let b = json.as_bytes();
     let mut from = 0;
-    while let Some(i) = b[from..].windows(6).position(|w| w == b"\\u0000").map(|i| i + from) {
+    while let Some(i) = b[from..]
+        .windows(6)
+        .position(|w| w == b"\\u0000")
+        .map(|i| i + from)
+    {
         let backslashes_before = b[..i].iter().rev().take_while(|c| **c == b'\\').count();
         if backslashes_before % 2 == 0 {
             return true;
@@ -305,19 +346,32 @@ pub(crate) fn has_nul_escape(json: &str) -> bool {
 }
 
 /// The one event of a single-event delivery, or a `failed` row saying why it cannot be used.
-pub(crate) fn single_event(body: &[u8], id: Option<String>, event_type: &str, json: Result<Json<'_>, String>) -> Events {
+pub(crate) fn single_event(
+    body: &[u8],
+    id: Option<String>,
+    event_type: &str,
+    json: Result<Json<'_>, String>,
+) -> Events {
     Events::Single(event_from(body, id, event_type, json))
 }
 
 /// An event from its bytes, its id (if one could be read) and its JSON: `pending`
 /// when usable, else `failed` with the reason, keyed by the bytes' digest when
 /// there is no usable id.
-pub(crate) fn event_from(body: &[u8], id: Option<String>, event_type: &str, json: Result<Json<'_>, String>) -> NewEvent {
+pub(crate) fn event_from(
+    body: &[u8],
+    id: Option<String>,
+    event_type: &str,
+    json: Result<Json<'_>, String>,
+) -> NewEvent {
     let id = id.filter(|id| valid_event_id(id));
     match (id, json) {
-        (id, Ok(json)) if json.has_nul => {
-            NewEvent::unusable(id.unwrap_or_else(|| body_digest_id(body)), event_type, None, NUL_REASON)
-        }
+        (id, Ok(json)) if json.has_nul => NewEvent::unusable(
+            id.unwrap_or_else(|| body_digest_id(body)),
+            event_type,
+            None,
+            NUL_REASON,
+        ),
         (Some(id), Ok(json)) => NewEvent::pending(id, event_type, json.text.into_owned()),
         (None, Ok(json)) => NewEvent::unusable(
             body_digest_id(body),
@@ -325,7 +379,12 @@ pub(crate) fn event_from(body: &[u8], id: Option<String>, event_type: &str, json
             Some(json.text.into_owned()),
             "no usable event id (missing, empty, over 255 characters or with control characters)",
         ),
-        (id, Err(reason)) => NewEvent::unusable(id.unwrap_or_else(|| body_digest_id(body)), event_type, None, reason),
+        (id, Err(reason)) => NewEvent::unusable(
+            id.unwrap_or_else(|| body_digest_id(body)),
+            event_type,
+            None,
+            reason,
+        ),
     }
 }
 
@@ -336,13 +395,19 @@ pub(crate) mod test_support {
     pub fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
-            h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
         }
         h
     }
 
     pub fn now() -> i64 {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64
     }
 }
 
@@ -363,14 +428,24 @@ mod tests {
     fn nul_anywhere_in_json_is_found() {
         assert!(parse_json(br#"{"a":["x\u0000"]}"#).unwrap().has_nul);
         assert!(parse_json(br#"{"a\u0000":1}"#).unwrap().has_nul);
-        assert!(!parse_json(br#"{"a":"\\u0000"}"#).unwrap().has_nul, "an escaped backslash is not a NUL");
-        assert!(parse_json(br#"{"a":"\\\u0000"}"#).unwrap().has_nul, "a backslash, then a NUL");
+        assert!(
+            !parse_json(br#"{"a":"\\u0000"}"#).unwrap().has_nul,
+            "an escaped backslash is not a NUL"
+        );
+        assert!(
+            parse_json(br#"{"a":"\\\u0000"}"#).unwrap().has_nul,
+            "a backslash, then a NUL"
+        );
     }
 
     #[test]
     fn fields_are_read_only_when_they_are_strings() {
-        let j = parse_json(br#"{"id":"evt_1","type":7,"data":{"id":"inner"},"action":"opened"}"#).unwrap();
-        assert_eq!((j.fields.id.as_deref(), j.fields.kind.as_deref()), (Some("evt_1"), None));
+        let j = parse_json(br#"{"id":"evt_1","type":7,"data":{"id":"inner"},"action":"opened"}"#)
+            .unwrap();
+        assert_eq!(
+            (j.fields.id.as_deref(), j.fields.kind.as_deref()),
+            (Some("evt_1"), None)
+        );
         assert_eq!(j.fields.action.as_deref(), Some("opened"));
         assert!(parse_json(b"[1,2]").unwrap().fields.id.is_none());
         assert!(parse_json(br#""text""#).is_ok());
