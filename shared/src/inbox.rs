@@ -155,9 +155,10 @@ macro_rules! retrying {
 /// once on a connection that turns out to be dead (the claim is idempotent, so
 /// running it again after an unknown outcome answers `duplicate`, never twice).
 ///
-/// If PostgreSQL refuses a payload that passed our JSON checks (SQLSTATE class
-/// 22), the event is stored anyway, as `failed` with the raw bytes and no
-/// payload: a signed delivery is never lost.
+/// If PostgreSQL refuses a payload that passed our JSON checks (whatever the
+/// SQLSTATE, so long as it is not an outage), the event is stored anyway, as
+/// `failed` with the raw bytes and no payload: a signed delivery is never lost.
+/// If that fallback fails too, the database is the problem, and the error stands (503).
 ///
 /// With `inline` handlers (inline mode), the new events' handlers run inside the
 /// claim's transaction; see [`crate::inline`].
@@ -189,7 +190,7 @@ async fn claim_on_a_lease(
             &mut conn, env, events, handlers
         )) {
             // A payload PostgreSQL refuses: stored by the plain claim's fallback, for the worker to see.
-            Err(e) if is_data_exception(&e) => claim_events(&mut conn, env, events).await,
+            Err(e) if is_refused_value(&e) => claim_events(&mut conn, env, events).await,
             other => other,
         },
         None => claim_events(&mut conn, env, events).await,
@@ -209,7 +210,7 @@ async fn claim_events(
     match events {
         Events::Single(e) => claim_one(conn, env, e).await.map(Claimed::Single),
         Events::Batch(items) => match retrying!(claim_batch(&mut *conn, env, items)) {
-            Err(err) if is_data_exception(&err) => {
+            Err(err) if is_refused_value(&err) => {
                 let mut out = BatchClaim {
                     accepted: 0,
                     duplicates: items.len() - sorted_unique(items).len(),
@@ -233,11 +234,12 @@ async fn claim_one(
     e: &NewEvent,
 ) -> Result<Claim, sqlx::Error> {
     match retrying!(claim(&mut *conn, env, e)) {
-        Err(err) if e.payload.is_some() && is_data_exception(&err) => {
+        Err(err) if e.payload.is_some() && is_refused_value(&err) => {
             let reason = format!(
                 "PostgreSQL refused the payload as jsonb (SQLSTATE {})",
                 db::sqlstate(&err).unwrap_or_default()
             );
+            tracing::warn!(provider = %env.provider, event_id = %e.event_id, %reason, "storing the event as failed, without its payload");
             let fallback = NewEvent::unusable(e.event_id.clone(), &e.event_type, None, reason);
             retrying!(claim(&mut *conn, env, &fallback))
         }
@@ -245,8 +247,11 @@ async fn claim_one(
     }
 }
 
-fn is_data_exception(err: &sqlx::Error) -> bool {
-    db::sqlstate(err).is_some_and(|s| s.starts_with("22"))
+/// PostgreSQL refused the statement for what it carries (a value `jsonb` rejects,
+/// class 22; nesting past its stack depth, 54001; ...), not because it is
+/// unavailable: an outage is transient, and a fallback claim would fail the same way.
+fn is_refused_value(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(_)) && !db::is_transient(err)
 }
 
 #[cfg(test)]

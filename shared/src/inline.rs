@@ -13,6 +13,7 @@ use crate::{
     db,
     handlers::{try_lock_event, Event, HandlerError, Handlers},
     inbox::{self, BatchClaim, Claim, Claimed, Envelope},
+    payload,
     providers::{Events, InitialStatus, NewEvent},
 };
 
@@ -64,15 +65,25 @@ pub(crate) async fn claim_and_apply(
         let Some(handler) = handlers.get(env.provider, &e.event_type) else {
             continue;
         };
+        // Receive checked the payload with the same rules, so this fails only if the rules and
+        // the check ever part; then the row is failed here, never left for the worker to trip on.
+        let value = match e.payload.as_deref().map(payload::decode).transpose() {
+            Ok(value) => value.unwrap_or_default(),
+            Err(unusable) => {
+                sqlx::query("UPDATE webhook_inbox SET status = 'failed', failure_reason = $3 WHERE provider = $1 AND event_id = $2")
+                    .bind(env.provider.as_str())
+                    .bind(&e.event_id)
+                    .bind(unusable.0)
+                    .execute(&mut *tx)
+                    .await?;
+                continue;
+            }
+        };
         let event = Event {
             provider: env.provider,
             event_id: e.event_id.clone(),
             event_type: e.event_type.clone(),
-            payload: e
-                .payload
-                .as_deref()
-                .and_then(|p| serde_json::from_str(p).ok())
-                .unwrap_or_default(),
+            payload: value,
             attempts: 0,
         };
         let mut savepoint = tx.begin().await?;

@@ -16,6 +16,7 @@ pub mod handlers;
 pub mod inbox;
 mod inline;
 pub mod outbox;
+pub mod payload;
 pub mod process;
 pub mod providers;
 pub mod receive;

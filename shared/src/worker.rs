@@ -11,6 +11,7 @@ use sqlx::{Acquire, PgPool, Postgres, Transaction};
 use crate::{
     db,
     handlers::{Event, HandlerError, Handlers, Outcome},
+    payload,
     providers::Provider,
 };
 
@@ -65,8 +66,6 @@ pub fn backoff(base: Duration, attempts_before: i32) -> Duration {
     Duration::from_millis(full / 2 + db::jitter(full / 2))
 }
 
-impl WorkerConfig {}
-
 /// What a pass did, event by event.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Counts {
@@ -95,7 +94,9 @@ struct Row {
     provider: String,
     event_id: String,
     event_type: String,
-    payload: Option<sqlx::types::Json<serde_json::Value>>,
+    /// `jsonb` as text, decoded per row (only when a handler needs it): an
+    /// undecodable payload fails its own row, never the batch's query.
+    payload: Option<String>,
     attempts: i32,
 }
 
@@ -113,7 +114,7 @@ enum Finish {
 }
 
 const TAKE_PENDING: &str = "\
-SELECT provider, event_id, event_type, payload, attempts
+SELECT provider, event_id, event_type, payload::text AS payload, attempts
 FROM webhook_inbox
 WHERE status = 'pending' AND (next_attempt_at IS NULL OR next_attempt_at <= now())
 ORDER BY received_at, event_id
@@ -122,7 +123,7 @@ FOR UPDATE SKIP LOCKED";
 
 /// The SQS path: the named event, if it is due and nobody holds it.
 const TAKE_ONE: &str = "\
-SELECT provider, event_id, event_type, payload, attempts
+SELECT provider, event_id, event_type, payload::text AS payload, attempts
 FROM webhook_inbox
 WHERE provider = $1 AND event_id = $2 AND status = 'pending'
   AND (next_attempt_at IS NULL OR next_attempt_at <= now())
@@ -143,11 +144,11 @@ SET attempts = w.attempts + 1,
     next_attempt_at = now() + least($1 * power(2, w.attempts), 3600000) * interval '1 millisecond'
 FROM next
 WHERE w.provider = next.provider AND w.event_id = next.event_id
-RETURNING w.provider, w.event_id, w.event_type, w.payload, w.attempts - 1 AS attempts";
+RETURNING w.provider, w.event_id, w.event_type, w.payload::text AS payload, w.attempts - 1 AS attempts";
 
 /// Careful mode: the counted event, whatever its backoff says.
 const TAKE_ONE_ANY_TIME: &str = "\
-SELECT provider, event_id, event_type, payload, attempts - 1 AS attempts
+SELECT provider, event_id, event_type, payload::text AS payload, attempts - 1 AS attempts
 FROM webhook_inbox
 WHERE provider = $1 AND event_id = $2 AND status = 'pending'
 FOR UPDATE SKIP LOCKED";
@@ -397,15 +398,20 @@ impl Worker {
             counts.no_handler += 1;
             return Ok(Finish::Done);
         };
+        let value = match row.payload.as_deref().map(payload::decode) {
+            Some(Ok(value)) => value,
+            Some(Err(unusable)) => {
+                counts.failed += 1;
+                tracing::warn!(provider = %row.provider, event_id = %row.event_id, reason = %unusable, "event failed");
+                return Ok(Finish::Failed(unusable.0));
+            }
+            None => serde_json::Value::Null,
+        };
         let event = Event {
             provider,
             event_id: row.event_id.clone(),
             event_type: row.event_type.clone(),
-            payload: row
-                .payload
-                .as_ref()
-                .map(|p| p.0.clone())
-                .unwrap_or_default(),
+            payload: value,
             attempts: row.attempts,
         };
         let mut savepoint = tx.begin().await?;

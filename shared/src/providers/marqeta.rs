@@ -12,8 +12,8 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::{
-    body_digest_id, event_from, first_matching, has_nul_escape, header, header_values, parse_json,
-    parse_json_text, Delivery, Events, NewEvent, Provider, Rejected, Scheme, Verified,
+    body_digest_id, event_from, first_matching, header, header_values, parse_json, parse_json_text,
+    Delivery, Events, NewEvent, Provider, Rejected, Scheme, Verified,
 };
 use crate::config::{MarqetaAuth, Secret};
 
@@ -119,7 +119,7 @@ impl Scheme for Marqeta {
             Err(e) => {
                 let payload = parse_json(d.body)
                     .ok()
-                    .filter(|j| !j.has_nul)
+                    .filter(|j| j.unusable.is_none())
                     .map(|j| j.text.into_owned());
                 return Events::Batch(vec![NewEvent::unusable(
                     body_digest_id(d.body),
@@ -139,7 +139,10 @@ impl Scheme for Marqeta {
                 _ => events.push(NewEvent::unusable(
                     body_digest_id(raw.get().as_bytes()),
                     "unknown",
-                    Some(raw.get().to_string()).filter(|raw| !has_nul_escape(raw)),
+                    parse_json_text(Cow::Borrowed(raw.get()))
+                        .ok()
+                        .filter(|j| j.unusable.is_none())
+                        .map(|j| j.text.into_owned()),
                     "a notification key that is empty, long or odd, or whose value is not a list",
                 )),
             }

@@ -1,0 +1,357 @@
+//! Validly signed hostile input against a real PostgreSQL: whatever a signed
+//! delivery holds, it ends `done` or `failed` with a reason, gets a definite
+//! answer, and never holds back another event.
+
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use inbox_tests::*;
+use serde_json::json;
+use sqlx::{
+    postgres::{PgConnectOptions, PgPoolOptions},
+    PgPool,
+};
+use webhook_inbox::{
+    db,
+    handlers::Handlers,
+    inbox::{self, Claim, Claimed, Envelope},
+    providers::{Events, NewEvent, Provider},
+    worker::{Worker, WorkerConfig},
+    Receiver,
+};
+
+fn worker(pool: &PgPool) -> Worker {
+    let config = WorkerConfig {
+        batch_size: 100,
+        max_attempts: 3,
+        retry_base: Duration::from_millis(1),
+        poll: Duration::from_millis(10),
+    };
+    Worker::new(pool.clone(), Handlers::reference(), config)
+}
+
+fn later() -> Instant {
+    Instant::now() + Duration::from_secs(60)
+}
+
+fn nested(depth: usize) -> String {
+    format!("{}{}", "[".repeat(depth), "]".repeat(depth))
+}
+
+/// A Stripe payment event whose `data.object.metadata` is `hostile` (raw JSON text).
+fn payment_with(event_id: &str, pi: &str, hostile: &str) -> String {
+    format!(
+        r#"{{"id":"{event_id}","type":"payment_intent.succeeded","data":{{"object":{{"id":"{pi}","amount_received":100,"currency":"usd","metadata":{hostile}}}}}}}"#
+    )
+}
+
+fn payment(event_id: &str, pi: &str) -> String {
+    payment_with(event_id, pi, "{}")
+}
+
+async fn rows(pool: &PgPool) -> Vec<(String, String, Option<String>)> {
+    sqlx::query_as("SELECT event_id, status, failure_reason FROM webhook_inbox ORDER BY event_id")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+async fn scalar<T>(pool: &PgPool, sql: &str) -> T
+where
+    T: Send + Unpin + for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
+
+/// Stores a pending event as a receive without today's payload check would have
+/// (rows written before it, or by a path that skipped it).
+async fn stored_unchecked(pool: &PgPool, event_id: &str, body: &str) {
+    let headers = json!({});
+    let env = Envelope {
+        provider: Provider::Stripe,
+        raw_body: body.as_bytes(),
+        headers: &headers,
+        secret_index: Some(0),
+    };
+    let event = NewEvent::pending(event_id.into(), "payment_intent.succeeded", body.into());
+    assert_eq!(inbox::claim(pool, &env, &event).await.unwrap(), Claim::New);
+}
+
+// ---------- 1. payloads jsonb takes but Value cannot hold ----------
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn a_pending_payload_the_worker_cannot_decode_fails_alone_and_the_queue_flows(pool: PgPool) {
+    // Oldest first: the hostile rows head the queue.
+    stored_unchecked(
+        &pool,
+        "evt_a_deep",
+        &payment_with("evt_a_deep", "pi_deep", &nested(200)),
+    )
+    .await;
+    stored_unchecked(
+        &pool,
+        "evt_b_huge",
+        &payment_with("evt_b_huge", "pi_huge", r#"{"n":1e400}"#),
+    )
+    .await;
+    for i in 0..5 {
+        stored_unchecked(
+            &pool,
+            &format!("evt_ok_{i}"),
+            &payment(&format!("evt_ok_{i}"), &format!("pi_{i}")),
+        )
+        .await;
+    }
+    let (counts, error) = worker(&pool).drain(later()).await;
+    assert!(
+        error.is_none(),
+        "the batch must not fail as a whole: {error:?}"
+    );
+    assert_eq!((counts.taken, counts.applied, counts.failed), (7, 5, 2));
+    assert_eq!(
+        scalar::<i64>(&pool, "SELECT count(*) FROM payments").await,
+        5,
+        "every ordinary effect applied"
+    );
+    let rows = rows(&pool).await;
+    assert_eq!(rows[0].1, "failed");
+    assert!(
+        rows[0]
+            .2
+            .as_deref()
+            .unwrap()
+            .contains("nested deeper than 127 levels"),
+        "{:?}",
+        rows[0].2
+    );
+    assert_eq!(rows[1].1, "failed");
+    assert!(
+        rows[1]
+            .2
+            .as_deref()
+            .unwrap()
+            .contains("number out of range"),
+        "{:?}",
+        rows[1].2
+    );
+    assert!(rows[2..].iter().all(|r| r.1 == "done"));
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn the_sqs_path_decodes_per_row_too(pool: PgPool) {
+    stored_unchecked(
+        &pool,
+        "evt_deep",
+        &payment_with("evt_deep", "pi_deep", &nested(300)),
+    )
+    .await;
+    let c = worker(&pool).run_event("stripe", "evt_deep").await.unwrap();
+    assert_eq!((c.taken, c.failed), (1, 1));
+    assert_eq!(rows(&pool).await[0].1, "failed");
+}
+
+/// The same rule at the door: what the worker could not use is `failed` at receive, answered 200.
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn receive_fails_at_once_what_the_worker_could_not_decode(
+    _: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    for inline in [false, true] {
+        sqlx::query("TRUNCATE webhook_inbox")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let mut cfg = config(secrets(false));
+        if inline {
+            cfg.inline_providers = vec![Provider::Stripe];
+        }
+        let r = Receiver::new(db::Connections::from_options(opts.clone(), &cfg.db), &cfg);
+        for (id, hostile, reason) in [
+            ("evt_deep", nested(128), "nested deeper than 127 levels"),
+            (
+                "evt_huge",
+                r#"{"n":1e400}"#.to_string(),
+                "number out of range",
+            ),
+            ("evt_surrogate", r#""\ud800""#.to_string(), "hex escape"),
+        ] {
+            let body = payment_with(id, "pi_x", &hostile).into_bytes();
+            let (status, answer) = post(
+                &r,
+                "stripe",
+                &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))],
+                &body,
+            )
+            .await;
+            assert_eq!(
+                (status, answer),
+                (StatusCode::OK, json!({"status": "accepted"})),
+                "{id} inline={inline}"
+            );
+            let (status, why, raw): (String, String, Vec<u8>) = sqlx::query_as(
+                "SELECT status, failure_reason, raw_body FROM webhook_inbox WHERE event_id = $1",
+            )
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            assert_eq!(status, "failed", "{id} inline={inline}");
+            assert!(why.contains(reason), "{id}: {why}");
+            assert_eq!(raw, body, "the signed bytes are kept");
+        }
+        // Within the limit (127 levels in all), the event is ordinary.
+        let body = payment_with("evt_limit", "pi_limit", &nested(123)).into_bytes();
+        post(
+            &r,
+            "stripe",
+            &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))],
+            &body,
+        )
+        .await;
+        let expect = if inline { "done" } else { "pending" };
+        assert_eq!(
+            scalar::<String>(
+                &pool,
+                "SELECT status FROM webhook_inbox WHERE event_id = 'evt_limit'"
+            )
+            .await,
+            expect
+        );
+    }
+}
+
+// ---------- 2. whatever PostgreSQL raises for the value itself ----------
+
+/// 100,000 levels: PostgreSQL's jsonb parser runs out of stack (SQLSTATE 54001).
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn a_body_nested_past_postgres_stack_depth_is_200_and_failed_not_503(
+    _: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let r = receiver(opts.clone(), secrets(false));
+    let body = payment_with("evt_abyss", "pi_abyss", &nested(100_000)).into_bytes();
+    for expect in ["accepted", "duplicate"] {
+        let (status, answer) = post(
+            &r,
+            "stripe",
+            &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))],
+            &body,
+        )
+        .await;
+        assert_eq!(
+            (status, answer),
+            (StatusCode::OK, json!({"status": expect}))
+        );
+    }
+    let (status, no_payload): (String, bool) =
+        sqlx::query_as("SELECT status, payload IS NULL FROM webhook_inbox")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((status.as_str(), no_payload), ("failed", true));
+}
+
+/// Below the payload check: if PostgreSQL refuses a value for any reason that is
+/// not an outage, the claim falls back to a `failed` row without the payload.
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn the_claim_falls_back_whatever_sqlstate_the_value_raises(
+    _: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let connections = db::Connections::from_options(opts, &db_config());
+    let headers = json!({});
+    for (id, payload, sqlstate) in [
+        ("deep", nested(100_000), "54001"),
+        ("surrogate", r#"["\ud800"]"#.to_string(), "SQLSTATE 22"),
+    ] {
+        let env = Envelope {
+            provider: Provider::Github,
+            raw_body: payload.as_bytes(),
+            headers: &headers,
+            secret_index: Some(0),
+        };
+        let events = Events::Single(NewEvent::pending(id.into(), "push", payload.clone()));
+        let claimed = inbox::claim_delivery(&connections, &env, &events, None)
+            .await
+            .unwrap();
+        assert_eq!(claimed, Claimed::Single(Claim::New), "{id}");
+        let (status, why): (String, String) =
+            sqlx::query_as("SELECT status, failure_reason FROM webhook_inbox WHERE event_id = $1")
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert_eq!(status, "failed");
+        assert!(why.contains(sqlstate), "{id}: {why}");
+    }
+    // A batch whose one item PostgreSQL refuses: the others are stored as they are.
+    let env = Envelope {
+        provider: Provider::Marqeta,
+        raw_body: b"batch",
+        headers: &headers,
+        secret_index: Some(0),
+    };
+    let items = vec![
+        NewEvent::pending("t:ok".into(), "t", "{}".into()),
+        NewEvent::pending("t:deep".into(), "t", nested(100_000)),
+    ];
+    let claimed = inbox::claim_delivery(&connections, &env, &Events::Batch(items), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        claimed,
+        Claimed::Batch(inbox::BatchClaim {
+            accepted: 2,
+            duplicates: 0
+        })
+    );
+    let statuses: Vec<(String, String)> = sqlx::query_as(
+        "SELECT event_id, status FROM webhook_inbox WHERE provider = 'marqeta' ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        statuses,
+        [
+            ("t:deep".into(), "failed".into()),
+            ("t:ok".into(), "pending".into())
+        ]
+    );
+}
+
+/// The fallback never turns a broken database into a 200: when the plain claim
+/// fails too, the answer is 503 and nothing is acknowledged.
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn a_claim_that_fails_for_a_reason_other_than_the_value_still_answers_503(
+    _: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let r = receiver(opts, secrets(false));
+    sqlx::query("ALTER TABLE webhook_inbox RENAME TO webhook_inbox_gone")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let body = payment_with("evt_nowhere", "pi_nowhere", &nested(100_000)).into_bytes();
+    let (status, _) = post(
+        &r,
+        "stripe",
+        &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))],
+        &body,
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let body = payment("evt_plain", "pi_plain").into_bytes();
+    let (status, _) = post(
+        &r,
+        "stripe",
+        &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))],
+        &body,
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+}
