@@ -626,10 +626,7 @@ async fn the_schedule_drains_batch_after_batch_and_stops_at_the_deadline(pool: P
     }
     let w = worker(&pool, Handlers::reference());
     let past = process::on_schedule(&w, Instant::now()).await.unwrap();
-    assert_eq!(
-        past.taken, 0,
-        "past the deadline no event is started"
-    );
+    assert_eq!(past.taken, 0, "past the deadline no event is started");
     assert_eq!(
         scalar::<i64>(
             &pool,
@@ -638,24 +635,47 @@ async fn the_schedule_drains_batch_after_batch_and_stops_at_the_deadline(pool: P
         .await,
         250
     );
-    let all = process::on_schedule(&w, Instant::now() + Duration::from_secs(30)).await.unwrap();
+    let all = process::on_schedule(&w, Instant::now() + Duration::from_secs(30))
+        .await
+        .unwrap();
     assert_eq!(all.taken, 250, "batch after batch, until a short one");
 }
 
 /// A run that could not do its work fails, so the Lambda's Errors metric sees the outage.
 #[tokio::test]
 async fn both_triggers_fail_the_invocation_when_the_database_is_unreachable() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let mut cfg = db_config();
     cfg.acquire_timeout = Duration::from_millis(500);
-    let options: PgConnectOptions = format!("postgres://postgres@127.0.0.1:{port}/postgres").parse().unwrap();
-    let w = Worker::new(db::pool_from(options, &cfg), Handlers::reference(), fast_config());
+    let options: PgConnectOptions = format!("postgres://postgres@127.0.0.1:{port}/postgres")
+        .parse()
+        .unwrap();
+    let w = Worker::new(
+        db::pool_from(options, &cfg),
+        Handlers::reference(),
+        fast_config(),
+    );
     let schedule = json!({"version": "0", "detail-type": "Scheduled Event", "source": "aws.events", "detail": {}});
-    let err = process::handle(&w, schedule, Instant::now() + Duration::from_secs(5)).await.unwrap_err();
-    assert!(matches!(err, process::ProcessError::Database { .. }), "{err}");
+    let err = process::handle(&w, schedule, Instant::now() + Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, process::ProcessError::Database { .. }),
+        "{err}"
+    );
     let sqs = sqs_event(&[("m-1", r#"{"provider":"stripe","event_id":"evt_1"}"#)]);
-    let err = process::handle(&w, serde_json::to_value(&sqs).unwrap(), Instant::now()).await.unwrap_err();
-    assert!(err.to_string().starts_with("processing stopped on a database error"), "{err}");
+    let err = process::handle(&w, serde_json::to_value(&sqs).unwrap(), Instant::now())
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("processing stopped on a database error"),
+        "{err}"
+    );
 }
 
 fn sqs_event(bodies: &[(&str, &str)]) -> aws_lambda_events::event::sqs::SqsEvent {

@@ -241,3 +241,134 @@ async fn reconcile_feeds_shopify_orders_through_the_version_guard(pool: PgPool) 
         "the second run asks from the checkpoint less the overlap"
     );
 }
+
+// ---------- one bad event fails only itself ----------
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn a_stripe_event_postgres_or_our_check_refuses_is_kept_failed_and_the_page_goes_on(
+    pool: PgPool,
+) {
+    let server = MockServer::start().await;
+    let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+    let good = stripe_event(3);
+    // Raw text: the page is not valid for serde_json::Value, as a provider's API may send it.
+    let page = format!(
+        r#"{{"object":"list","has_more":false,"data":[{},{{"id":"evt_2","type":"x","created":1,"data":{{"note":"\ud800"}}}},{{"id":"evt_deep","type":"x","created":1,"data":{deep}}},{good}]}}"#,
+        stripe_event(1)
+    );
+    Mock::given(method("GET"))
+        .and(path("/v1/events"))
+        .respond_with(ResponseTemplate::new(200).set_body_raw(page, "application/json"))
+        .mount(&server)
+        .await;
+    let api = StripeEvents::new(server.uri(), Secret::new("sk_test_fake")).unwrap();
+    let found = api.reconcile(&pool, &config()).await.unwrap();
+    assert_eq!((found.fetched, found.applied), (4, 4));
+    let rows: Vec<(String, String, String)> =
+        sqlx::query_as("SELECT event_id, status, source FROM webhook_inbox ORDER BY event_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let expect =
+        |id: &str, status: &str| (id.to_string(), status.to_string(), "reconcile".to_string());
+    assert_eq!(
+        rows,
+        [
+            expect("evt_1", "pending"),
+            expect("evt_2", "failed"),
+            expect("evt_3", "pending"),
+            expect("evt_deep", "failed")
+        ]
+    );
+    let checkpoints: i64 = sqlx::query_scalar("SELECT count(*) FROM reconcile_checkpoints")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(checkpoints, 1, "the checkpoint moved");
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn a_shopify_order_that_cannot_be_applied_is_kept_failed_and_the_page_goes_on(pool: PgPool) {
+    let server = MockServer::start().await;
+    let huge_total = json!({"id": 2, "financial_status": "paid", "total_price": "100000000000000000000.00", "updated_at": "2026-11-29T09:00:00Z"});
+    let bad_time = json!({"id": 3, "financial_status": "paid", "total_price": "1.00", "updated_at": "the 32nd of Smarch"});
+    let no_id = json!({"financial_status": "paid", "total_price": "1.00", "updated_at": "2026-11-29T09:00:00Z"});
+    Mock::given(method("GET"))
+        .and(path("/admin/api/2024-10/orders.json"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(
+            json!({"orders": [order(1, "paid", "2026-11-29T09:00:00Z"), huge_total, bad_time, no_id, order(5, "paid", "2026-11-29T09:30:00Z")]}),
+        ))
+        .mount(&server)
+        .await;
+    let api = ShopifyOrders::new(server.uri(), "2024-10", Secret::new("shpat_fake")).unwrap();
+    let found = api.reconcile(&pool, &config()).await.unwrap();
+    assert_eq!((found.fetched, found.applied, found.failed), (5, 2, 3));
+    let orders: Vec<String> = sqlx::query_scalar("SELECT order_id FROM orders ORDER BY 1")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(orders, ["1", "5"]);
+    let failed: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT event_type, source, failure_reason FROM webhook_inbox WHERE status = 'failed' ORDER BY failure_reason",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(failed.len(), 3);
+    assert!(failed
+        .iter()
+        .all(|(t, source, _)| t == "reconcile:order" && source == "reconcile"));
+    let reasons: Vec<&str> = failed.iter().map(|f| f.2.as_str()).collect();
+    assert!(
+        reasons[0].contains("SQLSTATE 22003") && reasons[1].contains("SQLSTATE 22007"),
+        "{reasons:?}"
+    );
+    assert!(reasons[2].contains("malformed order"), "{reasons:?}");
+    // Run again: the failed orders are duplicates, not new rows.
+    let again = api.reconcile(&pool, &config()).await.unwrap();
+    assert_eq!(again.failed, 3);
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_inbox")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 3);
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn a_shopify_next_link_to_another_host_is_not_followed(pool: PgPool) {
+    let shop = MockServer::start().await;
+    let elsewhere = MockServer::start().await;
+    Mock::given(method("GET"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"orders": []})))
+        .mount(&elsewhere)
+        .await;
+    let link = format!(
+        "<{}/admin/api/2024-10/orders.json?page_info=p2>; rel=\"next\"",
+        elsewhere.uri()
+    );
+    Mock::given(method("GET"))
+        .and(path("/admin/api/2024-10/orders.json"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .insert_header("Link", link.as_str())
+                .set_body_json(json!({"orders": [order(1, "paid", "2026-11-29T09:00:00Z")]})),
+        )
+        .mount(&shop)
+        .await;
+    let api = ShopifyOrders::new(shop.uri(), "2024-10", Secret::new("shpat_fake")).unwrap();
+    let err = api.reconcile(&pool, &config()).await.unwrap_err();
+    assert!(err.to_string().contains("another host"), "{err}");
+    assert!(!err.to_string().contains("shpat_fake"));
+    assert!(
+        elsewhere.received_requests().await.unwrap().is_empty(),
+        "the token never left for another host"
+    );
+    let checkpoints: i64 = sqlx::query_scalar("SELECT count(*) FROM reconcile_checkpoints")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        checkpoints, 0,
+        "a run that could not finish leaves the checkpoint where it was"
+    );
+}

@@ -189,6 +189,14 @@ pub fn is_contention(err: &sqlx::Error) -> bool {
     matches!(sqlstate(err).as_deref(), Some("40001" | "40P01" | "55P03"))
 }
 
+/// PostgreSQL refused the statement for what it carries (a value `jsonb` rejects,
+/// class 22; nesting past its stack depth, 54001; a number a column cannot hold,
+/// ...), not because it is unavailable: an outage is transient, and a statement
+/// without the value would fail the same way.
+pub fn is_refused_value(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(_)) && !is_transient(err)
+}
+
 /// The connection died under the statement (server restart, failover, idle
 /// cut): the statement may run again on a fresh connection.
 pub fn is_connection_lost(err: &sqlx::Error) -> bool {

@@ -190,7 +190,7 @@ async fn claim_on_a_lease(
             &mut conn, env, events, handlers
         )) {
             // A payload PostgreSQL refuses: stored by the plain claim's fallback, for the worker to see.
-            Err(e) if is_refused_value(&e) => claim_events(&mut conn, env, events).await,
+            Err(e) if db::is_refused_value(&e) => claim_events(&mut conn, env, events).await,
             other => other,
         },
         None => claim_events(&mut conn, env, events).await,
@@ -210,7 +210,7 @@ async fn claim_events(
     match events {
         Events::Single(e) => claim_one(conn, env, e).await.map(Claimed::Single),
         Events::Batch(items) => match retrying!(claim_batch(&mut *conn, env, items)) {
-            Err(err) if is_refused_value(&err) => {
+            Err(err) if db::is_refused_value(&err) => {
                 let mut out = BatchClaim {
                     accepted: 0,
                     duplicates: items.len() - sorted_unique(items).len(),
@@ -228,13 +228,15 @@ async fn claim_events(
     }
 }
 
-async fn claim_one(
+/// One event in its own statement, with the fallback: if PostgreSQL refuses its
+/// payload, the event is kept as `failed` without it. Receive and reconcile share it.
+pub async fn claim_one(
     conn: &mut PgConnection,
     env: &Envelope<'_>,
     e: &NewEvent,
 ) -> Result<Claim, sqlx::Error> {
     match retrying!(claim(&mut *conn, env, e)) {
-        Err(err) if e.payload.is_some() && is_refused_value(&err) => {
+        Err(err) if e.payload.is_some() && db::is_refused_value(&err) => {
             let reason = format!(
                 "PostgreSQL refused the payload as jsonb (SQLSTATE {})",
                 db::sqlstate(&err).unwrap_or_default()
@@ -245,13 +247,6 @@ async fn claim_one(
         }
         other => other,
     }
-}
-
-/// PostgreSQL refused the statement for what it carries (a value `jsonb` rejects,
-/// class 22; nesting past its stack depth, 54001; ...), not because it is
-/// unavailable: an outage is transient, and a fallback claim would fail the same way.
-fn is_refused_value(err: &sqlx::Error) -> bool {
-    matches!(err, sqlx::Error::Database(_)) && !db::is_transient(err)
 }
 
 #[cfg(test)]

@@ -12,9 +12,11 @@ use sqlx::PgPool;
 
 use crate::{
     config::{parse_env, ConfigError, Secret},
+    db,
     domain::orders::{self, Applied, OrderSnapshot},
     inbox::{self, Claim, Envelope},
-    providers::{stripe::Stripe, Delivery, Events, Provider, Scheme},
+    payload,
+    providers::{body_digest_id, stripe::Stripe, Delivery, Events, NewEvent, Provider, Scheme},
     relay::{http_client, retry_after},
 };
 
@@ -44,6 +46,8 @@ pub struct Found {
     /// Stripe: events the inbox did not have. Shopify: orders inserted or updated.
     pub applied: usize,
     pub already_known: usize,
+    /// Kept as `failed` rows with their reason (unusable, or refused by PostgreSQL).
+    pub failed: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -223,7 +227,9 @@ impl StripeEvents {
                     reason: e.to_string(),
                 })?;
 
-            let mut tx = pool.begin().await?;
+            // Each event in its own statement, as a webhook would be: one that PostgreSQL
+            // refuses is kept as `failed` (the receive fallback) and the page goes on.
+            let mut conn = pool.acquire().await?;
             for raw in &page.data {
                 let head: EventHead = serde_json::from_str(raw.get()).unwrap_or(EventHead {
                     id: None,
@@ -247,13 +253,13 @@ impl StripeEvents {
                     headers: &empty,
                     secret_index: None,
                 };
-                match inbox::claim(&mut *tx, &env, &event).await? {
+                match inbox::claim_one(&mut conn, &env, &event).await? {
                     Claim::New => found.applied += 1,
                     Claim::Duplicate => found.already_known += 1,
                 }
                 found.fetched += 1;
             }
-            tx.commit().await?;
+            drop(conn);
             if !page.has_more || page.data.is_empty() {
                 break;
             }
@@ -274,8 +280,42 @@ pub struct ShopifyOrders {
 
 #[derive(Deserialize)]
 struct OrderPage {
-    orders: Vec<serde_json::Value>,
+    /// Raw, so that one order no handler could use fails alone, not its page.
+    orders: Vec<Box<RawValue>>,
 }
+
+/// An order that cannot be applied is kept in the inbox as `failed`, with its
+/// reason and its bytes, keyed by their digest (`source = 'reconcile'`): the
+/// page goes on, and the same order fetched again is a duplicate.
+async fn keep_failed_order(
+    conn: &mut sqlx::PgConnection,
+    order: &str,
+    reason: &str,
+) -> Result<(), sqlx::Error> {
+    tracing::warn!(%reason, "order from the Admin API kept as failed");
+    let headers = serde_json::json!({});
+    let env = Envelope {
+        provider: Provider::Shopify,
+        raw_body: order.as_bytes(),
+        headers: &headers,
+        secret_index: None,
+    };
+    let id = format!("reconcile:{}", body_digest_id(order.as_bytes()));
+    let payload = payload::check(order)
+        .ok()
+        .filter(|c| !c.has_nul)
+        .map(|_| order.to_string());
+    inbox::claim_one(
+        conn,
+        &env,
+        &NewEvent::unusable(id, ORDER_EVENT_TYPE, payload, reason),
+    )
+    .await?;
+    Ok(())
+}
+
+/// The `event_type` of an order reconcile could not apply.
+pub const ORDER_EVENT_TYPE: &str = "reconcile:order";
 
 impl ShopifyOrders {
     pub fn new(
@@ -309,6 +349,22 @@ impl ShopifyOrders {
             std::env::var("SHOPIFY_API_BASE").unwrap_or_else(|_| format!("https://{domain}"));
         let version = std::env::var("SHOPIFY_API_VERSION").unwrap_or_else(|_| "2024-10".into());
         Self::new(base, version, Secret::new(token)).map(Some)
+    }
+
+    /// A `Link` is followed only on the configured shop's origin: the access token
+    /// goes with the request. Anything else stops the run (checkpoint unchanged).
+    fn same_shop(&self, link: String) -> Result<String, ReconcileError> {
+        if same_origin(&self.base, &link) {
+            return Ok(link);
+        }
+        let host = reqwest::Url::parse(&link)
+            .ok()
+            .and_then(|u| u.host_str().map(str::to_string))
+            .unwrap_or_default();
+        Err(ReconcileError::Body {
+            api: "Shopify",
+            reason: format!("the next page's link leads to another host ({host:?}); not followed, the token stays home"),
+        })
     }
 
     /// Orders updated since the checkpoint, page by page (`Link: rel="next"`),
@@ -358,31 +414,55 @@ impl ShopifyOrders {
                 .get(reqwest::header::LINK)
                 .and_then(|v| v.to_str().ok())
                 .and_then(next_link);
+            let next = match next {
+                Some(link) => Some(self.same_shop(link)?),
+                None => None,
+            };
+            let text = response
+                .text()
+                .await
+                .map_err(|source| ReconcileError::Request {
+                    api: "Shopify",
+                    source,
+                })?;
             let page: OrderPage =
-                response
-                    .json()
-                    .await
-                    .map_err(|source| ReconcileError::Request {
-                        api: "Shopify",
-                        source,
-                    })?;
-            let mut tx = pool.begin().await?;
-            for order in &page.orders {
+                serde_json::from_str(&text).map_err(|e| ReconcileError::Body {
+                    api: "Shopify",
+                    reason: e.to_string(),
+                })?;
+            let mut conn = pool.acquire().await?;
+            for raw in &page.orders {
                 found.fetched += 1;
-                let snapshot = match OrderSnapshot::from_shopify(order) {
-                    Ok(s) => s,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "order from the Admin API skipped");
-                        continue;
-                    }
+                let snapshot = payload::decode(raw.get())
+                    .map_err(|e| e.0)
+                    .and_then(|order| {
+                        OrderSnapshot::from_shopify(&order)
+                            .map_err(|e| format!("malformed order: {e}"))
+                    });
+                let applied = match snapshot {
+                    Ok(snapshot) => match orders::upsert(&mut conn, &snapshot).await {
+                        Ok(applied) => {
+                            versions.push(snapshot.source_updated_at);
+                            Ok(applied)
+                        }
+                        Err(e) if db::is_refused_value(&e) => Err(format!(
+                            "PostgreSQL refused the order (SQLSTATE {})",
+                            db::sqlstate(&e).unwrap_or_default()
+                        )),
+                        Err(e) => return Err(e.into()),
+                    },
+                    Err(reason) => Err(reason),
                 };
-                versions.push(snapshot.source_updated_at.clone());
-                match orders::upsert(&mut tx, &snapshot).await? {
-                    Applied::Inserted | Applied::Updated => found.applied += 1,
-                    Applied::Stale => found.already_known += 1,
+                match applied {
+                    Ok(Applied::Inserted | Applied::Updated) => found.applied += 1,
+                    Ok(Applied::Stale) => found.already_known += 1,
+                    Err(reason) => {
+                        keep_failed_order(&mut conn, raw.get(), &reason).await?;
+                        found.failed += 1;
+                    }
                 }
             }
-            tx.commit().await?;
+            drop(conn);
             match next {
                 Some(n) => {
                     url = n;
@@ -442,9 +522,21 @@ fn next_link(link: &str) -> Option<String> {
         .find(|part| part.contains("rel=\"next\""))
         .and_then(|part| {
             let start = part.find('<')? + 1;
-            let end = part.find('>')?;
-            Some(part[start..end].to_string())
+            let len = part[start..].find('>')?;
+            Some(part[start..start + len].to_string())
         })
+}
+
+/// Whether `link` is on the same origin (scheme, host, port) as `base`.
+fn same_origin(base: &str, link: &str) -> bool {
+    match (reqwest::Url::parse(base), reqwest::Url::parse(link)) {
+        (Ok(b), Ok(l)) => {
+            b.scheme() == l.scheme()
+                && b.host_str() == l.host_str()
+                && b.port_or_known_default() == l.port_or_known_default()
+        }
+        _ => false,
+    }
 }
 
 #[cfg(test)]
@@ -457,5 +549,33 @@ mod tests {
             Some("https://s.myshopify.com/admin/api/2024-10/orders.json?page_info=abc&limit=250")
         );
         assert_eq!(super::next_link(r#"<https://x>; rel="previous""#), None);
+        assert_eq!(
+            super::next_link(r#">https://x<; rel="next""#),
+            None,
+            "brackets the wrong way round: no link, no panic"
+        );
+    }
+
+    #[test]
+    fn only_links_on_the_shops_own_origin_are_followed() {
+        let base = "https://s.myshopify.com";
+        assert!(super::same_origin(
+            base,
+            "https://s.myshopify.com/admin/api/2024-10/orders.json?page_info=x"
+        ));
+        assert!(super::same_origin(
+            base,
+            "https://s.myshopify.com:443/admin"
+        ));
+        for other in [
+            "https://evil.example/admin",
+            "http://s.myshopify.com/admin",
+            "https://s.myshopify.com:8443/admin",
+            "https://s.myshopify.com.evil.example/admin",
+            "https://s.myshopify.com@evil.example/admin",
+            "/admin/api/orders.json",
+        ] {
+            assert!(!super::same_origin(base, other), "{other}");
+        }
     }
 }
