@@ -355,3 +355,81 @@ async fn a_claim_that_fails_for_a_reason_other_than_the_value_still_answers_503(
     .await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
 }
+
+// ---------- 9. slow clients of `inbox dev` ----------
+
+async fn read_until_closed(stream: &mut tokio::net::TcpStream) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut got)).await;
+    read.ok()
+        .map(|_| String::from_utf8_lossy(&got).into_owned())
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn dev_server_cuts_off_clients_that_send_headers_or_bodies_too_slowly(
+    _: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let timeouts = webhook_inbox::dev_server::Timeouts {
+        header: Duration::from_millis(300),
+        body: Duration::from_millis(300),
+    };
+    let receiver = std::sync::Arc::new(receiver(opts, secrets(false)));
+    let server = tokio::spawn(webhook_inbox::dev_server::serve_with(
+        listener,
+        receiver,
+        timeouts,
+        std::future::pending(),
+    ));
+
+    // Connects and says nothing.
+    let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+    assert!(
+        read_until_closed(&mut silent).await.is_some(),
+        "a silent connection is closed"
+    );
+
+    // Half a header, then nothing.
+    let mut slow_headers = tokio::net::TcpStream::connect(addr).await.unwrap();
+    slow_headers
+        .write_all(b"POST /webhooks/stripe HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    assert!(
+        read_until_closed(&mut slow_headers).await.is_some(),
+        "unfinished headers are cut off"
+    );
+
+    // Headers, then 10 of the 100 bytes promised.
+    let mut slow_body = tokio::net::TcpStream::connect(addr).await.unwrap();
+    slow_body
+        .write_all(
+            b"POST /webhooks/stripe HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"id\":\"ev",
+        )
+        .await
+        .unwrap();
+    let answer = read_until_closed(&mut slow_body)
+        .await
+        .expect("an unfinished body is cut off");
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+
+    // And the server still serves whoever is quick.
+    let body = payment("evt_quick", "pi_quick");
+    let request = format!(
+        "POST /webhooks/stripe HTTP/1.1\r\nHost: x\r\nConnection: close\r\nStripe-Signature: {}\r\nContent-Length: {}\r\n\r\n{body}",
+        stripe_header(STRIPE[0], body.as_bytes()),
+        body.len()
+    );
+    let mut quick = tokio::net::TcpStream::connect(addr).await.unwrap();
+    quick.write_all(request.as_bytes()).await.unwrap();
+    let answer = read_until_closed(&mut quick).await.unwrap();
+    assert!(
+        answer.starts_with("HTTP/1.1 200") && answer.contains("accepted"),
+        "{answer}"
+    );
+    server.abort();
+}

@@ -1,21 +1,49 @@
 //! `inbox dev`'s HTTP server: the very same [`Receiver::handle`] as the Lambda,
 //! behind a plain HTTP/1.1 listener.
 
-use std::{convert::Infallible, future::Future, sync::Arc};
+use std::{convert::Infallible, future::Future, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use http::{header::CONTENT_LENGTH, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::{body::Incoming, server::conn::http1, service::service_fn};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
 use crate::receive::{respond, ReceiveError, Receiver};
+
+/// How long a client may take: to send each request's headers (an idle
+/// keep-alive connection included), then its body. A client that dawdles is
+/// cut off, so slow clients cannot hold connections forever.
+#[derive(Clone, Copy, Debug)]
+pub struct Timeouts {
+    pub header: Duration,
+    pub body: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            header: Duration::from_secs(10),
+            body: Duration::from_secs(30),
+        }
+    }
+}
 
 /// Serves until `shutdown` completes; each connection on its own task.
 pub async fn serve(
     listener: TcpListener,
     receiver: Arc<Receiver>,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    serve_with(listener, receiver, Timeouts::default(), shutdown).await
+}
+
+/// [`serve`] with other [`Timeouts`].
+pub async fn serve_with(
+    listener: TcpListener,
+    receiver: Arc<Receiver>,
+    timeouts: Timeouts,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     tokio::pin!(shutdown);
@@ -35,9 +63,11 @@ pub async fn serve(
         tokio::spawn(async move {
             let service = service_fn(move |req| {
                 let receiver = receiver.clone();
-                async move { Ok::<_, Infallible>(handle(&receiver, req).await) }
+                async move { Ok::<_, Infallible>(handle(&receiver, req, timeouts.body).await) }
             });
             if let Err(e) = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(timeouts.header)
                 .serve_connection(TokioIo::new(stream), service)
                 .await
             {
@@ -47,7 +77,11 @@ pub async fn serve(
     }
 }
 
-async fn handle(receiver: &Receiver, req: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn handle(
+    receiver: &Receiver,
+    req: Request<Incoming>,
+    body_timeout: Duration,
+) -> Response<Full<Bytes>> {
     let limit = receiver.max_body_bytes();
     let (parts, body) = req.into_parts();
     let declared = parts
@@ -58,23 +92,42 @@ async fn handle(receiver: &Receiver, req: Request<Incoming>) -> Response<Full<By
     let response = if declared.is_some_and(|n| n > limit as u64) {
         respond(Err(ReceiveError::TooLarge(limit)))
     } else {
-        match Limited::new(body, limit).collect().await {
-            Ok(collected) => {
+        match tokio::time::timeout(body_timeout, Limited::new(body, limit).collect()).await {
+            Ok(Ok(collected)) => {
                 let body = lambda_http::Body::from(Vec::from(collected.to_bytes()));
                 receiver.handle(Request::from_parts(parts, body)).await
             }
-            Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
+            Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
                 respond(Err(ReceiveError::TooLarge(limit)))
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 tracing::debug!(error = %e, "reading the body failed");
-                let mut r = Response::new(lambda_http::Body::from(
-                    r#"{"error":"could not read the request body"}"#,
-                ));
-                *r.status_mut() = StatusCode::BAD_REQUEST;
+                error(StatusCode::BAD_REQUEST, "could not read the request body")
+            }
+            Err(_) => {
+                let mut r = error(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "the request body did not arrive in time; nothing was stored",
+                );
+                r.headers_mut().insert(
+                    http::header::CONNECTION,
+                    http::HeaderValue::from_static("close"),
+                );
                 r
             }
         }
     };
     response.map(|b| Full::new(Bytes::copy_from_slice(b.as_ref())))
+}
+
+fn error(status: StatusCode, message: &str) -> Response<lambda_http::Body> {
+    let mut r = Response::new(lambda_http::Body::from(
+        serde_json::json!({ "error": message }).to_string(),
+    ));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    r
 }
