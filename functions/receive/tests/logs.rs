@@ -1,0 +1,151 @@
+//! The `receive` binary, driven through a fake Lambda Runtime API with
+//! `RUST_LOG=trace`: whatever the log filter, no secret, signature, Basic
+//! credential or body reaches the logs (the Lambda runtime itself logs every
+//! raw invocation event at trace).
+
+use std::{
+    process::{Command, Stdio},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use hmac::{Hmac, Mac};
+use serde_json::json;
+use sha2::Sha256;
+use wiremock::{
+    matchers::{method, path, path_regex},
+    Mock, MockServer, ResponseTemplate,
+};
+
+const WEBHOOK_SECRET: &str = "whsec_LOGTEST_secret_value";
+const BASIC: &str = "bWFycWV0YTpMT0dURVNULXBhc3N3b3Jk"; // marqeta:LOGTEST-password
+const BODY_MARKER: &str = "LOGTEST-card-number-4242424242424242";
+const DB_PASSWORD: &str = "LOGTEST-db-password";
+
+#[tokio::test]
+async fn at_trace_level_no_secret_signature_or_body_is_logged() {
+    let api = MockServer::start().await;
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let body = json!({"id": "evt_log", "type": "x", "card": BODY_MARKER}).to_string();
+    let t = now_ms / 1000;
+    let mut mac = Hmac::<Sha256>::new_from_slice(WEBHOOK_SECRET.as_bytes()).unwrap();
+    mac.update(format!("{t}.{body}").as_bytes());
+    let signature = hex::encode(mac.finalize().into_bytes());
+    let event = json!({
+        "version": "2.0",
+        "routeKey": "POST /webhooks/{provider}",
+        "rawPath": "/webhooks/stripe",
+        "rawQueryString": "",
+        "headers": {
+            "content-type": "application/json",
+            "stripe-signature": format!("t={t},v1={signature}"),
+            "authorization": format!("Basic {BASIC}"),
+        },
+        "requestContext": {
+            "accountId": "123456789012", "apiId": "api", "domainName": "api.example", "domainPrefix": "api",
+            "http": {"method": "POST", "path": "/webhooks/stripe", "protocol": "HTTP/1.1", "sourceIp": "203.0.113.9", "userAgent": "Stripe/1.0"},
+            "requestId": "req", "routeKey": "POST /webhooks/{provider}", "stage": "$default",
+            "time": "30/Nov/2026:00:00:00 +0000", "timeEpoch": now_ms
+        },
+        "pathParameters": {"provider": "stripe"},
+        "body": body,
+        "isBase64Encoded": false
+    });
+    let invocation = ResponseTemplate::new(200)
+        .insert_header("lambda-runtime-aws-request-id", "req-1")
+        .insert_header(
+            "lambda-runtime-deadline-ms",
+            (now_ms + 60_000).to_string().as_str(),
+        )
+        .insert_header(
+            "lambda-runtime-invoked-function-arn",
+            "arn:aws:lambda:us-east-1:123456789012:function:receive",
+        )
+        .insert_header(
+            "lambda-runtime-trace-id",
+            "Root=1-00000000-000000000000000000000000;Parent=0000000000000000;Sampled=0",
+        )
+        .set_body_json(event);
+    Mock::given(method("GET"))
+        .and(path("/2018-06-01/runtime/invocation/next"))
+        .respond_with(invocation)
+        .up_to_n_times(1)
+        .mount(&api)
+        .await;
+    // Later polls hang: one invocation is enough.
+    Mock::given(method("GET"))
+        .and(path("/2018-06-01/runtime/invocation/next"))
+        .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_secs(120)))
+        .mount(&api)
+        .await;
+    Mock::given(method("POST"))
+        .and(path_regex("^/2018-06-01/runtime/"))
+        .respond_with(ResponseTemplate::new(202))
+        .mount(&api)
+        .await;
+
+    let unused_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_receive"))
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("RUST_LOG", "trace")
+        .env("AWS_LAMBDA_RUNTIME_API", api.address().to_string())
+        .env("AWS_LAMBDA_FUNCTION_NAME", "receive")
+        .env("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST")
+        .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "128")
+        .env("AWS_LAMBDA_LOG_STREAM_NAME", "stream")
+        .env("AWS_LAMBDA_LOG_GROUP_NAME", "/aws/lambda/receive")
+        .env("STRIPE_WEBHOOK_SECRET", WEBHOOK_SECRET)
+        .env(
+            "DATABASE_URL",
+            format!("postgres://inbox:{DB_PASSWORD}@127.0.0.1:{unused_port}/inbox"),
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+
+    let mut answered = false;
+    for _ in 0..300 {
+        let requests = api.received_requests().await.unwrap_or_default();
+        if requests
+            .iter()
+            .any(|r| r.method.as_str() == "POST" && r.url.path().ends_with("/response"))
+        {
+            answered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = child.kill();
+    let output = child.wait_with_output().unwrap();
+    let logs = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        answered,
+        "the function never answered the invocation; logs:\n{logs}"
+    );
+    assert!(
+        logs.contains("claim failed"),
+        "the run logged (the database is unreachable on purpose):\n{logs}"
+    );
+    for secret in [
+        WEBHOOK_SECRET,
+        &signature,
+        BASIC,
+        "LOGTEST-password",
+        BODY_MARKER,
+        DB_PASSWORD,
+    ] {
+        assert!(!logs.contains(secret), "{secret} reached the logs:\n{logs}");
+    }
+}
