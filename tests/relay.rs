@@ -21,10 +21,15 @@ use wiremock::{
 fn config() -> RelayConfig {
     RelayConfig {
         batch_size: 100,
+        concurrency: 8,
         max_attempts: 5,
         retry_base: Duration::from_millis(1),
         lease: Duration::from_secs(60),
     }
+}
+
+fn later() -> Instant {
+    Instant::now() + Duration::from_secs(60)
 }
 
 fn http_sink(server: &MockServer) -> Arc<dyn Sink> {
@@ -117,7 +122,7 @@ async fn a_sink_that_fails_twice_then_succeeds_gets_the_message_on_the_third_att
     messages(&pool, 1).await;
     let relay = Relay::new(pool.clone(), vec![http_sink(&server)], config());
     for _ in 0..200 {
-        relay.run_once().await.unwrap();
+        relay.run_once(later()).await.unwrap();
         if row(&pool).await.1 {
             break;
         }
@@ -142,7 +147,7 @@ async fn retry_after_is_honoured(pool: PgPool) {
         .await;
     messages(&pool, 1).await;
     let r = Relay::new(pool.clone(), vec![http_sink(&server)], config())
-        .run_once()
+        .run_once(later())
         .await
         .unwrap();
     assert_eq!(r.retried, 1);
@@ -165,7 +170,7 @@ async fn another_4xx_is_dead_with_its_status_and_a_capped_body(pool: PgPool) {
         .await;
     messages(&pool, 1).await;
     let r = Relay::new(pool.clone(), vec![http_sink(&server)], config())
-        .run_once()
+        .run_once(later())
         .await
         .unwrap();
     assert_eq!(r.dead, 1);
@@ -174,7 +179,7 @@ async fn another_4xx_is_dead_with_its_status_and_a_capped_body(pool: PgPool) {
     assert_eq!(reason.unwrap(), format!("HTTP 422: {}", "x".repeat(500)));
     assert_eq!(
         Relay::new(pool.clone(), vec![http_sink(&server)], config())
-            .run_once()
+            .run_once(later())
             .await
             .unwrap()
             .leased,
@@ -193,7 +198,7 @@ async fn a_sink_that_keeps_failing_leaves_the_message_dead_after_its_attempts(po
     messages(&pool, 1).await;
     let relay = Relay::new(pool.clone(), vec![http_sink(&server)], config());
     for _ in 0..200 {
-        relay.run_once().await.unwrap();
+        relay.run_once(later()).await.unwrap();
         if row(&pool).await.2 {
             break;
         }
@@ -222,7 +227,7 @@ async fn a_relay_killed_after_publishing_resends_with_the_same_key(pool: PgPool)
     let sink: Arc<dyn Sink> = Arc::new(http);
     assert_eq!(
         Relay::new(pool.clone(), vec![sink.clone()], config())
-            .run_once()
+            .run_once(later())
             .await
             .unwrap()
             .leased,
@@ -231,7 +236,7 @@ async fn a_relay_killed_after_publishing_resends_with_the_same_key(pool: PgPool)
     );
     tokio::time::sleep(Duration::from_millis(80)).await;
     let r = Relay::new(pool.clone(), vec![sink], config())
-        .run_once()
+        .run_once(later())
         .await
         .unwrap();
     assert_eq!(r.sent, 3);
@@ -362,7 +367,7 @@ async fn a_fifo_queue_gets_the_key_as_deduplication_id_and_drops_a_resend(pool: 
         .all(|d| *d == webhook_inbox::relay::Delivery::Delivered));
     tokio::time::sleep(Duration::from_millis(30)).await;
     let r = Relay::new(pool.clone(), vec![Arc::new(sink)], config())
-        .run_once()
+        .run_once(later())
         .await
         .unwrap();
     assert_eq!(r.sent, 3);
@@ -392,7 +397,7 @@ async fn a_missing_queue_is_retried_not_lost(pool: PgPool) {
         format!("{}/123456789012/no-such-queue", moto.url),
     ));
     let r = Relay::new(pool.clone(), vec![sink], config())
-        .run_once()
+        .run_once(later())
         .await
         .unwrap();
     assert_eq!((r.sent, r.retried), (0, 2));
@@ -494,7 +499,7 @@ async fn a_redirect_is_not_followed_and_not_counted_as_delivered(pool: PgPool) {
         .await;
     messages(&pool, 1).await;
     let r = Relay::new(pool.clone(), vec![http_sink(&server)], config())
-        .run_once()
+        .run_once(later())
         .await
         .unwrap();
     assert_eq!((r.sent, r.dead), (0, 1));
@@ -515,7 +520,7 @@ async fn a_408_is_retried(pool: PgPool) {
         .await;
     messages(&pool, 1).await;
     let r = Relay::new(pool.clone(), vec![http_sink(&server)], config())
-        .run_once()
+        .run_once(later())
         .await
         .unwrap();
     assert_eq!((r.retried, r.dead), (1, 0));
@@ -537,7 +542,7 @@ async fn a_late_result_from_an_expired_lease_changes_nothing(pool: PgPool) {
     tokio::time::sleep(Duration::from_millis(30)).await;
     assert_eq!(
         Relay::new(pool.clone(), vec![http_sink(&server)], config())
-            .run_once()
+            .run_once(later())
             .await
             .unwrap()
             .sent,
@@ -583,7 +588,7 @@ async fn a_message_too_large_for_sqs_is_dead_and_the_others_go(pool: PgPool) {
     }
     let sink: Arc<dyn Sink> = Arc::new(SqsSink::new(sqs.clone(), &url));
     let r = Relay::new(pool.clone(), vec![sink], config())
-        .run_once()
+        .run_once(later())
         .await
         .unwrap();
     assert_eq!((r.sent, r.dead, r.retried), (14, 1, 0));
@@ -595,4 +600,112 @@ async fn a_message_too_large_for_sqs_is_dead_and_the_others_go(pool: PgPool) {
     .unwrap();
     assert!(reason.contains("over the service's limit"), "{reason}");
     assert_eq!(drain_queue(&sqs, &url, 14).await.len(), 14);
+}
+
+// ---------- slow sinks and the Lambda deadline ----------
+
+async fn slow_sink_server(delay: Duration) -> MockServer {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/hook"))
+        .respond_with(ResponseTemplate::new(204).set_delay(delay))
+        .mount(&server)
+        .await;
+    server
+}
+
+async fn outbox_state(pool: &PgPool) -> (i64, i64, i64) {
+    sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE processed_at IS NOT NULL),
+                count(*) FILTER (WHERE processed_at IS NULL AND attempts = 0 AND next_attempt_at IS NULL),
+                count(*)
+         FROM transactional_outbox",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// The Lambda is killed at its timeout, wherever the relay is: the chunks that
+/// were answered before are recorded, not sent again.
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn a_relay_killed_mid_batch_has_recorded_every_chunk_answered_before(pool: PgPool) {
+    let server = slow_sink_server(Duration::from_millis(1000)).await;
+    messages(&pool, 20).await;
+    let sink: Arc<dyn Sink> =
+        Arc::new(HttpSink::new(format!("{}/hook", server.uri()), Duration::from_secs(5)).unwrap());
+    let relay = Relay::new(
+        pool.clone(),
+        vec![sink],
+        RelayConfig {
+            concurrency: 2,
+            ..config()
+        },
+    );
+    let killed = tokio::time::timeout(Duration::from_millis(2500), relay.run(later())).await;
+    assert!(killed.is_err(), "the run was cut off mid-batch");
+    let (sent, _, _) = outbox_state(&pool).await;
+    assert!(
+        sent >= 2,
+        "the chunks answered before the kill are recorded: {sent}"
+    );
+    let requests = server.received_requests().await.unwrap().len() as i64;
+    assert!(
+        requests - sent <= 2,
+        "at most the chunk in flight is unrecorded: {requests} sent, {sent} recorded"
+    );
+}
+
+/// A chunk starts only if the sink's timeout fits before the deadline; what was
+/// leased but not started is released at once, with no attempt spent.
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn the_relay_starts_no_chunk_it_cannot_finish_before_its_deadline(pool: PgPool) {
+    let server = slow_sink_server(Duration::from_millis(700)).await;
+    messages(&pool, 40).await;
+    let sink: Arc<dyn Sink> = Arc::new(
+        HttpSink::new(
+            format!("{}/hook", server.uri()),
+            Duration::from_millis(1500),
+        )
+        .unwrap(),
+    );
+    let relay = Relay::new(
+        pool.clone(),
+        vec![sink],
+        RelayConfig {
+            concurrency: 4,
+            ..config()
+        },
+    );
+    let started = Instant::now();
+    let deadline = started + Duration::from_millis(3500);
+    let relayed = relay.run(deadline).await.unwrap();
+    assert!(
+        Instant::now() <= deadline,
+        "the run ended {:?} after its deadline",
+        Instant::now() - deadline
+    );
+    let (sent, released, total) = outbox_state(&pool).await;
+    assert_eq!(total, 40);
+    assert!((4..=12).contains(&sent), "{sent} sent");
+    assert_eq!(
+        sent + released,
+        40,
+        "the rest are released untouched, due at once"
+    );
+    assert_eq!(
+        (relayed.sent as i64, relayed.released as i64),
+        (sent, released)
+    );
+    // The next run takes the released messages at once.
+    let fast = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(204))
+        .mount(&fast)
+        .await;
+    let next = Relay::new(pool.clone(), vec![http_sink(&fast)], config())
+        .run(later())
+        .await
+        .unwrap();
+    assert_eq!(next.sent as i64, released);
 }

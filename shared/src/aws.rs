@@ -16,6 +16,9 @@ const BYTES_PER_CALL: usize = 256 * 1024;
 /// Room left in an entry for attributes and, for EventBridge, the envelope.
 const BYTES_PER_ENTRY: usize = 250 * 1024;
 
+/// The longest one SQS or EventBridge call may take, retries included.
+pub const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Deliveries in order: entries too large for the service are refused at once
 /// (they never fit), the rest are sent in calls within both limits.
 async fn in_calls<'a, F, Fut>(
@@ -46,8 +49,13 @@ where
         bytes += n;
         calls.last_mut().expect("never empty").push(i);
     }
-    for call in calls.into_iter().filter(|c| !c.is_empty()) {
-        let results = send(call.iter().map(|i| &messages[*i]).collect()).await;
+    // Side by side, so a chunk takes one call's time at most (the sink's budget).
+    let calls: Vec<Vec<usize>> = calls.into_iter().filter(|c| !c.is_empty()).collect();
+    let sent = calls
+        .iter()
+        .map(|call| send(call.iter().map(|i| &messages[*i]).collect()));
+    let results = futures_util::future::join_all(sent.collect::<Vec<_>>()).await;
+    for (call, results) in calls.into_iter().zip(results) {
         for (i, d) in call.into_iter().zip(results) {
             out[i] = Some(d);
         }
@@ -62,7 +70,8 @@ where
         .collect()
 }
 
-/// The AWS configuration from the environment, TLS by rustls with ring;
+/// The AWS configuration from the environment, TLS by rustls with ring, each
+/// call bounded by [`CALL_TIMEOUT`];
 /// `endpoint` overrides the service endpoint (tests point it at moto).
 pub async fn config(endpoint: Option<&str>) -> aws_config::SdkConfig {
     let http = aws_smithy_http_client::Builder::new()
@@ -70,7 +79,12 @@ pub async fn config(endpoint: Option<&str>) -> aws_config::SdkConfig {
             tls::rustls_provider::CryptoMode::Ring,
         ))
         .build_https();
-    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(http);
+    let timeouts = aws_config::timeout::TimeoutConfig::builder()
+        .operation_timeout(CALL_TIMEOUT)
+        .build();
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .http_client(http)
+        .timeout_config(timeouts);
     if let Some(endpoint) = endpoint {
         loader = loader.endpoint_url(endpoint);
     }
@@ -186,6 +200,10 @@ impl Sink for SqsSink {
         "sqs"
     }
 
+    fn budget(&self) -> std::time::Duration {
+        CALL_TIMEOUT
+    }
+
     fn deliver_all<'a>(&'a self, messages: &'a [Outgoing]) -> DeliveriesFuture<'a> {
         Box::pin(in_calls(
             messages,
@@ -293,6 +311,10 @@ impl EventBridgeSink {
 impl Sink for EventBridgeSink {
     fn name(&self) -> &'static str {
         "eventbridge"
+    }
+
+    fn budget(&self) -> std::time::Duration {
+        CALL_TIMEOUT
     }
 
     fn deliver_all<'a>(&'a self, messages: &'a [Outgoing]) -> DeliveriesFuture<'a> {

@@ -135,3 +135,20 @@ pub async fn record_results(
     .await?;
     Ok(())
 }
+
+/// Gives leased messages back untouched (the attempt counted by the lease is
+/// undone, and they are due at once), if the lease is still this relay's.
+pub async fn release(pool: &sqlx::PgPool, leases: &[(i64, i32)]) -> Result<(), sqlx::Error> {
+    let (ids, attempts): (Vec<i64>, Vec<i32>) = leases.iter().copied().unzip();
+    sqlx::query(
+        "UPDATE transactional_outbox AS o
+         SET attempts = o.attempts - 1, next_attempt_at = NULL
+         FROM unnest($1::bigint[], $2::int[]) AS r (id, lease)
+         WHERE o.id = r.id AND o.attempts = r.lease AND o.processed_at IS NULL AND o.dead_at IS NULL",
+    )
+    .bind(&ids)
+    .bind(&attempts)
+    .execute(pool)
+    .await?;
+    Ok(())
+}

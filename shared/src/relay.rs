@@ -36,6 +36,9 @@ pub type DeliveriesFuture<'a> = Pin<Box<dyn Future<Output = Vec<Delivery>> + Sen
 /// A destination for outbox messages.
 pub trait Sink: Send + Sync {
     fn name(&self) -> &'static str;
+    /// The longest one [`Sink::deliver_all`] call of a chunk may take (its own
+    /// timeouts): the relay starts no chunk it could not finish before its deadline.
+    fn budget(&self) -> Duration;
     /// One result per message, in order.
     fn deliver_all<'a>(&'a self, messages: &'a [Outgoing]) -> DeliveriesFuture<'a>;
 }
@@ -67,7 +70,7 @@ pub const REASON_BODY_BYTES: usize = 500;
 pub struct HttpSink {
     client: reqwest::Client,
     url: String,
-    concurrency: usize,
+    timeout: Duration,
 }
 
 /// An HTTP client for outbound calls (sinks, provider APIs), TLS by rustls with ring.
@@ -93,34 +96,25 @@ impl HttpSink {
         Ok(HttpSink {
             client,
             url: url.into(),
-            concurrency: HTTP_CONCURRENCY_DEFAULT,
+            timeout,
         })
     }
-
-    pub fn with_concurrency(mut self, concurrency: usize) -> Self {
-        self.concurrency = concurrency.max(1);
-        self
-    }
 }
-
-/// Requests in flight at once to the HTTP sink: `RELAY_CONCURRENCY` (8).
-const HTTP_CONCURRENCY_DEFAULT: usize = 8;
 
 impl Sink for HttpSink {
     fn name(&self) -> &'static str {
         "http"
     }
 
+    /// The request timeout (connection included): a chunk's requests run side by side.
+    fn budget(&self) -> Duration {
+        self.timeout
+    }
+
     fn deliver_all<'a>(&'a self, messages: &'a [Outgoing]) -> DeliveriesFuture<'a> {
-        Box::pin(async move {
-            let mut out = Vec::with_capacity(messages.len());
-            for chunk in messages.chunks(self.concurrency) {
-                out.extend(
-                    futures_util::future::join_all(chunk.iter().map(|m| self.deliver(m))).await,
-                );
-            }
-            out
-        })
+        Box::pin(futures_util::future::join_all(
+            messages.iter().map(|m| self.deliver(m)),
+        ))
     }
 }
 
@@ -203,8 +197,11 @@ mod tests {
 
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
-    /// `RELAY_BATCH_SIZE` (100).
+    /// `RELAY_BATCH_SIZE` (100): messages leased at once.
     pub batch_size: i64,
+    /// `RELAY_CONCURRENCY` (8): messages in flight at once; each such chunk's
+    /// results are recorded as soon as it is done.
+    pub concurrency: usize,
     /// `RELAY_MAX_ATTEMPTS` (10): then a retryable message is dead.
     pub max_attempts: i32,
     /// `RELAY_RETRY_BASE_MS` (1000), doubled per attempt, capped at an hour.
@@ -214,29 +211,40 @@ pub struct RelayConfig {
     pub lease: Duration,
 }
 
+impl Default for RelayConfig {
+    fn default() -> Self {
+        RelayConfig {
+            batch_size: 100,
+            concurrency: 8,
+            max_attempts: 10,
+            retry_base: Duration::from_secs(1),
+            lease: Duration::from_secs(300),
+        }
+    }
+}
+
 impl RelayConfig {
     pub fn from_env() -> Result<Self, ConfigError> {
+        let d = RelayConfig::default();
         Ok(RelayConfig {
-            batch_size: parse_env("RELAY_BATCH_SIZE", 100i64)?.max(1),
-            max_attempts: parse_env("RELAY_MAX_ATTEMPTS", 10i32)?.max(1),
+            batch_size: parse_env("RELAY_BATCH_SIZE", d.batch_size)?.max(1),
+            concurrency: parse_env("RELAY_CONCURRENCY", d.concurrency)?.max(1),
+            max_attempts: parse_env("RELAY_MAX_ATTEMPTS", d.max_attempts)?.max(1),
             retry_base: Duration::from_millis(parse_env("RELAY_RETRY_BASE_MS", 1000u64)?),
             lease: Duration::from_millis(parse_env("RELAY_LEASE_MS", 300_000u64)?),
         })
     }
 }
 
-/// The configured sinks: `RELAY_HTTP_URL` (timeout `RELAY_HTTP_TIMEOUT_MS`, 10000;
-/// `RELAY_CONCURRENCY`, 8), `RELAY_SQS_QUEUE_URL`, `RELAY_EVENT_BUS`. AWS
+/// The configured sinks: `RELAY_HTTP_URL` (timeout `RELAY_HTTP_TIMEOUT_MS`, 10000),
+/// `RELAY_SQS_QUEUE_URL`, `RELAY_EVENT_BUS`. AWS
 /// credentials and region come from the usual AWS environment.
 pub async fn sinks_from_env() -> Result<Vec<Arc<dyn Sink>>, ConfigError> {
     let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
     let mut sinks: Vec<Arc<dyn Sink>> = Vec::new();
     if let Some(url) = var("RELAY_HTTP_URL") {
         let timeout = Duration::from_millis(parse_env("RELAY_HTTP_TIMEOUT_MS", 10_000u64)?);
-        let concurrency = parse_env("RELAY_CONCURRENCY", HTTP_CONCURRENCY_DEFAULT)?;
-        sinks.push(Arc::new(
-            HttpSink::new(url, timeout)?.with_concurrency(concurrency),
-        ));
+        sinks.push(Arc::new(HttpSink::new(url, timeout)?));
     }
     let (queue, bus) = (var("RELAY_SQS_QUEUE_URL"), var("RELAY_EVENT_BUS"));
     if queue.is_some() || bus.is_some() {
@@ -263,6 +271,8 @@ pub struct Relayed {
     pub sent: usize,
     pub retried: usize,
     pub dead: usize,
+    /// Leased but not started before the deadline: released at once, no attempt spent.
+    pub released: usize,
 }
 
 pub struct Relay {
@@ -280,15 +290,85 @@ impl Relay {
         }
     }
 
-    /// One batch: lease, deliver to every sink, record each result. A message
-    /// counts as sent once every sink took it; if one did not, it goes to all
-    /// of them again later, under the same key.
-    pub async fn run_once(&self) -> Result<Relayed, sqlx::Error> {
+    /// One batch: lease up to `batch_size` messages, then deliver them a chunk
+    /// (`concurrency`) at a time to every sink, recording each chunk's results as
+    /// soon as they are known: a function killed mid-batch loses at most one
+    /// chunk's results (those messages go out again when their lease ends, under
+    /// the same key). A chunk is started only if every sink's budget fits before
+    /// `deadline`; the messages not started are released at once, untouched.
+    /// A message counts as sent once every sink took it; if one did not, it goes
+    /// to all of them again later, under the same key.
+    pub async fn run_once(&self, deadline: Instant) -> Result<Relayed, sqlx::Error> {
+        if !self.fits(deadline) {
+            return Ok(Relayed::default());
+        }
         let messages =
             outbox::lease_unsent(&self.pool, self.config.batch_size, self.config.lease).await?;
-        let mut outcomes = vec![Delivery::Delivered; messages.len()];
+        let mut relayed = Relayed {
+            leased: messages.len(),
+            ..Relayed::default()
+        };
+        let mut chunks = messages.chunks(self.config.concurrency);
+        let mut unstarted: Vec<&Outgoing> = Vec::new();
+        while let Some(chunk) = chunks.next() {
+            if !self.fits(deadline) {
+                unstarted.extend(chunk.iter().chain(chunks.flatten()));
+                break;
+            }
+            let outcomes = match tokio::time::timeout(
+                deadline.saturating_duration_since(Instant::now()),
+                self.deliver(chunk),
+            )
+            .await
+            {
+                Ok(outcomes) => outcomes,
+                // A sink outlasted its own budget: what it did is unknown, so each message is retried.
+                Err(_) => vec![
+                    Delivery::Retryable {
+                        reason: "no answer before the deadline".into(),
+                        retry_after: None
+                    };
+                    chunk.len()
+                ],
+            };
+            let dispatches: Vec<(i64, i32, Dispatch)> = chunk
+                .iter()
+                .zip(outcomes)
+                .map(|(m, d)| (m.id, m.attempts, self.dispatch(m.attempts, d)))
+                .collect();
+            for (_, _, d) in &dispatches {
+                match d {
+                    Dispatch::Sent => relayed.sent += 1,
+                    Dispatch::Retry { .. } => relayed.retried += 1,
+                    Dispatch::Dead(_) => relayed.dead += 1,
+                }
+            }
+            outbox::record_results(&self.pool, &dispatches).await?;
+        }
+        if !unstarted.is_empty() {
+            let leases: Vec<(i64, i32)> = unstarted.iter().map(|m| (m.id, m.attempts)).collect();
+            outbox::release(&self.pool, &leases).await?;
+            relayed.released = unstarted.len();
+        }
+        Ok(relayed)
+    }
+
+    /// Whether a chunk started now would finish, by every sink's budget, before `deadline`.
+    fn fits(&self, deadline: Instant) -> bool {
+        let budget = self
+            .sinks
+            .iter()
+            .map(|s| s.budget())
+            .max()
+            .unwrap_or_default();
+        Instant::now() + budget <= deadline
+    }
+
+    /// One chunk through every sink in turn; each message's first failure is its outcome.
+    async fn deliver(&self, chunk: &[Outgoing]) -> Vec<Delivery> {
+        let mut outcomes = vec![Delivery::Delivered; chunk.len()];
         for sink in self.sinks.iter() {
-            let (pending, idx): (Vec<Outgoing>, Vec<usize>) = messages
+            let (pending, idx): (Vec<Outgoing>, Vec<usize>) = chunk
                 .iter()
                 .zip(0..)
                 .filter(|(_, i)| outcomes[*i] == Delivery::Delivered)
@@ -299,29 +379,12 @@ impl Relay {
             }
             for (i, result) in idx.into_iter().zip(sink.deliver_all(&pending).await) {
                 if result != Delivery::Delivered {
-                    tracing::info!(sink = sink.name(), message_key = %messages[i].message_key, ?result, "not delivered");
+                    tracing::info!(sink = sink.name(), message_key = %chunk[i].message_key, ?result, "not delivered");
                     outcomes[i] = result;
                 }
             }
         }
-        let mut relayed = Relayed {
-            leased: messages.len(),
-            ..Relayed::default()
-        };
-        let dispatches: Vec<(i64, i32, Dispatch)> = messages
-            .iter()
-            .zip(outcomes)
-            .map(|(m, d)| (m.id, m.attempts, self.dispatch(m.attempts, d)))
-            .collect();
-        for (_, _, d) in &dispatches {
-            match d {
-                Dispatch::Sent => relayed.sent += 1,
-                Dispatch::Retry { .. } => relayed.retried += 1,
-                Dispatch::Dead(_) => relayed.dead += 1,
-            }
-        }
-        outbox::record_results(&self.pool, &dispatches).await?;
-        Ok(relayed)
+        outcomes
     }
 
     fn dispatch(&self, attempts: i32, delivery: Delivery) -> Dispatch {
@@ -365,16 +428,18 @@ impl Relay {
         }
     }
 
-    /// Batches until one comes back short or the deadline passes.
+    /// Batches until one comes back short, or until no chunk fits before the deadline.
     pub async fn run(&self, deadline: Instant) -> Result<Relayed, sqlx::Error> {
         let mut total = Relayed::default();
         loop {
-            let r = self.run_once().await?;
+            let r = self.run_once(deadline).await?;
             total.leased += r.leased;
             total.sent += r.sent;
             total.retried += r.retried;
             total.dead += r.dead;
-            if (r.leased as i64) < self.config.batch_size || Instant::now() >= deadline {
+            total.released += r.released;
+            if (r.leased as i64) < self.config.batch_size || r.released > 0 || !self.fits(deadline)
+            {
                 return Ok(total);
             }
         }

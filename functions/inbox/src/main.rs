@@ -102,8 +102,8 @@ async fn main() -> Result<()> {
             let relay = Relay::new(database()?, sinks, RelayConfig::from_env()?);
             let r = relay.run(one_pass_deadline()).await?;
             println!(
-                "relayed: {} leased, {} sent, {} to retry, {} dead",
-                r.leased, r.sent, r.retried, r.dead
+                "relayed: {} leased, {} sent, {} to retry, {} dead, {} released unstarted",
+                r.leased, r.sent, r.retried, r.dead, r.released
             );
             Ok(())
         }
@@ -116,8 +116,8 @@ async fn main() -> Result<()> {
             for (source, result) in reconciler.run(&pool).await {
                 match result {
                     Ok(f) => println!(
-                        "{source}: {} fetched, {} new, {} already known",
-                        f.fetched, f.applied, f.already_known
+                        "{source}: {} fetched, {} new, {} already known, {} kept as failed",
+                        f.fetched, f.applied, f.already_known, f.failed
                     ),
                     Err(e) => {
                         failed += 1;
