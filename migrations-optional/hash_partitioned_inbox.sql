@@ -33,5 +33,6 @@ DROP TABLE webhook_inbox_unpartitioned;
 
 CREATE INDEX webhook_inbox_pending_idx ON webhook_inbox (received_at, event_id) WHERE status = 'pending';
 CREATE INDEX webhook_inbox_received_at_idx ON webhook_inbox (received_at);
+CREATE INDEX webhook_inbox_body_sha256_idx ON webhook_inbox (body_sha256) WHERE body_sha256 IS NOT NULL;
 
 COMMIT;

@@ -73,7 +73,10 @@ async fn run_matrix(pool: &PgPool, receiver: &Receiver, provider: &str, cases: V
         if status == StatusCode::OK {
             accepted += 1;
             let index: i16 =
-                sqlx::query_scalar("SELECT secret_index FROM webhook_inbox WHERE raw_body = $1")
+                sqlx::query_scalar(
+                    "SELECT w.secret_index FROM webhook_inbox AS w LEFT JOIN webhook_bodies AS b ON b.sha256 = w.body_sha256
+                     WHERE coalesce(w.raw_body, b.raw_body) = $1 LIMIT 1",
+                )
                     .bind(&c.body)
                     .fetch_one(pool)
                     .await

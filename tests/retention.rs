@@ -243,3 +243,54 @@ async fn prune_runs_in_batches_while_deliveries_keep_arriving(
         "no delivery waited on the prune's locks"
     );
 }
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn batch_bodies_go_once_no_row_points_at_them_and_no_delivery_brought_them_for_a_day(
+    pool: PgPool,
+) {
+    let headers = json!({});
+    let items = [NewEvent::pending(
+        "transactions:t1".into(),
+        "transactions",
+        "{}".into(),
+    )];
+    for body in [
+        &b"kept: a row points at it"[..],
+        b"orphan, old",
+        b"orphan, seen an hour ago",
+    ] {
+        let env = Envelope {
+            provider: Provider::Marqeta,
+            raw_body: body,
+            headers: &headers,
+            secret_index: Some(0),
+        };
+        inbox::claim_batch(&pool, &env, &items).await.unwrap();
+    }
+    // Only the first body's claim made a row; the others' items were duplicates.
+    sqlx::query("UPDATE webhook_bodies SET last_seen_at = now() - interval '2 days' WHERE raw_body <> 'orphan, seen an hour ago'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE webhook_bodies SET last_seen_at = now() - interval '1 hour' WHERE raw_body = 'orphan, seen an hour ago'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let pruned = Pruner::new(pool.clone(), retention(1000))
+        .run(Instant::now() + Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(pruned.bodies, 1);
+    let left: Vec<Vec<u8>> =
+        sqlx::query_scalar("SELECT raw_body FROM webhook_bodies ORDER BY raw_body")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        left,
+        [
+            b"kept: a row points at it".to_vec(),
+            b"orphan, seen an hour ago".to_vec()
+        ]
+    );
+}

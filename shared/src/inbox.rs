@@ -48,13 +48,50 @@ VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, CASE WHEN $9 IS NULL THEN 're
 ON CONFLICT (provider, event_id) DO NOTHING
 RETURNING event_id";
 
+/// [`CLAIM`] for one item of a delivery with several events: its bytes are
+/// stored once in `webhook_bodies` (the upsert also locks that row until commit,
+/// so retention cannot delete a body a new row is about to point at).
+const CLAIM_ITEM: &str = "\
+WITH body AS (
+    INSERT INTO webhook_bodies (sha256, raw_body) VALUES (sha256($7::bytea), $7)
+    ON CONFLICT (sha256) DO UPDATE SET last_seen_at = now()
+    RETURNING sha256)
+INSERT INTO webhook_inbox
+    (provider, event_id, event_type, payload, status, failure_reason, body_sha256, headers, secret_index, source)
+VALUES ($1, $2, $3, $4::jsonb, $5, $6, (SELECT sha256 FROM body), $8, $9,
+        CASE WHEN $9 IS NULL THEN 'reconcile' ELSE 'webhook' END)
+ON CONFLICT (provider, event_id) DO NOTHING
+RETURNING event_id";
+
+/// Where a row's raw bytes go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Body {
+    /// In the row (`raw_body`): a delivery of one event.
+    InRow,
+    /// Once per delivery in `webhook_bodies`, the row pointing at it (`body_sha256`).
+    Shared,
+}
+
 /// Claims one event in a single statement (its own short transaction).
 pub async fn claim<'e>(
     ex: impl PgExecutor<'e>,
     env: &Envelope<'_>,
     e: &NewEvent,
 ) -> Result<Claim, sqlx::Error> {
-    let row: Option<(String,)> = sqlx::query_as(CLAIM)
+    claim_as(ex, env, e, Body::InRow).await
+}
+
+async fn claim_as<'e>(
+    ex: impl PgExecutor<'e>,
+    env: &Envelope<'_>,
+    e: &NewEvent,
+    body: Body,
+) -> Result<Claim, sqlx::Error> {
+    let sql = match body {
+        Body::InRow => CLAIM,
+        Body::Shared => CLAIM_ITEM,
+    };
+    let row: Option<(String,)> = sqlx::query_as(sql)
         .bind(env.provider.as_str())
         .bind(&e.event_id)
         .bind(&e.event_type)
@@ -74,9 +111,13 @@ pub async fn claim<'e>(
 }
 
 const CLAIM_BATCH: &str = "\
+WITH body AS (
+    INSERT INTO webhook_bodies (sha256, raw_body) VALUES (sha256($7::bytea), $7)
+    ON CONFLICT (sha256) DO UPDATE SET last_seen_at = now()
+    RETURNING sha256)
 INSERT INTO webhook_inbox
-    (provider, event_id, event_type, payload, status, failure_reason, raw_body, headers, secret_index, source)
-SELECT $1, e.event_id, e.event_type, e.payload::jsonb, e.status, e.failure_reason, $7, $8, $9,
+    (provider, event_id, event_type, payload, status, failure_reason, body_sha256, headers, secret_index, source)
+SELECT $1, e.event_id, e.event_type, e.payload::jsonb, e.status, e.failure_reason, (SELECT sha256 FROM body), $8, $9,
        CASE WHEN $9::smallint IS NULL THEN 'reconcile' ELSE 'webhook' END
 FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
      AS e (event_id, event_type, payload, status, failure_reason)
@@ -84,7 +125,8 @@ ORDER BY e.event_id COLLATE \"C\"
 ON CONFLICT (provider, event_id) DO NOTHING
 RETURNING event_id";
 
-/// Claims a batch in one `unnest` statement. Keys are sorted (concurrent batches
+/// Claims a batch in one `unnest` statement, its raw bytes stored once (see
+/// `webhook_bodies`), whatever the number of items. Keys are sorted (concurrent batches
 /// lock in the same order, so they cannot deadlock) and repeats inside the batch
 /// are collapsed to their first occurrence; only the new rows come back.
 pub async fn claim_batch<'e>(
@@ -216,7 +258,7 @@ async fn claim_events(
                     duplicates: items.len() - sorted_unique(items).len(),
                 };
                 for e in sorted_unique(items) {
-                    match claim_one(conn, env, e).await? {
+                    match claim_one_as(conn, env, e, Body::Shared).await? {
                         Claim::New => out.accepted += 1,
                         Claim::Duplicate => out.duplicates += 1,
                     }
@@ -235,7 +277,16 @@ pub async fn claim_one(
     env: &Envelope<'_>,
     e: &NewEvent,
 ) -> Result<Claim, sqlx::Error> {
-    match retrying!(claim(&mut *conn, env, e)) {
+    claim_one_as(conn, env, e, Body::InRow).await
+}
+
+async fn claim_one_as(
+    conn: &mut PgConnection,
+    env: &Envelope<'_>,
+    e: &NewEvent,
+    body: Body,
+) -> Result<Claim, sqlx::Error> {
+    match retrying!(claim_as(&mut *conn, env, e, body)) {
         Err(err) if e.payload.is_some() && db::is_refused_value(&err) => {
             let reason = format!(
                 "PostgreSQL refused the payload as jsonb (SQLSTATE {})",
@@ -243,7 +294,7 @@ pub async fn claim_one(
             );
             tracing::warn!(provider = %env.provider, event_id = %e.event_id, %reason, "storing the event as failed, without its payload");
             let fallback = NewEvent::unusable(e.event_id.clone(), &e.event_type, None, reason);
-            retrying!(claim(&mut *conn, env, &fallback))
+            retrying!(claim_as(&mut *conn, env, &fallback, body))
         }
         other => other,
     }

@@ -116,6 +116,8 @@ pub struct Pruned {
     pub done: u64,
     pub failed: u64,
     pub outbox: u64,
+    /// Batch bodies (`webhook_bodies`) no row points at any more.
+    pub bodies: u64,
     /// DELETE statements run, each its own short transaction.
     pub statements: u64,
 }
@@ -185,6 +187,28 @@ pub async fn delete_sent_before<'e>(
     Ok(done.rows_affected())
 }
 
+/// Deletes up to `limit` batch bodies that no inbox row points at and that no
+/// delivery has brought for a day. A claim bumps `last_seen_at` under the row's
+/// lock before its rows point at it, so a body is never deleted under a claim:
+/// locked, it is skipped; bumped, it fails the age test when re-checked.
+pub async fn delete_orphan_bodies<'e>(
+    ex: impl PgExecutor<'e>,
+    limit: i64,
+) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query(
+        "DELETE FROM webhook_bodies
+         WHERE sha256 IN (SELECT b.sha256 FROM webhook_bodies AS b
+                          WHERE b.last_seen_at < now() - interval '1 day'
+                            AND NOT EXISTS (SELECT 1 FROM webhook_inbox AS w WHERE w.body_sha256 = b.sha256)
+                          LIMIT $1
+                          FOR UPDATE SKIP LOCKED)",
+    )
+    .bind(limit)
+    .execute(ex)
+    .await?;
+    Ok(done.rows_affected())
+}
+
 pub struct Pruner {
     pool: PgPool,
     config: RetentionConfig,
@@ -207,8 +231,11 @@ impl Pruner {
         }
         pruned.failed = delete_failed_before(&self.pool, self.config.failed_days, limit).await?;
         pruned.outbox = delete_sent_before(&self.pool, self.config.outbox_days, limit).await?;
-        pruned.statements = Provider::ALL.len() as u64 + 2;
-        short &= (pruned.failed as i64) < limit && (pruned.outbox as i64) < limit;
+        pruned.bodies = delete_orphan_bodies(&self.pool, limit).await?;
+        pruned.statements = Provider::ALL.len() as u64 + 3;
+        short &= (pruned.failed as i64) < limit
+            && (pruned.outbox as i64) < limit
+            && (pruned.bodies as i64) < limit;
         Ok((pruned, short))
     }
 
@@ -220,6 +247,7 @@ impl Pruner {
             total.done += p.done;
             total.failed += p.failed;
             total.outbox += p.outbox;
+            total.bodies += p.bodies;
             total.statements += p.statements;
             if short || Instant::now() >= deadline {
                 return Ok(total);

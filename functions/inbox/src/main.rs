@@ -133,8 +133,8 @@ async fn main() -> Result<()> {
             let pruner = Pruner::new(database()?, RetentionConfig::from_env()?);
             let pruned = pruner.run(one_pass_deadline()).await?;
             println!(
-                "pruned: {} done inbox rows, {} failed inbox rows, {} sent outbox messages",
-                pruned.done, pruned.failed, pruned.outbox
+                "pruned: {} done inbox rows, {} failed inbox rows, {} sent outbox messages, {} batch bodies",
+                pruned.done, pruned.failed, pruned.outbox, pruned.bodies
             );
             Ok(())
         }

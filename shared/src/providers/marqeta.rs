@@ -18,6 +18,8 @@ use super::{
 use crate::config::{MarqetaAuth, Secret};
 
 pub const SIGNATURE: &str = "x-marqeta-signature";
+/// Rows one delivery may make: Marqeta batches at most 10 notifications.
+pub const MAX_BATCH_ITEMS: usize = 100;
 /// The notification key of Marqeta's health check, acknowledged and never stored.
 pub const PINGS: &str = "pings";
 
@@ -129,14 +131,33 @@ impl Scheme for Marqeta {
                 )]);
             }
         };
-        let mut events = Vec::new();
-        for (key, raw) in groups.into_iter().filter(|(key, _)| key != PINGS) {
-            let items = serde_json::from_str::<Vec<&RawValue>>(raw.get());
+        let groups: Vec<(String, &RawValue, Option<Vec<&RawValue>>)> = groups
+            .into_iter()
+            .filter(|(key, _)| key != PINGS)
+            .map(|(key, raw)| {
+                let items = serde_json::from_str::<Vec<&RawValue>>(raw.get())
+                    .ok()
+                    .filter(|_| valid_key(&key));
+                (key, raw, items)
+            })
+            .collect();
+        // Every row costs the claim time: past the cap (ten times what Marqeta sends),
+        // the delivery is kept whole as one failed row, so any body under the size
+        // limit gets its answer within the timeouts.
+        let rows: usize = groups
+            .iter()
+            .map(|(_, _, items)| items.as_ref().map_or(1, Vec::len))
+            .sum();
+        if rows > MAX_BATCH_ITEMS {
+            return unusable_body(format!(
+                "{rows} notifications in one delivery, over the limit of {MAX_BATCH_ITEMS} (Marqeta sends at most 10); kept whole"
+            ));
+        }
+        let mut events = Vec::with_capacity(rows);
+        for (key, raw, items) in groups {
             match items {
-                Ok(items) if valid_key(&key) => {
-                    events.extend(items.into_iter().map(|item| item_event(&key, item)))
-                }
-                _ => events.push(NewEvent::unusable(
+                Some(items) => events.extend(items.into_iter().map(|item| item_event(&key, item))),
+                None => events.push(NewEvent::unusable(
                     body_digest_id(raw.get().as_bytes()),
                     "unknown",
                     parse_json_text(Cow::Borrowed(raw.get()))
@@ -357,6 +378,38 @@ mod tests {
             .iter()
             .all(|e| e.status == InitialStatus::Failed && e.event_id.starts_with("sha256:")));
         assert_ne!(e[0].event_id, e[1].event_id);
+    }
+
+    #[test]
+    fn a_delivery_over_the_item_cap_is_one_failed_row() {
+        let items: Vec<String> = (0..=MAX_BATCH_ITEMS)
+            .map(|i| format!(r#"{{"token":"t{i}"}}"#))
+            .collect();
+        let body = format!(r#"{{"transactions":[{}]}}"#, items.join(","));
+        let e = events(body.as_bytes());
+        assert_eq!(e.len(), 1);
+        assert!(e[0].status == InitialStatus::Failed && e[0].event_id.starts_with("sha256:"));
+        assert!(
+            e[0].failure_reason
+                .as_deref()
+                .unwrap()
+                .contains("101 notifications"),
+            "{:?}",
+            e[0].failure_reason
+        );
+        let groups: Vec<String> = (0..=MAX_BATCH_ITEMS)
+            .map(|i| format!(r#""k{i}":1"#))
+            .collect();
+        assert_eq!(
+            events(format!("{{{}}}", groups.join(",")).as_bytes()).len(),
+            1,
+            "bad groups count too"
+        );
+        let at_cap = format!(
+            r#"{{"transactions":[{}]}}"#,
+            items[..MAX_BATCH_ITEMS].join(",")
+        );
+        assert_eq!(events(at_cap.as_bytes()).len(), MAX_BATCH_ITEMS);
     }
 
     #[test]
