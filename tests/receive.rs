@@ -371,6 +371,9 @@ async fn github_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
     run_matrix(&pool, &r, "github", cases).await;
 }
 
+/// Name, headers, event id, expected status, expected secret index, via API Gateway v2.
+type StandardCase<'a> = (&'static str, Vec<(String, String)>, &'a str, u16, Option<i16>, bool);
+
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn standard_webhooks_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
@@ -388,14 +391,7 @@ async fn standard_webhooks_signature_matrix(_: PgPoolOptions, opts: PgConnectOpt
     };
     let s = |key: &[u8], id: &str, t: i64| standard_signature(key, id, t, &body(id));
     let owned = |v: Vec<(String, String)>| v;
-    let cases: Vec<(
-        &'static str,
-        Vec<(String, String)>,
-        &str,
-        u16,
-        Option<i16>,
-        bool,
-    )> = vec![
+    let cases: Vec<StandardCase> = vec![
         (
             "valid",
             owned(h("webhook", "m-valid", t, s(old, "m-valid", t))),
