@@ -13,7 +13,7 @@ use sqlx::{
 };
 use webhook_inbox::{
     db,
-    handlers::Handlers,
+    handlers::{Event, Handler, HandlerFuture, Handlers, Outcome},
     inbox::{self, Claim, Claimed, Envelope},
     providers::{Events, NewEvent, Provider},
     worker::{Worker, WorkerConfig},
@@ -540,4 +540,111 @@ async fn a_megabyte_of_tiny_marqeta_items_gets_a_definite_answer(
         "{why}"
     );
     assert_eq!(kept, body, "nothing lost: the whole delivery is kept");
+}
+
+// ---------- property: whatever is stored ends done or failed ----------
+
+/// Reads the whole payload, as a real handler would.
+struct ReadsPayload;
+
+impl Handler for ReadsPayload {
+    fn handle<'a>(&'a self, _: &'a mut sqlx::PgConnection, event: &'a Event) -> HandlerFuture<'a> {
+        let size = event.payload.to_string().len();
+        Box::pin(async move {
+            if size > 0 {
+                Ok(Outcome::Applied)
+            } else {
+                Ok(Outcome::NoEffect)
+            }
+        })
+    }
+}
+
+/// Generated hostile payloads, through receive (checked) and stored unchecked
+/// (as rows written before the check, or by a path that skips it): the worker
+/// ends every row `done` or `failed` with a reason, and its drain never errors.
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn any_stored_payload_ends_done_or_failed_and_never_stops_the_worker(
+    _: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    use proptest::{
+        strategy::{Strategy, ValueTree},
+        test_runner::TestRunner,
+    };
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let r = receiver(opts, secrets(false));
+    let mut conn = pool.acquire().await.unwrap();
+    let headers = json!({});
+    let mut runner = TestRunner::deterministic();
+    let strategy = hostile_json::value();
+    let mut expect_done = Vec::new();
+    for i in 0..300 {
+        let data = strategy.new_tree(&mut runner).unwrap().current();
+        let id = format!("evt_r{i:03}");
+        let body = hostile_json::stripe_event(&id, "prop.test", &data);
+        let (status, answer) = post(
+            &r,
+            "stripe",
+            &[(
+                "Stripe-Signature",
+                &stripe_header(STRIPE[0], body.as_bytes()),
+            )],
+            body.as_bytes(),
+        )
+        .await;
+        assert_eq!(
+            (status, answer),
+            (StatusCode::OK, json!({"status": "accepted"})),
+            "{body:.200}"
+        );
+        if webhook_inbox::payload::check(&body).is_ok_and(|c| !c.has_nul) {
+            expect_done.push(id);
+        }
+        let unchecked = hostile_json::stripe_event(&format!("evt_u{i:03}"), "prop.test", &data);
+        let env = Envelope {
+            provider: Provider::Stripe,
+            raw_body: unchecked.as_bytes(),
+            headers: &headers,
+            secret_index: Some(0),
+        };
+        let event = NewEvent::pending(format!("evt_u{i:03}"), "prop.test", unchecked.clone());
+        assert_eq!(
+            inbox::claim_one(&mut conn, &env, &event).await.unwrap(),
+            Claim::New
+        );
+    }
+    let config = WorkerConfig {
+        batch_size: 50,
+        max_attempts: 3,
+        retry_base: Duration::from_millis(1),
+        poll: Duration::from_millis(10),
+    };
+    let w = Worker::new(
+        pool.clone(),
+        Handlers::new().on(Provider::Stripe, "prop.test", ReadsPayload),
+        config,
+    );
+    let (counts, error) = w.drain(later()).await;
+    assert!(error.is_none(), "{error:?}");
+    let (pending, failed_without_reason): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'failed' AND failure_reason IS NULL) FROM webhook_inbox",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((pending, failed_without_reason), (0, 0), "{counts:?}");
+    let done: Vec<String> = sqlx::query_scalar("SELECT event_id FROM webhook_inbox WHERE status = 'done' AND event_id LIKE 'evt_r%' ORDER BY 1")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        done, expect_done,
+        "through receive, exactly the usable payloads are processed"
+    );
+    assert!(
+        !done.is_empty() && done.len() < 300,
+        "the generator makes both kinds: {} of 300 usable",
+        done.len()
+    );
 }

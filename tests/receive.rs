@@ -372,7 +372,14 @@ async fn github_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
 }
 
 /// Name, headers, event id, expected status, expected secret index, via API Gateway v2.
-type StandardCase<'a> = (&'static str, Vec<(String, String)>, &'a str, u16, Option<i16>, bool);
+type StandardCase<'a> = (
+    &'static str,
+    Vec<(String, String)>,
+    &'a str,
+    u16,
+    Option<i16>,
+    bool,
+);
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn standard_webhooks_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {

@@ -7,7 +7,13 @@
 //! accepts (property-tested) but builds nothing, and reads the few top-level
 //! fields the schemes need in the same pass. The worker decodes each row on its
 //! own with [`decode`], so a row that still cannot be decoded (stored before
-//! this check existed, or changed by `jsonb`'s own normalisation) fails alone.
+//! this check existed, say) fails alone.
+//!
+//! `jsonb` keeps numbers as exact decimals and prints them in full
+//! (`1.7976931348623157e308` comes back as 309 digits), so `serde_json` is built
+//! with `float_roundtrip`: correctly rounded parsing gives the same verdict on
+//! the text receive checked and on the text the worker reads back (the property
+//! test in `tests/hostile.rs` found the difference without it).
 
 use std::fmt;
 

@@ -2,6 +2,8 @@
 //! provider (written from providers.md, not from the product's code), and
 //! helpers that drive the real receive handler against a real PostgreSQL.
 
+pub mod hostile_json;
+
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
