@@ -5,27 +5,47 @@
 //! `receive`), the worker and its handlers (`worker`, `handlers`, `domain`,
 //! `outbox`, `process`), the relay and its sinks (`relay`, `aws`), retention,
 //! reconciliation, and the local tooling (`dev_server`, `embedded_pg`).
+//!
+//! Without the default `service` feature only the leaf modules remain (`config`,
+//! `payload`, `providers`): what the fuzz targets exercise, built in a minute.
 
+#[cfg(feature = "service")]
 pub mod aws;
 pub mod config;
+#[cfg(feature = "service")]
 pub mod db;
+#[cfg(feature = "service")]
 pub mod dev_server;
+#[cfg(feature = "service")]
 pub mod domain;
+#[cfg(feature = "service")]
 pub mod embedded_pg;
+#[cfg(feature = "service")]
 pub mod handlers;
+#[cfg(feature = "service")]
 pub mod inbox;
+#[cfg(feature = "service")]
 mod inline;
+#[cfg(feature = "service")]
 pub mod outbox;
 pub mod payload;
+#[cfg(feature = "service")]
 pub mod process;
 pub mod providers;
+#[cfg(feature = "service")]
 pub mod receive;
+#[cfg(feature = "service")]
 pub mod reconcile;
+#[cfg(feature = "service")]
 pub mod relay;
+#[cfg(feature = "service")]
 pub mod retention;
+#[cfg(feature = "service")]
 pub mod telemetry;
+#[cfg(feature = "service")]
 pub mod worker;
 
 pub use config::{Config, Secret};
 pub use providers::Provider;
+#[cfg(feature = "service")]
 pub use receive::Receiver;
