@@ -414,10 +414,6 @@ impl ShopifyOrders {
                 .get(reqwest::header::LINK)
                 .and_then(|v| v.to_str().ok())
                 .and_then(next_link);
-            let next = match next {
-                Some(link) => Some(self.same_shop(link)?),
-                None => None,
-            };
             let text = response
                 .text()
                 .await
@@ -464,8 +460,9 @@ impl ShopifyOrders {
             }
             drop(conn);
             match next {
-                Some(n) => {
-                    url = n;
+                // This page is applied; a link elsewhere stops the run before the token goes there.
+                Some(link) => {
+                    url = self.same_shop(link)?;
                     query.clear(); // page_info carries the query
                 }
                 None => break,

@@ -353,14 +353,10 @@ impl Relay {
         Ok(relayed)
     }
 
-    /// Whether a chunk started now would finish, by every sink's budget, before `deadline`.
+    /// Whether a chunk started now would finish before `deadline`, its sinks
+    /// (called one after the other) each taking its whole budget.
     fn fits(&self, deadline: Instant) -> bool {
-        let budget = self
-            .sinks
-            .iter()
-            .map(|s| s.budget())
-            .max()
-            .unwrap_or_default();
+        let budget: Duration = self.sinks.iter().map(|s| s.budget()).sum();
         Instant::now() + budget <= deadline
     }
 
