@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use sqlx::PgPool;
 use webhook_inbox::{
     aws::{EventBridgeSink, SqsSink},
-    outbox,
+    db::outbox,
     relay::{HttpSink, Relay, RelayConfig, Sink},
 };
 use wiremock::{

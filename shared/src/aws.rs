@@ -6,7 +6,7 @@ use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
 use aws_smithy_http_client::tls;
 
 use crate::{
-    outbox::Outgoing,
+    db::outbox::Outgoing,
     relay::{DeliveriesFuture, Delivery, Sink},
 };
 

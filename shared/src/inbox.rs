@@ -1,24 +1,18 @@
-//! Queries on `webhook_inbox`. The claim is one `INSERT ... ON CONFLICT DO
-//! NOTHING RETURNING`: the primary key is the gate, so no check-then-act exists.
+//! The claim: what a verified delivery carried goes into `webhook_inbox`
+//! exactly once (the statements are in [`crate::db::inbox`]), with the retries
+//! and the fallbacks that make every signed delivery a row.
 
-use sqlx::{types::Json, PgConnection, PgExecutor};
+use sqlx::{PgConnection, PgExecutor};
 
+pub use crate::db::inbox::Envelope;
 use crate::{
-    db,
+    db::{
+        self,
+        inbox::{insert, insert_batch, Body},
+    },
     handlers::Handlers,
-    providers::{Events, NewEvent, Provider},
+    providers::{Events, NewEvent},
 };
-
-/// What the delivery carried besides its events: shared by every row it makes.
-#[derive(Clone, Copy, Debug)]
-pub struct Envelope<'a> {
-    pub provider: Provider,
-    pub raw_body: &'a [u8],
-    pub headers: &'a serde_json::Value,
-    /// Which configured secret verified the delivery; `None` for an event that
-    /// reconcile fetched from the provider's API (stored with `source = 'reconcile'`).
-    pub secret_index: Option<i16>,
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Claim {
@@ -31,45 +25,6 @@ pub enum Claim {
 pub struct BatchClaim {
     pub accepted: usize,
     pub duplicates: usize,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Claimed {
-    Single(Claim),
-    Batch(BatchClaim),
-    /// Inline mode, exclusive handler: another delivery of the event holds its lock. Nothing stored.
-    Busy,
-}
-
-const CLAIM: &str = "\
-INSERT INTO webhook_inbox
-    (provider, event_id, event_type, payload, status, failure_reason, raw_body, headers, secret_index, source)
-VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, CASE WHEN $9 IS NULL THEN 'reconcile' ELSE 'webhook' END)
-ON CONFLICT (provider, event_id) DO NOTHING
-RETURNING event_id";
-
-/// [`CLAIM`] for one item of a delivery with several events: its bytes are
-/// stored once in `webhook_bodies` (the upsert also locks that row until commit,
-/// so retention cannot delete a body a new row is about to point at).
-const CLAIM_ITEM: &str = "\
-WITH body AS (
-    INSERT INTO webhook_bodies (sha256, raw_body) VALUES (sha256($7::bytea), $7)
-    ON CONFLICT (sha256) DO UPDATE SET last_seen_at = now()
-    RETURNING sha256)
-INSERT INTO webhook_inbox
-    (provider, event_id, event_type, payload, status, failure_reason, body_sha256, headers, secret_index, source)
-VALUES ($1, $2, $3, $4::jsonb, $5, $6, (SELECT sha256 FROM body), $8, $9,
-        CASE WHEN $9 IS NULL THEN 'reconcile' ELSE 'webhook' END)
-ON CONFLICT (provider, event_id) DO NOTHING
-RETURNING event_id";
-
-/// Where a row's raw bytes go.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Body {
-    /// In the row (`raw_body`): a delivery of one event.
-    InRow,
-    /// Once per delivery in `webhook_bodies`, the row pointing at it (`body_sha256`).
-    Shared,
 }
 
 /// Claims one event in a single statement (its own short transaction).
@@ -87,43 +42,20 @@ async fn claim_as<'e>(
     e: &NewEvent,
     body: Body,
 ) -> Result<Claim, sqlx::Error> {
-    let sql = match body {
-        Body::InRow => CLAIM,
-        Body::Shared => CLAIM_ITEM,
-    };
-    let row: Option<(String,)> = sqlx::query_as(sql)
-        .bind(env.provider.as_str())
-        .bind(&e.event_id)
-        .bind(&e.event_type)
-        .bind(e.payload.as_deref())
-        .bind(e.status.as_str())
-        .bind(e.failure_reason.as_deref())
-        .bind(env.raw_body)
-        .bind(Json(env.headers))
-        .bind(env.secret_index)
-        .fetch_optional(ex)
-        .await?;
-    Ok(if row.is_some() {
+    Ok(if insert(ex, env, e, body).await? {
         Claim::New
     } else {
         Claim::Duplicate
     })
 }
 
-const CLAIM_BATCH: &str = "\
-WITH body AS (
-    INSERT INTO webhook_bodies (sha256, raw_body) VALUES (sha256($7::bytea), $7)
-    ON CONFLICT (sha256) DO UPDATE SET last_seen_at = now()
-    RETURNING sha256)
-INSERT INTO webhook_inbox
-    (provider, event_id, event_type, payload, status, failure_reason, body_sha256, headers, secret_index, source)
-SELECT $1, e.event_id, e.event_type, e.payload::jsonb, e.status, e.failure_reason, (SELECT sha256 FROM body), $8, $9,
-       CASE WHEN $9::smallint IS NULL THEN 'reconcile' ELSE 'webhook' END
-FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
-     AS e (event_id, event_type, payload, status, failure_reason)
-ORDER BY e.event_id COLLATE \"C\"
-ON CONFLICT (provider, event_id) DO NOTHING
-RETURNING event_id";
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Claimed {
+    Single(Claim),
+    Batch(BatchClaim),
+    /// Inline mode, exclusive handler: another delivery of the event holds its lock. Nothing stored.
+    Busy,
+}
 
 /// Claims a batch in one `unnest` statement, its raw bytes stored once (see
 /// `webhook_bodies`), whatever the number of items. Keys are sorted (concurrent batches
@@ -151,20 +83,7 @@ pub async fn claim_batch_new_ids<'e>(
     if unique.is_empty() {
         return Ok(vec![]);
     }
-    let col = |f: fn(&NewEvent) -> Option<&str>| unique.iter().map(|e| f(e)).collect::<Vec<_>>();
-    let rows: Vec<(String,)> = sqlx::query_as(CLAIM_BATCH)
-        .bind(env.provider.as_str())
-        .bind(col(|e| Some(&e.event_id)))
-        .bind(col(|e| Some(&e.event_type)))
-        .bind(col(|e| e.payload.as_deref()))
-        .bind(col(|e| Some(e.status.as_str())))
-        .bind(col(|e| e.failure_reason.as_deref()))
-        .bind(env.raw_body)
-        .bind(Json(env.headers))
-        .bind(env.secret_index)
-        .fetch_all(ex)
-        .await?;
-    Ok(rows.into_iter().map(|(id,)| id).collect())
+    insert_batch(ex, env, &unique).await
 }
 
 pub(crate) fn sorted_unique(events: &[NewEvent]) -> Vec<&NewEvent> {

@@ -10,7 +10,7 @@
 use sqlx::{Acquire, PgConnection};
 
 use crate::{
-    db,
+    db::{self, inbox as table},
     handlers::{try_lock_event, Event, HandlerError, Handlers},
     inbox::{self, BatchClaim, Claim, Claimed, Envelope},
     payload,
@@ -70,12 +70,7 @@ pub(crate) async fn claim_and_apply(
         let value = match e.payload.as_deref().map(payload::decode).transpose() {
             Ok(value) => value.unwrap_or_default(),
             Err(unusable) => {
-                sqlx::query("UPDATE webhook_inbox SET status = 'failed', failure_reason = $3 WHERE provider = $1 AND event_id = $2")
-                    .bind(env.provider.as_str())
-                    .bind(&e.event_id)
-                    .bind(unusable.0)
-                    .execute(&mut *tx)
-                    .await?;
+                table::mark_unusable(&mut tx, env.provider, &e.event_id, &unusable.0).await?;
                 continue;
             }
         };
@@ -90,27 +85,18 @@ pub(crate) async fn claim_and_apply(
         match handler.handle(&mut savepoint, &event).await {
             Ok(_) => {
                 savepoint.commit().await?;
-                sqlx::query(
-                    "UPDATE webhook_inbox SET status = 'done', processed_at = now(), attempts = attempts + 1
-                     WHERE provider = $1 AND event_id = $2",
-                )
-                .bind(env.provider.as_str())
-                .bind(&e.event_id)
-                .execute(&mut *tx)
-                .await?;
+                table::mark_done_inline(&mut tx, env.provider, &e.event_id).await?;
             }
             Err(HandlerError::Database(err)) if db::is_connection_lost(&err) => return Err(err),
             Err(err) => {
                 savepoint.rollback().await?;
                 tracing::info!(provider = %env.provider, event_id = %e.event_id, error = %err, "inline handler failed; left pending for the worker");
-                sqlx::query(
-                    "UPDATE webhook_inbox SET attempts = attempts + 1, failure_reason = $3
-                     WHERE provider = $1 AND event_id = $2",
+                table::note_inline_failure(
+                    &mut tx,
+                    env.provider,
+                    &e.event_id,
+                    &format!("attempt 1 (inline): {err}"),
                 )
-                .bind(env.provider.as_str())
-                .bind(&e.event_id)
-                .bind(format!("attempt 1 (inline): {err}"))
-                .execute(&mut *tx)
                 .await?;
             }
         }

@@ -3,8 +3,9 @@
 //! Every Lambda function and the `inbox` binary share this crate: the
 //! providers' signing schemes and the receive handler (`providers`, `inbox`,
 //! `receive`), the worker and its handlers (`worker`, `handlers`, `domain`,
-//! `outbox`, `process`), the relay and its sinks (`relay`, `aws`), retention,
-//! reconciliation, and the local tooling (`dev_server`, `embedded_pg`).
+//! `process`), the relay and its sinks (`relay`, `aws`), retention,
+//! reconciliation, the local tooling (`dev_server`, `embedded_pg`), and the
+//! database (`db`: one module per table, each holding every statement on it).
 //!
 //! Without the default `service` feature only the leaf modules remain (`config`,
 //! `payload`, `providers`): what the fuzz targets exercise, built in a minute.
@@ -26,8 +27,6 @@ pub mod handlers;
 pub mod inbox;
 #[cfg(feature = "service")]
 mod inline;
-#[cfg(feature = "service")]
-pub mod outbox;
 pub mod payload;
 #[cfg(feature = "service")]
 pub mod process;

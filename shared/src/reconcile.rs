@@ -12,7 +12,7 @@ use sqlx::PgPool;
 
 use crate::{
     config::{parse_env, ConfigError, Secret},
-    db,
+    db::{self, checkpoints},
     domain::orders::{self, Applied, OrderSnapshot},
     inbox::{self, Claim, Envelope},
     payload,
@@ -109,27 +109,6 @@ async fn get(
     }
 }
 
-async fn load_checkpoint(pool: &PgPool, source: &str) -> Result<Option<f64>, sqlx::Error> {
-    sqlx::query_scalar("SELECT extract(epoch FROM checkpoint)::float8 FROM reconcile_checkpoints WHERE source = $1")
-        .bind(source)
-        .fetch_optional(pool)
-        .await
-}
-
-/// Moves the checkpoint forward (never back) to `epoch` seconds.
-async fn save_checkpoint(pool: &PgPool, source: &str, epoch: f64) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO reconcile_checkpoints (source, checkpoint) VALUES ($1, to_timestamp($2))
-         ON CONFLICT (source) DO UPDATE
-         SET checkpoint = GREATEST(reconcile_checkpoints.checkpoint, EXCLUDED.checkpoint), updated_at = now()",
-    )
-    .bind(source)
-    .bind(epoch)
-    .execute(pool)
-    .await?;
-    Ok(())
-}
-
 fn now_epoch() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -190,7 +169,7 @@ impl StripeEvents {
         config: &ReconcileConfig,
     ) -> Result<Found, ReconcileError> {
         const SOURCE: &str = "stripe:events";
-        let since = load_checkpoint(pool, SOURCE)
+        let since = checkpoints::load(pool, SOURCE)
             .await?
             .unwrap_or(now_epoch() - config.first_lookback.as_secs_f64())
             - config.overlap.as_secs_f64();
@@ -264,7 +243,7 @@ impl StripeEvents {
                 break;
             }
         }
-        save_checkpoint(pool, SOURCE, latest).await?;
+        checkpoints::save(pool, SOURCE, latest).await?;
         Ok(found)
     }
 }
@@ -375,7 +354,7 @@ impl ShopifyOrders {
         config: &ReconcileConfig,
     ) -> Result<Found, ReconcileError> {
         const SOURCE: &str = "shopify:orders";
-        let since = load_checkpoint(pool, SOURCE)
+        let since = checkpoints::load(pool, SOURCE)
             .await?
             .unwrap_or(now_epoch() - config.first_lookback.as_secs_f64())
             - config.overlap.as_secs_f64();
@@ -475,7 +454,7 @@ impl ShopifyOrders {
         .fetch_one(pool)
         .await?;
         // Every order updated before this run started was listed now.
-        save_checkpoint(pool, SOURCE, latest.unwrap_or(0.0).max(run_started)).await?;
+        checkpoints::save(pool, SOURCE, latest.unwrap_or(0.0).max(run_started)).await?;
         Ok(found)
     }
 }

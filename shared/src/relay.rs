@@ -13,7 +13,7 @@ use sqlx::PgPool;
 
 use crate::{
     config::{parse_env, ConfigError},
-    outbox::{self, Dispatch, Outgoing},
+    db::outbox::{self, Dispatch, Outgoing},
     worker::backoff,
 };
 

@@ -10,10 +10,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-use sqlx::{PgExecutor, PgPool};
+use sqlx::PgPool;
 
 use crate::{
     config::{parse_env, ConfigError},
+    db::{
+        bodies,
+        inbox::{self, Status},
+        outbox,
+    },
     providers::Provider,
 };
 
@@ -122,93 +127,6 @@ pub struct Pruned {
     pub statements: u64,
 }
 
-/// Deletes up to `limit` `done` rows of `provider` received before `days` ago.
-/// Rows another transaction holds are skipped, never waited for.
-pub async fn delete_done_before<'e>(
-    ex: impl PgExecutor<'e>,
-    provider: Provider,
-    days: u32,
-    limit: i64,
-) -> Result<u64, sqlx::Error> {
-    delete_inbox_before(ex, provider.as_str(), "done", days, limit).await
-}
-
-/// Deletes up to `limit` `failed` rows (any provider) received before `days` ago.
-pub async fn delete_failed_before<'e>(
-    ex: impl PgExecutor<'e>,
-    days: u32,
-    limit: i64,
-) -> Result<u64, sqlx::Error> {
-    delete_inbox_before(ex, "", "failed", days, limit).await
-}
-
-async fn delete_inbox_before<'e>(
-    ex: impl PgExecutor<'e>,
-    provider: &str,
-    status: &str,
-    days: u32,
-    limit: i64,
-) -> Result<u64, sqlx::Error> {
-    let done = sqlx::query(
-        "DELETE FROM webhook_inbox AS w
-         USING (SELECT provider, event_id FROM webhook_inbox
-                WHERE received_at < now() - make_interval(days => $3)
-                  AND status = $2 AND ($1 = '' OR provider = $1)
-                LIMIT $4
-                FOR UPDATE SKIP LOCKED) AS old
-         WHERE w.provider = old.provider AND w.event_id = old.event_id",
-    )
-    .bind(provider)
-    .bind(status)
-    .bind(days as i32)
-    .bind(limit)
-    .execute(ex)
-    .await?;
-    Ok(done.rows_affected())
-}
-
-/// Deletes up to `limit` outbox messages sent before `days` ago.
-pub async fn delete_sent_before<'e>(
-    ex: impl PgExecutor<'e>,
-    days: u32,
-    limit: i64,
-) -> Result<u64, sqlx::Error> {
-    let done = sqlx::query(
-        "DELETE FROM transactional_outbox
-         WHERE id IN (SELECT id FROM transactional_outbox
-                      WHERE processed_at IS NOT NULL AND processed_at < now() - make_interval(days => $1)
-                      LIMIT $2
-                      FOR UPDATE SKIP LOCKED)",
-    )
-    .bind(days as i32)
-    .bind(limit)
-    .execute(ex)
-    .await?;
-    Ok(done.rows_affected())
-}
-
-/// Deletes up to `limit` batch bodies that no inbox row points at and that no
-/// delivery has brought for a day. A claim bumps `last_seen_at` under the row's
-/// lock before its rows point at it, so a body is never deleted under a claim:
-/// locked, it is skipped; bumped, it fails the age test when re-checked.
-pub async fn delete_orphan_bodies<'e>(
-    ex: impl PgExecutor<'e>,
-    limit: i64,
-) -> Result<u64, sqlx::Error> {
-    let done = sqlx::query(
-        "DELETE FROM webhook_bodies
-         WHERE sha256 IN (SELECT b.sha256 FROM webhook_bodies AS b
-                          WHERE b.last_seen_at < now() - interval '1 day'
-                            AND NOT EXISTS (SELECT 1 FROM webhook_inbox AS w WHERE w.body_sha256 = b.sha256)
-                          LIMIT $1
-                          FOR UPDATE SKIP LOCKED)",
-    )
-    .bind(limit)
-    .execute(ex)
-    .await?;
-    Ok(done.rows_affected())
-}
-
 pub struct Pruner {
     pool: PgPool,
     config: RetentionConfig,
@@ -225,13 +143,28 @@ impl Pruner {
         let mut pruned = Pruned::default();
         let mut short = true;
         for p in Provider::ALL {
-            let n = delete_done_before(&self.pool, p, self.config.done_days[&p], limit).await?;
+            let n = inbox::delete_received_before(
+                &self.pool,
+                Some(p),
+                Status::Done,
+                self.config.done_days[&p],
+                limit,
+            )
+            .await?;
             short &= (n as i64) < limit;
             pruned.done += n;
         }
-        pruned.failed = delete_failed_before(&self.pool, self.config.failed_days, limit).await?;
-        pruned.outbox = delete_sent_before(&self.pool, self.config.outbox_days, limit).await?;
-        pruned.bodies = delete_orphan_bodies(&self.pool, limit).await?;
+        pruned.failed = inbox::delete_received_before(
+            &self.pool,
+            None,
+            Status::Failed,
+            self.config.failed_days,
+            limit,
+        )
+        .await?;
+        pruned.outbox =
+            outbox::delete_sent_before(&self.pool, self.config.outbox_days, limit).await?;
+        pruned.bodies = bodies::delete_orphans(&self.pool, limit).await?;
         pruned.statements = Provider::ALL.len() as u64 + 3;
         short &= (pruned.failed as i64) < limit
             && (pruned.outbox as i64) < limit

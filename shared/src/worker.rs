@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 use sqlx::{Acquire, PgPool, Postgres, Transaction};
 
 use crate::{
-    db,
+    db::{
+        self,
+        inbox::{self, Finished, Status, Taken},
+    },
     handlers::{Event, HandlerError, Handlers, Outcome},
     payload,
     providers::Provider,
@@ -89,17 +92,6 @@ impl Counts {
     }
 }
 
-#[derive(sqlx::FromRow)]
-struct Row {
-    provider: String,
-    event_id: String,
-    event_type: String,
-    /// `jsonb` as text, decoded per row (only when a handler needs it): an
-    /// undecodable payload fails its own row, never the batch's query.
-    payload: Option<String>,
-    attempts: i32,
-}
-
 /// How one event ends this pass.
 enum Finish {
     Done,
@@ -112,58 +104,6 @@ enum Finish {
     },
     Failed(String),
 }
-
-const TAKE_PENDING: &str = "\
-SELECT provider, event_id, event_type, payload::text AS payload, attempts
-FROM webhook_inbox
-WHERE status = 'pending' AND (next_attempt_at IS NULL OR next_attempt_at <= now())
-ORDER BY received_at, event_id
-LIMIT $1
-FOR UPDATE SKIP LOCKED";
-
-/// The SQS path: the named event, if it is due and nobody holds it.
-const TAKE_ONE: &str = "\
-SELECT provider, event_id, event_type, payload::text AS payload, attempts
-FROM webhook_inbox
-WHERE provider = $1 AND event_id = $2 AND status = 'pending'
-  AND (next_attempt_at IS NULL OR next_attempt_at <= now())
-FOR UPDATE SKIP LOCKED";
-
-/// Careful mode: count the next due event's attempt and hold it back by
-/// `$1` ms doubled per attempt (it may crash again), committed before it runs.
-/// Returns the attempts made before this one.
-const COUNT_NEXT: &str = "\
-WITH next AS (
-    SELECT provider, event_id FROM webhook_inbox
-    WHERE status = 'pending' AND (next_attempt_at IS NULL OR next_attempt_at <= now())
-    ORDER BY received_at, event_id
-    LIMIT 1
-    FOR UPDATE SKIP LOCKED)
-UPDATE webhook_inbox AS w
-SET attempts = w.attempts + 1,
-    next_attempt_at = now() + least($1 * power(2, w.attempts), 3600000) * interval '1 millisecond'
-FROM next
-WHERE w.provider = next.provider AND w.event_id = next.event_id
-RETURNING w.provider, w.event_id, w.event_type, w.payload::text AS payload, w.attempts - 1 AS attempts";
-
-/// Careful mode: the counted event, whatever its backoff says.
-const TAKE_ONE_ANY_TIME: &str = "\
-SELECT provider, event_id, event_type, payload::text AS payload, attempts - 1 AS attempts
-FROM webhook_inbox
-WHERE provider = $1 AND event_id = $2 AND status = 'pending'
-FOR UPDATE SKIP LOCKED";
-
-/// Every outcome of a batch in one statement.
-const FINISH: &str = "\
-UPDATE webhook_inbox AS w
-SET status = u.status,
-    attempts = w.attempts + CASE WHEN u.counted THEN 1 ELSE 0 END,
-    processed_at = CASE WHEN u.status = 'done' THEN now() END,
-    next_attempt_at = now() + u.delay_ms * interval '1 millisecond',
-    failure_reason = u.reason
-FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::bool[])
-     AS u (provider, event_id, status, delay_ms, reason, counted)
-WHERE w.provider = u.provider AND w.event_id = u.event_id";
 
 pub struct Worker {
     pool: PgPool,
@@ -196,10 +136,7 @@ impl Worker {
             return self.run_careful(deadline).await;
         }
         let mut tx = self.pool.begin().await?;
-        let rows: Vec<Row> = sqlx::query_as(TAKE_PENDING)
-            .bind(self.config.batch_size)
-            .fetch_all(&mut *tx)
-            .await?;
+        let rows = inbox::take_pending(&mut tx, self.config.batch_size).await?;
         let result = self.apply_all(tx, rows, deadline, false).await;
         if result.as_ref().is_err_and(db::is_connection_lost) {
             self.careful.store(true, Ordering::Relaxed);
@@ -220,22 +157,14 @@ impl Worker {
             if Instant::now() >= deadline {
                 return Ok(total);
             }
-            let Some(row) = sqlx::query_as::<_, Row>(COUNT_NEXT)
-                .bind(self.config.retry_base.as_millis() as i64)
-                .fetch_optional(&self.pool)
-                .await?
-            else {
+            let Some(row) = inbox::count_next(&self.pool, self.config.retry_base).await? else {
                 break;
             };
             let counts = if row.attempts >= self.config.max_attempts {
                 self.give_up(&row).await?
             } else {
                 let mut tx = self.pool.begin().await?;
-                let rows: Vec<Row> = sqlx::query_as(TAKE_ONE_ANY_TIME)
-                    .bind(&row.provider)
-                    .bind(&row.event_id)
-                    .fetch_all(&mut *tx)
-                    .await?;
+                let rows = inbox::take_counted(&mut tx, &row.provider, &row.event_id).await?;
                 self.apply_all(tx, rows, deadline, true).await?
             };
             total.add(&counts);
@@ -245,22 +174,13 @@ impl Worker {
         Ok(total)
     }
 
-    async fn give_up(&self, row: &Row) -> Result<Counts, sqlx::Error> {
+    async fn give_up(&self, row: &Taken) -> Result<Counts, sqlx::Error> {
         let reason = format!(
             "attempt {}: processing lost its connection every time; given up",
             row.attempts
         );
         tracing::warn!(provider = %row.provider, event_id = %row.event_id, %reason, "event failed");
-        // The attempt counted to take it is not made: it is undone.
-        sqlx::query(
-            "UPDATE webhook_inbox SET status = 'failed', failure_reason = $3, next_attempt_at = NULL, attempts = attempts - 1
-             WHERE provider = $1 AND event_id = $2 AND status = 'pending'",
-        )
-            .bind(&row.provider)
-            .bind(&row.event_id)
-            .bind(reason)
-            .execute(&self.pool)
-            .await?;
+        inbox::give_up(&self.pool, &row.provider, &row.event_id, &reason).await?;
         Ok(Counts {
             taken: 1,
             failed: 1,
@@ -272,11 +192,7 @@ impl Worker {
     /// `taken` is 0 when there was nothing to do.
     pub async fn run_event(&self, provider: &str, event_id: &str) -> Result<Counts, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
-        let rows: Vec<Row> = sqlx::query_as(TAKE_ONE)
-            .bind(provider)
-            .bind(event_id)
-            .fetch_all(&mut *tx)
-            .await?;
+        let rows = inbox::take_one(&mut tx, provider, event_id).await?;
         self.apply_all(tx, rows, far_future(), false).await
     }
 
@@ -330,51 +246,42 @@ impl Worker {
     async fn apply_all(
         &self,
         mut tx: Transaction<'static, Postgres>,
-        rows: Vec<Row>,
+        rows: Vec<Taken>,
         deadline: Instant,
         precounted: bool,
     ) -> Result<Counts, sqlx::Error> {
         let mut counts = Counts::default();
-        let (mut providers, mut ids, mut statuses, mut delays, mut reasons, mut counted) =
-            (vec![], vec![], vec![], vec![], vec![], vec![]);
+        let mut finished = Vec::with_capacity(rows.len());
         for row in rows {
             if Instant::now() >= deadline {
                 break; // left pending; its lock goes with the commit
             }
             counts.taken += 1;
-            let (status, delay, reason, count): (&str, Option<i64>, Option<String>, bool) =
+            let (status, delay, reason, counted) =
                 match self.apply(&mut tx, &row, &mut counts).await? {
-                    Finish::Done => ("done", None, None, !precounted),
+                    Finish::Done => (Status::Done, None, None, !precounted),
                     Finish::Retry {
                         after,
                         reason,
                         counted,
                     } => (
-                        "pending",
-                        Some(after.as_millis() as i64),
+                        Status::Pending,
+                        Some(after),
                         Some(reason),
                         counted && !precounted,
                     ),
-                    Finish::Failed(reason) => ("failed", None, Some(reason), !precounted),
+                    Finish::Failed(reason) => (Status::Failed, None, Some(reason), !precounted),
                 };
-            providers.push(row.provider);
-            ids.push(row.event_id);
-            statuses.push(status);
-            delays.push(delay);
-            reasons.push(reason);
-            counted.push(count);
+            finished.push(Finished {
+                provider: row.provider,
+                event_id: row.event_id,
+                status,
+                delay,
+                reason,
+                counted,
+            });
         }
-        if !ids.is_empty() {
-            sqlx::query(FINISH)
-                .bind(&providers)
-                .bind(&ids)
-                .bind(&statuses)
-                .bind(&delays)
-                .bind(&reasons)
-                .bind(&counted)
-                .execute(&mut *tx)
-                .await?;
-        }
+        inbox::finish(&mut tx, &finished).await?;
         tx.commit().await?;
         Ok(counts)
     }
@@ -384,7 +291,7 @@ impl Worker {
     async fn apply(
         &self,
         tx: &mut Transaction<'static, Postgres>,
-        row: &Row,
+        row: &Taken,
         counts: &mut Counts,
     ) -> Result<Finish, sqlx::Error> {
         let Ok(provider) = Provider::try_from(row.provider.as_str()) else {
@@ -432,7 +339,7 @@ impl Worker {
         }
     }
 
-    fn after_failure(&self, row: &Row, err: HandlerError, counts: &mut Counts) -> Finish {
+    fn after_failure(&self, row: &Taken, err: HandlerError, counts: &mut Counts) -> Finish {
         if err.is_contention() {
             counts.retried += 1;
             let reason = format!("contention (not counted as an attempt): {err}");

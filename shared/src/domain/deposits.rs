@@ -6,8 +6,8 @@ use sqlx::PgConnection;
 
 use super::{decimal, required};
 use crate::{
+    db::outbox::{self, Message},
     handlers::{Event, Handler, HandlerError, HandlerFuture, Outcome},
-    outbox::{self, Message},
 };
 
 /// The event type receive gives a `transactions` item of type `gpa.credit`.

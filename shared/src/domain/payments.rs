@@ -6,8 +6,8 @@ use sqlx::PgConnection;
 
 use super::{required, text};
 use crate::{
+    db::outbox::{self, Message},
     handlers::{Event, Handler, HandlerError, HandlerFuture, Outcome},
-    outbox::{self, Message},
 };
 
 pub const EVENT_TYPE: &str = "payment_intent.succeeded";

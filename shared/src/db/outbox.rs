@@ -1,6 +1,6 @@
 //! `transactional_outbox`: side effects recorded in the transaction that caused them.
 
-use sqlx::{types::Json, PgConnection};
+use sqlx::{types::Json, PgConnection, PgExecutor};
 
 /// One message to publish. `message_key` is derived from what happened (not from
 /// the row id), so a message written twice, or re-sent after a crash, carries the
@@ -151,4 +151,24 @@ pub async fn release(pool: &sqlx::PgPool, leases: &[(i64, i32)]) -> Result<(), s
     .execute(pool)
     .await?;
     Ok(())
+}
+
+/// Deletes up to `limit` outbox messages sent before `days` ago.
+pub async fn delete_sent_before<'e>(
+    ex: impl PgExecutor<'e>,
+    days: u32,
+    limit: i64,
+) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query(
+        "DELETE FROM transactional_outbox
+         WHERE id IN (SELECT id FROM transactional_outbox
+                      WHERE processed_at IS NOT NULL AND processed_at < now() - make_interval(days => $1)
+                      LIMIT $2
+                      FOR UPDATE SKIP LOCKED)",
+    )
+    .bind(days as i32)
+    .bind(limit)
+    .execute(ex)
+    .await?;
+    Ok(done.rows_affected())
 }

@@ -1,4 +1,10 @@
-//! The connection pool, migrations, and the retry wrapper for serialization failures.
+//! The database: pools and connections, migrations, SQLSTATE classes, and one
+//! module per table holding every statement on it.
+
+pub mod bodies;
+pub mod checkpoints;
+pub mod inbox;
+pub mod outbox;
 
 use std::{
     ops::{Deref, DerefMut},

@@ -1,0 +1,385 @@
+//! `webhook_inbox`: every statement on the table, and its status values. The
+//! claim is one `INSERT ... ON CONFLICT DO NOTHING RETURNING`: the primary key
+//! is the gate, so no check-then-act exists. Status literals stay in the SQL
+//! (the queue's partial index is `WHERE status = 'pending'`), all in this file.
+
+use std::time::Duration;
+
+use sqlx::{types::Json, PgConnection, PgExecutor, PgPool};
+
+use crate::providers::{NewEvent, Provider};
+
+/// A row's `status`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// Waiting for the worker (due at `next_attempt_at`, if set).
+    Pending,
+    Done,
+    /// Final, with its `failure_reason`.
+    Failed,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Pending => "pending",
+            Status::Done => "done",
+            Status::Failed => "failed",
+        }
+    }
+}
+
+/// What the delivery carried besides its events: shared by every row it makes.
+#[derive(Clone, Copy, Debug)]
+pub struct Envelope<'a> {
+    pub provider: Provider,
+    pub raw_body: &'a [u8],
+    pub headers: &'a serde_json::Value,
+    /// Which configured secret verified the delivery; `None` for an event that
+    /// reconcile fetched from the provider's API (stored with `source = 'reconcile'`).
+    pub secret_index: Option<i16>,
+}
+
+/// Where a row's raw bytes go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Body {
+    /// In the row (`raw_body`): a delivery of one event.
+    InRow,
+    /// Once per delivery in `webhook_bodies`, the row pointing at it (`body_sha256`).
+    Shared,
+}
+
+const INSERT: &str = "\
+INSERT INTO webhook_inbox
+    (provider, event_id, event_type, payload, status, failure_reason, raw_body, headers, secret_index, source)
+VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, CASE WHEN $9 IS NULL THEN 'reconcile' ELSE 'webhook' END)
+ON CONFLICT (provider, event_id) DO NOTHING
+RETURNING event_id";
+
+/// The body of a delivery with several events, stored once; the upsert also
+/// locks that row until commit, so retention cannot delete a body that a new
+/// row is about to point at. `$7` is the raw body.
+macro_rules! with_shared_body {
+    ($insert:literal) => {
+        concat!(
+            "WITH body AS (
+    INSERT INTO webhook_bodies (sha256, raw_body) VALUES (sha256($7::bytea), $7)
+    ON CONFLICT (sha256) DO UPDATE SET last_seen_at = now()
+    RETURNING sha256)
+",
+            $insert
+        )
+    };
+}
+
+/// [`INSERT`] for one item of a delivery with several events.
+const INSERT_ITEM: &str = with_shared_body!(
+    "INSERT INTO webhook_inbox
+    (provider, event_id, event_type, payload, status, failure_reason, body_sha256, headers, secret_index, source)
+VALUES ($1, $2, $3, $4::jsonb, $5, $6, (SELECT sha256 FROM body), $8, $9,
+        CASE WHEN $9 IS NULL THEN 'reconcile' ELSE 'webhook' END)
+ON CONFLICT (provider, event_id) DO NOTHING
+RETURNING event_id"
+);
+
+/// Every item of a batch in one `unnest` statement, keys sorted.
+const INSERT_BATCH: &str = with_shared_body!(
+    "INSERT INTO webhook_inbox
+    (provider, event_id, event_type, payload, status, failure_reason, body_sha256, headers, secret_index, source)
+SELECT $1, e.event_id, e.event_type, e.payload::jsonb, e.status, e.failure_reason, (SELECT sha256 FROM body), $8, $9,
+       CASE WHEN $9::smallint IS NULL THEN 'reconcile' ELSE 'webhook' END
+FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
+     AS e (event_id, event_type, payload, status, failure_reason)
+ORDER BY e.event_id COLLATE \"C\"
+ON CONFLICT (provider, event_id) DO NOTHING
+RETURNING event_id"
+);
+
+/// Inserts one event unless its key exists; true when inserted.
+pub(crate) async fn insert<'e>(
+    ex: impl PgExecutor<'e>,
+    env: &Envelope<'_>,
+    e: &NewEvent,
+    body: Body,
+) -> Result<bool, sqlx::Error> {
+    let sql = match body {
+        Body::InRow => INSERT,
+        Body::Shared => INSERT_ITEM,
+    };
+    let row: Option<(String,)> = sqlx::query_as(sql)
+        .bind(env.provider.as_str())
+        .bind(&e.event_id)
+        .bind(&e.event_type)
+        .bind(e.payload.as_deref())
+        .bind(e.status.as_str())
+        .bind(e.failure_reason.as_deref())
+        .bind(env.raw_body)
+        .bind(Json(env.headers))
+        .bind(env.secret_index)
+        .fetch_optional(ex)
+        .await?;
+    Ok(row.is_some())
+}
+
+/// Inserts events with distinct keys, sorted, in one statement; the ids inserted.
+pub(crate) async fn insert_batch<'e>(
+    ex: impl PgExecutor<'e>,
+    env: &Envelope<'_>,
+    unique: &[&NewEvent],
+) -> Result<Vec<String>, sqlx::Error> {
+    let col = |f: fn(&NewEvent) -> Option<&str>| unique.iter().map(|e| f(e)).collect::<Vec<_>>();
+    let rows: Vec<(String,)> = sqlx::query_as(INSERT_BATCH)
+        .bind(env.provider.as_str())
+        .bind(col(|e| Some(&e.event_id)))
+        .bind(col(|e| Some(&e.event_type)))
+        .bind(col(|e| e.payload.as_deref()))
+        .bind(col(|e| Some(e.status.as_str())))
+        .bind(col(|e| e.failure_reason.as_deref()))
+        .bind(env.raw_body)
+        .bind(Json(env.headers))
+        .bind(env.secret_index)
+        .fetch_all(ex)
+        .await?;
+    Ok(rows.into_iter().map(|(id,)| id).collect())
+}
+
+// ---- the worker ----
+
+/// A pending row as the worker takes it.
+#[derive(sqlx::FromRow)]
+pub(crate) struct Taken {
+    pub provider: String,
+    pub event_id: String,
+    pub event_type: String,
+    /// `jsonb` as text, decoded per row (only when a handler needs it): an
+    /// undecodable payload fails its own row, never the batch's query.
+    pub payload: Option<String>,
+    /// Attempts before this one.
+    pub attempts: i32,
+}
+
+/// Up to `limit` due pending rows, in receive order, skipping those another worker holds.
+pub(crate) async fn take_pending(
+    conn: &mut PgConnection,
+    limit: i64,
+) -> Result<Vec<Taken>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT provider, event_id, event_type, payload::text AS payload, attempts
+         FROM webhook_inbox
+         WHERE status = 'pending' AND (next_attempt_at IS NULL OR next_attempt_at <= now())
+         ORDER BY received_at, event_id
+         LIMIT $1
+         FOR UPDATE SKIP LOCKED",
+    )
+    .bind(limit)
+    .fetch_all(conn)
+    .await
+}
+
+/// The SQS path: the named event, if it is due and nobody holds it.
+pub(crate) async fn take_one(
+    conn: &mut PgConnection,
+    provider: &str,
+    event_id: &str,
+) -> Result<Vec<Taken>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT provider, event_id, event_type, payload::text AS payload, attempts
+         FROM webhook_inbox
+         WHERE provider = $1 AND event_id = $2 AND status = 'pending'
+           AND (next_attempt_at IS NULL OR next_attempt_at <= now())
+         FOR UPDATE SKIP LOCKED",
+    )
+    .bind(provider)
+    .bind(event_id)
+    .fetch_all(conn)
+    .await
+}
+
+/// Careful mode: counts the next due event's attempt and holds it back by
+/// `base` doubled per attempt (it may crash again), committed before it runs.
+/// `attempts` comes back as the attempts made before this one.
+pub(crate) async fn count_next(
+    pool: &PgPool,
+    base: Duration,
+) -> Result<Option<Taken>, sqlx::Error> {
+    sqlx::query_as(
+        "WITH next AS (
+             SELECT provider, event_id FROM webhook_inbox
+             WHERE status = 'pending' AND (next_attempt_at IS NULL OR next_attempt_at <= now())
+             ORDER BY received_at, event_id
+             LIMIT 1
+             FOR UPDATE SKIP LOCKED)
+         UPDATE webhook_inbox AS w
+         SET attempts = w.attempts + 1,
+             next_attempt_at = now() + least($1 * power(2, w.attempts), 3600000) * interval '1 millisecond'
+         FROM next
+         WHERE w.provider = next.provider AND w.event_id = next.event_id
+         RETURNING w.provider, w.event_id, w.event_type, w.payload::text AS payload, w.attempts - 1 AS attempts",
+    )
+    .bind(base.as_millis() as i64)
+    .fetch_optional(pool)
+    .await
+}
+
+/// Careful mode: the counted event, whatever its backoff says.
+pub(crate) async fn take_counted(
+    conn: &mut PgConnection,
+    provider: &str,
+    event_id: &str,
+) -> Result<Vec<Taken>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT provider, event_id, event_type, payload::text AS payload, attempts - 1 AS attempts
+         FROM webhook_inbox
+         WHERE provider = $1 AND event_id = $2 AND status = 'pending'
+         FOR UPDATE SKIP LOCKED",
+    )
+    .bind(provider)
+    .bind(event_id)
+    .fetch_all(conn)
+    .await
+}
+
+/// How one taken event ends this pass.
+pub(crate) struct Finished {
+    pub provider: String,
+    pub event_id: String,
+    pub status: Status,
+    /// For `Pending`: how long until the next attempt.
+    pub delay: Option<Duration>,
+    pub reason: Option<String>,
+    /// Whether this pass counts as one of the event's attempts.
+    pub counted: bool,
+}
+
+/// Every outcome of a batch in one statement.
+pub(crate) async fn finish(conn: &mut PgConnection, rows: &[Finished]) -> Result<(), sqlx::Error> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let col = |f: fn(&Finished) -> Option<&str>| rows.iter().map(f).collect::<Vec<_>>();
+    let delays: Vec<Option<i64>> = rows
+        .iter()
+        .map(|r| r.delay.map(|d| d.as_millis() as i64))
+        .collect();
+    let counted: Vec<bool> = rows.iter().map(|r| r.counted).collect();
+    sqlx::query(
+        "UPDATE webhook_inbox AS w
+         SET status = u.status,
+             attempts = w.attempts + CASE WHEN u.counted THEN 1 ELSE 0 END,
+             processed_at = CASE WHEN u.status = 'done' THEN now() END,
+             next_attempt_at = now() + u.delay_ms * interval '1 millisecond',
+             failure_reason = u.reason
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::bool[])
+              AS u (provider, event_id, status, delay_ms, reason, counted)
+         WHERE w.provider = u.provider AND w.event_id = u.event_id",
+    )
+    .bind(col(|r| Some(&r.provider)))
+    .bind(col(|r| Some(&r.event_id)))
+    .bind(col(|r| Some(r.status.as_str())))
+    .bind(&delays)
+    .bind(col(|r| r.reason.as_deref()))
+    .bind(&counted)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Careful mode: an event that cut the connection on every attempt is failed;
+/// the attempt counted to take it this time is undone (it was not made).
+pub(crate) async fn give_up(
+    pool: &PgPool,
+    provider: &str,
+    event_id: &str,
+    reason: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE webhook_inbox SET status = 'failed', failure_reason = $3, next_attempt_at = NULL, attempts = attempts - 1
+         WHERE provider = $1 AND event_id = $2 AND status = 'pending'",
+    )
+    .bind(provider)
+    .bind(event_id)
+    .bind(reason)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+// ---- inline mode (inside receive's claim transaction) ----
+
+/// The inline handler applied the event: done, its one attempt counted.
+pub(crate) async fn mark_done_inline(
+    conn: &mut PgConnection,
+    provider: Provider,
+    event_id: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE webhook_inbox SET status = 'done', processed_at = now(), attempts = attempts + 1
+         WHERE provider = $1 AND event_id = $2",
+    )
+    .bind(provider.as_str())
+    .bind(event_id)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// The inline handler failed: left pending for the worker, the attempt counted, the reason kept.
+pub(crate) async fn note_inline_failure(
+    conn: &mut PgConnection,
+    provider: Provider,
+    event_id: &str,
+    reason: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE webhook_inbox SET attempts = attempts + 1, failure_reason = $3 WHERE provider = $1 AND event_id = $2")
+        .bind(provider.as_str())
+        .bind(event_id)
+        .bind(reason)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// The payload cannot be decoded: failed at once, with the reason.
+pub(crate) async fn mark_unusable(
+    conn: &mut PgConnection,
+    provider: Provider,
+    event_id: &str,
+    reason: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE webhook_inbox SET status = 'failed', failure_reason = $3 WHERE provider = $1 AND event_id = $2")
+        .bind(provider.as_str())
+        .bind(event_id)
+        .bind(reason)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+// ---- retention ----
+
+/// Deletes up to `limit` rows of `status` (of `provider`, or any when `None`)
+/// received before `days` ago, skipping rows another transaction holds.
+pub async fn delete_received_before<'e>(
+    ex: impl PgExecutor<'e>,
+    provider: Option<Provider>,
+    status: Status,
+    days: u32,
+    limit: i64,
+) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query(
+        "DELETE FROM webhook_inbox AS w
+         USING (SELECT provider, event_id FROM webhook_inbox
+                WHERE received_at < now() - make_interval(days => $3)
+                  AND status = $2 AND ($1::text IS NULL OR provider = $1)
+                LIMIT $4
+                FOR UPDATE SKIP LOCKED) AS old
+         WHERE w.provider = old.provider AND w.event_id = old.event_id",
+    )
+    .bind(provider.map(Provider::as_str))
+    .bind(status.as_str())
+    .bind(days as i32)
+    .bind(limit)
+    .execute(ex)
+    .await?;
+    Ok(done.rows_affected())
+}
