@@ -13,10 +13,10 @@ use sqlx::{
 };
 use webhook_inbox::{
     db,
-    handlers::{Event, Handler, HandlerFuture, Handlers, Outcome},
-    inbox::{self, Claim, Claimed, Envelope},
-    providers::{Events, NewEvent, Provider},
-    worker::{Worker, WorkerConfig},
+    ingest::inbox::{self, Claim, Claimed, Envelope},
+    ingest::providers::{Events, NewEvent, Provider},
+    process::handlers::{Event, Handler, HandlerFuture, Handlers, Outcome},
+    process::worker::{Worker, WorkerConfig},
     Receiver,
 };
 
@@ -374,12 +374,12 @@ async fn dev_server_cuts_off_clients_that_send_headers_or_bodies_too_slowly(
     use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let timeouts = webhook_inbox::dev_server::Timeouts {
+    let timeouts = webhook_inbox::dev::server::Timeouts {
         header: Duration::from_millis(300),
         body: Duration::from_millis(300),
     };
     let receiver = std::sync::Arc::new(receiver(opts, secrets(false)));
-    let server = tokio::spawn(webhook_inbox::dev_server::serve_with(
+    let server = tokio::spawn(webhook_inbox::dev::server::serve_with(
         listener,
         receiver,
         timeouts,
@@ -598,7 +598,7 @@ async fn any_stored_payload_ends_done_or_failed_and_never_stops_the_worker(
             (StatusCode::OK, json!({"status": "accepted"})),
             "{body:.200}"
         );
-        if webhook_inbox::payload::check(&body).is_ok_and(|c| !c.has_nul) {
+        if webhook_inbox::core::payload::check(&body).is_ok_and(|c| !c.has_nul) {
             expect_done.push(id);
         }
         let unchecked = hostile_json::stripe_event(&format!("evt_u{i:03}"), "prop.test", &data);
@@ -753,12 +753,12 @@ async fn a_storm_of_ordinary_and_hostile_deliveries_applies_every_ordinary_effec
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let receiver = std::sync::Arc::new(receiver(opts, secrets(false)));
-    let timeouts = webhook_inbox::dev_server::Timeouts {
+    let timeouts = webhook_inbox::dev::server::Timeouts {
         header: Duration::from_secs(2),
         body: Duration::from_secs(2),
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(webhook_inbox::dev_server::serve_with(
+    let server = tokio::spawn(webhook_inbox::dev::server::serve_with(
         listener,
         receiver,
         timeouts,

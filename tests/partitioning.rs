@@ -12,10 +12,10 @@ use sqlx::{
 };
 use webhook_inbox::{
     db,
-    handlers::Handlers,
-    inbox::{self, Claim, Envelope},
-    providers::{NewEvent, Provider},
-    worker::{Worker, WorkerConfig},
+    ingest::inbox::{self, Claim, Envelope},
+    ingest::providers::{NewEvent, Provider},
+    process::handlers::Handlers,
+    process::worker::{Worker, WorkerConfig},
 };
 
 const VARIANT: &str = include_str!("../migrations-optional/hash_partitioned_inbox.sql");

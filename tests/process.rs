@@ -20,11 +20,11 @@ use webhook_inbox::{
         orders::{self, Applied, OrderSnapshot},
         payments::PaymentSucceededHandler,
     },
-    handlers::{Event, Handler, HandlerError, HandlerFuture, Handlers, Outcome},
-    inbox::{self, Envelope},
+    ingest::inbox::{self, Envelope},
+    ingest::providers::{NewEvent, Provider},
     process,
-    providers::{NewEvent, Provider},
-    worker::{Counts, Worker, WorkerConfig},
+    process::handlers::{Event, Handler, HandlerError, HandlerFuture, Handlers, Outcome},
+    process::worker::{Counts, Worker, WorkerConfig},
 };
 
 fn fast_config() -> WorkerConfig {

@@ -13,9 +13,9 @@ use sqlx::{
 use tokio::sync::Barrier;
 use webhook_inbox::{
     db,
-    embedded_pg::EmbeddedPostgres,
-    inbox::{self, Claim, Envelope},
-    providers::{NewEvent, Provider},
+    dev::embedded_pg::EmbeddedPostgres,
+    ingest::inbox::{self, Claim, Envelope},
+    ingest::providers::{NewEvent, Provider},
     Receiver,
 };
 

@@ -4,8 +4,8 @@
 use serde_json::{json, Value};
 use sqlx::PgPool;
 use webhook_inbox::{
-    inbox::{self, Envelope},
-    providers::{NewEvent, Provider},
+    ingest::inbox::{self, Envelope},
+    ingest::providers::{NewEvent, Provider},
     reconcile::{ReconcileConfig, ShopifyOrders, StripeEvents},
     Secret,
 };

@@ -9,8 +9,8 @@ use std::{
 use serde_json::{json, Value};
 use sqlx::PgPool;
 use webhook_inbox::{
-    aws::{EventBridgeSink, SqsSink},
     db::outbox,
+    relay::aws::{EventBridgeSink, SqsSink},
     relay::{HttpSink, Relay, RelayConfig, Sink},
 };
 use wiremock::{
@@ -364,7 +364,7 @@ async fn a_fifo_queue_gets_the_key_as_deduplication_id_and_drops_a_resend(pool: 
         .deliver_all(&leased)
         .await
         .iter()
-        .all(|d| *d == webhook_inbox::relay::Delivery::Delivered));
+        .all(|d| *d == webhook_inbox::relay::SinkReply::Delivered));
     tokio::time::sleep(Duration::from_millis(30)).await;
     let r = Relay::new(pool.clone(), vec![Arc::new(sink)], config())
         .run_once(later())

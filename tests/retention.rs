@@ -18,8 +18,8 @@ use sqlx::{
     PgPool,
 };
 use webhook_inbox::{
-    inbox::{self, Envelope},
-    providers::{NewEvent, Provider},
+    ingest::inbox::{self, Envelope},
+    ingest::providers::{NewEvent, Provider},
     retention::{Pruner, RetentionConfig},
 };
 

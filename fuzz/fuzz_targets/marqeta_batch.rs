@@ -5,9 +5,9 @@
 use http::HeaderMap;
 use libfuzzer_sys::fuzz_target;
 use webhook_inbox::{
-    config::MarqetaAuth,
-    payload,
-    providers::{
+    core::payload,
+    core::secret::MarqetaAuth,
+    ingest::providers::{
         marqeta::{Marqeta, MAX_BATCH_ITEMS},
         Delivery, Events, InitialStatus, Scheme, MAX_EVENT_ID_CHARS,
     },

@@ -5,8 +5,8 @@
 use http::{HeaderMap, HeaderName, HeaderValue};
 use libfuzzer_sys::fuzz_target;
 use webhook_inbox::{
-    config::{MarqetaAuth, Secrets},
-    providers::{Delivery, Provider, Schemes},
+    core::secret::{MarqetaAuth, Secrets},
+    ingest::providers::{Delivery, Provider, Schemes},
     Secret,
 };
 

@@ -1,10 +1,13 @@
 //! Typed configuration read once from the environment.
 
-use std::{fmt, time::Duration};
+pub use crate::db::DbConfig;
+
+use std::time::Duration;
 
 use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
 
-use crate::providers::Provider;
+use crate::core::provider::Provider;
+pub use crate::core::secret::{MarqetaAuth, Secret, Secrets};
 
 /// Errors in the environment, reported at start-up and never containing a secret.
 #[derive(Debug, thiserror::Error)]
@@ -20,62 +23,7 @@ fn invalid(var: &'static str, reason: impl Into<String>) -> ConfigError {
     }
 }
 
-/// Secret bytes whose `Debug` never shows them. No `PartialEq`: secrets are
-/// compared only in constant time, by the schemes.
-#[derive(Clone)]
-pub struct Secret(Vec<u8>);
-
-impl Secret {
-    pub fn new(bytes: impl Into<Vec<u8>>) -> Self {
-        Secret(bytes.into())
-    }
-    pub fn expose(&self) -> &[u8] {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(<redacted>)")
-    }
-}
-
-/// Marqeta's Basic credentials and optional signing secrets.
-#[derive(Clone, Debug)]
-pub struct MarqetaAuth {
-    pub username: Secret,
-    /// Several passwords may be valid at once while one is being rotated.
-    pub passwords: Vec<Secret>,
-    /// When non-empty, a valid `X-Marqeta-Signature` is required as well.
-    pub signing_secrets: Vec<Secret>,
-}
-
-/// The secrets of every provider; a provider with none configured has no endpoint.
-#[derive(Clone, Debug, Default)]
-pub struct Secrets {
-    pub stripe: Vec<Secret>,
-    pub shopify: Vec<Secret>,
-    pub github: Vec<Secret>,
-    /// Already base64-decoded, `whsec_` prefix removed.
-    pub standard: Vec<Secret>,
-    pub marqeta: Option<MarqetaAuth>,
-}
-
 impl Secrets {
-    pub fn is_configured(&self, provider: Provider) -> bool {
-        match provider {
-            Provider::Stripe => !self.stripe.is_empty(),
-            Provider::Shopify => !self.shopify.is_empty(),
-            Provider::Github => !self.github.is_empty(),
-            Provider::Standard => !self.standard.is_empty(),
-            Provider::Marqeta => self.marqeta.is_some(),
-        }
-    }
-
-    pub fn none_configured(&self) -> bool {
-        Provider::ALL.iter().all(|p| !self.is_configured(*p))
-    }
-
     /// Reads every `*_WEBHOOK_*` variable; each may hold several comma-separated secrets.
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_lookup(|name| std::env::var(name).ok())
@@ -208,17 +156,6 @@ pub fn decode_standard_secret(s: &str) -> Option<Secret> {
     (!key.is_empty()).then(|| Secret::new(key))
 }
 
-/// Database settings: a small pool, connected lazily, with timeouts on every session.
-#[derive(Clone, Debug)]
-pub struct DbConfig {
-    pub url: Option<String>,
-    pub pool_size: u32,
-    pub acquire_timeout: Duration,
-    pub lock_timeout: Duration,
-    pub statement_timeout: Duration,
-    pub idle_in_transaction_timeout: Duration,
-}
-
 impl DbConfig {
     /// `DATABASE_URL`, `INBOX_DB_POOL_SIZE` (default `default_pool`), and the
     /// `INBOX_*_TIMEOUT_MS` variables (acquire 2000, lock 2000, statement 5000,
@@ -235,17 +172,6 @@ impl DbConfig {
             statement_timeout: ms("INBOX_STATEMENT_TIMEOUT_MS", 5000)?,
             idle_in_transaction_timeout: ms("INBOX_IDLE_IN_TRANSACTION_TIMEOUT_MS", 10_000)?,
         })
-    }
-
-    pub fn with_url(url: impl Into<String>) -> Self {
-        DbConfig {
-            url: Some(url.into()),
-            pool_size: 4,
-            acquire_timeout: Duration::from_secs(2),
-            lock_timeout: Duration::from_secs(2),
-            statement_timeout: Duration::from_secs(5),
-            idle_in_transaction_timeout: Duration::from_secs(10),
-        }
     }
 }
 

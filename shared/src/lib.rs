@@ -1,38 +1,54 @@
 //! Verified, deduplicated webhook ingestion into PostgreSQL.
 //!
-//! Every Lambda function and the `inbox` binary share this crate: the
-//! providers' signing schemes and the receive handler (`providers`, `inbox`,
-//! `receive`), the worker and its handlers (`worker`, `handlers`, `domain`,
-//! `process`), the relay and its sinks (`relay`, `aws`), retention,
-//! reconciliation, the local tooling (`dev_server`, `embedded_pg`), and the
-//! database (`db`: one module per table, each holding every statement on it).
+//! Every Lambda function and the `inbox` binary share this crate. Its modules
+//! follow the pipeline, dependencies pointing one way, from leaf types to
+//! the functions:
 //!
-//! Without the default `service` feature only the leaf modules remain (`config`,
-//! `payload`, `providers`): what the fuzz targets exercise, built in a minute.
+//! - [`core`]: leaf types (providers, secrets, what a usable payload is),
+//!   backoff with `Retry-After`, the outbound HTTP client;
+//! - [`db`]: pools and SQLSTATE classes, and one module per table holding
+//!   every statement on it;
+//! - [`ingest`]: each provider's signing scheme, the receive handler, the
+//!   claim, inline mode;
+//! - [`process`]: the handler registry, the worker, the `process` triggers;
+//! - [`domain`]: the reference handlers (orders, payments, deposits);
+//! - [`relay`]: the relay and its HTTP and AWS sinks;
+//! - [`retention`], [`reconcile`]: the other scheduled stages;
+//! - [`config`]: typed configuration from the environment;
+//! - [`runtime`]: the Lambda deadline and tracing; [`dev`]: `inbox dev`'s
+//!   server and throwaway PostgreSQL.
+//!
+//! Without the default `service` feature only `core`'s leaf types and
+//! `ingest::providers` remain: what the fuzz targets exercise, built in a minute.
+//!
+//! # Glossary
+//! - **delivery**: one HTTP request from a provider (`ingest::providers::Delivery`);
+//!   it carries one event, or several (a Marqeta batch).
+//! - **event**: what a provider tells us, one row of `webhook_inbox`, keyed by
+//!   `(provider, event_id)`.
+//! - **claim**: the `INSERT ... ON CONFLICT DO NOTHING` that makes a delivery's
+//!   events rows exactly once; a claimed event is `new` or a `duplicate`.
+//! - **handler**: the business effect of one event type, run by the worker (or
+//!   inline) in the transaction that marks the event `done`.
+//! - **message**: a row of `transactional_outbox`, written by a handler, keyed by
+//!   its stable `message_key`.
+//! - **sink**: where the relay sends messages (HTTP, SQS, EventBridge); its
+//!   **reply** (`relay::SinkReply`) says delivered, retry, or rejected.
+//! - **stage**: process, relay, prune, reconcile: each a config, a `run_once`
+//!   with counts, and a run bounded by a deadline.
 
 #[cfg(feature = "service")]
-pub mod aws;
 pub mod config;
+pub mod core;
 #[cfg(feature = "service")]
 pub mod db;
 #[cfg(feature = "service")]
-pub mod dev_server;
+pub mod dev;
 #[cfg(feature = "service")]
 pub mod domain;
-#[cfg(feature = "service")]
-pub mod embedded_pg;
-#[cfg(feature = "service")]
-pub mod handlers;
-#[cfg(feature = "service")]
-pub mod inbox;
-#[cfg(feature = "service")]
-mod inline;
-pub mod payload;
+pub mod ingest;
 #[cfg(feature = "service")]
 pub mod process;
-pub mod providers;
-#[cfg(feature = "service")]
-pub mod receive;
 #[cfg(feature = "service")]
 pub mod reconcile;
 #[cfg(feature = "service")]
@@ -40,11 +56,10 @@ pub mod relay;
 #[cfg(feature = "service")]
 pub mod retention;
 #[cfg(feature = "service")]
-pub mod telemetry;
-#[cfg(feature = "service")]
-pub mod worker;
+pub mod runtime;
 
-pub use config::{Config, Secret};
-pub use providers::Provider;
+pub use crate::core::{provider::Provider, secret::Secret};
 #[cfg(feature = "service")]
-pub use receive::Receiver;
+pub use config::Config;
+#[cfg(feature = "service")]
+pub use ingest::receive::Receiver;

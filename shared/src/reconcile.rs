@@ -11,13 +11,18 @@ use serde_json::value::RawValue;
 use sqlx::PgPool;
 
 use crate::{
-    config::{parse_env, ConfigError, Secret},
+    config::{parse_env, ConfigError},
+    core::payload,
+    core::{
+        http::{http_client, retry_after},
+        secret::Secret,
+    },
     db::{self, checkpoints},
     domain::orders::{self, Applied, OrderSnapshot},
-    inbox::{self, Claim, Envelope},
-    payload,
-    providers::{body_digest_id, stripe::Stripe, Delivery, Events, NewEvent, Provider, Scheme},
-    relay::{http_client, retry_after},
+    ingest::inbox::{self, Claim, Envelope},
+    ingest::providers::{
+        body_digest_id, stripe::Stripe, Delivery, Events, NewEvent, Provider, Scheme,
+    },
 };
 
 #[derive(Debug, thiserror::Error)]

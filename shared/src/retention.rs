@@ -14,18 +14,18 @@ use sqlx::PgPool;
 
 use crate::{
     config::{parse_env, ConfigError},
+    core::provider::Provider,
     db::{
         bodies,
         inbox::{self, Status},
         outbox,
     },
-    providers::Provider,
 };
 
 /// A retention longer than this (100 years) is a typo.
 pub const MAX_DAYS: u32 = 36_500;
 
-/// The longest a provider may redeliver an event, in days (providers.md).
+/// The longest a provider may redeliver an event, in days (`docs/providers.md`).
 pub fn redelivery_window_days(provider: Provider) -> u32 {
     match provider {
         Provider::Stripe => 30,  // manual resend, up to 30 days

@@ -1,5 +1,5 @@
 //! Shared by the integration tests: test secrets, independent signers for each
-//! provider (written from providers.md, not from the product's code), and
+//! provider (written from `docs/providers.md`, not from the product's code), and
 //! helpers that drive the real receive handler against a real PostgreSQL.
 
 pub mod hostile_json;
@@ -259,7 +259,7 @@ impl Moto {
         ] {
             std::env::set_var(k, v);
         }
-        webhook_inbox::aws::config(Some(&self.url)).await
+        webhook_inbox::relay::aws::config(Some(&self.url)).await
     }
 }
 

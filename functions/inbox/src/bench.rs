@@ -15,7 +15,10 @@ use sha2::Sha256;
 use tokio::net::{TcpListener, TcpStream};
 use webhook_inbox::{
     config::{Secrets, DEV_STRIPE},
-    db, dev_server, embedded_pg, Config, Receiver,
+    db,
+    dev::embedded_pg,
+    dev::server,
+    Config, Receiver,
 };
 
 pub struct Bench {
@@ -148,7 +151,7 @@ impl Bench {
         let addr = listener.local_addr()?;
         let receiver = Arc::new(Receiver::new(db::Connections::new(&config.db)?, config));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(dev_server::serve(listener, receiver, async {
+        let server = tokio::spawn(server::serve(listener, receiver, async {
             let _ = stopped.await;
         }));
 

@@ -9,14 +9,15 @@ use clap::{Parser, Subcommand};
 use tokio::net::TcpListener;
 use webhook_inbox::{
     config::{self, DbConfig, Secrets},
-    db, dev_server,
-    embedded_pg::EmbeddedPostgres,
-    handlers::Handlers,
+    db,
+    dev::embedded_pg::EmbeddedPostgres,
+    dev::server,
+    process::handlers::Handlers,
+    process::worker::{Worker, WorkerConfig},
     reconcile::Reconciler,
     relay::{sinks_from_env, Relay, RelayConfig},
     retention::{Pruner, RetentionConfig},
-    telemetry,
-    worker::{Worker, WorkerConfig},
+    runtime::telemetry,
     Config, Receiver,
 };
 
@@ -248,7 +249,7 @@ async fn serve(config: &mut Config, host: &str, port: u16) -> Result<()> {
         "inbox dev ready: POST http://{}/webhooks/{{provider}}  (Ctrl-C stops)",
         listener.local_addr()?
     );
-    dev_server::serve(listener, receiver, shutdown_signal()).await?;
+    server::serve(listener, receiver, shutdown_signal()).await?;
     println!("shutting down");
     let _ = stop.send(());
     let _ = worker.await;

@@ -1,6 +1,6 @@
 //! Lambda `process`: on an EventBridge schedule, drains pending events until the
 //! deadline less a margin; on SQS, processes the events the messages name and
-//! reports partial batch failures. The logic is `webhook_inbox::{worker, process}`.
+//! reports partial batch failures. The logic is `webhook_inbox::process`.
 
 use std::sync::Arc;
 
@@ -9,16 +9,19 @@ use serde_json::Value;
 use webhook_inbox::{
     config::DbConfig,
     db,
-    handlers::Handlers,
-    process, telemetry,
-    worker::{Worker, WorkerConfig},
+    process::{
+        self,
+        handlers::Handlers,
+        worker::{Worker, WorkerConfig},
+    },
+    runtime::{deadline, telemetry},
 };
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     telemetry::init();
     let pool = db::pool(&DbConfig::from_env(2)?)?;
-    let margin = process::deadline_margin_from_env()?;
+    let margin = deadline::deadline_margin_from_env()?;
     let worker = Arc::new(Worker::new(
         pool,
         Handlers::reference(),
@@ -27,7 +30,7 @@ async fn main() -> Result<(), Error> {
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
         let worker = worker.clone();
         async move {
-            let deadline = process::drain_until(event.context.deadline, margin);
+            let deadline = deadline::drain_until(event.context.deadline, margin);
             Ok::<_, Error>(process::handle(&worker, event.payload, deadline).await?)
         }
     }))

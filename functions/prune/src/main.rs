@@ -5,9 +5,9 @@ use lambda_runtime::{service_fn, Error, LambdaEvent};
 use serde_json::Value;
 use webhook_inbox::{
     config::DbConfig,
-    db, process,
+    db,
     retention::{Pruner, RetentionConfig},
-    telemetry,
+    runtime::{deadline, telemetry},
 };
 
 #[tokio::main]
@@ -18,11 +18,11 @@ async fn main() -> Result<(), Error> {
         db::pool(&DbConfig::from_env(1)?)?,
         RetentionConfig::from_env()?,
     );
-    let margin = process::deadline_margin_from_env()?;
+    let margin = deadline::deadline_margin_from_env()?;
     let pruner = &pruner;
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
         let pruned = pruner
-            .run(process::drain_until(event.context.deadline, margin))
+            .run(deadline::drain_until(event.context.deadline, margin))
             .await?;
         tracing::info!(?pruned, "pruned");
         Ok::<_, Error>(serde_json::to_value(pruned)?)

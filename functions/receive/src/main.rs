@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use lambda_http::{service_fn, Error, Request};
-use webhook_inbox::{db, telemetry, Config, Receiver};
+use webhook_inbox::{db, runtime::telemetry, Config, Receiver};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {

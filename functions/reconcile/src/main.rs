@@ -3,7 +3,7 @@
 
 use lambda_runtime::{service_fn, Error, LambdaEvent};
 use serde_json::{Map, Value};
-use webhook_inbox::{config::DbConfig, db, reconcile::Reconciler, telemetry};
+use webhook_inbox::{config::DbConfig, db, reconcile::Reconciler, runtime::telemetry};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {

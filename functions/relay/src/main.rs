@@ -5,9 +5,9 @@ use lambda_runtime::{service_fn, Error, LambdaEvent};
 use serde_json::Value;
 use webhook_inbox::{
     config::DbConfig,
-    db, process,
+    db,
     relay::{sinks_from_env, Relay, RelayConfig},
-    telemetry,
+    runtime::{deadline, telemetry},
 };
 
 #[tokio::main]
@@ -24,11 +24,11 @@ async fn main() -> Result<(), Error> {
         sinks,
         RelayConfig::from_env()?,
     );
-    let margin = process::deadline_margin_from_env()?;
+    let margin = deadline::deadline_margin_from_env()?;
     let relay = &relay;
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
         let relayed = relay
-            .run(process::drain_until(event.context.deadline, margin))
+            .run(deadline::drain_until(event.context.deadline, margin))
             .await?;
         tracing::info!(?relayed, "relayed");
         Ok::<_, Error>(serde_json::to_value(relayed)?)

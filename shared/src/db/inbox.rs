@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use sqlx::{types::Json, PgConnection, PgExecutor, PgPool};
 
-use crate::providers::{NewEvent, Provider};
+use crate::core::{event::NewEvent, provider::Provider};
 
 /// A row's `status`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

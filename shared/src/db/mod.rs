@@ -20,8 +20,6 @@ use sqlx::{
 };
 use tokio::sync::{Semaphore, SemaphorePermit};
 
-use crate::config::DbConfig;
-
 /// The schema, embedded in every binary.
 pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
 
@@ -227,13 +225,31 @@ pub fn retry_after(err: &sqlx::Error, attempt: u32) -> Option<Duration> {
     }
     tracing::debug!(attempt, sqlstate = ?sqlstate(err), "transaction conflict, retrying");
     let base = 5u64 << attempt;
-    Some(Duration::from_millis(base / 2 + jitter(base / 2)))
+    Some(Duration::from_millis(
+        base / 2 + crate::core::backoff::jitter(base / 2),
+    ))
 }
 
-/// A random number in `0..=max`, from the standard library's per-process random keys.
-pub fn jitter(max: u64) -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(max);
-    h.finish() % (max + 1)
+/// Database settings: a small pool, connected lazily, with timeouts on every session.
+#[derive(Clone, Debug)]
+pub struct DbConfig {
+    pub url: Option<String>,
+    pub pool_size: u32,
+    pub acquire_timeout: Duration,
+    pub lock_timeout: Duration,
+    pub statement_timeout: Duration,
+    pub idle_in_transaction_timeout: Duration,
+}
+
+impl DbConfig {
+    pub fn with_url(url: impl Into<String>) -> Self {
+        DbConfig {
+            url: Some(url.into()),
+            pool_size: 4,
+            acquire_timeout: Duration::from_secs(2),
+            lock_timeout: Duration::from_secs(2),
+            statement_timeout: Duration::from_secs(5),
+            idle_in_transaction_timeout: Duration::from_secs(10),
+        }
+    }
 }

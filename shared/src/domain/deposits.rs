@@ -7,7 +7,7 @@ use sqlx::PgConnection;
 use super::{decimal, required};
 use crate::{
     db::outbox::{self, Message},
-    handlers::{Event, Handler, HandlerError, HandlerFuture, Outcome},
+    process::handlers::{Event, Handler, HandlerError, HandlerFuture, Outcome},
 };
 
 /// The event type receive gives a `transactions` item of type `gpa.credit`.

@@ -8,7 +8,31 @@ pub mod deposits;
 pub mod orders;
 pub mod payments;
 
-use crate::handlers::HandlerError;
+use crate::{
+    core::provider::Provider,
+    process::handlers::{HandlerError, Handlers},
+};
+
+impl Handlers {
+    /// The reference domain: Shopify orders, Stripe payments, Marqeta deposits.
+    /// (Registered here, so the handler registry knows nothing of the domain.)
+    pub fn reference() -> Self {
+        let mut h = Handlers::new();
+        for topic in orders::TOPICS {
+            h = h.on(Provider::Shopify, topic, orders::OrderSnapshotHandler);
+        }
+        h.on(
+            Provider::Stripe,
+            payments::EVENT_TYPE,
+            payments::PaymentSucceededHandler,
+        )
+        .on(
+            Provider::Marqeta,
+            deposits::EVENT_TYPE,
+            deposits::DepositHandler,
+        )
+    }
+}
 
 /// A string field, or a number written as text (ids and amounts come as either).
 pub(crate) fn text(v: &serde_json::Value) -> Option<String> {

@@ -4,7 +4,7 @@ use serde_json::Value;
 use sqlx::PgConnection;
 
 use super::{decimal, required, text};
-use crate::handlers::{Event, Handler, HandlerError, HandlerFuture, Outcome};
+use crate::process::handlers::{Event, Handler, HandlerError, HandlerFuture, Outcome};
 
 /// The topics whose payload is a whole order.
 pub const TOPICS: [&str; 6] = [

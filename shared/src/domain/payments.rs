@@ -7,7 +7,7 @@ use sqlx::PgConnection;
 use super::{required, text};
 use crate::{
     db::outbox::{self, Message},
-    handlers::{Event, Handler, HandlerError, HandlerFuture, Outcome},
+    process::handlers::{Event, Handler, HandlerError, HandlerFuture, Outcome},
 };
 
 pub const EVENT_TYPE: &str = "payment_intent.succeeded";

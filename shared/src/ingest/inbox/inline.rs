@@ -10,11 +10,11 @@
 use sqlx::{Acquire, PgConnection};
 
 use crate::{
+    core::payload,
     db::{self, inbox as table},
-    handlers::{try_lock_event, Event, HandlerError, Handlers},
-    inbox::{self, BatchClaim, Claim, Claimed, Envelope},
-    payload,
-    providers::{Events, InitialStatus, NewEvent},
+    ingest::inbox::{self, BatchClaim, Claim, Claimed, Envelope},
+    ingest::providers::{Events, InitialStatus, NewEvent},
+    process::handlers::{try_lock_event, Event, HandlerError, Handlers},
 };
 
 pub(crate) async fn claim_and_apply(

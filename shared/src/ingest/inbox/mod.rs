@@ -4,14 +4,16 @@
 
 use sqlx::{PgConnection, PgExecutor};
 
+mod inline;
+
 pub use crate::db::inbox::Envelope;
 use crate::{
     db::{
         self,
         inbox::{insert, insert_batch, Body},
     },
-    handlers::Handlers,
-    providers::{Events, NewEvent},
+    ingest::providers::{Events, NewEvent},
+    process::handlers::Handlers,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -147,13 +149,13 @@ async fn claim_on_a_lease(
 ) -> Result<Claimed, sqlx::Error> {
     let mut conn = connections.acquire().await?;
     let result = match inline {
-        Some(handlers) => match retrying!(crate::inline::claim_and_apply(
-            &mut conn, env, events, handlers
-        )) {
-            // A payload PostgreSQL refuses: stored by the plain claim's fallback, for the worker to see.
-            Err(e) if db::is_refused_value(&e) => claim_events(&mut conn, env, events).await,
-            other => other,
-        },
+        Some(handlers) => {
+            match retrying!(inline::claim_and_apply(&mut conn, env, events, handlers)) {
+                // A payload PostgreSQL refuses: stored by the plain claim's fallback, for the worker to see.
+                Err(e) if db::is_refused_value(&e) => claim_events(&mut conn, env, events).await,
+                other => other,
+            }
+        }
         None => claim_events(&mut conn, env, events).await,
     };
     // After any other error (protocol, decoding, ...) the connection's state is unknown: it is closed.

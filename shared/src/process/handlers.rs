@@ -6,7 +6,7 @@ use std::{collections::HashMap, future::Future, pin::Pin, sync::Arc};
 use sha2::{Digest, Sha256};
 use sqlx::PgConnection;
 
-use crate::{db, domain, providers::Provider};
+use crate::{core::provider::Provider, db};
 
 /// A claimed inbox row, as a handler sees it.
 #[derive(Debug, Clone)]
@@ -99,28 +99,6 @@ impl Handlers {
 
     pub fn get(&self, provider: Provider, event_type: &str) -> Option<&dyn Handler> {
         self.0.get(&provider)?.get(event_type).map(|h| h.as_ref())
-    }
-
-    /// The reference domain: Shopify orders, Stripe payments, Marqeta deposits.
-    pub fn reference() -> Self {
-        let mut h = Handlers::new();
-        for topic in domain::orders::TOPICS {
-            h = h.on(
-                Provider::Shopify,
-                topic,
-                domain::orders::OrderSnapshotHandler,
-            );
-        }
-        h.on(
-            Provider::Stripe,
-            domain::payments::EVENT_TYPE,
-            domain::payments::PaymentSucceededHandler,
-        )
-        .on(
-            Provider::Marqeta,
-            domain::deposits::EVENT_TYPE,
-            domain::deposits::DepositHandler,
-        )
     }
 }
 

@@ -7,7 +7,7 @@ use super::{
     first_matching, header_values, parse_json, single_event, Delivery, Events, Provider, Rejected,
     Scheme, Verified,
 };
-use crate::config::Secret;
+use crate::core::secret::Secret;
 
 pub const HEADER: &str = "stripe-signature";
 /// Seconds between `t` and now, in both directions.
@@ -110,7 +110,7 @@ impl Stripe {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::providers::{test_support::*, InitialStatus, NewEvent};
+    use crate::ingest::providers::{test_support::*, InitialStatus, NewEvent};
     use hmac::Mac;
 
     const BODY: &[u8] = br#"{"id":"evt_1","type":"payment_intent.succeeded","data":{}}"#;

@@ -7,7 +7,7 @@ use aws_smithy_http_client::tls;
 
 use crate::{
     db::outbox::Outgoing,
-    relay::{DeliveriesFuture, Delivery, Sink},
+    relay::{RepliesFuture, Sink, SinkReply},
 };
 
 /// Both services take at most 10 entries and 256 KiB a call, and 256 KiB an entry.
@@ -25,18 +25,18 @@ async fn in_calls<'a, F, Fut>(
     messages: &'a [Outgoing],
     size: impl Fn(&Outgoing) -> usize,
     mut send: F,
-) -> Vec<Delivery>
+) -> Vec<SinkReply>
 where
     F: FnMut(Vec<&'a Outgoing>) -> Fut,
-    Fut: std::future::Future<Output = Vec<Delivery>>,
+    Fut: std::future::Future<Output = Vec<SinkReply>>,
 {
-    let mut out: Vec<Option<Delivery>> = vec![None; messages.len()];
+    let mut out: Vec<Option<SinkReply>> = vec![None; messages.len()];
     let mut calls: Vec<Vec<usize>> = vec![vec![]];
     let mut bytes = 0;
     for (i, m) in messages.iter().enumerate() {
         let n = size(m);
         if n > BYTES_PER_ENTRY {
-            out[i] = Some(Delivery::Rejected(format!(
+            out[i] = Some(SinkReply::Rejected(format!(
                 "{n} bytes is over the service's limit for one message"
             )));
             continue;
@@ -62,7 +62,7 @@ where
     }
     out.into_iter()
         .map(|d| {
-            d.unwrap_or(Delivery::Retryable {
+            d.unwrap_or(SinkReply::Retryable {
                 reason: "no result for the entry".into(),
                 retry_after: None,
             })
@@ -110,7 +110,7 @@ impl SqsSink {
         }
     }
 
-    async fn send(&self, chunk: Vec<&Outgoing>) -> Vec<Delivery> {
+    async fn send(&self, chunk: Vec<&Outgoing>) -> Vec<SinkReply> {
         let entries: Result<Vec<_>, _> = chunk
             .iter()
             .enumerate()
@@ -130,7 +130,7 @@ impl SqsSink {
             .collect();
         let entries = match entries {
             Ok(e) => e,
-            Err(e) => return vec![Delivery::Rejected(format!("SQS entry: {e}")); chunk.len()],
+            Err(e) => return vec![SinkReply::Rejected(format!("SQS entry: {e}")); chunk.len()],
         };
         let sent = self
             .client
@@ -147,7 +147,7 @@ impl SqsSink {
                     aws_sdk_sqs::error::DisplayErrorContext(&e)
                 );
                 return vec![
-                    Delivery::Retryable {
+                    SinkReply::Retryable {
                         reason,
                         retry_after: None
                     };
@@ -156,7 +156,7 @@ impl SqsSink {
             }
         };
         // Only what SQS lists as successful is delivered; anything it leaves out is retried.
-        let unknown = Delivery::Retryable {
+        let unknown = SinkReply::Retryable {
             reason: "SQS reported nothing for the entry".into(),
             retry_after: None,
         };
@@ -164,7 +164,7 @@ impl SqsSink {
         let index = |id: &str| id.parse::<usize>().ok().filter(|i| *i < chunk.len());
         for ok in output.successful() {
             if let Some(i) = index(ok.id()) {
-                out[i] = Delivery::Delivered;
+                out[i] = SinkReply::Delivered;
             }
         }
         for failed in output.failed() {
@@ -173,9 +173,9 @@ impl SqsSink {
             };
             let reason = format!("SQS {}: {}", failed.code(), failed.message().unwrap_or(""));
             out[i] = if failed.sender_fault() {
-                Delivery::Rejected(reason)
+                SinkReply::Rejected(reason)
             } else {
-                Delivery::Retryable {
+                SinkReply::Retryable {
                     reason,
                     retry_after: None,
                 }
@@ -204,7 +204,7 @@ impl Sink for SqsSink {
         CALL_TIMEOUT
     }
 
-    fn deliver_all<'a>(&'a self, messages: &'a [Outgoing]) -> DeliveriesFuture<'a> {
+    fn deliver_all<'a>(&'a self, messages: &'a [Outgoing]) -> RepliesFuture<'a> {
         Box::pin(in_calls(
             messages,
             |m| m.payload.0.to_string().len() + m.message_key.len(),
@@ -228,7 +228,7 @@ impl EventBridgeSink {
         }
     }
 
-    async fn put(&self, chunk: Vec<&Outgoing>) -> Vec<Delivery> {
+    async fn put(&self, chunk: Vec<&Outgoing>) -> Vec<SinkReply> {
         let entries: Vec<PutEventsRequestEntry> = chunk
             .iter()
             .map(|m| {
@@ -267,7 +267,7 @@ impl EventBridgeSink {
                     aws_sdk_eventbridge::error::DisplayErrorContext(&e)
                 );
                 return vec![
-                    Delivery::Retryable {
+                    SinkReply::Retryable {
                         reason,
                         retry_after: None
                     };
@@ -283,8 +283,8 @@ impl EventBridgeSink {
                     .get(i)
                     .and_then(|r| r.error_code().map(|c| (c, r.error_message().unwrap_or(""))))
                 {
-                    None if i < results.len() => Delivery::Delivered,
-                    None => Delivery::Retryable {
+                    None if i < results.len() => SinkReply::Delivered,
+                    None => SinkReply::Retryable {
                         reason: "EventBridge returned no result for the entry".into(),
                         retry_after: None,
                     },
@@ -294,12 +294,12 @@ impl EventBridgeSink {
                             || code.contains("InternalFailure")
                             || code.contains("ServiceUnavailable")
                         {
-                            Delivery::Retryable {
+                            SinkReply::Retryable {
                                 reason,
                                 retry_after: None,
                             }
                         } else {
-                            Delivery::Rejected(reason)
+                            SinkReply::Rejected(reason)
                         }
                     }
                 }
@@ -317,7 +317,7 @@ impl Sink for EventBridgeSink {
         CALL_TIMEOUT
     }
 
-    fn deliver_all<'a>(&'a self, messages: &'a [Outgoing]) -> DeliveriesFuture<'a> {
+    fn deliver_all<'a>(&'a self, messages: &'a [Outgoing]) -> RepliesFuture<'a> {
         Box::pin(in_calls(
             messages,
             |m| m.payload.0.to_string().len() + m.message_key.len() + 512,

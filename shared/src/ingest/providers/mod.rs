@@ -1,4 +1,4 @@
-//! Each provider's signing and delivery contract (`../shared/design/providers.md`),
+//! Each provider's signing and delivery contract (`docs/providers.md`),
 //! one module each, behind the [`Scheme`] trait.
 //!
 //! A scheme first verifies the raw bytes ([`Scheme::verify`]), and only then
@@ -6,14 +6,19 @@
 
 use std::{borrow::Cow, fmt};
 
+pub use crate::core::{
+    event::{InitialStatus, NewEvent, MAX_EVENT_ID_CHARS, MAX_EVENT_TYPE_CHARS},
+    provider::{Provider, UnknownProvider},
+};
+
 use http::HeaderMap;
 use sha2::{Digest, Sha256};
 
 use hmac::Mac;
 
-use crate::{
-    config::{Secret, Secrets},
+use crate::core::{
     payload::{self, Fields},
+    secret::{Secret, Secrets},
 };
 
 pub mod github;
@@ -21,56 +26,6 @@ pub mod marqeta;
 pub mod shopify;
 pub mod standard;
 pub mod stripe;
-
-/// A provider we accept webhooks from; the path segment of `/webhooks/{provider}`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Provider {
-    Stripe,
-    Shopify,
-    Marqeta,
-    Github,
-    Standard,
-}
-
-impl Provider {
-    pub const ALL: [Provider; 5] = [
-        Provider::Stripe,
-        Provider::Shopify,
-        Provider::Marqeta,
-        Provider::Github,
-        Provider::Standard,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Provider::Stripe => "stripe",
-            Provider::Shopify => "shopify",
-            Provider::Marqeta => "marqeta",
-            Provider::Github => "github",
-            Provider::Standard => "standard",
-        }
-    }
-}
-
-impl fmt::Display for Provider {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl TryFrom<&str> for Provider {
-    type Error = UnknownProvider;
-    fn try_from(s: &str) -> Result<Self, Self::Error> {
-        Provider::ALL
-            .into_iter()
-            .find(|p| p.as_str() == s)
-            .ok_or(UnknownProvider)
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("unknown provider")]
-pub struct UnknownProvider;
 
 /// A delivery as received: headers and the exact bytes, after API Gateway's base64 decoding.
 #[derive(Clone, Copy)]
@@ -100,65 +55,6 @@ impl Rejected {
 impl fmt::Display for Rejected {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
-    }
-}
-
-/// How a stored event starts its life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum InitialStatus {
-    Pending,
-    /// Validly signed but unusable: kept with its reason, never retried.
-    Failed,
-}
-
-impl InitialStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            InitialStatus::Pending => "pending",
-            InitialStatus::Failed => "failed",
-        }
-    }
-}
-
-/// One row to claim in `webhook_inbox`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NewEvent {
-    pub event_id: String,
-    pub event_type: String,
-    /// JSON text valid for `jsonb`; `None` when the body cannot be `jsonb`.
-    pub payload: Option<String>,
-    pub status: InitialStatus,
-    pub failure_reason: Option<String>,
-}
-
-pub const MAX_EVENT_ID_CHARS: usize = 255;
-pub const MAX_EVENT_TYPE_CHARS: usize = 128;
-
-impl NewEvent {
-    pub fn pending(event_id: String, event_type: &str, payload: String) -> Self {
-        NewEvent {
-            event_id,
-            event_type: event_type_of(event_type),
-            payload: Some(payload),
-            status: InitialStatus::Pending,
-            failure_reason: None,
-        }
-    }
-
-    /// A validly signed event we cannot use: stored as `failed`, answered 200.
-    pub fn unusable(
-        event_id: String,
-        event_type: &str,
-        payload: Option<String>,
-        reason: impl Into<String>,
-    ) -> Self {
-        NewEvent {
-            event_id,
-            event_type: event_type_of(event_type),
-            payload,
-            status: InitialStatus::Failed,
-            failure_reason: Some(reason.into()),
-        }
     }
 }
 
@@ -263,14 +159,6 @@ pub fn body_digest_id(body: &[u8]) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(body)))
 }
 
-/// At most 128 characters, control characters (which `text` may refuse) replaced.
-fn event_type_of(t: &str) -> String {
-    t.chars()
-        .take(MAX_EVENT_TYPE_CHARS)
-        .map(|c| if c.is_control() { '?' } else { c })
-        .collect()
-}
-
 /// A usable event id: non-empty, printable, at most 255 characters.
 pub(crate) fn valid_event_id(id: &str) -> bool {
     !id.is_empty() && id.chars().count() <= MAX_EVENT_ID_CHARS && !id.chars().any(char::is_control)
@@ -288,7 +176,7 @@ pub(crate) struct Json<'a> {
 
 pub(crate) const NUL_REASON: &str = "body contains \\u0000, which PostgreSQL jsonb cannot store";
 
-/// Parses a body as JSON and checks it is usable ([`crate::payload`]), or says why it is not JSON.
+/// Parses a body as JSON and checks it is usable ([`crate::core::payload`]), or says why it is not JSON.
 pub(crate) fn parse_json(body: &[u8]) -> Result<Json<'_>, String> {
     let text = std::str::from_utf8(body).map_err(|_| "body is not UTF-8".to_string())?;
     parse_json_text(Cow::Borrowed(text))
@@ -400,6 +288,9 @@ mod tests {
     #[test]
     fn event_types_are_cut_at_128_characters_on_a_char_boundary() {
         let long = "é".repeat(200);
-        assert_eq!(event_type_of(&long).chars().count(), 128);
+        assert_eq!(
+            crate::core::event::event_type_of(&long).chars().count(),
+            128
+        );
     }
 }

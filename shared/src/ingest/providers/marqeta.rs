@@ -15,7 +15,7 @@ use super::{
     body_digest_id, event_from, first_matching, header, header_values, parse_json, parse_json_text,
     Delivery, Events, NewEvent, Provider, Rejected, Scheme, Verified,
 };
-use crate::config::{MarqetaAuth, Secret};
+use crate::core::secret::{MarqetaAuth, Secret};
 
 pub const SIGNATURE: &str = "x-marqeta-signature";
 /// Rows one delivery may make: Marqeta batches at most 10 notifications.
@@ -228,7 +228,7 @@ impl<'de: 'a, 'a> serde::Deserialize<'de> for Groups<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::providers::{test_support::*, InitialStatus};
+    use crate::ingest::providers::{test_support::*, InitialStatus};
     use hmac::Mac;
 
     const BODY: &[u8] = br#"{"transactions":[{"token":"t1","type":"gpa.credit","amount":10},{"token":"t2","type":"authorization"}]}"#;

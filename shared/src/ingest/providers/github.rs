@@ -9,7 +9,7 @@ use super::{
     first_matching, header, header_values, parse_json, parse_json_text, single_event, Delivery,
     Events, Provider, Rejected, Scheme, Verified,
 };
-use crate::config::Secret;
+use crate::core::secret::Secret;
 
 pub const SIGNATURE: &str = "x-hub-signature-256";
 pub const DELIVERY: &str = "x-github-delivery";
@@ -92,7 +92,7 @@ impl Scheme for Github {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::providers::{test_support::*, InitialStatus};
+    use crate::ingest::providers::{test_support::*, InitialStatus};
     use hmac::Mac;
 
     const BODY: &[u8] = br#"{"action":"opened","issue":{"number":1}}"#;

@@ -13,9 +13,9 @@ use serde_json::json;
 use crate::{
     config::Config,
     db::Connections,
-    handlers::Handlers,
-    inbox::{self, BatchClaim, Claim, Claimed, Envelope},
-    providers::{Delivery, Events, Provider, Rejected, Schemes},
+    ingest::inbox::{self, BatchClaim, Claim, Claimed, Envelope},
+    ingest::providers::{Delivery, Events, Provider, Rejected, Schemes},
+    process::handlers::Handlers,
 };
 
 /// Why a delivery was not accepted; each maps to one HTTP status.

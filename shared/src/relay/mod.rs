@@ -11,15 +11,20 @@ use std::{
 
 use sqlx::PgPool;
 
+pub mod aws;
+pub mod http;
+
+pub use http::HttpSink;
+
 use crate::{
     config::{parse_env, ConfigError},
+    core::backoff::backoff,
     db::outbox::{self, Dispatch, Outgoing},
-    worker::backoff,
 };
 
-/// What a sink says about one message.
+/// What a sink replied about one message.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Delivery {
+pub enum SinkReply {
     Delivered,
     /// Worth another try (5xx, 408, 429, timeouts), no sooner than `retry_after` if the sink said so.
     Retryable {
@@ -30,8 +35,8 @@ pub enum Delivery {
     Rejected(String),
 }
 
-pub type DeliveryFuture<'a> = Pin<Box<dyn Future<Output = Delivery> + Send + 'a>>;
-pub type DeliveriesFuture<'a> = Pin<Box<dyn Future<Output = Vec<Delivery>> + Send + 'a>>;
+pub type ReplyFuture<'a> = Pin<Box<dyn Future<Output = SinkReply> + Send + 'a>>;
+pub type RepliesFuture<'a> = Pin<Box<dyn Future<Output = Vec<SinkReply>> + Send + 'a>>;
 
 /// A destination for outbox messages.
 pub trait Sink: Send + Sync {
@@ -40,159 +45,7 @@ pub trait Sink: Send + Sync {
     /// timeouts): the relay starts no chunk it could not finish before its deadline.
     fn budget(&self) -> Duration;
     /// One result per message, in order.
-    fn deliver_all<'a>(&'a self, messages: &'a [Outgoing]) -> DeliveriesFuture<'a>;
-}
-
-/// `Retry-After` as seconds (whole or decimal) or an HTTP date, at most an hour.
-pub fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
-    let value = headers
-        .get(reqwest::header::RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim();
-    let wait = match value.parse::<f64>() {
-        Ok(secs) if secs.is_finite() && secs >= 0.0 => {
-            Duration::from_secs_f64(secs.min(crate::worker::RETRY_CAP.as_secs_f64()))
-        }
-        Ok(_) => return None,
-        Err(_) => httpdate::parse_http_date(value)
-            .ok()?
-            .duration_since(std::time::SystemTime::now())
-            .unwrap_or_default(),
-    };
-    Some(wait.min(crate::worker::RETRY_CAP))
-}
-
-/// Response bodies kept as a dead message's reason are cut to this many bytes.
-pub const REASON_BODY_BYTES: usize = 500;
-
-/// `RELAY_HTTP_URL`: POSTs the payload as JSON with `Idempotency-Key: <message_key>`.
-pub struct HttpSink {
-    client: reqwest::Client,
-    url: String,
-    timeout: Duration,
-}
-
-/// An HTTP client for outbound calls (sinks, provider APIs), TLS by rustls with ring.
-/// Redirects are not followed: a POST turned into a GET would count as
-/// delivered, and a token header could be carried to another host.
-pub fn http_client(timeout: Duration) -> Result<reqwest::Client, reqwest::Error> {
-    // reqwest is built without a default crypto provider; ring is ours.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(timeout)
-        .connect_timeout(timeout.min(Duration::from_secs(5)))
-        .user_agent("webhook-inbox")
-        .build()
-}
-
-impl HttpSink {
-    pub fn new(url: impl Into<String>, timeout: Duration) -> Result<Self, ConfigError> {
-        let client = http_client(timeout).map_err(|e| ConfigError::Invalid {
-            var: "RELAY_HTTP_URL",
-            reason: format!("cannot build an HTTP client: {e}"),
-        })?;
-        Ok(HttpSink {
-            client,
-            url: url.into(),
-            timeout,
-        })
-    }
-}
-
-impl Sink for HttpSink {
-    fn name(&self) -> &'static str {
-        "http"
-    }
-
-    /// The request timeout (connection included): a chunk's requests run side by side.
-    fn budget(&self) -> Duration {
-        self.timeout
-    }
-
-    fn deliver_all<'a>(&'a self, messages: &'a [Outgoing]) -> DeliveriesFuture<'a> {
-        Box::pin(futures_util::future::join_all(
-            messages.iter().map(|m| self.deliver(m)),
-        ))
-    }
-}
-
-impl HttpSink {
-    /// One message: POST it with its key.
-    pub fn deliver<'a>(&'a self, m: &'a Outgoing) -> DeliveryFuture<'a> {
-        Box::pin(async move {
-            let Ok(key) = reqwest::header::HeaderValue::from_str(&m.message_key) else {
-                return Delivery::Rejected("message_key is not a valid header value".into());
-            };
-            let sent = self
-                .client
-                .post(&self.url)
-                .header("Idempotency-Key", key)
-                .json(&m.payload.0)
-                .send()
-                .await;
-            let response = match sent {
-                Ok(r) => r,
-                // Without the URL: it may carry credentials.
-                Err(e) => {
-                    return Delivery::Retryable {
-                        reason: format!("HTTP request failed: {}", e.without_url()),
-                        retry_after: None,
-                    }
-                }
-            };
-            let status = response.status();
-            if status.is_success() {
-                return Delivery::Delivered;
-            }
-            let retry_after = retry_after(response.headers());
-            let body = response.bytes().await.unwrap_or_default();
-            let cut = &body[..body.len().min(REASON_BODY_BYTES)];
-            let reason = format!("HTTP {}: {}", status.as_u16(), String::from_utf8_lossy(cut));
-            if status.is_server_error() || status.as_u16() == 408 || status.as_u16() == 429 {
-                Delivery::Retryable {
-                    reason,
-                    retry_after,
-                }
-            } else {
-                Delivery::Rejected(reason)
-            }
-        })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use reqwest::header::{HeaderMap, HeaderValue, RETRY_AFTER};
-
-    fn after(v: &str) -> Option<Duration> {
-        let mut h = HeaderMap::new();
-        h.insert(RETRY_AFTER, HeaderValue::from_str(v).unwrap());
-        retry_after(&h)
-    }
-
-    #[test]
-    fn retry_after_reads_seconds_decimals_and_dates_and_is_capped() {
-        assert_eq!(after("30"), Some(Duration::from_secs(30)));
-        assert_eq!(after("2.5"), Some(Duration::from_millis(2500)));
-        assert_eq!(after("99999999999"), Some(crate::worker::RETRY_CAP));
-        assert_eq!(after("-1"), None);
-        let in_a_minute =
-            httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(61));
-        let d = after(&in_a_minute).unwrap();
-        assert!(
-            (Duration::from_secs(59)..=Duration::from_secs(61)).contains(&d),
-            "{d:?}"
-        );
-        assert_eq!(
-            after("Wed, 21 Oct 2015 07:28:00 GMT"),
-            Some(Duration::ZERO),
-            "a past date: now"
-        );
-        assert_eq!(after("soon"), None);
-    }
+    fn deliver_all<'a>(&'a self, messages: &'a [Outgoing]) -> RepliesFuture<'a>;
 }
 
 #[derive(Debug, Clone)]
@@ -248,15 +101,15 @@ pub async fn sinks_from_env() -> Result<Vec<Arc<dyn Sink>>, ConfigError> {
     }
     let (queue, bus) = (var("RELAY_SQS_QUEUE_URL"), var("RELAY_EVENT_BUS"));
     if queue.is_some() || bus.is_some() {
-        let aws = crate::aws::config(None).await;
+        let aws = self::aws::config(None).await;
         if let Some(queue) = queue {
-            sinks.push(Arc::new(crate::aws::SqsSink::new(
+            sinks.push(Arc::new(self::aws::SqsSink::new(
                 aws_sdk_sqs::Client::new(&aws),
                 queue,
             )));
         }
         if let Some(bus) = bus {
-            sinks.push(Arc::new(crate::aws::EventBridgeSink::new(
+            sinks.push(Arc::new(self::aws::EventBridgeSink::new(
                 aws_sdk_eventbridge::Client::new(&aws),
                 bus,
             )));
@@ -324,7 +177,7 @@ impl Relay {
                 Ok(outcomes) => outcomes,
                 // A sink outlasted its own budget: what it did is unknown, so each message is retried.
                 Err(_) => vec![
-                    Delivery::Retryable {
+                    SinkReply::Retryable {
                         reason: "no answer before the deadline".into(),
                         retry_after: None
                     };
@@ -361,20 +214,20 @@ impl Relay {
     }
 
     /// One chunk through every sink in turn; each message's first failure is its outcome.
-    async fn deliver(&self, chunk: &[Outgoing]) -> Vec<Delivery> {
-        let mut outcomes = vec![Delivery::Delivered; chunk.len()];
+    async fn deliver(&self, chunk: &[Outgoing]) -> Vec<SinkReply> {
+        let mut outcomes = vec![SinkReply::Delivered; chunk.len()];
         for sink in self.sinks.iter() {
             let (pending, idx): (Vec<Outgoing>, Vec<usize>) = chunk
                 .iter()
                 .zip(0..)
-                .filter(|(_, i)| outcomes[*i] == Delivery::Delivered)
+                .filter(|(_, i)| outcomes[*i] == SinkReply::Delivered)
                 .map(|(m, i)| (m.clone(), i))
                 .unzip();
             if pending.is_empty() {
                 break;
             }
             for (i, result) in idx.into_iter().zip(sink.deliver_all(&pending).await) {
-                if result != Delivery::Delivered {
+                if result != SinkReply::Delivered {
                     tracing::info!(sink = sink.name(), message_key = %chunk[i].message_key, ?result, "not delivered");
                     outcomes[i] = result;
                 }
@@ -383,14 +236,14 @@ impl Relay {
         outcomes
     }
 
-    fn dispatch(&self, attempts: i32, delivery: Delivery) -> Dispatch {
+    fn dispatch(&self, attempts: i32, delivery: SinkReply) -> Dispatch {
         match delivery {
-            Delivery::Delivered => Dispatch::Sent,
-            Delivery::Rejected(reason) => Dispatch::Dead(reason),
-            Delivery::Retryable { reason, .. } if attempts >= self.config.max_attempts => {
+            SinkReply::Delivered => Dispatch::Sent,
+            SinkReply::Rejected(reason) => Dispatch::Dead(reason),
+            SinkReply::Retryable { reason, .. } if attempts >= self.config.max_attempts => {
                 Dispatch::Dead(format!("after {attempts} attempts: {reason}"))
             }
-            Delivery::Retryable {
+            SinkReply::Retryable {
                 reason,
                 retry_after,
             } => {

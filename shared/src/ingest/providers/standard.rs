@@ -9,7 +9,7 @@ use super::{
     first_matching, header, parse_json, single_event, Delivery, Events, Provider, Rejected, Scheme,
     Verified,
 };
-use crate::config::Secret;
+use crate::core::secret::Secret;
 
 /// Seconds between `webhook-timestamp` and now, in both directions.
 pub const TOLERANCE_SECS: i64 = 300;
@@ -123,7 +123,7 @@ impl Scheme for Standard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::providers::test_support::{headers as hdrs, now};
+    use crate::ingest::providers::test_support::{headers as hdrs, now};
     use hmac::Mac;
 
     const BODY: &[u8] = br#"{"type":"invoice.paid","timestamp":"2026-11-29T00:00:00Z","data":{}}"#;

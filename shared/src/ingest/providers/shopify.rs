@@ -8,7 +8,7 @@ use super::{
     first_matching, header, header_values, parse_json, single_event, Delivery, Events, Provider,
     Rejected, Scheme, Verified,
 };
-use crate::config::Secret;
+use crate::core::secret::Secret;
 
 pub const HMAC_HEADER: &str = "x-shopify-hmac-sha256";
 pub const WEBHOOK_ID: &str = "x-shopify-webhook-id";
@@ -66,7 +66,7 @@ impl Scheme for Shopify {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::providers::{test_support::*, InitialStatus};
+    use crate::ingest::providers::{test_support::*, InitialStatus};
     use hmac::Mac;
 
     const BODY: &[u8] = br#"{"id":820982911946154508,"total_price":"49.99"}"#;

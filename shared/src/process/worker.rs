@@ -9,17 +9,14 @@ use std::time::{Duration, Instant};
 use sqlx::{Acquire, PgPool, Postgres, Transaction};
 
 use crate::{
+    core::payload,
+    core::provider::Provider,
     db::{
         self,
         inbox::{self, Finished, Status, Taken},
     },
-    handlers::{Event, HandlerError, Handlers, Outcome},
-    payload,
-    providers::Provider,
+    process::handlers::{Event, HandlerError, Handlers, Outcome},
 };
-
-/// Longest wait between two attempts of one event.
-pub const RETRY_CAP: Duration = Duration::from_secs(3600);
 
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -57,16 +54,8 @@ impl WorkerConfig {
     }
 
     pub fn backoff(&self, attempts_before: i32) -> Duration {
-        backoff(self.retry_base, attempts_before)
+        crate::core::backoff::backoff(self.retry_base, attempts_before)
     }
-}
-
-/// Exponential backoff with jitter, capped at an hour: `base` doubled per
-/// attempt already made, half of it fixed and half random.
-pub fn backoff(base: Duration, attempts_before: i32) -> Duration {
-    let exp = 2u32.saturating_pow(attempts_before.clamp(0, 31) as u32);
-    let full = base.saturating_mul(exp).min(RETRY_CAP).as_millis() as u64;
-    Duration::from_millis(full / 2 + db::jitter(full / 2))
 }
 
 /// What a pass did, event by event.
@@ -385,6 +374,7 @@ mod tests {
             let d = c.backoff(attempts).as_millis() as u64;
             assert!((full / 2..=full).contains(&d), "attempt {attempts}: {d} ms");
         }
-        assert!(c.backoff(30) <= RETRY_CAP && c.backoff(30) >= RETRY_CAP / 2);
+        let cap = crate::core::backoff::RETRY_CAP;
+        assert!(c.backoff(30) <= cap && c.backoff(30) >= cap / 2);
     }
 }

@@ -1,25 +1,16 @@
-//! The `process` function's two triggers, as plain functions tests call directly.
+//! Processing: the handler registry, the worker, and the `process` function's
+//! two triggers (schedule and SQS), as plain functions tests call directly.
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+pub mod handlers;
+pub mod worker;
+
+use std::time::Instant;
 
 use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::worker::{Counts, Worker};
-
-/// `INBOX_DEADLINE_MARGIN_MS`, default 3000: a scheduled drain stops starting
-/// batches this long before the Lambda deadline.
-pub const DEFAULT_DEADLINE_MARGIN: Duration = Duration::from_millis(3000);
-
-/// `INBOX_DEADLINE_MARGIN_MS`, for every scheduled function.
-pub fn deadline_margin_from_env() -> Result<Duration, crate::config::ConfigError> {
-    let ms = crate::config::parse_env(
-        "INBOX_DEADLINE_MARGIN_MS",
-        DEFAULT_DEADLINE_MARGIN.as_millis() as u64,
-    )?;
-    Ok(Duration::from_millis(ms))
-}
+use self::worker::{Counts, Worker};
 
 /// Why an invocation failed. A run that could not do its work is an error, so
 /// the Lambda's `Errors` metric (and its alarm) sees an outage.
@@ -48,16 +39,6 @@ pub async fn handle(
     } else {
         Ok(serde_json::to_value(on_schedule(worker, deadline).await?)?)
     }
-}
-
-/// The Lambda deadline (milliseconds since the epoch) less the margin, as an `Instant`.
-pub fn drain_until(deadline_epoch_ms: u64, margin: Duration) -> Instant {
-    let now_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0);
-    Instant::now()
-        + Duration::from_millis(deadline_epoch_ms.saturating_sub(now_ms)).saturating_sub(margin)
 }
 
 /// EventBridge schedule: drain batch after batch until a short batch or the

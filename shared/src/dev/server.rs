@@ -10,7 +10,7 @@ use hyper::{body::Incoming, server::conn::http1, service::service_fn};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
-use crate::receive::{respond, ReceiveError, Receiver};
+use crate::ingest::receive::{respond, ReceiveError, Receiver};
 
 /// How long a client may take: to send each request's headers (an idle
 /// keep-alive connection included), then its body. A client that dawdles is

@@ -1,0 +1,68 @@
+//! An event as a delivery turns into it: one row to claim in `webhook_inbox`.
+
+/// How a stored event starts its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InitialStatus {
+    Pending,
+    /// Validly signed but unusable: kept with its reason, never retried.
+    Failed,
+}
+
+impl InitialStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InitialStatus::Pending => "pending",
+            InitialStatus::Failed => "failed",
+        }
+    }
+}
+
+/// One row to claim in `webhook_inbox`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewEvent {
+    pub event_id: String,
+    pub event_type: String,
+    /// JSON text valid for `jsonb`; `None` when the body cannot be `jsonb`.
+    pub payload: Option<String>,
+    pub status: InitialStatus,
+    pub failure_reason: Option<String>,
+}
+
+pub const MAX_EVENT_ID_CHARS: usize = 255;
+pub const MAX_EVENT_TYPE_CHARS: usize = 128;
+
+impl NewEvent {
+    pub fn pending(event_id: String, event_type: &str, payload: String) -> Self {
+        NewEvent {
+            event_id,
+            event_type: event_type_of(event_type),
+            payload: Some(payload),
+            status: InitialStatus::Pending,
+            failure_reason: None,
+        }
+    }
+
+    /// A validly signed event we cannot use: stored as `failed`, answered 200.
+    pub fn unusable(
+        event_id: String,
+        event_type: &str,
+        payload: Option<String>,
+        reason: impl Into<String>,
+    ) -> Self {
+        NewEvent {
+            event_id,
+            event_type: event_type_of(event_type),
+            payload,
+            status: InitialStatus::Failed,
+            failure_reason: Some(reason.into()),
+        }
+    }
+}
+
+/// At most 128 characters, control characters (which `text` may refuse) replaced.
+pub(crate) fn event_type_of(t: &str) -> String {
+    t.chars()
+        .take(MAX_EVENT_TYPE_CHARS)
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
+}

@@ -1,0 +1,12 @@
+//! Leaf types and plumbing every stage shares: the providers, secrets, what a
+//! usable payload is, backoff with `Retry-After`, and the outbound HTTP client.
+
+pub mod event;
+pub mod payload;
+pub mod provider;
+pub mod secret;
+
+#[cfg(feature = "service")]
+pub mod backoff;
+#[cfg(feature = "service")]
+pub mod http;

@@ -1,0 +1,9 @@
+//! Ingestion: each provider's signing scheme, the receive handler, the claim,
+//! and inline mode. Only `providers` is built without the `service` feature.
+
+pub mod providers;
+
+#[cfg(feature = "service")]
+pub mod inbox;
+#[cfg(feature = "service")]
+pub mod receive;

@@ -1,0 +1,4 @@
+//! What every function runs on: the Lambda deadline and the tracing set-up.
+
+pub mod deadline;
+pub mod telemetry;
