@@ -738,7 +738,7 @@ async fn the_sqs_path_reports_only_the_failed_messages(pool: PgPool) {
     );
 }
 
-// ---------- documentation as tests (article sections 6 and 7) ----------
+// ---------- documentation as tests (docs/webhook-inbox-article.txt, sections 6 and 7) ----------
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn merge_raises_unique_violation_where_on_conflict_returns_no_row(pool: PgPool) {

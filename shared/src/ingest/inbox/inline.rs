@@ -1,5 +1,5 @@
 //! Inline mode (`INBOX_INLINE_PROVIDERS`): receive runs the handler inside the
-//! claim's transaction (article section 2), so the effect is visible when the
+//! claim's transaction (docs/webhook-inbox-article.txt, section 2), so the effect is visible when the
 //! sender gets its 200. A failing handler never loses the event: its savepoint
 //! rolls back, the claim commits as `pending`, and the worker retries it.
 //!
