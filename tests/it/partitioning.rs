@@ -18,7 +18,7 @@ use webhook_inbox::{
     process::worker::{Worker, WorkerConfig},
 };
 
-const VARIANT: &str = include_str!("../migrations-optional/hash_partitioned_inbox.sql");
+const VARIANT: &str = include_str!("../../migrations-optional/hash_partitioned_inbox.sql");
 
 fn event(id: &str) -> NewEvent {
     NewEvent::pending(id.into(), "t", "{}".into())

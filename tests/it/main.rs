@@ -1,0 +1,11 @@
+//! Every integration test in one binary (one link on two cores, not eight),
+//! each file a module, against a real PostgreSQL (a fresh database per test).
+
+mod hostile;
+mod partitioning;
+mod payload;
+mod process;
+mod receive;
+mod reconcile;
+mod relay;
+mod retention;
