@@ -1,19 +1,79 @@
-//! Typed configuration read once from the environment.
+//! Typed configuration, read once: the only module that reads the environment.
+//!
+//! Every variable goes through an [`Env`], the process environment or pairs a
+//! test gives, and every stage's settings have one reader here (`read`), with
+//! `from_env` as the process-environment shorthand. The structs themselves
+//! live with the stages that use them.
 
-pub use crate::db::DbConfig;
-
-use std::time::Duration;
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
 
-use crate::core::provider::Provider;
+pub use crate::core::error::ConfigError;
 pub use crate::core::secret::{MarqetaAuth, Secret, Secrets};
+pub use crate::db::DbConfig;
+use crate::{
+    core::provider::Provider,
+    process::worker::WorkerConfig,
+    reconcile::{ReconcileConfig, Reconciler, ShopifyOrders, StripeEvents},
+    relay::{aws, HttpSink, RelayConfig, Sink},
+    retention::RetentionConfig,
+    runtime::deadline::DEFAULT_DEADLINE_MARGIN,
+};
 
-/// Errors in the environment, reported at start-up and never containing a secret.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("{var}: {reason}")]
-    Invalid { var: &'static str, reason: String },
+/// Where settings come from: the process environment, or a lookup a test gives.
+/// Reads one variable by name.
+type Lookup<'a> = Box<dyn Fn(&str) -> Option<String> + 'a>;
+
+pub struct Env<'a> {
+    get: Lookup<'a>,
+}
+
+impl Env<'static> {
+    pub fn process() -> Self {
+        Env::from_lookup(|name| std::env::var(name).ok())
+    }
+}
+
+impl<'a> Env<'a> {
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String> + 'a) -> Self {
+        Env { get: Box::new(get) }
+    }
+
+    /// A test's pairs.
+    pub fn from_pairs(pairs: &'a [(&'a str, &'a str)]) -> Self {
+        Env::from_lookup(move |name| {
+            pairs
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    /// The value, trimmed; empty counts as unset.
+    pub fn var(&self, name: &str) -> Option<String> {
+        (self.get)(name)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    }
+
+    /// The value parsed, or `default` when unset.
+    pub fn parse<T: std::str::FromStr>(
+        &self,
+        name: &'static str,
+        default: T,
+    ) -> Result<T, ConfigError> {
+        match self.var(name) {
+            Some(v) => v
+                .parse()
+                .map_err(|_| invalid(name, format!("{v:?} is not a valid number"))),
+            None => Ok(default),
+        }
+    }
+
+    fn millis(&self, name: &'static str, default: u64) -> Result<Duration, ConfigError> {
+        Ok(Duration::from_millis(self.parse(name, default)?))
+    }
 }
 
 fn invalid(var: &'static str, reason: impl Into<String>) -> ConfigError {
@@ -26,12 +86,12 @@ fn invalid(var: &'static str, reason: impl Into<String>) -> ConfigError {
 impl Secrets {
     /// Reads every `*_WEBHOOK_*` variable; each may hold several comma-separated secrets.
     pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_lookup(|name| std::env::var(name).ok())
+        Self::read(&Env::process())
     }
 
-    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+    pub fn read(env: &Env) -> Result<Self, ConfigError> {
         let list = |var: &'static str| -> Vec<String> {
-            get(var)
+            env.var(var)
                 .map(|v| {
                     v.split(',')
                         .map(str::trim)
@@ -161,43 +221,23 @@ impl DbConfig {
     /// `INBOX_*_TIMEOUT_MS` variables (acquire 2000, lock 2000, statement 5000,
     /// idle in transaction 10000).
     pub fn from_env(default_pool: u32) -> Result<Self, ConfigError> {
-        let ms = |var: &'static str, default: u64| -> Result<Duration, ConfigError> {
-            Ok(Duration::from_millis(parse_env(var, default)?))
-        };
+        Self::read(&Env::process(), default_pool)
+    }
+
+    pub fn read(env: &Env, default_pool: u32) -> Result<Self, ConfigError> {
         Ok(DbConfig {
-            url: std::env::var("DATABASE_URL").ok().filter(|s| !s.is_empty()),
-            pool_size: parse_env("INBOX_DB_POOL_SIZE", default_pool)?,
-            acquire_timeout: ms("INBOX_DB_ACQUIRE_TIMEOUT_MS", 2000)?,
-            lock_timeout: ms("INBOX_LOCK_TIMEOUT_MS", 2000)?,
-            statement_timeout: ms("INBOX_STATEMENT_TIMEOUT_MS", 5000)?,
-            idle_in_transaction_timeout: ms("INBOX_IDLE_IN_TRANSACTION_TIMEOUT_MS", 10_000)?,
+            url: env.var("DATABASE_URL"),
+            pool_size: env.parse("INBOX_DB_POOL_SIZE", default_pool)?,
+            acquire_timeout: env.millis("INBOX_DB_ACQUIRE_TIMEOUT_MS", 2000)?,
+            lock_timeout: env.millis("INBOX_LOCK_TIMEOUT_MS", 2000)?,
+            statement_timeout: env.millis("INBOX_STATEMENT_TIMEOUT_MS", 5000)?,
+            idle_in_transaction_timeout: env
+                .millis("INBOX_IDLE_IN_TRANSACTION_TIMEOUT_MS", 10_000)?,
         })
     }
 }
 
-pub fn parse_env<T: std::str::FromStr>(var: &'static str, default: T) -> Result<T, ConfigError> {
-    match std::env::var(var) {
-        Ok(v) if !v.trim().is_empty() => v
-            .trim()
-            .parse()
-            .map_err(|_| invalid(var, format!("{v:?} is not a valid number"))),
-        _ => Ok(default),
-    }
-}
-
-/// Everything the receive handler needs.
-#[derive(Clone, Debug)]
-pub struct Config {
-    pub db: DbConfig,
-    pub secrets: Secrets,
-    /// `INBOX_MAX_BODY_BYTES`, default 1 MiB: larger bodies get 413 before any hashing.
-    pub max_body_bytes: usize,
-    /// `INBOX_INLINE_PROVIDERS` (e.g. `stripe,shopify`): receive applies their
-    /// handlers inside the claim's transaction.
-    pub inline_providers: Vec<Provider>,
-}
-
-pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
+pub use crate::ingest::receive::{ReceiveConfig, DEFAULT_MAX_BODY_BYTES};
 
 fn inline_providers(value: Option<&str>) -> Result<Vec<Provider>, ConfigError> {
     value
@@ -216,36 +256,241 @@ fn inline_providers(value: Option<&str>) -> Result<Vec<Provider>, ConfigError> {
         .collect()
 }
 
-impl Config {
+impl ReceiveConfig {
     pub fn from_env(default_pool: u32) -> Result<Self, ConfigError> {
-        Ok(Config {
-            db: DbConfig::from_env(default_pool)?,
-            secrets: Secrets::from_env()?,
-            max_body_bytes: parse_env("INBOX_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES)?,
-            inline_providers: inline_providers(
-                std::env::var("INBOX_INLINE_PROVIDERS").ok().as_deref(),
-            )?,
+        Self::read(&Env::process(), default_pool)
+    }
+
+    pub fn read(env: &Env, default_pool: u32) -> Result<Self, ConfigError> {
+        Ok(ReceiveConfig {
+            db: DbConfig::read(env, default_pool)?,
+            secrets: Secrets::read(env)?,
+            max_body_bytes: env.parse("INBOX_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES)?,
+            inline_providers: inline_providers(env.var("INBOX_INLINE_PROVIDERS").as_deref())?,
         })
     }
+}
+
+impl WorkerConfig {
+    /// `INBOX_BATCH_SIZE` (100), `INBOX_MAX_ATTEMPTS` (10), `INBOX_RETRY_BASE_MS` (1000), `INBOX_POLL_MS` (200).
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::read(&Env::process())
+    }
+
+    pub fn read(env: &Env) -> Result<Self, ConfigError> {
+        let d = WorkerConfig::default();
+        Ok(WorkerConfig {
+            batch_size: env.parse("INBOX_BATCH_SIZE", d.batch_size)?.max(1),
+            max_attempts: env.parse("INBOX_MAX_ATTEMPTS", d.max_attempts)?.max(1),
+            retry_base: env.millis("INBOX_RETRY_BASE_MS", d.retry_base.as_millis() as u64)?,
+            poll: env.millis("INBOX_POLL_MS", d.poll.as_millis() as u64)?,
+        })
+    }
+}
+
+/// `INBOX_DEADLINE_MARGIN_MS` (3000): every scheduled function stops starting
+/// work this long before its Lambda deadline.
+pub fn deadline_margin_from_env() -> Result<Duration, ConfigError> {
+    deadline_margin(&Env::process())
+}
+
+pub fn deadline_margin(env: &Env) -> Result<Duration, ConfigError> {
+    env.millis(
+        "INBOX_DEADLINE_MARGIN_MS",
+        DEFAULT_DEADLINE_MARGIN.as_millis() as u64,
+    )
+}
+
+impl RelayConfig {
+    /// `RELAY_BATCH_SIZE` (100), `RELAY_CONCURRENCY` (8), `RELAY_MAX_ATTEMPTS` (10),
+    /// `RELAY_RETRY_BASE_MS` (1000), `RELAY_LEASE_MS` (300000).
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::read(&Env::process())
+    }
+
+    pub fn read(env: &Env) -> Result<Self, ConfigError> {
+        let d = RelayConfig::default();
+        Ok(RelayConfig {
+            batch_size: env.parse("RELAY_BATCH_SIZE", d.batch_size)?.max(1),
+            concurrency: env.parse("RELAY_CONCURRENCY", d.concurrency)?.max(1),
+            max_attempts: env.parse("RELAY_MAX_ATTEMPTS", d.max_attempts)?.max(1),
+            retry_base: env.millis("RELAY_RETRY_BASE_MS", d.retry_base.as_millis() as u64)?,
+            lease: env.millis("RELAY_LEASE_MS", d.lease.as_millis() as u64)?,
+        })
+    }
+}
+
+/// The relay's sinks, as configured: any of them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SinkConfig {
+    /// `RELAY_HTTP_URL`, with `RELAY_HTTP_TIMEOUT_MS` (10000).
+    pub http: Option<(String, Duration)>,
+    /// `RELAY_SQS_QUEUE_URL`.
+    pub sqs_queue_url: Option<String>,
+    /// `RELAY_EVENT_BUS`.
+    pub event_bus: Option<String>,
+}
+
+impl SinkConfig {
+    pub fn read(env: &Env) -> Result<Self, ConfigError> {
+        let http = match env.var("RELAY_HTTP_URL") {
+            Some(url) => Some((url, env.millis("RELAY_HTTP_TIMEOUT_MS", 10_000)?)),
+            None => None,
+        };
+        Ok(SinkConfig {
+            http,
+            sqs_queue_url: env.var("RELAY_SQS_QUEUE_URL"),
+            event_bus: env.var("RELAY_EVENT_BUS"),
+        })
+    }
+
+    /// The sinks themselves; AWS credentials and region come from the usual AWS environment.
+    pub async fn build(&self) -> Result<Vec<Arc<dyn Sink>>, ConfigError> {
+        let mut sinks: Vec<Arc<dyn Sink>> = Vec::new();
+        if let Some((url, timeout)) = &self.http {
+            sinks.push(Arc::new(HttpSink::new(url.clone(), *timeout)?));
+        }
+        if self.sqs_queue_url.is_some() || self.event_bus.is_some() {
+            let sdk = aws::config(None).await;
+            if let Some(queue) = &self.sqs_queue_url {
+                sinks.push(Arc::new(aws::SqsSink::new(
+                    aws_sdk_sqs::Client::new(&sdk),
+                    queue.clone(),
+                )));
+            }
+            if let Some(bus) = &self.event_bus {
+                sinks.push(Arc::new(aws::EventBridgeSink::new(
+                    aws_sdk_eventbridge::Client::new(&sdk),
+                    bus.clone(),
+                )));
+            }
+        }
+        Ok(sinks)
+    }
+}
+
+/// The sinks `RELAY_HTTP_URL`, `RELAY_SQS_QUEUE_URL` and `RELAY_EVENT_BUS` name.
+pub async fn sinks_from_env() -> Result<Vec<Arc<dyn Sink>>, ConfigError> {
+    SinkConfig::read(&Env::process())?.build().await
+}
+
+impl RetentionConfig {
+    /// `INBOX_RETENTION_DAYS` (60) and `INBOX_RETENTION_DAYS_<PROVIDER>`,
+    /// `INBOX_FAILED_RETENTION_DAYS` (180), `OUTBOX_RETENTION_DAYS` (7),
+    /// `INBOX_PRUNE_BATCH` (1000); a retention shorter than a provider's
+    /// redelivery window is refused, with the reason.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::read(&Env::process())
+    }
+
+    pub fn read(env: &Env) -> Result<Self, ConfigError> {
+        let default_days: u32 = env.parse("INBOX_RETENTION_DAYS", 60)?;
+        let mut done_days = HashMap::new();
+        for p in Provider::ALL {
+            let var: &'static str = match p {
+                Provider::Stripe => "INBOX_RETENTION_DAYS_STRIPE",
+                Provider::Shopify => "INBOX_RETENTION_DAYS_SHOPIFY",
+                Provider::Marqeta => "INBOX_RETENTION_DAYS_MARQETA",
+                Provider::Github => "INBOX_RETENTION_DAYS_GITHUB",
+                Provider::Standard => "INBOX_RETENTION_DAYS_STANDARD",
+            };
+            done_days.insert(p, env.parse(var, default_days)?);
+        }
+        let config = RetentionConfig {
+            done_days,
+            failed_days: env.parse("INBOX_FAILED_RETENTION_DAYS", 180)?,
+            outbox_days: env.parse("OUTBOX_RETENTION_DAYS", 7)?,
+            batch_size: env.parse("INBOX_PRUNE_BATCH", 1000i64)?.max(1),
+        };
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+impl ReconcileConfig {
+    /// `RECONCILE_LOOKBACK_HOURS` (72).
+    pub fn read(env: &Env) -> Result<Self, ConfigError> {
+        Ok(ReconcileConfig {
+            first_lookback: Duration::from_secs(
+                3600 * env.parse("RECONCILE_LOOKBACK_HOURS", 72u64)?,
+            ),
+            overlap: Duration::from_secs(300),
+        })
+    }
+}
+
+impl StripeEvents {
+    /// `STRIPE_API_KEY` (none: no Stripe reconciliation), `STRIPE_API_BASE`.
+    pub fn read(env: &Env) -> Result<Option<Self>, ConfigError> {
+        let Some(key) = env.var("STRIPE_API_KEY") else {
+            return Ok(None);
+        };
+        let base = env
+            .var("STRIPE_API_BASE")
+            .unwrap_or_else(|| "https://api.stripe.com".into());
+        Self::new(base, Secret::new(key)).map(Some)
+    }
+}
+
+impl ShopifyOrders {
+    /// `SHOPIFY_SHOP_DOMAIN` and `SHOPIFY_ACCESS_TOKEN` (both, or no Shopify
+    /// reconciliation), `SHOPIFY_API_BASE` (`https://<domain>`), `SHOPIFY_API_VERSION` (2024-10).
+    pub fn read(env: &Env) -> Result<Option<Self>, ConfigError> {
+        let (Some(token), Some(domain)) = (
+            env.var("SHOPIFY_ACCESS_TOKEN"),
+            env.var("SHOPIFY_SHOP_DOMAIN"),
+        ) else {
+            return Ok(None);
+        };
+        let base = env
+            .var("SHOPIFY_API_BASE")
+            .unwrap_or_else(|| format!("https://{domain}"));
+        let version = env
+            .var("SHOPIFY_API_VERSION")
+            .unwrap_or_else(|| "2024-10".into());
+        Self::new(base, version, Secret::new(token)).map(Some)
+    }
+}
+
+impl Reconciler {
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::read(&Env::process())
+    }
+
+    pub fn read(env: &Env) -> Result<Self, ConfigError> {
+        Ok(Reconciler::new(
+            StripeEvents::read(env)?,
+            ShopifyOrders::read(env)?,
+            ReconcileConfig::read(env)?,
+        ))
+    }
+}
+
+/// `RUST_LOG`, and whether logs are JSON (on Lambda, `AWS_LAMBDA_FUNCTION_NAME` is set).
+pub fn log_settings(env: &Env) -> (Option<String>, bool) {
+    (
+        env.var("RUST_LOG"),
+        env.var("AWS_LAMBDA_FUNCTION_NAME").is_some(),
+    )
+}
+
+/// Tracing for a binary, as the environment asks: the first call of every `main`.
+pub fn init_logging() {
+    let (rust_log, json) = log_settings(&Env::process());
+    crate::runtime::telemetry::init(rust_log.as_deref(), json);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn lookup<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
-        move |name| {
-            pairs
-                .iter()
-                .find(|(k, _)| *k == name)
-                .map(|(_, v)| v.to_string())
-        }
-    }
-
     #[test]
     fn comma_separated_secrets_are_all_kept_in_order() {
-        let s = Secrets::from_lookup(lookup(&[("STRIPE_WEBHOOK_SECRET", "whsec_a, whsec_b,,")]))
-            .unwrap();
+        let s = Secrets::read(&Env::from_pairs(&[(
+            "STRIPE_WEBHOOK_SECRET",
+            "whsec_a, whsec_b,,",
+        )]))
+        .unwrap();
         let stripe: Vec<&[u8]> = s.stripe.iter().map(Secret::expose).collect();
         assert_eq!(stripe, [b"whsec_a".as_slice(), b"whsec_b"]);
         assert!(!s.is_configured(Provider::Shopify));
@@ -253,8 +498,11 @@ mod tests {
 
     #[test]
     fn standard_secret_must_be_base64_and_the_error_hides_it() {
-        let err = Secrets::from_lookup(lookup(&[("STANDARD_WEBHOOK_SECRET", "whsec_not*base64")]))
-            .unwrap_err();
+        let err = Secrets::read(&Env::from_pairs(&[(
+            "STANDARD_WEBHOOK_SECRET",
+            "whsec_not*base64",
+        )]))
+        .unwrap_err();
         let text = err.to_string();
         assert!(text.contains("secret #1 is not base64"), "{text}");
         assert!(!text.contains("not*base64"), "{text}");
@@ -262,9 +510,10 @@ mod tests {
 
     #[test]
     fn marqeta_needs_both_username_and_password() {
-        let err = Secrets::from_lookup(lookup(&[("MARQETA_WEBHOOK_USERNAME", "u")])).unwrap_err();
+        let err =
+            Secrets::read(&Env::from_pairs(&[("MARQETA_WEBHOOK_USERNAME", "u")])).unwrap_err();
         assert!(err.to_string().contains("MARQETA_WEBHOOK_PASSWORD"));
-        let ok = Secrets::from_lookup(lookup(&[
+        let ok = Secrets::read(&Env::from_pairs(&[
             ("MARQETA_WEBHOOK_USERNAME", "u"),
             (
                 "MARQETA_WEBHOOK_PASSWORD",
@@ -273,7 +522,7 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(ok.marqeta.unwrap().passwords.len(), 2);
-        let short = Secrets::from_lookup(lookup(&[
+        let short = Secrets::read(&Env::from_pairs(&[
             ("MARQETA_WEBHOOK_USERNAME", "u"),
             ("MARQETA_WEBHOOK_PASSWORD", "short"),
         ]));
@@ -306,5 +555,183 @@ mod tests {
     fn development_secrets_cover_every_provider() {
         let s = Secrets::development();
         assert!(Provider::ALL.iter().all(|p| s.is_configured(*p)));
+    }
+
+    #[test]
+    fn every_stage_reads_its_defaults_from_an_empty_environment() {
+        let env = Env::from_pairs(&[]);
+        let db = DbConfig::read(&env, 2).unwrap();
+        assert_eq!(
+            (db.url, db.pool_size, db.statement_timeout),
+            (None, 2, Duration::from_secs(5))
+        );
+        let r = ReceiveConfig::read(&env, 2).unwrap();
+        assert_eq!(
+            (r.max_body_bytes, r.inline_providers.len()),
+            (DEFAULT_MAX_BODY_BYTES, 0)
+        );
+        assert!(r.secrets.none_configured());
+        let w = WorkerConfig::read(&env).unwrap();
+        assert_eq!(
+            (w.batch_size, w.max_attempts, w.retry_base, w.poll),
+            (100, 10, Duration::from_secs(1), Duration::from_millis(200))
+        );
+        let relay = RelayConfig::read(&env).unwrap();
+        assert_eq!(
+            (
+                relay.batch_size,
+                relay.concurrency,
+                relay.max_attempts,
+                relay.lease
+            ),
+            (100, 8, 10, Duration::from_secs(300))
+        );
+        assert_eq!(SinkConfig::read(&env).unwrap(), SinkConfig::default());
+        let p = RetentionConfig::read(&env).unwrap();
+        assert_eq!(
+            (
+                p.done_days[&Provider::Stripe],
+                p.failed_days,
+                p.outbox_days,
+                p.batch_size
+            ),
+            (60, 180, 7, 1000)
+        );
+        assert_eq!(
+            ReconcileConfig::read(&env).unwrap().first_lookback,
+            Duration::from_secs(72 * 3600)
+        );
+        assert!(!Reconciler::read(&env).unwrap().is_configured());
+        assert_eq!(deadline_margin(&env).unwrap(), Duration::from_millis(3000));
+        assert_eq!(log_settings(&env), (None, false));
+    }
+
+    #[test]
+    fn every_variable_in_the_readme_table_is_read() {
+        let pairs = [
+            ("DATABASE_URL", "postgres://db/inbox"),
+            ("INBOX_DB_POOL_SIZE", "7"),
+            ("INBOX_DB_ACQUIRE_TIMEOUT_MS", "11"),
+            ("INBOX_LOCK_TIMEOUT_MS", "12"),
+            ("INBOX_STATEMENT_TIMEOUT_MS", "13"),
+            ("INBOX_IDLE_IN_TRANSACTION_TIMEOUT_MS", "14"),
+            ("INBOX_MAX_BODY_BYTES", "2048"),
+            ("INBOX_INLINE_PROVIDERS", "stripe, shopify"),
+            ("INBOX_BATCH_SIZE", "5"),
+            ("INBOX_MAX_ATTEMPTS", "6"),
+            ("INBOX_RETRY_BASE_MS", "15"),
+            ("INBOX_POLL_MS", "16"),
+            ("INBOX_DEADLINE_MARGIN_MS", "17"),
+            ("RELAY_HTTP_URL", "https://sink.example/hook"),
+            ("RELAY_HTTP_TIMEOUT_MS", "18"),
+            ("RELAY_SQS_QUEUE_URL", "https://sqs.example/q"),
+            ("RELAY_EVENT_BUS", "bus"),
+            ("RELAY_CONCURRENCY", "3"),
+            ("RELAY_BATCH_SIZE", "4"),
+            ("RELAY_MAX_ATTEMPTS", "9"),
+            ("RELAY_RETRY_BASE_MS", "19"),
+            ("RELAY_LEASE_MS", "20"),
+            ("INBOX_RETENTION_DAYS", "90"),
+            ("INBOX_RETENTION_DAYS_STRIPE", "45"),
+            ("INBOX_FAILED_RETENTION_DAYS", "200"),
+            ("OUTBOX_RETENTION_DAYS", "8"),
+            ("INBOX_PRUNE_BATCH", "500"),
+            ("RECONCILE_LOOKBACK_HOURS", "24"),
+            ("STRIPE_API_KEY", "sk_test_x"),
+            ("SHOPIFY_SHOP_DOMAIN", "s.myshopify.com"),
+            ("SHOPIFY_ACCESS_TOKEN", "shpat_x"),
+            ("RUST_LOG", "debug"),
+            ("AWS_LAMBDA_FUNCTION_NAME", "receive"),
+        ];
+        let env = Env::from_pairs(&pairs);
+        let ms = Duration::from_millis;
+        let db = DbConfig::read(&env, 2).unwrap();
+        assert_eq!(db.url.as_deref(), Some("postgres://db/inbox"));
+        assert_eq!(
+            (
+                db.pool_size,
+                db.acquire_timeout,
+                db.lock_timeout,
+                db.statement_timeout,
+                db.idle_in_transaction_timeout
+            ),
+            (7, ms(11), ms(12), ms(13), ms(14))
+        );
+        let r = ReceiveConfig::read(&env, 2).unwrap();
+        assert_eq!(
+            (r.max_body_bytes, r.inline_providers),
+            (2048, vec![Provider::Stripe, Provider::Shopify])
+        );
+        let w = WorkerConfig::read(&env).unwrap();
+        assert_eq!(
+            (w.batch_size, w.max_attempts, w.retry_base, w.poll),
+            (5, 6, ms(15), ms(16))
+        );
+        assert_eq!(deadline_margin(&env).unwrap(), ms(17));
+        let sinks = SinkConfig::read(&env).unwrap();
+        assert_eq!(
+            sinks.http,
+            Some(("https://sink.example/hook".to_string(), ms(18)))
+        );
+        assert_eq!(
+            (sinks.sqs_queue_url.as_deref(), sinks.event_bus.as_deref()),
+            (Some("https://sqs.example/q"), Some("bus"))
+        );
+        let relay = RelayConfig::read(&env).unwrap();
+        assert_eq!(
+            (
+                relay.concurrency,
+                relay.batch_size,
+                relay.max_attempts,
+                relay.retry_base,
+                relay.lease
+            ),
+            (3, 4, 9, ms(19), ms(20))
+        );
+        let p = RetentionConfig::read(&env).unwrap();
+        assert_eq!(
+            (
+                p.done_days[&Provider::Stripe],
+                p.done_days[&Provider::Github],
+                p.failed_days,
+                p.outbox_days,
+                p.batch_size
+            ),
+            (45, 90, 200, 8, 500)
+        );
+        assert_eq!(
+            ReconcileConfig::read(&env).unwrap().first_lookback,
+            Duration::from_secs(24 * 3600)
+        );
+        assert!(Reconciler::read(&env).unwrap().is_configured());
+        assert_eq!(log_settings(&env), (Some("debug".into()), true));
+    }
+
+    #[test]
+    fn a_value_that_does_not_parse_names_its_variable() {
+        for var in [
+            "INBOX_BATCH_SIZE",
+            "RELAY_LEASE_MS",
+            "INBOX_RETENTION_DAYS_MARQETA",
+            "INBOX_DB_POOL_SIZE",
+        ] {
+            let pairs = [(var, "soon")];
+            let env = Env::from_pairs(&pairs);
+            let err = match var {
+                "INBOX_BATCH_SIZE" => WorkerConfig::read(&env).unwrap_err(),
+                "RELAY_LEASE_MS" => RelayConfig::read(&env).unwrap_err(),
+                "INBOX_RETENTION_DAYS_MARQETA" => RetentionConfig::read(&env).unwrap_err(),
+                _ => DbConfig::read(&env, 2).unwrap_err(),
+            };
+            assert_eq!(
+                err.to_string(),
+                format!("{var}: \"soon\" is not a valid number")
+            );
+        }
+        let short = [("INBOX_RETENTION_DAYS", "2")];
+        assert!(RetentionConfig::read(&Env::from_pairs(&short))
+            .unwrap_err()
+            .to_string()
+            .contains("redelivery window"));
     }
 }

@@ -60,6 +60,6 @@ pub mod runtime;
 
 pub use crate::core::{provider::Provider, secret::Secret};
 #[cfg(feature = "service")]
-pub use config::Config;
+pub use config::ReceiveConfig;
 #[cfg(feature = "service")]
 pub use ingest::receive::Receiver;

@@ -11,7 +11,7 @@ use serde_json::value::RawValue;
 use sqlx::PgPool;
 
 use crate::{
-    config::{parse_env, ConfigError},
+    core::error::ConfigError,
     core::payload,
     core::{
         http::{http_client, retry_after},
@@ -61,17 +61,6 @@ pub struct ReconcileConfig {
     pub first_lookback: Duration,
     /// Re-read this much before the checkpoint, for clocks and late writes (5 min).
     pub overlap: Duration,
-}
-
-impl ReconcileConfig {
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Ok(ReconcileConfig {
-            first_lookback: Duration::from_secs(
-                3600 * parse_env("RECONCILE_LOOKBACK_HOURS", 72u64)?,
-            ),
-            overlap: Duration::from_secs(300),
-        })
-    }
 }
 
 /// GET with `429`/`Retry-After` honoured (up to 5 tries, at most 30 s a wait).
@@ -152,18 +141,6 @@ impl StripeEvents {
             base: base.into().trim_end_matches('/').to_string(),
             key,
         })
-    }
-
-    pub fn from_env() -> Result<Option<Self>, ConfigError> {
-        let Some(key) = std::env::var("STRIPE_API_KEY")
-            .ok()
-            .filter(|k| !k.is_empty())
-        else {
-            return Ok(None);
-        };
-        let base =
-            std::env::var("STRIPE_API_BASE").unwrap_or_else(|_| "https://api.stripe.com".into());
-        Self::new(base, Secret::new(key)).map(Some)
     }
 
     /// Lists undelivered events created since the checkpoint (newest first,
@@ -319,22 +296,6 @@ impl ShopifyOrders {
         })
     }
 
-    pub fn from_env() -> Result<Option<Self>, ConfigError> {
-        let token = std::env::var("SHOPIFY_ACCESS_TOKEN")
-            .ok()
-            .filter(|t| !t.is_empty());
-        let domain = std::env::var("SHOPIFY_SHOP_DOMAIN")
-            .ok()
-            .filter(|d| !d.is_empty());
-        let (Some(token), Some(domain)) = (token, domain) else {
-            return Ok(None);
-        };
-        let base =
-            std::env::var("SHOPIFY_API_BASE").unwrap_or_else(|_| format!("https://{domain}"));
-        let version = std::env::var("SHOPIFY_API_VERSION").unwrap_or_else(|_| "2024-10".into());
-        Self::new(base, version, Secret::new(token)).map(Some)
-    }
-
     /// A `Link` is followed only on the configured shop's origin: the access token
     /// goes with the request. Anything else stops the run (checkpoint unchanged).
     fn same_shop(&self, link: String) -> Result<String, ReconcileError> {
@@ -472,12 +433,16 @@ pub struct Reconciler {
 }
 
 impl Reconciler {
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Ok(Reconciler {
-            stripe: StripeEvents::from_env()?,
-            shopify: ShopifyOrders::from_env()?,
-            config: ReconcileConfig::from_env()?,
-        })
+    pub fn new(
+        stripe: Option<StripeEvents>,
+        shopify: Option<ShopifyOrders>,
+        config: ReconcileConfig,
+    ) -> Self {
+        Reconciler {
+            stripe,
+            shopify,
+            config,
+        }
     }
 
     pub fn is_configured(&self) -> bool {

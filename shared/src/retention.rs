@@ -13,7 +13,7 @@ use std::{
 use sqlx::PgPool;
 
 use crate::{
-    config::{parse_env, ConfigError},
+    core::error::ConfigError,
     core::provider::Provider,
     db::{
         bodies,
@@ -50,29 +50,6 @@ pub struct RetentionConfig {
 }
 
 impl RetentionConfig {
-    pub fn from_env() -> Result<Self, ConfigError> {
-        let default_days: u32 = parse_env("INBOX_RETENTION_DAYS", 60)?;
-        let mut done_days = HashMap::new();
-        for p in Provider::ALL {
-            let var: &'static str = match p {
-                Provider::Stripe => "INBOX_RETENTION_DAYS_STRIPE",
-                Provider::Shopify => "INBOX_RETENTION_DAYS_SHOPIFY",
-                Provider::Marqeta => "INBOX_RETENTION_DAYS_MARQETA",
-                Provider::Github => "INBOX_RETENTION_DAYS_GITHUB",
-                Provider::Standard => "INBOX_RETENTION_DAYS_STANDARD",
-            };
-            done_days.insert(p, parse_env(var, default_days)?);
-        }
-        let config = RetentionConfig {
-            done_days,
-            failed_days: parse_env("INBOX_FAILED_RETENTION_DAYS", 180)?,
-            outbox_days: parse_env("OUTBOX_RETENTION_DAYS", 7)?,
-            batch_size: parse_env("INBOX_PRUNE_BATCH", 1000i64)?.max(1),
-        };
-        config.validate()?;
-        Ok(config)
-    }
-
     /// Refuses a retention that would forget a key while its provider may still redeliver it.
     pub fn validate(&self) -> Result<(), ConfigError> {
         for (var, days) in [

@@ -15,7 +15,7 @@ use sha2::Sha256;
 use sqlx::{postgres::PgConnectOptions, PgPool};
 use webhook_inbox::{
     config::{DbConfig, MarqetaAuth, Secrets, DEFAULT_MAX_BODY_BYTES},
-    db, Config, Receiver, Secret,
+    db, ReceiveConfig, Receiver, Secret,
 };
 
 /// Two secrets per provider: the second is the one being rotated in.
@@ -51,8 +51,8 @@ pub fn db_config() -> DbConfig {
     DbConfig::with_url("unused: connect options come from the test")
 }
 
-pub fn config(secrets: Secrets) -> Config {
-    Config {
+pub fn config(secrets: Secrets) -> ReceiveConfig {
+    ReceiveConfig {
         db: db_config(),
         secrets,
         max_body_bytes: DEFAULT_MAX_BODY_BYTES,

@@ -18,7 +18,7 @@ use webhook_inbox::{
     db,
     dev::embedded_pg,
     dev::server,
-    Config, Receiver,
+    ReceiveConfig, Receiver,
 };
 
 pub struct Bench {
@@ -56,7 +56,7 @@ fn pgbench_script() -> String {
 }
 
 impl Bench {
-    pub async fn run(&self, mut config: Config) -> Result<()> {
+    pub async fn run(&self, mut config: ReceiveConfig) -> Result<()> {
         let url = config.db.url.clone().context("no database")?;
         config.db.pool_size = self.concurrency as u32;
         config.secrets = Secrets {
@@ -146,7 +146,7 @@ impl Bench {
             .with_context(|| format!("no tps in pgbench's output: {stdout}"))
     }
 
-    async fn http(&self, config: &Config) -> Result<(f64, f64, f64)> {
+    async fn http(&self, config: &ReceiveConfig) -> Result<(f64, f64, f64)> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let receiver = Arc::new(Receiver::new(db::Connections::new(&config.db)?, config));

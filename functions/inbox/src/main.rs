@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use tokio::net::TcpListener;
 use webhook_inbox::{
+    config::sinks_from_env,
     config::{self, DbConfig, Secrets},
     db,
     dev::embedded_pg::EmbeddedPostgres,
@@ -15,10 +16,9 @@ use webhook_inbox::{
     process::handlers::Handlers,
     process::worker::{Worker, WorkerConfig},
     reconcile::Reconciler,
-    relay::{sinks_from_env, Relay, RelayConfig},
+    relay::{Relay, RelayConfig},
     retention::{Pruner, RetentionConfig},
-    runtime::telemetry,
-    Config, Receiver,
+    ReceiveConfig, Receiver,
 };
 
 #[derive(Parser)]
@@ -75,7 +75,7 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    telemetry::init();
+    config::init_logging();
     match Cli::parse().command {
         Command::Dev { port, host } => dev(&host, port).await,
         Command::Bench {
@@ -88,7 +88,7 @@ async fn main() -> Result<()> {
                 seconds: seconds.max(1),
                 rounds: rounds.max(1),
             };
-            with_database(Config::from_env(16)?, |config| async move {
+            with_database(ReceiveConfig::from_env(16)?, |config| async move {
                 bench.run(config).await
             })
             .await
@@ -140,14 +140,13 @@ async fn main() -> Result<()> {
             Ok(())
         }
         Command::Migrate => {
+            let config = DbConfig::from_env(1)?;
+            let url = config.url.clone().context("DATABASE_URL is not set")?;
             db::MIGRATOR
-                .run(&database()?)
+                .run(&db::pool(&config)?)
                 .await
                 .context("applying migrations")?;
-            println!(
-                "migrations applied to {}",
-                redact_url(&std::env::var("DATABASE_URL")?)
-            );
+            println!("migrations applied to {}", redact_url(&url));
             Ok(())
         }
     }
@@ -167,16 +166,16 @@ fn one_pass_deadline() -> std::time::Instant {
 
 async fn dev(host: &str, port: u16) -> Result<()> {
     let host = host.to_string();
-    with_database(Config::from_env(16)?, |mut config| async move {
+    with_database(ReceiveConfig::from_env(16)?, |mut config| async move {
         serve(&mut config, &host, port).await
     })
     .await
 }
 
 /// Runs `f` on DATABASE_URL, or on an embedded throwaway PostgreSQL that is removed afterwards.
-async fn with_database<F, Fut>(mut config: Config, f: F) -> Result<()>
+async fn with_database<F, Fut>(mut config: ReceiveConfig, f: F) -> Result<()>
 where
-    F: FnOnce(Config) -> Fut,
+    F: FnOnce(ReceiveConfig) -> Fut,
     Fut: std::future::Future<Output = Result<()>>,
 {
     let embedded = match &config.db.url {
@@ -207,7 +206,7 @@ where
     result
 }
 
-async fn serve(config: &mut Config, host: &str, port: u16) -> Result<()> {
+async fn serve(config: &mut ReceiveConfig, host: &str, port: u16) -> Result<()> {
     let pool = db::pool(&config.db)?;
     db::MIGRATOR
         .run(&pool)

@@ -7,21 +7,21 @@ use std::sync::Arc;
 use lambda_runtime::{service_fn, Error, LambdaEvent};
 use serde_json::Value;
 use webhook_inbox::{
-    config::DbConfig,
+    config::{self, DbConfig},
     db,
     process::{
         self,
         handlers::Handlers,
         worker::{Worker, WorkerConfig},
     },
-    runtime::{deadline, telemetry},
+    runtime::deadline,
 };
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    telemetry::init();
+    config::init_logging();
     let pool = db::pool(&DbConfig::from_env(2)?)?;
-    let margin = deadline::deadline_margin_from_env()?;
+    let margin = config::deadline_margin_from_env()?;
     let worker = Arc::new(Worker::new(
         pool,
         Handlers::reference(),

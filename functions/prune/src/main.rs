@@ -4,21 +4,21 @@
 use lambda_runtime::{service_fn, Error, LambdaEvent};
 use serde_json::Value;
 use webhook_inbox::{
-    config::DbConfig,
+    config::{self, DbConfig},
     db,
     retention::{Pruner, RetentionConfig},
-    runtime::{deadline, telemetry},
+    runtime::deadline,
 };
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    telemetry::init();
+    config::init_logging();
     // A retention shorter than a provider's redelivery window stops the function here, with the reason.
     let pruner = Pruner::new(
         db::pool(&DbConfig::from_env(1)?)?,
         RetentionConfig::from_env()?,
     );
-    let margin = deadline::deadline_margin_from_env()?;
+    let margin = config::deadline_margin_from_env()?;
     let pruner = &pruner;
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
         let pruned = pruner

@@ -4,13 +4,13 @@
 use std::sync::Arc;
 
 use lambda_http::{service_fn, Error, Request};
-use webhook_inbox::{db, runtime::telemetry, Config, Receiver};
+use webhook_inbox::{config, db, ReceiveConfig, Receiver};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    telemetry::init();
+    config::init_logging();
     // Built once per Lambda instance: one or two connections, connected on first use.
-    let config = Config::from_env(2)?;
+    let config = ReceiveConfig::from_env(2)?;
     let receiver = Arc::new(Receiver::new(db::Connections::new(&config.db)?, &config));
     lambda_http::run(service_fn(move |req: Request| {
         let receiver = receiver.clone();

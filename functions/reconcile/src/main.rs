@@ -3,11 +3,15 @@
 
 use lambda_runtime::{service_fn, Error, LambdaEvent};
 use serde_json::{Map, Value};
-use webhook_inbox::{config::DbConfig, db, reconcile::Reconciler, runtime::telemetry};
+use webhook_inbox::{
+    config::{self, DbConfig},
+    db,
+    reconcile::Reconciler,
+};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    telemetry::init();
+    config::init_logging();
     let reconciler = Reconciler::from_env()?;
     if !reconciler.is_configured() {
         return Err("nothing to reconcile: set STRIPE_API_KEY, or SHOPIFY_SHOP_DOMAIN and SHOPIFY_ACCESS_TOKEN".into());

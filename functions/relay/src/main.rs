@@ -4,15 +4,15 @@
 use lambda_runtime::{service_fn, Error, LambdaEvent};
 use serde_json::Value;
 use webhook_inbox::{
-    config::DbConfig,
+    config::{self, sinks_from_env, DbConfig},
     db,
-    relay::{sinks_from_env, Relay, RelayConfig},
-    runtime::{deadline, telemetry},
+    relay::{Relay, RelayConfig},
+    runtime::deadline,
 };
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    telemetry::init();
+    config::init_logging();
     let sinks = sinks_from_env().await?;
     if sinks.is_empty() {
         return Err(
@@ -24,7 +24,7 @@ async fn main() -> Result<(), Error> {
         sinks,
         RelayConfig::from_env()?,
     );
-    let margin = deadline::deadline_margin_from_env()?;
+    let margin = config::deadline_margin_from_env()?;
     let relay = &relay;
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
         let relayed = relay

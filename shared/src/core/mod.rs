@@ -1,6 +1,7 @@
-//! Leaf types and plumbing every stage shares: the providers, secrets, what a
+//! Leaf types and plumbing every stage shares: the configuration error, the providers, secrets, what a
 //! usable payload is, backoff with `Retry-After`, and the outbound HTTP client.
 
+pub mod error;
 pub mod event;
 pub mod payload;
 pub mod provider;

@@ -11,12 +11,27 @@ use lambda_http::{Body, RequestExt};
 use serde_json::json;
 
 use crate::{
-    config::Config,
-    db::Connections,
+    core::secret::Secrets,
+    db::{Connections, DbConfig},
     ingest::inbox::{self, BatchClaim, Claim, Claimed, Envelope},
     ingest::providers::{Delivery, Events, Provider, Rejected, Schemes},
     process::handlers::Handlers,
 };
+
+/// Everything the receive handler needs.
+#[derive(Clone, Debug)]
+pub struct ReceiveConfig {
+    pub db: DbConfig,
+    pub secrets: Secrets,
+    /// `INBOX_MAX_BODY_BYTES`, default 1 MiB: larger bodies get 413 before any hashing.
+    pub max_body_bytes: usize,
+    /// `INBOX_INLINE_PROVIDERS` (e.g. `stripe,shopify`): receive applies their
+    /// handlers inside the claim's transaction.
+    pub inline_providers: Vec<Provider>,
+}
+
+/// `INBOX_MAX_BODY_BYTES`'s default.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
 
 /// Why a delivery was not accepted; each maps to one HTTP status.
 #[derive(Debug, thiserror::Error)]
@@ -64,7 +79,7 @@ pub struct Receiver {
 
 impl Receiver {
     /// A receiver with the reference handlers for its inline providers.
-    pub fn new(connections: Connections, config: &Config) -> Self {
+    pub fn new(connections: Connections, config: &ReceiveConfig) -> Self {
         Receiver {
             connections,
             schemes: Schemes::new(&config.secrets),

@@ -42,17 +42,6 @@ impl Default for WorkerConfig {
 }
 
 impl WorkerConfig {
-    pub fn from_env() -> Result<Self, crate::config::ConfigError> {
-        use crate::config::parse_env;
-        let d = WorkerConfig::default();
-        Ok(WorkerConfig {
-            batch_size: parse_env("INBOX_BATCH_SIZE", d.batch_size)?.max(1),
-            max_attempts: parse_env("INBOX_MAX_ATTEMPTS", d.max_attempts)?.max(1),
-            retry_base: Duration::from_millis(parse_env("INBOX_RETRY_BASE_MS", 1000u64)?),
-            poll: Duration::from_millis(parse_env("INBOX_POLL_MS", 200u64)?),
-        })
-    }
-
     pub fn backoff(&self, attempts_before: i32) -> Duration {
         crate::core::backoff::backoff(self.retry_base, attempts_before)
     }

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::{RepliesFuture, ReplyFuture, Sink, SinkReply};
 use crate::{
-    config::ConfigError,
+    core::error::ConfigError,
     core::http::{http_client, retry_after},
     db::outbox::Outgoing,
 };

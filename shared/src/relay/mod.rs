@@ -17,7 +17,6 @@ pub mod http;
 pub use http::HttpSink;
 
 use crate::{
-    config::{parse_env, ConfigError},
     core::backoff::backoff,
     db::outbox::{self, Dispatch, Outgoing},
 };
@@ -74,48 +73,6 @@ impl Default for RelayConfig {
             lease: Duration::from_secs(300),
         }
     }
-}
-
-impl RelayConfig {
-    pub fn from_env() -> Result<Self, ConfigError> {
-        let d = RelayConfig::default();
-        Ok(RelayConfig {
-            batch_size: parse_env("RELAY_BATCH_SIZE", d.batch_size)?.max(1),
-            concurrency: parse_env("RELAY_CONCURRENCY", d.concurrency)?.max(1),
-            max_attempts: parse_env("RELAY_MAX_ATTEMPTS", d.max_attempts)?.max(1),
-            retry_base: Duration::from_millis(parse_env("RELAY_RETRY_BASE_MS", 1000u64)?),
-            lease: Duration::from_millis(parse_env("RELAY_LEASE_MS", 300_000u64)?),
-        })
-    }
-}
-
-/// The configured sinks: `RELAY_HTTP_URL` (timeout `RELAY_HTTP_TIMEOUT_MS`, 10000),
-/// `RELAY_SQS_QUEUE_URL`, `RELAY_EVENT_BUS`. AWS
-/// credentials and region come from the usual AWS environment.
-pub async fn sinks_from_env() -> Result<Vec<Arc<dyn Sink>>, ConfigError> {
-    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-    let mut sinks: Vec<Arc<dyn Sink>> = Vec::new();
-    if let Some(url) = var("RELAY_HTTP_URL") {
-        let timeout = Duration::from_millis(parse_env("RELAY_HTTP_TIMEOUT_MS", 10_000u64)?);
-        sinks.push(Arc::new(HttpSink::new(url, timeout)?));
-    }
-    let (queue, bus) = (var("RELAY_SQS_QUEUE_URL"), var("RELAY_EVENT_BUS"));
-    if queue.is_some() || bus.is_some() {
-        let aws = self::aws::config(None).await;
-        if let Some(queue) = queue {
-            sinks.push(Arc::new(self::aws::SqsSink::new(
-                aws_sdk_sqs::Client::new(&aws),
-                queue,
-            )));
-        }
-        if let Some(bus) = bus {
-            sinks.push(Arc::new(self::aws::EventBridgeSink::new(
-                aws_sdk_eventbridge::Client::new(&aws),
-                bus,
-            )));
-        }
-    }
-    Ok(sinks)
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]

@@ -6,15 +6,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// batches this long before the Lambda deadline.
 pub const DEFAULT_DEADLINE_MARGIN: Duration = Duration::from_millis(3000);
 
-/// `INBOX_DEADLINE_MARGIN_MS`, for every scheduled function.
-pub fn deadline_margin_from_env() -> Result<Duration, crate::config::ConfigError> {
-    let ms = crate::config::parse_env(
-        "INBOX_DEADLINE_MARGIN_MS",
-        DEFAULT_DEADLINE_MARGIN.as_millis() as u64,
-    )?;
-    Ok(Duration::from_millis(ms))
-}
-
 /// The Lambda deadline (milliseconds since the epoch) less the margin, as an `Instant`.
 pub fn drain_until(deadline_epoch_ms: u64, margin: Duration) -> Instant {
     let now_ms = SystemTime::now()

@@ -43,9 +43,11 @@ where
     wanted.and(caps)
 }
 
-pub fn init() {
-    let rust_log = std::env::var("RUST_LOG").ok();
-    let layer = if std::env::var_os("AWS_LAMBDA_FUNCTION_NAME").is_some() {
+/// Installs the subscriber: `rust_log` filters (default `info`, capped as above);
+/// `json` lines on Lambda, plain text on stderr elsewhere. Read from the
+/// environment by [`crate::config::init_logging`].
+pub fn init(rust_log: Option<&str>, json: bool) {
+    let layer = if json {
         fmt::layer()
             .json()
             .without_time()
@@ -58,7 +60,7 @@ pub fn init() {
             .boxed()
     };
     let _ = tracing_subscriber::registry()
-        .with(layer.with_filter(filter(rust_log.as_deref())))
+        .with(layer.with_filter(filter(rust_log)))
         .try_init();
 }
 
