@@ -21,11 +21,7 @@ fuzz_target!(|body: &[u8]| {
         signing_secrets: vec![],
     });
     let headers = HeaderMap::new();
-    let Events::Batch(rows) = scheme.events(&Delivery {
-        headers: &headers,
-        body,
-        now: 0,
-    }) else {
+    let Events::Batch(rows) = scheme.events(&Delivery { headers: &headers, body, now: 0 }) else {
         panic!("Marqeta deliveries are batches");
     };
     assert!(rows.len() <= MAX_BATCH_ITEMS);
@@ -33,13 +29,8 @@ fuzz_target!(|body: &[u8]| {
         assert!(!row.event_id.is_empty() && row.event_id.chars().count() <= MAX_EVENT_ID_CHARS);
         match row.status {
             InitialStatus::Pending => {
-                let text = row
-                    .payload
-                    .as_deref()
-                    .expect("a pending row has its payload");
-                assert!(
-                    payload::check(text).is_ok_and(|c| !c.has_nul) && payload::decode(text).is_ok()
-                );
+                let text = row.payload.as_deref().expect("a pending row has its payload");
+                assert!(payload::check(text).is_ok_and(|c| !c.has_nul) && payload::decode(text).is_ok());
             }
             InitialStatus::Failed => assert!(row.failure_reason.is_some()),
         }

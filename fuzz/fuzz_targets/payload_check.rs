@@ -14,12 +14,7 @@ fuzz_target!(|data: &[u8]| {
     let decoded = payload::decode(text);
     assert_eq!(checked.is_ok(), decoded.is_ok(), "{text:?}");
     if let (Ok(c), Ok(v)) = (checked, decoded) {
-        let field = |name: &str| {
-            v.as_object()
-                .and_then(|o| o.get(name))
-                .and_then(Value::as_str)
-                .map(String::from)
-        };
+        let field = |name: &str| v.as_object().and_then(|o| o.get(name)).and_then(Value::as_str).map(String::from);
         assert_eq!(c.fields.id, field("id"));
         assert_eq!(c.fields.kind, field("type"));
     } else {

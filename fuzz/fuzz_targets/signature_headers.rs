@@ -54,10 +54,7 @@ fn delivery(data: &[u8]) -> (HeaderMap, &[u8], i64) {
         }
         let (value, tail) = tail.split_at(len);
         if let Ok(value) = HeaderValue::from_bytes(value) {
-            headers.append(
-                HeaderName::from_static(NAMES[*name as usize % NAMES.len()]),
-                value,
-            );
+            headers.append(HeaderName::from_static(NAMES[*name as usize % NAMES.len()]), value);
         }
         rest = tail;
     }
@@ -69,15 +66,8 @@ fuzz_target!(|data: &[u8]| {
     let schemes = Schemes::new(&secrets());
     for provider in Provider::ALL {
         let scheme = schemes.get(provider).expect("every provider is configured");
-        let d = Delivery {
-            headers: &headers,
-            body,
-            now,
-        };
-        assert!(
-            scheme.verify(&d).is_err(),
-            "{provider} verified without the secret"
-        );
+        let d = Delivery { headers: &headers, body, now };
+        assert!(scheme.verify(&d).is_err(), "{provider} verified without the secret");
         let _ = scheme.events(&d);
     }
 });

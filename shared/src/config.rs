@@ -42,31 +42,18 @@ impl<'a> Env<'a> {
 
     /// A test's pairs.
     pub fn from_pairs(pairs: &'a [(&'a str, &'a str)]) -> Self {
-        Env::from_lookup(move |name| {
-            pairs
-                .iter()
-                .find(|(k, _)| *k == name)
-                .map(|(_, v)| v.to_string())
-        })
+        Env::from_lookup(move |name| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string()))
     }
 
     /// The value, trimmed; empty counts as unset.
     pub fn var(&self, name: &str) -> Option<String> {
-        (self.get)(name)
-            .map(|v| v.trim().to_string())
-            .filter(|v| !v.is_empty())
+        (self.get)(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
     }
 
     /// The value parsed, or `default` when unset.
-    pub fn parse<T: std::str::FromStr>(
-        &self,
-        name: &'static str,
-        default: T,
-    ) -> Result<T, ConfigError> {
+    pub fn parse<T: std::str::FromStr>(&self, name: &'static str, default: T) -> Result<T, ConfigError> {
         match self.var(name) {
-            Some(v) => v
-                .parse()
-                .map_err(|_| invalid(name, format!("{v:?} is not a valid number"))),
+            Some(v) => v.parse().map_err(|_| invalid(name, format!("{v:?} is not a valid number"))),
             None => Ok(default),
         }
     }
@@ -77,10 +64,7 @@ impl<'a> Env<'a> {
 }
 
 fn invalid(var: &'static str, reason: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        var,
-        reason: reason.into(),
-    }
+    ConfigError::Invalid { var, reason: reason.into() }
 }
 
 impl Secrets {
@@ -92,13 +76,7 @@ impl Secrets {
     pub fn read(env: &Env) -> Result<Self, ConfigError> {
         let list = |var: &'static str| -> Vec<String> {
             env.var(var)
-                .map(|v| {
-                    v.split(',')
-                        .map(str::trim)
-                        .filter(|s| !s.is_empty())
-                        .map(String::from)
-                        .collect()
-                })
+                .map(|v| v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect())
                 .unwrap_or_default()
         };
         let plain = |var: &'static str| list(var).into_iter().map(Secret::new).collect::<Vec<_>>();
@@ -110,10 +88,7 @@ impl Secrets {
                 decode_standard_secret(s).ok_or_else(|| {
                     invalid(
                         "STANDARD_WEBHOOK_SECRET",
-                        format!(
-                            "secret #{} is not base64 (after an optional whsec_ prefix)",
-                            i + 1
-                        ),
+                        format!("secret #{} is not base64 (after an optional whsec_ prefix)", i + 1),
                     )
                 })
             })
@@ -134,48 +109,24 @@ impl Secrets {
             }
             ([user], false) => {
                 if user.chars().count() > 50 {
-                    return Err(invalid(
-                        "MARQETA_WEBHOOK_USERNAME",
-                        "longer than 50 characters",
-                    ));
+                    return Err(invalid("MARQETA_WEBHOOK_USERNAME", "longer than 50 characters"));
                 }
                 // Marqeta's own rule; a password cannot contain the comma that separates rotated ones.
-                if let Some(i) = passwords
-                    .iter()
-                    .position(|p| !(20..=50).contains(&p.expose().len()))
-                {
+                if let Some(i) = passwords.iter().position(|p| !(20..=50).contains(&p.expose().len())) {
                     return Err(invalid(
                         "MARQETA_WEBHOOK_PASSWORD",
-                        format!(
-                            "password #{} is not 20 to 50 characters long (Marqeta's rule)",
-                            i + 1
-                        ),
+                        format!("password #{} is not 20 to 50 characters long (Marqeta's rule)", i + 1),
                     ));
                 }
-                Some(MarqetaAuth {
-                    username: Secret::new(user.as_bytes()),
-                    passwords,
-                    signing_secrets,
-                })
+                Some(MarqetaAuth { username: Secret::new(user.as_bytes()), passwords, signing_secrets })
             }
             ([], false) => {
-                return Err(invalid(
-                    "MARQETA_WEBHOOK_USERNAME",
-                    "missing while MARQETA_WEBHOOK_PASSWORD is set",
-                ))
+                return Err(invalid("MARQETA_WEBHOOK_USERNAME", "missing while MARQETA_WEBHOOK_PASSWORD is set"))
             }
             (_, true) => {
-                return Err(invalid(
-                    "MARQETA_WEBHOOK_PASSWORD",
-                    "missing while MARQETA_WEBHOOK_USERNAME is set",
-                ))
+                return Err(invalid("MARQETA_WEBHOOK_PASSWORD", "missing while MARQETA_WEBHOOK_USERNAME is set"))
             }
-            (_, false) => {
-                return Err(invalid(
-                    "MARQETA_WEBHOOK_USERNAME",
-                    "holds one username, not a list",
-                ))
-            }
+            (_, false) => return Err(invalid("MARQETA_WEBHOOK_USERNAME", "holds one username, not a list")),
         };
 
         Ok(Secrets {
@@ -231,8 +182,7 @@ impl DbConfig {
             acquire_timeout: env.millis("INBOX_DB_ACQUIRE_TIMEOUT_MS", 2000)?,
             lock_timeout: env.millis("INBOX_LOCK_TIMEOUT_MS", 2000)?,
             statement_timeout: env.millis("INBOX_STATEMENT_TIMEOUT_MS", 5000)?,
-            idle_in_transaction_timeout: env
-                .millis("INBOX_IDLE_IN_TRANSACTION_TIMEOUT_MS", 10_000)?,
+            idle_in_transaction_timeout: env.millis("INBOX_IDLE_IN_TRANSACTION_TIMEOUT_MS", 10_000)?,
         })
     }
 }
@@ -246,12 +196,8 @@ fn inline_providers(value: Option<&str>) -> Result<Vec<Provider>, ConfigError> {
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(|name| {
-            Provider::try_from(name).map_err(|_| {
-                invalid(
-                    "INBOX_INLINE_PROVIDERS",
-                    format!("unknown provider {name:?}"),
-                )
-            })
+            Provider::try_from(name)
+                .map_err(|_| invalid("INBOX_INLINE_PROVIDERS", format!("unknown provider {name:?}")))
         })
         .collect()
 }
@@ -295,10 +241,7 @@ pub fn deadline_margin_from_env() -> Result<Duration, ConfigError> {
 }
 
 pub fn deadline_margin(env: &Env) -> Result<Duration, ConfigError> {
-    env.millis(
-        "INBOX_DEADLINE_MARGIN_MS",
-        DEFAULT_DEADLINE_MARGIN.as_millis() as u64,
-    )
+    env.millis("INBOX_DEADLINE_MARGIN_MS", DEFAULT_DEADLINE_MARGIN.as_millis() as u64)
 }
 
 impl RelayConfig {
@@ -337,11 +280,7 @@ impl SinkConfig {
             Some(url) => Some((url, env.millis("RELAY_HTTP_TIMEOUT_MS", 10_000)?)),
             None => None,
         };
-        Ok(SinkConfig {
-            http,
-            sqs_queue_url: env.var("RELAY_SQS_QUEUE_URL"),
-            event_bus: env.var("RELAY_EVENT_BUS"),
-        })
+        Ok(SinkConfig { http, sqs_queue_url: env.var("RELAY_SQS_QUEUE_URL"), event_bus: env.var("RELAY_EVENT_BUS") })
     }
 
     /// The sinks themselves; AWS credentials and region come from the usual AWS environment.
@@ -353,16 +292,10 @@ impl SinkConfig {
         if self.sqs_queue_url.is_some() || self.event_bus.is_some() {
             let sdk = aws::config(None).await;
             if let Some(queue) = &self.sqs_queue_url {
-                sinks.push(Arc::new(aws::SqsSink::new(
-                    aws_sdk_sqs::Client::new(&sdk),
-                    queue.clone(),
-                )));
+                sinks.push(Arc::new(aws::SqsSink::new(aws_sdk_sqs::Client::new(&sdk), queue.clone())));
             }
             if let Some(bus) = &self.event_bus {
-                sinks.push(Arc::new(aws::EventBridgeSink::new(
-                    aws_sdk_eventbridge::Client::new(&sdk),
-                    bus.clone(),
-                )));
+                sinks.push(Arc::new(aws::EventBridgeSink::new(aws_sdk_eventbridge::Client::new(&sdk), bus.clone())));
             }
         }
         Ok(sinks)
@@ -411,9 +344,7 @@ impl ReconcileConfig {
     /// `RECONCILE_LOOKBACK_HOURS` (72).
     pub fn read(env: &Env) -> Result<Self, ConfigError> {
         Ok(ReconcileConfig {
-            first_lookback: Duration::from_secs(
-                3600 * env.parse("RECONCILE_LOOKBACK_HOURS", 72u64)?,
-            ),
+            first_lookback: Duration::from_secs(3600 * env.parse("RECONCILE_LOOKBACK_HOURS", 72u64)?),
             overlap: Duration::from_secs(300),
         })
     }
@@ -425,9 +356,7 @@ impl StripeEvents {
         let Some(key) = env.var("STRIPE_API_KEY") else {
             return Ok(None);
         };
-        let base = env
-            .var("STRIPE_API_BASE")
-            .unwrap_or_else(|| "https://api.stripe.com".into());
+        let base = env.var("STRIPE_API_BASE").unwrap_or_else(|| "https://api.stripe.com".into());
         Self::new(base, Secret::new(key)).map(Some)
     }
 }
@@ -436,18 +365,11 @@ impl ShopifyOrders {
     /// `SHOPIFY_SHOP_DOMAIN` and `SHOPIFY_ACCESS_TOKEN` (both, or no Shopify
     /// reconciliation), `SHOPIFY_API_BASE` (`https://<domain>`), `SHOPIFY_API_VERSION` (2024-10).
     pub fn read(env: &Env) -> Result<Option<Self>, ConfigError> {
-        let (Some(token), Some(domain)) = (
-            env.var("SHOPIFY_ACCESS_TOKEN"),
-            env.var("SHOPIFY_SHOP_DOMAIN"),
-        ) else {
+        let (Some(token), Some(domain)) = (env.var("SHOPIFY_ACCESS_TOKEN"), env.var("SHOPIFY_SHOP_DOMAIN")) else {
             return Ok(None);
         };
-        let base = env
-            .var("SHOPIFY_API_BASE")
-            .unwrap_or_else(|| format!("https://{domain}"));
-        let version = env
-            .var("SHOPIFY_API_VERSION")
-            .unwrap_or_else(|| "2024-10".into());
+        let base = env.var("SHOPIFY_API_BASE").unwrap_or_else(|| format!("https://{domain}"));
+        let version = env.var("SHOPIFY_API_VERSION").unwrap_or_else(|| "2024-10".into());
         Self::new(base, version, Secret::new(token)).map(Some)
     }
 }
@@ -458,20 +380,13 @@ impl Reconciler {
     }
 
     pub fn read(env: &Env) -> Result<Self, ConfigError> {
-        Ok(Reconciler::new(
-            StripeEvents::read(env)?,
-            ShopifyOrders::read(env)?,
-            ReconcileConfig::read(env)?,
-        ))
+        Ok(Reconciler::new(StripeEvents::read(env)?, ShopifyOrders::read(env)?, ReconcileConfig::read(env)?))
     }
 }
 
 /// `RUST_LOG`, and whether logs are JSON (on Lambda, `AWS_LAMBDA_FUNCTION_NAME` is set).
 pub fn log_settings(env: &Env) -> (Option<String>, bool) {
-    (
-        env.var("RUST_LOG"),
-        env.var("AWS_LAMBDA_FUNCTION_NAME").is_some(),
-    )
+    (env.var("RUST_LOG"), env.var("AWS_LAMBDA_FUNCTION_NAME").is_some())
 }
 
 /// Tracing for a binary, as the environment asks: the first call of every `main`.
@@ -486,11 +401,7 @@ mod tests {
 
     #[test]
     fn comma_separated_secrets_are_all_kept_in_order() {
-        let s = Secrets::read(&Env::from_pairs(&[(
-            "STRIPE_WEBHOOK_SECRET",
-            "whsec_a, whsec_b,,",
-        )]))
-        .unwrap();
+        let s = Secrets::read(&Env::from_pairs(&[("STRIPE_WEBHOOK_SECRET", "whsec_a, whsec_b,,")])).unwrap();
         let stripe: Vec<&[u8]> = s.stripe.iter().map(Secret::expose).collect();
         assert_eq!(stripe, [b"whsec_a".as_slice(), b"whsec_b"]);
         assert!(!s.is_configured(Provider::Shopify));
@@ -498,11 +409,7 @@ mod tests {
 
     #[test]
     fn standard_secret_must_be_base64_and_the_error_hides_it() {
-        let err = Secrets::read(&Env::from_pairs(&[(
-            "STANDARD_WEBHOOK_SECRET",
-            "whsec_not*base64",
-        )]))
-        .unwrap_err();
+        let err = Secrets::read(&Env::from_pairs(&[("STANDARD_WEBHOOK_SECRET", "whsec_not*base64")])).unwrap_err();
         let text = err.to_string();
         assert!(text.contains("secret #1 is not base64"), "{text}");
         assert!(!text.contains("not*base64"), "{text}");
@@ -510,15 +417,11 @@ mod tests {
 
     #[test]
     fn marqeta_needs_both_username_and_password() {
-        let err =
-            Secrets::read(&Env::from_pairs(&[("MARQETA_WEBHOOK_USERNAME", "u")])).unwrap_err();
+        let err = Secrets::read(&Env::from_pairs(&[("MARQETA_WEBHOOK_USERNAME", "u")])).unwrap_err();
         assert!(err.to_string().contains("MARQETA_WEBHOOK_PASSWORD"));
         let ok = Secrets::read(&Env::from_pairs(&[
             ("MARQETA_WEBHOOK_USERNAME", "u"),
-            (
-                "MARQETA_WEBHOOK_PASSWORD",
-                "password-one-0123456789,password-two-0123456789",
-            ),
+            ("MARQETA_WEBHOOK_PASSWORD", "password-one-0123456789,password-two-0123456789"),
         ]))
         .unwrap();
         assert_eq!(ok.marqeta.unwrap().passwords.len(), 2);
@@ -532,23 +435,14 @@ mod tests {
 
     #[test]
     fn inline_providers_are_names_and_unknown_ones_are_refused() {
-        assert_eq!(
-            inline_providers(Some("stripe, marqeta")).unwrap(),
-            [Provider::Stripe, Provider::Marqeta]
-        );
+        assert_eq!(inline_providers(Some("stripe, marqeta")).unwrap(), [Provider::Stripe, Provider::Marqeta]);
         assert!(inline_providers(None).unwrap().is_empty());
-        assert!(inline_providers(Some("stripe,paypal"))
-            .unwrap_err()
-            .to_string()
-            .contains("paypal"));
+        assert!(inline_providers(Some("stripe,paypal")).unwrap_err().to_string().contains("paypal"));
     }
 
     #[test]
     fn secret_debug_is_redacted() {
-        assert_eq!(
-            format!("{:?}", Secret::new("whsec_live")),
-            "Secret(<redacted>)"
-        );
+        assert_eq!(format!("{:?}", Secret::new("whsec_live")), "Secret(<redacted>)");
     }
 
     #[test]
@@ -561,15 +455,9 @@ mod tests {
     fn every_stage_reads_its_defaults_from_an_empty_environment() {
         let env = Env::from_pairs(&[]);
         let db = DbConfig::read(&env, 2).unwrap();
-        assert_eq!(
-            (db.url, db.pool_size, db.statement_timeout),
-            (None, 2, Duration::from_secs(5))
-        );
+        assert_eq!((db.url, db.pool_size, db.statement_timeout), (None, 2, Duration::from_secs(5)));
         let r = ReceiveConfig::read(&env, 2).unwrap();
-        assert_eq!(
-            (r.max_body_bytes, r.inline_providers.len()),
-            (DEFAULT_MAX_BODY_BYTES, 0)
-        );
+        assert_eq!((r.max_body_bytes, r.inline_providers.len()), (DEFAULT_MAX_BODY_BYTES, 0));
         assert!(r.secrets.none_configured());
         let w = WorkerConfig::read(&env).unwrap();
         assert_eq!(
@@ -578,29 +466,13 @@ mod tests {
         );
         let relay = RelayConfig::read(&env).unwrap();
         assert_eq!(
-            (
-                relay.batch_size,
-                relay.concurrency,
-                relay.max_attempts,
-                relay.lease
-            ),
+            (relay.batch_size, relay.concurrency, relay.max_attempts, relay.lease),
             (100, 8, 10, Duration::from_secs(300))
         );
         assert_eq!(SinkConfig::read(&env).unwrap(), SinkConfig::default());
         let p = RetentionConfig::read(&env).unwrap();
-        assert_eq!(
-            (
-                p.done_days[&Provider::Stripe],
-                p.failed_days,
-                p.outbox_days,
-                p.batch_size
-            ),
-            (60, 180, 7, 1000)
-        );
-        assert_eq!(
-            ReconcileConfig::read(&env).unwrap().first_lookback,
-            Duration::from_secs(72 * 3600)
-        );
+        assert_eq!((p.done_days[&Provider::Stripe], p.failed_days, p.outbox_days, p.batch_size), (60, 180, 7, 1000));
+        assert_eq!(ReconcileConfig::read(&env).unwrap().first_lookback, Duration::from_secs(72 * 3600));
         assert!(!Reconciler::read(&env).unwrap().is_configured());
         assert_eq!(deadline_margin(&env).unwrap(), Duration::from_millis(3000));
         assert_eq!(log_settings(&env), (None, false));
@@ -648,44 +520,23 @@ mod tests {
         let db = DbConfig::read(&env, 2).unwrap();
         assert_eq!(db.url.as_deref(), Some("postgres://db/inbox"));
         assert_eq!(
-            (
-                db.pool_size,
-                db.acquire_timeout,
-                db.lock_timeout,
-                db.statement_timeout,
-                db.idle_in_transaction_timeout
-            ),
+            (db.pool_size, db.acquire_timeout, db.lock_timeout, db.statement_timeout, db.idle_in_transaction_timeout),
             (7, ms(11), ms(12), ms(13), ms(14))
         );
         let r = ReceiveConfig::read(&env, 2).unwrap();
-        assert_eq!(
-            (r.max_body_bytes, r.inline_providers),
-            (2048, vec![Provider::Stripe, Provider::Shopify])
-        );
+        assert_eq!((r.max_body_bytes, r.inline_providers), (2048, vec![Provider::Stripe, Provider::Shopify]));
         let w = WorkerConfig::read(&env).unwrap();
-        assert_eq!(
-            (w.batch_size, w.max_attempts, w.retry_base, w.poll),
-            (5, 6, ms(15), ms(16))
-        );
+        assert_eq!((w.batch_size, w.max_attempts, w.retry_base, w.poll), (5, 6, ms(15), ms(16)));
         assert_eq!(deadline_margin(&env).unwrap(), ms(17));
         let sinks = SinkConfig::read(&env).unwrap();
-        assert_eq!(
-            sinks.http,
-            Some(("https://sink.example/hook".to_string(), ms(18)))
-        );
+        assert_eq!(sinks.http, Some(("https://sink.example/hook".to_string(), ms(18))));
         assert_eq!(
             (sinks.sqs_queue_url.as_deref(), sinks.event_bus.as_deref()),
             (Some("https://sqs.example/q"), Some("bus"))
         );
         let relay = RelayConfig::read(&env).unwrap();
         assert_eq!(
-            (
-                relay.concurrency,
-                relay.batch_size,
-                relay.max_attempts,
-                relay.retry_base,
-                relay.lease
-            ),
+            (relay.concurrency, relay.batch_size, relay.max_attempts, relay.retry_base, relay.lease),
             (3, 4, 9, ms(19), ms(20))
         );
         let p = RetentionConfig::read(&env).unwrap();
@@ -699,22 +550,14 @@ mod tests {
             ),
             (45, 90, 200, 8, 500)
         );
-        assert_eq!(
-            ReconcileConfig::read(&env).unwrap().first_lookback,
-            Duration::from_secs(24 * 3600)
-        );
+        assert_eq!(ReconcileConfig::read(&env).unwrap().first_lookback, Duration::from_secs(24 * 3600));
         assert!(Reconciler::read(&env).unwrap().is_configured());
         assert_eq!(log_settings(&env), (Some("debug".into()), true));
     }
 
     #[test]
     fn a_value_that_does_not_parse_names_its_variable() {
-        for var in [
-            "INBOX_BATCH_SIZE",
-            "RELAY_LEASE_MS",
-            "INBOX_RETENTION_DAYS_MARQETA",
-            "INBOX_DB_POOL_SIZE",
-        ] {
+        for var in ["INBOX_BATCH_SIZE", "RELAY_LEASE_MS", "INBOX_RETENTION_DAYS_MARQETA", "INBOX_DB_POOL_SIZE"] {
             let pairs = [(var, "soon")];
             let env = Env::from_pairs(&pairs);
             let err = match var {
@@ -723,15 +566,9 @@ mod tests {
                 "INBOX_RETENTION_DAYS_MARQETA" => RetentionConfig::read(&env).unwrap_err(),
                 _ => DbConfig::read(&env, 2).unwrap_err(),
             };
-            assert_eq!(
-                err.to_string(),
-                format!("{var}: \"soon\" is not a valid number")
-            );
+            assert_eq!(err.to_string(), format!("{var}: \"soon\" is not a valid number"));
         }
         let short = [("INBOX_RETENTION_DAYS", "2")];
-        assert!(RetentionConfig::read(&Env::from_pairs(&short))
-            .unwrap_err()
-            .to_string()
-            .contains("redelivery window"));
+        assert!(RetentionConfig::read(&Env::from_pairs(&short)).unwrap_err().to_string().contains("redelivery window"));
     }
 }

@@ -20,24 +20,15 @@ use crate::{
     db::{self, checkpoints},
     domain::orders::{self, Applied, OrderSnapshot},
     ingest::inbox::{self, Claim, Envelope},
-    ingest::providers::{
-        body_digest_id, stripe::Stripe, Delivery, Events, NewEvent, Provider, Scheme,
-    },
+    ingest::providers::{body_digest_id, stripe::Stripe, Delivery, Events, NewEvent, Provider, Scheme},
 };
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
     #[error("{api} answered HTTP {status}: {body}")]
-    Api {
-        api: &'static str,
-        status: u16,
-        body: String,
-    },
+    Api { api: &'static str, status: u16, body: String },
     #[error("{api} request failed: {source}")]
-    Request {
-        api: &'static str,
-        source: reqwest::Error,
-    },
+    Request { api: &'static str, source: reqwest::Error },
     #[error("{api} sent an unexpected body: {reason}")]
     Body { api: &'static str, reason: String },
     #[error("database: {0}")]
@@ -64,28 +55,17 @@ pub struct ReconcileConfig {
 }
 
 /// GET with `429`/`Retry-After` honoured (up to 5 tries, at most 30 s a wait).
-async fn get(
-    api: &'static str,
-    req: reqwest::RequestBuilder,
-) -> Result<reqwest::Response, ReconcileError> {
+async fn get(api: &'static str, req: reqwest::RequestBuilder) -> Result<reqwest::Response, ReconcileError> {
     let mut attempt = 0;
     loop {
         attempt += 1;
         let Some(r) = req.try_clone() else {
-            return Err(ReconcileError::Body {
-                api,
-                reason: "request cannot be retried".into(),
-            });
+            return Err(ReconcileError::Body { api, reason: "request cannot be retried".into() });
         };
-        let response = r
-            .send()
-            .await
-            .map_err(|source| ReconcileError::Request { api, source })?;
+        let response = r.send().await.map_err(|source| ReconcileError::Request { api, source })?;
         if response.status().as_u16() == 429 && attempt < 5 {
             // Shopify sends `Retry-After: 2.0`; Stripe whole seconds.
-            let wait = retry_after(response.headers())
-                .unwrap_or(Duration::from_secs(1))
-                .min(Duration::from_secs(30));
+            let wait = retry_after(response.headers()).unwrap_or(Duration::from_secs(1)).min(Duration::from_secs(30));
             tracing::info!(api, ?wait, "rate limited; waiting as asked");
             tokio::time::sleep(wait).await;
             continue;
@@ -93,21 +73,14 @@ async fn get(
         if !response.status().is_success() {
             let status = response.status().as_u16();
             let body = response.text().await.unwrap_or_default();
-            return Err(ReconcileError::Api {
-                api,
-                status,
-                body: body.chars().take(500).collect(),
-            });
+            return Err(ReconcileError::Api { api, status, body: body.chars().take(500).collect() });
         }
         return Ok(response);
     }
 }
 
 fn now_epoch() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
 }
 
 /// Stripe's events API: `STRIPE_API_BASE` (default `https://api.stripe.com`), `STRIPE_API_KEY`.
@@ -136,24 +109,14 @@ impl StripeEvents {
             var: "STRIPE_API_KEY",
             reason: format!("cannot build an HTTP client: {e}"),
         })?;
-        Ok(StripeEvents {
-            client,
-            base: base.into().trim_end_matches('/').to_string(),
-            key,
-        })
+        Ok(StripeEvents { client, base: base.into().trim_end_matches('/').to_string(), key })
     }
 
     /// Lists undelivered events created since the checkpoint (newest first,
     /// paginated with `starting_after`) and claims each through the webhook claim.
-    pub async fn reconcile(
-        &self,
-        pool: &PgPool,
-        config: &ReconcileConfig,
-    ) -> Result<Found, ReconcileError> {
+    pub async fn reconcile(&self, pool: &PgPool, config: &ReconcileConfig) -> Result<Found, ReconcileError> {
         const SOURCE: &str = "stripe:events";
-        let since = checkpoints::load(pool, SOURCE)
-            .await?
-            .unwrap_or(now_epoch() - config.first_lookback.as_secs_f64())
+        let since = checkpoints::load(pool, SOURCE).await?.unwrap_or(now_epoch() - config.first_lookback.as_secs_f64())
             - config.overlap.as_secs_f64();
         let parser = Stripe::new(vec![]);
         let headers = http::HeaderMap::new();
@@ -176,44 +139,28 @@ impl StripeEvents {
                 .get(format!("{}/v1/events", self.base))
                 .bearer_auth(String::from_utf8_lossy(self.key.expose()))
                 .query(&query);
-            let text = get("Stripe", req).await?.text().await.map_err(|source| {
-                ReconcileError::Request {
-                    api: "Stripe",
-                    source,
-                }
-            })?;
-            let page: EventPage<'_> =
-                serde_json::from_str(&text).map_err(|e| ReconcileError::Body {
-                    api: "Stripe",
-                    reason: e.to_string(),
-                })?;
+            let text = get("Stripe", req)
+                .await?
+                .text()
+                .await
+                .map_err(|source| ReconcileError::Request { api: "Stripe", source })?;
+            let page: EventPage<'_> = serde_json::from_str(&text)
+                .map_err(|e| ReconcileError::Body { api: "Stripe", reason: e.to_string() })?;
 
             // Each event in its own statement, as a webhook would be: one that PostgreSQL
             // refuses is kept as `failed` (the receive fallback) and the page goes on.
             let mut conn = pool.acquire().await?;
             for raw in &page.data {
-                let head: EventHead = serde_json::from_str(raw.get()).unwrap_or(EventHead {
-                    id: None,
-                    created: None,
-                });
+                let head: EventHead = serde_json::from_str(raw.get()).unwrap_or(EventHead { id: None, created: None });
                 if let Some(id) = &head.id {
                     starting_after = Some(id.clone());
                 }
                 latest = latest.max(head.created.unwrap_or(0) as f64);
                 let body = raw.get().as_bytes();
-                let Events::Single(event) = parser.events(&Delivery {
-                    headers: &headers,
-                    body,
-                    now: 0,
-                }) else {
+                let Events::Single(event) = parser.events(&Delivery { headers: &headers, body, now: 0 }) else {
                     continue;
                 };
-                let env = Envelope {
-                    provider: Provider::Stripe,
-                    raw_body: body,
-                    headers: &empty,
-                    secret_index: None,
-                };
+                let env = Envelope { provider: Provider::Stripe, raw_body: body, headers: &empty, secret_index: None };
                 match inbox::claim_one(&mut conn, &env, &event).await? {
                     Claim::New => found.applied += 1,
                     Claim::Duplicate => found.already_known += 1,
@@ -248,30 +195,14 @@ struct OrderPage {
 /// An order that cannot be applied is kept in the inbox as `failed`, with its
 /// reason and its bytes, keyed by their digest (`source = 'reconcile'`): the
 /// page goes on, and the same order fetched again is a duplicate.
-async fn keep_failed_order(
-    conn: &mut sqlx::PgConnection,
-    order: &str,
-    reason: &str,
-) -> Result<(), sqlx::Error> {
+async fn keep_failed_order(conn: &mut sqlx::PgConnection, order: &str, reason: &str) -> Result<(), sqlx::Error> {
     tracing::warn!(%reason, "order from the Admin API kept as failed");
     let headers = serde_json::json!({});
-    let env = Envelope {
-        provider: Provider::Shopify,
-        raw_body: order.as_bytes(),
-        headers: &headers,
-        secret_index: None,
-    };
+    let env =
+        Envelope { provider: Provider::Shopify, raw_body: order.as_bytes(), headers: &headers, secret_index: None };
     let id = format!("reconcile:{}", body_digest_id(order.as_bytes()));
-    let payload = payload::check(order)
-        .ok()
-        .filter(|c| !c.has_nul)
-        .map(|_| order.to_string());
-    inbox::claim_one(
-        conn,
-        &env,
-        &NewEvent::unusable(id, ORDER_EVENT_TYPE, payload, reason),
-    )
-    .await?;
+    let payload = payload::check(order).ok().filter(|c| !c.has_nul).map(|_| order.to_string());
+    inbox::claim_one(conn, &env, &NewEvent::unusable(id, ORDER_EVENT_TYPE, payload, reason)).await?;
     Ok(())
 }
 
@@ -279,11 +210,7 @@ async fn keep_failed_order(
 pub const ORDER_EVENT_TYPE: &str = "reconcile:order";
 
 impl ShopifyOrders {
-    pub fn new(
-        base: impl Into<String>,
-        version: impl Into<String>,
-        token: Secret,
-    ) -> Result<Self, ConfigError> {
+    pub fn new(base: impl Into<String>, version: impl Into<String>, token: Secret) -> Result<Self, ConfigError> {
         let client = http_client(Duration::from_secs(30)).map_err(|e| ConfigError::Invalid {
             var: "SHOPIFY_ACCESS_TOKEN",
             reason: format!("cannot build an HTTP client: {e}"),
@@ -302,84 +229,51 @@ impl ShopifyOrders {
         if same_origin(&self.base, &link) {
             return Ok(link);
         }
-        let host = reqwest::Url::parse(&link)
-            .ok()
-            .and_then(|u| u.host_str().map(str::to_string))
-            .unwrap_or_default();
+        let host = reqwest::Url::parse(&link).ok().and_then(|u| u.host_str().map(str::to_string)).unwrap_or_default();
         Err(ReconcileError::Body {
             api: "Shopify",
-            reason: format!("the next page's link leads to another host ({host:?}); not followed, the token stays home"),
+            reason: format!(
+                "the next page's link leads to another host ({host:?}); not followed, the token stays home"
+            ),
         })
     }
 
     /// Orders updated since the checkpoint, page by page (`Link: rel="next"`),
     /// through the version-guarded upsert: a stale or known order changes nothing.
-    pub async fn reconcile(
-        &self,
-        pool: &PgPool,
-        config: &ReconcileConfig,
-    ) -> Result<Found, ReconcileError> {
+    pub async fn reconcile(&self, pool: &PgPool, config: &ReconcileConfig) -> Result<Found, ReconcileError> {
         const SOURCE: &str = "shopify:orders";
-        let since = checkpoints::load(pool, SOURCE)
-            .await?
-            .unwrap_or(now_epoch() - config.first_lookback.as_secs_f64())
+        let since = checkpoints::load(pool, SOURCE).await?.unwrap_or(now_epoch() - config.first_lookback.as_secs_f64())
             - config.overlap.as_secs_f64();
-        let since_text: String = sqlx::query_scalar(
-            "SELECT to_char(to_timestamp($1) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')",
-        )
-        .bind(since.max(0.0))
-        .fetch_one(pool)
-        .await?;
+        let since_text: String =
+            sqlx::query_scalar("SELECT to_char(to_timestamp($1) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')")
+                .bind(since.max(0.0))
+                .fetch_one(pool)
+                .await?;
         let mut url = format!("{}/admin/api/{}/orders.json", self.base, self.version);
-        let mut query = vec![
-            ("status", "any".to_string()),
-            ("limit", "250".to_string()),
-            ("updated_at_min", since_text),
-        ];
+        let mut query =
+            vec![("status", "any".to_string()), ("limit", "250".to_string()), ("updated_at_min", since_text)];
         let mut found = Found::default();
         let run_started = now_epoch() - config.overlap.as_secs_f64();
         let mut versions: Vec<String> = Vec::new();
         loop {
             let mut token =
-                reqwest::header::HeaderValue::from_bytes(self.token.expose()).map_err(|_| {
-                    ReconcileError::Body {
-                        api: "Shopify",
-                        reason: "SHOPIFY_ACCESS_TOKEN is not a valid header value".into(),
-                    }
+                reqwest::header::HeaderValue::from_bytes(self.token.expose()).map_err(|_| ReconcileError::Body {
+                    api: "Shopify",
+                    reason: "SHOPIFY_ACCESS_TOKEN is not a valid header value".into(),
                 })?;
             token.set_sensitive(true);
-            let req = self
-                .client
-                .get(&url)
-                .header("X-Shopify-Access-Token", token)
-                .query(&query);
+            let req = self.client.get(&url).header("X-Shopify-Access-Token", token).query(&query);
             let response = get("Shopify", req).await?;
-            let next = response
-                .headers()
-                .get(reqwest::header::LINK)
-                .and_then(|v| v.to_str().ok())
-                .and_then(next_link);
-            let text = response
-                .text()
-                .await
-                .map_err(|source| ReconcileError::Request {
-                    api: "Shopify",
-                    source,
-                })?;
-            let page: OrderPage =
-                serde_json::from_str(&text).map_err(|e| ReconcileError::Body {
-                    api: "Shopify",
-                    reason: e.to_string(),
-                })?;
+            let next = response.headers().get(reqwest::header::LINK).and_then(|v| v.to_str().ok()).and_then(next_link);
+            let text = response.text().await.map_err(|source| ReconcileError::Request { api: "Shopify", source })?;
+            let page: OrderPage = serde_json::from_str(&text)
+                .map_err(|e| ReconcileError::Body { api: "Shopify", reason: e.to_string() })?;
             let mut conn = pool.acquire().await?;
             for raw in &page.orders {
                 found.fetched += 1;
                 let snapshot = payload::decode(raw.get())
                     .map_err(|e| e.0)
-                    .and_then(|order| {
-                        OrderSnapshot::from_shopify(&order)
-                            .map_err(|e| format!("malformed order: {e}"))
-                    });
+                    .and_then(|order| OrderSnapshot::from_shopify(&order).map_err(|e| format!("malformed order: {e}")));
                 let applied = match snapshot {
                     Ok(snapshot) => match orders::upsert(&mut conn, &snapshot).await {
                         Ok(applied) => {
@@ -413,12 +307,11 @@ impl ShopifyOrders {
                 None => break,
             }
         }
-        let latest: Option<f64> = sqlx::query_scalar(
-            "SELECT extract(epoch FROM max(v::timestamptz))::float8 FROM unnest($1::text[]) AS v",
-        )
-        .bind(&versions)
-        .fetch_one(pool)
-        .await?;
+        let latest: Option<f64> =
+            sqlx::query_scalar("SELECT extract(epoch FROM max(v::timestamptz))::float8 FROM unnest($1::text[]) AS v")
+                .bind(&versions)
+                .fetch_one(pool)
+                .await?;
         // Every order updated before this run started was listed now.
         checkpoints::save(pool, SOURCE, latest.unwrap_or(0.0).max(run_started)).await?;
         Ok(found)
@@ -433,16 +326,8 @@ pub struct Reconciler {
 }
 
 impl Reconciler {
-    pub fn new(
-        stripe: Option<StripeEvents>,
-        shopify: Option<ShopifyOrders>,
-        config: ReconcileConfig,
-    ) -> Self {
-        Reconciler {
-            stripe,
-            shopify,
-            config,
-        }
+    pub fn new(stripe: Option<StripeEvents>, shopify: Option<ShopifyOrders>, config: ReconcileConfig) -> Self {
+        Reconciler { stripe, shopify, config }
     }
 
     pub fn is_configured(&self) -> bool {
@@ -464,13 +349,11 @@ impl Reconciler {
 
 /// The `rel="next"` URL of a `Link` header.
 fn next_link(link: &str) -> Option<String> {
-    link.split(',')
-        .find(|part| part.contains("rel=\"next\""))
-        .and_then(|part| {
-            let start = part.find('<')? + 1;
-            let len = part[start..].find('>')?;
-            Some(part[start..start + len].to_string())
-        })
+    link.split(',').find(|part| part.contains("rel=\"next\"")).and_then(|part| {
+        let start = part.find('<')? + 1;
+        let len = part[start..].find('>')?;
+        Some(part[start..start + len].to_string())
+    })
 }
 
 /// Whether `link` is on the same origin (scheme, host, port) as `base`.
@@ -505,14 +388,8 @@ mod tests {
     #[test]
     fn only_links_on_the_shops_own_origin_are_followed() {
         let base = "https://s.myshopify.com";
-        assert!(super::same_origin(
-            base,
-            "https://s.myshopify.com/admin/api/2024-10/orders.json?page_info=x"
-        ));
-        assert!(super::same_origin(
-            base,
-            "https://s.myshopify.com:443/admin"
-        ));
+        assert!(super::same_origin(base, "https://s.myshopify.com/admin/api/2024-10/orders.json?page_info=x"));
+        assert!(super::same_origin(base, "https://s.myshopify.com:443/admin"));
         for other in [
             "https://evil.example/admin",
             "http://s.myshopify.com/admin",

@@ -52,31 +52,22 @@ pub struct RetentionConfig {
 impl RetentionConfig {
     /// Refuses a retention that would forget a key while its provider may still redeliver it.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        for (var, days) in [
-            ("OUTBOX_RETENTION_DAYS", self.outbox_days),
-            ("INBOX_FAILED_RETENTION_DAYS", self.failed_days),
-        ]
-        .into_iter()
-        .chain(
-            self.done_days
-                .values()
-                .map(|d| ("INBOX_RETENTION_DAYS", *d)),
-        ) {
+        for (var, days) in
+            [("OUTBOX_RETENTION_DAYS", self.outbox_days), ("INBOX_FAILED_RETENTION_DAYS", self.failed_days)]
+                .into_iter()
+                .chain(self.done_days.values().map(|d| ("INBOX_RETENTION_DAYS", *d)))
+        {
             if days > MAX_DAYS {
-                return Err(ConfigError::Invalid {
-                    var,
-                    reason: format!("{days} days is more than {MAX_DAYS}"),
-                });
+                return Err(ConfigError::Invalid { var, reason: format!("{days} days is more than {MAX_DAYS}") });
             }
         }
         for p in Provider::ALL {
             let window = redelivery_window_days(p);
             let done = self.done_days.get(&p).copied().unwrap_or(0);
             // Failed rows remember their keys too.
-            for (var, kept, what) in [
-                ("INBOX_RETENTION_DAYS", done, "done"),
-                ("INBOX_FAILED_RETENTION_DAYS", self.failed_days, "failed"),
-            ] {
+            for (var, kept, what) in
+                [("INBOX_RETENTION_DAYS", done, "done"), ("INBOX_FAILED_RETENTION_DAYS", self.failed_days, "failed")]
+            {
                 if kept < window {
                     return Err(ConfigError::Invalid {
                         var,
@@ -120,32 +111,17 @@ impl Pruner {
         let mut pruned = Pruned::default();
         let mut short = true;
         for p in Provider::ALL {
-            let n = inbox::delete_received_before(
-                &self.pool,
-                Some(p),
-                Status::Done,
-                self.config.done_days[&p],
-                limit,
-            )
-            .await?;
+            let n = inbox::delete_received_before(&self.pool, Some(p), Status::Done, self.config.done_days[&p], limit)
+                .await?;
             short &= (n as i64) < limit;
             pruned.done += n;
         }
-        pruned.failed = inbox::delete_received_before(
-            &self.pool,
-            None,
-            Status::Failed,
-            self.config.failed_days,
-            limit,
-        )
-        .await?;
-        pruned.outbox =
-            outbox::delete_sent_before(&self.pool, self.config.outbox_days, limit).await?;
+        pruned.failed =
+            inbox::delete_received_before(&self.pool, None, Status::Failed, self.config.failed_days, limit).await?;
+        pruned.outbox = outbox::delete_sent_before(&self.pool, self.config.outbox_days, limit).await?;
         pruned.bodies = bodies::delete_orphans(&self.pool, limit).await?;
         pruned.statements = Provider::ALL.len() as u64 + 3;
-        short &= (pruned.failed as i64) < limit
-            && (pruned.outbox as i64) < limit
-            && (pruned.bodies as i64) < limit;
+        short &= (pruned.failed as i64) < limit && (pruned.outbox as i64) < limit && (pruned.bodies as i64) < limit;
         Ok((pruned, short))
     }
 
@@ -187,17 +163,11 @@ mod tests {
         let mut c = config(60);
         c.done_days.insert(Provider::Stripe, 10);
         let err = c.validate().unwrap_err().to_string();
-        assert!(
-            err.contains("done stripe rows would be kept 10 days") && err.contains("30 days"),
-            "{err}"
-        );
+        assert!(err.contains("done stripe rows would be kept 10 days") && err.contains("30 days"), "{err}");
         let mut c = config(60);
         c.failed_days = 5;
         assert!(
-            c.validate()
-                .unwrap_err()
-                .to_string()
-                .starts_with("INBOX_FAILED_RETENTION_DAYS"),
+            c.validate().unwrap_err().to_string().starts_with("INBOX_FAILED_RETENTION_DAYS"),
             "failed rows are dedup memory too"
         );
         let mut c = config(60);

@@ -67,12 +67,8 @@ where
 /// (rows written before it, or by a path that skipped it).
 async fn stored_unchecked(pool: &PgPool, event_id: &str, body: &str) {
     let headers = json!({});
-    let env = Envelope {
-        provider: Provider::Stripe,
-        raw_body: body.as_bytes(),
-        headers: &headers,
-        secret_index: Some(0),
-    };
+    let env =
+        Envelope { provider: Provider::Stripe, raw_body: body.as_bytes(), headers: &headers, secret_index: Some(0) };
     let event = NewEvent::pending(event_id.into(), "payment_intent.succeeded", body.into());
     assert_eq!(inbox::claim(pool, &env, &event).await.unwrap(), Claim::New);
 }
@@ -82,69 +78,26 @@ async fn stored_unchecked(pool: &PgPool, event_id: &str, body: &str) {
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn a_pending_payload_the_worker_cannot_decode_fails_alone_and_the_queue_flows(pool: PgPool) {
     // Oldest first: the hostile rows head the queue.
-    stored_unchecked(
-        &pool,
-        "evt_a_deep",
-        &payment_with("evt_a_deep", "pi_deep", &nested(200)),
-    )
-    .await;
-    stored_unchecked(
-        &pool,
-        "evt_b_huge",
-        &payment_with("evt_b_huge", "pi_huge", r#"{"n":1e400}"#),
-    )
-    .await;
+    stored_unchecked(&pool, "evt_a_deep", &payment_with("evt_a_deep", "pi_deep", &nested(200))).await;
+    stored_unchecked(&pool, "evt_b_huge", &payment_with("evt_b_huge", "pi_huge", r#"{"n":1e400}"#)).await;
     for i in 0..5 {
-        stored_unchecked(
-            &pool,
-            &format!("evt_ok_{i}"),
-            &payment(&format!("evt_ok_{i}"), &format!("pi_{i}")),
-        )
-        .await;
+        stored_unchecked(&pool, &format!("evt_ok_{i}"), &payment(&format!("evt_ok_{i}"), &format!("pi_{i}"))).await;
     }
     let (counts, error) = worker(&pool).drain(later()).await;
-    assert!(
-        error.is_none(),
-        "the batch must not fail as a whole: {error:?}"
-    );
+    assert!(error.is_none(), "the batch must not fail as a whole: {error:?}");
     assert_eq!((counts.taken, counts.applied, counts.failed), (7, 5, 2));
-    assert_eq!(
-        scalar::<i64>(&pool, "SELECT count(*) FROM payments").await,
-        5,
-        "every ordinary effect applied"
-    );
+    assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM payments").await, 5, "every ordinary effect applied");
     let rows = rows(&pool).await;
     assert_eq!(rows[0].1, "failed");
-    assert!(
-        rows[0]
-            .2
-            .as_deref()
-            .unwrap()
-            .contains("nested deeper than 127 levels"),
-        "{:?}",
-        rows[0].2
-    );
+    assert!(rows[0].2.as_deref().unwrap().contains("nested deeper than 127 levels"), "{:?}", rows[0].2);
     assert_eq!(rows[1].1, "failed");
-    assert!(
-        rows[1]
-            .2
-            .as_deref()
-            .unwrap()
-            .contains("number out of range"),
-        "{:?}",
-        rows[1].2
-    );
+    assert!(rows[1].2.as_deref().unwrap().contains("number out of range"), "{:?}", rows[1].2);
     assert!(rows[2..].iter().all(|r| r.1 == "done"));
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn the_sqs_path_decodes_per_row_too(pool: PgPool) {
-    stored_unchecked(
-        &pool,
-        "evt_deep",
-        &payment_with("evt_deep", "pi_deep", &nested(300)),
-    )
-    .await;
+    stored_unchecked(&pool, "evt_deep", &payment_with("evt_deep", "pi_deep", &nested(300))).await;
     let c = worker(&pool).run_event("stripe", "evt_deep").await.unwrap();
     assert_eq!((c.taken, c.failed), (1, 1));
     assert_eq!(rows(&pool).await[0].1, "failed");
@@ -152,16 +105,10 @@ async fn the_sqs_path_decodes_per_row_too(pool: PgPool) {
 
 /// The same rule at the door: what the worker could not use is `failed` at receive, answered 200.
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn receive_fails_at_once_what_the_worker_could_not_decode(
-    _: PgPoolOptions,
-    opts: PgConnectOptions,
-) {
+async fn receive_fails_at_once_what_the_worker_could_not_decode(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     for inline in [false, true] {
-        sqlx::query("TRUNCATE webhook_inbox")
-            .execute(&pool)
-            .await
-            .unwrap();
+        sqlx::query("TRUNCATE webhook_inbox").execute(&pool).await.unwrap();
         let mut cfg = config(secrets(false));
         if inline {
             cfg.inline_providers = vec![Provider::Stripe];
@@ -169,53 +116,29 @@ async fn receive_fails_at_once_what_the_worker_could_not_decode(
         let r = Receiver::new(db::Connections::from_options(opts.clone(), &cfg.db), &cfg);
         for (id, hostile, reason) in [
             ("evt_deep", nested(128), "nested deeper than 127 levels"),
-            (
-                "evt_huge",
-                r#"{"n":1e400}"#.to_string(),
-                "number out of range",
-            ),
+            ("evt_huge", r#"{"n":1e400}"#.to_string(), "number out of range"),
             ("evt_surrogate", r#""\ud800""#.to_string(), "hex escape"),
         ] {
             let body = payment_with(id, "pi_x", &hostile).into_bytes();
-            let (status, answer) = post(
-                &r,
-                "stripe",
-                &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))],
-                &body,
-            )
-            .await;
-            assert_eq!(
-                (status, answer),
-                (StatusCode::OK, json!({"status": "accepted"})),
-                "{id} inline={inline}"
-            );
-            let (status, why, raw): (String, String, Vec<u8>) = sqlx::query_as(
-                "SELECT status, failure_reason, raw_body FROM webhook_inbox WHERE event_id = $1",
-            )
-            .bind(id)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+            let (status, answer) =
+                post(&r, "stripe", &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))], &body).await;
+            assert_eq!((status, answer), (StatusCode::OK, json!({"status": "accepted"})), "{id} inline={inline}");
+            let (status, why, raw): (String, String, Vec<u8>) =
+                sqlx::query_as("SELECT status, failure_reason, raw_body FROM webhook_inbox WHERE event_id = $1")
+                    .bind(id)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
             assert_eq!(status, "failed", "{id} inline={inline}");
             assert!(why.contains(reason), "{id}: {why}");
             assert_eq!(raw, body, "the signed bytes are kept");
         }
         // Within the limit (127 levels in all), the event is ordinary.
         let body = payment_with("evt_limit", "pi_limit", &nested(123)).into_bytes();
-        post(
-            &r,
-            "stripe",
-            &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))],
-            &body,
-        )
-        .await;
+        post(&r, "stripe", &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))], &body).await;
         let expect = if inline { "done" } else { "pending" };
         assert_eq!(
-            scalar::<String>(
-                &pool,
-                "SELECT status FROM webhook_inbox WHERE event_id = 'evt_limit'"
-            )
-            .await,
+            scalar::<String>(&pool, "SELECT status FROM webhook_inbox WHERE event_id = 'evt_limit'").await,
             expect
         );
     }
@@ -225,48 +148,30 @@ async fn receive_fails_at_once_what_the_worker_could_not_decode(
 
 /// 100,000 levels: PostgreSQL's jsonb parser runs out of stack (SQLSTATE 54001).
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn a_body_nested_past_postgres_stack_depth_is_200_and_failed_not_503(
-    _: PgPoolOptions,
-    opts: PgConnectOptions,
-) {
+async fn a_body_nested_past_postgres_stack_depth_is_200_and_failed_not_503(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let r = receiver(opts.clone(), secrets(false));
     let body = payment_with("evt_abyss", "pi_abyss", &nested(100_000)).into_bytes();
     for expect in ["accepted", "duplicate"] {
-        let (status, answer) = post(
-            &r,
-            "stripe",
-            &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))],
-            &body,
-        )
-        .await;
-        assert_eq!(
-            (status, answer),
-            (StatusCode::OK, json!({"status": expect}))
-        );
+        let (status, answer) =
+            post(&r, "stripe", &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))], &body).await;
+        assert_eq!((status, answer), (StatusCode::OK, json!({"status": expect})));
     }
     let (status, no_payload): (String, bool) =
-        sqlx::query_as("SELECT status, payload IS NULL FROM webhook_inbox")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+        sqlx::query_as("SELECT status, payload IS NULL FROM webhook_inbox").fetch_one(&pool).await.unwrap();
     assert_eq!((status.as_str(), no_payload), ("failed", true));
 }
 
 /// Below the payload check: if PostgreSQL refuses a value for any reason that is
 /// not an outage, the claim falls back to a `failed` row without the payload.
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn the_claim_falls_back_whatever_sqlstate_the_value_raises(
-    _: PgPoolOptions,
-    opts: PgConnectOptions,
-) {
+async fn the_claim_falls_back_whatever_sqlstate_the_value_raises(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let connections = db::Connections::from_options(opts, &db_config());
     let headers = json!({});
-    for (id, payload, sqlstate) in [
-        ("deep", nested(100_000), "54001"),
-        ("surrogate", r#"["\ud800"]"#.to_string(), "SQLSTATE 22"),
-    ] {
+    for (id, payload, sqlstate) in
+        [("deep", nested(100_000), "54001"), ("surrogate", r#"["\ud800"]"#.to_string(), "SQLSTATE 22")]
+    {
         let env = Envelope {
             provider: Provider::Github,
             raw_body: payload.as_bytes(),
@@ -274,9 +179,7 @@ async fn the_claim_falls_back_whatever_sqlstate_the_value_raises(
             secret_index: Some(0),
         };
         let events = Events::Single(NewEvent::pending(id.into(), "push", payload.clone()));
-        let claimed = inbox::claim_delivery(&connections, &env, &events, None)
-            .await
-            .unwrap();
+        let claimed = inbox::claim_delivery(&connections, &env, &events, None).await.unwrap();
         assert_eq!(claimed, Claimed::Single(Claim::New), "{id}");
         let (status, why): (String, String) =
             sqlx::query_as("SELECT status, failure_reason FROM webhook_inbox WHERE event_id = $1")
@@ -288,39 +191,19 @@ async fn the_claim_falls_back_whatever_sqlstate_the_value_raises(
         assert!(why.contains(sqlstate), "{id}: {why}");
     }
     // A batch whose one item PostgreSQL refuses: the others are stored as they are.
-    let env = Envelope {
-        provider: Provider::Marqeta,
-        raw_body: b"batch",
-        headers: &headers,
-        secret_index: Some(0),
-    };
+    let env = Envelope { provider: Provider::Marqeta, raw_body: b"batch", headers: &headers, secret_index: Some(0) };
     let items = vec![
         NewEvent::pending("t:ok".into(), "t", "{}".into()),
         NewEvent::pending("t:deep".into(), "t", nested(100_000)),
     ];
-    let claimed = inbox::claim_delivery(&connections, &env, &Events::Batch(items), None)
-        .await
-        .unwrap();
-    assert_eq!(
-        claimed,
-        Claimed::Batch(inbox::BatchClaim {
-            accepted: 2,
-            duplicates: 0
-        })
-    );
-    let statuses: Vec<(String, String)> = sqlx::query_as(
-        "SELECT event_id, status FROM webhook_inbox WHERE provider = 'marqeta' ORDER BY 1",
-    )
-    .fetch_all(&pool)
-    .await
-    .unwrap();
-    assert_eq!(
-        statuses,
-        [
-            ("t:deep".into(), "failed".into()),
-            ("t:ok".into(), "pending".into())
-        ]
-    );
+    let claimed = inbox::claim_delivery(&connections, &env, &Events::Batch(items), None).await.unwrap();
+    assert_eq!(claimed, Claimed::Batch(inbox::BatchClaim { accepted: 2, duplicates: 0 }));
+    let statuses: Vec<(String, String)> =
+        sqlx::query_as("SELECT event_id, status FROM webhook_inbox WHERE provider = 'marqeta' ORDER BY 1")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(statuses, [("t:deep".into(), "failed".into()), ("t:ok".into(), "pending".into())]);
 }
 
 /// The fallback never turns a broken database into a 200: when the plain claim
@@ -332,27 +215,12 @@ async fn a_claim_that_fails_for_a_reason_other_than_the_value_still_answers_503(
 ) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let r = receiver(opts, secrets(false));
-    sqlx::query("ALTER TABLE webhook_inbox RENAME TO webhook_inbox_gone")
-        .execute(&pool)
-        .await
-        .unwrap();
+    sqlx::query("ALTER TABLE webhook_inbox RENAME TO webhook_inbox_gone").execute(&pool).await.unwrap();
     let body = payment_with("evt_nowhere", "pi_nowhere", &nested(100_000)).into_bytes();
-    let (status, _) = post(
-        &r,
-        "stripe",
-        &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))],
-        &body,
-    )
-    .await;
+    let (status, _) = post(&r, "stripe", &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))], &body).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     let body = payment("evt_plain", "pi_plain").into_bytes();
-    let (status, _) = post(
-        &r,
-        "stripe",
-        &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))],
-        &body,
-    )
-    .await;
+    let (status, _) = post(&r, "stripe", &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))], &body).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
 }
 
@@ -362,59 +230,36 @@ async fn read_until_closed(stream: &mut tokio::net::TcpStream) -> Option<String>
     use tokio::io::AsyncReadExt;
     let mut got = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut got)).await;
-    read.ok()
-        .map(|_| String::from_utf8_lossy(&got).into_owned())
+    read.ok().map(|_| String::from_utf8_lossy(&got).into_owned())
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn dev_server_cuts_off_clients_that_send_headers_or_bodies_too_slowly(
-    _: PgPoolOptions,
-    opts: PgConnectOptions,
-) {
+async fn dev_server_cuts_off_clients_that_send_headers_or_bodies_too_slowly(_: PgPoolOptions, opts: PgConnectOptions) {
     use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let timeouts = webhook_inbox::dev::server::Timeouts {
-        header: Duration::from_millis(300),
-        body: Duration::from_millis(300),
-    };
+    let timeouts =
+        webhook_inbox::dev::server::Timeouts { header: Duration::from_millis(300), body: Duration::from_millis(300) };
     let receiver = std::sync::Arc::new(receiver(opts, secrets(false)));
-    let server = tokio::spawn(webhook_inbox::dev::server::serve_with(
-        listener,
-        receiver,
-        timeouts,
-        std::future::pending(),
-    ));
+    let server =
+        tokio::spawn(webhook_inbox::dev::server::serve_with(listener, receiver, timeouts, std::future::pending()));
 
     // Connects and says nothing.
     let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
-    assert!(
-        read_until_closed(&mut silent).await.is_some(),
-        "a silent connection is closed"
-    );
+    assert!(read_until_closed(&mut silent).await.is_some(), "a silent connection is closed");
 
     // Half a header, then nothing.
     let mut slow_headers = tokio::net::TcpStream::connect(addr).await.unwrap();
-    slow_headers
-        .write_all(b"POST /webhooks/stripe HTTP/1.1\r\nHost: x\r\n")
-        .await
-        .unwrap();
-    assert!(
-        read_until_closed(&mut slow_headers).await.is_some(),
-        "unfinished headers are cut off"
-    );
+    slow_headers.write_all(b"POST /webhooks/stripe HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+    assert!(read_until_closed(&mut slow_headers).await.is_some(), "unfinished headers are cut off");
 
     // Headers, then 10 of the 100 bytes promised.
     let mut slow_body = tokio::net::TcpStream::connect(addr).await.unwrap();
     slow_body
-        .write_all(
-            b"POST /webhooks/stripe HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"id\":\"ev",
-        )
+        .write_all(b"POST /webhooks/stripe HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"id\":\"ev")
         .await
         .unwrap();
-    let answer = read_until_closed(&mut slow_body)
-        .await
-        .expect("an unfinished body is cut off");
+    let answer = read_until_closed(&mut slow_body).await.expect("an unfinished body is cut off");
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
 
     // And the server still serves whoever is quick.
@@ -427,10 +272,7 @@ async fn dev_server_cuts_off_clients_that_send_headers_or_bodies_too_slowly(
     let mut quick = tokio::net::TcpStream::connect(addr).await.unwrap();
     quick.write_all(request.as_bytes()).await.unwrap();
     let answer = read_until_closed(&mut quick).await.unwrap();
-    assert!(
-        answer.starts_with("HTTP/1.1 200") && answer.contains("accepted"),
-        "{answer}"
-    );
+    assert!(answer.starts_with("HTTP/1.1 200") && answer.contains("accepted"), "{answer}");
     server.abort();
 }
 
@@ -447,29 +289,14 @@ async fn a_marqeta_batch_keeps_its_bytes_once_and_every_item_can_be_reverified(
 ) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let r = receiver(opts, secrets(true));
-    let items: Vec<String> = (0..10)
-        .map(|i| {
-            format!(
-                r#"{{"token":"t{i}","type":"authorization","pad":"{}"}}"#,
-                "x".repeat(2000)
-            )
-        })
-        .collect();
+    let items: Vec<String> =
+        (0..10).map(|i| format!(r#"{{"token":"t{i}","type":"authorization","pad":"{}"}}"#, "x".repeat(2000))).collect();
     let body = format!(r#"{{"transactions":[{}]}}"#, items.join(",")).into_bytes();
     let auth = marqeta_basic(MARQETA_USER, MARQETA_PASSWORDS[0]);
     let sig = marqeta_signature_sha256(MARQETA_SIGNING[1], &body);
-    let headers = [
-        ("Authorization", auth.as_str()),
-        ("X-Marqeta-Signature", sig.as_str()),
-    ];
-    assert_eq!(
-        post(&r, "marqeta", &headers, &body).await,
-        (StatusCode::OK, json!({"accepted": 10, "duplicates": 0}))
-    );
-    assert_eq!(
-        post(&r, "marqeta", &headers, &body).await,
-        (StatusCode::OK, json!({"accepted": 0, "duplicates": 10}))
-    );
+    let headers = [("Authorization", auth.as_str()), ("X-Marqeta-Signature", sig.as_str())];
+    assert_eq!(post(&r, "marqeta", &headers, &body).await, (StatusCode::OK, json!({"accepted": 10, "duplicates": 0})));
+    assert_eq!(post(&r, "marqeta", &headers, &body).await, (StatusCode::OK, json!({"accepted": 0, "duplicates": 10})));
 
     let (bodies, in_rows): (i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM webhook_bodies), (SELECT count(*) FROM webhook_inbox WHERE raw_body IS NOT NULL)",
@@ -477,11 +304,7 @@ async fn a_marqeta_batch_keeps_its_bytes_once_and_every_item_can_be_reverified(
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert_eq!(
-        (bodies, in_rows),
-        (1, 0),
-        "the batch's bytes are stored once, in no item's row"
-    );
+    assert_eq!((bodies, in_rows), (1, 0), "the batch's bytes are stored once, in no item's row");
     let stored: Vec<(String, Vec<u8>, i16)> = sqlx::query_as(
         "SELECT w.event_id, b.raw_body, w.secret_index FROM webhook_inbox AS w JOIN webhook_bodies AS b ON b.sha256 = w.body_sha256",
     )
@@ -491,26 +314,16 @@ async fn a_marqeta_batch_keeps_its_bytes_once_and_every_item_can_be_reverified(
     assert_eq!(stored.len(), 10);
     for (id, raw, index) in stored {
         assert_eq!(raw, body, "{id}: the exact signed bytes");
-        assert_eq!(
-            marqeta_signature_sha256(MARQETA_SIGNING[index as usize], &raw),
-            sig,
-            "{id}: re-verifies"
-        );
+        assert_eq!(marqeta_signature_sha256(MARQETA_SIGNING[index as usize], &raw), sig, "{id}: re-verifies");
     }
-    let digest: Vec<u8> = sqlx::query_scalar("SELECT sha256 FROM webhook_bodies")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let digest: Vec<u8> = sqlx::query_scalar("SELECT sha256 FROM webhook_bodies").fetch_one(&pool).await.unwrap();
     assert_eq!(digest, sha256(&body));
 }
 
 /// 1 MiB of tiny notifications (about 60,000): before, every item's row copied
 /// the whole body and the claim hit the statement timeout (503 on every retry).
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn a_megabyte_of_tiny_marqeta_items_gets_a_definite_answer(
-    _: PgPoolOptions,
-    opts: PgConnectOptions,
-) {
+async fn a_megabyte_of_tiny_marqeta_items_gets_a_definite_answer(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let r = receiver(opts, secrets(false));
     let mut items = Vec::new();
@@ -524,10 +337,7 @@ async fn a_megabyte_of_tiny_marqeta_items_gets_a_definite_answer(
     assert!(body.len() < webhook_inbox::config::DEFAULT_MAX_BODY_BYTES);
     let auth = marqeta_basic(MARQETA_USER, MARQETA_PASSWORDS[0]);
     let (status, answer) = post(&r, "marqeta", &[("Authorization", &auth)], &body).await;
-    assert_eq!(
-        (status, answer),
-        (StatusCode::OK, json!({"accepted": 1, "duplicates": 0}))
-    );
+    assert_eq!((status, answer), (StatusCode::OK, json!({"accepted": 1, "duplicates": 0})));
     let (status, why, kept): (String, String, Vec<u8>) = sqlx::query_as(
         "SELECT w.status, w.failure_reason, b.raw_body FROM webhook_inbox AS w JOIN webhook_bodies AS b ON b.sha256 = w.body_sha256",
     )
@@ -535,10 +345,7 @@ async fn a_megabyte_of_tiny_marqeta_items_gets_a_definite_answer(
     .await
     .unwrap();
     assert_eq!(status, "failed");
-    assert!(
-        why.contains(&format!("{} notifications in one delivery", items.len())),
-        "{why}"
-    );
+    assert!(why.contains(&format!("{} notifications in one delivery", items.len())), "{why}");
     assert_eq!(kept, body, "nothing lost: the whole delivery is kept");
 }
 
@@ -564,10 +371,7 @@ impl Handler for ReadsPayload {
 /// (as rows written before the check, or by a path that skips it): the worker
 /// ends every row `done` or `failed` with a reason, and its drain never errors.
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn any_stored_payload_ends_done_or_failed_and_never_stops_the_worker(
-    _: PgPoolOptions,
-    opts: PgConnectOptions,
-) {
+async fn any_stored_payload_ends_done_or_failed_and_never_stops_the_worker(_: PgPoolOptions, opts: PgConnectOptions) {
     use proptest::{
         strategy::{Strategy, ValueTree},
         test_runner::TestRunner,
@@ -583,21 +387,10 @@ async fn any_stored_payload_ends_done_or_failed_and_never_stops_the_worker(
         let data = strategy.new_tree(&mut runner).unwrap().current();
         let id = format!("evt_r{i:03}");
         let body = hostile_json::stripe_event(&id, "prop.test", &data);
-        let (status, answer) = post(
-            &r,
-            "stripe",
-            &[(
-                "Stripe-Signature",
-                &stripe_header(STRIPE[0], body.as_bytes()),
-            )],
-            body.as_bytes(),
-        )
-        .await;
-        assert_eq!(
-            (status, answer),
-            (StatusCode::OK, json!({"status": "accepted"})),
-            "{body:.200}"
-        );
+        let (status, answer) =
+            post(&r, "stripe", &[("Stripe-Signature", &stripe_header(STRIPE[0], body.as_bytes()))], body.as_bytes())
+                .await;
+        assert_eq!((status, answer), (StatusCode::OK, json!({"status": "accepted"})), "{body:.200}");
         if webhook_inbox::core::payload::check(&body).is_ok_and(|c| !c.has_nul) {
             expect_done.push(id);
         }
@@ -609,10 +402,7 @@ async fn any_stored_payload_ends_done_or_failed_and_never_stops_the_worker(
             secret_index: Some(0),
         };
         let event = NewEvent::pending(format!("evt_u{i:03}"), "prop.test", unchecked.clone());
-        assert_eq!(
-            inbox::claim_one(&mut conn, &env, &event).await.unwrap(),
-            Claim::New
-        );
+        assert_eq!(inbox::claim_one(&mut conn, &env, &event).await.unwrap(), Claim::New);
     }
     let config = WorkerConfig {
         batch_size: 50,
@@ -620,11 +410,7 @@ async fn any_stored_payload_ends_done_or_failed_and_never_stops_the_worker(
         retry_base: Duration::from_millis(1),
         poll: Duration::from_millis(10),
     };
-    let w = Worker::new(
-        pool.clone(),
-        Handlers::new().on(Provider::Stripe, "prop.test", ReadsPayload),
-        config,
-    );
+    let w = Worker::new(pool.clone(), Handlers::new().on(Provider::Stripe, "prop.test", ReadsPayload), config);
     let (counts, error) = w.drain(later()).await;
     assert!(error.is_none(), "{error:?}");
     let (pending, failed_without_reason): (i64, i64) = sqlx::query_as(
@@ -634,35 +420,23 @@ async fn any_stored_payload_ends_done_or_failed_and_never_stops_the_worker(
     .await
     .unwrap();
     assert_eq!((pending, failed_without_reason), (0, 0), "{counts:?}");
-    let done: Vec<String> = sqlx::query_scalar("SELECT event_id FROM webhook_inbox WHERE status = 'done' AND event_id LIKE 'evt_r%' ORDER BY 1")
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-    assert_eq!(
-        done, expect_done,
-        "through receive, exactly the usable payloads are processed"
-    );
-    assert!(
-        !done.is_empty() && done.len() < 300,
-        "the generator makes both kinds: {} of 300 usable",
-        done.len()
-    );
+    let done: Vec<String> = sqlx::query_scalar(
+        "SELECT event_id FROM webhook_inbox WHERE status = 'done' AND event_id LIKE 'evt_r%' ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(done, expect_done, "through receive, exactly the usable payloads are processed");
+    assert!(!done.is_empty() && done.len() < 300, "the generator makes both kinds: {} of 300 usable", done.len());
 }
 
 // ---------- the storm: ordinary and hostile deliveries mixed, over real HTTP ----------
 
 /// One HTTP/1.1 POST on its own connection; the status code and the body.
-async fn http_post(
-    addr: std::net::SocketAddr,
-    path: &str,
-    headers: &[(&str, String)],
-    body: &[u8],
-) -> (u16, String) {
+async fn http_post(addr: std::net::SocketAddr, path: &str, headers: &[(&str, String)], body: &[u8]) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut head = format!(
-        "POST {path} HTTP/1.1\r\nHost: inbox\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
+    let mut head =
+        format!("POST {path} HTTP/1.1\r\nHost: inbox\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
     for (k, v) in headers {
         head.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -676,19 +450,8 @@ async fn http_post(
         .expect("an answer within 30 s")
         .unwrap();
     let answer = String::from_utf8_lossy(&answer).into_owned();
-    let status = answer
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    (
-        status,
-        answer
-            .split("\r\n\r\n")
-            .nth(1)
-            .unwrap_or_default()
-            .to_string(),
-    )
+    let status = answer.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, answer.split("\r\n\r\n").nth(1).unwrap_or_default().to_string())
 }
 
 #[derive(Clone)]
@@ -702,42 +465,21 @@ struct Post {
 
 fn stripe_post(body: String) -> Post {
     let sig = stripe_header(STRIPE[0], body.as_bytes());
-    Post {
-        path: "/webhooks/stripe",
-        headers: vec![("Stripe-Signature", sig)],
-        body: body.into_bytes(),
-        expect: 200,
-    }
+    Post { path: "/webhooks/stripe", headers: vec![("Stripe-Signature", sig)], body: body.into_bytes(), expect: 200 }
 }
 
 fn shopify_post(delivery: &str, body: String) -> Post {
     let headers = vec![
-        (
-            "X-Shopify-Hmac-Sha256",
-            shopify_hmac(SHOPIFY[0], body.as_bytes()),
-        ),
+        ("X-Shopify-Hmac-Sha256", shopify_hmac(SHOPIFY[0], body.as_bytes())),
         ("X-Shopify-Webhook-Id", delivery.to_string()),
         ("X-Shopify-Topic", "orders/create".to_string()),
     ];
-    Post {
-        path: "/webhooks/shopify",
-        headers,
-        body: body.into_bytes(),
-        expect: 200,
-    }
+    Post { path: "/webhooks/shopify", headers, body: body.into_bytes(), expect: 200 }
 }
 
 fn marqeta_post(body: String) -> Post {
-    let headers = vec![(
-        "Authorization",
-        marqeta_basic(MARQETA_USER, MARQETA_PASSWORDS[0]),
-    )];
-    Post {
-        path: "/webhooks/marqeta",
-        headers,
-        body: body.into_bytes(),
-        expect: 200,
-    }
+    let headers = vec![("Authorization", marqeta_basic(MARQETA_USER, MARQETA_PASSWORDS[0]))];
+    Post { path: "/webhooks/marqeta", headers, body: body.into_bytes(), expect: 200 }
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
@@ -746,26 +488,16 @@ async fn a_storm_of_ordinary_and_hostile_deliveries_applies_every_ordinary_effec
     opts: PgConnectOptions,
 ) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
-    sqlx::query("INSERT INTO accounts (account_id) VALUES ('acct_storm')")
-        .execute(&pool)
-        .await
-        .unwrap();
+    sqlx::query("INSERT INTO accounts (account_id) VALUES ('acct_storm')").execute(&pool).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let receiver = std::sync::Arc::new(receiver(opts, secrets(false)));
-    let timeouts = webhook_inbox::dev::server::Timeouts {
-        header: Duration::from_secs(2),
-        body: Duration::from_secs(2),
-    };
+    let timeouts =
+        webhook_inbox::dev::server::Timeouts { header: Duration::from_secs(2), body: Duration::from_secs(2) };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(webhook_inbox::dev::server::serve_with(
-        listener,
-        receiver,
-        timeouts,
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    let server = tokio::spawn(webhook_inbox::dev::server::serve_with(listener, receiver, timeouts, async {
+        let _ = stopped.await;
+    }));
     let (stop_worker, worker_stopped) = tokio::sync::oneshot::channel::<()>();
     let worker_task = tokio::spawn(worker(&pool).run_until_owned(async {
         let _ = worker_stopped.await;
@@ -774,10 +506,7 @@ async fn a_storm_of_ordinary_and_hostile_deliveries_applies_every_ordinary_effec
     // Ordinary: 150 payments, 100 orders, 50 deposits; a third of them sent twice.
     let mut posts = Vec::new();
     for i in 0..150 {
-        posts.push(stripe_post(payment(
-            &format!("evt_pay_{i}"),
-            &format!("pi_storm_{i}"),
-        )));
+        posts.push(stripe_post(payment(&format!("evt_pay_{i}"), &format!("pi_storm_{i}"))));
     }
     for i in 0..100 {
         let order = json!({"id": 9000 + i, "customer": {"id": 7}, "financial_status": "paid", "total_price": "10.00", "updated_at": "2026-11-30T00:00:00Z"});
@@ -815,12 +544,7 @@ async fn a_storm_of_ordinary_and_hostile_deliveries_applies_every_ordinary_effec
             body: payment("evt_h_forged", "pi_h6").into_bytes(),
             expect: 401,
         },
-        Post {
-            path: "/webhooks/paypal",
-            headers: vec![],
-            body: b"{}".to_vec(),
-            expect: 404,
-        },
+        Post { path: "/webhooks/paypal", headers: vec![], body: b"{}".to_vec(), expect: 404 },
     ];
     let hostile_count = hostile.len();
     posts.extend(hostile);
@@ -834,12 +558,7 @@ async fn a_storm_of_ordinary_and_hostile_deliveries_applies_every_ordinary_effec
     let mut slow = Vec::new();
     for _ in 0..20 {
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        tokio::io::AsyncWriteExt::write_all(
-            &mut s,
-            b"POST /webhooks/stripe HTTP/1.1\r\nHost: x\r\n",
-        )
-        .await
-        .unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut s, b"POST /webhooks/stripe HTTP/1.1\r\nHost: x\r\n").await.unwrap();
         slow.push(s);
     }
 
@@ -855,10 +574,7 @@ async fn a_storm_of_ordinary_and_hostile_deliveries_applies_every_ordinary_effec
                 };
                 let (status, answer) = http_post(addr, p.path, &p.headers, &p.body).await;
                 if status != p.expect {
-                    wrong.push(format!(
-                        "{} expected {} got {status}: {answer}",
-                        p.path, p.expect
-                    ));
+                    wrong.push(format!("{} expected {} got {status}: {answer}", p.path, p.expect));
                 }
             }
         }));
@@ -884,29 +600,17 @@ async fn a_storm_of_ordinary_and_hostile_deliveries_applies_every_ordinary_effec
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert_eq!(
-        (payments, orders, balance.as_str()),
-        (150, 100, "100.00"),
-        "every ordinary effect, once"
-    );
+    assert_eq!((payments, orders, balance.as_str()), (150, 100, "100.00"), "every ordinary effect, once");
     let failed: Vec<(String, String)> =
-        sqlx::query_as("SELECT event_id, failure_reason FROM webhook_inbox WHERE status = 'failed' ORDER BY event_id").fetch_all(&pool).await.unwrap();
+        sqlx::query_as("SELECT event_id, failure_reason FROM webhook_inbox WHERE status = 'failed' ORDER BY event_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
     let ids: Vec<&str> = failed.iter().map(|f| f.0.as_str()).collect();
-    for id in [
-        "evt_h_abyss",
-        "evt_h_deep",
-        "evt_h_huge",
-        "evt_h_nul",
-        "evt_h_surrogate",
-        "transactions:h_bad",
-    ] {
+    for id in ["evt_h_abyss", "evt_h_deep", "evt_h_huge", "evt_h_nul", "evt_h_surrogate", "transactions:h_bad"] {
         assert!(ids.contains(&id), "{id} failed with its reason: {failed:?}");
     }
-    assert_eq!(
-        failed.len(),
-        8,
-        "the six, the XML body and the oversized batch (by digest): {failed:?}"
-    );
+    assert_eq!(failed.len(), 8, "the six, the XML body and the oversized batch (by digest): {failed:?}");
     assert!(failed.iter().all(|(_, why)| !why.is_empty()));
     assert_eq!(hostile_count, 10);
 

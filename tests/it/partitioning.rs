@@ -25,28 +25,17 @@ fn event(id: &str) -> NewEvent {
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn the_hash_partitioned_inbox_refuses_every_duplicate_and_spreads_keys(
-    _: PgPoolOptions,
-    opts: PgConnectOptions,
-) {
+async fn the_hash_partitioned_inbox_refuses_every_duplicate_and_spreads_keys(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let headers = json!({});
-    let env = Envelope {
-        provider: Provider::Stripe,
-        raw_body: b"{}",
-        headers: &headers,
-        secret_index: Some(0),
-    };
+    let env = Envelope { provider: Provider::Stripe, raw_body: b"{}", headers: &headers, secret_index: Some(0) };
     inbox::claim(&pool, &env, &event("before")).await.unwrap();
-    pool.execute(VARIANT)
-        .await
-        .expect("the variant applies to a migrated inbox");
+    pool.execute(VARIANT).await.expect("the variant applies to a migrated inbox");
 
-    let partitioned: bool =
-        sqlx::query_scalar("SELECT relkind = 'p' FROM pg_class WHERE relname = 'webhook_inbox'")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let partitioned: bool = sqlx::query_scalar("SELECT relkind = 'p' FROM pg_class WHERE relname = 'webhook_inbox'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
     assert!(partitioned);
     assert_eq!(
         inbox::claim(&pool, &env, &event("before")).await.unwrap(),
@@ -54,56 +43,28 @@ async fn the_hash_partitioned_inbox_refuses_every_duplicate_and_spreads_keys(
         "existing rows were moved"
     );
     for i in 0..200 {
-        assert_eq!(
-            inbox::claim(&pool, &env, &event(&format!("evt_{i}")))
-                .await
-                .unwrap(),
-            Claim::New
-        );
+        assert_eq!(inbox::claim(&pool, &env, &event(&format!("evt_{i}"))).await.unwrap(), Claim::New);
     }
     for i in 0..200 {
-        assert_eq!(
-            inbox::claim(&pool, &env, &event(&format!("evt_{i}")))
-                .await
-                .unwrap(),
-            Claim::Duplicate
-        );
+        assert_eq!(inbox::claim(&pool, &env, &event(&format!("evt_{i}"))).await.unwrap(), Claim::Duplicate);
     }
     let (rows, partitions): (i64, i64) =
-        sqlx::query_as("SELECT count(*), count(DISTINCT tableoid) FROM webhook_inbox")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+        sqlx::query_as("SELECT count(*), count(DISTINCT tableoid) FROM webhook_inbox").fetch_one(&pool).await.unwrap();
     assert_eq!(rows, 201);
-    assert!(
-        partitions >= 12,
-        "keys spread over the partitions: {partitions}"
-    );
+    assert!(partitions >= 12, "keys spread over the partitions: {partitions}");
 
     // The rest of the product runs unchanged on it: receive, and the worker's SKIP LOCKED.
     let r = receiver(opts, secrets(false));
     let body = br#"{"id":"evt_http","type":"payment_intent.succeeded","data":{"object":{"id":"pi_p","amount_received":5,"currency":"usd"}}}"#;
     for expected in ["accepted", "duplicate"] {
-        let (status, answer) = post(
-            &r,
-            "stripe",
-            &[("Stripe-Signature", &stripe_header(STRIPE[0], body))],
-            body,
-        )
-        .await;
-        assert_eq!(
-            (status, answer["status"].as_str()),
-            (StatusCode::OK, Some(expected))
-        );
+        let (status, answer) = post(&r, "stripe", &[("Stripe-Signature", &stripe_header(STRIPE[0], body))], body).await;
+        assert_eq!((status, answer["status"].as_str()), (StatusCode::OK, Some(expected)));
     }
     let worker = Worker::new(pool.clone(), Handlers::reference(), WorkerConfig::default());
     let (counts, error) = worker.drain(Instant::now() + Duration::from_secs(30)).await;
     assert!(error.is_none());
     assert_eq!(counts.taken, 202);
-    let payments: i64 = sqlx::query_scalar("SELECT count(*) FROM payments")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let payments: i64 = sqlx::query_scalar("SELECT count(*) FROM payments").fetch_one(&pool).await.unwrap();
     assert_eq!(payments, 1);
 }
 
@@ -117,11 +78,7 @@ async fn time_partitioning_would_lose_the_keys_uniqueness(pool: PgPool) {
         )
         .await
         .unwrap_err();
-    assert_eq!(
-        db::sqlstate(&refused).as_deref(),
-        Some("0A000"),
-        "{refused}"
-    );
+    assert_eq!(db::sqlstate(&refused).as_deref(), Some("0A000"), "{refused}");
 
     // ...so the key must include the time, and then the same event is claimed twice.
     pool.execute(
@@ -133,21 +90,7 @@ async fn time_partitioning_would_lose_the_keys_uniqueness(pool: PgPool) {
     .await
     .unwrap();
     let claim = "INSERT INTO inbox_by_month VALUES ('stripe', 'evt_1', $1::timestamptz) ON CONFLICT DO NOTHING";
-    let first = sqlx::query(claim)
-        .bind("2026-10-31T23:59:59Z")
-        .execute(&pool)
-        .await
-        .unwrap()
-        .rows_affected();
-    let redelivered = sqlx::query(claim)
-        .bind("2026-11-01T00:00:05Z")
-        .execute(&pool)
-        .await
-        .unwrap()
-        .rows_affected();
-    assert_eq!(
-        (first, redelivered),
-        (1, 1),
-        "a redelivery across the month boundary is claimed a second time"
-    );
+    let first = sqlx::query(claim).bind("2026-10-31T23:59:59Z").execute(&pool).await.unwrap().rows_affected();
+    let redelivered = sqlx::query(claim).bind("2026-11-01T00:00:05Z").execute(&pool).await.unwrap().rows_affected();
+    assert_eq!((first, redelivered), (1, 1), "a redelivery across the month boundary is claimed a second time");
 }

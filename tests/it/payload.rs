@@ -30,12 +30,7 @@ fn same_verdict(text: &str) -> Result<(), TestCaseError> {
         // Every NUL the decoded value holds is found (one in a value a repeated key
         // replaced is found too: jsonb's parser refuses it all the same).
         prop_assert!(c.has_nul || !contains_nul(&v));
-        let field = |name: &str| {
-            v.as_object()
-                .and_then(|o| o.get(name))
-                .and_then(Value::as_str)
-                .map(String::from)
-        };
+        let field = |name: &str| v.as_object().and_then(|o| o.get(name)).and_then(Value::as_str).map(String::from);
         prop_assert_eq!(c.fields.id, field("id"));
         prop_assert_eq!(c.fields.kind, field("type"));
         prop_assert_eq!(c.fields.action, field("action"));

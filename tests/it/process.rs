@@ -45,21 +45,10 @@ fn worker(pool: &PgPool, handlers: Handlers) -> Worker {
 }
 
 /// Puts an event in the inbox as receive would.
-async fn stored(
-    pool: &PgPool,
-    provider: Provider,
-    event_id: &str,
-    event_type: &str,
-    payload: Value,
-) {
+async fn stored(pool: &PgPool, provider: Provider, event_id: &str, event_type: &str, payload: Value) {
     let headers = json!({});
     let text = payload.to_string();
-    let env = Envelope {
-        provider,
-        raw_body: text.as_bytes(),
-        headers: &headers,
-        secret_index: Some(0),
-    };
+    let env = Envelope { provider, raw_body: text.as_bytes(), headers: &headers, secret_index: Some(0) };
     let event = NewEvent::pending(event_id.into(), event_type, text.clone());
     inbox::claim(pool, &env, &event).await.unwrap();
 }
@@ -78,11 +67,7 @@ async fn drain_all(w: &Worker, pool: &PgPool) -> Counts {
         let (c, error) = w.drain(Instant::now() + Duration::from_secs(5)).await;
         assert!(error.is_none(), "{error:?}");
         total.add(&c);
-        let pending: i64 = scalar(
-            pool,
-            "SELECT count(*) FROM webhook_inbox WHERE status = 'pending'",
-        )
-        .await;
+        let pending: i64 = scalar(pool, "SELECT count(*) FROM webhook_inbox WHERE status = 'pending'").await;
         if pending == 0 {
             return total;
         }
@@ -106,14 +91,8 @@ fn payment_event(event_id: &str, pi: &str, amount: i64) -> Value {
 async fn out_of_order_snapshots_leave_the_newest(pool: PgPool) {
     let w = worker(&pool, Handlers::reference());
     // `paid` happened at 12:00:05 but arrives first; `pending` (12:00:00) arrives late.
-    stored(
-        &pool,
-        Provider::Shopify,
-        "d-new",
-        "orders/updated",
-        order(1001, "paid", "120.00", "2026-09-20T12:00:05Z"),
-    )
-    .await;
+    stored(&pool, Provider::Shopify, "d-new", "orders/updated", order(1001, "paid", "120.00", "2026-09-20T12:00:05Z"))
+        .await;
     assert_eq!(w.run_once(later()).await.unwrap().applied, 1);
     stored(
         &pool,
@@ -124,94 +103,45 @@ async fn out_of_order_snapshots_leave_the_newest(pool: PgPool) {
     )
     .await;
     let c = w.run_once(later()).await.unwrap();
-    assert_eq!(
-        (c.applied, c.no_effect),
-        (0, 1),
-        "the stale snapshot changes nothing"
-    );
+    assert_eq!((c.applied, c.no_effect), (0, 1), "the stale snapshot changes nothing");
     let (status, total): (String, String) =
         sqlx::query_as("SELECT status, total_amount::text FROM orders WHERE order_id = '1001'")
             .fetch_one(&pool)
             .await
             .unwrap();
     assert_eq!((status.as_str(), total.as_str()), ("paid", "120.00"));
-    let done: i64 = scalar(
-        &pool,
-        "SELECT count(*) FROM webhook_inbox WHERE status = 'done'",
-    )
-    .await;
+    let done: i64 = scalar(&pool, "SELECT count(*) FROM webhook_inbox WHERE status = 'done'").await;
     assert_eq!(done, 2, "a stale event is done, not failed");
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn the_upsert_tells_inserted_updated_and_stale_and_a_replay_keeps_xmin(pool: PgPool) {
     let mut conn = pool.acquire().await.unwrap();
-    let v1 =
-        OrderSnapshot::from_shopify(&order(5, "pending", "10.00", "2026-09-20T12:00:00Z")).unwrap();
-    let v2 =
-        OrderSnapshot::from_shopify(&order(5, "paid", "10.00", "2026-09-20T12:00:01Z")).unwrap();
-    assert_eq!(
-        orders::upsert(&mut conn, &v1).await.unwrap(),
-        Applied::Inserted
-    );
-    assert_eq!(
-        orders::upsert(&mut conn, &v2).await.unwrap(),
-        Applied::Updated
-    );
-    let xmin = || async {
-        scalar::<String>(&pool, "SELECT xmin::text FROM orders WHERE order_id = '5'").await
-    };
+    let v1 = OrderSnapshot::from_shopify(&order(5, "pending", "10.00", "2026-09-20T12:00:00Z")).unwrap();
+    let v2 = OrderSnapshot::from_shopify(&order(5, "paid", "10.00", "2026-09-20T12:00:01Z")).unwrap();
+    assert_eq!(orders::upsert(&mut conn, &v1).await.unwrap(), Applied::Inserted);
+    assert_eq!(orders::upsert(&mut conn, &v2).await.unwrap(), Applied::Updated);
+    let xmin = || async { scalar::<String>(&pool, "SELECT xmin::text FROM orders WHERE order_id = '5'").await };
     let before = xmin().await;
-    assert_eq!(
-        orders::upsert(&mut conn, &v2).await.unwrap(),
-        Applied::Stale,
-        "an identical replay (a tie) is stale"
-    );
-    assert_eq!(
-        orders::upsert(&mut conn, &v1).await.unwrap(),
-        Applied::Stale
-    );
+    assert_eq!(orders::upsert(&mut conn, &v2).await.unwrap(), Applied::Stale, "an identical replay (a tie) is stale");
+    assert_eq!(orders::upsert(&mut conn, &v1).await.unwrap(), Applied::Stale);
     assert_eq!(xmin().await, before, "no new row version was written");
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn a_malformed_order_fails_at_once_with_its_reason(pool: PgPool) {
     let w = worker(&pool, Handlers::reference());
-    stored(
-        &pool,
-        Provider::Shopify,
-        "bad-total",
-        "orders/create",
-        order(9, "paid", "12,00", "2026-09-20T12:00:00Z"),
-    )
-    .await;
-    stored(
-        &pool,
-        Provider::Shopify,
-        "bad-time",
-        "orders/create",
-        order(10, "paid", "12.00", "half past noon"),
-    )
-    .await;
+    stored(&pool, Provider::Shopify, "bad-total", "orders/create", order(9, "paid", "12,00", "2026-09-20T12:00:00Z"))
+        .await;
+    stored(&pool, Provider::Shopify, "bad-time", "orders/create", order(10, "paid", "12.00", "half past noon")).await;
     let c = w.run_once(later()).await.unwrap();
-    assert_eq!(
-        (c.failed, c.retried),
-        (2, 0),
-        "permanent errors are not retried"
-    );
-    let reasons: Vec<String> =
-        sqlx::query_scalar("SELECT failure_reason FROM webhook_inbox ORDER BY event_id")
-            .fetch_all(&pool)
-            .await
-            .unwrap();
-    assert!(
-        reasons[0].contains("invalid input syntax for type timestamp"),
-        "{reasons:?}"
-    );
-    assert!(
-        reasons[1].contains("total_price is not a decimal"),
-        "{reasons:?}"
-    );
+    assert_eq!((c.failed, c.retried), (2, 0), "permanent errors are not retried");
+    let reasons: Vec<String> = sqlx::query_scalar("SELECT failure_reason FROM webhook_inbox ORDER BY event_id")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert!(reasons[0].contains("invalid input syntax for type timestamp"), "{reasons:?}");
+    assert!(reasons[1].contains("total_price is not a decimal"), "{reasons:?}");
 }
 
 // ---------- payments: the business key ----------
@@ -219,43 +149,19 @@ async fn a_malformed_order_fails_at_once_with_its_reason(pool: PgPool) {
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn stripe_twin_events_make_one_payment_and_one_outbox_message(pool: PgPool) {
     let w = worker(&pool, Handlers::reference());
-    stored(
-        &pool,
-        Provider::Stripe,
-        "evt_a",
-        "payment_intent.succeeded",
-        payment_event("evt_a", "pi_1", 2000),
-    )
-    .await;
-    stored(
-        &pool,
-        Provider::Stripe,
-        "evt_b",
-        "payment_intent.succeeded",
-        payment_event("evt_b", "pi_1", 2000),
-    )
-    .await;
+    stored(&pool, Provider::Stripe, "evt_a", "payment_intent.succeeded", payment_event("evt_a", "pi_1", 2000)).await;
+    stored(&pool, Provider::Stripe, "evt_b", "payment_intent.succeeded", payment_event("evt_b", "pi_1", 2000)).await;
     let c = w.run_once(later()).await.unwrap();
-    assert_eq!(
-        (c.taken, c.applied, c.no_effect),
-        (2, 1, 1),
-        "the twin finds the payment recorded"
-    );
+    assert_eq!((c.taken, c.applied, c.no_effect), (2, 1, 1), "the twin finds the payment recorded");
     let (payments, messages): (i64, i64) = (
         scalar(&pool, "SELECT count(*) FROM payments").await,
         scalar(&pool, "SELECT count(*) FROM transactional_outbox").await,
     );
     assert_eq!((payments, messages), (1, 1));
     let (key, payload): (String, Value) =
-        sqlx::query_as("SELECT message_key, payload FROM transactional_outbox")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+        sqlx::query_as("SELECT message_key, payload FROM transactional_outbox").fetch_one(&pool).await.unwrap();
     assert_eq!(key, "payment_succeeded:pi_1");
-    assert_eq!(
-        (payload["payment_id"].as_str(), payload["amount"].as_i64()),
-        (Some("pi_1"), Some(2000))
-    );
+    assert_eq!((payload["payment_id"].as_str(), payload["amount"].as_i64()), (Some("pi_1"), Some(2000)));
 }
 
 /// 30 copies of each of 10 payment events arrive at once while 4 workers drain.
@@ -264,17 +170,10 @@ async fn thirty_concurrent_duplicates_with_four_workers_apply_each_effect_once(
     _: PgPoolOptions,
     opts: PgConnectOptions,
 ) {
-    let pool = PgPoolOptions::new()
-        .max_connections(12)
-        .connect_with(opts.clone())
-        .await
-        .unwrap();
+    let pool = PgPoolOptions::new().max_connections(12).connect_with(opts.clone()).await.unwrap();
     let mut cfg = config(secrets(false));
     cfg.db.pool_size = 30;
-    let r = Arc::new(webhook_inbox::Receiver::new(
-        db::Connections::from_options(opts, &cfg.db),
-        &cfg,
-    ));
+    let r = Arc::new(webhook_inbox::Receiver::new(db::Connections::from_options(opts, &cfg.db), &cfg));
     let stop = Arc::new(tokio::sync::Notify::new());
     let workers: Vec<_> = (0..4)
         .map(|_| {
@@ -286,16 +185,12 @@ async fn thirty_concurrent_duplicates_with_four_workers_apply_each_effect_once(
     let deliveries: Vec<_> = (0..300)
         .map(|i| {
             let n = i % 10;
-            let body = payment_event(&format!("evt_{n}"), &format!("pi_{n}"), 100 + n as i64)
-                .to_string()
-                .into_bytes();
+            let body = payment_event(&format!("evt_{n}"), &format!("pi_{n}"), 100 + n as i64).to_string().into_bytes();
             let (r, barrier) = (r.clone(), barrier.clone());
             tokio::spawn(async move {
                 let sig = stripe_header(STRIPE[0], &body);
                 barrier.wait().await;
-                post(&r, "stripe", &[("Stripe-Signature", &sig)], &body)
-                    .await
-                    .0
+                post(&r, "stripe", &[("Stripe-Signature", &sig)], &body).await.0
             })
         })
         .collect();
@@ -304,12 +199,7 @@ async fn thirty_concurrent_duplicates_with_four_workers_apply_each_effect_once(
     }
     assert!(
         eventually(|| async {
-            scalar::<i64>(
-                &pool,
-                "SELECT count(*) FROM webhook_inbox WHERE status <> 'done'",
-            )
-            .await
-                == 0
+            scalar::<i64>(&pool, "SELECT count(*) FROM webhook_inbox WHERE status <> 'done'").await == 0
         })
         .await
     );
@@ -325,15 +215,8 @@ async fn thirty_concurrent_duplicates_with_four_workers_apply_each_effect_once(
     .await
     .unwrap();
     assert_eq!(counts, (10, 10, 10, (100..110).sum::<i64>()));
-    let not_once: i64 = scalar(
-        &pool,
-        "SELECT count(*) FROM webhook_inbox WHERE attempts <> 1",
-    )
-    .await;
-    assert_eq!(
-        not_once, 0,
-        "each event was applied by exactly one worker, once"
-    );
+    let not_once: i64 = scalar(&pool, "SELECT count(*) FROM webhook_inbox WHERE attempts <> 1").await;
+    assert_eq!(not_once, 0, "each event was applied by exactly one worker, once");
 }
 
 // ---------- failures ----------
@@ -349,27 +232,11 @@ impl Handler for Poison {
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn a_poison_event_fails_after_its_attempts_while_a_thousand_others_are_done(pool: PgPool) {
-    let w = worker(
-        &pool,
-        Handlers::new().on(Provider::Standard, "poison", Poison),
-    );
-    stored(
-        &pool,
-        Provider::Standard,
-        "msg_poison",
-        "poison",
-        json!({"type": "poison"}),
-    )
-    .await;
+    let w = worker(&pool, Handlers::new().on(Provider::Standard, "poison", Poison));
+    stored(&pool, Provider::Standard, "msg_poison", "poison", json!({"type": "poison"})).await;
     for i in 0..1000 {
-        stored(
-            &pool,
-            Provider::Standard,
-            &format!("msg_{i:04}"),
-            "invoice.paid",
-            json!({"type": "invoice.paid"}),
-        )
-        .await;
+        stored(&pool, Provider::Standard, &format!("msg_{i:04}"), "invoice.paid", json!({"type": "invoice.paid"}))
+            .await;
     }
     let first = w.run_once(later()).await.unwrap();
     assert_eq!(
@@ -378,27 +245,15 @@ async fn a_poison_event_fails_after_its_attempts_while_a_thousand_others_are_don
         "the poison event is first in line and blocks nothing"
     );
     let total = drain_all(&w, &pool).await;
-    assert_eq!(
-        total.no_handler + first.no_handler,
-        1000,
-        "types with no handler are done, and counted"
-    );
-    let (status, attempts, reason): (String, i32, String) = sqlx::query_as(
-        "SELECT status, attempts, failure_reason FROM webhook_inbox WHERE event_id = 'msg_poison'",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
+    assert_eq!(total.no_handler + first.no_handler, 1000, "types with no handler are done, and counted");
+    let (status, attempts, reason): (String, i32, String) =
+        sqlx::query_as("SELECT status, attempts, failure_reason FROM webhook_inbox WHERE event_id = 'msg_poison'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert_eq!((status.as_str(), attempts), ("failed", 3));
     assert_eq!(reason, "attempt 3: the downstream is on fire");
-    assert_eq!(
-        scalar::<i64>(
-            &pool,
-            "SELECT count(*) FROM webhook_inbox WHERE status = 'done'"
-        )
-        .await,
-        1000
-    );
+    assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM webhook_inbox WHERE status = 'done'").await, 1000);
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
@@ -408,67 +263,38 @@ async fn a_deposit_for_a_missing_account_is_retried_and_lands_once_after_the_acc
 ) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let r = receiver(opts, secrets(false));
-    let w = Worker::new(
-        pool.clone(),
-        Handlers::reference(),
-        WorkerConfig {
-            max_attempts: 10,
-            ..fast_config()
-        },
-    );
+    let w = Worker::new(pool.clone(), Handlers::reference(), WorkerConfig { max_attempts: 10, ..fast_config() });
     let auth = marqeta_basic(MARQETA_USER, MARQETA_PASSWORDS[0]);
     let batch = br#"{"transactions":[{"token":"dep_1","type":"gpa.credit","state":"COMPLETION","user_token":"acct_1","amount":25.5},{"token":"auth_1","type":"authorization","state":"PENDING","user_token":"acct_1","amount":3}]}"#;
-    assert_eq!(
-        post(&r, "marqeta", &[("Authorization", &auth)], batch)
-            .await
-            .0,
-        StatusCode::OK
-    );
+    assert_eq!(post(&r, "marqeta", &[("Authorization", &auth)], batch).await.0, StatusCode::OK);
 
     let c = w.run_once(later()).await.unwrap();
     assert_eq!((c.retried, c.no_handler), (1, 1));
-    let (attempts, reason): (i32, String) = sqlx::query_as(
-        "SELECT attempts, failure_reason FROM webhook_inbox WHERE event_id = 'transactions:dep_1'",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert_eq!(
-        (attempts, reason.as_str()),
-        (1, "attempt 1: account acct_1 does not exist yet")
-    );
+    let (attempts, reason): (i32, String) =
+        sqlx::query_as("SELECT attempts, failure_reason FROM webhook_inbox WHERE event_id = 'transactions:dep_1'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((attempts, reason.as_str()), (1, "attempt 1: account acct_1 does not exist yet"));
     assert_eq!(
         scalar::<i64>(&pool, "SELECT count(*) FROM account_deposits").await,
         0,
         "the ledger row rolled back with the savepoint"
     );
 
-    sqlx::query("INSERT INTO accounts (account_id, balance) VALUES ('acct_1', 100.00)")
-        .execute(&pool)
-        .await
-        .unwrap();
+    sqlx::query("INSERT INTO accounts (account_id, balance) VALUES ('acct_1', 100.00)").execute(&pool).await.unwrap();
     drain_all(&w, &pool).await;
     // The same batch again, and another pass: nothing moves.
     assert_eq!(
-        post(&r, "marqeta", &[("Authorization", &auth)], batch)
-            .await
-            .1,
+        post(&r, "marqeta", &[("Authorization", &auth)], batch).await.1,
         json!({"accepted": 0, "duplicates": 2})
     );
     w.run_once(later()).await.unwrap();
-    let balance: String = scalar(
-        &pool,
-        "SELECT balance::text FROM accounts WHERE account_id = 'acct_1'",
-    )
-    .await;
+    let balance: String = scalar(&pool, "SELECT balance::text FROM accounts WHERE account_id = 'acct_1'").await;
     assert_eq!(balance, "125.50");
     let (deposits, messages): (i64, i64) = (
         scalar(&pool, "SELECT count(*) FROM account_deposits").await,
-        scalar(
-            &pool,
-            "SELECT count(*) FROM transactional_outbox WHERE payload->>'event' = 'balance_updated'",
-        )
-        .await,
+        scalar(&pool, "SELECT count(*) FROM transactional_outbox WHERE payload->>'event' = 'balance_updated'").await,
     );
     assert_eq!((deposits, messages), (1, 1));
 }
@@ -482,9 +308,7 @@ impl Handler for ParkOn {
         Box::pin(async move {
             let outcome = PaymentSucceededHandler.handle(&mut *conn, event).await?;
             if event.event_id == self.0 {
-                sqlx::query("SELECT pg_sleep(60)")
-                    .execute(&mut *conn)
-                    .await?;
+                sqlx::query("SELECT pg_sleep(60)").execute(&mut *conn).await?;
             }
             Ok(outcome)
         })
@@ -508,18 +332,11 @@ async fn a_worker_cut_off_mid_batch_leaves_its_rows_and_every_effect_lands_once(
         )
         .await;
     }
-    let doomed_pool = PgPoolOptions::new()
-        .max_connections(1)
-        .connect_with(opts.application_name("doomed-worker"))
-        .await
-        .unwrap();
+    let doomed_pool =
+        PgPoolOptions::new().max_connections(1).connect_with(opts.application_name("doomed-worker")).await.unwrap();
     let doomed = Worker::new(
         doomed_pool,
-        Handlers::new().on(
-            Provider::Stripe,
-            "payment_intent.succeeded",
-            ParkOn("evt_05"),
-        ),
+        Handlers::new().on(Provider::Stripe, "payment_intent.succeeded", ParkOn("evt_05")),
         fast_config(),
     );
     let run = tokio::spawn(async move { doomed.run_once(later()).await });
@@ -533,15 +350,8 @@ async fn a_worker_cut_off_mid_batch_leaves_its_rows_and_every_effect_lands_once(
         .execute(&pool)
         .await
         .unwrap();
-    assert!(
-        run.await.unwrap().is_err(),
-        "the cut worker reports an error"
-    );
-    assert_eq!(
-        scalar::<i64>(&pool, "SELECT count(*) FROM payments").await,
-        0,
-        "nothing half-done survives"
-    );
+    assert!(run.await.unwrap().is_err(), "the cut worker reports an error");
+    assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM payments").await, 0, "nothing half-done survives");
 
     let c = drain_all(&worker(&pool, Handlers::reference()), &pool).await;
     assert_eq!(c.applied, 20);
@@ -556,58 +366,30 @@ async fn a_worker_cut_off_mid_batch_leaves_its_rows_and_every_effect_lands_once(
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn a_lock_timeout_is_retried_without_spending_an_attempt(
-    _: PgPoolOptions,
-    opts: PgConnectOptions,
-) {
+async fn a_lock_timeout_is_retried_without_spending_an_attempt(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let mut cfg = db_config();
     cfg.lock_timeout = Duration::from_millis(200);
-    let w = Worker::new(
-        db::pool_from(opts, &cfg),
-        Handlers::reference(),
-        fast_config(),
-    );
-    sqlx::query("INSERT INTO accounts (account_id) VALUES ('busy')")
-        .execute(&pool)
-        .await
-        .unwrap();
-    let deposit = json!({"token": "dep_b", "type": "gpa.credit", "state": "COMPLETION", "user_token": "busy", "amount": 5});
-    stored(
-        &pool,
-        Provider::Marqeta,
-        "transactions:dep_b",
-        "transactions:gpa.credit",
-        deposit,
-    )
-    .await;
+    let w = Worker::new(db::pool_from(opts, &cfg), Handlers::reference(), fast_config());
+    sqlx::query("INSERT INTO accounts (account_id) VALUES ('busy')").execute(&pool).await.unwrap();
+    let deposit =
+        json!({"token": "dep_b", "type": "gpa.credit", "state": "COMPLETION", "user_token": "busy", "amount": 5});
+    stored(&pool, Provider::Marqeta, "transactions:dep_b", "transactions:gpa.credit", deposit).await;
 
     let mut holder = pool.begin().await.unwrap();
-    sqlx::query("SELECT * FROM accounts WHERE account_id = 'busy' FOR UPDATE")
-        .execute(&mut *holder)
-        .await
-        .unwrap();
+    sqlx::query("SELECT * FROM accounts WHERE account_id = 'busy' FOR UPDATE").execute(&mut *holder).await.unwrap();
     for _ in 0..3 {
         let c = w.run_once(later()).await.unwrap();
         assert_eq!(c.retried, 1);
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let (attempts, reason): (i32, String) =
-        sqlx::query_as("SELECT attempts, failure_reason FROM webhook_inbox")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+        sqlx::query_as("SELECT attempts, failure_reason FROM webhook_inbox").fetch_one(&pool).await.unwrap();
     assert_eq!(attempts, 0, "{reason}");
-    assert!(
-        reason.starts_with("contention (not counted as an attempt)"),
-        "{reason}"
-    );
+    assert!(reason.starts_with("contention (not counted as an attempt)"), "{reason}");
     holder.rollback().await.unwrap();
     drain_all(&w, &pool).await;
-    assert_eq!(
-        scalar::<String>(&pool, "SELECT balance::text FROM accounts").await,
-        "5.00"
-    );
+    assert_eq!(scalar::<String>(&pool, "SELECT balance::text FROM accounts").await, "5.00");
 }
 
 // ---------- the two triggers ----------
@@ -615,67 +397,33 @@ async fn a_lock_timeout_is_retried_without_spending_an_attempt(
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn the_schedule_drains_batch_after_batch_and_stops_at_the_deadline(pool: PgPool) {
     for i in 0..250 {
-        stored(
-            &pool,
-            Provider::Github,
-            &format!("d-{i:03}"),
-            "ping",
-            json!({}),
-        )
-        .await;
+        stored(&pool, Provider::Github, &format!("d-{i:03}"), "ping", json!({})).await;
     }
     let w = worker(&pool, Handlers::reference());
     let past = process::on_schedule(&w, Instant::now()).await.unwrap();
     assert_eq!(past.taken, 0, "past the deadline no event is started");
     assert_eq!(
-        scalar::<i64>(
-            &pool,
-            "SELECT count(*) FROM webhook_inbox WHERE status = 'pending' AND attempts = 0"
-        )
-        .await,
+        scalar::<i64>(&pool, "SELECT count(*) FROM webhook_inbox WHERE status = 'pending' AND attempts = 0").await,
         250
     );
-    let all = process::on_schedule(&w, Instant::now() + Duration::from_secs(30))
-        .await
-        .unwrap();
+    let all = process::on_schedule(&w, Instant::now() + Duration::from_secs(30)).await.unwrap();
     assert_eq!(all.taken, 250, "batch after batch, until a short one");
 }
 
 /// A run that could not do its work fails, so the Lambda's Errors metric sees the outage.
 #[tokio::test]
 async fn both_triggers_fail_the_invocation_when_the_database_is_unreachable() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let mut cfg = db_config();
     cfg.acquire_timeout = Duration::from_millis(500);
-    let options: PgConnectOptions = format!("postgres://postgres@127.0.0.1:{port}/postgres")
-        .parse()
-        .unwrap();
-    let w = Worker::new(
-        db::pool_from(options, &cfg),
-        Handlers::reference(),
-        fast_config(),
-    );
+    let options: PgConnectOptions = format!("postgres://postgres@127.0.0.1:{port}/postgres").parse().unwrap();
+    let w = Worker::new(db::pool_from(options, &cfg), Handlers::reference(), fast_config());
     let schedule = json!({"version": "0", "detail-type": "Scheduled Event", "source": "aws.events", "detail": {}});
-    let err = process::handle(&w, schedule, Instant::now() + Duration::from_secs(5))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, process::ProcessError::Database { .. }),
-        "{err}"
-    );
+    let err = process::handle(&w, schedule, Instant::now() + Duration::from_secs(5)).await.unwrap_err();
+    assert!(matches!(err, process::ProcessError::Database { .. }), "{err}");
     let sqs = sqs_event(&[("m-1", r#"{"provider":"stripe","event_id":"evt_1"}"#)]);
-    let err = process::handle(&w, serde_json::to_value(&sqs).unwrap(), Instant::now())
-        .await
-        .unwrap_err();
-    assert!(
-        err.to_string()
-            .starts_with("processing stopped on a database error"),
-        "{err}"
-    );
+    let err = process::handle(&w, serde_json::to_value(&sqs).unwrap(), Instant::now()).await.unwrap_err();
+    assert!(err.to_string().starts_with("processing stopped on a database error"), "{err}");
 }
 
 fn sqs_event(bodies: &[(&str, &str)]) -> aws_lambda_events::event::sqs::SqsEvent {
@@ -695,98 +443,58 @@ fn sqs_event(bodies: &[(&str, &str)]) -> aws_lambda_events::event::sqs::SqsEvent
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn the_sqs_path_reports_only_the_failed_messages(pool: PgPool) {
-    stored(
-        &pool,
-        Provider::Stripe,
-        "evt_ok",
-        "payment_intent.succeeded",
-        payment_event("evt_ok", "pi_ok", 700),
-    )
-    .await;
-    let deposit = json!({"token": "dep_9", "type": "gpa.credit", "state": "COMPLETION", "user_token": "nobody", "amount": 1});
-    stored(
-        &pool,
-        Provider::Marqeta,
-        "transactions:dep_9",
-        "transactions:gpa.credit",
-        deposit,
-    )
-    .await;
+    stored(&pool, Provider::Stripe, "evt_ok", "payment_intent.succeeded", payment_event("evt_ok", "pi_ok", 700)).await;
+    let deposit =
+        json!({"token": "dep_9", "type": "gpa.credit", "state": "COMPLETION", "user_token": "nobody", "amount": 1});
+    stored(&pool, Provider::Marqeta, "transactions:dep_9", "transactions:gpa.credit", deposit).await;
     let w = worker(&pool, Handlers::reference());
     let event = sqs_event(&[
         ("m-ok", r#"{"provider":"stripe","event_id":"evt_ok"}"#),
-        (
-            "m-retry",
-            r#"{"provider":"marqeta","event_id":"transactions:dep_9"}"#,
-        ),
+        ("m-retry", r#"{"provider":"marqeta","event_id":"transactions:dep_9"}"#),
         ("m-garbage", "not json"),
-        (
-            "m-unknown",
-            r#"{"provider":"stripe","event_id":"evt_never_received"}"#,
-        ),
+        ("m-unknown", r#"{"provider":"stripe","event_id":"evt_never_received"}"#),
     ]);
-    let response = process::handle(&w, serde_json::to_value(&event).unwrap(), Instant::now())
-        .await
-        .unwrap();
+    let response = process::handle(&w, serde_json::to_value(&event).unwrap(), Instant::now()).await.unwrap();
     assert_eq!(
         response,
         json!({"batchItemFailures": [{"itemIdentifier": "m-retry"}, {"itemIdentifier": "m-garbage"}]})
     );
-    assert_eq!(
-        scalar::<i64>(&pool, "SELECT count(*) FROM payments").await,
-        1
-    );
+    assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM payments").await, 1);
 }
 
 // ---------- documentation as tests (docs/webhook-inbox-article.txt, sections 6 and 7) ----------
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn merge_raises_unique_violation_where_on_conflict_returns_no_row(pool: PgPool) {
-    sqlx::query("CREATE TABLE keys (k text PRIMARY KEY)")
-        .execute(&pool)
-        .await
-        .unwrap();
+    sqlx::query("CREATE TABLE keys (k text PRIMARY KEY)").execute(&pool).await.unwrap();
     async fn race(pool: &PgPool, sql: &'static str, key: &'static str) -> Result<u64, sqlx::Error> {
         let mut first = pool.begin().await.unwrap();
-        sqlx::query(sql)
-            .bind(key)
-            .execute(&mut *first)
-            .await
-            .unwrap();
+        sqlx::query(sql).bind(key).execute(&mut *first).await.unwrap();
         let p = pool.clone();
-        let second = tokio::spawn(async move {
-            sqlx::query(sql)
-                .bind(key)
-                .execute(&p)
-                .await
-                .map(|r| r.rows_affected())
-        });
+        let second =
+            tokio::spawn(async move { sqlx::query(sql).bind(key).execute(&p).await.map(|r| r.rows_affected()) });
         let waiting = eventually(|| async {
-            scalar::<i64>(pool, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'").await == 1
+            scalar::<i64>(
+                pool,
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .await
+                == 1
         })
         .await;
         assert!(waiting);
         first.commit().await.unwrap();
         second.await.unwrap()
     }
-    let merge = "MERGE INTO keys USING (SELECT $1::text AS k) s ON keys.k = s.k WHEN NOT MATCHED THEN INSERT VALUES (s.k)";
-    let err = race(&pool, merge, "a")
-        .await
-        .expect_err("MERGE does not take the conflict path");
+    let merge =
+        "MERGE INTO keys USING (SELECT $1::text AS k) s ON keys.k = s.k WHEN NOT MATCHED THEN INSERT VALUES (s.k)";
+    let err = race(&pool, merge, "a").await.expect_err("MERGE does not take the conflict path");
     assert_eq!(db::sqlstate(&err).as_deref(), Some("23505"));
     let upsert = "INSERT INTO keys VALUES ($1) ON CONFLICT (k) DO NOTHING";
-    assert_eq!(
-        race(&pool, upsert, "b").await.unwrap(),
-        0,
-        "ON CONFLICT DO NOTHING: zero rows, no error"
-    );
+    assert_eq!(race(&pool, upsert, "b").await.unwrap(), 0, "ON CONFLICT DO NOTHING: zero rows, no error");
     let version: i32 = scalar(&pool, "SELECT current_setting('server_version_num')::int").await;
     if version < 170000 {
-        let returning = sqlx::query(&format!("{merge} RETURNING k"))
-            .bind("c")
-            .execute(&pool)
-            .await
-            .unwrap_err();
+        let returning = sqlx::query(&format!("{merge} RETURNING k")).bind("c").execute(&pool).await.unwrap_err();
         assert_eq!(
             db::sqlstate(&returning).as_deref(),
             Some("42601"),
@@ -810,16 +518,9 @@ async fn inline_mode_applies_the_effect_before_the_200_and_a_replay_changes_noth
 ) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let r = inline_receiver(opts, vec![Provider::Stripe]);
-    let body = payment_event("evt_inline", "pi_inline", 900)
-        .to_string()
-        .into_bytes();
+    let body = payment_event("evt_inline", "pi_inline", 900).to_string().into_bytes();
     let sig = stripe_header(STRIPE[0], &body);
-    assert_eq!(
-        post(&r, "stripe", &[("Stripe-Signature", &sig)], &body)
-            .await
-            .1,
-        json!({"status": "accepted"})
-    );
+    assert_eq!(post(&r, "stripe", &[("Stripe-Signature", &sig)], &body).await.1, json!({"status": "accepted"}));
     // No worker has run: the effect committed with the claim.
     let state: (String, i32, i64, i64) = sqlx::query_as(
         "SELECT status, attempts, (SELECT count(*) FROM payments), (SELECT count(*) FROM transactional_outbox) FROM webhook_inbox",
@@ -828,23 +529,12 @@ async fn inline_mode_applies_the_effect_before_the_200_and_a_replay_changes_noth
     .await
     .unwrap();
     assert_eq!(state, ("done".into(), 1, 1, 1));
-    assert_eq!(
-        post(&r, "stripe", &[("Stripe-Signature", &sig)], &body)
-            .await
-            .1,
-        json!({"status": "duplicate"})
-    );
-    assert_eq!(
-        scalar::<i64>(&pool, "SELECT count(*) FROM payments").await,
-        1
-    );
+    assert_eq!(post(&r, "stripe", &[("Stripe-Signature", &sig)], &body).await.1, json!({"status": "duplicate"}));
+    assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM payments").await, 1);
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn an_inline_handler_that_fails_still_commits_the_claim_as_pending(
-    _: PgPoolOptions,
-    opts: PgConnectOptions,
-) {
+async fn an_inline_handler_that_fails_still_commits_the_claim_as_pending(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let r = inline_receiver(opts, vec![Provider::Marqeta]);
     let auth = marqeta_basic(MARQETA_USER, MARQETA_PASSWORDS[0]);
@@ -854,31 +544,16 @@ async fn an_inline_handler_that_fails_still_commits_the_claim_as_pending(
         (StatusCode::OK, json!({"accepted": 1, "duplicates": 0}))
     );
     let (status, reason): (String, String) =
-        sqlx::query_as("SELECT status, failure_reason FROM webhook_inbox")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+        sqlx::query_as("SELECT status, failure_reason FROM webhook_inbox").fetch_one(&pool).await.unwrap();
     assert_eq!(
         (status.as_str(), reason.as_str()),
-        (
-            "pending",
-            "attempt 1 (inline): account acct_x does not exist yet"
-        )
+        ("pending", "attempt 1 (inline): account acct_x does not exist yet")
     );
-    assert_eq!(
-        scalar::<i64>(&pool, "SELECT count(*) FROM account_deposits").await,
-        0
-    );
+    assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM account_deposits").await, 0);
 
-    sqlx::query("INSERT INTO accounts (account_id) VALUES ('acct_x')")
-        .execute(&pool)
-        .await
-        .unwrap();
+    sqlx::query("INSERT INTO accounts (account_id) VALUES ('acct_x')").execute(&pool).await.unwrap();
     drain_all(&worker(&pool, Handlers::reference()), &pool).await;
-    assert_eq!(
-        scalar::<String>(&pool, "SELECT balance::text FROM accounts").await,
-        "10.00"
-    );
+    assert_eq!(scalar::<String>(&pool, "SELECT balance::text FROM accounts").await, "10.00");
 }
 
 /// Heavy inline work: takes the event's advisory lock, then works a while.
@@ -887,9 +562,7 @@ struct SlowExclusive;
 impl Handler for SlowExclusive {
     fn handle<'a>(&'a self, conn: &'a mut PgConnection, _: &'a Event) -> HandlerFuture<'a> {
         Box::pin(async move {
-            sqlx::query("SELECT pg_sleep(1)")
-                .execute(&mut *conn)
-                .await?;
+            sqlx::query("SELECT pg_sleep(1)").execute(&mut *conn).await?;
             Ok(Outcome::Applied)
         })
     }
@@ -904,13 +577,11 @@ async fn an_exclusive_inline_handler_makes_a_concurrent_duplicate_retry_instead_
     opts: PgConnectOptions,
 ) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
-    let r = Arc::new(
-        inline_receiver(opts, vec![Provider::Github]).with_handlers(Handlers::new().on(
-            Provider::Github,
-            "push",
-            SlowExclusive,
-        )),
-    );
+    let r = Arc::new(inline_receiver(opts, vec![Provider::Github]).with_handlers(Handlers::new().on(
+        Provider::Github,
+        "push",
+        SlowExclusive,
+    )));
     let body = br#"{"ref":"refs/heads/main"}"#.to_vec();
     let sig = github_signature(GITHUB[0], &body);
     let send = |r: Arc<webhook_inbox::Receiver>| {
@@ -919,11 +590,7 @@ async fn an_exclusive_inline_handler_makes_a_concurrent_duplicate_retry_instead_
             post(
                 &r,
                 "github",
-                &[
-                    ("X-Hub-Signature-256", &sig),
-                    ("X-GitHub-Delivery", "d-heavy"),
-                    ("X-GitHub-Event", "push"),
-                ],
+                &[("X-Hub-Signature-256", &sig), ("X-GitHub-Delivery", "d-heavy"), ("X-GitHub-Event", "push")],
                 &body,
             )
             .await
@@ -933,18 +600,9 @@ async fn an_exclusive_inline_handler_makes_a_concurrent_duplicate_retry_instead_
     assert!(eventually(|| async { scalar::<i64>(&pool, "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(1)%' AND state = 'active' AND pid <> pg_backend_pid()").await == 1 }).await);
     let (status, answer) = send(r.clone()).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
-    assert!(
-        !first.is_finished(),
-        "the duplicate was answered while the first was still working"
-    );
-    assert_eq!(
-        first.await.unwrap(),
-        (StatusCode::OK, json!({"status": "accepted"}))
-    );
-    assert_eq!(
-        send(r.clone()).await,
-        (StatusCode::OK, json!({"status": "duplicate"}))
-    );
+    assert!(!first.is_finished(), "the duplicate was answered while the first was still working");
+    assert_eq!(first.await.unwrap(), (StatusCode::OK, json!({"status": "accepted"})));
+    assert_eq!(send(r.clone()).await, (StatusCode::OK, json!({"status": "duplicate"})));
 }
 
 /// Kills its own connection, every time: the batch it is in always rolls back.
@@ -953,25 +611,19 @@ struct ConnectionKiller;
 impl Handler for ConnectionKiller {
     fn handle<'a>(&'a self, conn: &'a mut PgConnection, _: &'a Event) -> HandlerFuture<'a> {
         Box::pin(async move {
-            sqlx::query("SELECT pg_terminate_backend(pg_backend_pid())")
-                .execute(&mut *conn)
-                .await?;
+            sqlx::query("SELECT pg_terminate_backend(pg_backend_pid())").execute(&mut *conn).await?;
             Ok(Outcome::Applied)
         })
     }
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn an_event_that_kills_its_connection_fails_after_its_attempts_and_blocks_nobody(
-    pool: PgPool,
-) {
-    let handlers = Handlers::new()
-        .on(Provider::Github, "killer", ConnectionKiller)
-        .on(
-            Provider::Stripe,
-            "payment_intent.succeeded",
-            PaymentSucceededHandler,
-        );
+async fn an_event_that_kills_its_connection_fails_after_its_attempts_and_blocks_nobody(pool: PgPool) {
+    let handlers = Handlers::new().on(Provider::Github, "killer", ConnectionKiller).on(
+        Provider::Stripe,
+        "payment_intent.succeeded",
+        PaymentSucceededHandler,
+    );
     let w = worker(&pool, handlers);
     stored(&pool, Provider::Github, "d-killer", "killer", json!({})).await;
     for i in 0..20 {
@@ -988,26 +640,18 @@ async fn an_event_that_kills_its_connection_fails_after_its_attempts_and_blocks_
     let started = Instant::now();
     loop {
         let _ = w.drain(later()).await; // the killer's batches fail; that is the point
-        let left: i64 = scalar(
-            &pool,
-            "SELECT count(*) FROM webhook_inbox WHERE status = 'pending'",
-        )
-        .await;
+        let left: i64 = scalar(&pool, "SELECT count(*) FROM webhook_inbox WHERE status = 'pending'").await;
         if left == 0 {
             break;
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "{left} events still pending"
-        );
+        assert!(started.elapsed() < Duration::from_secs(20), "{left} events still pending");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let (status, attempts, reason): (String, i32, String) = sqlx::query_as(
-        "SELECT status, attempts, failure_reason FROM webhook_inbox WHERE event_id = 'd-killer'",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
+    let (status, attempts, reason): (String, i32, String) =
+        sqlx::query_as("SELECT status, attempts, failure_reason FROM webhook_inbox WHERE event_id = 'd-killer'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert_eq!((status.as_str(), attempts), ("failed", 3), "{reason}");
     let counts: (i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM payments), (SELECT count(*) FROM webhook_inbox WHERE status = 'done' AND attempts = 1)",

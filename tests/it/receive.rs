@@ -33,10 +33,7 @@ struct Case {
 fn case(name: &'static str, headers: &[(&str, String)], body: Vec<u8>, expect: u16) -> Case {
     Case {
         name,
-        headers: headers
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.clone()))
-            .collect(),
+        headers: headers.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
         body,
         via_apigw_v2: false,
         expect: StatusCode::from_u16(expect).unwrap(),
@@ -58,11 +55,7 @@ impl Case {
 async fn run_matrix(pool: &PgPool, receiver: &Receiver, provider: &str, cases: Vec<Case>) {
     let mut accepted = 0;
     for c in &cases {
-        let headers: Vec<(&str, &str)> = c
-            .headers
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
+        let headers: Vec<(&str, &str)> = c.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let req = if c.via_apigw_v2 {
             apigw_v2_request(provider, &headers, &c.body)
         } else {
@@ -91,23 +84,10 @@ async fn run_matrix(pool: &PgPool, receiver: &Receiver, provider: &str, cases: V
             }
         } else {
             let reason = body["error"].as_str().unwrap_or_default();
-            assert!(
-                !reason.is_empty(),
-                "{provider} / {}: a refusal says why",
-                c.name
-            );
-            for secret in STRIPE
-                .iter()
-                .chain(&SHOPIFY)
-                .chain(&GITHUB)
-                .chain(&MARQETA_PASSWORDS)
-                .chain(&MARQETA_SIGNING)
+            assert!(!reason.is_empty(), "{provider} / {}: a refusal says why", c.name);
+            for secret in STRIPE.iter().chain(&SHOPIFY).chain(&GITHUB).chain(&MARQETA_PASSWORDS).chain(&MARQETA_SIGNING)
             {
-                assert!(
-                    !reason.contains(secret),
-                    "{provider} / {}: the reason leaks a secret",
-                    c.name
-                );
+                assert!(!reason.contains(secret), "{provider} / {}: the reason leaks a secret", c.name);
             }
             for key in STANDARD {
                 assert!(
@@ -123,15 +103,14 @@ async fn run_matrix(pool: &PgPool, receiver: &Receiver, provider: &str, cases: V
         .fetch_one(pool)
         .await
         .unwrap();
-    assert_eq!(
-        rows, accepted,
-        "{provider}: only accepted deliveries are stored"
-    );
+    assert_eq!(rows, accepted, "{provider}: only accepted deliveries are stored");
 }
 
 fn stripe_body(id: &str) -> Vec<u8> {
-    format!(r#"{{"id":"{id}","object":"event","type":"payment_intent.succeeded","data":{{"object":{{"id":"pi_{id}"}}}}}}"#)
-        .into_bytes()
+    format!(
+        r#"{{"id":"{id}","object":"event","type":"payment_intent.succeeded","data":{{"object":{{"id":"pi_{id}"}}}}}}"#
+    )
+    .into_bytes()
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
@@ -144,20 +123,8 @@ async fn stripe_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
     let h = |v: String| vec![("Stripe-Signature", v)];
     let b = stripe_body;
     let cases = vec![
-        case(
-            "valid",
-            &h(format!("t={t},v1={}", sig(old, t, &b("evt_valid")))),
-            b("evt_valid"),
-            200,
-        )
-        .secret(0),
-        case(
-            "rotated secret",
-            &h(format!("t={t},v1={}", sig(new, t, &b("evt_rot")))),
-            b("evt_rot"),
-            200,
-        )
-        .secret(1),
+        case("valid", &h(format!("t={t},v1={}", sig(old, t, &b("evt_valid")))), b("evt_valid"), 200).secret(0),
+        case("rotated secret", &h(format!("t={t},v1={}", sig(new, t, &b("evt_rot")))), b("evt_rot"), 200).secret(1),
         case(
             "several v1, matching one first",
             &h(format!(
@@ -170,40 +137,12 @@ async fn stripe_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
             200,
         )
         .secret(1),
-        case(
-            "wrong secret",
-            &h(format!("t={t},v1={}", sig("whsec_wrong", t, &b("evt_w")))),
-            b("evt_w"),
-            401,
-        ),
+        case("wrong secret", &h(format!("t={t},v1={}", sig("whsec_wrong", t, &b("evt_w")))), b("evt_w"), 401),
         case("missing header", &[], b("evt_m"), 401),
         case("empty signature", &h(format!("t={t},v1=")), b("evt_e"), 401),
-        case(
-            "stale timestamp",
-            &h(format!(
-                "t={},v1={}",
-                t - 330,
-                sig(old, t - 330, &b("evt_s"))
-            )),
-            b("evt_s"),
-            401,
-        ),
-        case(
-            "future timestamp",
-            &h(format!(
-                "t={},v1={}",
-                t + 330,
-                sig(old, t + 330, &b("evt_f"))
-            )),
-            b("evt_f"),
-            401,
-        ),
-        case(
-            "v0 only",
-            &h(format!("t={t},v0={}", sig(old, t, &b("evt_v0")))),
-            b("evt_v0"),
-            401,
-        ),
+        case("stale timestamp", &h(format!("t={},v1={}", t - 330, sig(old, t - 330, &b("evt_s")))), b("evt_s"), 401),
+        case("future timestamp", &h(format!("t={},v1={}", t + 330, sig(old, t + 330, &b("evt_f")))), b("evt_f"), 401),
+        case("v0 only", &h(format!("t={t},v0={}", sig(old, t, &b("evt_v0")))), b("evt_v0"), 401),
         case(
             "base64 body through a v2 event",
             &h(format!("t={t},v1={}", sig(old, t, &b("evt_b64")))),
@@ -215,10 +154,7 @@ async fn stripe_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
             "duplicated header",
             &[
                 ("Stripe-Signature", format!("t={t},v1={}", "11".repeat(32))),
-                (
-                    "Stripe-Signature",
-                    format!("t={t},v1={}", sig(new, t, &b("evt_dup"))),
-                ),
+                ("Stripe-Signature", format!("t={t},v1={}", sig(new, t, &b("evt_dup")))),
             ],
             b("evt_dup"),
             200,
@@ -251,52 +187,16 @@ async fn shopify_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
         ]
     };
     let cases = vec![
-        case(
-            "valid",
-            &h("w-valid", shopify_hmac(old, &body("w-valid"))),
-            body("w-valid"),
-            200,
-        )
-        .secret(0),
-        case(
-            "rotated secret",
-            &h("w-rot", shopify_hmac(new, &body("w-rot"))),
-            body("w-rot"),
-            200,
-        )
-        .secret(1),
-        case(
-            "wrong secret",
-            &h("w-wrong", shopify_hmac("other", &body("w-wrong"))),
-            body("w-wrong"),
-            401,
-        ),
-        case(
-            "missing header",
-            &h("w-miss", String::new())[..2],
-            body("w-miss"),
-            401,
-        ),
-        case(
-            "empty signature",
-            &h("w-empty", String::new()),
-            body("w-empty"),
-            401,
-        ),
-        case(
-            "base64 body through a v2 event",
-            &h("w-b64", shopify_hmac(old, &body("w-b64"))),
-            body("w-b64"),
-            200,
-        )
-        .via_v2(),
+        case("valid", &h("w-valid", shopify_hmac(old, &body("w-valid"))), body("w-valid"), 200).secret(0),
+        case("rotated secret", &h("w-rot", shopify_hmac(new, &body("w-rot"))), body("w-rot"), 200).secret(1),
+        case("wrong secret", &h("w-wrong", shopify_hmac("other", &body("w-wrong"))), body("w-wrong"), 401),
+        case("missing header", &h("w-miss", String::new())[..2], body("w-miss"), 401),
+        case("empty signature", &h("w-empty", String::new()), body("w-empty"), 401),
+        case("base64 body through a v2 event", &h("w-b64", shopify_hmac(old, &body("w-b64"))), body("w-b64"), 200)
+            .via_v2(),
         case(
             "duplicated header",
-            &[
-                h("w-dup", "AAAA".into()),
-                h("w-dup", shopify_hmac(new, &body("w-dup"))),
-            ]
-            .concat(),
+            &[h("w-dup", "AAAA".into()), h("w-dup", shopify_hmac(new, &body("w-dup")))].concat(),
             body("w-dup"),
             200,
         ),
@@ -318,52 +218,16 @@ async fn github_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
         ]
     };
     let cases = vec![
-        case(
-            "valid",
-            &h("g-valid", github_signature(old, &body("g-valid"))),
-            body("g-valid"),
-            200,
-        )
-        .secret(0),
-        case(
-            "rotated secret",
-            &h("g-rot", github_signature(new, &body("g-rot"))),
-            body("g-rot"),
-            200,
-        )
-        .secret(1),
-        case(
-            "wrong secret",
-            &h("g-wrong", github_signature("other", &body("g-wrong"))),
-            body("g-wrong"),
-            401,
-        ),
-        case(
-            "missing header",
-            &h("g-miss", String::new())[..2],
-            body("g-miss"),
-            401,
-        ),
-        case(
-            "empty signature",
-            &h("g-empty", "sha256=".into()),
-            body("g-empty"),
-            401,
-        ),
-        case(
-            "base64 body through a v2 event",
-            &h("g-b64", github_signature(old, &body("g-b64"))),
-            body("g-b64"),
-            200,
-        )
-        .via_v2(),
+        case("valid", &h("g-valid", github_signature(old, &body("g-valid"))), body("g-valid"), 200).secret(0),
+        case("rotated secret", &h("g-rot", github_signature(new, &body("g-rot"))), body("g-rot"), 200).secret(1),
+        case("wrong secret", &h("g-wrong", github_signature("other", &body("g-wrong"))), body("g-wrong"), 401),
+        case("missing header", &h("g-miss", String::new())[..2], body("g-miss"), 401),
+        case("empty signature", &h("g-empty", "sha256=".into()), body("g-empty"), 401),
+        case("base64 body through a v2 event", &h("g-b64", github_signature(old, &body("g-b64"))), body("g-b64"), 200)
+            .via_v2(),
         case(
             "duplicated header",
-            &[
-                h("g-dup", "sha256=00".into()),
-                h("g-dup", github_signature(new, &body("g-dup"))),
-            ]
-            .concat(),
+            &[h("g-dup", "sha256=00".into()), h("g-dup", github_signature(new, &body("g-dup")))].concat(),
             body("g-dup"),
             200,
         ),
@@ -372,14 +236,7 @@ async fn github_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
 }
 
 /// Name, headers, event id, expected status, expected secret index, via API Gateway v2.
-type StandardCase<'a> = (
-    &'static str,
-    Vec<(String, String)>,
-    &'a str,
-    u16,
-    Option<i16>,
-    bool,
-);
+type StandardCase<'a> = (&'static str, Vec<(String, String)>, &'a str, u16, Option<i16>, bool);
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn standard_webhooks_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
@@ -387,8 +244,7 @@ async fn standard_webhooks_signature_matrix(_: PgPoolOptions, opts: PgConnectOpt
     let r = receiver(opts, secrets(false));
     let [old, new] = STANDARD;
     let t = now();
-    let body =
-        |id: &str| format!(r#"{{"type":"invoice.paid","data":{{"id":"{id}"}}}}"#).into_bytes();
+    let body = |id: &str| format!(r#"{{"type":"invoice.paid","data":{{"id":"{id}"}}}}"#).into_bytes();
     let h = |prefix: &str, id: &str, t: i64, sig: String| {
         vec![
             (format!("{prefix}-id"), id.to_string()),
@@ -399,106 +255,28 @@ async fn standard_webhooks_signature_matrix(_: PgPoolOptions, opts: PgConnectOpt
     let s = |key: &[u8], id: &str, t: i64| standard_signature(key, id, t, &body(id));
     let owned = |v: Vec<(String, String)>| v;
     let cases: Vec<StandardCase> = vec![
-        (
-            "valid",
-            owned(h("webhook", "m-valid", t, s(old, "m-valid", t))),
-            "m-valid",
-            200,
-            Some(0),
-            false,
-        ),
-        (
-            "rotated secret",
-            h("webhook", "m-rot", t, s(new, "m-rot", t)),
-            "m-rot",
-            200,
-            Some(1),
-            false,
-        ),
+        ("valid", owned(h("webhook", "m-valid", t, s(old, "m-valid", t))), "m-valid", 200, Some(0), false),
+        ("rotated secret", h("webhook", "m-rot", t, s(new, "m-rot", t)), "m-rot", 200, Some(1), false),
         (
             "several v1",
-            h(
-                "webhook",
-                "m-sev",
-                t,
-                format!("{} {}", s(b"other-key", "m-sev", t), s(new, "m-sev", t)),
-            ),
+            h("webhook", "m-sev", t, format!("{} {}", s(b"other-key", "m-sev", t), s(new, "m-sev", t))),
             "m-sev",
             200,
             Some(1),
             false,
         ),
-        (
-            "svix headers",
-            h("svix", "m-svix", t, s(old, "m-svix", t)),
-            "m-svix",
-            200,
-            Some(0),
-            false,
-        ),
-        (
-            "wrong secret",
-            h("webhook", "m-wrong", t, s(b"other-key", "m-wrong", t)),
-            "m-wrong",
-            401,
-            None,
-            false,
-        ),
-        (
-            "missing header",
-            h("webhook", "m-miss", t, s(old, "m-miss", t))[..2].to_vec(),
-            "m-miss",
-            401,
-            None,
-            false,
-        ),
-        (
-            "empty signature",
-            h("webhook", "m-empty", t, "v1,".into()),
-            "m-empty",
-            401,
-            None,
-            false,
-        ),
-        (
-            "stale timestamp",
-            h("webhook", "m-stale", t - 330, s(old, "m-stale", t - 330)),
-            "m-stale",
-            401,
-            None,
-            false,
-        ),
-        (
-            "future timestamp",
-            h("webhook", "m-fut", t + 330, s(old, "m-fut", t + 330)),
-            "m-fut",
-            401,
-            None,
-            false,
-        ),
-        (
-            "v1a only",
-            h("webhook", "m-v1a", t, "v1a,c2lnbmF0dXJl".into()),
-            "m-v1a",
-            401,
-            None,
-            false,
-        ),
-        (
-            "base64 body through a v2 event",
-            h("webhook", "m-b64", t, s(old, "m-b64", t)),
-            "m-b64",
-            200,
-            Some(0),
-            true,
-        ),
+        ("svix headers", h("svix", "m-svix", t, s(old, "m-svix", t)), "m-svix", 200, Some(0), false),
+        ("wrong secret", h("webhook", "m-wrong", t, s(b"other-key", "m-wrong", t)), "m-wrong", 401, None, false),
+        ("missing header", h("webhook", "m-miss", t, s(old, "m-miss", t))[..2].to_vec(), "m-miss", 401, None, false),
+        ("empty signature", h("webhook", "m-empty", t, "v1,".into()), "m-empty", 401, None, false),
+        ("stale timestamp", h("webhook", "m-stale", t - 330, s(old, "m-stale", t - 330)), "m-stale", 401, None, false),
+        ("future timestamp", h("webhook", "m-fut", t + 330, s(old, "m-fut", t + 330)), "m-fut", 401, None, false),
+        ("v1a only", h("webhook", "m-v1a", t, "v1a,c2lnbmF0dXJl".into()), "m-v1a", 401, None, false),
+        ("base64 body through a v2 event", h("webhook", "m-b64", t, s(old, "m-b64", t)), "m-b64", 200, Some(0), true),
         (
             "duplicated header",
-            [
-                h("webhook", "m-dup", t, "v1,AAAA".into()),
-                h("webhook", "m-dup", t, s(new, "m-dup", t))[2..].to_vec(),
-            ]
-            .concat(),
+            [h("webhook", "m-dup", t, "v1,AAAA".into()), h("webhook", "m-dup", t, s(new, "m-dup", t))[2..].to_vec()]
+                .concat(),
             "m-dup",
             200,
             Some(1),
@@ -508,10 +286,7 @@ async fn standard_webhooks_signature_matrix(_: PgPoolOptions, opts: PgConnectOpt
     let cases = cases
         .into_iter()
         .map(|(name, headers, id, status, index, v2)| {
-            let refs: Vec<(&str, String)> = headers
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.clone()))
-                .collect();
+            let refs: Vec<(&str, String)> = headers.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
             let mut c = case(name, &refs, body(id), status);
             c.secret_index = index;
             c.via_apigw_v2 = v2;
@@ -522,7 +297,8 @@ async fn standard_webhooks_signature_matrix(_: PgPoolOptions, opts: PgConnectOpt
 }
 
 fn marqeta_body(token: &str) -> Vec<u8> {
-    format!(r#"{{"transactions":[{{"token":"{token}","type":"authorization","state":"PENDING","amount":5.5}}]}}"#).into_bytes()
+    format!(r#"{{"transactions":[{{"token":"{token}","type":"authorization","state":"PENDING","amount":5.5}}]}}"#)
+        .into_bytes()
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
@@ -535,28 +311,12 @@ async fn marqeta_basic_auth_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
     let cases = vec![
         case("valid", &auth(MARQETA_USER, p0), b("q-valid"), 200).secret(0),
         case("rotated password", &auth(MARQETA_USER, p1), b("q-rot"), 200).secret(1),
-        case(
-            "wrong password",
-            &auth(MARQETA_USER, "not-the-password-000"),
-            b("q-wrong"),
-            401,
-        ),
+        case("wrong password", &auth(MARQETA_USER, "not-the-password-000"), b("q-wrong"), 401),
         case("wrong user", &auth("someone", p0), b("q-user"), 401),
         case("missing header", &[], b("q-miss"), 401),
         case("empty password", &auth(MARQETA_USER, ""), b("q-empty"), 401),
-        case(
-            "base64 body through a v2 event",
-            &auth(MARQETA_USER, p0),
-            b("q-b64"),
-            200,
-        )
-        .via_v2(),
-        case(
-            "duplicated header",
-            &[auth("x", "y"), auth(MARQETA_USER, p0)].concat(),
-            b("q-dup"),
-            401,
-        ),
+        case("base64 body through a v2 event", &auth(MARQETA_USER, p0), b("q-b64"), 200).via_v2(),
+        case("duplicated header", &[auth("x", "y"), auth(MARQETA_USER, p0)].concat(), b("q-dup"), 401),
     ];
     run_matrix(&pool, &r, "marqeta", cases).await;
 }
@@ -568,48 +328,14 @@ async fn marqeta_signature_matrix_when_a_secret_is_set(_: PgPoolOptions, opts: P
     let [old, new] = MARQETA_SIGNING;
     let b = marqeta_body;
     let with = |sig: String| {
-        vec![
-            (
-                "Authorization",
-                marqeta_basic(MARQETA_USER, MARQETA_PASSWORDS[0]),
-            ),
-            ("X-Marqeta-Signature", sig),
-        ]
+        vec![("Authorization", marqeta_basic(MARQETA_USER, MARQETA_PASSWORDS[0])), ("X-Marqeta-Signature", sig)]
     };
     let cases = vec![
-        case(
-            "HMAC-SHA256",
-            &with(marqeta_signature_sha256(old, &b("s-256"))),
-            b("s-256"),
-            200,
-        )
-        .secret(0),
-        case(
-            "legacy HMAC-SHA1",
-            &with(marqeta_signature_sha1(old, &b("s-sha1"))),
-            b("s-sha1"),
-            200,
-        )
-        .secret(0),
-        case(
-            "rotated secret",
-            &with(marqeta_signature_sha256(new, &b("s-rot"))),
-            b("s-rot"),
-            200,
-        )
-        .secret(1),
-        case(
-            "wrong secret",
-            &with(marqeta_signature_sha256("other", &b("s-wrong"))),
-            b("s-wrong"),
-            401,
-        ),
-        case(
-            "missing signature",
-            &with(String::new())[..1],
-            b("s-miss"),
-            401,
-        ),
+        case("HMAC-SHA256", &with(marqeta_signature_sha256(old, &b("s-256"))), b("s-256"), 200).secret(0),
+        case("legacy HMAC-SHA1", &with(marqeta_signature_sha1(old, &b("s-sha1"))), b("s-sha1"), 200).secret(0),
+        case("rotated secret", &with(marqeta_signature_sha256(new, &b("s-rot"))), b("s-rot"), 200).secret(1),
+        case("wrong secret", &with(marqeta_signature_sha256("other", &b("s-wrong"))), b("s-wrong"), 401),
+        case("missing signature", &with(String::new())[..1], b("s-miss"), 401),
         case("empty signature", &with(String::new()), b("s-empty"), 401),
         case(
             "valid signature without Basic auth",
@@ -617,20 +343,11 @@ async fn marqeta_signature_matrix_when_a_secret_is_set(_: PgPoolOptions, opts: P
             b("s-noauth"),
             401,
         ),
-        case(
-            "base64 body through a v2 event",
-            &with(marqeta_signature_sha256(new, &b("s-b64"))),
-            b("s-b64"),
-            200,
-        )
-        .via_v2(),
+        case("base64 body through a v2 event", &with(marqeta_signature_sha256(new, &b("s-b64"))), b("s-b64"), 200)
+            .via_v2(),
         case(
             "duplicated header",
-            &[
-                with("00".repeat(32)),
-                with(marqeta_signature_sha256(new, &b("s-dup")))[1..].to_vec(),
-            ]
-            .concat(),
+            &[with("00".repeat(32)), with(marqeta_signature_sha256(new, &b("s-dup")))[1..].to_vec()].concat(),
             b("s-dup"),
             200,
         ),
@@ -641,26 +358,14 @@ async fn marqeta_signature_matrix_when_a_secret_is_set(_: PgPoolOptions, opts: P
 // ---------- the claim ----------
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn a_stripe_delivery_is_stored_verbatim_then_answered_duplicate(
-    _: PgPoolOptions,
-    opts: PgConnectOptions,
-) {
+async fn a_stripe_delivery_is_stored_verbatim_then_answered_duplicate(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let r = receiver(opts, secrets(false));
     let body = stripe_body("evt_1");
     let sig = stripe_header(STRIPE[0], &body);
-    let headers = [
-        ("Stripe-Signature", sig.as_str()),
-        ("Content-Type", "application/json"),
-    ];
-    assert_eq!(
-        post(&r, "stripe", &headers, &body).await,
-        (StatusCode::OK, json!({"status": "accepted"}))
-    );
-    assert_eq!(
-        post(&r, "stripe", &headers, &body).await,
-        (StatusCode::OK, json!({"status": "duplicate"}))
-    );
+    let headers = [("Stripe-Signature", sig.as_str()), ("Content-Type", "application/json")];
+    assert_eq!(post(&r, "stripe", &headers, &body).await, (StatusCode::OK, json!({"status": "accepted"})));
+    assert_eq!(post(&r, "stripe", &headers, &body).await, (StatusCode::OK, json!({"status": "duplicate"})));
 
     let row: (String, String, Value, Vec<u8>, Value, String, i16) = sqlx::query_as(
         "SELECT event_id, event_type, payload, raw_body, headers, status, secret_index FROM webhook_inbox",
@@ -672,10 +377,7 @@ async fn a_stripe_delivery_is_stored_verbatim_then_answered_duplicate(
     assert_eq!(row.1, "payment_intent.succeeded");
     assert_eq!(row.2["data"]["object"]["id"], "pi_evt_1");
     assert_eq!(row.3, body, "the signed bytes are kept verbatim");
-    assert_eq!(
-        row.4,
-        json!({"stripe-signature": sig, "content-type": "application/json"})
-    );
+    assert_eq!(row.4, json!({"stripe-signature": sig, "content-type": "application/json"}));
     assert_eq!((row.5.as_str(), row.6), ("pending", 0));
 }
 
@@ -687,10 +389,7 @@ async fn shopify_identifying_headers_are_kept(_: PgPoolOptions, opts: PgConnectO
     let hmac = shopify_hmac(SHOPIFY[0], body);
     let headers = [
         ("X-Shopify-Hmac-Sha256", hmac.as_str()),
-        (
-            "X-Shopify-Webhook-Id",
-            "b54557e4-bdd9-4b37-8a5f-bf7d70bcd043",
-        ),
+        ("X-Shopify-Webhook-Id", "b54557e4-bdd9-4b37-8a5f-bf7d70bcd043"),
         ("X-Shopify-Event-Id", "98880550-7158-44d4-b7cd-2c97c8a091b5"),
         ("X-Shopify-Topic", "orders/updated"),
         ("X-Shopify-Triggered-At", "2026-11-29T21:00:00.000Z"),
@@ -700,38 +399,20 @@ async fn shopify_identifying_headers_are_kept(_: PgPoolOptions, opts: PgConnectO
     ];
     assert_eq!(post(&r, "shopify", &headers, body).await.0, StatusCode::OK);
     let (id, topic, kept): (String, String, Value) =
-        sqlx::query_as("SELECT event_id, event_type, headers FROM webhook_inbox")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    assert_eq!(
-        (id.as_str(), topic.as_str()),
-        ("b54557e4-bdd9-4b37-8a5f-bf7d70bcd043", "orders/updated")
-    );
-    assert_eq!(
-        kept["x-shopify-event-id"],
-        "98880550-7158-44d4-b7cd-2c97c8a091b5"
-    );
+        sqlx::query_as("SELECT event_id, event_type, headers FROM webhook_inbox").fetch_one(&pool).await.unwrap();
+    assert_eq!((id.as_str(), topic.as_str()), ("b54557e4-bdd9-4b37-8a5f-bf7d70bcd043", "orders/updated"));
+    assert_eq!(kept["x-shopify-event-id"], "98880550-7158-44d4-b7cd-2c97c8a091b5");
     assert_eq!(kept["x-shopify-triggered-at"], "2026-11-29T21:00:00.000Z");
     assert_eq!(kept["x-shopify-shop-domain"], "example.myshopify.com");
-    assert!(
-        kept.get("user-agent").is_none(),
-        "only the identifying headers are kept"
-    );
+    assert!(kept.get("user-agent").is_none(), "only the identifying headers are kept");
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn fifty_concurrent_identical_deliveries_claim_once(
-    _: PgPoolOptions,
-    opts: PgConnectOptions,
-) {
+async fn fifty_concurrent_identical_deliveries_claim_once(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let mut cfg = config(secrets(false));
     cfg.db.pool_size = 50;
-    let r = Arc::new(Receiver::new(
-        db::Connections::from_options(opts, &cfg.db),
-        &cfg,
-    ));
+    let r = Arc::new(Receiver::new(db::Connections::from_options(opts, &cfg.db), &cfg));
     let body = stripe_body("evt_race");
     let sig = stripe_header(STRIPE[0], &body);
     let barrier = Arc::new(Barrier::new(50));
@@ -760,12 +441,7 @@ fn event(id: &str) -> NewEvent {
 }
 
 fn envelope(headers: &Value) -> Envelope<'_> {
-    Envelope {
-        provider: Provider::Stripe,
-        raw_body: b"{}",
-        headers,
-        secret_index: Some(0),
-    }
+    Envelope { provider: Provider::Stripe, raw_body: b"{}", headers, secret_index: Some(0) }
 }
 
 /// Claims of this test's database waiting on a lock.
@@ -783,21 +459,14 @@ async fn lock_waiters(pool: &PgPool) -> i64 {
 async fn claim_behind_open_insert(
     pool: &PgPool,
     id: &'static str,
-) -> (
-    sqlx::Transaction<'static, sqlx::Postgres>,
-    tokio::task::JoinHandle<Claim>,
-) {
+) -> (sqlx::Transaction<'static, sqlx::Postgres>, tokio::task::JoinHandle<Claim>) {
     let headers = json!({});
     let mut tx = pool.begin().await.unwrap();
-    inbox::claim(&mut *tx, &envelope(&headers), &event(id))
-        .await
-        .unwrap();
+    inbox::claim(&mut *tx, &envelope(&headers), &event(id)).await.unwrap();
     let p = pool.clone();
     let waiter = tokio::spawn(async move {
         let headers = json!({});
-        inbox::claim(&p, &envelope(&headers), &event(id))
-            .await
-            .unwrap()
+        inbox::claim(&p, &envelope(&headers), &event(id)).await.unwrap()
     });
     // The second claim must be waiting on the first transaction's key, not finished.
     let waiting = eventually(|| async { lock_waiters(pool).await == 1 }).await;
@@ -823,10 +492,7 @@ async fn a_claim_blocked_by_a_transaction_that_rolls_back_claims_the_event(pool:
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn a_claim_stuck_behind_a_lock_past_lock_timeout_answers_503(
-    _: PgPoolOptions,
-    opts: PgConnectOptions,
-) {
+async fn a_claim_stuck_behind_a_lock_past_lock_timeout_answers_503(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let mut cfg = config(secrets(false));
     cfg.db.lock_timeout = Duration::from_millis(300);
@@ -835,21 +501,10 @@ async fn a_claim_stuck_behind_a_lock_past_lock_timeout_answers_503(
     let headers = json!({});
     let mut tx = pool.begin().await.unwrap();
     let held = NewEvent::pending("evt_locked".into(), "x", "{}".into());
-    inbox::claim(&mut *tx, &envelope(&headers), &held)
-        .await
-        .unwrap();
-    let (status, body) = post(
-        &r,
-        "stripe",
-        &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))],
-        &body,
-    )
-    .await;
+    inbox::claim(&mut *tx, &envelope(&headers), &held).await.unwrap();
+    let (status, body) = post(&r, "stripe", &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))], &body).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-    assert!(
-        !body.to_string().contains("lock"),
-        "no database text reaches the caller: {body}"
-    );
+    assert!(!body.to_string().contains("lock"), "no database text reaches the caller: {body}");
     tx.rollback().await.unwrap();
     assert_eq!(count(&pool).await, 0);
 }
@@ -860,49 +515,33 @@ fn repeatable_read(opts: PgConnectOptions) -> PgConnectOptions {
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn under_repeatable_read_the_claim_fails_with_40001(
-    _: PgPoolOptions,
-    opts: PgConnectOptions,
-) {
+async fn under_repeatable_read_the_claim_fails_with_40001(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let rr = PgPool::connect_with(repeatable_read(opts)).await.unwrap();
-    let isolation: String = sqlx::query_scalar("SHOW transaction_isolation")
-        .fetch_one(&rr)
-        .await
-        .unwrap();
+    let isolation: String = sqlx::query_scalar("SHOW transaction_isolation").fetch_one(&rr).await.unwrap();
     assert_eq!(isolation, "repeatable read");
     let headers = json!({});
     let mut tx = pool.begin().await.unwrap();
-    inbox::claim(&mut *tx, &envelope(&headers), &event("evt_rr"))
-        .await
-        .unwrap();
+    inbox::claim(&mut *tx, &envelope(&headers), &event("evt_rr")).await.unwrap();
     let waiter = tokio::spawn(async move {
         let headers = json!({});
         inbox::claim(&rr, &envelope(&headers), &event("evt_rr")).await
     });
     assert!(eventually(|| async { lock_waiters(&pool).await == 1 }).await);
     tx.commit().await.unwrap();
-    let err = waiter
-        .await
-        .unwrap()
-        .expect_err("the committed row is invisible to the waiting statement's snapshot");
+    let err = waiter.await.unwrap().expect_err("the committed row is invisible to the waiting statement's snapshot");
     assert_eq!(db::sqlstate(&err).as_deref(), Some("40001"));
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn under_repeatable_read_the_receivers_retry_answers_duplicate(
-    _: PgPoolOptions,
-    opts: PgConnectOptions,
-) {
+async fn under_repeatable_read_the_receivers_retry_answers_duplicate(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let r = Arc::new(receiver(repeatable_read(opts), secrets(false)));
     let body = stripe_body("evt_rr");
     let headers = json!({});
     let mut tx = pool.begin().await.unwrap();
     let held = NewEvent::pending("evt_rr".into(), "x", "{}".into());
-    inbox::claim(&mut *tx, &envelope(&headers), &held)
-        .await
-        .unwrap();
+    inbox::claim(&mut *tx, &envelope(&headers), &held).await.unwrap();
     let sig = stripe_header(STRIPE[0], &body);
     let delivery = {
         let r = r.clone();
@@ -919,10 +558,7 @@ async fn under_repeatable_read_the_receivers_retry_answers_duplicate(
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn a_marqeta_batch_claims_each_item_once_within_and_across_batches(
-    _: PgPoolOptions,
-    opts: PgConnectOptions,
-) {
+async fn a_marqeta_batch_claims_each_item_once_within_and_across_batches(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let r = receiver(opts, secrets(false));
     let auth = marqeta_basic(MARQETA_USER, MARQETA_PASSWORDS[0]);
@@ -931,7 +567,8 @@ async fn a_marqeta_batch_claims_each_item_once_within_and_across_batches(
         post(&r, "marqeta", &[("Authorization", &auth)], first).await,
         (StatusCode::OK, json!({"accepted": 3, "duplicates": 1}))
     );
-    let second = br#"{"transactions":[{"token":"b","type":"authorization"},{"token":"d","type":"authorization.clearing"}]}"#;
+    let second =
+        br#"{"transactions":[{"token":"b","type":"authorization"},{"token":"d","type":"authorization.clearing"}]}"#;
     assert_eq!(
         post(&r, "marqeta", &[("Authorization", &auth)], second).await,
         (StatusCode::OK, json!({"accepted": 1, "duplicates": 1}))
@@ -946,15 +583,7 @@ async fn a_marqeta_batch_claims_each_item_once_within_and_across_batches(
             .await
             .unwrap();
     let ids: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
-    assert_eq!(
-        ids,
-        [
-            "transactions:a",
-            "transactions:b",
-            "transactions:c",
-            "transactions:d"
-        ]
-    );
+    assert_eq!(ids, ["transactions:a", "transactions:b", "transactions:c", "transactions:d"]);
     assert_eq!(rows[2].1, "transactions:gpa.credit");
     assert_eq!(rows[2].2["amount"], 10, "each row holds its own item");
     let ping = br#"{"pings":[{"token":"marqeta","payload":"healthcheck"}]}"#;
@@ -969,15 +598,8 @@ async fn a_marqeta_batch_claims_each_item_once_within_and_across_batches(
 /// on its own connection and with no retry: sorted keys mean no deadlock (40P01)
 /// can happen, and each key is claimed once.
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn concurrent_overlapping_batches_neither_deadlock_nor_double_claim(
-    _: PgPoolOptions,
-    opts: PgConnectOptions,
-) {
-    let pool = PgPoolOptions::new()
-        .max_connections(21)
-        .connect_with(opts)
-        .await
-        .unwrap();
+async fn concurrent_overlapping_batches_neither_deadlock_nor_double_claim(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPoolOptions::new().max_connections(21).connect_with(opts).await.unwrap();
     let barrier = Arc::new(Barrier::new(20));
     let tasks: Vec<_> = (0..20)
         .map(|i| {
@@ -988,20 +610,14 @@ async fn concurrent_overlapping_batches_neither_deadlock_nor_double_claim(
             }
             let events: Vec<NewEvent> = tokens
                 .iter()
-                .map(|t| {
-                    NewEvent::pending(format!("transactions:t{t}"), "transactions", "{}".into())
-                })
+                .map(|t| NewEvent::pending(format!("transactions:t{t}"), "transactions", "{}".into()))
                 .collect();
             let (pool, barrier) = (pool.clone(), barrier.clone());
             tokio::spawn(async move {
                 let mut conn = pool.acquire().await.unwrap();
                 let headers = json!({});
-                let env = Envelope {
-                    provider: Provider::Marqeta,
-                    raw_body: b"{}",
-                    headers: &headers,
-                    secret_index: Some(0),
-                };
+                let env =
+                    Envelope { provider: Provider::Marqeta, raw_body: b"{}", headers: &headers, secret_index: Some(0) };
                 barrier.wait().await;
                 inbox::claim_batch(&mut *conn, &env, &events).await
             })
@@ -1020,104 +636,51 @@ async fn concurrent_overlapping_batches_neither_deadlock_nor_double_claim(
 // ---------- bad input ----------
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn a_body_over_the_limit_gets_413_and_nothing_is_stored(
-    _: PgPoolOptions,
-    opts: PgConnectOptions,
-) {
+async fn a_body_over_the_limit_gets_413_and_nothing_is_stored(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let mut cfg = config(secrets(false));
     cfg.max_body_bytes = 1000;
     let r = Receiver::new(db::Connections::from_options(opts, &cfg.db), &cfg);
-    let body = format!(
-        r#"{{"id":"evt_big","type":"x","pad":"{}"}}"#,
-        "x".repeat(1000)
-    )
-    .into_bytes();
-    let (status, answer) = post(
-        &r,
-        "stripe",
-        &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))],
-        &body,
-    )
-    .await;
+    let body = format!(r#"{{"id":"evt_big","type":"x","pad":"{}"}}"#, "x".repeat(1000)).into_bytes();
+    let (status, answer) = post(&r, "stripe", &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))], &body).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(answer["error"], "body is larger than the 1000 byte limit");
     assert_eq!(count(&pool).await, 0);
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn signed_but_unusable_bodies_are_stored_as_failed_and_answered_200(
-    _: PgPoolOptions,
-    opts: PgConnectOptions,
-) {
+async fn signed_but_unusable_bodies_are_stored_as_failed_and_answered_200(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let r = receiver(opts, secrets(false));
-    let digest = |body: &[u8]| {
-        format!(
-            "sha256:{}",
-            hex::encode(<sha2::Sha256 as sha2::Digest>::digest(body))
-        )
-    };
+    let digest = |body: &[u8]| format!("sha256:{}", hex::encode(<sha2::Sha256 as sha2::Digest>::digest(body)));
     let cases: [(&str, &[u8], &str, Option<&str>); 4] = [
-        (
-            "nul",
-            br#"{"id":"evt_nul","type":"x","note":"a\u0000b"}"#,
-            "\\u0000",
-            Some("evt_nul"),
-        ),
+        ("nul", br#"{"id":"evt_nul","type":"x","note":"a\u0000b"}"#, "\\u0000", Some("evt_nul")),
         ("not json", b"<xml>not json</xml>", "not JSON", None),
-        (
-            "no id",
-            br#"{"type":"payment_intent.succeeded"}"#,
-            "no usable event id",
-            None,
-        ),
+        ("no id", br#"{"type":"payment_intent.succeeded"}"#, "no usable event id", None),
         ("not utf-8", b"\xff\xfe{}", "not UTF-8", None),
     ];
     for (name, body, reason, readable_id) in cases {
         let sig = stripe_header(STRIPE[0], body);
         let (status, answer) = post(&r, "stripe", &[("Stripe-Signature", &sig)], body).await;
-        assert_eq!(
-            (status, answer),
-            (StatusCode::OK, json!({"status": "accepted"})),
-            "{name}"
-        );
-        let (id, status, stored_reason, raw): (String, String, String, Vec<u8>) = sqlx::query_as(
-            "SELECT event_id, status, failure_reason, raw_body FROM webhook_inbox WHERE raw_body = $1",
-        )
-        .bind(body)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+        assert_eq!((status, answer), (StatusCode::OK, json!({"status": "accepted"})), "{name}");
+        let (id, status, stored_reason, raw): (String, String, String, Vec<u8>) =
+            sqlx::query_as("SELECT event_id, status, failure_reason, raw_body FROM webhook_inbox WHERE raw_body = $1")
+                .bind(body)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
         assert_eq!(status, "failed", "{name}");
         assert!(stored_reason.contains(reason), "{name}: {stored_reason}");
         assert_eq!(raw, body, "{name}: the raw bytes are kept");
-        let expected_id = readable_id
-            .map(str::to_string)
-            .unwrap_or_else(|| digest(body));
-        assert_eq!(
-            id, expected_id,
-            "{name}: the provider's id when it can be read, else the body's digest"
-        );
+        let expected_id = readable_id.map(str::to_string).unwrap_or_else(|| digest(body));
+        assert_eq!(id, expected_id, "{name}: the provider's id when it can be read, else the body's digest");
         // The same bytes again are a duplicate, not a second failed row.
         let sig = stripe_header(STRIPE[0], body);
-        assert_eq!(
-            post(&r, "stripe", &[("Stripe-Signature", &sig)], body)
-                .await
-                .1["status"],
-            "duplicate",
-            "{name}"
-        );
+        assert_eq!(post(&r, "stripe", &[("Stripe-Signature", &sig)], body).await.1["status"], "duplicate", "{name}");
     }
     let null_payloads: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM webhook_inbox WHERE payload IS NULL")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    assert_eq!(
-        null_payloads, 3,
-        "only valid JSON (the one without an id) keeps its payload"
-    );
+        sqlx::query_scalar("SELECT count(*) FROM webhook_inbox WHERE payload IS NULL").fetch_one(&pool).await.unwrap();
+    assert_eq!(null_payloads, 3, "only valid JSON (the one without an id) keeps its payload");
 }
 
 /// A lone surrogate, which neither `serde_json::Value` nor PostgreSQL's jsonb
@@ -1139,16 +702,12 @@ async fn a_lone_surrogate_is_kept_as_failed_not_lost(_: PgPoolOptions, opts: PgC
         post(&r, "marqeta", &[("Authorization", &auth)], batch).await,
         (StatusCode::OK, json!({"accepted": 2, "duplicates": 0}))
     );
-    let rows: Vec<(String, String, bool, Option<String>)> = sqlx::query_as(
-        "SELECT event_id, status, payload IS NULL, failure_reason FROM webhook_inbox ORDER BY event_id",
-    )
-    .fetch_all(&pool)
-    .await
-    .unwrap();
-    let summary: Vec<(&str, &str, bool)> = rows
-        .iter()
-        .map(|r| (r.0.as_str(), r.1.as_str(), r.2))
-        .collect();
+    let rows: Vec<(String, String, bool, Option<String>)> =
+        sqlx::query_as("SELECT event_id, status, payload IS NULL, failure_reason FROM webhook_inbox ORDER BY event_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let summary: Vec<(&str, &str, bool)> = rows.iter().map(|r| (r.0.as_str(), r.1.as_str(), r.2)).collect();
     assert_eq!(
         summary,
         [
@@ -1157,32 +716,19 @@ async fn a_lone_surrogate_is_kept_as_failed_not_lost(_: PgPoolOptions, opts: PgC
             ("transactions:ok", "pending", false)
         ]
     );
-    assert!(
-        rows[0].3.as_deref().unwrap().contains("not usable JSON"),
-        "{:?}",
-        rows[0].3
-    );
+    assert!(rows[0].3.as_deref().unwrap().contains("not usable JSON"), "{:?}", rows[0].3);
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn unknown_unconfigured_and_wrong_method_are_refused_with_words(
-    _: PgPoolOptions,
-    opts: PgConnectOptions,
-) {
+async fn unknown_unconfigured_and_wrong_method_are_refused_with_words(_: PgPoolOptions, opts: PgConnectOptions) {
     let mut only_stripe = secrets(false);
     only_stripe.shopify.clear();
     let r = receiver(opts, only_stripe);
     let (status, body) = post(&r, "paypal", &[], b"{}").await;
-    assert_eq!(
-        (status, body["error"].as_str().unwrap()),
-        (StatusCode::NOT_FOUND, "unknown provider \"paypal\"")
-    );
+    assert_eq!((status, body["error"].as_str().unwrap()), (StatusCode::NOT_FOUND, "unknown provider \"paypal\""));
     let (status, body) = post(&r, "shopify", &[], b"{}").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
-    assert!(body["error"]
-        .as_str()
-        .unwrap()
-        .contains("no secret configured"));
+    assert!(body["error"].as_str().unwrap().contains("no secret configured"));
     let mut req = request("stripe", &[], b"");
     *req.method_mut() = http::Method::GET;
     let response = r.handle(req).await;
@@ -1194,9 +740,7 @@ async fn unknown_unconfigured_and_wrong_method_are_refused_with_words(
 
 #[tokio::test]
 async fn the_database_down_answers_503_and_recovers_when_it_returns() {
-    let mut pg = EmbeddedPostgres::start()
-        .await
-        .expect("a throwaway cluster");
+    let mut pg = EmbeddedPostgres::start().await.expect("a throwaway cluster");
     let url = pg.url();
     let setup = PgPool::connect(&url).await.unwrap();
     db::MIGRATOR.run(&setup).await.unwrap();
@@ -1216,22 +760,12 @@ async fn the_database_down_answers_503_and_recovers_when_it_returns() {
     let started = std::time::Instant::now();
     let (status, body) = send_event("evt_during").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "503 comes within the acquire timeout"
-    );
-    assert_eq!(
-        body["error"],
-        "the inbox is unavailable; nothing was stored, retry later"
-    );
+    assert!(started.elapsed() < Duration::from_secs(10), "503 comes within the acquire timeout");
+    assert_eq!(body["error"], "the inbox is unavailable; nothing was stored, retry later");
 
     pg.resume().await.unwrap();
     let (status, body) = send_event("evt_during").await;
-    assert_eq!(
-        (status, body["status"].as_str()),
-        (StatusCode::OK, Some("accepted")),
-        "the retry is stored"
-    );
+    assert_eq!((status, body["status"].as_str()), (StatusCode::OK, Some("accepted")), "the retry is stored");
     let check = PgPool::connect(&url).await.unwrap();
     assert_eq!(count(&check).await, 2);
     check.close().await;
@@ -1243,10 +777,7 @@ async fn the_database_down_answers_503_and_recovers_when_it_returns() {
 /// API Gateway REST (payload 1.0), a Function URL and an ALB, each as the real
 /// event JSON that `lambda_http` parses, reach the same handler and the same row.
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn rest_api_function_url_and_alb_events_reach_the_same_handler(
-    _: PgPoolOptions,
-    opts: PgConnectOptions,
-) {
+async fn rest_api_function_url_and_alb_events_reach_the_same_handler(_: PgPoolOptions, opts: PgConnectOptions) {
     use base64::Engine as _;
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let r = receiver(opts, secrets(false));
@@ -1306,50 +837,28 @@ async fn rest_api_function_url_and_alb_events_reach_the_same_handler(
         "isBase64Encoded": true
     });
 
-    for (name, event, id) in [
-        ("REST", rest, "evt_rest"),
-        ("Function URL", function_url, "evt_url"),
-        ("ALB", alb, "evt_alb"),
-    ] {
-        let req = lambda_http::request::from_str(&event.to_string())
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_eq!(
-            send(&r, req).await,
-            (StatusCode::OK, json!({"status": "accepted"})),
-            "{name}"
-        );
-        let raw: Vec<u8> =
-            sqlx::query_scalar("SELECT raw_body FROM webhook_inbox WHERE event_id = $1")
-                .bind(id)
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-        assert_eq!(
-            raw,
-            stripe_body(id),
-            "{name}: the decoded bytes are what was verified and stored"
-        );
+    for (name, event, id) in
+        [("REST", rest, "evt_rest"), ("Function URL", function_url, "evt_url"), ("ALB", alb, "evt_alb")]
+    {
+        let req = lambda_http::request::from_str(&event.to_string()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(send(&r, req).await, (StatusCode::OK, json!({"status": "accepted"})), "{name}");
+        let raw: Vec<u8> = sqlx::query_scalar("SELECT raw_body FROM webhook_inbox WHERE event_id = $1")
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(raw, stripe_body(id), "{name}: the decoded bytes are what was verified and stored");
     }
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn a_connection_killed_between_deliveries_is_replaced_without_a_503(
-    _: PgPoolOptions,
-    opts: PgConnectOptions,
-) {
+async fn a_connection_killed_between_deliveries_is_replaced_without_a_503(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let r = receiver(opts, secrets(false));
     for id in ["evt_k1", "evt_k2"] {
         let body = stripe_body(id);
         assert_eq!(
-            post(
-                &r,
-                "stripe",
-                &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))],
-                &body
-            )
-            .await
-            .0,
+            post(&r, "stripe", &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))], &body).await.0,
             StatusCode::OK
         );
     }
@@ -1362,16 +871,7 @@ async fn a_connection_killed_between_deliveries_is_replaced_without_a_503(
     .unwrap();
     assert!(!killed.is_empty());
     let body = stripe_body("evt_k3");
-    let (status, answer) = post(
-        &r,
-        "stripe",
-        &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))],
-        &body,
-    )
-    .await;
-    assert_eq!(
-        (status, answer),
-        (StatusCode::OK, json!({"status": "accepted"}))
-    );
+    let (status, answer) = post(&r, "stripe", &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))], &body).await;
+    assert_eq!((status, answer), (StatusCode::OK, json!({"status": "accepted"})));
     assert_eq!(count(&pool).await, 3);
 }

@@ -23,11 +23,8 @@ fn config() -> ReconcileConfig {
 
 /// An event created `n` seconds after an hour ago.
 fn stripe_event(n: i64) -> Value {
-    let an_hour_ago = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64
-        - 3600;
+    let an_hour_ago =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64 - 3600;
     json!({"id": format!("evt_{n}"), "object": "event", "type": "payment_intent.succeeded", "created": an_hour_ago + n,
            "data": {"object": {"id": format!("pi_{n}"), "amount_received": 100 * n, "currency": "usd"}}})
 }
@@ -38,7 +35,11 @@ async fn reconcile_claims_exactly_the_missing_stripe_events_and_nothing_twice(po
     Mock::given(method("GET"))
         .and(path("/v1/events"))
         .and(query_param("starting_after", "evt_3"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"object": "list", "data": [stripe_event(2), stripe_event(1)], "has_more": false})))
+        .respond_with(
+            ResponseTemplate::new(200).set_body_json(
+                json!({"object": "list", "data": [stripe_event(2), stripe_event(1)], "has_more": false}),
+            ),
+        )
         .with_priority(1)
         .mount(&server)
         .await;
@@ -46,39 +47,29 @@ async fn reconcile_claims_exactly_the_missing_stripe_events_and_nothing_twice(po
         .and(path("/v1/events"))
         .and(header("authorization", "Bearer sk_test_fake"))
         .and(query_param("delivery_success", "false"))
-        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"object": "list", "data": [stripe_event(5), stripe_event(4), stripe_event(3)], "has_more": true})))
+        .respond_with(ResponseTemplate::new(200).set_body_json(
+            json!({"object": "list", "data": [stripe_event(5), stripe_event(4), stripe_event(3)], "has_more": true}),
+        ))
         .with_priority(2)
         .mount(&server)
         .await;
     // evt_2 did arrive as a webhook.
     let webhook = stripe_event(2).to_string();
     let headers = json!({});
-    let env = Envelope {
-        provider: Provider::Stripe,
-        raw_body: webhook.as_bytes(),
-        headers: &headers,
-        secret_index: Some(0),
-    };
-    inbox::claim(
-        &pool,
-        &env,
-        &NewEvent::pending("evt_2".into(), "payment_intent.succeeded", webhook.clone()),
-    )
-    .await
-    .unwrap();
+    let env =
+        Envelope { provider: Provider::Stripe, raw_body: webhook.as_bytes(), headers: &headers, secret_index: Some(0) };
+    inbox::claim(&pool, &env, &NewEvent::pending("evt_2".into(), "payment_intent.succeeded", webhook.clone()))
+        .await
+        .unwrap();
 
     let api = StripeEvents::new(server.uri(), Secret::new("sk_test_fake")).unwrap();
     let first = api.reconcile(&pool, &config()).await.unwrap();
-    assert_eq!(
-        (first.fetched, first.applied, first.already_known),
-        (5, 4, 1)
-    );
-    let rows: Vec<(String, String, Option<i16>)> = sqlx::query_as(
-        "SELECT event_id, source, secret_index FROM webhook_inbox ORDER BY event_id",
-    )
-    .fetch_all(&pool)
-    .await
-    .unwrap();
+    assert_eq!((first.fetched, first.applied, first.already_known), (5, 4, 1));
+    let rows: Vec<(String, String, Option<i16>)> =
+        sqlx::query_as("SELECT event_id, source, secret_index FROM webhook_inbox ORDER BY event_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
     let expected: Vec<(String, String, Option<i16>)> = (1..=5)
         .map(|n| {
             if n == 2 {
@@ -91,30 +82,18 @@ async fn reconcile_claims_exactly_the_missing_stripe_events_and_nothing_twice(po
     assert_eq!(rows, expected);
 
     let second = api.reconcile(&pool, &config()).await.unwrap();
-    assert_eq!(
-        (second.applied, second.already_known),
-        (0, 5),
-        "run twice, nothing twice"
-    );
-    let checkpoint: i64 = sqlx::query_scalar("SELECT extract(epoch FROM checkpoint)::bigint FROM reconcile_checkpoints WHERE source = 'stripe:events'")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64;
-    assert!(
-        (now - 310..=now).contains(&checkpoint),
-        "the run's start less the overlap: {checkpoint} vs {now}"
-    );
+    assert_eq!((second.applied, second.already_known), (0, 5), "run twice, nothing twice");
+    let checkpoint: i64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM checkpoint)::bigint FROM reconcile_checkpoints WHERE source = 'stripe:events'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    assert!((now - 310..=now).contains(&checkpoint), "the run's start less the overlap: {checkpoint} vs {now}");
     let last = server.received_requests().await.unwrap().pop().unwrap();
-    let asked: i64 = last
-        .url
-        .query_pairs()
-        .find(|(k, _)| k == "created[gte]")
-        .map(|(_, v)| v.parse().unwrap())
-        .unwrap();
+    let asked: i64 =
+        last.url.query_pairs().find(|(k, _)| k == "created[gte]").map(|(_, v)| v.parse().unwrap()).unwrap();
     assert!(
         (checkpoint - 301..=checkpoint - 299).contains(&asked),
         "the second run starts at the checkpoint less the overlap"
@@ -131,25 +110,15 @@ async fn reconcile_waits_out_a_429_as_the_api_asks(pool: PgPool) {
         .mount(&server)
         .await;
     Mock::given(method("GET"))
-        .respond_with(
-            ResponseTemplate::new(200)
-                .set_body_json(json!({"data": [stripe_event(9)], "has_more": false})),
-        )
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"data": [stripe_event(9)], "has_more": false})))
         .with_priority(2)
         .mount(&server)
         .await;
     let started = std::time::Instant::now();
-    let found = StripeEvents::new(server.uri(), Secret::new("sk"))
-        .unwrap()
-        .reconcile(&pool, &config())
-        .await
-        .unwrap();
+    let found = StripeEvents::new(server.uri(), Secret::new("sk")).unwrap().reconcile(&pool, &config()).await.unwrap();
     assert_eq!(found.applied, 1);
     assert_eq!(server.received_requests().await.unwrap().len(), 2);
-    assert!(
-        started.elapsed() >= std::time::Duration::from_millis(900),
-        "it waited for Retry-After"
-    );
+    assert!(started.elapsed() >= std::time::Duration::from_millis(900), "it waited for Retry-After");
 }
 
 fn order(id: u64, status: &str, updated_at: &str) -> Value {
@@ -159,16 +128,12 @@ fn order(id: u64, status: &str, updated_at: &str) -> Value {
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn reconcile_feeds_shopify_orders_through_the_version_guard(pool: PgPool) {
     let server = MockServer::start().await;
-    let next = format!(
-        "<{}/admin/api/2024-10/orders.json?page_info=p2&limit=250>; rel=\"next\"",
-        server.uri()
-    );
+    let next = format!("<{}/admin/api/2024-10/orders.json?page_info=p2&limit=250>; rel=\"next\"", server.uri());
     Mock::given(method("GET"))
         .and(path("/admin/api/2024-10/orders.json"))
         .and(query_param("page_info", "p2"))
         .respond_with(
-            ResponseTemplate::new(200)
-                .set_body_json(json!({"orders": [order(3, "paid", "2026-11-29T10:00:00Z")]})),
+            ResponseTemplate::new(200).set_body_json(json!({"orders": [order(3, "paid", "2026-11-29T10:00:00Z")]})),
         )
         .with_priority(1)
         .mount(&server)
@@ -177,11 +142,9 @@ async fn reconcile_feeds_shopify_orders_through_the_version_guard(pool: PgPool) 
         .and(path("/admin/api/2024-10/orders.json"))
         .and(header("x-shopify-access-token", "shpat_fake"))
         .and(query_param("status", "any"))
-        .respond_with(
-            ResponseTemplate::new(200)
-                .insert_header("Link", next.as_str())
-                .set_body_json(json!({"orders": [order(1, "paid", "2026-11-29T09:00:00Z"), order(2, "pending", "2026-11-29T08:00:00Z")]})),
-        )
+        .respond_with(ResponseTemplate::new(200).insert_header("Link", next.as_str()).set_body_json(
+            json!({"orders": [order(1, "paid", "2026-11-29T09:00:00Z"), order(2, "pending", "2026-11-29T08:00:00Z")]}),
+        ))
         .with_priority(2)
         .mount(&server)
         .await;
@@ -193,23 +156,10 @@ async fn reconcile_feeds_shopify_orders_through_the_version_guard(pool: PgPool) 
 
     let api = ShopifyOrders::new(server.uri(), "2024-10", Secret::new("shpat_fake")).unwrap();
     let first = api.reconcile(&pool, &config()).await.unwrap();
-    assert_eq!(
-        (first.fetched, first.applied, first.already_known),
-        (3, 2, 1)
-    );
+    assert_eq!((first.fetched, first.applied, first.already_known), (3, 2, 1));
     let statuses: Vec<(String, String)> =
-        sqlx::query_as("SELECT order_id, status FROM orders ORDER BY order_id")
-            .fetch_all(&pool)
-            .await
-            .unwrap();
-    assert_eq!(
-        statuses,
-        [
-            ("1".into(), "paid".into()),
-            ("2".into(), "refunded".into()),
-            ("3".into(), "paid".into())
-        ]
-    );
+        sqlx::query_as("SELECT order_id, status FROM orders ORDER BY order_id").fetch_all(&pool).await.unwrap();
+    assert_eq!(statuses, [("1".into(), "paid".into()), ("2".into(), "refunded".into()), ("3".into(), "paid".into())]);
     let expected: String = sqlx::query_scalar(
         "SELECT to_char((checkpoint - interval '5 minutes') AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') FROM reconcile_checkpoints WHERE source = 'shopify:orders'",
     )
@@ -217,11 +167,7 @@ async fn reconcile_feeds_shopify_orders_through_the_version_guard(pool: PgPool) 
     .await
     .unwrap();
     let second = api.reconcile(&pool, &config()).await.unwrap();
-    assert_eq!(
-        (second.applied, second.already_known),
-        (0, 3),
-        "run twice, nothing twice"
-    );
+    assert_eq!((second.applied, second.already_known), (0, 3), "run twice, nothing twice");
     let last = server
         .received_requests()
         .await
@@ -230,24 +176,14 @@ async fn reconcile_feeds_shopify_orders_through_the_version_guard(pool: PgPool) 
         .filter(|r| r.url.query().unwrap_or("").contains("updated_at_min"))
         .last()
         .unwrap();
-    let asked = last
-        .url
-        .query_pairs()
-        .find(|(k, _)| k == "updated_at_min")
-        .map(|(_, v)| v.into_owned())
-        .unwrap();
-    assert_eq!(
-        asked, expected,
-        "the second run asks from the checkpoint less the overlap"
-    );
+    let asked = last.url.query_pairs().find(|(k, _)| k == "updated_at_min").map(|(_, v)| v.into_owned()).unwrap();
+    assert_eq!(asked, expected, "the second run asks from the checkpoint less the overlap");
 }
 
 // ---------- one bad event fails only itself ----------
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn a_stripe_event_postgres_or_our_check_refuses_is_kept_failed_and_the_page_goes_on(
-    pool: PgPool,
-) {
+async fn a_stripe_event_postgres_or_our_check_refuses_is_kept_failed_and_the_page_goes_on(pool: PgPool) {
     let server = MockServer::start().await;
     let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
     let good = stripe_event(3);
@@ -269,8 +205,7 @@ async fn a_stripe_event_postgres_or_our_check_refuses_is_kept_failed_and_the_pag
             .fetch_all(&pool)
             .await
             .unwrap();
-    let expect =
-        |id: &str, status: &str| (id.to_string(), status.to_string(), "reconcile".to_string());
+    let expect = |id: &str, status: &str| (id.to_string(), status.to_string(), "reconcile".to_string());
     assert_eq!(
         rows,
         [
@@ -280,10 +215,8 @@ async fn a_stripe_event_postgres_or_our_check_refuses_is_kept_failed_and_the_pag
             expect("evt_deep", "failed")
         ]
     );
-    let checkpoints: i64 = sqlx::query_scalar("SELECT count(*) FROM reconcile_checkpoints")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let checkpoints: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM reconcile_checkpoints").fetch_one(&pool).await.unwrap();
     assert_eq!(checkpoints, 1, "the checkpoint moved");
 }
 
@@ -291,7 +224,8 @@ async fn a_stripe_event_postgres_or_our_check_refuses_is_kept_failed_and_the_pag
 async fn a_shopify_order_that_cannot_be_applied_is_kept_failed_and_the_page_goes_on(pool: PgPool) {
     let server = MockServer::start().await;
     let huge_total = json!({"id": 2, "financial_status": "paid", "total_price": "100000000000000000000.00", "updated_at": "2026-11-29T09:00:00Z"});
-    let bad_time = json!({"id": 3, "financial_status": "paid", "total_price": "1.00", "updated_at": "the 32nd of Smarch"});
+    let bad_time =
+        json!({"id": 3, "financial_status": "paid", "total_price": "1.00", "updated_at": "the 32nd of Smarch"});
     let no_id = json!({"financial_status": "paid", "total_price": "1.00", "updated_at": "2026-11-29T09:00:00Z"});
     Mock::given(method("GET"))
         .and(path("/admin/api/2024-10/orders.json"))
@@ -303,10 +237,8 @@ async fn a_shopify_order_that_cannot_be_applied_is_kept_failed_and_the_page_goes
     let api = ShopifyOrders::new(server.uri(), "2024-10", Secret::new("shpat_fake")).unwrap();
     let found = api.reconcile(&pool, &config()).await.unwrap();
     assert_eq!((found.fetched, found.applied, found.failed), (5, 2, 3));
-    let orders: Vec<String> = sqlx::query_scalar("SELECT order_id FROM orders ORDER BY 1")
-        .fetch_all(&pool)
-        .await
-        .unwrap();
+    let orders: Vec<String> =
+        sqlx::query_scalar("SELECT order_id FROM orders ORDER BY 1").fetch_all(&pool).await.unwrap();
     assert_eq!(orders, ["1", "5"]);
     let failed: Vec<(String, String, String)> = sqlx::query_as(
         "SELECT event_type, source, failure_reason FROM webhook_inbox WHERE status = 'failed' ORDER BY failure_reason",
@@ -315,22 +247,14 @@ async fn a_shopify_order_that_cannot_be_applied_is_kept_failed_and_the_page_goes
     .await
     .unwrap();
     assert_eq!(failed.len(), 3);
-    assert!(failed
-        .iter()
-        .all(|(t, source, _)| t == "reconcile:order" && source == "reconcile"));
+    assert!(failed.iter().all(|(t, source, _)| t == "reconcile:order" && source == "reconcile"));
     let reasons: Vec<&str> = failed.iter().map(|f| f.2.as_str()).collect();
-    assert!(
-        reasons[0].contains("SQLSTATE 22003") && reasons[1].contains("SQLSTATE 22007"),
-        "{reasons:?}"
-    );
+    assert!(reasons[0].contains("SQLSTATE 22003") && reasons[1].contains("SQLSTATE 22007"), "{reasons:?}");
     assert!(reasons[2].contains("malformed order"), "{reasons:?}");
     // Run again: the failed orders are duplicates, not new rows.
     let again = api.reconcile(&pool, &config()).await.unwrap();
     assert_eq!(again.failed, 3);
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_inbox")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_inbox").fetch_one(&pool).await.unwrap();
     assert_eq!(rows, 3);
 }
 
@@ -342,10 +266,7 @@ async fn a_shopify_next_link_to_another_host_is_not_followed(pool: PgPool) {
         .respond_with(ResponseTemplate::new(200).set_body_json(json!({"orders": []})))
         .mount(&elsewhere)
         .await;
-    let link = format!(
-        "<{}/admin/api/2024-10/orders.json?page_info=p2>; rel=\"next\"",
-        elsewhere.uri()
-    );
+    let link = format!("<{}/admin/api/2024-10/orders.json?page_info=p2>; rel=\"next\"", elsewhere.uri());
     Mock::given(method("GET"))
         .and(path("/admin/api/2024-10/orders.json"))
         .respond_with(
@@ -359,16 +280,8 @@ async fn a_shopify_next_link_to_another_host_is_not_followed(pool: PgPool) {
     let err = api.reconcile(&pool, &config()).await.unwrap_err();
     assert!(err.to_string().contains("another host"), "{err}");
     assert!(!err.to_string().contains("shpat_fake"));
-    assert!(
-        elsewhere.received_requests().await.unwrap().is_empty(),
-        "the token never left for another host"
-    );
-    let checkpoints: i64 = sqlx::query_scalar("SELECT count(*) FROM reconcile_checkpoints")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(
-        checkpoints, 0,
-        "a run that could not finish leaves the checkpoint where it was"
-    );
+    assert!(elsewhere.received_requests().await.unwrap().is_empty(), "the token never left for another host");
+    let checkpoints: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM reconcile_checkpoints").fetch_one(&pool).await.unwrap();
+    assert_eq!(checkpoints, 0, "a run that could not finish leaves the checkpoint where it was");
 }

@@ -49,45 +49,30 @@ async fn messages(pool: &PgPool, n: usize) {
 }
 
 fn key(r: &Request) -> String {
-    r.headers
-        .get("idempotency-key")
-        .expect("every request carries its key")
-        .to_str()
-        .unwrap()
-        .to_string()
+    r.headers.get("idempotency-key").expect("every request carries its key").to_str().unwrap().to_string()
 }
 
 async fn row(pool: &PgPool) -> (i32, bool, bool, Option<String>) {
-    sqlx::query_as("SELECT attempts, processed_at IS NOT NULL, dead_at IS NOT NULL, last_error FROM transactional_outbox")
-        .fetch_one(pool)
-        .await
-        .unwrap()
+    sqlx::query_as(
+        "SELECT attempts, processed_at IS NOT NULL, dead_at IS NOT NULL, last_error FROM transactional_outbox",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn every_message_reaches_the_http_sink_with_its_key(pool: PgPool) {
     let server = MockServer::start().await;
-    Mock::given(method("POST"))
-        .and(path("/hook"))
-        .respond_with(ResponseTemplate::new(204))
-        .mount(&server)
-        .await;
+    Mock::given(method("POST")).and(path("/hook")).respond_with(ResponseTemplate::new(204)).mount(&server).await;
     messages(&pool, 250).await;
     let relay = Relay::new(pool.clone(), vec![http_sink(&server)], config());
-    let r = relay
-        .run(Instant::now() + Duration::from_secs(60))
-        .await
-        .unwrap();
+    let r = relay.run(Instant::now() + Duration::from_secs(60)).await.unwrap();
     assert_eq!((r.sent, r.retried, r.dead), (250, 0, 0));
 
     let requests = server.received_requests().await.unwrap();
     let keys: HashSet<String> = requests.iter().map(key).collect();
-    assert_eq!(
-        keys,
-        (0..250)
-            .map(|i| format!("payment_succeeded:pi_{i}"))
-            .collect::<HashSet<_>>()
-    );
+    assert_eq!(keys, (0..250).map(|i| format!("payment_succeeded:pi_{i}")).collect::<HashSet<_>>());
     for r in &requests {
         let body: Value = serde_json::from_slice(&r.body).unwrap();
         assert_eq!(
@@ -97,11 +82,10 @@ async fn every_message_reaches_the_http_sink_with_its_key(pool: PgPool) {
         );
         assert_eq!(r.headers.get("content-type").unwrap(), "application/json");
     }
-    let unsent: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM transactional_outbox WHERE processed_at IS NULL")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let unsent: i64 = sqlx::query_scalar("SELECT count(*) FROM transactional_outbox WHERE processed_at IS NULL")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
     assert_eq!(unsent, 0);
 }
 
@@ -114,11 +98,7 @@ async fn a_sink_that_fails_twice_then_succeeds_gets_the_message_on_the_third_att
         .with_priority(1)
         .mount(&server)
         .await;
-    Mock::given(method("POST"))
-        .respond_with(ResponseTemplate::new(200))
-        .with_priority(2)
-        .mount(&server)
-        .await;
+    Mock::given(method("POST")).respond_with(ResponseTemplate::new(200)).with_priority(2).mount(&server).await;
     messages(&pool, 1).await;
     let relay = Relay::new(pool.clone(), vec![http_sink(&server)], config());
     for _ in 0..200 {
@@ -132,10 +112,7 @@ async fn a_sink_that_fails_twice_then_succeeds_gets_the_message_on_the_third_att
     assert_eq!((attempts, sent, dead), (3, true, false));
     let requests = server.received_requests().await.unwrap();
     assert_eq!(requests.len(), 3);
-    assert!(
-        requests.iter().all(|r| key(r) == "payment_succeeded:pi_0"),
-        "every attempt carries the same key"
-    );
+    assert!(requests.iter().all(|r| key(r) == "payment_succeeded:pi_0"), "every attempt carries the same key");
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
@@ -146,17 +123,13 @@ async fn retry_after_is_honoured(pool: PgPool) {
         .mount(&server)
         .await;
     messages(&pool, 1).await;
-    let r = Relay::new(pool.clone(), vec![http_sink(&server)], config())
-        .run_once(later())
-        .await
-        .unwrap();
+    let r = Relay::new(pool.clone(), vec![http_sink(&server)], config()).run_once(later()).await.unwrap();
     assert_eq!(r.retried, 1);
-    let wait: f64 = sqlx::query_scalar(
-        "SELECT extract(epoch FROM next_attempt_at - now())::float8 FROM transactional_outbox",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
+    let wait: f64 =
+        sqlx::query_scalar("SELECT extract(epoch FROM next_attempt_at - now())::float8 FROM transactional_outbox")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert!((28.0..=31.0).contains(&wait), "next attempt in {wait} s");
     assert!(row(&pool).await.3.unwrap().starts_with("HTTP 429"));
 }
@@ -169,20 +142,13 @@ async fn another_4xx_is_dead_with_its_status_and_a_capped_body(pool: PgPool) {
         .mount(&server)
         .await;
     messages(&pool, 1).await;
-    let r = Relay::new(pool.clone(), vec![http_sink(&server)], config())
-        .run_once(later())
-        .await
-        .unwrap();
+    let r = Relay::new(pool.clone(), vec![http_sink(&server)], config()).run_once(later()).await.unwrap();
     assert_eq!(r.dead, 1);
     let (attempts, sent, dead, reason) = row(&pool).await;
     assert_eq!((attempts, sent, dead), (1, false, true));
     assert_eq!(reason.unwrap(), format!("HTTP 422: {}", "x".repeat(500)));
     assert_eq!(
-        Relay::new(pool.clone(), vec![http_sink(&server)], config())
-            .run_once(later())
-            .await
-            .unwrap()
-            .leased,
+        Relay::new(pool.clone(), vec![http_sink(&server)], config()).run_once(later()).await.unwrap().leased,
         0,
         "dead stays dead"
     );
@@ -191,10 +157,7 @@ async fn another_4xx_is_dead_with_its_status_and_a_capped_body(pool: PgPool) {
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn a_sink_that_keeps_failing_leaves_the_message_dead_after_its_attempts(pool: PgPool) {
     let server = MockServer::start().await;
-    Mock::given(method("POST"))
-        .respond_with(ResponseTemplate::new(500))
-        .mount(&server)
-        .await;
+    Mock::given(method("POST")).respond_with(ResponseTemplate::new(500)).mount(&server).await;
     messages(&pool, 1).await;
     let relay = Relay::new(pool.clone(), vec![http_sink(&server)], config());
     for _ in 0..200 {
@@ -214,31 +177,19 @@ async fn a_sink_that_keeps_failing_leaves_the_message_dead_after_its_attempts(po
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn a_relay_killed_after_publishing_resends_with_the_same_key(pool: PgPool) {
     let server = MockServer::start().await;
-    Mock::given(method("POST"))
-        .respond_with(ResponseTemplate::new(200))
-        .mount(&server)
-        .await;
+    Mock::given(method("POST")).respond_with(ResponseTemplate::new(200)).mount(&server).await;
     messages(&pool, 3).await;
     let http = HttpSink::new(format!("{}/hook", server.uri()), Duration::from_secs(5)).unwrap();
-    let leased = outbox::lease_unsent(&pool, 10, Duration::from_millis(50))
-        .await
-        .unwrap();
+    let leased = outbox::lease_unsent(&pool, 10, Duration::from_millis(50)).await.unwrap();
     http.deliver_all(&leased).await; // published; the crash comes before record_results
     let sink: Arc<dyn Sink> = Arc::new(http);
     assert_eq!(
-        Relay::new(pool.clone(), vec![sink.clone()], config())
-            .run_once(later())
-            .await
-            .unwrap()
-            .leased,
+        Relay::new(pool.clone(), vec![sink.clone()], config()).run_once(later()).await.unwrap().leased,
         0,
         "leased, not re-sent yet"
     );
     tokio::time::sleep(Duration::from_millis(80)).await;
-    let r = Relay::new(pool.clone(), vec![sink], config())
-        .run_once(later())
-        .await
-        .unwrap();
+    let r = Relay::new(pool.clone(), vec![sink], config()).run_once(later()).await.unwrap();
     assert_eq!(r.sent, 3);
     let requests = server.received_requests().await.unwrap();
     assert_eq!(requests.len(), 6);
@@ -250,12 +201,10 @@ async fn a_relay_killed_after_publishing_resends_with_the_same_key(pool: PgPool)
             "sent twice under one key, for the consumer to dedupe"
         );
     }
-    let sent: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM transactional_outbox WHERE processed_at IS NOT NULL",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
+    let sent: i64 = sqlx::query_scalar("SELECT count(*) FROM transactional_outbox WHERE processed_at IS NOT NULL")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
     assert_eq!(sent, 3);
 }
 
@@ -287,11 +236,7 @@ async fn drain_queue(
                 .to_string();
             let attrs = m
                 .attributes()
-                .map(|a| {
-                    a.iter()
-                        .map(|(k, v)| (k.as_str().to_string(), v.clone()))
-                        .collect()
-                })
+                .map(|a| a.iter().map(|(k, v)| (k.as_str().to_string(), v.clone())).collect())
                 .unwrap_or_default();
             out.push((key, serde_json::from_str(m.body().unwrap()).unwrap(), attrs));
         }
@@ -306,38 +251,15 @@ async fn drain_queue(
 async fn sqs_deliveries_land_in_the_queue_with_their_keys(pool: PgPool) {
     let moto = inbox_tests::Moto::start();
     let sqs = aws_sdk_sqs::Client::new(&moto.aws().await);
-    let url = sqs
-        .create_queue()
-        .queue_name("outbox")
-        .send()
-        .await
-        .unwrap()
-        .queue_url()
-        .unwrap()
-        .to_string();
+    let url = sqs.create_queue().queue_name("outbox").send().await.unwrap().queue_url().unwrap().to_string();
     messages(&pool, 23).await;
     let sink: Arc<dyn Sink> = Arc::new(SqsSink::new(sqs.clone(), &url));
-    let r = Relay::new(pool.clone(), vec![sink], config())
-        .run(Instant::now() + Duration::from_secs(60))
-        .await
-        .unwrap();
-    assert_eq!(
-        (r.sent, r.dead),
-        (23, 0),
-        "three SendMessageBatch calls of at most 10"
-    );
+    let r = Relay::new(pool.clone(), vec![sink], config()).run(Instant::now() + Duration::from_secs(60)).await.unwrap();
+    assert_eq!((r.sent, r.dead), (23, 0), "three SendMessageBatch calls of at most 10");
     let got = drain_queue(&sqs, &url, 23).await;
     let keys: HashSet<String> = got.iter().map(|(k, _, _)| k.clone()).collect();
-    assert_eq!(
-        keys,
-        (0..23)
-            .map(|i| format!("payment_succeeded:pi_{i}"))
-            .collect::<HashSet<_>>()
-    );
-    assert!(got
-        .iter()
-        .all(|(k, body, _)| k
-            == &format!("payment_succeeded:{}", body["payment_id"].as_str().unwrap())));
+    assert_eq!(keys, (0..23).map(|i| format!("payment_succeeded:pi_{i}")).collect::<HashSet<_>>());
+    assert!(got.iter().all(|(k, body, _)| k == &format!("payment_succeeded:{}", body["payment_id"].as_str().unwrap())));
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
@@ -357,26 +279,13 @@ async fn a_fifo_queue_gets_the_key_as_deduplication_id_and_drops_a_resend(pool: 
     messages(&pool, 3).await;
     let sink = SqsSink::new(sqs.clone(), &url);
     // A relay that published and died before marking: the same messages go out twice.
-    let leased = outbox::lease_unsent(&pool, 10, Duration::from_millis(10))
-        .await
-        .unwrap();
-    assert!(sink
-        .deliver_all(&leased)
-        .await
-        .iter()
-        .all(|d| *d == webhook_inbox::relay::SinkReply::Delivered));
+    let leased = outbox::lease_unsent(&pool, 10, Duration::from_millis(10)).await.unwrap();
+    assert!(sink.deliver_all(&leased).await.iter().all(|d| *d == webhook_inbox::relay::SinkReply::Delivered));
     tokio::time::sleep(Duration::from_millis(30)).await;
-    let r = Relay::new(pool.clone(), vec![Arc::new(sink)], config())
-        .run_once(later())
-        .await
-        .unwrap();
+    let r = Relay::new(pool.clone(), vec![Arc::new(sink)], config()).run_once(later()).await.unwrap();
     assert_eq!(r.sent, 3);
     let got = drain_queue(&sqs, &url, 3).await;
-    assert_eq!(
-        got.len(),
-        3,
-        "the FIFO queue deduplicated the re-send on the message key"
-    );
+    assert_eq!(got.len(), 3, "the FIFO queue deduplicated the re-send on the message key");
     for (key, body, attrs) in &got {
         assert_eq!(attrs.get("MessageDeduplicationId"), Some(key));
         assert_eq!(
@@ -392,14 +301,8 @@ async fn a_missing_queue_is_retried_not_lost(pool: PgPool) {
     let moto = inbox_tests::Moto::start();
     let sqs = aws_sdk_sqs::Client::new(&moto.aws().await);
     messages(&pool, 2).await;
-    let sink: Arc<dyn Sink> = Arc::new(SqsSink::new(
-        sqs,
-        format!("{}/123456789012/no-such-queue", moto.url),
-    ));
-    let r = Relay::new(pool.clone(), vec![sink], config())
-        .run_once(later())
-        .await
-        .unwrap();
+    let sink: Arc<dyn Sink> = Arc::new(SqsSink::new(sqs, format!("{}/123456789012/no-such-queue", moto.url)));
+    let r = Relay::new(pool.clone(), vec![sink], config()).run_once(later()).await.unwrap();
     assert_eq!((r.sent, r.retried), (0, 2));
     let unsent: i64 = sqlx::query_scalar("SELECT count(*) FROM transactional_outbox WHERE processed_at IS NULL AND dead_at IS NULL AND last_error LIKE 'SQS%'")
         .fetch_one(&pool)
@@ -412,19 +315,8 @@ async fn a_missing_queue_is_retried_not_lost(pool: PgPool) {
 async fn eventbridge_deliveries_reach_a_rule_target_with_their_keys(pool: PgPool) {
     let moto = inbox_tests::Moto::start();
     let aws = moto.aws().await;
-    let (sqs, eb) = (
-        aws_sdk_sqs::Client::new(&aws),
-        aws_sdk_eventbridge::Client::new(&aws),
-    );
-    let url = sqs
-        .create_queue()
-        .queue_name("bus-target")
-        .send()
-        .await
-        .unwrap()
-        .queue_url()
-        .unwrap()
-        .to_string();
+    let (sqs, eb) = (aws_sdk_sqs::Client::new(&aws), aws_sdk_eventbridge::Client::new(&aws));
+    let url = sqs.create_queue().queue_name("bus-target").send().await.unwrap().queue_url().unwrap().to_string();
     let arn = sqs
         .get_queue_attributes()
         .queue_url(&url)
@@ -435,11 +327,7 @@ async fn eventbridge_deliveries_reach_a_rule_target_with_their_keys(pool: PgPool
         .attributes()
         .unwrap()[&aws_sdk_sqs::types::QueueAttributeName::QueueArn]
         .clone();
-    eb.create_event_bus()
-        .name("inbox-bus")
-        .send()
-        .await
-        .unwrap();
+    eb.create_event_bus().name("inbox-bus").send().await.unwrap();
     eb.put_rule()
         .name("all-outbox")
         .event_bus_name("inbox-bus")
@@ -450,38 +338,21 @@ async fn eventbridge_deliveries_reach_a_rule_target_with_their_keys(pool: PgPool
     eb.put_targets()
         .rule("all-outbox")
         .event_bus_name("inbox-bus")
-        .targets(
-            aws_sdk_eventbridge::types::Target::builder()
-                .id("q")
-                .arn(arn)
-                .build()
-                .unwrap(),
-        )
+        .targets(aws_sdk_eventbridge::types::Target::builder().id("q").arn(arn).build().unwrap())
         .send()
         .await
         .unwrap();
     messages(&pool, 12).await;
     let sink: Arc<dyn Sink> = Arc::new(EventBridgeSink::new(eb, "inbox-bus"));
-    let r = Relay::new(pool.clone(), vec![sink], config())
-        .run(Instant::now() + Duration::from_secs(60))
-        .await
-        .unwrap();
+    let r = Relay::new(pool.clone(), vec![sink], config()).run(Instant::now() + Duration::from_secs(60)).await.unwrap();
     assert_eq!((r.sent, r.dead), (12, 0));
     let got = drain_queue(&sqs, &url, 12).await;
-    let keys: HashSet<String> = got
-        .iter()
-        .map(|(_, event, _)| event["detail"]["message_key"].as_str().unwrap().to_string())
-        .collect();
-    assert_eq!(
-        keys,
-        (0..12)
-            .map(|i| format!("payment_succeeded:pi_{i}"))
-            .collect::<HashSet<_>>()
-    );
+    let keys: HashSet<String> =
+        got.iter().map(|(_, event, _)| event["detail"]["message_key"].as_str().unwrap().to_string()).collect();
+    assert_eq!(keys, (0..12).map(|i| format!("payment_succeeded:pi_{i}")).collect::<HashSet<_>>());
     assert!(got
         .iter()
-        .all(|(_, event, _)| event["detail-type"] == "payment_succeeded"
-            && event["source"] == "webhook-inbox"));
+        .all(|(_, event, _)| event["detail-type"] == "payment_succeeded" && event["source"] == "webhook-inbox"));
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
@@ -492,37 +363,20 @@ async fn a_redirect_is_not_followed_and_not_counted_as_delivered(pool: PgPool) {
         .respond_with(ResponseTemplate::new(302).insert_header("Location", "/elsewhere"))
         .mount(&server)
         .await;
-    Mock::given(method("GET"))
-        .and(path("/elsewhere"))
-        .respond_with(ResponseTemplate::new(200))
-        .mount(&server)
-        .await;
+    Mock::given(method("GET")).and(path("/elsewhere")).respond_with(ResponseTemplate::new(200)).mount(&server).await;
     messages(&pool, 1).await;
-    let r = Relay::new(pool.clone(), vec![http_sink(&server)], config())
-        .run_once(later())
-        .await
-        .unwrap();
+    let r = Relay::new(pool.clone(), vec![http_sink(&server)], config()).run_once(later()).await.unwrap();
     assert_eq!((r.sent, r.dead), (0, 1));
     assert!(row(&pool).await.3.unwrap().starts_with("HTTP 302"));
-    assert_eq!(
-        server.received_requests().await.unwrap().len(),
-        1,
-        "the redirect was not followed"
-    );
+    assert_eq!(server.received_requests().await.unwrap().len(), 1, "the redirect was not followed");
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn a_408_is_retried(pool: PgPool) {
     let server = MockServer::start().await;
-    Mock::given(method("POST"))
-        .respond_with(ResponseTemplate::new(408))
-        .mount(&server)
-        .await;
+    Mock::given(method("POST")).respond_with(ResponseTemplate::new(408)).mount(&server).await;
     messages(&pool, 1).await;
-    let r = Relay::new(pool.clone(), vec![http_sink(&server)], config())
-        .run_once(later())
-        .await
-        .unwrap();
+    let r = Relay::new(pool.clone(), vec![http_sink(&server)], config()).run_once(later()).await.unwrap();
     assert_eq!((r.retried, r.dead), (1, 0));
 }
 
@@ -531,28 +385,12 @@ async fn a_408_is_retried(pool: PgPool) {
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn a_late_result_from_an_expired_lease_changes_nothing(pool: PgPool) {
     let server = MockServer::start().await;
-    Mock::given(method("POST"))
-        .respond_with(ResponseTemplate::new(200))
-        .mount(&server)
-        .await;
+    Mock::given(method("POST")).respond_with(ResponseTemplate::new(200)).mount(&server).await;
     messages(&pool, 1).await;
-    let slow = outbox::lease_unsent(&pool, 10, Duration::from_millis(10))
-        .await
-        .unwrap();
+    let slow = outbox::lease_unsent(&pool, 10, Duration::from_millis(10)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(30)).await;
-    assert_eq!(
-        Relay::new(pool.clone(), vec![http_sink(&server)], config())
-            .run_once(later())
-            .await
-            .unwrap()
-            .sent,
-        1
-    );
-    let late = [(
-        slow[0].id,
-        slow[0].attempts,
-        outbox::Dispatch::Dead("HTTP 500 after the lease ran out".into()),
-    )];
+    assert_eq!(Relay::new(pool.clone(), vec![http_sink(&server)], config()).run_once(later()).await.unwrap().sent, 1);
+    let late = [(slow[0].id, slow[0].attempts, outbox::Dispatch::Dead("HTTP 500 after the lease ran out".into()))];
     outbox::record_results(&pool, &late).await.unwrap();
     let (attempts, sent, dead, error) = row(&pool).await;
     assert_eq!((attempts, sent, dead, error), (2, true, false, None));
@@ -562,15 +400,7 @@ async fn a_late_result_from_an_expired_lease_changes_nothing(pool: PgPool) {
 async fn a_message_too_large_for_sqs_is_dead_and_the_others_go(pool: PgPool) {
     let moto = inbox_tests::Moto::start();
     let sqs = aws_sdk_sqs::Client::new(&moto.aws().await);
-    let url = sqs
-        .create_queue()
-        .queue_name("sized")
-        .send()
-        .await
-        .unwrap()
-        .queue_url()
-        .unwrap()
-        .to_string();
+    let url = sqs.create_queue().queue_name("sized").send().await.unwrap().queue_url().unwrap().to_string();
     messages(&pool, 2).await;
     sqlx::query("INSERT INTO transactional_outbox (aggregate_type, aggregate_id, payload, message_key) VALUES ('blob', 'b', $1, 'blob:1')")
         .bind(json!({"data": "x".repeat(300 * 1024)}))
@@ -587,17 +417,12 @@ async fn a_message_too_large_for_sqs_is_dead_and_the_others_go(pool: PgPool) {
             .unwrap();
     }
     let sink: Arc<dyn Sink> = Arc::new(SqsSink::new(sqs.clone(), &url));
-    let r = Relay::new(pool.clone(), vec![sink], config())
-        .run_once(later())
+    let r = Relay::new(pool.clone(), vec![sink], config()).run_once(later()).await.unwrap();
+    assert_eq!((r.sent, r.dead, r.retried), (14, 1, 0));
+    let reason: String = sqlx::query_scalar("SELECT last_error FROM transactional_outbox WHERE message_key = 'blob:1'")
+        .fetch_one(&pool)
         .await
         .unwrap();
-    assert_eq!((r.sent, r.dead, r.retried), (14, 1, 0));
-    let reason: String = sqlx::query_scalar(
-        "SELECT last_error FROM transactional_outbox WHERE message_key = 'blob:1'",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
     assert!(reason.contains("over the service's limit"), "{reason}");
     assert_eq!(drain_queue(&sqs, &url, 14).await.len(), 14);
 }
@@ -634,26 +459,13 @@ async fn a_relay_killed_mid_batch_has_recorded_every_chunk_answered_before(pool:
     messages(&pool, 20).await;
     let sink: Arc<dyn Sink> =
         Arc::new(HttpSink::new(format!("{}/hook", server.uri()), Duration::from_secs(5)).unwrap());
-    let relay = Relay::new(
-        pool.clone(),
-        vec![sink],
-        RelayConfig {
-            concurrency: 2,
-            ..config()
-        },
-    );
+    let relay = Relay::new(pool.clone(), vec![sink], RelayConfig { concurrency: 2, ..config() });
     let killed = tokio::time::timeout(Duration::from_millis(2500), relay.run(later())).await;
     assert!(killed.is_err(), "the run was cut off mid-batch");
     let (sent, _, _) = outbox_state(&pool).await;
-    assert!(
-        sent >= 2,
-        "the chunks answered before the kill are recorded: {sent}"
-    );
+    assert!(sent >= 2, "the chunks answered before the kill are recorded: {sent}");
     let requests = server.received_requests().await.unwrap().len() as i64;
-    assert!(
-        requests - sent <= 2,
-        "at most the chunk in flight is unrecorded: {requests} sent, {sent} recorded"
-    );
+    assert!(requests - sent <= 2, "at most the chunk in flight is unrecorded: {requests} sent, {sent} recorded");
 }
 
 /// A chunk starts only if the sink's timeout fits before the deadline; what was
@@ -662,50 +474,21 @@ async fn a_relay_killed_mid_batch_has_recorded_every_chunk_answered_before(pool:
 async fn the_relay_starts_no_chunk_it_cannot_finish_before_its_deadline(pool: PgPool) {
     let server = slow_sink_server(Duration::from_millis(700)).await;
     messages(&pool, 40).await;
-    let sink: Arc<dyn Sink> = Arc::new(
-        HttpSink::new(
-            format!("{}/hook", server.uri()),
-            Duration::from_millis(1500),
-        )
-        .unwrap(),
-    );
-    let relay = Relay::new(
-        pool.clone(),
-        vec![sink],
-        RelayConfig {
-            concurrency: 4,
-            ..config()
-        },
-    );
+    let sink: Arc<dyn Sink> =
+        Arc::new(HttpSink::new(format!("{}/hook", server.uri()), Duration::from_millis(1500)).unwrap());
+    let relay = Relay::new(pool.clone(), vec![sink], RelayConfig { concurrency: 4, ..config() });
     let started = Instant::now();
     let deadline = started + Duration::from_millis(3500);
     let relayed = relay.run(deadline).await.unwrap();
-    assert!(
-        Instant::now() <= deadline,
-        "the run ended {:?} after its deadline",
-        Instant::now() - deadline
-    );
+    assert!(Instant::now() <= deadline, "the run ended {:?} after its deadline", Instant::now() - deadline);
     let (sent, released, total) = outbox_state(&pool).await;
     assert_eq!(total, 40);
     assert!((4..=12).contains(&sent), "{sent} sent");
-    assert_eq!(
-        sent + released,
-        40,
-        "the rest are released untouched, due at once"
-    );
-    assert_eq!(
-        (relayed.sent as i64, relayed.released as i64),
-        (sent, released)
-    );
+    assert_eq!(sent + released, 40, "the rest are released untouched, due at once");
+    assert_eq!((relayed.sent as i64, relayed.released as i64), (sent, released));
     // The next run takes the released messages at once.
     let fast = MockServer::start().await;
-    Mock::given(method("POST"))
-        .respond_with(ResponseTemplate::new(204))
-        .mount(&fast)
-        .await;
-    let next = Relay::new(pool.clone(), vec![http_sink(&fast)], config())
-        .run(later())
-        .await
-        .unwrap();
+    Mock::given(method("POST")).respond_with(ResponseTemplate::new(204)).mount(&fast).await;
+    let next = Relay::new(pool.clone(), vec![http_sink(&fast)], config()).run(later()).await.unwrap();
     assert_eq!(next.sent as i64, released);
 }

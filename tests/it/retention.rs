@@ -26,26 +26,14 @@ use webhook_inbox::{
 fn retention(batch_size: i64) -> RetentionConfig {
     let mut done_days: HashMap<Provider, u32> = Provider::ALL.iter().map(|p| (*p, 60)).collect();
     done_days.insert(Provider::Shopify, 2);
-    RetentionConfig {
-        done_days,
-        failed_days: 180,
-        outbox_days: 7,
-        batch_size,
-    }
+    RetentionConfig { done_days, failed_days: 180, outbox_days: 7, batch_size }
 }
 
 /// An inbox row of `status`, received `days` ago.
 async fn row(pool: &PgPool, provider: Provider, id: &str, status: &str, days: i32) {
     let headers = json!({});
-    let env = Envelope {
-        provider,
-        raw_body: b"{}",
-        headers: &headers,
-        secret_index: Some(0),
-    };
-    inbox::claim(pool, &env, &NewEvent::pending(id.into(), "t", "{}".into()))
-        .await
-        .unwrap();
+    let env = Envelope { provider, raw_body: b"{}", headers: &headers, secret_index: Some(0) };
+    inbox::claim(pool, &env, &NewEvent::pending(id.into(), "t", "{}".into())).await.unwrap();
     sqlx::query(
         "UPDATE webhook_inbox SET status = $3, received_at = now() - make_interval(days => $4),
                 processed_at = CASE WHEN $3 = 'done' THEN now() END,
@@ -86,25 +74,16 @@ async fn prune_deletes_only_what_is_past_its_retention(pool: PgPool) {
     message(&pool, "sent-2d", Some(2)).await;
     message(&pool, "unsent", None).await;
 
-    let pruned = Pruner::new(pool.clone(), retention(1000))
-        .run(Instant::now() + Duration::from_secs(30))
-        .await
-        .unwrap();
+    let pruned =
+        Pruner::new(pool.clone(), retention(1000)).run(Instant::now() + Duration::from_secs(30)).await.unwrap();
     assert_eq!((pruned.done, pruned.failed, pruned.outbox), (2, 1, 1));
     let left: Vec<String> =
-        sqlx::query_scalar("SELECT event_id FROM webhook_inbox ORDER BY event_id")
-            .fetch_all(&pool)
-            .await
-            .unwrap();
-    assert_eq!(
-        left,
-        ["done-10d", "failed-100d", "pending-100d", "shopify-done-1d"]
-    );
-    let keys: Vec<String> =
-        sqlx::query_scalar("SELECT message_key FROM transactional_outbox ORDER BY message_key")
-            .fetch_all(&pool)
-            .await
-            .unwrap();
+        sqlx::query_scalar("SELECT event_id FROM webhook_inbox ORDER BY event_id").fetch_all(&pool).await.unwrap();
+    assert_eq!(left, ["done-10d", "failed-100d", "pending-100d", "shopify-done-1d"]);
+    let keys: Vec<String> = sqlx::query_scalar("SELECT message_key FROM transactional_outbox ORDER BY message_key")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
     assert_eq!(keys, ["sent-2d", "unsent"]);
 }
 
@@ -113,20 +92,11 @@ async fn prune_never_waits_on_a_row_another_transaction_holds(pool: PgPool) {
     row(&pool, Provider::Stripe, "held", "done", 90).await;
     row(&pool, Provider::Stripe, "free", "done", 90).await;
     let mut holder = pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM webhook_inbox WHERE event_id = 'held' FOR UPDATE")
-        .execute(&mut *holder)
-        .await
-        .unwrap();
-    let pruned = Pruner::new(pool.clone(), retention(10))
-        .run(Instant::now() + Duration::from_secs(30))
-        .await
-        .unwrap();
+    sqlx::query("SELECT 1 FROM webhook_inbox WHERE event_id = 'held' FOR UPDATE").execute(&mut *holder).await.unwrap();
+    let pruned = Pruner::new(pool.clone(), retention(10)).run(Instant::now() + Duration::from_secs(30)).await.unwrap();
     assert_eq!(pruned.done, 1, "the held row is skipped, not waited for");
     holder.rollback().await.unwrap();
-    let pruned = Pruner::new(pool.clone(), retention(10))
-        .run(Instant::now() + Duration::from_secs(30))
-        .await
-        .unwrap();
+    let pruned = Pruner::new(pool.clone(), retention(10)).run(Instant::now() + Duration::from_secs(30)).await.unwrap();
     assert_eq!(pruned.done, 1);
 }
 
@@ -138,15 +108,8 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 /// delivering: every delivery is answered 200 and stored, and the latencies
 /// before and during the prune are printed side by side.
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn prune_runs_in_batches_while_deliveries_keep_arriving(
-    _: PgPoolOptions,
-    opts: PgConnectOptions,
-) {
-    let pool = PgPoolOptions::new()
-        .max_connections(4)
-        .connect_with(opts.clone())
-        .await
-        .unwrap();
+async fn prune_runs_in_batches_while_deliveries_keep_arriving(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPoolOptions::new().max_connections(4).connect_with(opts.clone()).await.unwrap();
     sqlx::query(
         "INSERT INTO webhook_inbox (provider, event_id, event_type, payload, raw_body, secret_index, status, received_at, processed_at)
          SELECT 'stripe', 'old_' || i, 't', '{}', '\\x7b7d', 0, 'done', now() - interval '90 days', now() - interval '90 days'
@@ -157,11 +120,7 @@ async fn prune_runs_in_batches_while_deliveries_keep_arriving(
     .unwrap();
     let r = Arc::new(receiver(opts, secrets(false)));
 
-    async fn deliver(
-        r: Arc<webhook_inbox::Receiver>,
-        prefix: String,
-        until: impl Fn() -> bool,
-    ) -> Vec<Duration> {
+    async fn deliver(r: Arc<webhook_inbox::Receiver>, prefix: String, until: impl Fn() -> bool) -> Vec<Duration> {
         let mut latencies = Vec::new();
         let mut i = 0;
         while !until() {
@@ -181,9 +140,8 @@ async fn prune_runs_in_batches_while_deliveries_keep_arriving(
     for c in 0..4 {
         let counter = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let r = r.clone();
-        baseline.push(tokio::spawn(deliver(r, format!("base{c}"), move || {
-            counter.fetch_add(1, Ordering::SeqCst) >= 200
-        })));
+        baseline
+            .push(tokio::spawn(deliver(r, format!("base{c}"), move || counter.fetch_add(1, Ordering::SeqCst) >= 200)));
     }
     let mut before: Vec<Duration> = Vec::new();
     for b in baseline {
@@ -194,15 +152,11 @@ async fn prune_runs_in_batches_while_deliveries_keep_arriving(
     let clients: Vec<_> = (0..4)
         .map(|c| {
             let (r, pruning) = (r.clone(), pruning.clone());
-            tokio::spawn(deliver(r, format!("during{c}"), move || {
-                !pruning.load(Ordering::SeqCst)
-            }))
+            tokio::spawn(deliver(r, format!("during{c}"), move || !pruning.load(Ordering::SeqCst)))
         })
         .collect();
-    let pruned = Pruner::new(pool.clone(), retention(500))
-        .run(Instant::now() + Duration::from_secs(120))
-        .await
-        .unwrap();
+    let pruned =
+        Pruner::new(pool.clone(), retention(500)).run(Instant::now() + Duration::from_secs(120)).await.unwrap();
     pruning.store(false, Ordering::SeqCst);
     let mut during: Vec<Duration> = Vec::new();
     for c in clients {
@@ -221,11 +175,7 @@ async fn prune_runs_in_batches_while_deliveries_keep_arriving(
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert_eq!(
-        (old, new),
-        (0, (before.len() + during.len()) as i64),
-        "every delivery was stored"
-    );
+    assert_eq!((old, new), (0, (before.len() + during.len()) as i64), "every delivery was stored");
     before.sort();
     during.sort();
     println!(
@@ -238,33 +188,15 @@ async fn prune_runs_in_batches_while_deliveries_keep_arriving(
         during.len()
     );
     assert!(!during.is_empty(), "deliveries ran while the prune did");
-    assert!(
-        percentile(&during, 0.99) < Duration::from_secs(1),
-        "no delivery waited on the prune's locks"
-    );
+    assert!(percentile(&during, 0.99) < Duration::from_secs(1), "no delivery waited on the prune's locks");
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn batch_bodies_go_once_no_row_points_at_them_and_no_delivery_brought_them_for_a_day(
-    pool: PgPool,
-) {
+async fn batch_bodies_go_once_no_row_points_at_them_and_no_delivery_brought_them_for_a_day(pool: PgPool) {
     let headers = json!({});
-    let items = [NewEvent::pending(
-        "transactions:t1".into(),
-        "transactions",
-        "{}".into(),
-    )];
-    for body in [
-        &b"kept: a row points at it"[..],
-        b"orphan, old",
-        b"orphan, seen an hour ago",
-    ] {
-        let env = Envelope {
-            provider: Provider::Marqeta,
-            raw_body: body,
-            headers: &headers,
-            secret_index: Some(0),
-        };
+    let items = [NewEvent::pending("transactions:t1".into(), "transactions", "{}".into())];
+    for body in [&b"kept: a row points at it"[..], b"orphan, old", b"orphan, seen an hour ago"] {
+        let env = Envelope { provider: Provider::Marqeta, raw_body: body, headers: &headers, secret_index: Some(0) };
         inbox::claim_batch(&pool, &env, &items).await.unwrap();
     }
     // Only the first body's claim made a row; the others' items were duplicates.
@@ -276,21 +208,10 @@ async fn batch_bodies_go_once_no_row_points_at_them_and_no_delivery_brought_them
         .execute(&pool)
         .await
         .unwrap();
-    let pruned = Pruner::new(pool.clone(), retention(1000))
-        .run(Instant::now() + Duration::from_secs(30))
-        .await
-        .unwrap();
+    let pruned =
+        Pruner::new(pool.clone(), retention(1000)).run(Instant::now() + Duration::from_secs(30)).await.unwrap();
     assert_eq!(pruned.bodies, 1);
     let left: Vec<Vec<u8>> =
-        sqlx::query_scalar("SELECT raw_body FROM webhook_bodies ORDER BY raw_body")
-            .fetch_all(&pool)
-            .await
-            .unwrap();
-    assert_eq!(
-        left,
-        [
-            b"kept: a row points at it".to_vec(),
-            b"orphan, seen an hour ago".to_vec()
-        ]
-    );
+        sqlx::query_scalar("SELECT raw_body FROM webhook_bodies ORDER BY raw_body").fetch_all(&pool).await.unwrap();
+    assert_eq!(left, [b"kept: a row points at it".to_vec(), b"orphan, seen an hour ago".to_vec()]);
 }

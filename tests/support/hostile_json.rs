@@ -7,9 +7,7 @@ use proptest::{collection::vec, prelude::*, sample::select};
 fn number() -> impl Strategy<Value = String> {
     prop_oneof![
         any::<i64>().prop_map(|n| n.to_string()),
-        any::<f64>()
-            .prop_filter("finite", |f| f.is_finite())
-            .prop_map(|f| format!("{f:e}")),
+        any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(|f| format!("{f:e}")),
         select(vec![
             "0",
             "-0",
@@ -36,44 +34,25 @@ fn string() -> impl Strategy<Value = String> {
             let quoted = serde_json::to_string(&s).unwrap();
             quoted[1..quoted.len() - 1].to_string()
         }),
-        select(vec![
-            "\\ud800",
-            "\\udc00",
-            "\\u0000",
-            "\\\\u0000",
-            "\\ud83d\\ude00",
-            "\\n",
-            "\\\"",
-            "\\/"
-        ])
-        .prop_map(String::from),
+        select(vec!["\\ud800", "\\udc00", "\\u0000", "\\\\u0000", "\\ud83d\\ude00", "\\n", "\\\"", "\\/"])
+            .prop_map(String::from),
     ];
     vec(part, 0..4).prop_map(|parts| format!("\"{}\"", parts.concat()))
 }
 
 fn key() -> impl Strategy<Value = String> {
-    prop_oneof![
-        select(vec!["\"id\"", "\"type\"", "\"token\"", "\"action\""]).prop_map(String::from),
-        string()
-    ]
+    prop_oneof![select(vec!["\"id\"", "\"type\"", "\"token\"", "\"action\""]).prop_map(String::from), string()]
 }
 
 /// Any JSON value, as text.
 pub fn value() -> impl Strategy<Value = String> {
-    let leaf = prop_oneof![
-        select(vec!["null", "true", "false"]).prop_map(String::from),
-        number(),
-        string()
-    ];
+    let leaf = prop_oneof![select(vec!["null", "true", "false"]).prop_map(String::from), number(), string()];
     let tree = leaf.prop_recursive(6, 48, 4, |inner| {
         prop_oneof![
             vec(inner.clone(), 0..4).prop_map(|v| format!("[{}]", v.join(","))),
             vec((key(), inner), 0..4).prop_map(|kv| format!(
                 "{{{}}}",
-                kv.iter()
-                    .map(|(k, v)| format!("{k}:{v}"))
-                    .collect::<Vec<_>>()
-                    .join(",")
+                kv.iter().map(|(k, v)| format!("{k}:{v}")).collect::<Vec<_>>().join(",")
             )),
         ]
     });

@@ -38,11 +38,7 @@ pub fn secrets(marqeta_signing: bool) -> Secrets {
         marqeta: Some(MarqetaAuth {
             username: Secret::new(MARQETA_USER),
             passwords: list(&MARQETA_PASSWORDS),
-            signing_secrets: if marqeta_signing {
-                list(&MARQETA_SIGNING)
-            } else {
-                vec![]
-            },
+            signing_secrets: if marqeta_signing { list(&MARQETA_SIGNING) } else { vec![] },
         }),
     }
 }
@@ -52,12 +48,7 @@ pub fn db_config() -> DbConfig {
 }
 
 pub fn config(secrets: Secrets) -> ReceiveConfig {
-    ReceiveConfig {
-        db: db_config(),
-        secrets,
-        max_body_bytes: DEFAULT_MAX_BODY_BYTES,
-        inline_providers: vec![],
-    }
+    ReceiveConfig { db: db_config(), secrets, max_body_bytes: DEFAULT_MAX_BODY_BYTES, inline_providers: vec![] }
 }
 
 /// A receiver on the test's database, with the production pool settings.
@@ -68,10 +59,7 @@ pub fn receiver(opts: PgConnectOptions, secrets: Secrets) -> Receiver {
 }
 
 pub fn now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64
 }
 
 fn hmac256(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
@@ -83,10 +71,7 @@ fn hmac256(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
 }
 
 pub fn stripe_v1(secret: &str, t: i64, body: &[u8]) -> String {
-    hex::encode(hmac256(
-        secret.as_bytes(),
-        &[t.to_string().as_bytes(), b".", body],
-    ))
+    hex::encode(hmac256(secret.as_bytes(), &[t.to_string().as_bytes(), b".", body]))
 }
 
 pub fn stripe_header(secret: &str, body: &[u8]) -> String {
@@ -99,20 +84,11 @@ pub fn shopify_hmac(secret: &str, body: &[u8]) -> String {
 }
 
 pub fn github_signature(secret: &str, body: &[u8]) -> String {
-    format!(
-        "sha256={}",
-        hex::encode(hmac256(secret.as_bytes(), &[body]))
-    )
+    format!("sha256={}", hex::encode(hmac256(secret.as_bytes(), &[body])))
 }
 
 pub fn standard_signature(key: &[u8], id: &str, t: i64, body: &[u8]) -> String {
-    format!(
-        "v1,{}",
-        B64.encode(hmac256(
-            key,
-            &[id.as_bytes(), b".", t.to_string().as_bytes(), b".", body]
-        ))
-    )
+    format!("v1,{}", B64.encode(hmac256(key, &[id.as_bytes(), b".", t.to_string().as_bytes(), b".", body])))
 }
 
 pub fn marqeta_basic(user: &str, password: &str) -> String {
@@ -131,9 +107,7 @@ pub fn marqeta_signature_sha1(secret: &str, body: &[u8]) -> String {
 
 /// A request as `lambda_http` hands it to the handler.
 pub fn request(provider: &str, headers: &[(&str, &str)], body: &[u8]) -> Request<Body> {
-    let mut b = Request::builder()
-        .method(Method::POST)
-        .uri(format!("https://example.test/webhooks/{provider}"));
+    let mut b = Request::builder().method(Method::POST).uri(format!("https://example.test/webhooks/{provider}"));
     for (k, v) in headers {
         b = b.header(*k, *v);
     }
@@ -144,25 +118,16 @@ pub fn request(provider: &str, headers: &[(&str, &str)], body: &[u8]) -> Request
 pub async fn send(receiver: &Receiver, req: Request<Body>) -> (StatusCode, Value) {
     let response = receiver.handle(req).await;
     let status = response.status();
-    let body: Value =
-        serde_json::from_slice(response.body().as_ref()).expect("every answer is JSON");
+    let body: Value = serde_json::from_slice(response.body().as_ref()).expect("every answer is JSON");
     (status, body)
 }
 
-pub async fn post(
-    receiver: &Receiver,
-    provider: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-) -> (StatusCode, Value) {
+pub async fn post(receiver: &Receiver, provider: &str, headers: &[(&str, &str)], body: &[u8]) -> (StatusCode, Value) {
     send(receiver, request(provider, headers, body)).await
 }
 
 pub async fn count(pool: &PgPool) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM webhook_inbox")
-        .fetch_one(pool)
-        .await
-        .unwrap()
+    sqlx::query_scalar("SELECT count(*) FROM webhook_inbox").fetch_one(pool).await.unwrap()
 }
 
 /// Polls until `f` is true or 10 s pass.
@@ -183,10 +148,8 @@ where
 /// A real API Gateway HTTP API (payload 2.0) event, body base64-encoded as API
 /// Gateway does for non-text content types, parsed by `lambda_http` itself.
 pub fn apigw_v2_request(provider: &str, headers: &[(&str, &str)], body: &[u8]) -> Request<Body> {
-    let headers: serde_json::Map<String, Value> = headers
-        .iter()
-        .map(|(k, v)| (k.to_ascii_lowercase(), Value::from(*v)))
-        .collect();
+    let headers: serde_json::Map<String, Value> =
+        headers.iter().map(|(k, v)| (k.to_ascii_lowercase(), Value::from(*v))).collect();
     let event = serde_json::json!({
         "version": "2.0",
         "routeKey": "POST /webhooks/{provider}",
@@ -226,21 +189,14 @@ pub struct Moto {
 
 impl Moto {
     pub fn start() -> Moto {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let child = std::process::Command::new("moto_server")
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("moto_server is not installed: `pip install 'moto[server]'` (.ci/run does)");
-        let moto = Moto {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-        };
+        let moto = Moto { child, url: format!("http://127.0.0.1:{port}") };
         for _ in 0..300 {
             if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
                 return moto;
@@ -252,11 +208,9 @@ impl Moto {
 
     /// AWS configuration pointed at this server, with throwaway credentials.
     pub async fn aws(&self) -> aws_config::SdkConfig {
-        for (k, v) in [
-            ("AWS_ACCESS_KEY_ID", "testing"),
-            ("AWS_SECRET_ACCESS_KEY", "testing"),
-            ("AWS_REGION", "us-east-1"),
-        ] {
+        for (k, v) in
+            [("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_REGION", "us-east-1")]
+        {
             std::env::set_var(k, v);
         }
         webhook_inbox::relay::aws::config(Some(&self.url)).await

@@ -59,15 +59,9 @@ impl Bench {
     pub async fn run(&self, mut config: ReceiveConfig) -> Result<()> {
         let url = config.db.url.clone().context("no database")?;
         config.db.pool_size = self.concurrency as u32;
-        config.secrets = Secrets {
-            stripe: Secrets::development().stripe,
-            ..Secrets::default()
-        };
+        config.secrets = Secrets { stripe: Secrets::development().stripe, ..Secrets::default() };
         let pool = db::pool(&config.db)?;
-        db::MIGRATOR
-            .run(&pool)
-            .await
-            .context("applying migrations")?;
+        db::MIGRATOR.run(&pool).await.context("applying migrations")?;
         println!(
             "receive bench: concurrency {}, {} s per side, {} rounds, {} cores",
             self.concurrency,
@@ -86,17 +80,12 @@ impl Bench {
             ratios.push(rate / ceiling);
         }
         ratios.sort_by(f64::total_cmp);
-        println!(
-            "median ratio HTTP / pgbench: {:.2} (target 0.80)",
-            ratios[ratios.len() / 2]
-        );
+        println!("median ratio HTTP / pgbench: {:.2} (target 0.80)", ratios[ratios.len() / 2]);
 
-        sqlx::query(
-            "DELETE FROM webhook_inbox WHERE provider = 'stripe' AND event_id LIKE 'bench-%'",
-        )
-        .execute(&pool)
-        .await
-        .context("removing the bench rows")?;
+        sqlx::query("DELETE FROM webhook_inbox WHERE provider = 'stripe' AND event_id LIKE 'bench-%'")
+            .execute(&pool)
+            .await
+            .context("removing the bench rows")?;
         Ok(())
     }
 
@@ -104,20 +93,9 @@ impl Bench {
         let script = std::env::temp_dir().join(format!("inbox-bench-{}.sql", std::process::id()));
         std::fs::write(&script, pgbench_script())?;
         let pgbench = embedded_pg::find_bin_dir()?.join("pgbench");
-        let threads = self
-            .concurrency
-            .min(std::thread::available_parallelism().map_or(2, |n| n.get()))
-            .to_string();
+        let threads = self.concurrency.min(std::thread::available_parallelism().map_or(2, |n| n.get())).to_string();
         let out = tokio::process::Command::new(&pgbench)
-            .args([
-                "-n",
-                "-M",
-                "prepared",
-                "-c",
-                &self.concurrency.to_string(),
-                "-j",
-                &threads,
-            ])
+            .args(["-n", "-M", "prepared", "-c", &self.concurrency.to_string(), "-j", &threads])
             .args(["-T", &self.seconds.to_string(), "-f"])
             .arg(&script)
             .arg(url)
@@ -127,22 +105,12 @@ impl Bench {
         let _ = std::fs::remove_file(&script);
         let stdout = String::from_utf8_lossy(&out.stdout);
         if !out.status.success() {
-            bail!(
-                "pgbench failed: {}{}",
-                stdout,
-                String::from_utf8_lossy(&out.stderr)
-            );
+            bail!("pgbench failed: {}{}", stdout, String::from_utf8_lossy(&out.stderr));
         }
         // "tps = 1234.567890 (without initial connection time)"
         stdout
             .lines()
-            .find_map(|l| {
-                l.strip_prefix("tps = ")?
-                    .split_whitespace()
-                    .next()?
-                    .parse()
-                    .ok()
-            })
+            .find_map(|l| l.strip_prefix("tps = ")?.split_whitespace().next()?.parse().ok())
             .with_context(|| format!("no tps in pgbench's output: {stdout}"))
     }
 
@@ -156,9 +124,7 @@ impl Bench {
         }));
 
         let deadline = Instant::now() + Duration::from_secs(self.seconds);
-        let clients: Vec<_> = (0..self.concurrency)
-            .map(|c| tokio::spawn(client(addr, c, deadline)))
-            .collect();
+        let clients: Vec<_> = (0..self.concurrency).map(|c| tokio::spawn(client(addr, c, deadline))).collect();
         let started = Instant::now();
         let mut latencies = Vec::new();
         for c in clients {
@@ -169,16 +135,10 @@ impl Bench {
         let _ = server.await;
 
         latencies.sort_unstable();
-        let pct = |p: f64| {
-            latencies
-                .get(((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1)))
-        };
+        let pct =
+            |p: f64| latencies.get(((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1)));
         let ms = |d: Option<&Duration>| d.map_or(0.0, |d| d.as_secs_f64() * 1e3);
-        Ok((
-            latencies.len() as f64 / elapsed,
-            ms(pct(0.50)),
-            ms(pct(0.99)),
-        ))
+        Ok((latencies.len() as f64 / elapsed, ms(pct(0.50)), ms(pct(0.99))))
     }
 }
 
@@ -206,10 +166,7 @@ async fn client(addr: std::net::SocketAddr, c: usize, deadline: Instant) -> Resu
         let answer = response.into_body().collect().await?.to_bytes();
         latencies.push(sent.elapsed());
         if status != 200 || !answer.starts_with(br#"{"status":"accepted"}"#) {
-            bail!(
-                "unexpected answer {status}: {}",
-                String::from_utf8_lossy(&answer)
-            );
+            bail!("unexpected answer {status}: {}", String::from_utf8_lossy(&answer));
         }
     }
     Ok(latencies)

@@ -22,11 +22,7 @@ use webhook_inbox::{
 };
 
 #[derive(Parser)]
-#[command(
-    name = "inbox",
-    version,
-    about = "Idempotent webhook inbox on PostgreSQL"
-)]
+#[command(name = "inbox", version, about = "Idempotent webhook inbox on PostgreSQL")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -78,23 +74,16 @@ async fn main() -> Result<()> {
     config::init_logging();
     match Cli::parse().command {
         Command::Dev { port, host } => dev(&host, port).await,
-        Command::Bench {
-            concurrency,
-            seconds,
-            rounds,
-        } => {
-            let bench = bench::Bench {
-                concurrency: concurrency.max(1),
-                seconds: seconds.max(1),
-                rounds: rounds.max(1),
-            };
-            with_database(ReceiveConfig::from_env(16)?, |config| async move {
-                bench.run(config).await
-            })
-            .await
+        Command::Bench { concurrency, seconds, rounds } => {
+            let bench =
+                bench::Bench { concurrency: concurrency.max(1), seconds: seconds.max(1), rounds: rounds.max(1) };
+            with_database(ReceiveConfig::from_env(16)?, |config| async move { bench.run(config).await }).await
         }
         Command::Relay { once } => {
-            anyhow::ensure!(once, "inbox relay runs one pass of the relay function: pass --once (`inbox dev` relays continuously)");
+            anyhow::ensure!(
+                once,
+                "inbox relay runs one pass of the relay function: pass --once (`inbox dev` relays continuously)"
+            );
             let sinks = sinks_from_env().await?;
             anyhow::ensure!(
                 !sinks.is_empty(),
@@ -109,10 +98,16 @@ async fn main() -> Result<()> {
             Ok(())
         }
         Command::Reconcile { once } => {
-            anyhow::ensure!(once, "inbox reconcile runs one pass of the reconcile function: pass --once (schedule it for more)");
+            anyhow::ensure!(
+                once,
+                "inbox reconcile runs one pass of the reconcile function: pass --once (schedule it for more)"
+            );
             let pool = database()?;
             let reconciler = Reconciler::from_env()?;
-            anyhow::ensure!(reconciler.is_configured(), "nothing to reconcile: set STRIPE_API_KEY, or SHOPIFY_SHOP_DOMAIN and SHOPIFY_ACCESS_TOKEN");
+            anyhow::ensure!(
+                reconciler.is_configured(),
+                "nothing to reconcile: set STRIPE_API_KEY, or SHOPIFY_SHOP_DOMAIN and SHOPIFY_ACCESS_TOKEN"
+            );
             let mut failed = 0;
             for (source, result) in reconciler.run(&pool).await {
                 match result {
@@ -130,7 +125,10 @@ async fn main() -> Result<()> {
             Ok(())
         }
         Command::Prune { once } => {
-            anyhow::ensure!(once, "inbox prune runs one pass of the prune function: pass --once (schedule it for more)");
+            anyhow::ensure!(
+                once,
+                "inbox prune runs one pass of the prune function: pass --once (schedule it for more)"
+            );
             let pruner = Pruner::new(database()?, RetentionConfig::from_env()?);
             let pruned = pruner.run(one_pass_deadline()).await?;
             println!(
@@ -142,10 +140,7 @@ async fn main() -> Result<()> {
         Command::Migrate => {
             let config = DbConfig::from_env(1)?;
             let url = config.url.clone().context("DATABASE_URL is not set")?;
-            db::MIGRATOR
-                .run(&db::pool(&config)?)
-                .await
-                .context("applying migrations")?;
+            db::MIGRATOR.run(&db::pool(&config)?).await.context("applying migrations")?;
             println!("migrations applied to {}", redact_url(&url));
             Ok(())
         }
@@ -166,10 +161,7 @@ fn one_pass_deadline() -> std::time::Instant {
 
 async fn dev(host: &str, port: u16) -> Result<()> {
     let host = host.to_string();
-    with_database(ReceiveConfig::from_env(16)?, |mut config| async move {
-        serve(&mut config, &host, port).await
-    })
-    .await
+    with_database(ReceiveConfig::from_env(16)?, |mut config| async move { serve(&mut config, &host, port).await }).await
 }
 
 /// Runs `f` on DATABASE_URL, or on an embedded throwaway PostgreSQL that is removed afterwards.
@@ -184,23 +176,15 @@ where
             None
         }
         None => {
-            let pg = EmbeddedPostgres::start()
-                .await
-                .context("starting the embedded PostgreSQL")?;
-            println!(
-                "embedded PostgreSQL at {} (data in {}; removed on exit)",
-                pg.url(),
-                pg.data_dir().display()
-            );
+            let pg = EmbeddedPostgres::start().await.context("starting the embedded PostgreSQL")?;
+            println!("embedded PostgreSQL at {} (data in {}; removed on exit)", pg.url(), pg.data_dir().display());
             config.db.url = Some(pg.url());
             Some(pg)
         }
     };
     let result = f(config).await;
     if let Some(pg) = embedded {
-        pg.destroy()
-            .await
-            .context("stopping the embedded PostgreSQL")?;
+        pg.destroy().await.context("stopping the embedded PostgreSQL")?;
         println!("embedded PostgreSQL stopped");
     }
     result
@@ -208,17 +192,12 @@ where
 
 async fn serve(config: &mut ReceiveConfig, host: &str, port: u16) -> Result<()> {
     let pool = db::pool(&config.db)?;
-    db::MIGRATOR
-        .run(&pool)
-        .await
-        .context("applying migrations")?;
+    db::MIGRATOR.run(&pool).await.context("applying migrations")?;
     if config.secrets.none_configured() {
         config.secrets = Secrets::development();
         print_development_secrets();
     }
-    let listener = TcpListener::bind((host, port))
-        .await
-        .with_context(|| format!("binding {host}:{port}"))?;
+    let listener = TcpListener::bind((host, port)).await.with_context(|| format!("binding {host}:{port}"))?;
     let receiver = Arc::new(Receiver::new(db::Connections::new(&config.db)?, config));
 
     // The same worker as the `process` function, and the relay when a sink is set, running continuously.
@@ -226,11 +205,7 @@ async fn serve(config: &mut ReceiveConfig, host: &str, port: u16) -> Result<()> 
     let until_stopped = |mut stopped: tokio::sync::watch::Receiver<()>| async move {
         let _ = stopped.changed().await;
     };
-    let worker = Worker::new(
-        pool.clone(),
-        Handlers::reference(),
-        WorkerConfig::from_env()?,
-    );
+    let worker = Worker::new(pool.clone(), Handlers::reference(), WorkerConfig::from_env()?);
     let poll = worker.config().poll;
     let worker = tokio::spawn(worker.run_until_owned(until_stopped(stopped.clone())));
     let sinks = sinks_from_env().await?;
@@ -239,15 +214,10 @@ async fn serve(config: &mut ReceiveConfig, host: &str, port: u16) -> Result<()> 
         None
     } else {
         let relay = Relay::new(pool, sinks, RelayConfig::from_env()?);
-        Some(tokio::spawn(
-            relay.run_until_owned(poll, until_stopped(stopped.clone())),
-        ))
+        Some(tokio::spawn(relay.run_until_owned(poll, until_stopped(stopped.clone()))))
     };
 
-    println!(
-        "inbox dev ready: POST http://{}/webhooks/{{provider}}  (Ctrl-C stops)",
-        listener.local_addr()?
-    );
+    println!("inbox dev ready: POST http://{}/webhooks/{{provider}}  (Ctrl-C stops)", listener.local_addr()?);
     server::serve(listener, receiver, shutdown_signal()).await?;
     println!("shutting down");
     let _ = stop.send(());
@@ -264,19 +234,12 @@ fn print_development_secrets() {
     println!("  SHOPIFY_WEBHOOK_SECRET={}", config::DEV_SHOPIFY);
     println!("  GITHUB_WEBHOOK_SECRET={}", config::DEV_GITHUB);
     println!("  STANDARD_WEBHOOK_SECRET={}", config::DEV_STANDARD);
-    println!(
-        "  MARQETA_WEBHOOK_USERNAME={}",
-        config::DEV_MARQETA_USERNAME
-    );
-    println!(
-        "  MARQETA_WEBHOOK_PASSWORD={}",
-        config::DEV_MARQETA_PASSWORD
-    );
+    println!("  MARQETA_WEBHOOK_USERNAME={}", config::DEV_MARQETA_USERNAME);
+    println!("  MARQETA_WEBHOOK_PASSWORD={}", config::DEV_MARQETA_PASSWORD);
 }
 
 async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("SIGTERM handler");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
@@ -286,12 +249,7 @@ async fn shutdown_signal() {
 /// Where a database URL points, without any credential (user:password@ or ?password=).
 fn redact_url(url: &str) -> String {
     match url.parse::<sqlx::postgres::PgConnectOptions>() {
-        Ok(o) => format!(
-            "postgres://{}:{}/{}",
-            o.get_host(),
-            o.get_port(),
-            o.get_database().unwrap_or("")
-        ),
+        Ok(o) => format!("postgres://{}:{}/{}", o.get_host(), o.get_port(), o.get_database().unwrap_or("")),
         Err(_) => "(an unparsable URL)".into(),
     }
 }
@@ -302,14 +260,8 @@ mod tests {
 
     #[test]
     fn credentials_never_print() {
-        assert_eq!(
-            redact_url("postgres://u:s3cret@h:5433/db"),
-            "postgres://h:5433/db"
-        );
-        assert_eq!(
-            redact_url("postgres://h/db?password=s3cret"),
-            "postgres://h:5432/db"
-        );
+        assert_eq!(redact_url("postgres://u:s3cret@h:5433/db"), "postgres://h:5433/db");
+        assert_eq!(redact_url("postgres://h/db?password=s3cret"), "postgres://h:5432/db");
         assert!(!redact_url("not a url s3cret").contains("s3cret"));
     }
 }

@@ -16,30 +16,17 @@ use sha2::Sha256;
 /// One HTTP/1.1 exchange; returns the status code and the body.
 fn http(addr: &str, request: &str) -> (u16, String) {
     let mut stream = TcpStream::connect(addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     stream.write_all(request.as_bytes()).unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
-    let status = response
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split("\r\n\r\n")
-        .nth(1)
-        .unwrap_or_default()
-        .to_string();
+    let status = response.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = response.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
     (status, body)
 }
 
 fn signed_stripe_post(addr: &str, body: &str) -> String {
-    let t = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
+    let t = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
     let mut mac = Hmac::<Sha256>::new_from_slice(b"whsec_dev_stripe_secret").unwrap();
     mac.update(format!("{t}.{body}").as_bytes());
     let sig = hex::encode(mac.finalize().into_bytes());
@@ -55,9 +42,7 @@ struct KillOnDrop(std::process::Child);
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
         if let Ok(None) = self.0.try_wait() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &self.0.id().to_string()])
-                .status();
+            let _ = Command::new("kill").args(["-TERM", &self.0.id().to_string()]).status();
             let _ = self.0.wait();
         }
     }
@@ -96,10 +81,7 @@ fn sink() -> (String, mpsc::Receiver<String>) {
                         return;
                     }
                     let _ = keys.send(key);
-                    if stream
-                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
-                        .is_err()
-                    {
+                    if stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").is_err() {
                         return;
                     }
                 }
@@ -137,9 +119,7 @@ fn inbox_dev_runs_on_an_embedded_postgres_and_takes_signed_deliveries() {
     let mut data_dir = None;
     let mut database_url = None;
     let addr = loop {
-        let line = lines
-            .recv_timeout(Duration::from_secs(120))
-            .expect("inbox dev prints ready");
+        let line = lines.recv_timeout(Duration::from_secs(120)).expect("inbox dev prints ready");
         if let Some(rest) = line.strip_prefix("embedded PostgreSQL at ") {
             database_url = rest.split_whitespace().next().map(str::to_string);
         }
@@ -147,35 +127,18 @@ fn inbox_dev_runs_on_an_embedded_postgres_and_takes_signed_deliveries() {
             data_dir = rest.split(';').next().map(str::to_string);
         }
         if line.contains("ready") {
-            let url = line
-                .split_whitespace()
-                .find(|w| w.starts_with("http://"))
-                .expect("the ready line has the URL");
-            break url
-                .trim_start_matches("http://")
-                .split('/')
-                .next()
-                .unwrap()
-                .to_string();
+            let url = line.split_whitespace().find(|w| w.starts_with("http://")).expect("the ready line has the URL");
+            break url.trim_start_matches("http://").split('/').next().unwrap().to_string();
         }
     };
     let data_dir = data_dir.expect("the embedded cluster's folder is printed");
 
     let body = r#"{"id":"evt_dev_1","type":"payment_intent.succeeded","data":{"object":{"id":"pi_1","amount_received":2000,"currency":"usd"}}}"#;
-    assert_eq!(
-        http(&addr, &signed_stripe_post(&addr, body)),
-        (200, r#"{"status":"accepted"}"#.into())
-    );
-    assert_eq!(
-        http(&addr, &signed_stripe_post(&addr, body)),
-        (200, r#"{"status":"duplicate"}"#.into())
-    );
+    assert_eq!(http(&addr, &signed_stripe_post(&addr, body)), (200, r#"{"status":"accepted"}"#.into()));
+    assert_eq!(http(&addr, &signed_stripe_post(&addr, body)), (200, r#"{"status":"duplicate"}"#.into()));
     // The worker turns it into a payment and an outbox message (polling every INBOX_POLL_MS, 200 ms).
     let url = database_url.expect("the embedded cluster's URL is printed");
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let started = std::time::Instant::now();
     let effects = runtime.block_on(async {
         let pool = sqlx::PgPool::connect(&url).await.unwrap();
@@ -194,72 +157,43 @@ fn inbox_dev_runs_on_an_embedded_postgres_and_takes_signed_deliveries() {
         }
     });
     assert_eq!(effects, (1, 1), "no payment and outbox message after 5 s");
-    println!(
-        "payment and outbox message visible {:?} after the 200",
-        started.elapsed()
-    );
-    let key = sink_keys
-        .recv_timeout(Duration::from_secs(5))
-        .expect("the relay delivers the outbox message to the sink");
+    println!("payment and outbox message visible {:?} after the 200", started.elapsed());
+    let key =
+        sink_keys.recv_timeout(Duration::from_secs(5)).expect("the relay delivers the outbox message to the sink");
     assert_eq!(key, "payment_succeeded:pi_1");
-    println!(
-        "outbox message at the sink {:?} after the 200",
-        started.elapsed()
-    );
+    println!("outbox message at the sink {:?} after the 200", started.elapsed());
 
     let forged = signed_stripe_post(&addr, body).replace("v1=", "v1=00");
     assert_eq!(http(&addr, &forged).0, 401);
     // Refused from the Content-Length alone: the body is never sent.
-    let (status, answer) = http(&addr, &format!("POST /webhooks/stripe HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 2000000\r\nConnection: close\r\n\r\n"));
+    let (status, answer) = http(
+        &addr,
+        &format!(
+            "POST /webhooks/stripe HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 2000000\r\nConnection: close\r\n\r\n"
+        ),
+    );
     assert_eq!(status, 413, "{answer}");
 
-    Command::new("kill")
-        .args(["-TERM", &child.0.id().to_string()])
-        .status()
-        .unwrap();
+    Command::new("kill").args(["-TERM", &child.0.id().to_string()]).status().unwrap();
     let status = child.0.wait().unwrap();
     assert!(status.success(), "inbox dev exits cleanly: {status}");
-    assert!(
-        !std::path::Path::new(&data_dir).exists(),
-        "the embedded cluster is removed on exit"
-    );
+    assert!(!std::path::Path::new(&data_dir).exists(), "the embedded cluster is removed on exit");
 }
 
 #[test]
 fn inbox_bench_measures_both_sides_and_reports_the_ratio() {
     let out = Command::new(env!("CARGO_BIN_EXE_inbox"))
-        .args([
-            "bench",
-            "--concurrency",
-            "2",
-            "--seconds",
-            "1",
-            "--rounds",
-            "1",
-        ])
+        .args(["bench", "--concurrency", "2", "--seconds", "1", "--rounds", "1"])
         .env_clear()
-        .envs([
-            ("PATH", std::env::var("PATH").unwrap_or_default()),
-            ("RUST_LOG", "warn".into()),
-        ])
+        .envs([("PATH", std::env::var("PATH").unwrap_or_default()), ("RUST_LOG", "warn".into())])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let round = stdout
-        .lines()
-        .find(|l| l.starts_with("round 1:"))
-        .expect("a round line");
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let round = stdout.lines().find(|l| l.starts_with("round 1:")).expect("a round line");
     let rates: Vec<f64> = round
         .split('|')
-        .filter_map(|part| {
-            part.split_whitespace()
-                .find_map(|w| w.strip_suffix("/s")?.parse().ok())
-        })
+        .filter_map(|part| part.split_whitespace().find_map(|w| w.strip_suffix("/s")?.parse().ok()))
         .collect();
     assert_eq!(rates.len(), 2, "{round}");
     assert!(rates.iter().all(|r| *r > 0.0), "{round}");

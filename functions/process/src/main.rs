@@ -22,11 +22,7 @@ async fn main() -> Result<(), Error> {
     config::init_logging();
     let pool = db::pool(&DbConfig::from_env(2)?)?;
     let margin = config::deadline_margin_from_env()?;
-    let worker = Arc::new(Worker::new(
-        pool,
-        Handlers::reference(),
-        WorkerConfig::from_env()?,
-    ));
+    let worker = Arc::new(Worker::new(pool, Handlers::reference(), WorkerConfig::from_env()?));
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
         let worker = worker.clone();
         async move {

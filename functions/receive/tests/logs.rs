@@ -24,10 +24,7 @@ const DB_PASSWORD: &str = "LOGTEST-db-password";
 #[tokio::test]
 async fn at_trace_level_no_secret_signature_or_body_is_logged() {
     let api = MockServer::start().await;
-    let now_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
+    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
     let body = json!({"id": "evt_log", "type": "x", "card": BODY_MARKER}).to_string();
     let t = now_ms / 1000;
     let mut mac = Hmac::<Sha256>::new_from_slice(WEBHOOK_SECRET.as_bytes()).unwrap();
@@ -55,14 +52,8 @@ async fn at_trace_level_no_secret_signature_or_body_is_logged() {
     });
     let invocation = ResponseTemplate::new(200)
         .insert_header("lambda-runtime-aws-request-id", "req-1")
-        .insert_header(
-            "lambda-runtime-deadline-ms",
-            (now_ms + 60_000).to_string().as_str(),
-        )
-        .insert_header(
-            "lambda-runtime-invoked-function-arn",
-            "arn:aws:lambda:us-east-1:123456789012:function:receive",
-        )
+        .insert_header("lambda-runtime-deadline-ms", (now_ms + 60_000).to_string().as_str())
+        .insert_header("lambda-runtime-invoked-function-arn", "arn:aws:lambda:us-east-1:123456789012:function:receive")
         .insert_header(
             "lambda-runtime-trace-id",
             "Root=1-00000000-000000000000000000000000;Parent=0000000000000000;Sampled=0",
@@ -86,11 +77,7 @@ async fn at_trace_level_no_secret_signature_or_body_is_logged() {
         .mount(&api)
         .await;
 
-    let unused_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let unused_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let mut child = Command::new(env!("CARGO_BIN_EXE_receive"))
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
@@ -102,10 +89,7 @@ async fn at_trace_level_no_secret_signature_or_body_is_logged() {
         .env("AWS_LAMBDA_LOG_STREAM_NAME", "stream")
         .env("AWS_LAMBDA_LOG_GROUP_NAME", "/aws/lambda/receive")
         .env("STRIPE_WEBHOOK_SECRET", WEBHOOK_SECRET)
-        .env(
-            "DATABASE_URL",
-            format!("postgres://inbox:{DB_PASSWORD}@127.0.0.1:{unused_port}/inbox"),
-        )
+        .env("DATABASE_URL", format!("postgres://inbox:{DB_PASSWORD}@127.0.0.1:{unused_port}/inbox"))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -114,10 +98,7 @@ async fn at_trace_level_no_secret_signature_or_body_is_logged() {
     let mut answered = false;
     for _ in 0..300 {
         let requests = api.received_requests().await.unwrap_or_default();
-        if requests
-            .iter()
-            .any(|r| r.method.as_str() == "POST" && r.url.path().ends_with("/response"))
-        {
+        if requests.iter().any(|r| r.method.as_str() == "POST" && r.url.path().ends_with("/response")) {
             answered = true;
             break;
         }
@@ -125,27 +106,10 @@ async fn at_trace_level_no_secret_signature_or_body_is_logged() {
     }
     let _ = child.kill();
     let output = child.wait_with_output().unwrap();
-    let logs = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(
-        answered,
-        "the function never answered the invocation; logs:\n{logs}"
-    );
-    assert!(
-        logs.contains("claim failed"),
-        "the run logged (the database is unreachable on purpose):\n{logs}"
-    );
-    for secret in [
-        WEBHOOK_SECRET,
-        &signature,
-        BASIC,
-        "LOGTEST-password",
-        BODY_MARKER,
-        DB_PASSWORD,
-    ] {
+    let logs = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(answered, "the function never answered the invocation; logs:\n{logs}");
+    assert!(logs.contains("claim failed"), "the run logged (the database is unreachable on purpose):\n{logs}");
+    for secret in [WEBHOOK_SECRET, &signature, BASIC, "LOGTEST-password", BODY_MARKER, DB_PASSWORD] {
         assert!(!logs.contains(secret), "{secret} reached the logs:\n{logs}");
     }
 }

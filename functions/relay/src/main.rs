@@ -15,21 +15,13 @@ async fn main() -> Result<(), Error> {
     config::init_logging();
     let sinks = sinks_from_env().await?;
     if sinks.is_empty() {
-        return Err(
-            "no sink configured: set RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL or RELAY_EVENT_BUS".into(),
-        );
+        return Err("no sink configured: set RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL or RELAY_EVENT_BUS".into());
     }
-    let relay = Relay::new(
-        db::pool(&DbConfig::from_env(1)?)?,
-        sinks,
-        RelayConfig::from_env()?,
-    );
+    let relay = Relay::new(db::pool(&DbConfig::from_env(1)?)?, sinks, RelayConfig::from_env()?);
     let margin = config::deadline_margin_from_env()?;
     let relay = &relay;
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
-        let relayed = relay
-            .run(deadline::drain_until(event.context.deadline, margin))
-            .await?;
+        let relayed = relay.run(deadline::drain_until(event.context.deadline, margin)).await?;
         tracing::info!(?relayed, "relayed");
         Ok::<_, Error>(serde_json::to_value(relayed)?)
     }))

@@ -26,14 +26,11 @@ pub fn jitter(max: u64) -> u64 {
 pub fn retry_after_value(value: &str) -> Option<Duration> {
     let value = value.trim();
     let wait = match value.parse::<f64>() {
-        Ok(secs) if secs.is_finite() && secs >= 0.0 => {
-            Duration::from_secs_f64(secs.min(RETRY_CAP.as_secs_f64()))
-        }
+        Ok(secs) if secs.is_finite() && secs >= 0.0 => Duration::from_secs_f64(secs.min(RETRY_CAP.as_secs_f64())),
         Ok(_) => return None,
-        Err(_) => httpdate::parse_http_date(value)
-            .ok()?
-            .duration_since(std::time::SystemTime::now())
-            .unwrap_or_default(),
+        Err(_) => {
+            httpdate::parse_http_date(value).ok()?.duration_since(std::time::SystemTime::now()).unwrap_or_default()
+        }
     };
     Some(wait.min(RETRY_CAP))
 }

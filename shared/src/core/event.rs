@@ -43,12 +43,7 @@ impl NewEvent {
     }
 
     /// A validly signed event we cannot use: stored as `failed`, answered 200.
-    pub fn unusable(
-        event_id: String,
-        event_type: &str,
-        payload: Option<String>,
-        reason: impl Into<String>,
-    ) -> Self {
+    pub fn unusable(event_id: String, event_type: &str, payload: Option<String>, reason: impl Into<String>) -> Self {
         NewEvent {
             event_id,
             event_type: event_type_of(event_type),
@@ -61,8 +56,5 @@ impl NewEvent {
 
 /// At most 128 characters, control characters (which `text` may refuse) replaced.
 pub(crate) fn event_type_of(t: &str) -> String {
-    t.chars()
-        .take(MAX_EVENT_TYPE_CHARS)
-        .map(|c| if c.is_control() { '?' } else { c })
-        .collect()
+    t.chars().take(MAX_EVENT_TYPE_CHARS).map(|c| if c.is_control() { '?' } else { c }).collect()
 }

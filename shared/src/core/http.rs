@@ -38,18 +38,10 @@ mod tests {
         assert_eq!(after("2.5"), Some(Duration::from_millis(2500)));
         assert_eq!(after("99999999999"), Some(crate::core::backoff::RETRY_CAP));
         assert_eq!(after("-1"), None);
-        let in_a_minute =
-            httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(61));
+        let in_a_minute = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(61));
         let d = after(&in_a_minute).unwrap();
-        assert!(
-            (Duration::from_secs(59)..=Duration::from_secs(61)).contains(&d),
-            "{d:?}"
-        );
-        assert_eq!(
-            after("Wed, 21 Oct 2015 07:28:00 GMT"),
-            Some(Duration::ZERO),
-            "a past date: now"
-        );
+        assert!((Duration::from_secs(59)..=Duration::from_secs(61)).contains(&d), "{d:?}");
+        assert_eq!(after("Wed, 21 Oct 2015 07:28:00 GMT"), Some(Duration::ZERO), "a past date: now");
         assert_eq!(after("soon"), None);
     }
 }

@@ -30,8 +30,7 @@ pub struct Unusable(pub String);
 
 /// The payload as handlers see it.
 pub fn decode(text: &str) -> Result<Value, Unusable> {
-    serde_json::from_str(text)
-        .map_err(|e| Unusable(format!("payload is not usable JSON: {}", describe(&e))))
+    serde_json::from_str(text).map_err(|e| Unusable(format!("payload is not usable JSON: {}", describe(&e))))
 }
 
 /// Top-level string fields of an object; absent, or not a string, is `None`.
@@ -53,21 +52,16 @@ pub struct Checked {
 
 /// Accepts exactly the texts [`decode`] accepts, without building the tree.
 pub fn check(text: &str) -> Result<Checked, Unusable> {
-    let Top(fields) = serde_json::from_str(text)
-        .map_err(|e| Unusable(format!("body is not usable JSON: {}", describe(&e))))?;
-    Ok(Checked {
-        fields,
-        has_nul: has_nul_escape(text),
-    })
+    let Top(fields) =
+        serde_json::from_str(text).map_err(|e| Unusable(format!("body is not usable JSON: {}", describe(&e))))?;
+    Ok(Checked { fields, has_nul: has_nul_escape(text) })
 }
 
 /// The top-level fields of a body that is JSON but not usable (too deep, a number
 /// out of range, a lone surrogate, ...), read without those limits, so that its
 /// `failed` row still carries the provider's own id; `Err` when it is not JSON at all.
 pub fn lenient_fields(text: &str) -> Result<Fields, String> {
-    serde_json::from_str::<Lenient>(text)
-        .map(|l| l.0)
-        .map_err(|e| format!("body is not JSON: {e}"))
+    serde_json::from_str::<Lenient>(text).map(|l| l.0).map_err(|e| format!("body is not JSON: {e}"))
 }
 
 /// `serde_json`'s message, with the cases a sender is most likely to hit named plainly.
@@ -85,11 +79,7 @@ fn describe(e: &serde_json::Error) -> String {
 pub fn has_nul_escape(json: &str) -> bool {
     let b = json.as_bytes();
     let mut from = 0;
-    while let Some(i) = b[from..]
-        .windows(6)
-        .position(|w| w == b"\\u0000")
-        .map(|i| i + from)
-    {
+    while let Some(i) = b[from..].windows(6).position(|w| w == b"\\u0000").map(|i| i + from) {
         let backslashes_before = b[..i].iter().rev().take_while(|c| **c == b'\\').count();
         if backslashes_before % 2 == 0 {
             return true;
@@ -346,14 +336,8 @@ mod tests {
         for (text, usable) in [
             (nested(MAX_DEPTH), true),
             (nested(MAX_DEPTH + 1), false),
-            (
-                format!(r#"{{"id":"e","data":{}}}"#, nested(MAX_DEPTH - 1)),
-                true,
-            ),
-            (
-                format!(r#"{{"id":"e","data":{}}}"#, nested(MAX_DEPTH)),
-                false,
-            ),
+            (format!(r#"{{"id":"e","data":{}}}"#, nested(MAX_DEPTH - 1)), true),
+            (format!(r#"{{"id":"e","data":{}}}"#, nested(MAX_DEPTH)), false),
             (r#"{"amount":1e308}"#.into(), true),
             (r#"{"amount":1e400}"#.into(), false),
             (r#"{"amount":-1e400}"#.into(), false),
@@ -374,18 +358,10 @@ mod tests {
 
     #[test]
     fn fields_are_read_only_when_they_are_strings_and_the_last_repeat_wins() {
-        let c = check(
-            r#"{"id":"evt_1","type":7,"data":{"id":"inner"},"action":"opened","id":"evt_2"}"#,
-        )
-        .unwrap();
+        let c = check(r#"{"id":"evt_1","type":7,"data":{"id":"inner"},"action":"opened","id":"evt_2"}"#).unwrap();
         assert_eq!(
             c.fields,
-            Fields {
-                id: Some("evt_2".into()),
-                kind: None,
-                action: Some("opened".into()),
-                token: None
-            }
+            Fields { id: Some("evt_2".into()), kind: None, action: Some("opened".into()), token: None }
         );
         assert_eq!(check("[1,2]").unwrap().fields, Fields::default());
     }
@@ -394,23 +370,14 @@ mod tests {
     fn deep_nesting_is_named_in_the_reason() {
         let reason = check(&nested(100_000)).unwrap_err().0;
         assert!(reason.contains("nested deeper than 127 levels"), "{reason}");
-        assert!(decode(&nested(100_000))
-            .unwrap_err()
-            .0
-            .contains("nested deeper than 127"));
+        assert!(decode(&nested(100_000)).unwrap_err().0.contains("nested deeper than 127"));
     }
 
     #[test]
     fn nul_anywhere_in_json_is_found() {
         assert!(check(r#"{"a":["x\u0000"]}"#).unwrap().has_nul);
         assert!(check(r#"{"a\u0000":1}"#).unwrap().has_nul);
-        assert!(
-            !check(r#"{"a":"\\u0000"}"#).unwrap().has_nul,
-            "an escaped backslash is not a NUL"
-        );
-        assert!(
-            check(r#"{"a":"\\\u0000"}"#).unwrap().has_nul,
-            "a backslash, then a NUL"
-        );
+        assert!(!check(r#"{"a":"\\u0000"}"#).unwrap().has_nul, "an escaped backslash is not a NUL");
+        assert!(check(r#"{"a":"\\\u0000"}"#).unwrap().has_nul, "a backslash, then a NUL");
     }
 }

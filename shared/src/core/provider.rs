@@ -13,13 +13,8 @@ pub enum Provider {
 }
 
 impl Provider {
-    pub const ALL: [Provider; 5] = [
-        Provider::Stripe,
-        Provider::Shopify,
-        Provider::Marqeta,
-        Provider::Github,
-        Provider::Standard,
-    ];
+    pub const ALL: [Provider; 5] =
+        [Provider::Stripe, Provider::Shopify, Provider::Marqeta, Provider::Github, Provider::Standard];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -41,10 +36,7 @@ impl fmt::Display for Provider {
 impl TryFrom<&str> for Provider {
     type Error = UnknownProvider;
     fn try_from(s: &str) -> Result<Self, Self::Error> {
-        Provider::ALL
-            .into_iter()
-            .find(|p| p.as_str() == s)
-            .ok_or(UnknownProvider)
+        Provider::ALL.into_iter().find(|p| p.as_str() == s).ok_or(UnknownProvider)
     }
 }
 

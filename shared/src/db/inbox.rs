@@ -159,10 +159,7 @@ pub(crate) struct Taken {
 }
 
 /// Up to `limit` due pending rows, in receive order, skipping those another worker holds.
-pub(crate) async fn take_pending(
-    conn: &mut PgConnection,
-    limit: i64,
-) -> Result<Vec<Taken>, sqlx::Error> {
+pub(crate) async fn take_pending(conn: &mut PgConnection, limit: i64) -> Result<Vec<Taken>, sqlx::Error> {
     sqlx::query_as(
         "SELECT provider, event_id, event_type, payload::text AS payload, attempts
          FROM webhook_inbox
@@ -198,10 +195,7 @@ pub(crate) async fn take_one(
 /// Careful mode: counts the next due event's attempt and holds it back by
 /// `base` doubled per attempt (it may crash again), committed before it runs.
 /// `attempts` comes back as the attempts made before this one.
-pub(crate) async fn count_next(
-    pool: &PgPool,
-    base: Duration,
-) -> Result<Option<Taken>, sqlx::Error> {
+pub(crate) async fn count_next(pool: &PgPool, base: Duration) -> Result<Option<Taken>, sqlx::Error> {
     sqlx::query_as(
         "WITH next AS (
              SELECT provider, event_id FROM webhook_inbox
@@ -257,10 +251,7 @@ pub(crate) async fn finish(conn: &mut PgConnection, rows: &[Finished]) -> Result
         return Ok(());
     }
     let col = |f: fn(&Finished) -> Option<&str>| rows.iter().map(f).collect::<Vec<_>>();
-    let delays: Vec<Option<i64>> = rows
-        .iter()
-        .map(|r| r.delay.map(|d| d.as_millis() as i64))
-        .collect();
+    let delays: Vec<Option<i64>> = rows.iter().map(|r| r.delay.map(|d| d.as_millis() as i64)).collect();
     let counted: Vec<bool> = rows.iter().map(|r| r.counted).collect();
     sqlx::query(
         "UPDATE webhook_inbox AS w
@@ -286,12 +277,7 @@ pub(crate) async fn finish(conn: &mut PgConnection, rows: &[Finished]) -> Result
 
 /// Careful mode: an event that cut the connection on every attempt is failed;
 /// the attempt counted to take it this time is undone (it was not made).
-pub(crate) async fn give_up(
-    pool: &PgPool,
-    provider: &str,
-    event_id: &str,
-    reason: &str,
-) -> Result<(), sqlx::Error> {
+pub(crate) async fn give_up(pool: &PgPool, provider: &str, event_id: &str, reason: &str) -> Result<(), sqlx::Error> {
     sqlx::query(
         "UPDATE webhook_inbox SET status = 'failed', failure_reason = $3, next_attempt_at = NULL, attempts = attempts - 1
          WHERE provider = $1 AND event_id = $2 AND status = 'pending'",
@@ -330,12 +316,14 @@ pub(crate) async fn note_inline_failure(
     event_id: &str,
     reason: &str,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query("UPDATE webhook_inbox SET attempts = attempts + 1, failure_reason = $3 WHERE provider = $1 AND event_id = $2")
-        .bind(provider.as_str())
-        .bind(event_id)
-        .bind(reason)
-        .execute(conn)
-        .await?;
+    sqlx::query(
+        "UPDATE webhook_inbox SET attempts = attempts + 1, failure_reason = $3 WHERE provider = $1 AND event_id = $2",
+    )
+    .bind(provider.as_str())
+    .bind(event_id)
+    .bind(reason)
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
@@ -346,12 +334,14 @@ pub(crate) async fn mark_unusable(
     event_id: &str,
     reason: &str,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query("UPDATE webhook_inbox SET status = 'failed', failure_reason = $3 WHERE provider = $1 AND event_id = $2")
-        .bind(provider.as_str())
-        .bind(event_id)
-        .bind(reason)
-        .execute(conn)
-        .await?;
+    sqlx::query(
+        "UPDATE webhook_inbox SET status = 'failed', failure_reason = $3 WHERE provider = $1 AND event_id = $2",
+    )
+    .bind(provider.as_str())
+    .bind(event_id)
+    .bind(reason)
+    .execute(conn)
+    .await?;
     Ok(())
 }
 

@@ -38,10 +38,7 @@ pub fn pool_from(options: PgConnectOptions, cfg: &DbConfig) -> PgPool {
 }
 
 fn parse_url(cfg: &DbConfig) -> Result<PgConnectOptions, sqlx::Error> {
-    let url = cfg
-        .url
-        .as_deref()
-        .ok_or_else(|| sqlx::Error::Configuration("DATABASE_URL is not set".into()))?;
+    let url = cfg.url.as_deref().ok_or_else(|| sqlx::Error::Configuration("DATABASE_URL is not set".into()))?;
     PgConnectOptions::from_str(url)
 }
 
@@ -53,10 +50,7 @@ fn with_timeouts(options: PgConnectOptions, cfg: &DbConfig) -> PgConnectOptions 
     options.application_name("webhook-inbox").options([
         ("lock_timeout", ms(cfg.lock_timeout)),
         ("statement_timeout", ms(cfg.statement_timeout)),
-        (
-            "idle_in_transaction_session_timeout",
-            ms(cfg.idle_in_transaction_timeout),
-        ),
+        ("idle_in_transaction_session_timeout", ms(cfg.idle_in_transaction_timeout)),
     ])
 }
 
@@ -92,26 +86,15 @@ impl Connections {
     /// An idle connection, or a new one; waits at most the acquire timeout in all.
     pub async fn acquire(&self) -> Result<Lease<'_>, sqlx::Error> {
         let work = async {
-            let permit = self
-                .permits
-                .acquire()
-                .await
-                .map_err(|_| sqlx::Error::PoolClosed)?;
+            let permit = self.permits.acquire().await.map_err(|_| sqlx::Error::PoolClosed)?;
             let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
             let conn = match idle {
                 Some(conn) => conn,
                 None => PgConnection::connect_with(&self.options).await?,
             };
-            Ok(Lease {
-                owner: self,
-                conn: Some(conn),
-                reusable: false,
-                _permit: permit,
-            })
+            Ok(Lease { owner: self, conn: Some(conn), reusable: false, _permit: permit })
         };
-        tokio::time::timeout(self.acquire_timeout, work)
-            .await
-            .map_err(|_| sqlx::Error::PoolTimedOut)?
+        tokio::time::timeout(self.acquire_timeout, work).await.map_err(|_| sqlx::Error::PoolTimedOut)?
     }
 
     /// Closes every idle connection: after one was found dead, the others probably are too.
@@ -151,11 +134,7 @@ impl DerefMut for Lease<'_> {
 impl Drop for Lease<'_> {
     fn drop(&mut self) {
         if let (true, Some(conn)) = (self.reusable, self.conn.take()) {
-            self.owner
-                .idle
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(conn);
+            self.owner.idle.lock().unwrap_or_else(|e| e.into_inner()).push(conn);
         }
     }
 }
@@ -225,9 +204,7 @@ pub fn retry_after(err: &sqlx::Error, attempt: u32) -> Option<Duration> {
     }
     tracing::debug!(attempt, sqlstate = ?sqlstate(err), "transaction conflict, retrying");
     let base = 5u64 << attempt;
-    Some(Duration::from_millis(
-        base / 2 + crate::core::backoff::jitter(base / 2),
-    ))
+    Some(Duration::from_millis(base / 2 + crate::core::backoff::jitter(base / 2)))
 }
 
 /// Database settings: a small pool, connected lazily, with timeouts on every session.

@@ -78,10 +78,7 @@ pub async fn lease_unsent(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Dispatch {
     Sent,
-    Retry {
-        after: std::time::Duration,
-        reason: String,
-    },
+    Retry { after: std::time::Duration, reason: String },
     Dead(String),
 }
 
@@ -89,10 +86,7 @@ pub enum Dispatch {
 /// here, after the sink confirmed. Each result names the lease it belongs to
 /// (the attempt number): a relay whose lease ran out and was taken over by
 /// another writes nothing, so it cannot undo the other's result.
-pub async fn record_results(
-    pool: &sqlx::PgPool,
-    results: &[(i64, i32, Dispatch)],
-) -> Result<(), sqlx::Error> {
+pub async fn record_results(pool: &sqlx::PgPool, results: &[(i64, i32, Dispatch)]) -> Result<(), sqlx::Error> {
     if results.is_empty() {
         return Ok(());
     }
@@ -106,11 +100,7 @@ pub async fn record_results(
         leases.push(*attempts);
         let (outcome, delay, reason) = match d {
             Dispatch::Sent => ("sent", None, None),
-            Dispatch::Retry { after, reason } => (
-                "retry",
-                Some(after.as_millis() as i64),
-                Some(reason.clone()),
-            ),
+            Dispatch::Retry { after, reason } => ("retry", Some(after.as_millis() as i64), Some(reason.clone())),
             Dispatch::Dead(reason) => ("dead", None, Some(reason.clone())),
         };
         outcomes.push(outcome);
@@ -154,11 +144,7 @@ pub async fn release(pool: &sqlx::PgPool, leases: &[(i64, i32)]) -> Result<(), s
 }
 
 /// Deletes up to `limit` outbox messages sent before `days` ago.
-pub async fn delete_sent_before<'e>(
-    ex: impl PgExecutor<'e>,
-    days: u32,
-    limit: i64,
-) -> Result<u64, sqlx::Error> {
+pub async fn delete_sent_before<'e>(ex: impl PgExecutor<'e>, days: u32, limit: i64) -> Result<u64, sqlx::Error> {
     let done = sqlx::query(
         "DELETE FROM transactional_outbox
          WHERE id IN (SELECT id FROM transactional_outbox

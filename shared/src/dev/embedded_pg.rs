@@ -25,24 +25,11 @@ impl EmbeddedPostgres {
     /// Creates a cluster in a new temporary folder and starts it on a free loopback port.
     pub async fn start() -> Result<Self> {
         let bin = find_bin_dir()?;
-        let run_as = if unsafe { libc::geteuid() } == 0 {
-            Some(unprivileged_user()?)
-        } else {
-            None
-        };
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
+        let run_as = if unsafe { libc::geteuid() } == 0 { Some(unprivileged_user()?) } else { None };
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
         let root = std::env::temp_dir().join(format!("inbox-pg-{}-{nanos}", std::process::id()));
         std::fs::create_dir(&root).with_context(|| format!("creating {}", root.display()))?;
-        let mut pg = EmbeddedPostgres {
-            root,
-            bin,
-            port: free_port()?,
-            run_as,
-            running: false,
-        };
+        let mut pg = EmbeddedPostgres { root, bin, port: free_port()?, run_as, running: false };
         if let Some(user) = &pg.run_as {
             let (uid, gid) = user_ids(user)?;
             std::os::unix::fs::chown(&pg.root, Some(uid), Some(gid))
@@ -52,17 +39,7 @@ impl EmbeddedPostgres {
         pg.run(
             "initdb",
             &[OsStr::new("-D"), data.as_os_str()],
-            &[
-                "-U",
-                "postgres",
-                "-A",
-                "trust",
-                "-E",
-                "UTF8",
-                "--no-locale",
-                "--no-sync",
-                "--no-instructions",
-            ],
+            &["-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-locale", "--no-sync", "--no-instructions"],
         )
         .await?;
         pg.resume().await?;
@@ -79,11 +56,7 @@ impl EmbeddedPostgres {
 
     /// Starts the (stopped) cluster again on the same port.
     pub async fn resume(&mut self) -> Result<()> {
-        let opts = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1",
-            self.port,
-            self.root.display()
-        );
+        let opts = format!("-p {} -k {} -c listen_addresses=127.0.0.1", self.port, self.root.display());
         let (data, log) = (self.data_dir(), self.root.join("postgres.log"));
         self.run(
             "pg_ctl",
@@ -106,12 +79,7 @@ impl EmbeddedPostgres {
     /// Stops the cluster (fast shutdown), keeping its files.
     pub async fn pause(&mut self) -> Result<()> {
         let data = self.data_dir();
-        self.run(
-            "pg_ctl",
-            &[OsStr::new("-D"), data.as_os_str()],
-            &["-w", "-s", "-m", "fast", "stop"],
-        )
-        .await?;
+        self.run("pg_ctl", &[OsStr::new("-D"), data.as_os_str()], &["-w", "-s", "-m", "fast", "stop"]).await?;
         self.running = false;
         Ok(())
     }
@@ -121,8 +89,7 @@ impl EmbeddedPostgres {
         if self.running {
             self.pause().await?;
         }
-        std::fs::remove_dir_all(&self.root)
-            .with_context(|| format!("removing {}", self.root.display()))
+        std::fs::remove_dir_all(&self.root).with_context(|| format!("removing {}", self.root.display()))
     }
 
     async fn run(&self, program: &str, paths: &[&OsStr], args: &[&str]) -> Result<()> {
@@ -135,20 +102,10 @@ impl EmbeddedPostgres {
             }
             None => Command::new(&exe),
         };
-        cmd.args(paths)
-            .args(args)
-            .current_dir(&self.root)
-            .stdin(Stdio::null());
-        let out = cmd
-            .output()
-            .await
-            .with_context(|| format!("running {}", exe.display()))?;
+        cmd.args(paths).args(args).current_dir(&self.root).stdin(Stdio::null());
+        let out = cmd.output().await.with_context(|| format!("running {}", exe.display()))?;
         if !out.status.success() {
-            bail!(
-                "{program} failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
+            bail!("{program} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
         }
         Ok(())
     }
@@ -194,22 +151,18 @@ pub fn find_bin_dir() -> Result<PathBuf> {
     if let Some((_, bin)) = versions.pop() {
         return Ok(bin);
     }
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .find(|dir| dir.join("initdb").exists())
-        .context("no PostgreSQL binaries found: install PostgreSQL, or set INBOX_PG_BIN to the folder holding initdb and pg_ctl")
+    std::env::var_os("PATH").iter().flat_map(std::env::split_paths).find(|dir| dir.join("initdb").exists()).context(
+        "no PostgreSQL binaries found: install PostgreSQL, or set INBOX_PG_BIN to the folder holding initdb and pg_ctl",
+    )
 }
 
 /// `INBOX_PG_USER`, else `postgres`, else `nobody`.
 fn unprivileged_user() -> Result<String> {
-    let candidates = std::env::var("INBOX_PG_USER")
-        .map(|u| vec![u])
-        .unwrap_or_else(|_| vec!["postgres".into(), "nobody".into()]);
-    candidates
-        .into_iter()
-        .find(|u| user_ids(u).is_ok())
-        .context("running as root, and no unprivileged user (postgres or nobody) exists to run PostgreSQL; set INBOX_PG_USER")
+    let candidates =
+        std::env::var("INBOX_PG_USER").map(|u| vec![u]).unwrap_or_else(|_| vec!["postgres".into(), "nobody".into()]);
+    candidates.into_iter().find(|u| user_ids(u).is_ok()).context(
+        "running as root, and no unprivileged user (postgres or nobody) exists to run PostgreSQL; set INBOX_PG_USER",
+    )
 }
 
 fn user_ids(user: &str) -> Result<(u32, u32)> {
@@ -224,8 +177,5 @@ fn user_ids(user: &str) -> Result<(u32, u32)> {
 }
 
 fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")
-        .context("finding a free port")?
-        .local_addr()?
-        .port())
+    Ok(TcpListener::bind("127.0.0.1:0").context("finding a free port")?.local_addr()?.port())
 }

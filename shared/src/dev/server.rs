@@ -23,10 +23,7 @@ pub struct Timeouts {
 
 impl Default for Timeouts {
     fn default() -> Self {
-        Timeouts {
-            header: Duration::from_secs(10),
-            body: Duration::from_secs(30),
-        }
+        Timeouts { header: Duration::from_secs(10), body: Duration::from_secs(30) }
     }
 }
 
@@ -77,17 +74,10 @@ pub async fn serve_with(
     }
 }
 
-async fn handle(
-    receiver: &Receiver,
-    req: Request<Incoming>,
-    body_timeout: Duration,
-) -> Response<Full<Bytes>> {
+async fn handle(receiver: &Receiver, req: Request<Incoming>, body_timeout: Duration) -> Response<Full<Bytes>> {
     let limit = receiver.max_body_bytes();
     let (parts, body) = req.into_parts();
-    let declared = parts
-        .headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let declared = parts.headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     // A body over the limit is refused before it is read, let alone hashed.
     let response = if declared.is_some_and(|n| n > limit as u64) {
         respond(Err(ReceiveError::TooLarge(limit)))
@@ -97,22 +87,15 @@ async fn handle(
                 let body = lambda_http::Body::from(Vec::from(collected.to_bytes()));
                 receiver.handle(Request::from_parts(parts, body)).await
             }
-            Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
-                respond(Err(ReceiveError::TooLarge(limit)))
-            }
+            Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => respond(Err(ReceiveError::TooLarge(limit))),
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "reading the body failed");
                 error(StatusCode::BAD_REQUEST, "could not read the request body")
             }
             Err(_) => {
-                let mut r = error(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "the request body did not arrive in time; nothing was stored",
-                );
-                r.headers_mut().insert(
-                    http::header::CONNECTION,
-                    http::HeaderValue::from_static("close"),
-                );
+                let mut r =
+                    error(StatusCode::REQUEST_TIMEOUT, "the request body did not arrive in time; nothing was stored");
+                r.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
                 r
             }
         }
@@ -121,13 +104,8 @@ async fn handle(
 }
 
 fn error(status: StatusCode, message: &str) -> Response<lambda_http::Body> {
-    let mut r = Response::new(lambda_http::Body::from(
-        serde_json::json!({ "error": message }).to_string(),
-    ));
+    let mut r = Response::new(lambda_http::Body::from(serde_json::json!({ "error": message }).to_string()));
     *r.status_mut() = status;
-    r.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    );
+    r.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
     r
 }

@@ -30,9 +30,7 @@ impl Deposit {
         }
         let amount = decimal(&item["amount"], "amount")?;
         if amount.starts_with('-') || amount.bytes().all(|b| b == b'0' || b == b'.') {
-            return Err(HandlerError::Permanent(format!(
-                "a deposit must be positive, not {amount}"
-            )));
+            return Err(HandlerError::Permanent(format!("a deposit must be positive, not {amount}")));
         }
         Ok(Some(Deposit {
             token: required(&item["token"], "token")?,
@@ -78,9 +76,8 @@ pub async fn credit(conn: &mut PgConnection, d: &Deposit) -> Result<Credit, Hand
     .bind(&d.amount)
     .fetch_optional(&mut *conn)
     .await?;
-    let balance = balance.ok_or_else(|| {
-        HandlerError::Transient(format!("account {} does not exist yet", d.account_id))
-    })?;
+    let balance =
+        balance.ok_or_else(|| HandlerError::Transient(format!("account {} does not exist yet", d.account_id)))?;
     let message = Message {
         aggregate_type: "account",
         aggregate_id: &d.account_id,

@@ -21,12 +21,7 @@ impl Handlers {
         for topic in orders::TOPICS {
             h = h.on(Provider::Shopify, topic, orders::OrderSnapshotHandler);
         }
-        h.on(
-            Provider::Stripe,
-            payments::EVENT_TYPE,
-            payments::PaymentSucceededHandler,
-        )
-        .on(
+        h.on(Provider::Stripe, payments::EVENT_TYPE, payments::PaymentSucceededHandler).on(
             Provider::Marqeta,
             deposits::EVENT_TYPE,
             deposits::DepositHandler,
@@ -52,14 +47,10 @@ pub(crate) fn decimal(v: &serde_json::Value, path: &str) -> Result<String, Handl
     let s = required(v, path)?;
     let digits = s.strip_prefix('-').unwrap_or(&s);
     let (int, frac) = digits.split_once('.').unwrap_or((digits, "0"));
-    let ok = !int.is_empty()
-        && !frac.is_empty()
-        && (int.bytes().chain(frac.bytes())).all(|b| b.is_ascii_digit());
+    let ok = !int.is_empty() && !frac.is_empty() && (int.bytes().chain(frac.bytes())).all(|b| b.is_ascii_digit());
     if ok {
         Ok(s)
     } else {
-        Err(HandlerError::Permanent(format!(
-            "{path} is not a decimal amount: {s:?}"
-        )))
+        Err(HandlerError::Permanent(format!("{path} is not a decimal amount: {s:?}")))
     }
 }

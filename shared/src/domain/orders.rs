@@ -90,11 +90,7 @@ impl Handler for OrderSnapshotHandler {
             let order = OrderSnapshot::from_shopify(&event.payload)?;
             let applied = upsert(conn, &order).await?;
             tracing::debug!(order_id = %order.order_id, ?applied, "order snapshot");
-            Ok(if applied == Applied::Stale {
-                Outcome::NoEffect
-            } else {
-                Outcome::Applied
-            })
+            Ok(if applied == Applied::Stale { Outcome::NoEffect } else { Outcome::Applied })
         })
     }
 }

@@ -25,9 +25,9 @@ pub struct Payment {
 impl Payment {
     pub fn from_stripe(event_id: &str, p: &Value) -> Result<Self, HandlerError> {
         let pi = &p["data"]["object"];
-        let amount = pi["amount_received"].as_i64().ok_or_else(|| {
-            HandlerError::Permanent("data.object.amount_received is not an integer".into())
-        })?;
+        let amount = pi["amount_received"]
+            .as_i64()
+            .ok_or_else(|| HandlerError::Permanent("data.object.amount_received is not an integer".into()))?;
         Ok(Payment {
             payment_id: required(&pi["id"], "data.object.id")?,
             amount,

@@ -57,9 +57,9 @@ pub enum ReceiveError {
 impl ReceiveError {
     pub fn status_code(&self) -> StatusCode {
         match self {
-            ReceiveError::NoRoute
-            | ReceiveError::UnknownProvider(_)
-            | ReceiveError::NotConfigured(_) => StatusCode::NOT_FOUND,
+            ReceiveError::NoRoute | ReceiveError::UnknownProvider(_) | ReceiveError::NotConfigured(_) => {
+                StatusCode::NOT_FOUND
+            }
             ReceiveError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ReceiveError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ReceiveError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
@@ -102,14 +102,7 @@ impl Receiver {
     /// The HTTP face of [`Receiver::receive`]: never fails, never panics.
     pub async fn handle(&self, req: Request<Body>) -> Response<Body> {
         let provider = provider_of(&req);
-        let result = self
-            .receive(
-                req.method(),
-                provider.as_deref(),
-                req.headers(),
-                req.body().as_ref(),
-            )
-            .await;
+        let result = self.receive(req.method(), provider.as_deref(), req.headers(), req.body().as_ref()).await;
         respond(result)
     }
 
@@ -123,23 +116,15 @@ impl Receiver {
         body: &[u8],
     ) -> Result<Claimed, ReceiveError> {
         let name = provider.ok_or(ReceiveError::NoRoute)?;
-        let provider = Provider::try_from(name)
-            .map_err(|_| ReceiveError::UnknownProvider(name.to_string()))?;
-        let scheme = self
-            .schemes
-            .get(provider)
-            .ok_or(ReceiveError::NotConfigured(provider))?;
+        let provider = Provider::try_from(name).map_err(|_| ReceiveError::UnknownProvider(name.to_string()))?;
+        let scheme = self.schemes.get(provider).ok_or(ReceiveError::NotConfigured(provider))?;
         if method != Method::POST {
             return Err(ReceiveError::MethodNotAllowed);
         }
         if body.len() > self.max_body_bytes {
             return Err(ReceiveError::TooLarge(self.max_body_bytes));
         }
-        let delivery = Delivery {
-            headers,
-            body,
-            now: unix_now(),
-        };
+        let delivery = Delivery { headers, body, now: unix_now() };
         let verified = scheme.verify(&delivery).map_err(|reason| {
             tracing::warn!(%provider, %reason, "delivery refused");
             ReceiveError::Unauthorized(reason)
@@ -157,12 +142,10 @@ impl Receiver {
             secret_index: Some(i16::try_from(verified.secret_index).unwrap_or(i16::MAX)),
         };
         let inline = self.inline.contains(&provider).then_some(&self.handlers);
-        let claimed = inbox::claim_delivery(&self.connections, &envelope, &events, inline)
-            .await
-            .map_err(|e| {
-                tracing::error!(%provider, error = %e, "claim failed; answering 503");
-                ReceiveError::Unavailable(e)
-            })?;
+        let claimed = inbox::claim_delivery(&self.connections, &envelope, &events, inline).await.map_err(|e| {
+            tracing::error!(%provider, error = %e, "claim failed; answering 503");
+            ReceiveError::Unavailable(e)
+        })?;
         tracing::debug!(?claimed, "claimed");
         match claimed {
             Claimed::Busy => Err(ReceiveError::Busy),
@@ -172,10 +155,7 @@ impl Receiver {
 }
 
 fn unix_now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
 }
 
 /// `{provider}` from the route's path parameters, or from a path ending in
@@ -193,11 +173,8 @@ fn provider_of(req: &Request<Body>) -> Option<String> {
 fn kept_headers(headers: &HeaderMap, names: &[&str]) -> serde_json::Value {
     let mut map = serde_json::Map::new();
     for name in names {
-        let values: Vec<String> = headers
-            .get_all(*name)
-            .iter()
-            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-            .collect();
+        let values: Vec<String> =
+            headers.get_all(*name).iter().map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()).collect();
         if !values.is_empty() {
             map.insert((*name).to_string(), values.join(", ").into());
         }
@@ -209,26 +186,16 @@ pub fn respond(result: Result<Claimed, ReceiveError>) -> Response<Body> {
     let (status, body) = match &result {
         Ok(Claimed::Single(Claim::New)) => (StatusCode::OK, json!({"status": "accepted"})),
         Ok(Claimed::Single(Claim::Duplicate)) => (StatusCode::OK, json!({"status": "duplicate"})),
-        Ok(Claimed::Batch(BatchClaim {
-            accepted,
-            duplicates,
-        })) => (
-            StatusCode::OK,
-            json!({"accepted": accepted, "duplicates": duplicates}),
-        ),
-        Ok(Claimed::Busy) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            json!({"error": ReceiveError::Busy.to_string()}),
-        ),
+        Ok(Claimed::Batch(BatchClaim { accepted, duplicates })) => {
+            (StatusCode::OK, json!({"accepted": accepted, "duplicates": duplicates}))
+        }
+        Ok(Claimed::Busy) => (StatusCode::SERVICE_UNAVAILABLE, json!({"error": ReceiveError::Busy.to_string()})),
         Err(e) => (e.status_code(), json!({"error": e.to_string()})),
     };
     let mut response = Response::new(Body::from(body.to_string()));
     *response.status_mut() = status;
     let h = response.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     match result {
         Err(ReceiveError::MethodNotAllowed) => {
             h.insert(header::ALLOW, HeaderValue::from_static("POST"));

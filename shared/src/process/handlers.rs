@@ -57,8 +57,7 @@ impl HandlerError {
     }
 }
 
-pub type HandlerFuture<'a> =
-    Pin<Box<dyn Future<Output = Result<Outcome, HandlerError>> + Send + 'a>>;
+pub type HandlerFuture<'a> = Pin<Box<dyn Future<Output = Result<Outcome, HandlerError>> + Send + 'a>>;
 
 /// A business effect for one kind of event. It runs inside a savepoint of the
 /// worker's batch transaction (or of receive's claim, in inline mode): its writes,
@@ -84,16 +83,8 @@ impl Handlers {
         Self::default()
     }
 
-    pub fn on(
-        mut self,
-        provider: Provider,
-        event_type: &str,
-        handler: impl Handler + 'static,
-    ) -> Self {
-        self.0
-            .entry(provider)
-            .or_default()
-            .insert(event_type.to_string(), Arc::new(handler));
+    pub fn on(mut self, provider: Provider, event_type: &str, handler: impl Handler + 'static) -> Self {
+        self.0.entry(provider).or_default().insert(event_type.to_string(), Arc::new(handler));
         self
     }
 
@@ -112,11 +103,7 @@ pub fn advisory_key(provider: Provider, event_id: &str) -> i64 {
 
 /// `pg_try_advisory_xact_lock` on the event's key: transaction-scoped (safe behind
 /// transaction-mode poolers), released at commit or rollback; false if held elsewhere.
-pub async fn try_lock_event(
-    conn: &mut PgConnection,
-    provider: Provider,
-    event_id: &str,
-) -> Result<bool, sqlx::Error> {
+pub async fn try_lock_event(conn: &mut PgConnection, provider: Provider, event_id: &str) -> Result<bool, sqlx::Error> {
     sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
         .bind(advisory_key(provider, event_id))
         .fetch_one(conn)
@@ -131,9 +118,6 @@ mod tests {
     fn advisory_keys_are_the_first_8_bytes_of_sha256_big_endian() {
         // docs/webhook-inbox-article.txt, section 5.2, in Python: int.from_bytes(sha256(b"stripe:evt_1").digest()[:8], "big", signed=True)
         assert_eq!(advisory_key(Provider::Stripe, "evt_1"), 607058759724208493);
-        assert_ne!(
-            advisory_key(Provider::Stripe, "evt_1"),
-            advisory_key(Provider::Shopify, "evt_1")
-        );
+        assert_ne!(advisory_key(Provider::Stripe, "evt_1"), advisory_key(Provider::Shopify, "evt_1"));
     }
 }

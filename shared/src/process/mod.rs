@@ -28,11 +28,7 @@ pub enum ProcessError {
 }
 
 /// Dispatches on the event's shape: an SQS batch (`Records`) or a schedule (anything else).
-pub async fn handle(
-    worker: &Worker,
-    event: Value,
-    deadline: Instant,
-) -> Result<Value, ProcessError> {
+pub async fn handle(worker: &Worker, event: Value, deadline: Instant) -> Result<Value, ProcessError> {
     if event.get("Records").is_some() {
         let sqs: SqsEvent = serde_json::from_value(event)?;
         Ok(serde_json::to_value(on_sqs(worker, sqs).await?)?)
@@ -72,11 +68,7 @@ pub async fn on_sqs(worker: &Worker, event: SqsEvent) -> Result<SqsBatchResponse
     let mut counts = Counts::default();
     for message in event.records {
         let id = message.message_id.clone().unwrap_or_default();
-        let Some(target) = message
-            .body
-            .as_deref()
-            .and_then(|b| serde_json::from_str::<EventRef>(b).ok())
-        else {
+        let Some(target) = message.body.as_deref().and_then(|b| serde_json::from_str::<EventRef>(b).ok()) else {
             tracing::error!(message_id = %id, "SQS message is not {{\"provider\",\"event_id\"}}; returned to the queue (its DLQ keeps it)");
             response.add_failure(id);
             continue;

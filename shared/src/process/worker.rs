@@ -94,12 +94,7 @@ pub struct Worker {
 
 impl Worker {
     pub fn new(pool: PgPool, handlers: Handlers, config: WorkerConfig) -> Self {
-        Worker {
-            pool,
-            handlers,
-            config,
-            careful: std::sync::atomic::AtomicBool::new(false),
-        }
+        Worker { pool, handlers, config, careful: std::sync::atomic::AtomicBool::new(false) }
     }
 
     pub fn config(&self) -> &WorkerConfig {
@@ -147,23 +142,15 @@ impl Worker {
             };
             total.add(&counts);
         }
-        self.careful
-            .store(false, std::sync::atomic::Ordering::Relaxed);
+        self.careful.store(false, std::sync::atomic::Ordering::Relaxed);
         Ok(total)
     }
 
     async fn give_up(&self, row: &Taken) -> Result<Counts, sqlx::Error> {
-        let reason = format!(
-            "attempt {}: processing lost its connection every time; given up",
-            row.attempts
-        );
+        let reason = format!("attempt {}: processing lost its connection every time; given up", row.attempts);
         tracing::warn!(provider = %row.provider, event_id = %row.event_id, %reason, "event failed");
         inbox::give_up(&self.pool, &row.provider, &row.event_id, &reason).await?;
-        Ok(Counts {
-            taken: 1,
-            failed: 1,
-            ..Counts::default()
-        })
+        Ok(Counts { taken: 1, failed: 1, ..Counts::default() })
     }
 
     /// One named event, if it is pending, due and nobody holds it (the SQS path);
@@ -182,8 +169,7 @@ impl Worker {
             match self.run_once(deadline).await {
                 Ok(counts) => {
                     total.add(&counts);
-                    if (counts.taken as i64) < self.config.batch_size || Instant::now() >= deadline
-                    {
+                    if (counts.taken as i64) < self.config.batch_size || Instant::now() >= deadline {
                         return (total, None);
                     }
                 }
@@ -235,29 +221,14 @@ impl Worker {
                 break; // left pending; its lock goes with the commit
             }
             counts.taken += 1;
-            let (status, delay, reason, counted) =
-                match self.apply(&mut tx, &row, &mut counts).await? {
-                    Finish::Done => (Status::Done, None, None, !precounted),
-                    Finish::Retry {
-                        after,
-                        reason,
-                        counted,
-                    } => (
-                        Status::Pending,
-                        Some(after),
-                        Some(reason),
-                        counted && !precounted,
-                    ),
-                    Finish::Failed(reason) => (Status::Failed, None, Some(reason), !precounted),
-                };
-            finished.push(Finished {
-                provider: row.provider,
-                event_id: row.event_id,
-                status,
-                delay,
-                reason,
-                counted,
-            });
+            let (status, delay, reason, counted) = match self.apply(&mut tx, &row, &mut counts).await? {
+                Finish::Done => (Status::Done, None, None, !precounted),
+                Finish::Retry { after, reason, counted } => {
+                    (Status::Pending, Some(after), Some(reason), counted && !precounted)
+                }
+                Finish::Failed(reason) => (Status::Failed, None, Some(reason), !precounted),
+            };
+            finished.push(Finished { provider: row.provider, event_id: row.event_id, status, delay, reason, counted });
         }
         inbox::finish(&mut tx, &finished).await?;
         tx.commit().await?;
@@ -274,10 +245,7 @@ impl Worker {
     ) -> Result<Finish, sqlx::Error> {
         let Ok(provider) = Provider::try_from(row.provider.as_str()) else {
             counts.failed += 1;
-            return Ok(Finish::Failed(format!(
-                "unknown provider {:?}",
-                row.provider
-            )));
+            return Ok(Finish::Failed(format!("unknown provider {:?}", row.provider)));
         };
         let Some(handler) = self.handlers.get(provider, &row.event_type) else {
             counts.no_handler += 1;
@@ -321,22 +289,14 @@ impl Worker {
         if err.is_contention() {
             counts.retried += 1;
             let reason = format!("contention (not counted as an attempt): {err}");
-            return Finish::Retry {
-                after: self.config.backoff(0),
-                reason,
-                counted: false,
-            };
+            return Finish::Retry { after: self.config.backoff(0), reason, counted: false };
         }
         let attempts = row.attempts + 1;
         let reason = format!("attempt {attempts}: {err}");
         if err.is_transient() && attempts < self.config.max_attempts {
             counts.retried += 1;
             tracing::info!(provider = %row.provider, event_id = %row.event_id, %reason, "retrying later");
-            Finish::Retry {
-                after: self.config.backoff(row.attempts),
-                reason,
-                counted: true,
-            }
+            Finish::Retry { after: self.config.backoff(row.attempts), reason, counted: true }
         } else {
             counts.failed += 1;
             tracing::warn!(provider = %row.provider, event_id = %row.event_id, %reason, "event failed");
@@ -355,10 +315,7 @@ mod tests {
 
     #[test]
     fn backoff_doubles_with_jitter_and_stops_at_an_hour() {
-        let c = WorkerConfig {
-            retry_base: Duration::from_millis(1000),
-            ..WorkerConfig::default()
-        };
+        let c = WorkerConfig { retry_base: Duration::from_millis(1000), ..WorkerConfig::default() };
         for (attempts, full) in [(0, 1000u64), (1, 2000), (3, 8000)] {
             let d = c.backoff(attempts).as_millis() as u64;
             assert!((full / 2..=full).contains(&d), "attempt {attempts}: {d} ms");

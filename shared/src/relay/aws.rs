@@ -36,9 +36,7 @@ where
     for (i, m) in messages.iter().enumerate() {
         let n = size(m);
         if n > BYTES_PER_ENTRY {
-            out[i] = Some(SinkReply::Rejected(format!(
-                "{n} bytes is over the service's limit for one message"
-            )));
+            out[i] = Some(SinkReply::Rejected(format!("{n} bytes is over the service's limit for one message")));
             continue;
         }
         let call = calls.last_mut().expect("never empty");
@@ -51,9 +49,7 @@ where
     }
     // Side by side, so a chunk takes one call's time at most (the sink's budget).
     let calls: Vec<Vec<usize>> = calls.into_iter().filter(|c| !c.is_empty()).collect();
-    let sent = calls
-        .iter()
-        .map(|call| send(call.iter().map(|i| &messages[*i]).collect()));
+    let sent = calls.iter().map(|call| send(call.iter().map(|i| &messages[*i]).collect()));
     let results = futures_util::future::join_all(sent.collect::<Vec<_>>()).await;
     for (call, results) in calls.into_iter().zip(results) {
         for (i, d) in call.into_iter().zip(results) {
@@ -61,12 +57,7 @@ where
         }
     }
     out.into_iter()
-        .map(|d| {
-            d.unwrap_or(SinkReply::Retryable {
-                reason: "no result for the entry".into(),
-                retry_after: None,
-            })
-        })
+        .map(|d| d.unwrap_or(SinkReply::Retryable { reason: "no result for the entry".into(), retry_after: None }))
         .collect()
 }
 
@@ -75,16 +66,11 @@ where
 /// `endpoint` overrides the service endpoint (tests point it at moto).
 pub async fn config(endpoint: Option<&str>) -> aws_config::SdkConfig {
     let http = aws_smithy_http_client::Builder::new()
-        .tls_provider(tls::Provider::Rustls(
-            tls::rustls_provider::CryptoMode::Ring,
-        ))
+        .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
         .build_https();
-    let timeouts = aws_config::timeout::TimeoutConfig::builder()
-        .operation_timeout(CALL_TIMEOUT)
-        .build();
-    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .http_client(http)
-        .timeout_config(timeouts);
+    let timeouts = aws_config::timeout::TimeoutConfig::builder().operation_timeout(CALL_TIMEOUT).build();
+    let mut loader =
+        aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(http).timeout_config(timeouts);
     if let Some(endpoint) = endpoint {
         loader = loader.endpoint_url(endpoint);
     }
@@ -103,11 +89,7 @@ pub struct SqsSink {
 impl SqsSink {
     pub fn new(client: aws_sdk_sqs::Client, queue_url: impl Into<String>) -> Self {
         let queue_url = queue_url.into();
-        SqsSink {
-            fifo: queue_url.ends_with(".fifo"),
-            client,
-            queue_url,
-        }
+        SqsSink { fifo: queue_url.ends_with(".fifo"), client, queue_url }
     }
 
     async fn send(&self, chunk: Vec<&Outgoing>) -> Vec<SinkReply> {
@@ -115,10 +97,7 @@ impl SqsSink {
             .iter()
             .enumerate()
             .map(|(i, m)| {
-                let key = MessageAttributeValue::builder()
-                    .data_type("String")
-                    .string_value(&m.message_key)
-                    .build()?;
+                let key = MessageAttributeValue::builder().data_type("String").string_value(&m.message_key).build()?;
                 SendMessageBatchRequestEntry::builder()
                     .id(i.to_string())
                     .message_body(m.payload.0.to_string())
@@ -132,34 +111,16 @@ impl SqsSink {
             Ok(e) => e,
             Err(e) => return vec![SinkReply::Rejected(format!("SQS entry: {e}")); chunk.len()],
         };
-        let sent = self
-            .client
-            .send_message_batch()
-            .queue_url(&self.queue_url)
-            .set_entries(Some(entries))
-            .send()
-            .await;
+        let sent = self.client.send_message_batch().queue_url(&self.queue_url).set_entries(Some(entries)).send().await;
         let output = match sent {
             Ok(o) => o,
             Err(e) => {
-                let reason = format!(
-                    "SQS SendMessageBatch: {}",
-                    aws_sdk_sqs::error::DisplayErrorContext(&e)
-                );
-                return vec![
-                    SinkReply::Retryable {
-                        reason,
-                        retry_after: None
-                    };
-                    chunk.len()
-                ];
+                let reason = format!("SQS SendMessageBatch: {}", aws_sdk_sqs::error::DisplayErrorContext(&e));
+                return vec![SinkReply::Retryable { reason, retry_after: None }; chunk.len()];
             }
         };
         // Only what SQS lists as successful is delivered; anything it leaves out is retried.
-        let unknown = SinkReply::Retryable {
-            reason: "SQS reported nothing for the entry".into(),
-            retry_after: None,
-        };
+        let unknown = SinkReply::Retryable { reason: "SQS reported nothing for the entry".into(), retry_after: None };
         let mut out = vec![unknown; chunk.len()];
         let index = |id: &str| id.parse::<usize>().ok().filter(|i| *i < chunk.len());
         for ok in output.successful() {
@@ -175,10 +136,7 @@ impl SqsSink {
             out[i] = if failed.sender_fault() {
                 SinkReply::Rejected(reason)
             } else {
-                SinkReply::Retryable {
-                    reason,
-                    retry_after: None,
-                }
+                SinkReply::Retryable { reason, retry_after: None }
             };
         }
         out
@@ -222,23 +180,15 @@ pub struct EventBridgeSink {
 
 impl EventBridgeSink {
     pub fn new(client: aws_sdk_eventbridge::Client, bus: impl Into<String>) -> Self {
-        EventBridgeSink {
-            client,
-            bus: bus.into(),
-        }
+        EventBridgeSink { client, bus: bus.into() }
     }
 
     async fn put(&self, chunk: Vec<&Outgoing>) -> Vec<SinkReply> {
         let entries: Vec<PutEventsRequestEntry> = chunk
             .iter()
             .map(|m| {
-                let detail_type = m
-                    .payload
-                    .0
-                    .get("event")
-                    .and_then(|e| e.as_str())
-                    .unwrap_or(&m.aggregate_type)
-                    .to_string();
+                let detail_type =
+                    m.payload.0.get("event").and_then(|e| e.as_str()).unwrap_or(&m.aggregate_type).to_string();
                 let detail = serde_json::json!({
                     "message_key": m.message_key,
                     "aggregate_type": m.aggregate_type,
@@ -253,54 +203,31 @@ impl EventBridgeSink {
                     .build()
             })
             .collect();
-        let output = match self
-            .client
-            .put_events()
-            .set_entries(Some(entries))
-            .send()
-            .await
-        {
+        let output = match self.client.put_events().set_entries(Some(entries)).send().await {
             Ok(o) => o,
             Err(e) => {
-                let reason = format!(
-                    "EventBridge PutEvents: {}",
-                    aws_sdk_eventbridge::error::DisplayErrorContext(&e)
-                );
-                return vec![
-                    SinkReply::Retryable {
-                        reason,
-                        retry_after: None
-                    };
-                    chunk.len()
-                ];
+                let reason = format!("EventBridge PutEvents: {}", aws_sdk_eventbridge::error::DisplayErrorContext(&e));
+                return vec![SinkReply::Retryable { reason, retry_after: None }; chunk.len()];
             }
         };
         // Result entries come back in request order; a failed one has an error code.
         let results = output.entries();
         (0..chunk.len())
-            .map(|i| {
-                match results
-                    .get(i)
-                    .and_then(|r| r.error_code().map(|c| (c, r.error_message().unwrap_or(""))))
-                {
-                    None if i < results.len() => SinkReply::Delivered,
-                    None => SinkReply::Retryable {
-                        reason: "EventBridge returned no result for the entry".into(),
-                        retry_after: None,
-                    },
-                    Some((code, message)) => {
-                        let reason = format!("EventBridge {code}: {message}");
-                        if code.contains("Throttl")
-                            || code.contains("InternalFailure")
-                            || code.contains("ServiceUnavailable")
-                        {
-                            SinkReply::Retryable {
-                                reason,
-                                retry_after: None,
-                            }
-                        } else {
-                            SinkReply::Rejected(reason)
-                        }
+            .map(|i| match results.get(i).and_then(|r| r.error_code().map(|c| (c, r.error_message().unwrap_or("")))) {
+                None if i < results.len() => SinkReply::Delivered,
+                None => SinkReply::Retryable {
+                    reason: "EventBridge returned no result for the entry".into(),
+                    retry_after: None,
+                },
+                Some((code, message)) => {
+                    let reason = format!("EventBridge {code}: {message}");
+                    if code.contains("Throttl")
+                        || code.contains("InternalFailure")
+                        || code.contains("ServiceUnavailable")
+                    {
+                        SinkReply::Retryable { reason, retry_after: None }
+                    } else {
+                        SinkReply::Rejected(reason)
                     }
                 }
             })

@@ -25,11 +25,7 @@ impl HttpSink {
             var: "RELAY_HTTP_URL",
             reason: format!("cannot build an HTTP client: {e}"),
         })?;
-        Ok(HttpSink {
-            client,
-            url: url.into(),
-            timeout,
-        })
+        Ok(HttpSink { client, url: url.into(), timeout })
     }
 }
 
@@ -44,9 +40,7 @@ impl Sink for HttpSink {
     }
 
     fn deliver_all<'a>(&'a self, messages: &'a [Outgoing]) -> RepliesFuture<'a> {
-        Box::pin(futures_util::future::join_all(
-            messages.iter().map(|m| self.deliver(m)),
-        ))
+        Box::pin(futures_util::future::join_all(messages.iter().map(|m| self.deliver(m))))
     }
 }
 
@@ -57,13 +51,7 @@ impl HttpSink {
             let Ok(key) = reqwest::header::HeaderValue::from_str(&m.message_key) else {
                 return SinkReply::Rejected("message_key is not a valid header value".into());
             };
-            let sent = self
-                .client
-                .post(&self.url)
-                .header("Idempotency-Key", key)
-                .json(&m.payload.0)
-                .send()
-                .await;
+            let sent = self.client.post(&self.url).header("Idempotency-Key", key).json(&m.payload.0).send().await;
             let response = match sent {
                 Ok(r) => r,
                 // Without the URL: it may carry credentials.
@@ -83,10 +71,7 @@ impl HttpSink {
             let cut = &body[..body.len().min(REASON_BODY_BYTES)];
             let reason = format!("HTTP {}: {}", status.as_u16(), String::from_utf8_lossy(cut));
             if status.is_server_error() || status.as_u16() == 408 || status.as_u16() == 429 {
-                SinkReply::Retryable {
-                    reason,
-                    retry_after,
-                }
+                SinkReply::Retryable { reason, retry_after }
             } else {
                 SinkReply::Rejected(reason)
             }

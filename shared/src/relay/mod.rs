@@ -93,11 +93,7 @@ pub struct Relay {
 
 impl Relay {
     pub fn new(pool: PgPool, sinks: Vec<Arc<dyn Sink>>, config: RelayConfig) -> Self {
-        Relay {
-            pool,
-            sinks: Arc::new(sinks),
-            config,
-        }
+        Relay { pool, sinks: Arc::new(sinks), config }
     }
 
     /// One batch: lease up to `batch_size` messages, then deliver them a chunk
@@ -112,12 +108,8 @@ impl Relay {
         if !self.fits(deadline) {
             return Ok(Relayed::default());
         }
-        let messages =
-            outbox::lease_unsent(&self.pool, self.config.batch_size, self.config.lease).await?;
-        let mut relayed = Relayed {
-            leased: messages.len(),
-            ..Relayed::default()
-        };
+        let messages = outbox::lease_unsent(&self.pool, self.config.batch_size, self.config.lease).await?;
+        let mut relayed = Relayed { leased: messages.len(), ..Relayed::default() };
         let mut chunks = messages.chunks(self.config.concurrency);
         let mut unstarted: Vec<&Outgoing> = Vec::new();
         while let Some(chunk) = chunks.next() {
@@ -125,27 +117,21 @@ impl Relay {
                 unstarted.extend(chunk.iter().chain(chunks.flatten()));
                 break;
             }
-            let outcomes = match tokio::time::timeout(
-                deadline.saturating_duration_since(Instant::now()),
-                self.deliver(chunk),
-            )
-            .await
-            {
-                Ok(outcomes) => outcomes,
-                // A sink outlasted its own budget: what it did is unknown, so each message is retried.
-                Err(_) => vec![
-                    SinkReply::Retryable {
-                        reason: "no answer before the deadline".into(),
-                        retry_after: None
-                    };
-                    chunk.len()
-                ],
-            };
-            let dispatches: Vec<(i64, i32, Dispatch)> = chunk
-                .iter()
-                .zip(outcomes)
-                .map(|(m, d)| (m.id, m.attempts, self.dispatch(m.attempts, d)))
-                .collect();
+            let outcomes =
+                match tokio::time::timeout(deadline.saturating_duration_since(Instant::now()), self.deliver(chunk))
+                    .await
+                {
+                    Ok(outcomes) => outcomes,
+                    // A sink outlasted its own budget: what it did is unknown, so each message is retried.
+                    Err(_) => {
+                        vec![
+                            SinkReply::Retryable { reason: "no answer before the deadline".into(), retry_after: None };
+                            chunk.len()
+                        ]
+                    }
+                };
+            let dispatches: Vec<(i64, i32, Dispatch)> =
+                chunk.iter().zip(outcomes).map(|(m, d)| (m.id, m.attempts, self.dispatch(m.attempts, d))).collect();
             for (_, _, d) in &dispatches {
                 match d {
                     Dispatch::Sent => relayed.sent += 1,
@@ -200,12 +186,8 @@ impl Relay {
             SinkReply::Retryable { reason, .. } if attempts >= self.config.max_attempts => {
                 Dispatch::Dead(format!("after {attempts} attempts: {reason}"))
             }
-            SinkReply::Retryable {
-                reason,
-                retry_after,
-            } => {
-                let after = backoff(self.config.retry_base, attempts - 1)
-                    .max(retry_after.unwrap_or_default());
+            SinkReply::Retryable { reason, retry_after } => {
+                let after = backoff(self.config.retry_base, attempts - 1).max(retry_after.unwrap_or_default());
                 Dispatch::Retry { after, reason }
             }
         }
@@ -244,8 +226,7 @@ impl Relay {
             total.retried += r.retried;
             total.dead += r.dead;
             total.released += r.released;
-            if (r.leased as i64) < self.config.batch_size || r.released > 0 || !self.fits(deadline)
-            {
+            if (r.leased as i64) < self.config.batch_size || r.released > 0 || !self.fits(deadline) {
                 return Ok(total);
             }
         }

@@ -18,25 +18,14 @@ use tracing_subscriber::{
 
 /// Target prefixes capped at `info`: the Lambda runtime and `lambda_http`, every
 /// AWS crate (SDKs, smithy, SigV4, `aws_lambda_events`), and the HTTP and TLS stacks.
-pub const CAPPED_TARGETS: &[&str] = &[
-    "lambda_",
-    "aws_",
-    "hyper",
-    "h2",
-    "reqwest",
-    "rustls",
-    "tower",
-    "tokio_rustls",
-];
+pub const CAPPED_TARGETS: &[&str] = &["lambda_", "aws_", "hyper", "h2", "reqwest", "rustls", "tower", "tokio_rustls"];
 
 /// `RUST_LOG`'s directives (or `info`), with [`CAPPED_TARGETS`] held at `info`.
 pub fn filter<S>(rust_log: Option<&str>) -> impl Filter<S> + Send + Sync + 'static
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
-    let wanted = rust_log
-        .and_then(|d| EnvFilter::try_new(d).ok())
-        .unwrap_or_else(|| EnvFilter::new("info"));
+    let wanted = rust_log.and_then(|d| EnvFilter::try_new(d).ok()).unwrap_or_else(|| EnvFilter::new("info"));
     let caps = Targets::new()
         .with_default(LevelFilter::TRACE)
         .with_targets(CAPPED_TARGETS.iter().map(|t| (*t, LevelFilter::INFO)));
@@ -48,20 +37,11 @@ where
 /// environment by [`crate::config::init_logging`].
 pub fn init(rust_log: Option<&str>, json: bool) {
     let layer = if json {
-        fmt::layer()
-            .json()
-            .without_time()
-            .with_target(false)
-            .boxed()
+        fmt::layer().json().without_time().with_target(false).boxed()
     } else {
-        fmt::layer()
-            .with_writer(std::io::stderr)
-            .with_target(false)
-            .boxed()
+        fmt::layer().with_writer(std::io::stderr).with_target(false).boxed()
     };
-    let _ = tracing_subscriber::registry()
-        .with(layer.with_filter(filter(rust_log)))
-        .try_init();
+    let _ = tracing_subscriber::registry().with(layer.with_filter(filter(rust_log))).try_init();
 }
 
 #[cfg(test)]
@@ -86,9 +66,7 @@ mod tests {
     fn logged_with(rust_log: &str) -> String {
         let out = Captured::default();
         let writer = out.clone();
-        let layer = fmt::layer()
-            .with_writer(move || writer.clone())
-            .with_filter(filter(Some(rust_log)));
+        let layer = fmt::layer().with_writer(move || writer.clone()).with_filter(filter(Some(rust_log)));
         tracing::subscriber::with_default(tracing_subscriber::registry().with(layer), || {
             tracing::trace!(target: "lambda_runtime::layers::api_response", body = "SECRET-EVENT", "raw JSON event received from Lambda");
             tracing::debug!(target: "aws_smithy_runtime::client::http", body = "SECRET-WIRE", "sending");
@@ -102,24 +80,14 @@ mod tests {
 
     #[test]
     fn no_rust_log_reveals_what_the_libraries_log_of_events_and_requests() {
-        for rust_log in [
-            "trace",
-            "lambda_runtime=trace",
-            "aws_smithy_runtime=trace,trace",
-            "hyper_util=trace,info",
-            "debug",
-        ] {
+        for rust_log in
+            ["trace", "lambda_runtime=trace", "aws_smithy_runtime=trace,trace", "hyper_util=trace,info", "debug"]
+        {
             let text = logged_with(rust_log);
             assert!(!text.contains("SECRET"), "RUST_LOG={rust_log}: {text}");
-            assert!(
-                text.contains("runtime started"),
-                "RUST_LOG={rust_log}: info still passes"
-            );
+            assert!(text.contains("runtime started"), "RUST_LOG={rust_log}: info still passes");
         }
-        assert!(
-            logged_with("trace").contains("our own trace"),
-            "our own targets still follow RUST_LOG"
-        );
+        assert!(logged_with("trace").contains("our own trace"), "our own targets still follow RUST_LOG");
         assert!(!logged_with("info").contains("our own trace"));
     }
 }

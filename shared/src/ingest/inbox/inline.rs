@@ -25,9 +25,7 @@ pub(crate) async fn claim_and_apply(
 ) -> Result<Claimed, sqlx::Error> {
     let mut tx = conn.begin().await?;
     if let Events::Single(e) = events {
-        let exclusive = handlers
-            .get(env.provider, &e.event_type)
-            .is_some_and(|h| h.exclusive());
+        let exclusive = handlers.get(env.provider, &e.event_type).is_some_and(|h| h.exclusive());
         if exclusive && !try_lock_event(&mut tx, env.provider, &e.event_id).await? {
             // Another delivery of this very event is inside its handler: skip, don't queue.
             tx.rollback().await?;
@@ -37,30 +35,16 @@ pub(crate) async fn claim_and_apply(
     let (claimed, new): (Claimed, Vec<&NewEvent>) = match events {
         Events::Single(e) => {
             let claim = inbox::claim(&mut *tx, env, e).await?;
-            (
-                Claimed::Single(claim),
-                if claim == Claim::New { vec![e] } else { vec![] },
-            )
+            (Claimed::Single(claim), if claim == Claim::New { vec![e] } else { vec![] })
         }
         Events::Batch(items) => {
             let ids = inbox::claim_batch_new_ids(&mut *tx, env, items).await?;
-            let new: Vec<&NewEvent> = inbox::sorted_unique(items)
-                .into_iter()
-                .filter(|e| ids.contains(&e.event_id))
-                .collect();
-            (
-                Claimed::Batch(BatchClaim {
-                    accepted: new.len(),
-                    duplicates: items.len() - new.len(),
-                }),
-                new,
-            )
+            let new: Vec<&NewEvent> =
+                inbox::sorted_unique(items).into_iter().filter(|e| ids.contains(&e.event_id)).collect();
+            (Claimed::Batch(BatchClaim { accepted: new.len(), duplicates: items.len() - new.len() }), new)
         }
     };
-    for e in new
-        .into_iter()
-        .filter(|e| e.status == InitialStatus::Pending)
-    {
+    for e in new.into_iter().filter(|e| e.status == InitialStatus::Pending) {
         // Types with no handler stay pending: the worker marks them done, and counts them.
         let Some(handler) = handlers.get(env.provider, &e.event_type) else {
             continue;
@@ -91,13 +75,8 @@ pub(crate) async fn claim_and_apply(
             Err(err) => {
                 savepoint.rollback().await?;
                 tracing::info!(provider = %env.provider, event_id = %e.event_id, error = %err, "inline handler failed; left pending for the worker");
-                table::note_inline_failure(
-                    &mut tx,
-                    env.provider,
-                    &e.event_id,
-                    &format!("attempt 1 (inline): {err}"),
-                )
-                .await?;
+                table::note_inline_failure(&mut tx, env.provider, &e.event_id, &format!("attempt 1 (inline): {err}"))
+                    .await?;
             }
         }
     }

@@ -30,11 +30,7 @@ pub struct BatchClaim {
 }
 
 /// Claims one event in a single statement (its own short transaction).
-pub async fn claim<'e>(
-    ex: impl PgExecutor<'e>,
-    env: &Envelope<'_>,
-    e: &NewEvent,
-) -> Result<Claim, sqlx::Error> {
+pub async fn claim<'e>(ex: impl PgExecutor<'e>, env: &Envelope<'_>, e: &NewEvent) -> Result<Claim, sqlx::Error> {
     claim_as(ex, env, e, Body::InRow).await
 }
 
@@ -44,11 +40,7 @@ async fn claim_as<'e>(
     e: &NewEvent,
     body: Body,
 ) -> Result<Claim, sqlx::Error> {
-    Ok(if insert(ex, env, e, body).await? {
-        Claim::New
-    } else {
-        Claim::Duplicate
-    })
+    Ok(if insert(ex, env, e, body).await? { Claim::New } else { Claim::Duplicate })
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,10 +61,7 @@ pub async fn claim_batch<'e>(
     events: &[NewEvent],
 ) -> Result<BatchClaim, sqlx::Error> {
     let accepted = claim_batch_new_ids(ex, env, events).await?.len();
-    Ok(BatchClaim {
-        accepted,
-        duplicates: events.len() - accepted,
-    })
+    Ok(BatchClaim { accepted, duplicates: events.len() - accepted })
 }
 
 /// [`claim_batch`], returning the ids of the rows it inserted.
@@ -165,19 +154,12 @@ async fn claim_on_a_lease(
     result
 }
 
-async fn claim_events(
-    conn: &mut PgConnection,
-    env: &Envelope<'_>,
-    events: &Events,
-) -> Result<Claimed, sqlx::Error> {
+async fn claim_events(conn: &mut PgConnection, env: &Envelope<'_>, events: &Events) -> Result<Claimed, sqlx::Error> {
     match events {
         Events::Single(e) => claim_one(conn, env, e).await.map(Claimed::Single),
         Events::Batch(items) => match retrying!(claim_batch(&mut *conn, env, items)) {
             Err(err) if db::is_refused_value(&err) => {
-                let mut out = BatchClaim {
-                    accepted: 0,
-                    duplicates: items.len() - sorted_unique(items).len(),
-                };
+                let mut out = BatchClaim { accepted: 0, duplicates: items.len() - sorted_unique(items).len() };
                 for e in sorted_unique(items) {
                     match claim_one_as(conn, env, e, Body::Shared).await? {
                         Claim::New => out.accepted += 1,
@@ -193,11 +175,7 @@ async fn claim_events(
 
 /// One event in its own statement, with the fallback: if PostgreSQL refuses its
 /// payload, the event is kept as `failed` without it. Receive and reconcile share it.
-pub async fn claim_one(
-    conn: &mut PgConnection,
-    env: &Envelope<'_>,
-    e: &NewEvent,
-) -> Result<Claim, sqlx::Error> {
+pub async fn claim_one(conn: &mut PgConnection, env: &Envelope<'_>, e: &NewEvent) -> Result<Claim, sqlx::Error> {
     claim_one_as(conn, env, e, Body::InRow).await
 }
 
@@ -229,10 +207,7 @@ mod tests {
     fn batches_are_sorted_and_repeats_collapse_to_the_first() {
         let e = |id: &str, t: &str| NewEvent::pending(id.into(), t, "{}".into());
         let events = [e("b", "first"), e("a", "x"), e("b", "second")];
-        let v: Vec<_> = sorted_unique(&events)
-            .iter()
-            .map(|e| (e.event_id.as_str(), e.event_type.as_str()))
-            .collect();
+        let v: Vec<_> = sorted_unique(&events).iter().map(|e| (e.event_id.as_str(), e.event_type.as_str())).collect();
         assert_eq!(v, [("a", "x"), ("b", "first")]);
     }
 }

@@ -6,8 +6,8 @@ use hmac::Hmac;
 use sha2::Sha256;
 
 use super::{
-    first_matching, header, header_values, parse_json, parse_json_text, single_event, Delivery,
-    Events, Provider, Rejected, Scheme, Verified,
+    first_matching, header, header_values, parse_json, parse_json_text, single_event, Delivery, Events, Provider,
+    Rejected, Scheme, Verified,
 };
 use crate::core::secret::Secret;
 
@@ -39,9 +39,7 @@ impl Scheme for Github {
             .filter_map(|hex| hex::decode(hex).ok())
             .collect();
         if candidates.iter().all(Vec::is_empty) {
-            return Err(Rejected::new(
-                "X-Hub-Signature-256 is not of the form sha256=<hex>",
-            ));
+            return Err(Rejected::new("X-Hub-Signature-256 is not of the form sha256=<hex>"));
         }
         first_matching::<Hmac<Sha256>>(&self.secrets, &[d.body], &candidates)
             .map(|secret_index| Verified { secret_index })
@@ -50,10 +48,8 @@ impl Scheme for Github {
 
     fn events(&self, d: &Delivery<'_>) -> Events {
         // A hook may be set to deliver `application/x-www-form-urlencoded` with the JSON in `payload`.
-        let form = header(d.headers, "content-type").is_some_and(|ct| {
-            ct.to_ascii_lowercase()
-                .starts_with("application/x-www-form-urlencoded")
-        });
+        let form = header(d.headers, "content-type")
+            .is_some_and(|ct| ct.to_ascii_lowercase().starts_with("application/x-www-form-urlencoded"));
         let json = if form {
             form_urlencoded::parse(d.body)
                 .find(|(k, _)| k == "payload")
@@ -68,12 +64,7 @@ impl Scheme for Github {
             Some(action) => format!("{event}.{action}"),
             None => event.to_string(),
         };
-        single_event(
-            d.body,
-            header(d.headers, DELIVERY).map(str::to_string),
-            &event_type,
-            json,
-        )
+        single_event(d.body, header(d.headers, DELIVERY).map(str::to_string), &event_type, json)
     }
 
     fn kept_headers(&self) -> &'static [&'static str] {
@@ -105,81 +96,43 @@ mod tests {
 
     fn check(pairs: &[(&str, &str)]) -> Result<Verified, Rejected> {
         let h = headers(pairs);
-        Github::new(vec![Secret::new("old"), Secret::new("new")]).verify(&Delivery {
-            headers: &h,
-            body: BODY,
-            now: 0,
-        })
+        Github::new(vec![Secret::new("old"), Secret::new("new")]).verify(&Delivery { headers: &h, body: BODY, now: 0 })
     }
 
     #[test]
     fn signature_matrix() {
-        assert_eq!(
-            check(&[("X-Hub-Signature-256", &sign("old", BODY))]),
-            Ok(Verified { secret_index: 0 })
-        );
-        assert_eq!(
-            check(&[("X-Hub-Signature-256", &sign("new", BODY))]),
-            Ok(Verified { secret_index: 1 })
-        );
-        assert!(check(&[("X-Hub-Signature-256", &sign("other", BODY))])
-            .unwrap_err()
-            .0
-            .contains("does not match"));
+        assert_eq!(check(&[("X-Hub-Signature-256", &sign("old", BODY))]), Ok(Verified { secret_index: 0 }));
+        assert_eq!(check(&[("X-Hub-Signature-256", &sign("new", BODY))]), Ok(Verified { secret_index: 1 }));
+        assert!(check(&[("X-Hub-Signature-256", &sign("other", BODY))]).unwrap_err().0.contains("does not match"));
         assert!(check(&[]).unwrap_err().0.contains("missing"));
         assert!(check(&[("X-Hub-Signature-256", "sha256=")]).is_err());
-        assert!(check(&[("X-Hub-Signature-256", &sign("old", BODY)[7..])])
-            .unwrap_err()
-            .0
-            .contains("form"));
-        let sha1 = [(
-            "X-Hub-Signature-256",
-            "sha1=0123456789abcdef0123456789abcdef01234567",
-        )];
+        assert!(check(&[("X-Hub-Signature-256", &sign("old", BODY)[7..])]).unwrap_err().0.contains("form"));
+        let sha1 = [("X-Hub-Signature-256", "sha1=0123456789abcdef0123456789abcdef01234567")];
         assert!(check(&sha1).is_err());
     }
 
     #[test]
     fn delivery_header_is_the_id_and_event_with_action_the_type() {
-        let h = headers(&[
-            ("X-GitHub-Delivery", "72d3162e"),
-            ("X-GitHub-Event", "issues"),
-        ]);
-        let Events::Single(e) = Github::new(vec![]).events(&Delivery {
-            headers: &h,
-            body: BODY,
-            now: 0,
-        }) else {
+        let h = headers(&[("X-GitHub-Delivery", "72d3162e"), ("X-GitHub-Event", "issues")]);
+        let Events::Single(e) = Github::new(vec![]).events(&Delivery { headers: &h, body: BODY, now: 0 }) else {
             panic!()
         };
-        assert_eq!(
-            (e.event_id.as_str(), e.event_type.as_str()),
-            ("72d3162e", "issues.opened")
-        );
+        assert_eq!((e.event_id.as_str(), e.event_type.as_str()), ("72d3162e", "issues.opened"));
     }
 
     #[test]
     fn form_encoded_payloads_are_read() {
-        let body = format!(
-            "payload={}",
-            form_urlencoded::byte_serialize(BODY).collect::<String>()
-        );
+        let body = format!("payload={}", form_urlencoded::byte_serialize(BODY).collect::<String>());
         let h = headers(&[
             ("X-GitHub-Delivery", "d1"),
             ("X-GitHub-Event", "issues"),
             ("Content-Type", "application/x-www-form-urlencoded"),
         ]);
-        let Events::Single(e) = Github::new(vec![]).events(&Delivery {
-            headers: &h,
-            body: body.as_bytes(),
-            now: 0,
-        }) else {
+        let Events::Single(e) = Github::new(vec![]).events(&Delivery { headers: &h, body: body.as_bytes(), now: 0 })
+        else {
             panic!()
         };
         assert_eq!(e.status, InitialStatus::Pending);
-        assert_eq!(
-            e.payload.as_deref(),
-            Some(std::str::from_utf8(BODY).unwrap())
-        );
+        assert_eq!(e.payload.as_deref(), Some(std::str::from_utf8(BODY).unwrap()));
     }
 }

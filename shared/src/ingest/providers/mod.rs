@@ -102,25 +102,15 @@ impl Schemes {
     }
 
     pub fn get(&self, provider: Provider) -> Option<&dyn Scheme> {
-        self.0
-            .iter()
-            .find(|s| s.provider() == provider)
-            .map(|b| b.as_ref())
+        self.0.iter().find(|s| s.provider() == provider).map(|b| b.as_ref())
     }
 }
 
 // ---- helpers shared by the schemes ----
 
 /// Every value of a header, as text (values that are not visible ASCII are skipped).
-pub(crate) fn header_values<'a>(
-    headers: &'a HeaderMap,
-    name: &str,
-) -> impl Iterator<Item = &'a str> {
-    headers
-        .get_all(name)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .map(str::trim)
+pub(crate) fn header_values<'a>(headers: &'a HeaderMap, name: &str) -> impl Iterator<Item = &'a str> {
+    headers.get_all(name).iter().filter_map(|v| v.to_str().ok()).map(str::trim)
 }
 
 /// The first non-empty value of a header.
@@ -130,11 +120,7 @@ pub(crate) fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> 
 
 /// The index of the first secret whose HMAC over `message` equals any candidate
 /// signature, compared in constant time. Empty candidates never match.
-pub(crate) fn first_matching<M>(
-    secrets: &[Secret],
-    message: &[&[u8]],
-    candidates: &[Vec<u8>],
-) -> Option<usize>
+pub(crate) fn first_matching<M>(secrets: &[Secret], message: &[&[u8]], candidates: &[Vec<u8>]) -> Option<usize>
 where
     M: Mac + hmac::digest::KeyInit + Clone,
 {
@@ -143,14 +129,11 @@ where
         return None;
     }
     secrets.iter().position(|secret| {
-        let mut mac =
-            <M as Mac>::new_from_slice(secret.expose()).expect("HMAC takes keys of any length");
+        let mut mac = <M as Mac>::new_from_slice(secret.expose()).expect("HMAC takes keys of any length");
         for part in message {
             mac.update(part);
         }
-        candidates
-            .iter()
-            .any(|sig| mac.clone().verify_slice(sig).is_ok())
+        candidates.iter().any(|sig| mac.clone().verify_slice(sig).is_ok())
     })
 }
 
@@ -184,18 +167,12 @@ pub(crate) fn parse_json(body: &[u8]) -> Result<Json<'_>, String> {
 
 pub(crate) fn parse_json_text(text: Cow<'_, str>) -> Result<Json<'_>, String> {
     match payload::check(&text) {
-        Ok(checked) => Ok(Json {
-            fields: checked.fields,
-            unusable: checked.has_nul.then(|| NUL_REASON.to_string()),
-            text,
-        }),
+        Ok(checked) => {
+            Ok(Json { fields: checked.fields, unusable: checked.has_nul.then(|| NUL_REASON.to_string()), text })
+        }
         Err(unusable) => {
             let fields = payload::lenient_fields(&text)?;
-            Ok(Json {
-                text,
-                fields,
-                unusable: Some(unusable.0),
-            })
+            Ok(Json { text, fields, unusable: Some(unusable.0) })
         }
     }
 }
@@ -221,18 +198,9 @@ pub(crate) fn event_from(
 ) -> NewEvent {
     let id = id.filter(|id| valid_event_id(id));
     match (id, json) {
-        (
-            id,
-            Ok(Json {
-                unusable: Some(reason),
-                ..
-            }),
-        ) => NewEvent::unusable(
-            id.unwrap_or_else(|| body_digest_id(body)),
-            event_type,
-            None,
-            reason,
-        ),
+        (id, Ok(Json { unusable: Some(reason), .. })) => {
+            NewEvent::unusable(id.unwrap_or_else(|| body_digest_id(body)), event_type, None, reason)
+        }
         (Some(id), Ok(json)) => NewEvent::pending(id, event_type, json.text.into_owned()),
         (None, Ok(json)) => NewEvent::unusable(
             body_digest_id(body),
@@ -240,12 +208,7 @@ pub(crate) fn event_from(
             Some(json.text.into_owned()),
             "no usable event id (missing, empty, over 255 characters or with control characters)",
         ),
-        (id, Err(reason)) => NewEvent::unusable(
-            id.unwrap_or_else(|| body_digest_id(body)),
-            event_type,
-            None,
-            reason,
-        ),
+        (id, Err(reason)) => NewEvent::unusable(id.unwrap_or_else(|| body_digest_id(body)), event_type, None, reason),
     }
 }
 
@@ -256,19 +219,13 @@ pub(crate) mod test_support {
     pub fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
-            h.append(
-                HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                HeaderValue::from_str(v).unwrap(),
-            );
+            h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
         }
         h
     }
 
     pub fn now() -> i64 {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs() as i64
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64
     }
 }
 
@@ -288,9 +245,6 @@ mod tests {
     #[test]
     fn event_types_are_cut_at_128_characters_on_a_char_boundary() {
         let long = "é".repeat(200);
-        assert_eq!(
-            crate::core::event::event_type_of(&long).chars().count(),
-            128
-        );
+        assert_eq!(crate::core::event::event_type_of(&long).chars().count(), 128);
     }
 }

@@ -5,8 +5,8 @@ use hmac::Hmac;
 use sha2::Sha256;
 
 use super::{
-    first_matching, header, header_values, parse_json, single_event, Delivery, Events, Provider,
-    Rejected, Scheme, Verified,
+    first_matching, header, header_values, parse_json, single_event, Delivery, Events, Provider, Rejected, Scheme,
+    Verified,
 };
 use crate::core::secret::Secret;
 
@@ -30,17 +30,14 @@ impl Scheme for Shopify {
     }
 
     fn verify(&self, d: &Delivery<'_>) -> Result<Verified, Rejected> {
-        let candidates: Vec<Vec<u8>> = header_values(d.headers, HMAC_HEADER)
-            .filter_map(|v| B64.decode(v).ok())
-            .collect();
+        let candidates: Vec<Vec<u8>> =
+            header_values(d.headers, HMAC_HEADER).filter_map(|v| B64.decode(v).ok()).collect();
         if header_values(d.headers, HMAC_HEADER).all(str::is_empty) {
             return Err(Rejected::new("missing X-Shopify-Hmac-Sha256 header"));
         }
         first_matching::<Hmac<Sha256>>(&self.secrets, &[d.body], &candidates)
             .map(|secret_index| Verified { secret_index })
-            .ok_or_else(|| {
-                Rejected::new("X-Shopify-Hmac-Sha256 does not match a configured secret")
-            })
+            .ok_or_else(|| Rejected::new("X-Shopify-Hmac-Sha256 does not match a configured secret"))
     }
 
     fn events(&self, d: &Delivery<'_>) -> Events {
@@ -79,48 +76,25 @@ mod tests {
 
     fn check(pairs: &[(&str, &str)]) -> Result<Verified, Rejected> {
         let h = headers(pairs);
-        Shopify::new(vec![Secret::new("old"), Secret::new("new")]).verify(&Delivery {
-            headers: &h,
-            body: BODY,
-            now: 0,
-        })
+        Shopify::new(vec![Secret::new("old"), Secret::new("new")]).verify(&Delivery { headers: &h, body: BODY, now: 0 })
     }
 
     #[test]
     fn signature_matrix() {
-        assert_eq!(
-            check(&[("X-Shopify-Hmac-Sha256", &sign("old", BODY))]),
-            Ok(Verified { secret_index: 0 })
-        );
-        assert_eq!(
-            check(&[("X-Shopify-Hmac-Sha256", &sign("new", BODY))]),
-            Ok(Verified { secret_index: 1 })
-        );
+        assert_eq!(check(&[("X-Shopify-Hmac-Sha256", &sign("old", BODY))]), Ok(Verified { secret_index: 0 }));
+        assert_eq!(check(&[("X-Shopify-Hmac-Sha256", &sign("new", BODY))]), Ok(Verified { secret_index: 1 }));
         assert!(check(&[("X-Shopify-Hmac-Sha256", &sign("other", BODY))]).is_err());
-        assert!(check(&[("X-Shopify-Hmac-Sha256", "")])
-            .unwrap_err()
-            .0
-            .contains("missing"));
+        assert!(check(&[("X-Shopify-Hmac-Sha256", "")]).unwrap_err().0.contains("missing"));
         assert!(check(&[]).unwrap_err().0.contains("missing"));
         assert!(check(&[("X-Shopify-Hmac-Sha256", "not base64!")]).is_err());
-        let twice = [
-            ("X-Shopify-Hmac-Sha256", "AAAA"),
-            ("X-Shopify-Hmac-Sha256", &sign("new", BODY) as &str),
-        ];
+        let twice = [("X-Shopify-Hmac-Sha256", "AAAA"), ("X-Shopify-Hmac-Sha256", &sign("new", BODY) as &str)];
         assert_eq!(check(&twice), Ok(Verified { secret_index: 1 }));
     }
 
     #[test]
     fn the_webhook_id_header_is_the_event_id_and_the_topic_the_type() {
-        let h = headers(&[
-            ("X-Shopify-Webhook-Id", "b54557e4"),
-            ("X-Shopify-Topic", "orders/create"),
-        ]);
-        let Events::Single(e) = Shopify::new(vec![]).events(&Delivery {
-            headers: &h,
-            body: BODY,
-            now: 0,
-        }) else {
+        let h = headers(&[("X-Shopify-Webhook-Id", "b54557e4"), ("X-Shopify-Topic", "orders/create")]);
+        let Events::Single(e) = Shopify::new(vec![]).events(&Delivery { headers: &h, body: BODY, now: 0 }) else {
             panic!()
         };
         assert_eq!(
@@ -128,11 +102,7 @@ mod tests {
             ("b54557e4", "orders/create", InitialStatus::Pending)
         );
         let h = headers(&[("X-Shopify-Topic", "orders/create")]);
-        let Events::Single(e) = Shopify::new(vec![]).events(&Delivery {
-            headers: &h,
-            body: BODY,
-            now: 0,
-        }) else {
+        let Events::Single(e) = Shopify::new(vec![]).events(&Delivery { headers: &h, body: BODY, now: 0 }) else {
             panic!()
         };
         assert_eq!(e.status, InitialStatus::Failed);

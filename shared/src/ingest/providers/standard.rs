@@ -5,10 +5,7 @@ use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
 use hmac::Hmac;
 use sha2::Sha256;
 
-use super::{
-    first_matching, header, parse_json, single_event, Delivery, Events, Provider, Rejected, Scheme,
-    Verified,
-};
+use super::{first_matching, header, parse_json, single_event, Delivery, Events, Provider, Rejected, Scheme, Verified};
 use crate::core::secret::Secret;
 
 /// Seconds between `webhook-timestamp` and now, in both directions.
@@ -32,12 +29,11 @@ struct Headers<'a> {
 }
 
 fn headers<'a>(d: &Delivery<'a>) -> Headers<'a> {
-    let prefix =
-        if header(d.headers, "webhook-id").is_some() || header(d.headers, "svix-id").is_none() {
-            "webhook"
-        } else {
-            "svix"
-        };
+    let prefix = if header(d.headers, "webhook-id").is_some() || header(d.headers, "svix-id").is_none() {
+        "webhook"
+    } else {
+        "svix"
+    };
     let get = |name: &str| header(d.headers, &format!("{prefix}-{name}"));
     Headers {
         id: get("id"),
@@ -59,21 +55,14 @@ impl Scheme for Standard {
 
     fn verify(&self, d: &Delivery<'_>) -> Result<Verified, Rejected> {
         let h = headers(d);
-        let id =
-            h.id.ok_or_else(|| Rejected::new("missing webhook-id header"))?;
-        let t = h
-            .timestamp
-            .ok_or_else(|| Rejected::new("missing webhook-timestamp header"))?;
+        let id = h.id.ok_or_else(|| Rejected::new("missing webhook-id header"))?;
+        let t = h.timestamp.ok_or_else(|| Rejected::new("missing webhook-timestamp header"))?;
         if h.signature.is_empty() {
             return Err(Rejected::new("missing webhook-signature header"));
         }
-        let ts: i64 = t
-            .parse()
-            .map_err(|_| Rejected::new("webhook-timestamp is not a number"))?;
+        let ts: i64 = t.parse().map_err(|_| Rejected::new("webhook-timestamp is not a number"))?;
         if d.now.abs_diff(ts) > TOLERANCE_SECS as u64 {
-            return Err(Rejected::new(
-                "webhook-timestamp is outside the 300 s tolerance",
-            ));
+            return Err(Rejected::new("webhook-timestamp is outside the 300 s tolerance"));
         }
         // Only `v1,` (HMAC-SHA256) entries count; `v1a,` (ed25519) and unknown versions are skipped.
         let candidates: Vec<Vec<u8>> = h
@@ -86,24 +75,14 @@ impl Scheme for Standard {
         if candidates.is_empty() {
             return Err(Rejected::new("webhook-signature has no v1 signature"));
         }
-        first_matching::<Hmac<Sha256>>(
-            &self.secrets,
-            &[id.as_bytes(), b".", t.as_bytes(), b".", d.body],
-            &candidates,
-        )
-        .map(|secret_index| Verified { secret_index })
-        .ok_or_else(|| {
-            Rejected::new("no v1 signature in webhook-signature matches a configured secret")
-        })
+        first_matching::<Hmac<Sha256>>(&self.secrets, &[id.as_bytes(), b".", t.as_bytes(), b".", d.body], &candidates)
+            .map(|secret_index| Verified { secret_index })
+            .ok_or_else(|| Rejected::new("no v1 signature in webhook-signature matches a configured secret"))
     }
 
     fn events(&self, d: &Delivery<'_>) -> Events {
         let json = parse_json(d.body);
-        let event_type = json
-            .as_ref()
-            .ok()
-            .and_then(|j| j.fields.kind.clone())
-            .unwrap_or_else(|| "unknown".into());
+        let event_type = json.as_ref().ok().and_then(|j| j.fields.kind.clone()).unwrap_or_else(|| "unknown".into());
         single_event(d.body, headers(d).id.map(str::to_string), &event_type, json)
     }
 
@@ -151,71 +130,29 @@ mod tests {
     #[test]
     fn signature_matrix() {
         let t = now();
-        assert_eq!(
-            check("webhook", t, &sign(OLD, "msg_1", t)),
-            Ok(Verified { secret_index: 0 })
-        );
-        assert_eq!(
-            check("webhook", t, &sign(NEW, "msg_1", t)),
-            Ok(Verified { secret_index: 1 })
-        );
-        assert_eq!(
-            check("svix", t, &sign(NEW, "msg_1", t)),
-            Ok(Verified { secret_index: 1 })
-        );
-        let several = format!(
-            "v1a,AAAA {} {}",
-            sign(b"other", "msg_1", t),
-            sign(NEW, "msg_1", t)
-        );
-        assert_eq!(
-            check("webhook", t, &several),
-            Ok(Verified { secret_index: 1 })
-        );
-        assert!(check("webhook", t, &sign(b"other", "msg_1", t))
-            .unwrap_err()
-            .0
-            .contains("matches"));
-        assert!(
-            check("webhook", t, &sign(OLD, "msg_2", t)).is_err(),
-            "the id is signed"
-        );
+        assert_eq!(check("webhook", t, &sign(OLD, "msg_1", t)), Ok(Verified { secret_index: 0 }));
+        assert_eq!(check("webhook", t, &sign(NEW, "msg_1", t)), Ok(Verified { secret_index: 1 }));
+        assert_eq!(check("svix", t, &sign(NEW, "msg_1", t)), Ok(Verified { secret_index: 1 }));
+        let several = format!("v1a,AAAA {} {}", sign(b"other", "msg_1", t), sign(NEW, "msg_1", t));
+        assert_eq!(check("webhook", t, &several), Ok(Verified { secret_index: 1 }));
+        assert!(check("webhook", t, &sign(b"other", "msg_1", t)).unwrap_err().0.contains("matches"));
+        assert!(check("webhook", t, &sign(OLD, "msg_2", t)).is_err(), "the id is signed");
         assert!(check("webhook", t, "v1,").unwrap_err().0.contains("no v1"));
-        assert!(check("webhook", t, "v1a,c2lnbmF0dXJl")
-            .unwrap_err()
-            .0
-            .contains("no v1"));
+        assert!(check("webhook", t, "v1a,c2lnbmF0dXJl").unwrap_err().0.contains("no v1"));
         for stale in [t - 330, t + 330] {
-            assert!(check("webhook", stale, &sign(OLD, "msg_1", stale))
-                .unwrap_err()
-                .0
-                .contains("tolerance"));
+            assert!(check("webhook", stale, &sign(OLD, "msg_1", stale)).unwrap_err().0.contains("tolerance"));
         }
-        let h = hdrs(&[
-            ("webhook-id", "msg_1"),
-            ("webhook-timestamp", &t.to_string()),
-        ]);
-        let err = Standard::new(vec![Secret::new(OLD)]).verify(&Delivery {
-            headers: &h,
-            body: BODY,
-            now: t,
-        });
+        let h = hdrs(&[("webhook-id", "msg_1"), ("webhook-timestamp", &t.to_string())]);
+        let err = Standard::new(vec![Secret::new(OLD)]).verify(&Delivery { headers: &h, body: BODY, now: t });
         assert_eq!(err.unwrap_err().0, "missing webhook-signature header");
     }
 
     #[test]
     fn id_header_and_body_type_identify_the_event() {
         let h = hdrs(&[("svix-id", "msg_9")]);
-        let Events::Single(e) = Standard::new(vec![]).events(&Delivery {
-            headers: &h,
-            body: BODY,
-            now: 0,
-        }) else {
+        let Events::Single(e) = Standard::new(vec![]).events(&Delivery { headers: &h, body: BODY, now: 0 }) else {
             panic!()
         };
-        assert_eq!(
-            (e.event_id.as_str(), e.event_type.as_str()),
-            ("msg_9", "invoice.paid")
-        );
+        assert_eq!((e.event_id.as_str(), e.event_type.as_str()), ("msg_9", "invoice.paid"));
     }
 }

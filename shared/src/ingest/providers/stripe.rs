@@ -4,8 +4,7 @@ use hmac::Hmac;
 use sha2::Sha256;
 
 use super::{
-    first_matching, header_values, parse_json, single_event, Delivery, Events, Provider, Rejected,
-    Scheme, Verified,
+    first_matching, header_values, parse_json, single_event, Delivery, Events, Provider, Rejected, Scheme, Verified,
 };
 use crate::core::secret::Secret;
 
@@ -30,10 +29,7 @@ struct Header<'a> {
 }
 
 fn parse(value: &str) -> Header<'_> {
-    let mut h = Header {
-        timestamp: None,
-        v1: Vec::new(),
-    };
+    let mut h = Header { timestamp: None, v1: Vec::new() };
     for item in value.split(',') {
         match item.trim().split_once('=') {
             Some(("t", t)) if h.timestamp.is_none() => h.timestamp = Some(t),
@@ -78,32 +74,19 @@ impl Scheme for Stripe {
 impl Stripe {
     fn verify_one(&self, value: &str, d: &Delivery<'_>) -> Result<Verified, Rejected> {
         let h = parse(value);
-        let t = h
-            .timestamp
-            .ok_or_else(|| Rejected::new("Stripe-Signature has no t= timestamp"))?;
-        let ts: i64 = t
-            .parse()
-            .map_err(|_| Rejected::new("Stripe-Signature timestamp is not a number"))?;
+        let t = h.timestamp.ok_or_else(|| Rejected::new("Stripe-Signature has no t= timestamp"))?;
+        let ts: i64 = t.parse().map_err(|_| Rejected::new("Stripe-Signature timestamp is not a number"))?;
         if d.now.abs_diff(ts) > TOLERANCE_SECS as u64 {
-            return Err(Rejected::new(
-                "Stripe-Signature timestamp is outside the 300 s tolerance",
-            ));
+            return Err(Rejected::new("Stripe-Signature timestamp is outside the 300 s tolerance"));
         }
         let candidates: Vec<Vec<u8>> =
-            h.v1.iter()
-                .filter_map(|s| hex::decode(s).ok())
-                .filter(|s| !s.is_empty())
-                .collect();
+            h.v1.iter().filter_map(|s| hex::decode(s).ok()).filter(|s| !s.is_empty()).collect();
         if candidates.is_empty() {
-            return Err(Rejected::new(
-                "Stripe-Signature has no v1 signature (v0 is not accepted)",
-            ));
+            return Err(Rejected::new("Stripe-Signature has no v1 signature (v0 is not accepted)"));
         }
         first_matching::<Hmac<Sha256>>(&self.secrets, &[t.as_bytes(), b".", d.body], &candidates)
             .map(|secret_index| Verified { secret_index })
-            .ok_or_else(|| {
-                Rejected::new("no v1 signature in Stripe-Signature matches a configured secret")
-            })
+            .ok_or_else(|| Rejected::new("no v1 signature in Stripe-Signature matches a configured secret"))
     }
 }
 
@@ -128,72 +111,35 @@ mod tests {
 
     fn check(header: &str) -> Result<Verified, Rejected> {
         let h = headers(&[("Stripe-Signature", header)]);
-        stripe().verify(&Delivery {
-            headers: &h,
-            body: BODY,
-            now: now(),
-        })
+        stripe().verify(&Delivery { headers: &h, body: BODY, now: now() })
     }
 
     #[test]
     fn valid_signature_with_either_rotated_secret_verifies() {
         let t = now();
-        assert_eq!(
-            check(&format!("t={t},v1={}", sign("whsec_old", t, BODY))),
-            Ok(Verified { secret_index: 0 })
-        );
-        assert_eq!(
-            check(&format!("t={t},v1={}", sign("whsec_new", t, BODY))),
-            Ok(Verified { secret_index: 1 })
-        );
+        assert_eq!(check(&format!("t={t},v1={}", sign("whsec_old", t, BODY))), Ok(Verified { secret_index: 0 }));
+        assert_eq!(check(&format!("t={t},v1={}", sign("whsec_new", t, BODY))), Ok(Verified { secret_index: 1 }));
     }
 
     #[test]
     fn any_of_several_v1_may_match() {
         let t = now();
-        let h = format!(
-            "t={t},v1={},v1={},v0={}",
-            "ab".repeat(32),
-            sign("whsec_new", t, BODY),
-            "cd".repeat(32)
-        );
+        let h = format!("t={t},v1={},v1={},v0={}", "ab".repeat(32), sign("whsec_new", t, BODY), "cd".repeat(32));
         assert_eq!(check(&h), Ok(Verified { secret_index: 1 }));
         // The matching one first, a stale one last: a parser that keeps only the last v1 fails here.
-        let h = format!(
-            "t={t},v1={},v1={}",
-            sign("whsec_old", t, BODY),
-            "ab".repeat(32)
-        );
+        let h = format!("t={t},v1={},v1={}", sign("whsec_old", t, BODY), "ab".repeat(32));
         assert_eq!(check(&h), Ok(Verified { secret_index: 0 }));
     }
 
     #[test]
     fn wrong_secret_missing_empty_and_v0_only_are_refused() {
         let t = now();
-        assert!(check(&format!("t={t},v1={}", sign("whsec_other", t, BODY)))
-            .unwrap_err()
-            .0
-            .contains("matches"));
-        assert!(check(&format!("t={t},v1="))
-            .unwrap_err()
-            .0
-            .contains("no v1"));
-        assert!(check(&format!("t={t},v0={}", sign("whsec_old", t, BODY)))
-            .unwrap_err()
-            .0
-            .contains("v0"));
-        assert!(check(&format!("v1={}", sign("whsec_old", t, BODY)))
-            .unwrap_err()
-            .0
-            .contains("timestamp"));
+        assert!(check(&format!("t={t},v1={}", sign("whsec_other", t, BODY))).unwrap_err().0.contains("matches"));
+        assert!(check(&format!("t={t},v1=")).unwrap_err().0.contains("no v1"));
+        assert!(check(&format!("t={t},v0={}", sign("whsec_old", t, BODY))).unwrap_err().0.contains("v0"));
+        assert!(check(&format!("v1={}", sign("whsec_old", t, BODY))).unwrap_err().0.contains("timestamp"));
         let h = headers(&[]);
-        let err = stripe()
-            .verify(&Delivery {
-                headers: &h,
-                body: BODY,
-                now: t,
-            })
-            .unwrap_err();
+        let err = stripe().verify(&Delivery { headers: &h, body: BODY, now: t }).unwrap_err();
         assert_eq!(err.0, "missing Stripe-Signature header");
     }
 
@@ -218,22 +164,14 @@ mod tests {
     #[test]
     fn a_signature_over_other_bytes_is_refused() {
         let t = now();
-        let sig = sign(
-            "whsec_old",
-            t,
-            br#"{"id":"evt_1","type":"payment_intent.succeeded","data":{} }"#,
-        );
+        let sig = sign("whsec_old", t, br#"{"id":"evt_1","type":"payment_intent.succeeded","data":{} }"#);
         assert!(check(&format!("t={t},v1={sig}")).is_err());
     }
 
     #[test]
     fn events_read_id_and_type_from_the_body() {
         let h = headers(&[]);
-        let d = Delivery {
-            headers: &h,
-            body: BODY,
-            now: 0,
-        };
+        let d = Delivery { headers: &h, body: BODY, now: 0 };
         assert_eq!(
             stripe().events(&d),
             Events::Single(NewEvent::pending(
@@ -242,14 +180,8 @@ mod tests {
                 String::from_utf8(BODY.to_vec()).unwrap()
             ))
         );
-        let d = Delivery {
-            headers: &h,
-            body: b"not json",
-            now: 0,
-        };
-        let Events::Single(e) = stripe().events(&d) else {
-            panic!()
-        };
+        let d = Delivery { headers: &h, body: b"not json", now: 0 };
+        let Events::Single(e) = stripe().events(&d) else { panic!() };
         assert_eq!(e.status, InitialStatus::Failed);
         assert!(e.event_id.starts_with("sha256:"));
         assert_eq!(e.payload, None);
