@@ -20,6 +20,7 @@ use crate::{
         inbox::{self, Status},
         outbox,
     },
+    runtime::stage::{Pass, Stage, Tally},
 };
 
 /// A retention longer than this (100 years) is a typo.
@@ -95,6 +96,32 @@ pub struct Pruned {
     pub statements: u64,
 }
 
+impl Tally for Pruned {
+    fn add(&mut self, p: &Pruned) {
+        self.done += p.done;
+        self.failed += p.failed;
+        self.outbox += p.outbox;
+        self.bodies += p.bodies;
+        self.statements += p.statements;
+    }
+
+    fn is_empty(&self) -> bool {
+        self.done + self.failed + self.outbox + self.bodies == 0
+    }
+}
+
+impl Stage for Pruner {
+    type Tally = Pruned;
+    const NAME: &'static str = "prune";
+    /// Gives concurrent work a moment between batches.
+    const PAUSE: Duration = Duration::from_millis(5);
+
+    async fn run_once(&self, _deadline: Instant) -> Result<Pass<Pruned>, sqlx::Error> {
+        let (tally, short) = Pruner::run_once(self).await?;
+        Ok(Pass { tally, more: !short })
+    }
+}
+
 pub struct Pruner {
     pool: PgPool,
     config: RetentionConfig,
@@ -123,24 +150,6 @@ impl Pruner {
         pruned.statements = Provider::ALL.len() as u64 + 3;
         short &= (pruned.failed as i64) < limit && (pruned.outbox as i64) < limit && (pruned.bodies as i64) < limit;
         Ok((pruned, short))
-    }
-
-    /// Batches until every kind comes back short, or the deadline passes.
-    pub async fn run(&self, deadline: Instant) -> Result<Pruned, sqlx::Error> {
-        let mut total = Pruned::default();
-        loop {
-            let (p, short) = self.run_once().await?;
-            total.done += p.done;
-            total.failed += p.failed;
-            total.outbox += p.outbox;
-            total.bodies += p.bodies;
-            total.statements += p.statements;
-            if short || Instant::now() >= deadline {
-                return Ok(total);
-            }
-            // Give concurrent work a moment between batches.
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
     }
 }
 

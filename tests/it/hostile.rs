@@ -17,6 +17,7 @@ use webhook_inbox::{
     ingest::providers::{Events, NewEvent, Provider},
     process::handlers::{Event, Handler, HandlerFuture, Handlers, Outcome},
     process::worker::{Worker, WorkerConfig},
+    runtime::stage::Stage,
     Receiver,
 };
 
@@ -83,8 +84,7 @@ async fn a_pending_payload_the_worker_cannot_decode_fails_alone_and_the_queue_fl
     for i in 0..5 {
         stored_unchecked(&pool, &format!("evt_ok_{i}"), &payment(&format!("evt_ok_{i}"), &format!("pi_{i}"))).await;
     }
-    let (counts, error) = worker(&pool).drain(later()).await;
-    assert!(error.is_none(), "the batch must not fail as a whole: {error:?}");
+    let counts = worker(&pool).run(later()).await.expect("the batch must not fail as a whole");
     assert_eq!((counts.taken, counts.applied, counts.failed), (7, 5, 2));
     assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM payments").await, 5, "every ordinary effect applied");
     let rows = rows(&pool).await;
@@ -411,8 +411,7 @@ async fn any_stored_payload_ends_done_or_failed_and_never_stops_the_worker(_: Pg
         poll: Duration::from_millis(10),
     };
     let w = Worker::new(pool.clone(), Handlers::new().on(Provider::Stripe, "prop.test", ReadsPayload), config);
-    let (counts, error) = w.drain(later()).await;
-    assert!(error.is_none(), "{error:?}");
+    let counts = w.run(later()).await.expect("the drain never errors");
     let (pending, failed_without_reason): (i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'failed' AND failure_reason IS NULL) FROM webhook_inbox",
     )
@@ -499,9 +498,13 @@ async fn a_storm_of_ordinary_and_hostile_deliveries_applies_every_ordinary_effec
         let _ = stopped.await;
     }));
     let (stop_worker, worker_stopped) = tokio::sync::oneshot::channel::<()>();
-    let worker_task = tokio::spawn(worker(&pool).run_until_owned(async {
-        let _ = worker_stopped.await;
-    }));
+    let w = worker(&pool);
+    let worker_task = tokio::spawn(async move {
+        w.run_until(Duration::from_millis(10), async {
+            let _ = worker_stopped.await;
+        })
+        .await
+    });
 
     // Ordinary: 150 payments, 100 orders, 50 deposits; a third of them sent twice.
     let mut posts = Vec::new();

@@ -16,6 +16,7 @@ use webhook_inbox::{
     ingest::providers::{NewEvent, Provider},
     process::handlers::Handlers,
     process::worker::{Worker, WorkerConfig},
+    runtime::stage::Stage,
 };
 
 const VARIANT: &str = include_str!("../../migrations-optional/hash_partitioned_inbox.sql");
@@ -61,8 +62,7 @@ async fn the_hash_partitioned_inbox_refuses_every_duplicate_and_spreads_keys(_: 
         assert_eq!((status, answer["status"].as_str()), (StatusCode::OK, Some(expected)));
     }
     let worker = Worker::new(pool.clone(), Handlers::reference(), WorkerConfig::default());
-    let (counts, error) = worker.drain(Instant::now() + Duration::from_secs(30)).await;
-    assert!(error.is_none());
+    let counts = worker.run(Instant::now() + Duration::from_secs(30)).await.unwrap();
     assert_eq!(counts.taken, 202);
     let payments: i64 = sqlx::query_scalar("SELECT count(*) FROM payments").fetch_one(&pool).await.unwrap();
     assert_eq!(payments, 1);

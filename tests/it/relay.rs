@@ -12,6 +12,7 @@ use webhook_inbox::{
     db::outbox,
     relay::aws::{EventBridgeSink, SqsSink},
     relay::{HttpSink, Relay, RelayConfig, Sink},
+    runtime::stage::Stage,
 };
 use wiremock::{
     matchers::{method, path},

@@ -21,6 +21,7 @@ use webhook_inbox::{
     ingest::inbox::{self, Envelope},
     ingest::providers::{NewEvent, Provider},
     retention::{Pruner, RetentionConfig},
+    runtime::stage::Stage,
 };
 
 fn retention(batch_size: i64) -> RetentionConfig {

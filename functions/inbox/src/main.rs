@@ -18,6 +18,7 @@ use webhook_inbox::{
     reconcile::Reconciler,
     relay::{Relay, RelayConfig},
     retention::{Pruner, RetentionConfig},
+    runtime::stage::Stage,
     ReceiveConfig, Receiver,
 };
 
@@ -207,14 +208,18 @@ async fn serve(config: &mut ReceiveConfig, host: &str, port: u16) -> Result<()> 
     };
     let worker = Worker::new(pool.clone(), Handlers::reference(), WorkerConfig::from_env()?);
     let poll = worker.config().poll;
-    let worker = tokio::spawn(worker.run_until_owned(until_stopped(stopped.clone())));
+    let worker = tokio::spawn({
+        let stopped = until_stopped(stopped.clone());
+        async move { worker.run_until(poll, stopped).await }
+    });
     let sinks = sinks_from_env().await?;
     let relay = if sinks.is_empty() {
         println!("no relay sink (RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL, RELAY_EVENT_BUS): outbox messages stay in transactional_outbox");
         None
     } else {
         let relay = Relay::new(pool, sinks, RelayConfig::from_env()?);
-        Some(tokio::spawn(relay.run_until_owned(poll, until_stopped(stopped.clone()))))
+        let stopped = until_stopped(stopped.clone());
+        Some(tokio::spawn(async move { relay.run_until(poll, stopped).await }))
     };
 
     println!("inbox dev ready: POST http://{}/webhooks/{{provider}}  (Ctrl-C stops)", listener.local_addr()?);

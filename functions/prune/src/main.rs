@@ -7,7 +7,7 @@ use webhook_inbox::{
     config::{self, DbConfig},
     db,
     retention::{Pruner, RetentionConfig},
-    runtime::deadline,
+    runtime::{deadline, stage::Stage},
 };
 
 #[tokio::main]

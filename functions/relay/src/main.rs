@@ -7,7 +7,7 @@ use webhook_inbox::{
     config::{self, sinks_from_env, DbConfig},
     db,
     relay::{Relay, RelayConfig},
-    runtime::deadline,
+    runtime::{deadline, stage::Stage},
 };
 
 #[tokio::main]

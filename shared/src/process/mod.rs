@@ -11,6 +11,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use self::worker::{Counts, Worker};
+use crate::runtime::stage::{self, Stopped, Tally};
 
 /// Why an invocation failed. A run that could not do its work is an error, so
 /// the Lambda's `Errors` metric (and its alarm) sees an outage.
@@ -40,13 +41,10 @@ pub async fn handle(worker: &Worker, event: Value, deadline: Instant) -> Result<
 /// EventBridge schedule: drain batch after batch until a short batch or the
 /// deadline; an error if the drain stopped on the database.
 pub async fn on_schedule(worker: &Worker, deadline: Instant) -> Result<Counts, ProcessError> {
-    match worker.drain(deadline).await {
-        (counts, None) => Ok(counts),
-        (counts, Some(source)) => {
-            tracing::error!(error = %source, ?counts, "drain stopped");
-            Err(ProcessError::Database { counts, source })
-        }
-    }
+    stage::run(worker, deadline).await.map_err(|Stopped { tally, source }| {
+        tracing::error!(error = %source, counts = ?tally, "drain stopped");
+        ProcessError::Database { counts: tally, source }
+    })
 }
 
 /// The SQS message body that names one inbox event.

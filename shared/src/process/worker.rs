@@ -16,6 +16,7 @@ use crate::{
         inbox::{self, Finished, Status, Taken},
     },
     process::handlers::{Event, HandlerError, Handlers, Outcome},
+    runtime::stage::{Pass, Stage, Tally},
 };
 
 #[derive(Debug, Clone)]
@@ -59,14 +60,18 @@ pub struct Counts {
     pub failed: usize,
 }
 
-impl Counts {
-    pub fn add(&mut self, o: &Counts) {
+impl Tally for Counts {
+    fn add(&mut self, o: &Counts) {
         self.taken += o.taken;
         self.applied += o.applied;
         self.no_effect += o.no_effect;
         self.no_handler += o.no_handler;
         self.retried += o.retried;
         self.failed += o.failed;
+    }
+
+    fn is_empty(&self) -> bool {
+        self.taken == 0
     }
 }
 
@@ -81,6 +86,16 @@ enum Finish {
         counted: bool,
     },
     Failed(String),
+}
+
+impl Stage for Worker {
+    type Tally = Counts;
+    const NAME: &'static str = "process";
+
+    async fn run_once(&self, deadline: Instant) -> Result<Pass<Counts>, sqlx::Error> {
+        let counts = Worker::run_once(self, deadline).await?;
+        Ok(Pass { tally: counts, more: counts.taken as i64 >= self.config.batch_size })
+    }
 }
 
 pub struct Worker {
@@ -159,51 +174,6 @@ impl Worker {
         let mut tx = self.pool.begin().await?;
         let rows = inbox::take_one(&mut tx, provider, event_id).await?;
         self.apply_all(tx, rows, far_future(), false).await
-    }
-
-    /// Batch after batch until one comes back short or the deadline passes. The
-    /// counts of the batches that committed are returned even when a later one fails.
-    pub async fn drain(&self, deadline: Instant) -> (Counts, Option<sqlx::Error>) {
-        let mut total = Counts::default();
-        loop {
-            match self.run_once(deadline).await {
-                Ok(counts) => {
-                    total.add(&counts);
-                    if (counts.taken as i64) < self.config.batch_size || Instant::now() >= deadline {
-                        return (total, None);
-                    }
-                }
-                Err(e) => return (total, Some(e)),
-            }
-        }
-    }
-
-    /// [`Worker::run_until`], owning the worker (for `tokio::spawn`).
-    pub async fn run_until_owned(self, shutdown: impl std::future::Future<Output = ()>) {
-        self.run_until(shutdown).await
-    }
-
-    /// Drains continuously (as `inbox dev` does), idling `poll` between short batches.
-    pub async fn run_until(&self, shutdown: impl std::future::Future<Output = ()>) {
-        tokio::pin!(shutdown);
-        loop {
-            let (counts, error) = self.drain(Instant::now() + Duration::from_secs(60)).await;
-            if counts.taken > 0 {
-                tracing::info!(?counts, "processed");
-            }
-            let wait = match error {
-                Some(e) => {
-                    tracing::warn!(error = %e, "worker pass failed; trying again");
-                    self.config.poll.max(Duration::from_secs(1))
-                }
-                None if (counts.taken as i64) >= self.config.batch_size => Duration::ZERO,
-                None => self.config.poll,
-            };
-            tokio::select! {
-                () = tokio::time::sleep(wait) => {}
-                () = &mut shutdown => return,
-            }
-        }
     }
 
     /// `precounted`: the attempt was already committed (careful mode).

@@ -19,6 +19,7 @@ pub use http::HttpSink;
 use crate::{
     core::backoff::backoff,
     db::outbox::{self, Dispatch, Outgoing},
+    runtime::stage::{Pass, Stage, Tally},
 };
 
 /// What a sink replied about one message.
@@ -83,6 +84,31 @@ pub struct Relayed {
     pub dead: usize,
     /// Leased but not started before the deadline: released at once, no attempt spent.
     pub released: usize,
+}
+
+impl Tally for Relayed {
+    fn add(&mut self, r: &Relayed) {
+        self.leased += r.leased;
+        self.sent += r.sent;
+        self.retried += r.retried;
+        self.dead += r.dead;
+        self.released += r.released;
+    }
+
+    fn is_empty(&self) -> bool {
+        self.leased == 0
+    }
+}
+
+impl Stage for Relay {
+    type Tally = Relayed;
+    const NAME: &'static str = "relay";
+
+    /// More may wait after a full lease that was not cut short by the deadline.
+    async fn run_once(&self, deadline: Instant) -> Result<Pass<Relayed>, sqlx::Error> {
+        let r = Relay::run_once(self, deadline).await?;
+        Ok(Pass { tally: r, more: r.leased as i64 >= self.config.batch_size && r.released == 0 })
+    }
 }
 
 pub struct Relay {
@@ -189,45 +215,6 @@ impl Relay {
             SinkReply::Retryable { reason, retry_after } => {
                 let after = backoff(self.config.retry_base, attempts - 1).max(retry_after.unwrap_or_default());
                 Dispatch::Retry { after, reason }
-            }
-        }
-    }
-
-    /// Relays continuously (as `inbox dev` does), idling `poll` between short batches.
-    pub async fn run_until_owned(self, poll: Duration, shutdown: impl Future<Output = ()>) {
-        tokio::pin!(shutdown);
-        loop {
-            let wait = match self.run(Instant::now() + Duration::from_secs(60)).await {
-                Ok(r) => {
-                    if r.leased > 0 {
-                        tracing::info!(?r, "relayed");
-                    }
-                    poll
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "relay pass failed; trying again");
-                    poll.max(Duration::from_secs(1))
-                }
-            };
-            tokio::select! {
-                () = tokio::time::sleep(wait) => {}
-                () = &mut shutdown => return,
-            }
-        }
-    }
-
-    /// Batches until one comes back short, or until no chunk fits before the deadline.
-    pub async fn run(&self, deadline: Instant) -> Result<Relayed, sqlx::Error> {
-        let mut total = Relayed::default();
-        loop {
-            let r = self.run_once(deadline).await?;
-            total.leased += r.leased;
-            total.sent += r.sent;
-            total.retried += r.retried;
-            total.dead += r.dead;
-            total.released += r.released;
-            if (r.leased as i64) < self.config.batch_size || r.released > 0 || !self.fits(deadline) {
-                return Ok(total);
             }
         }
     }

@@ -1,4 +1,6 @@
-//! What every function runs on: the Lambda deadline and the tracing set-up.
+//! What every function runs on: the Lambda deadline, the one shape of a batch
+//! stage and its loops, and the tracing set-up.
 
 pub mod deadline;
+pub mod stage;
 pub mod telemetry;

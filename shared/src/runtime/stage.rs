@@ -1,0 +1,108 @@
+//! One shape for every batch stage (process, relay, prune): a config given at
+//! construction, [`Stage::run_once`] doing one bounded batch and returning its
+//! counts, and the two loops every function and command share: [`run`], bounded
+//! by a deadline (the Lambdas, `inbox relay|prune --once`), and [`run_until`],
+//! bounded by a shutdown signal (`inbox dev`).
+
+use std::{
+    fmt::Debug,
+    future::Future,
+    time::{Duration, Instant},
+};
+
+/// The counts of a pass, added up over a run.
+pub trait Tally: Default + Copy + Debug + Send + Sync + serde::Serialize + 'static {
+    fn add(&mut self, other: &Self);
+    /// Nothing was done (nothing is logged for the pass).
+    fn is_empty(&self) -> bool;
+}
+
+/// What one batch did, and whether more work may be waiting (a full batch).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Pass<T> {
+    pub tally: T,
+    pub more: bool,
+}
+
+pub trait Stage: Send + Sync {
+    type Tally: Tally;
+    /// The stage in logs.
+    const NAME: &'static str;
+    /// A pause between two full batches (room for concurrent work); none by default.
+    const PAUSE: Duration = Duration::ZERO;
+
+    /// One bounded batch; past `deadline` it starts nothing new.
+    fn run_once(&self, deadline: Instant) -> impl Future<Output = Result<Pass<Self::Tally>, sqlx::Error>> + Send;
+
+    /// [`run`]: batch after batch until one comes back short or the deadline passes.
+    fn run(&self, deadline: Instant) -> impl Future<Output = Result<Self::Tally, Stopped<Self::Tally>>> + Send
+    where
+        Self: Sized,
+    {
+        run(self, deadline)
+    }
+
+    /// [`run_until`]: continuously, until `shutdown`.
+    fn run_until(&self, poll: Duration, shutdown: impl Future<Output = ()> + Send) -> impl Future<Output = ()> + Send
+    where
+        Self: Sized,
+    {
+        run_until(self, poll, shutdown)
+    }
+}
+
+/// A run that could not finish its work; the counts of the batches that completed are kept.
+#[derive(Debug, thiserror::Error)]
+#[error("stopped on a database error after {tally:?}: {source}")]
+pub struct Stopped<T: Debug> {
+    pub tally: T,
+    #[source]
+    pub source: sqlx::Error,
+}
+
+/// Batch after batch until one comes back short or the deadline passes.
+pub async fn run<S: Stage>(stage: &S, deadline: Instant) -> Result<S::Tally, Stopped<S::Tally>> {
+    let mut tally = S::Tally::default();
+    loop {
+        match stage.run_once(deadline).await {
+            Ok(pass) => {
+                tally.add(&pass.tally);
+                if !pass.more || Instant::now() >= deadline {
+                    return Ok(tally);
+                }
+                if !S::PAUSE.is_zero() {
+                    tokio::time::sleep(S::PAUSE).await;
+                }
+            }
+            Err(source) => return Err(Stopped { tally, source }),
+        }
+    }
+}
+
+/// Runs continuously until `shutdown`: again at once after a full batch,
+/// after `poll` otherwise, and no sooner than a second after an error.
+pub async fn run_until<S: Stage>(stage: &S, poll: Duration, shutdown: impl Future<Output = ()>) {
+    tokio::pin!(shutdown);
+    loop {
+        let wait = match stage.run_once(Instant::now() + Duration::from_secs(60)).await {
+            Ok(pass) => {
+                if !pass.tally.is_empty() {
+                    tracing::info!(stage = S::NAME, tally = ?pass.tally, "pass");
+                }
+                if pass.more {
+                    S::PAUSE
+                } else {
+                    poll
+                }
+            }
+            Err(e) => {
+                tracing::warn!(stage = S::NAME, error = %e, "pass failed; trying again");
+                poll.max(Duration::from_secs(1))
+            }
+        };
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = &mut shutdown => return,
+        }
+    }
+}
