@@ -420,7 +420,7 @@ async fn both_triggers_fail_the_invocation_when_the_database_is_unreachable() {
     cfg.acquire_timeout = Duration::from_millis(500);
     let options: PgConnectOptions = format!("postgres://postgres@127.0.0.1:{port}/postgres").parse().unwrap();
     let w = Worker::new(db::pool_from(options, &cfg), Handlers::reference(), fast_config());
-    let schedule = json!({"version": "0", "detail-type": "Scheduled Event", "source": "aws.events", "detail": {}});
+    let schedule = fixture("eventbridge-schedule.json");
     let err = process::handle(&w, schedule, Instant::now() + Duration::from_secs(5)).await.unwrap_err();
     assert!(matches!(err, process::ProcessError::Database { .. }), "{err}");
     let sqs = sqs_event(&[("m-1", r#"{"provider":"stripe","event_id":"evt_1"}"#)]);
@@ -432,12 +432,10 @@ fn sqs_event(bodies: &[(&str, &str)]) -> aws_lambda_events::event::sqs::SqsEvent
     let records: Vec<Value> = bodies
         .iter()
         .map(|(id, body)| {
-            json!({
-                "messageId": id, "receiptHandle": "AQEB", "body": body,
-                "attributes": {"ApproximateReceiveCount": "1", "SentTimestamp": "1796000000000", "SenderId": "AIDA", "ApproximateFirstReceiveTimestamp": "1796000000001"},
-                "messageAttributes": {}, "md5OfBody": "x", "eventSource": "aws:sqs",
-                "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:inbox", "awsRegion": "us-east-1"
-            })
+            let mut record = fixture("sqs-record.json");
+            record["messageId"] = json!(id);
+            record["body"] = json!(body);
+            record
         })
         .collect();
     serde_json::from_value(json!({ "Records": records })).unwrap()

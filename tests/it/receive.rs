@@ -785,57 +785,20 @@ async fn rest_api_function_url_and_alb_events_reach_the_same_handler(_: PgPoolOp
 
     let body = stripe_body("evt_rest");
     let sig = stripe_header(STRIPE[0], &body);
-    let rest = json!({
-        "resource": "/webhooks/{provider}",
-        "path": "/webhooks/stripe",
-        "httpMethod": "POST",
-        "headers": {"Content-Type": "application/json", "Stripe-Signature": sig},
-        "multiValueHeaders": {"Content-Type": ["application/json"], "Stripe-Signature": [sig]},
-        "queryStringParameters": null,
-        "multiValueQueryStringParameters": null,
-        "pathParameters": {"provider": "stripe"},
-        "stageVariables": null,
-        "requestContext": {
-            "resourceId": "2gxmpl", "resourcePath": "/webhooks/{provider}", "httpMethod": "POST",
-            "path": "/prod/webhooks/stripe", "accountId": "123456789012", "protocol": "HTTP/1.1",
-            "stage": "prod", "requestId": "e6d3f0d5-0b1d-4f1e-9c1b-3f0c5d1f8e2a",
-            "identity": {"sourceIp": "203.0.113.10", "userAgent": "Stripe/1.0"},
-            "domainName": "70ixmpl4fl.execute-api.us-east-2.amazonaws.com", "apiId": "70ixmpl4fl"
-        },
-        "body": String::from_utf8(body.clone()).unwrap(),
-        "isBase64Encoded": false
-    });
+    let mut rest = fixture("apigw-rest.json");
+    rest["headers"]["Stripe-Signature"] = json!(sig);
+    rest["multiValueHeaders"]["Stripe-Signature"] = json!([sig]);
+    rest["body"] = json!(String::from_utf8(body.clone()).unwrap());
 
     let body_url = stripe_body("evt_url");
-    let sig_url = stripe_header(STRIPE[1], &body_url);
-    let function_url = json!({
-        "version": "2.0",
-        "routeKey": "$default",
-        "rawPath": "/webhooks/stripe",
-        "rawQueryString": "",
-        "headers": {"stripe-signature": sig_url, "host": "abcdefg.lambda-url.us-east-1.on.aws"},
-        "requestContext": {
-            "accountId": "anonymous", "apiId": "abcdefg", "domainName": "abcdefg.lambda-url.us-east-1.on.aws",
-            "domainPrefix": "abcdefg",
-            "http": {"method": "POST", "path": "/webhooks/stripe", "protocol": "HTTP/1.1", "sourceIp": "203.0.113.10", "userAgent": "Stripe/1.0"},
-            "requestId": "c7e5b5a9-1a1b-4f3e-8d0e-0d6f5e0e1a2b", "routeKey": "$default", "stage": "$default",
-            "time": "29/Nov/2026:21:00:00 +0000", "timeEpoch": 1796000000000u64
-        },
-        "body": b64(&body_url),
-        "isBase64Encoded": true
-    });
+    let mut function_url = fixture("function-url.json");
+    function_url["headers"]["stripe-signature"] = json!(stripe_header(STRIPE[1], &body_url));
+    function_url["body"] = json!(b64(&body_url));
 
     let body_alb = stripe_body("evt_alb");
-    let sig_alb = stripe_header(STRIPE[0], &body_alb);
-    let alb = json!({
-        "requestContext": {"elb": {"targetGroupArn": "arn:aws:elasticloadbalancing:us-east-1:123456789012:targetgroup/inbox/6d0ecf831eec9f09"}},
-        "httpMethod": "POST",
-        "path": "/webhooks/stripe",
-        "queryStringParameters": {},
-        "headers": {"content-type": "application/octet-stream", "stripe-signature": sig_alb, "host": "inbox.example.com"},
-        "body": b64(&body_alb),
-        "isBase64Encoded": true
-    });
+    let mut alb = fixture("alb.json");
+    alb["headers"]["stripe-signature"] = json!(stripe_header(STRIPE[0], &body_alb));
+    alb["body"] = json!(b64(&body_alb));
 
     for (name, event, id) in
         [("REST", rest, "evt_rest"), ("Function URL", function_url, "evt_url"), ("ALB", alb, "evt_alb")]

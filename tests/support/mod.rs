@@ -145,39 +145,24 @@ where
     false
 }
 
+/// A Lambda event from `tests/data/` (the shapes AWS documents), to fill in.
+pub fn fixture(name: &str) -> Value {
+    let path = format!("{}/data/{name}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
 /// A real API Gateway HTTP API (payload 2.0) event, body base64-encoded as API
 /// Gateway does for non-text content types, parsed by `lambda_http` itself.
 pub fn apigw_v2_request(provider: &str, headers: &[(&str, &str)], body: &[u8]) -> Request<Body> {
-    let headers: serde_json::Map<String, Value> =
-        headers.iter().map(|(k, v)| (k.to_ascii_lowercase(), Value::from(*v))).collect();
-    let event = serde_json::json!({
-        "version": "2.0",
-        "routeKey": "POST /webhooks/{provider}",
-        "rawPath": format!("/webhooks/{provider}"),
-        "rawQueryString": "",
-        "headers": headers,
-        "requestContext": {
-            "accountId": "123456789012",
-            "apiId": "r3pmxmplak",
-            "domainName": "r3pmxmplak.execute-api.us-east-1.amazonaws.com",
-            "domainPrefix": "r3pmxmplak",
-            "http": {
-                "method": "POST",
-                "path": format!("/webhooks/{provider}"),
-                "protocol": "HTTP/1.1",
-                "sourceIp": "203.0.113.10",
-                "userAgent": "provider-webhooks/1.0"
-            },
-            "requestId": "JKJaXmPLvHcESHA=",
-            "routeKey": "POST /webhooks/{provider}",
-            "stage": "$default",
-            "time": "29/Nov/2026:21:00:00 +0000",
-            "timeEpoch": 1796000000000u64
-        },
-        "pathParameters": { "provider": provider },
-        "body": B64.encode(body),
-        "isBase64Encoded": true
-    });
+    let mut event = fixture("apigw-http-v2.json");
+    for (k, v) in headers {
+        event["headers"][k.to_ascii_lowercase()] = Value::from(*v);
+    }
+    event["rawPath"] = Value::from(format!("/webhooks/{provider}"));
+    event["requestContext"]["http"]["path"] = event["rawPath"].clone();
+    event["pathParameters"]["provider"] = Value::from(provider);
+    event["body"] = Value::from(B64.encode(body));
     lambda_http::request::from_str(&event.to_string()).expect("a valid API Gateway v2 event")
 }
 

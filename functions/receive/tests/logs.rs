@@ -30,26 +30,15 @@ async fn at_trace_level_no_secret_signature_or_body_is_logged() {
     let mut mac = Hmac::<Sha256>::new_from_slice(WEBHOOK_SECRET.as_bytes()).unwrap();
     mac.update(format!("{t}.{body}").as_bytes());
     let signature = hex::encode(mac.finalize().into_bytes());
-    let event = json!({
-        "version": "2.0",
-        "routeKey": "POST /webhooks/{provider}",
-        "rawPath": "/webhooks/stripe",
-        "rawQueryString": "",
-        "headers": {
-            "content-type": "application/json",
-            "stripe-signature": format!("t={t},v1={signature}"),
-            "authorization": format!("Basic {BASIC}"),
-        },
-        "requestContext": {
-            "accountId": "123456789012", "apiId": "api", "domainName": "api.example", "domainPrefix": "api",
-            "http": {"method": "POST", "path": "/webhooks/stripe", "protocol": "HTTP/1.1", "sourceIp": "203.0.113.9", "userAgent": "Stripe/1.0"},
-            "requestId": "req", "routeKey": "POST /webhooks/{provider}", "stage": "$default",
-            "time": "30/Nov/2026:00:00:00 +0000", "timeEpoch": now_ms
-        },
-        "pathParameters": {"provider": "stripe"},
-        "body": body,
-        "isBase64Encoded": false
+    let mut event: serde_json::Value =
+        serde_json::from_str(include_str!("../../../tests/data/apigw-http-v2.json")).expect("the fixture is JSON");
+    event["headers"] = json!({
+        "content-type": "application/json",
+        "stripe-signature": format!("t={t},v1={signature}"),
+        "authorization": format!("Basic {BASIC}"),
     });
+    event["body"] = json!(body);
+    event["isBase64Encoded"] = json!(false);
     let invocation = ResponseTemplate::new(200)
         .insert_header("lambda-runtime-aws-request-id", "req-1")
         .insert_header("lambda-runtime-deadline-ms", (now_ms + 60_000).to_string().as_str())
