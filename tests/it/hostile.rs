@@ -2,7 +2,7 @@
 //! delivery holds, it ends `done` or `failed` with a reason, gets a definite
 //! answer, and never holds back another event.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::StatusCode;
 use inbox_tests::*;
@@ -22,17 +22,7 @@ use webhook_inbox::{
 };
 
 fn worker(pool: &PgPool) -> Worker {
-    let config = WorkerConfig {
-        batch_size: 100,
-        max_attempts: 3,
-        retry_base: Duration::from_millis(1),
-        poll: Duration::from_millis(10),
-    };
-    Worker::new(pool.clone(), Handlers::reference(), config)
-}
-
-fn later() -> Instant {
-    Instant::now() + Duration::from_secs(60)
+    Worker::new(pool.clone(), Handlers::reference(), fast_worker_config())
 }
 
 fn nested(depth: usize) -> String {
@@ -57,21 +47,9 @@ async fn rows(pool: &PgPool) -> Vec<(String, String, Option<String>)> {
         .unwrap()
 }
 
-async fn scalar<T>(pool: &PgPool, sql: &str) -> T
-where
-    T: Send + Unpin + for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
-{
-    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
-}
-
-/// Stores a pending event as a receive without today's payload check would have
-/// (rows written before it, or by a path that skipped it).
+/// Stores a pending Stripe payment as receive would have before today's payload check.
 async fn stored_unchecked(pool: &PgPool, event_id: &str, body: &str) {
-    let headers = json!({});
-    let env =
-        Envelope { provider: Provider::Stripe, raw_body: body.as_bytes(), headers: &headers, secret_index: Some(0) };
-    let event = NewEvent::pending(event_id.into(), "payment_intent.succeeded", body.into());
-    assert_eq!(inbox::claim(pool, &env, &event).await.unwrap(), Claim::New);
+    store(pool, Provider::Stripe, event_id, "payment_intent.succeeded", body).await;
 }
 
 // ---------- 1. payloads jsonb takes but Value cannot hold ----------

@@ -20,45 +20,20 @@ use webhook_inbox::{
         orders::{self, Applied, OrderSnapshot},
         payments::PaymentSucceededHandler,
     },
-    ingest::inbox::{self, Envelope},
-    ingest::providers::{NewEvent, Provider},
+    ingest::providers::Provider,
     process,
     process::handlers::{Event, Handler, HandlerError, HandlerFuture, Handlers, Outcome},
     process::worker::{Counts, Worker, WorkerConfig},
     runtime::stage::{Stage, Tally},
 };
 
-fn fast_config() -> WorkerConfig {
-    WorkerConfig {
-        batch_size: 100,
-        max_attempts: 3,
-        retry_base: Duration::from_millis(1),
-        poll: Duration::from_millis(10),
-    }
-}
-
-fn later() -> Instant {
-    Instant::now() + Duration::from_secs(60)
-}
-
 fn worker(pool: &PgPool, handlers: Handlers) -> Worker {
-    Worker::new(pool.clone(), handlers, fast_config())
+    Worker::new(pool.clone(), handlers, fast_worker_config())
 }
 
 /// Puts an event in the inbox as receive would.
 async fn stored(pool: &PgPool, provider: Provider, event_id: &str, event_type: &str, payload: Value) {
-    let headers = json!({});
-    let text = payload.to_string();
-    let env = Envelope { provider, raw_body: text.as_bytes(), headers: &headers, secret_index: Some(0) };
-    let event = NewEvent::pending(event_id.into(), event_type, text.clone());
-    inbox::claim(pool, &env, &event).await.unwrap();
-}
-
-async fn scalar<T>(pool: &PgPool, sql: &str) -> T
-where
-    T: Send + Unpin + for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
-{
-    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+    store(pool, provider, event_id, event_type, &payload.to_string()).await;
 }
 
 /// Drains until nothing is due, waiting out short backoffs; gives up after 10 s.
@@ -265,7 +240,7 @@ async fn a_deposit_for_a_missing_account_is_retried_and_lands_once_after_the_acc
 ) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let r = receiver(opts, secrets(false));
-    let w = Worker::new(pool.clone(), Handlers::reference(), WorkerConfig { max_attempts: 10, ..fast_config() });
+    let w = Worker::new(pool.clone(), Handlers::reference(), WorkerConfig { max_attempts: 10, ..fast_worker_config() });
     let auth = marqeta_basic(MARQETA_USER, MARQETA_PASSWORDS[0]);
     let batch = br#"{"transactions":[{"token":"dep_1","type":"gpa.credit","state":"COMPLETION","user_token":"acct_1","amount":25.5},{"token":"auth_1","type":"authorization","state":"PENDING","user_token":"acct_1","amount":3}]}"#;
     assert_eq!(post(&r, "marqeta", &[("Authorization", &auth)], batch).await.0, StatusCode::OK);
@@ -339,7 +314,7 @@ async fn a_worker_cut_off_mid_batch_leaves_its_rows_and_every_effect_lands_once(
     let doomed = Worker::new(
         doomed_pool,
         Handlers::new().on(Provider::Stripe, "payment_intent.succeeded", ParkOn("evt_05")),
-        fast_config(),
+        fast_worker_config(),
     );
     let run = tokio::spawn(async move { doomed.run_once(later()).await });
     let parked = eventually(|| async {
@@ -372,7 +347,7 @@ async fn a_lock_timeout_is_retried_without_spending_an_attempt(_: PgPoolOptions,
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let mut cfg = db_config();
     cfg.lock_timeout = Duration::from_millis(200);
-    let w = Worker::new(db::pool_from(opts, &cfg), Handlers::reference(), fast_config());
+    let w = Worker::new(db::pool_from(opts, &cfg), Handlers::reference(), fast_worker_config());
     sqlx::query("INSERT INTO accounts (account_id) VALUES ('busy')").execute(&pool).await.unwrap();
     let deposit =
         json!({"token": "dep_b", "type": "gpa.credit", "state": "COMPLETION", "user_token": "busy", "amount": 5});
@@ -419,7 +394,7 @@ async fn both_triggers_fail_the_invocation_when_the_database_is_unreachable() {
     let mut cfg = db_config();
     cfg.acquire_timeout = Duration::from_millis(500);
     let options: PgConnectOptions = format!("postgres://postgres@127.0.0.1:{port}/postgres").parse().unwrap();
-    let w = Worker::new(db::pool_from(options, &cfg), Handlers::reference(), fast_config());
+    let w = Worker::new(db::pool_from(options, &cfg), Handlers::reference(), fast_worker_config());
     let schedule = fixture("eventbridge-schedule.json");
     let err = process::handle(&w, schedule, Instant::now() + Duration::from_secs(5)).await.unwrap_err();
     assert!(matches!(err, process::ProcessError::Database { .. }), "{err}");

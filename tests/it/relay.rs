@@ -6,6 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use inbox_tests::later;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 use webhook_inbox::{
@@ -27,10 +28,6 @@ fn config() -> RelayConfig {
         retry_base: Duration::from_millis(1),
         lease: Duration::from_secs(60),
     }
-}
-
-fn later() -> Instant {
-    Instant::now() + Duration::from_secs(60)
 }
 
 fn http_sink(server: &MockServer) -> Arc<dyn Sink> {

@@ -15,7 +15,13 @@ use sha2::Sha256;
 use sqlx::{postgres::PgConnectOptions, PgPool};
 use webhook_inbox::{
     config::{DbConfig, MarqetaAuth, Secrets, DEFAULT_MAX_BODY_BYTES},
-    db, ReceiveConfig, Receiver, Secret,
+    db,
+    ingest::{
+        inbox::{self, Claim, Envelope},
+        providers::{NewEvent, Provider},
+    },
+    process::worker::WorkerConfig,
+    ReceiveConfig, Receiver, Secret,
 };
 
 /// Two secrets per provider: the second is the one being rotated in.
@@ -128,6 +134,38 @@ pub async fn post(receiver: &Receiver, provider: &str, headers: &[(&str, &str)],
 
 pub async fn count(pool: &PgPool) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM webhook_inbox").fetch_one(pool).await.unwrap()
+}
+
+/// A deadline far enough away not to matter.
+pub fn later() -> std::time::Instant {
+    std::time::Instant::now() + Duration::from_secs(60)
+}
+
+/// One value from one query.
+pub async fn scalar<T>(pool: &PgPool, sql: &str) -> T
+where
+    T: Send + Unpin + for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
+
+/// A worker for tests: three attempts, millisecond backoff, a 10 ms poll.
+pub fn fast_worker_config() -> WorkerConfig {
+    WorkerConfig {
+        batch_size: 100,
+        max_attempts: 3,
+        retry_base: Duration::from_millis(1),
+        poll: Duration::from_millis(10),
+    }
+}
+
+/// Stores a pending event straight through the claim, payload as given (no
+/// receive-side check): as receive would, or as a row written before a check existed.
+pub async fn store(pool: &PgPool, provider: Provider, event_id: &str, event_type: &str, payload: &str) {
+    let headers = serde_json::json!({});
+    let env = Envelope { provider, raw_body: payload.as_bytes(), headers: &headers, secret_index: Some(0) };
+    let event = NewEvent::pending(event_id.into(), event_type, payload.into());
+    assert_eq!(inbox::claim(pool, &env, &event).await.unwrap(), Claim::New, "{event_id} is new");
 }
 
 /// Polls until `f` is true or 10 s pass.
