@@ -14,9 +14,10 @@
 //! - [`domain`]: the reference handlers (orders, payments, deposits);
 //! - [`relay`]: the relay and its HTTP and AWS sinks;
 //! - [`retention`], [`reconcile`]: the other scheduled stages;
-//! - [`config`]: typed configuration from the environment;
-//! - [`runtime`]: the Lambda deadline and tracing; [`dev`]: `inbox dev`'s
-//!   server and throwaway PostgreSQL.
+//! - [`config`]: the one reader of the environment, each stage's settings read
+//!   through an injectable lookup;
+//! - [`runtime`]: the Lambda deadline, the stage loops, tracing; [`dev`]:
+//!   `inbox dev`'s server and throwaway PostgreSQL.
 //!
 //! Without the default `service` feature only `core`'s leaf types and
 //! `ingest::providers` remain: what the fuzz targets exercise, built in a minute.
@@ -34,8 +35,9 @@
 //!   its stable `message_key`.
 //! - **sink**: where the relay sends messages (HTTP, SQS, EventBridge); its
 //!   **reply** (`relay::SinkReply`) says delivered, retry, or rejected.
-//! - **stage**: process, relay, prune, reconcile: each a config, a `run_once`
-//!   with counts, and a run bounded by a deadline.
+//! - **stage**: process, relay, prune (`runtime::stage::Stage`): each a config,
+//!   a `run_once` returning its counts, and the shared loops bounded by a
+//!   deadline (`run`) or a shutdown (`run_until`). Reconcile runs each source once.
 
 #[cfg(feature = "service")]
 pub mod config;

@@ -113,7 +113,7 @@ macro_rules! retrying {
 /// If that fallback fails too, the database is the problem, and the error stands (503).
 ///
 /// With `inline` handlers (inline mode), the new events' handlers run inside the
-/// claim's transaction; see [`crate::inline`].
+/// claim's transaction (see the `inline` module).
 pub async fn claim_delivery(
     connections: &db::Connections,
     env: &Envelope<'_>,
