@@ -1,0 +1,96 @@
+//! The module graph of the common crate points one way: no top-level module of
+//! `shared/src` uses another that uses it back (directly or through others).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
+};
+
+/// The top-level modules each file of `dir` uses through `crate::...` (comments and tests aside).
+fn edges(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut stack = vec![src.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let rel = path.strip_prefix(src).unwrap();
+            let top =
+                rel.components().next().unwrap().as_os_str().to_string_lossy().trim_end_matches(".rs").to_string();
+            if top == "lib" || path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            let code = text.split("#[cfg(test)]").next().unwrap();
+            let code: String =
+                code.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n");
+            let used = out.entry(top.clone()).or_default();
+            // `crate::x` paths, and the first names of `use crate::{x::..., y, ...}` trees.
+            for (i, _) in code.match_indices("crate::") {
+                let rest = &code[i + "crate::".len()..];
+                if let Some(tree) = rest.strip_prefix('{') {
+                    let mut depth = 0;
+                    let mut item = String::new();
+                    for c in tree.chars() {
+                        match c {
+                            '{' => depth += 1,
+                            '}' if depth == 0 => break,
+                            '}' => depth -= 1,
+                            ',' if depth == 0 => {
+                                used.insert(first_name(&item));
+                                item.clear();
+                                continue;
+                            }
+                            _ => {}
+                        }
+                        item.push(c);
+                    }
+                    used.insert(first_name(&item));
+                } else {
+                    used.insert(first_name(rest));
+                }
+            }
+            used.remove(&top);
+            used.remove("");
+        }
+    }
+    let tops: BTreeSet<String> = out.keys().cloned().collect();
+    out.values_mut().for_each(|used| used.retain(|m| tops.contains(m)));
+    out
+}
+
+fn first_name(s: &str) -> String {
+    s.trim().chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect()
+}
+
+#[test]
+fn the_common_crate_has_no_import_cycle_between_its_top_level_modules() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/src");
+    let graph = edges(&src);
+    assert!(graph.contains_key("core") && graph.contains_key("ingest"), "{graph:?}");
+    assert!(graph["core"].is_empty(), "core is the leaf: {:?}", graph["core"]);
+    // A depth-first search for a path back to where it started.
+    fn back(graph: &BTreeMap<String, BTreeSet<String>>, from: &str, path: &mut Vec<String>) -> Option<Vec<String>> {
+        for next in graph.get(from).into_iter().flatten() {
+            if let Some(i) = path.iter().position(|p| p == next) {
+                let mut cycle = path[i..].to_vec();
+                cycle.push(next.clone());
+                return Some(cycle);
+            }
+            path.push(next.clone());
+            if let Some(cycle) = back(graph, next, path) {
+                return Some(cycle);
+            }
+            path.pop();
+        }
+        None
+    }
+    for start in graph.keys() {
+        if let Some(cycle) = back(&graph, start, &mut vec![start.clone()]) {
+            panic!("import cycle: {}", cycle.join(" -> "));
+        }
+    }
+}
