@@ -191,14 +191,14 @@ async fn a_claim_that_fails_for_a_reason_other_than_the_value_still_answers_503(
     _: PgPoolOptions,
     opts: PgConnectOptions,
 ) {
-    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
-    let r = receiver(opts, secrets(false));
+    let app = TestApp::spawn(opts, secrets(false)).await;
+    let (pool, r) = (app.pool.clone(), &app.receiver);
     sqlx::query("ALTER TABLE webhook_inbox RENAME TO webhook_inbox_gone").execute(&pool).await.unwrap();
     let body = payment_with("evt_nowhere", "pi_nowhere", &nested(100_000)).into_bytes();
-    let (status, _) = post(&r, "stripe", &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))], &body).await;
+    let (status, _) = post(r, "stripe", &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))], &body).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     let body = payment("evt_plain", "pi_plain").into_bytes();
-    let (status, _) = post(&r, "stripe", &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))], &body).await;
+    let (status, _) = post(r, "stripe", &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))], &body).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
 }
 
@@ -265,16 +265,16 @@ async fn a_marqeta_batch_keeps_its_bytes_once_and_every_item_can_be_reverified(
     _: PgPoolOptions,
     opts: PgConnectOptions,
 ) {
-    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
-    let r = receiver(opts, secrets(true));
+    let app = TestApp::spawn(opts, secrets(true)).await;
+    let (pool, r) = (app.pool.clone(), &app.receiver);
     let items: Vec<String> =
         (0..10).map(|i| format!(r#"{{"token":"t{i}","type":"authorization","pad":"{}"}}"#, "x".repeat(2000))).collect();
     let body = format!(r#"{{"transactions":[{}]}}"#, items.join(",")).into_bytes();
     let auth = marqeta_basic(MARQETA_USER, MARQETA_PASSWORDS[0]);
     let sig = marqeta_signature_sha256(MARQETA_SIGNING[1], &body);
     let headers = [("Authorization", auth.as_str()), ("X-Marqeta-Signature", sig.as_str())];
-    assert_eq!(post(&r, "marqeta", &headers, &body).await, (StatusCode::OK, json!({"accepted": 10, "duplicates": 0})));
-    assert_eq!(post(&r, "marqeta", &headers, &body).await, (StatusCode::OK, json!({"accepted": 0, "duplicates": 10})));
+    assert_eq!(post(r, "marqeta", &headers, &body).await, (StatusCode::OK, json!({"accepted": 10, "duplicates": 0})));
+    assert_eq!(post(r, "marqeta", &headers, &body).await, (StatusCode::OK, json!({"accepted": 0, "duplicates": 10})));
 
     let (bodies, in_rows): (i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM webhook_bodies), (SELECT count(*) FROM webhook_inbox WHERE raw_body IS NOT NULL)",
@@ -302,8 +302,8 @@ async fn a_marqeta_batch_keeps_its_bytes_once_and_every_item_can_be_reverified(
 /// the whole body and the claim hit the statement timeout (503 on every retry).
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn a_megabyte_of_tiny_marqeta_items_gets_a_definite_answer(_: PgPoolOptions, opts: PgConnectOptions) {
-    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
-    let r = receiver(opts, secrets(false));
+    let app = TestApp::spawn(opts, secrets(false)).await;
+    let (pool, r) = (app.pool.clone(), &app.receiver);
     let mut items = Vec::new();
     let mut size = 0;
     while size < 1_000_000 {
@@ -314,7 +314,7 @@ async fn a_megabyte_of_tiny_marqeta_items_gets_a_definite_answer(_: PgPoolOption
     let body = format!(r#"{{"transactions":[{}]}}"#, items.join(",")).into_bytes();
     assert!(body.len() < webhook_inbox::config::DEFAULT_MAX_BODY_BYTES);
     let auth = marqeta_basic(MARQETA_USER, MARQETA_PASSWORDS[0]);
-    let (status, answer) = post(&r, "marqeta", &[("Authorization", &auth)], &body).await;
+    let (status, answer) = post(r, "marqeta", &[("Authorization", &auth)], &body).await;
     assert_eq!((status, answer), (StatusCode::OK, json!({"accepted": 1, "duplicates": 0})));
     let (status, why, kept): (String, String, Vec<u8>) = sqlx::query_as(
         "SELECT w.status, w.failure_reason, b.raw_body FROM webhook_inbox AS w JOIN webhook_bodies AS b ON b.sha256 = w.body_sha256",
@@ -354,8 +354,8 @@ async fn any_stored_payload_ends_done_or_failed_and_never_stops_the_worker(_: Pg
         strategy::{Strategy, ValueTree},
         test_runner::TestRunner,
     };
-    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
-    let r = receiver(opts, secrets(false));
+    let app = TestApp::spawn(opts, secrets(false)).await;
+    let (pool, r) = (app.pool.clone(), &app.receiver);
     let mut conn = pool.acquire().await.unwrap();
     let headers = json!({});
     let mut runner = TestRunner::deterministic();
@@ -366,7 +366,7 @@ async fn any_stored_payload_ends_done_or_failed_and_never_stops_the_worker(_: Pg
         let id = format!("evt_r{i:03}");
         let body = hostile_json::stripe_event(&id, "prop.test", &data);
         let (status, answer) =
-            post(&r, "stripe", &[("Stripe-Signature", &stripe_header(STRIPE[0], body.as_bytes()))], body.as_bytes())
+            post(r, "stripe", &[("Stripe-Signature", &stripe_header(STRIPE[0], body.as_bytes()))], body.as_bytes())
                 .await;
         assert_eq!((status, answer), (StatusCode::OK, json!({"status": "accepted"})), "{body:.200}");
         if webhook_inbox::core::payload::check(&body).is_ok_and(|c| !c.has_nul) {

@@ -238,12 +238,12 @@ async fn a_deposit_for_a_missing_account_is_retried_and_lands_once_after_the_acc
     _: PgPoolOptions,
     opts: PgConnectOptions,
 ) {
-    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
-    let r = receiver(opts, secrets(false));
+    let app = TestApp::spawn(opts, secrets(false)).await;
+    let (pool, r) = (app.pool.clone(), &app.receiver);
     let w = Worker::new(pool.clone(), Handlers::reference(), WorkerConfig { max_attempts: 10, ..fast_worker_config() });
     let auth = marqeta_basic(MARQETA_USER, MARQETA_PASSWORDS[0]);
     let batch = br#"{"transactions":[{"token":"dep_1","type":"gpa.credit","state":"COMPLETION","user_token":"acct_1","amount":25.5},{"token":"auth_1","type":"authorization","state":"PENDING","user_token":"acct_1","amount":3}]}"#;
-    assert_eq!(post(&r, "marqeta", &[("Authorization", &auth)], batch).await.0, StatusCode::OK);
+    assert_eq!(post(r, "marqeta", &[("Authorization", &auth)], batch).await.0, StatusCode::OK);
 
     let c = w.run_once(later()).await.unwrap();
     assert_eq!((c.retried, c.no_handler), (1, 1));
@@ -262,10 +262,7 @@ async fn a_deposit_for_a_missing_account_is_retried_and_lands_once_after_the_acc
     sqlx::query("INSERT INTO accounts (account_id, balance) VALUES ('acct_1', 100.00)").execute(&pool).await.unwrap();
     drain_all(&w, &pool).await;
     // The same batch again, and another pass: nothing moves.
-    assert_eq!(
-        post(&r, "marqeta", &[("Authorization", &auth)], batch).await.1,
-        json!({"accepted": 0, "duplicates": 2})
-    );
+    assert_eq!(post(r, "marqeta", &[("Authorization", &auth)], batch).await.1, json!({"accepted": 0, "duplicates": 2}));
     w.run_once(later()).await.unwrap();
     let balance: String = scalar(&pool, "SELECT balance::text FROM accounts WHERE account_id = 'acct_1'").await;
     assert_eq!(balance, "125.50");

@@ -115,8 +115,8 @@ fn stripe_body(id: &str) -> Vec<u8> {
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn stripe_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
-    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
-    let r = receiver(opts, secrets(false));
+    let app = TestApp::spawn(opts, secrets(false)).await;
+    let (pool, r) = (app.pool.clone(), &app.receiver);
     let [old, new] = STRIPE;
     let t = now();
     let sig = |secret: &str, t: i64, body: &[u8]| stripe_v1(secret, t, body);
@@ -170,13 +170,13 @@ async fn stripe_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
             401,
         ),
     ];
-    run_matrix(&pool, &r, "stripe", cases).await;
+    run_matrix(&pool, r, "stripe", cases).await;
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn shopify_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
-    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
-    let r = receiver(opts, secrets(false));
+    let app = TestApp::spawn(opts, secrets(false)).await;
+    let (pool, r) = (app.pool.clone(), &app.receiver);
     let [old, new] = SHOPIFY;
     let body = |id: &str| format!(r#"{{"id":{},"note":"{id}"}}"#, id.len()).into_bytes();
     let h = |id: &str, sig: String| {
@@ -201,13 +201,13 @@ async fn shopify_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
             200,
         ),
     ];
-    run_matrix(&pool, &r, "shopify", cases).await;
+    run_matrix(&pool, r, "shopify", cases).await;
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn github_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
-    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
-    let r = receiver(opts, secrets(false));
+    let app = TestApp::spawn(opts, secrets(false)).await;
+    let (pool, r) = (app.pool.clone(), &app.receiver);
     let [old, new] = GITHUB;
     let body = |id: &str| format!(r#"{{"action":"opened","zen":"{id}"}}"#).into_bytes();
     let h = |id: &str, sig: String| {
@@ -232,7 +232,7 @@ async fn github_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
             200,
         ),
     ];
-    run_matrix(&pool, &r, "github", cases).await;
+    run_matrix(&pool, r, "github", cases).await;
 }
 
 /// Name, headers, event id, expected status, expected secret index, via API Gateway v2.
@@ -240,8 +240,8 @@ type StandardCase<'a> = (&'static str, Vec<(String, String)>, &'a str, u16, Opti
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn standard_webhooks_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
-    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
-    let r = receiver(opts, secrets(false));
+    let app = TestApp::spawn(opts, secrets(false)).await;
+    let (pool, r) = (app.pool.clone(), &app.receiver);
     let [old, new] = STANDARD;
     let t = now();
     let body = |id: &str| format!(r#"{{"type":"invoice.paid","data":{{"id":"{id}"}}}}"#).into_bytes();
@@ -293,7 +293,7 @@ async fn standard_webhooks_signature_matrix(_: PgPoolOptions, opts: PgConnectOpt
             c
         })
         .collect();
-    run_matrix(&pool, &r, "standard", cases).await;
+    run_matrix(&pool, r, "standard", cases).await;
 }
 
 fn marqeta_body(token: &str) -> Vec<u8> {
@@ -303,8 +303,8 @@ fn marqeta_body(token: &str) -> Vec<u8> {
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn marqeta_basic_auth_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
-    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
-    let r = receiver(opts, secrets(false));
+    let app = TestApp::spawn(opts, secrets(false)).await;
+    let (pool, r) = (app.pool.clone(), &app.receiver);
     let [p0, p1] = MARQETA_PASSWORDS;
     let auth = |user: &str, password: &str| vec![("Authorization", marqeta_basic(user, password))];
     let b = marqeta_body;
@@ -318,13 +318,13 @@ async fn marqeta_basic_auth_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
         case("base64 body through a v2 event", &auth(MARQETA_USER, p0), b("q-b64"), 200).via_v2(),
         case("duplicated header", &[auth("x", "y"), auth(MARQETA_USER, p0)].concat(), b("q-dup"), 401),
     ];
-    run_matrix(&pool, &r, "marqeta", cases).await;
+    run_matrix(&pool, r, "marqeta", cases).await;
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn marqeta_signature_matrix_when_a_secret_is_set(_: PgPoolOptions, opts: PgConnectOptions) {
-    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
-    let r = receiver(opts, secrets(true));
+    let app = TestApp::spawn(opts, secrets(true)).await;
+    let (pool, r) = (app.pool.clone(), &app.receiver);
     let [old, new] = MARQETA_SIGNING;
     let b = marqeta_body;
     let with = |sig: String| {
@@ -352,20 +352,20 @@ async fn marqeta_signature_matrix_when_a_secret_is_set(_: PgPoolOptions, opts: P
             200,
         ),
     ];
-    run_matrix(&pool, &r, "marqeta", cases).await;
+    run_matrix(&pool, r, "marqeta", cases).await;
 }
 
 // ---------- the claim ----------
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn a_stripe_delivery_is_stored_verbatim_then_answered_duplicate(_: PgPoolOptions, opts: PgConnectOptions) {
-    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
-    let r = receiver(opts, secrets(false));
+    let app = TestApp::spawn(opts, secrets(false)).await;
+    let (pool, r) = (app.pool.clone(), &app.receiver);
     let body = stripe_body("evt_1");
     let sig = stripe_header(STRIPE[0], &body);
     let headers = [("Stripe-Signature", sig.as_str()), ("Content-Type", "application/json")];
-    assert_eq!(post(&r, "stripe", &headers, &body).await, (StatusCode::OK, json!({"status": "accepted"})));
-    assert_eq!(post(&r, "stripe", &headers, &body).await, (StatusCode::OK, json!({"status": "duplicate"})));
+    assert_eq!(post(r, "stripe", &headers, &body).await, (StatusCode::OK, json!({"status": "accepted"})));
+    assert_eq!(post(r, "stripe", &headers, &body).await, (StatusCode::OK, json!({"status": "duplicate"})));
 
     let row: (String, String, Value, Vec<u8>, Value, String, i16) = sqlx::query_as(
         "SELECT event_id, event_type, payload, raw_body, headers, status, secret_index FROM webhook_inbox",
@@ -383,8 +383,8 @@ async fn a_stripe_delivery_is_stored_verbatim_then_answered_duplicate(_: PgPoolO
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn shopify_identifying_headers_are_kept(_: PgPoolOptions, opts: PgConnectOptions) {
-    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
-    let r = receiver(opts, secrets(false));
+    let app = TestApp::spawn(opts, secrets(false)).await;
+    let (pool, r) = (app.pool.clone(), &app.receiver);
     let body = br#"{"id":450789469,"financial_status":"paid"}"#;
     let hmac = shopify_hmac(SHOPIFY[0], body);
     let headers = [
@@ -397,7 +397,7 @@ async fn shopify_identifying_headers_are_kept(_: PgPoolOptions, opts: PgConnectO
         ("X-Shopify-API-Version", "2026-10"),
         ("User-Agent", "Shopify-Captain-Hook"),
     ];
-    assert_eq!(post(&r, "shopify", &headers, body).await.0, StatusCode::OK);
+    assert_eq!(post(r, "shopify", &headers, body).await.0, StatusCode::OK);
     let (id, topic, kept): (String, String, Value) =
         sqlx::query_as("SELECT event_id, event_type, headers FROM webhook_inbox").fetch_one(&pool).await.unwrap();
     assert_eq!((id.as_str(), topic.as_str()), ("b54557e4-bdd9-4b37-8a5f-bf7d70bcd043", "orders/updated"));
@@ -559,22 +559,22 @@ async fn under_repeatable_read_the_receivers_retry_answers_duplicate(_: PgPoolOp
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn a_marqeta_batch_claims_each_item_once_within_and_across_batches(_: PgPoolOptions, opts: PgConnectOptions) {
-    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
-    let r = receiver(opts, secrets(false));
+    let app = TestApp::spawn(opts, secrets(false)).await;
+    let (pool, r) = (app.pool.clone(), &app.receiver);
     let auth = marqeta_basic(MARQETA_USER, MARQETA_PASSWORDS[0]);
     let first = br#"{"transactions":[{"token":"c","type":"gpa.credit","state":"COMPLETION","amount":10},{"token":"a","type":"authorization"},{"token":"c","type":"gpa.credit","state":"COMPLETION","amount":10},{"token":"b","type":"authorization"}]}"#;
     assert_eq!(
-        post(&r, "marqeta", &[("Authorization", &auth)], first).await,
+        post(r, "marqeta", &[("Authorization", &auth)], first).await,
         (StatusCode::OK, json!({"accepted": 3, "duplicates": 1}))
     );
     let second =
         br#"{"transactions":[{"token":"b","type":"authorization"},{"token":"d","type":"authorization.clearing"}]}"#;
     assert_eq!(
-        post(&r, "marqeta", &[("Authorization", &auth)], second).await,
+        post(r, "marqeta", &[("Authorization", &auth)], second).await,
         (StatusCode::OK, json!({"accepted": 1, "duplicates": 1}))
     );
     assert_eq!(
-        post(&r, "marqeta", &[("Authorization", &auth)], first).await,
+        post(r, "marqeta", &[("Authorization", &auth)], first).await,
         (StatusCode::OK, json!({"accepted": 0, "duplicates": 4}))
     );
     let rows: Vec<(String, String, Value)> =
@@ -588,7 +588,7 @@ async fn a_marqeta_batch_claims_each_item_once_within_and_across_batches(_: PgPo
     assert_eq!(rows[2].2["amount"], 10, "each row holds its own item");
     let ping = br#"{"pings":[{"token":"marqeta","payload":"healthcheck"}]}"#;
     assert_eq!(
-        post(&r, "marqeta", &[("Authorization", &auth)], ping).await,
+        post(r, "marqeta", &[("Authorization", &auth)], ping).await,
         (StatusCode::OK, json!({"accepted": 0, "duplicates": 0}))
     );
     assert_eq!(count(&pool).await, 4, "a ping stores nothing");
@@ -650,8 +650,8 @@ async fn a_body_over_the_limit_gets_413_and_nothing_is_stored(_: PgPoolOptions, 
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn signed_but_unusable_bodies_are_stored_as_failed_and_answered_200(_: PgPoolOptions, opts: PgConnectOptions) {
-    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
-    let r = receiver(opts, secrets(false));
+    let app = TestApp::spawn(opts, secrets(false)).await;
+    let (pool, r) = (app.pool.clone(), &app.receiver);
     let digest = |body: &[u8]| format!("sha256:{}", hex::encode(<sha2::Sha256 as sha2::Digest>::digest(body)));
     let cases: [(&str, &[u8], &str, Option<&str>); 4] = [
         ("nul", br#"{"id":"evt_nul","type":"x","note":"a\u0000b"}"#, "\\u0000", Some("evt_nul")),
@@ -661,7 +661,7 @@ async fn signed_but_unusable_bodies_are_stored_as_failed_and_answered_200(_: PgP
     ];
     for (name, body, reason, readable_id) in cases {
         let sig = stripe_header(STRIPE[0], body);
-        let (status, answer) = post(&r, "stripe", &[("Stripe-Signature", &sig)], body).await;
+        let (status, answer) = post(r, "stripe", &[("Stripe-Signature", &sig)], body).await;
         assert_eq!((status, answer), (StatusCode::OK, json!({"status": "accepted"})), "{name}");
         let (id, status, stored_reason, raw): (String, String, String, Vec<u8>) =
             sqlx::query_as("SELECT event_id, status, failure_reason, raw_body FROM webhook_inbox WHERE raw_body = $1")
@@ -676,7 +676,7 @@ async fn signed_but_unusable_bodies_are_stored_as_failed_and_answered_200(_: PgP
         assert_eq!(id, expected_id, "{name}: the provider's id when it can be read, else the body's digest");
         // The same bytes again are a duplicate, not a second failed row.
         let sig = stripe_header(STRIPE[0], body);
-        assert_eq!(post(&r, "stripe", &[("Stripe-Signature", &sig)], body).await.1["status"], "duplicate", "{name}");
+        assert_eq!(post(r, "stripe", &[("Stripe-Signature", &sig)], body).await.1["status"], "duplicate", "{name}");
     }
     let null_payloads: i64 =
         sqlx::query_scalar("SELECT count(*) FROM webhook_inbox WHERE payload IS NULL").fetch_one(&pool).await.unwrap();
@@ -688,18 +688,18 @@ async fn signed_but_unusable_bodies_are_stored_as_failed_and_answered_200(_: PgP
 /// (PostgreSQL refusing what our check let through is in `hostile.rs`.)
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn a_lone_surrogate_is_kept_as_failed_not_lost(_: PgPoolOptions, opts: PgConnectOptions) {
-    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
-    let r = receiver(opts, secrets(false));
+    let app = TestApp::spawn(opts, secrets(false)).await;
+    let (pool, r) = (app.pool.clone(), &app.receiver);
     let body = br#"{"id":"evt_surrogate","type":"x","note":"\ud800"}"#;
     let sig = stripe_header(STRIPE[0], body);
     assert_eq!(
-        post(&r, "stripe", &[("Stripe-Signature", &sig)], body).await,
+        post(r, "stripe", &[("Stripe-Signature", &sig)], body).await,
         (StatusCode::OK, json!({"status": "accepted"}))
     );
     let auth = marqeta_basic(MARQETA_USER, MARQETA_PASSWORDS[0]);
     let batch = br#"{"transactions":[{"token":"ok","type":"authorization"},{"token":"bad","note":"\ud800"}]}"#;
     assert_eq!(
-        post(&r, "marqeta", &[("Authorization", &auth)], batch).await,
+        post(r, "marqeta", &[("Authorization", &auth)], batch).await,
         (StatusCode::OK, json!({"accepted": 2, "duplicates": 0}))
     );
     let rows: Vec<(String, String, bool, Option<String>)> =
@@ -779,8 +779,8 @@ async fn the_database_down_answers_503_and_recovers_when_it_returns() {
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn rest_api_function_url_and_alb_events_reach_the_same_handler(_: PgPoolOptions, opts: PgConnectOptions) {
     use base64::Engine as _;
-    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
-    let r = receiver(opts, secrets(false));
+    let app = TestApp::spawn(opts, secrets(false)).await;
+    let (pool, r) = (app.pool.clone(), &app.receiver);
     let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
 
     let body = stripe_body("evt_rest");
@@ -804,7 +804,7 @@ async fn rest_api_function_url_and_alb_events_reach_the_same_handler(_: PgPoolOp
         [("REST", rest, "evt_rest"), ("Function URL", function_url, "evt_url"), ("ALB", alb, "evt_alb")]
     {
         let req = lambda_http::request::from_str(&event.to_string()).unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_eq!(send(&r, req).await, (StatusCode::OK, json!({"status": "accepted"})), "{name}");
+        assert_eq!(send(r, req).await, (StatusCode::OK, json!({"status": "accepted"})), "{name}");
         let raw: Vec<u8> = sqlx::query_scalar("SELECT raw_body FROM webhook_inbox WHERE event_id = $1")
             .bind(id)
             .fetch_one(&pool)
@@ -816,12 +816,12 @@ async fn rest_api_function_url_and_alb_events_reach_the_same_handler(_: PgPoolOp
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn a_connection_killed_between_deliveries_is_replaced_without_a_503(_: PgPoolOptions, opts: PgConnectOptions) {
-    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
-    let r = receiver(opts, secrets(false));
+    let app = TestApp::spawn(opts, secrets(false)).await;
+    let (pool, r) = (app.pool.clone(), &app.receiver);
     for id in ["evt_k1", "evt_k2"] {
         let body = stripe_body(id);
         assert_eq!(
-            post(&r, "stripe", &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))], &body).await.0,
+            post(r, "stripe", &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))], &body).await.0,
             StatusCode::OK
         );
     }
@@ -834,7 +834,7 @@ async fn a_connection_killed_between_deliveries_is_replaced_without_a_503(_: PgP
     .unwrap();
     assert!(!killed.is_empty());
     let body = stripe_body("evt_k3");
-    let (status, answer) = post(&r, "stripe", &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))], &body).await;
+    let (status, answer) = post(r, "stripe", &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))], &body).await;
     assert_eq!((status, answer), (StatusCode::OK, json!({"status": "accepted"})));
     assert_eq!(count(&pool).await, 3);
 }

@@ -20,7 +20,10 @@ use webhook_inbox::{
         inbox::{self, Claim, Envelope},
         providers::{NewEvent, Provider},
     },
-    process::worker::WorkerConfig,
+    process::{
+        handlers::Handlers,
+        worker::{Worker, WorkerConfig},
+    },
     ReceiveConfig, Receiver, Secret,
 };
 
@@ -134,6 +137,38 @@ pub async fn post(receiver: &Receiver, provider: &str, headers: &[(&str, &str)],
 
 pub async fn count(pool: &PgPool) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM webhook_inbox").fetch_one(pool).await.unwrap()
+}
+
+/// One test's app (the `spawn_app` of Zero To Production): the test's own
+/// database, freshly migrated by `#[sqlx::test]`, and the real receive handler
+/// on it with the test secrets.
+pub struct TestApp {
+    pub pool: PgPool,
+    pub receiver: Receiver,
+}
+
+impl TestApp {
+    pub async fn spawn(opts: PgConnectOptions, secrets: Secrets) -> TestApp {
+        let pool = PgPool::connect_with(opts.clone()).await.expect("the test database");
+        TestApp { pool, receiver: receiver(opts, secrets) }
+    }
+
+    /// A delivery through the real handler; the status and the JSON answer.
+    pub async fn post(&self, provider: &str, headers: &[(&str, &str)], body: &[u8]) -> (StatusCode, Value) {
+        post(&self.receiver, provider, headers, body).await
+    }
+
+    /// A worker on the app's database with [`fast_worker_config`].
+    pub fn worker(&self, handlers: Handlers) -> Worker {
+        Worker::new(self.pool.clone(), handlers, fast_worker_config())
+    }
+
+    pub async fn scalar<T>(&self, sql: &str) -> T
+    where
+        T: Send + Unpin + for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+    {
+        scalar(&self.pool, sql).await
+    }
 }
 
 /// A deadline far enough away not to matter.
