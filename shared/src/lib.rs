@@ -37,7 +37,8 @@
 //!   **reply** (`relay::SinkReply`) says delivered, retry, or rejected.
 //! - **stage**: process, relay, prune (`runtime::stage::Stage`): each a config,
 //!   a `run_once` returning its counts, and the shared loops bounded by a
-//!   deadline (`run`) or a shutdown (`run_until`). Reconcile runs each source once.
+//!   deadline (`run`) or a shutdown (`run_until`). Reconcile is one pass
+//!   (`Reconciler::run_once`, each source on its own, one `Reconciled` report).
 
 #[cfg(feature = "service")]
 pub mod config;

@@ -318,6 +318,13 @@ impl ShopifyOrders {
     }
 }
 
+/// What a run did: each source's counts, and why any source failed.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct Reconciled {
+    pub sources: std::collections::BTreeMap<&'static str, Found>,
+    pub failed: std::collections::BTreeMap<&'static str, String>,
+}
+
 /// Every configured reconciliation, as the `reconcile` function runs them.
 pub struct Reconciler {
     stripe: Option<StripeEvents>,
@@ -334,14 +341,28 @@ impl Reconciler {
         self.stripe.is_some() || self.shopify.is_some()
     }
 
-    /// Runs each configured source once, each on its own: one failing does not stop the other.
-    pub async fn run(&self, pool: &PgPool) -> Vec<(&'static str, Result<Found, ReconcileError>)> {
-        let mut out = Vec::new();
+    /// Runs each configured source once, each on its own: one failing does not
+    /// stop the other. The Lambda and `inbox reconcile --once` both report it.
+    pub async fn run_once(&self, pool: &PgPool) -> Reconciled {
+        let mut runs = Vec::new();
         if let Some(s) = &self.stripe {
-            out.push(("stripe events", s.reconcile(pool, &self.config).await));
+            runs.push(("stripe events", s.reconcile(pool, &self.config).await));
         }
         if let Some(s) = &self.shopify {
-            out.push(("shopify orders", s.reconcile(pool, &self.config).await));
+            runs.push(("shopify orders", s.reconcile(pool, &self.config).await));
+        }
+        let mut out = Reconciled::default();
+        for (source, result) in runs {
+            match result {
+                Ok(found) => {
+                    tracing::info!(source, ?found, "reconciled");
+                    out.sources.insert(source, found);
+                }
+                Err(e) => {
+                    tracing::error!(source, error = %e, "reconcile failed");
+                    out.failed.insert(source, e.to_string());
+                }
+            }
         }
         out
     }

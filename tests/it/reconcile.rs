@@ -285,3 +285,29 @@ async fn a_shopify_next_link_to_another_host_is_not_followed(pool: PgPool) {
         sqlx::query_scalar("SELECT count(*) FROM reconcile_checkpoints").fetch_one(&pool).await.unwrap();
     assert_eq!(checkpoints, 0, "a run that could not finish leaves the checkpoint where it was");
 }
+
+/// The run both the Lambda and `inbox reconcile --once` report: each source on its own.
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn a_run_reports_each_source_and_one_failing_does_not_stop_the_other(pool: PgPool) {
+    let stripe = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/v1/events"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(json!({"object": "list", "data": [stripe_event(1)], "has_more": false})),
+        )
+        .mount(&stripe)
+        .await;
+    let shopify = MockServer::start().await;
+    Mock::given(method("GET")).respond_with(ResponseTemplate::new(500).set_body_string("down")).mount(&shopify).await;
+    let reconciler = webhook_inbox::reconcile::Reconciler::new(
+        Some(StripeEvents::new(stripe.uri(), Secret::new("sk_test_fake")).unwrap()),
+        Some(ShopifyOrders::new(shopify.uri(), "2024-10", Secret::new("shpat_fake")).unwrap()),
+        config(),
+    );
+    let reconciled = reconciler.run_once(&pool).await;
+    assert_eq!(reconciled.sources["stripe events"].applied, 1);
+    assert!(reconciled.failed["shopify orders"].contains("HTTP 500"), "{reconciled:?}");
+    let report = serde_json::to_value(&reconciled).unwrap();
+    assert_eq!(report["sources"]["stripe events"]["fetched"], 1);
+}

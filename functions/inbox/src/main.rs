@@ -109,20 +109,17 @@ async fn main() -> Result<()> {
                 reconciler.is_configured(),
                 "nothing to reconcile: set STRIPE_API_KEY, or SHOPIFY_SHOP_DOMAIN and SHOPIFY_ACCESS_TOKEN"
             );
-            let mut failed = 0;
-            for (source, result) in reconciler.run(&pool).await {
-                match result {
-                    Ok(f) => println!(
-                        "{source}: {} fetched, {} new, {} already known, {} kept as failed",
-                        f.fetched, f.applied, f.already_known, f.failed
-                    ),
-                    Err(e) => {
-                        failed += 1;
-                        println!("{source}: failed: {e}");
-                    }
-                }
+            let reconciled = reconciler.run_once(&pool).await;
+            for (source, f) in &reconciled.sources {
+                println!(
+                    "{source}: {} fetched, {} new, {} already known, {} kept as failed",
+                    f.fetched, f.applied, f.already_known, f.failed
+                );
             }
-            anyhow::ensure!(failed == 0, "{failed} reconciliation(s) failed");
+            for (source, e) in &reconciled.failed {
+                println!("{source}: failed: {e}");
+            }
+            anyhow::ensure!(reconciled.failed.is_empty(), "{} reconciliation(s) failed", reconciled.failed.len());
             Ok(())
         }
         Command::Prune { once } => {

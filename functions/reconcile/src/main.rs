@@ -2,7 +2,7 @@
 //! logic is `webhook_inbox::reconcile`.
 
 use lambda_runtime::{service_fn, Error, LambdaEvent};
-use serde_json::{Map, Value};
+use serde_json::Value;
 use webhook_inbox::{
     config::{self, DbConfig},
     db,
@@ -19,24 +19,12 @@ async fn main() -> Result<(), Error> {
     let pool = db::pool(&DbConfig::from_env(1)?)?;
     let (reconciler, pool) = (&reconciler, &pool);
     lambda_runtime::run(service_fn(move |_: LambdaEvent<Value>| async move {
-        let mut out = Map::new();
-        let mut failed = Vec::new();
-        for (source, result) in reconciler.run(pool).await {
-            match result {
-                Ok(found) => {
-                    tracing::info!(source, ?found, "reconciled");
-                    out.insert(source.to_string(), serde_json::to_value(found)?);
-                }
-                Err(e) => {
-                    tracing::error!(source, error = %e, "reconcile failed");
-                    failed.push(format!("{source}: {e}"));
-                }
-            }
-        }
-        if !failed.is_empty() {
+        let reconciled = reconciler.run_once(pool).await;
+        if !reconciled.failed.is_empty() {
+            let failed: Vec<String> = reconciled.failed.iter().map(|(source, e)| format!("{source}: {e}")).collect();
             return Err(Error::from(failed.join("; ")));
         }
-        Ok::<_, Error>(Value::Object(out))
+        Ok::<_, Error>(serde_json::to_value(reconciled)?)
     }))
     .await
 }
