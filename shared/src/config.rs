@@ -213,6 +213,7 @@ impl ReceiveConfig {
             secrets: Secrets::read(env)?,
             max_body_bytes: env.parse("INBOX_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES)?,
             inline_providers: inline_providers(env.var("INBOX_INLINE_PROVIDERS").as_deref())?,
+            process_queue_url: env.var("INBOX_PROCESS_QUEUE_URL"),
         })
     }
 }
@@ -290,7 +291,7 @@ impl SinkConfig {
             sinks.push(Arc::new(HttpSink::new(url.clone(), *timeout)?));
         }
         if self.sqs_queue_url.is_some() || self.event_bus.is_some() {
-            let sdk = aws::config(None).await;
+            let sdk = crate::core::aws::config(None).await;
             if let Some(queue) = &self.sqs_queue_url {
                 sinks.push(Arc::new(aws::SqsSink::new(aws_sdk_sqs::Client::new(&sdk), queue.clone())));
             }
@@ -489,6 +490,7 @@ mod tests {
             ("INBOX_IDLE_IN_TRANSACTION_TIMEOUT_MS", "14"),
             ("INBOX_MAX_BODY_BYTES", "2048"),
             ("INBOX_INLINE_PROVIDERS", "stripe, shopify"),
+            ("INBOX_PROCESS_QUEUE_URL", "https://sqs.example/process"),
             ("INBOX_BATCH_SIZE", "5"),
             ("INBOX_MAX_ATTEMPTS", "6"),
             ("INBOX_RETRY_BASE_MS", "15"),
@@ -525,6 +527,7 @@ mod tests {
         );
         let r = ReceiveConfig::read(&env, 2).unwrap();
         assert_eq!((r.max_body_bytes, r.inline_providers), (2048, vec![Provider::Stripe, Provider::Shopify]));
+        assert_eq!(r.process_queue_url.as_deref(), Some("https://sqs.example/process"));
         let w = WorkerConfig::read(&env).unwrap();
         assert_eq!((w.batch_size, w.max_attempts, w.retry_base, w.poll), (5, 6, ms(15), ms(16)));
         assert_eq!(deadline_margin(&env).unwrap(), ms(17));

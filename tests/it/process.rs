@@ -633,3 +633,51 @@ async fn an_event_that_kills_its_connection_fails_after_its_attempts_and_blocks_
     .unwrap();
     assert_eq!(counts, (20, 20), "the others were applied once each");
 }
+
+// ---------- receive tells process (INBOX_PROCESS_QUEUE_URL) ----------
+
+/// After the commit, one message per new pending event; the SQS path then
+/// processes it at once. A duplicate sends nothing; a queue that is gone costs
+/// the sender nothing (still 200, the row stored, left to the schedule).
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn receive_tells_the_process_queue_of_new_events_after_the_commit(_: PgPoolOptions, opts: PgConnectOptions) {
+    use webhook_inbox::ingest::notify::ProcessQueue;
+    let moto = inbox_tests::Moto::start();
+    let sqs = aws_sdk_sqs::Client::new(&moto.aws().await);
+    let url = sqs.create_queue().queue_name("process").send().await.unwrap().queue_url().unwrap().to_string();
+    let app = TestApp::spawn(opts.clone(), secrets(false)).await;
+    let r = receiver(opts.clone(), secrets(false)).with_process_queue(ProcessQueue::new(sqs.clone(), &url));
+
+    let body = payment_event("evt_q", "pi_q", 1200).to_string().into_bytes();
+    let sig = stripe_header(STRIPE[0], &body);
+    assert_eq!(post(&r, "stripe", &[("Stripe-Signature", &sig)], &body).await.1, json!({"status": "accepted"}));
+    assert_eq!(post(&r, "stripe", &[("Stripe-Signature", &sig)], &body).await.1, json!({"status": "duplicate"}));
+    let auth = marqeta_basic(MARQETA_USER, MARQETA_PASSWORDS[0]);
+    let batch = br#"{"transactions":[{"token":"q1","type":"authorization"},{"token":"q2","type":"authorization"}]}"#;
+    assert_eq!(post(&r, "marqeta", &[("Authorization", &auth)], batch).await.0, StatusCode::OK);
+
+    let received = sqs.receive_message().queue_url(&url).max_number_of_messages(10).send().await.unwrap();
+    let mut bodies: Vec<String> = received.messages().iter().filter_map(|m| m.body().map(String::from)).collect();
+    bodies.sort();
+    assert_eq!(
+        bodies,
+        [
+            r#"{"event_id":"evt_q","provider":"stripe"}"#,
+            r#"{"event_id":"transactions:q1","provider":"marqeta"}"#,
+            r#"{"event_id":"transactions:q2","provider":"marqeta"}"#,
+        ],
+        "one message per new event; the duplicate sent none"
+    );
+    // The SQS path takes them as the Lambda would: the payment lands.
+    let records: Vec<(&str, &str)> = bodies.iter().map(|b| ("m", b.as_str())).collect();
+    let w = app.worker(Handlers::reference());
+    process::on_sqs(&w, sqs_event(&records)).await.unwrap();
+    assert_eq!(app.scalar::<i64>("SELECT count(*) FROM payments").await, 1);
+
+    let gone = receiver(opts, secrets(false))
+        .with_process_queue(ProcessQueue::new(sqs, format!("{}/123456789012/no-such-queue", moto.url)));
+    let body = payment_event("evt_lost", "pi_lost", 5).to_string().into_bytes();
+    let sig = stripe_header(STRIPE[0], &body);
+    assert_eq!(post(&gone, "stripe", &[("Stripe-Signature", &sig)], &body).await.0, StatusCode::OK);
+    assert_eq!(app.scalar::<String>("SELECT status FROM webhook_inbox WHERE event_id = 'evt_lost'").await, "pending");
+}

@@ -57,7 +57,13 @@ pub fn db_config() -> DbConfig {
 }
 
 pub fn config(secrets: Secrets) -> ReceiveConfig {
-    ReceiveConfig { db: db_config(), secrets, max_body_bytes: DEFAULT_MAX_BODY_BYTES, inline_providers: vec![] }
+    ReceiveConfig {
+        db: db_config(),
+        secrets,
+        max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+        inline_providers: vec![],
+        process_queue_url: None,
+    }
 }
 
 /// A receiver on the test's database, with the production pool settings.
@@ -271,7 +277,7 @@ impl Moto {
         {
             std::env::set_var(k, v);
         }
-        webhook_inbox::relay::aws::config(Some(&self.url)).await
+        webhook_inbox::core::aws::config(Some(&self.url)).await
     }
 }
 

@@ -4,14 +4,18 @@
 use std::sync::Arc;
 
 use lambda_http::{service_fn, Error, Request};
-use webhook_inbox::{config, db, ReceiveConfig, Receiver};
+use webhook_inbox::{config, db, ingest::notify::ProcessQueue, ReceiveConfig, Receiver};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     config::init_logging();
     // Built once per Lambda instance: one or two connections, connected on first use.
     let config = ReceiveConfig::from_env(2)?;
-    let receiver = Arc::new(Receiver::new(db::Connections::new(&config.db)?, &config));
+    let mut receiver = Receiver::new(db::Connections::new(&config.db)?, &config);
+    if let Some(url) = &config.process_queue_url {
+        receiver = receiver.with_process_queue(ProcessQueue::connect(url).await);
+    }
+    let receiver = Arc::new(receiver);
     lambda_http::run(service_fn(move |req: Request| {
         let receiver = receiver.clone();
         async move { Ok::<_, Error>(receiver.handle(req).await) }

@@ -8,6 +8,8 @@ pub mod provider;
 pub mod secret;
 
 #[cfg(feature = "service")]
+pub mod aws;
+#[cfg(feature = "service")]
 pub mod backoff;
 #[cfg(feature = "service")]
 pub mod http;

@@ -6,4 +6,6 @@ pub mod providers;
 #[cfg(feature = "service")]
 pub mod inbox;
 #[cfg(feature = "service")]
+pub mod notify;
+#[cfg(feature = "service")]
 pub mod receive;

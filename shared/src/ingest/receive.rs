@@ -14,7 +14,10 @@ use crate::{
     core::secret::Secrets,
     db::{Connections, DbConfig},
     ingest::inbox::{self, BatchClaim, Claim, Claimed, Envelope},
-    ingest::providers::{Delivery, Events, Provider, Rejected, Schemes},
+    ingest::{
+        notify::ProcessQueue,
+        providers::{Delivery, Events, InitialStatus, NewEvent, Provider, Rejected, Schemes},
+    },
     process::handlers::Handlers,
 };
 
@@ -28,6 +31,8 @@ pub struct ReceiveConfig {
     /// `INBOX_INLINE_PROVIDERS` (e.g. `stripe,shopify`): receive applies their
     /// handlers inside the claim's transaction.
     pub inline_providers: Vec<Provider>,
+    /// `INBOX_PROCESS_QUEUE_URL`: the `process` function's SQS queue, told of new events.
+    pub process_queue_url: Option<String>,
 }
 
 /// `INBOX_MAX_BODY_BYTES`'s default.
@@ -75,6 +80,8 @@ pub struct Receiver {
     /// Handlers for the inline providers; the others are left to the worker.
     handlers: Handlers,
     inline: Vec<Provider>,
+    /// `INBOX_PROCESS_QUEUE_URL`: told of new events once they are committed.
+    process_queue: Option<ProcessQueue>,
 }
 
 impl Receiver {
@@ -86,7 +93,14 @@ impl Receiver {
             max_body_bytes: config.max_body_bytes,
             handlers: Handlers::reference(),
             inline: config.inline_providers.clone(),
+            process_queue: None,
         }
+    }
+
+    /// Tells `process` of each new pending event, after the commit (see [`crate::ingest::notify`]).
+    pub fn with_process_queue(mut self, queue: ProcessQueue) -> Self {
+        self.process_queue = Some(queue);
+        self
     }
 
     /// Your own handlers for inline mode, instead of the reference domain.
@@ -147,10 +161,29 @@ impl Receiver {
             ReceiveError::Unavailable(e)
         })?;
         tracing::debug!(?claimed, "claimed");
+        if let Some(queue) = &self.process_queue {
+            // In inline mode too: a type with no inline handler is still the worker's.
+            queue.notify(provider, &new_pending(&claimed, &events)).await;
+        }
         match claimed {
             Claimed::Busy => Err(ReceiveError::Busy),
             claimed => Ok(claimed),
         }
+    }
+}
+
+/// The events worth telling `process` about: new and pending. (In a batch with
+/// duplicates some ids may already be known; a message for one is simply acknowledged.)
+fn new_pending<'a>(claimed: &Claimed, events: &'a Events) -> Vec<&'a str> {
+    let pending = |e: &&'a NewEvent| e.status == InitialStatus::Pending;
+    match (claimed, events) {
+        (Claimed::Single(Claim::New), Events::Single(e)) => {
+            Some(e).filter(pending).map(|e| e.event_id.as_str()).into_iter().collect()
+        }
+        (Claimed::Batch(b), Events::Batch(items)) if b.accepted > 0 => {
+            items.iter().filter(pending).map(|e| e.event_id.as_str()).collect()
+        }
+        _ => vec![],
     }
 }
 

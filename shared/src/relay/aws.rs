@@ -3,9 +3,9 @@
 
 use aws_sdk_eventbridge::types::PutEventsRequestEntry;
 use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
-use aws_smithy_http_client::tls;
 
 use crate::{
+    core::aws::CALL_TIMEOUT,
     db::outbox::Outgoing,
     relay::{RepliesFuture, Sink, SinkReply},
 };
@@ -15,9 +15,6 @@ const ENTRIES_PER_CALL: usize = 10;
 const BYTES_PER_CALL: usize = 256 * 1024;
 /// Room left in an entry for attributes and, for EventBridge, the envelope.
 const BYTES_PER_ENTRY: usize = 250 * 1024;
-
-/// The longest one SQS or EventBridge call may take, retries included.
-pub const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Deliveries in order: entries too large for the service are refused at once
 /// (they never fit), the rest are sent in calls within both limits.
@@ -59,22 +56,6 @@ where
     out.into_iter()
         .map(|d| d.unwrap_or(SinkReply::Retryable { reason: "no result for the entry".into(), retry_after: None }))
         .collect()
-}
-
-/// The AWS configuration from the environment, TLS by rustls with ring, each
-/// call bounded by [`CALL_TIMEOUT`];
-/// `endpoint` overrides the service endpoint (tests point it at moto).
-pub async fn config(endpoint: Option<&str>) -> aws_config::SdkConfig {
-    let http = aws_smithy_http_client::Builder::new()
-        .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
-        .build_https();
-    let timeouts = aws_config::timeout::TimeoutConfig::builder().operation_timeout(CALL_TIMEOUT).build();
-    let mut loader =
-        aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(http).timeout_config(timeouts);
-    if let Some(endpoint) = endpoint {
-        loader = loader.endpoint_url(endpoint);
-    }
-    loader.load().await
 }
 
 /// `RELAY_SQS_QUEUE_URL`. The body is the payload; the key rides along as the

@@ -1,0 +1,23 @@
+//! The AWS SDK's configuration, shared by the relay's sinks and receive's
+//! process-queue notice: TLS by rustls with ring, every call bounded.
+
+use aws_smithy_http_client::tls;
+
+/// The longest one SQS or EventBridge call may take, retries included.
+pub const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The AWS configuration from the environment, TLS by rustls with ring, each
+/// call bounded by [`CALL_TIMEOUT`];
+/// `endpoint` overrides the service endpoint (tests point it at moto).
+pub async fn config(endpoint: Option<&str>) -> aws_config::SdkConfig {
+    let http = aws_smithy_http_client::Builder::new()
+        .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
+        .build_https();
+    let timeouts = aws_config::timeout::TimeoutConfig::builder().operation_timeout(CALL_TIMEOUT).build();
+    let mut loader =
+        aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(http).timeout_config(timeouts);
+    if let Some(endpoint) = endpoint {
+        loader = loader.endpoint_url(endpoint);
+    }
+    loader.load().await
+}
