@@ -235,14 +235,28 @@ impl WorkerConfig {
     }
 }
 
-/// `INBOX_DEADLINE_MARGIN_MS` (3000): every scheduled function stops starting
-/// work this long before its Lambda deadline.
+/// `INBOX_DEADLINE_MARGIN_MS` (7000): every scheduled function stops starting
+/// work this long before its Lambda deadline. It must exceed
+/// `INBOX_STATEMENT_TIMEOUT_MS`, or a statement started just before the margin
+/// could outlive the function, which is then killed mid-batch.
 pub fn deadline_margin_from_env() -> Result<Duration, ConfigError> {
     deadline_margin(&Env::process())
 }
 
 pub fn deadline_margin(env: &Env) -> Result<Duration, ConfigError> {
-    env.millis("INBOX_DEADLINE_MARGIN_MS", DEFAULT_DEADLINE_MARGIN.as_millis() as u64)
+    let margin = env.millis("INBOX_DEADLINE_MARGIN_MS", DEFAULT_DEADLINE_MARGIN.as_millis() as u64)?;
+    let statement = DbConfig::read(env, 1)?.statement_timeout;
+    if margin <= statement {
+        return Err(invalid(
+            "INBOX_DEADLINE_MARGIN_MS",
+            format!(
+                "{} ms is not above INBOX_STATEMENT_TIMEOUT_MS ({} ms): a statement started at the margin could outlive the function",
+                margin.as_millis(),
+                statement.as_millis()
+            ),
+        ));
+    }
+    Ok(margin)
 }
 
 impl RelayConfig {
@@ -475,7 +489,7 @@ mod tests {
         assert_eq!((p.done_days[&Provider::Stripe], p.failed_days, p.outbox_days, p.batch_size), (60, 180, 7, 1000));
         assert_eq!(ReconcileConfig::read(&env).unwrap().first_lookback, Duration::from_secs(72 * 3600));
         assert!(!Reconciler::read(&env).unwrap().is_configured());
-        assert_eq!(deadline_margin(&env).unwrap(), Duration::from_millis(3000));
+        assert_eq!(deadline_margin(&env).unwrap(), Duration::from_millis(7000));
         assert_eq!(log_settings(&env), (None, false));
     }
 
@@ -495,7 +509,7 @@ mod tests {
             ("INBOX_MAX_ATTEMPTS", "6"),
             ("INBOX_RETRY_BASE_MS", "15"),
             ("INBOX_POLL_MS", "16"),
-            ("INBOX_DEADLINE_MARGIN_MS", "17"),
+            ("INBOX_DEADLINE_MARGIN_MS", "170"),
             ("RELAY_HTTP_URL", "https://sink.example/hook"),
             ("RELAY_HTTP_TIMEOUT_MS", "18"),
             ("RELAY_SQS_QUEUE_URL", "https://sqs.example/q"),
@@ -530,7 +544,7 @@ mod tests {
         assert_eq!(r.process_queue_url.as_deref(), Some("https://sqs.example/process"));
         let w = WorkerConfig::read(&env).unwrap();
         assert_eq!((w.batch_size, w.max_attempts, w.retry_base, w.poll), (5, 6, ms(15), ms(16)));
-        assert_eq!(deadline_margin(&env).unwrap(), ms(17));
+        assert_eq!(deadline_margin(&env).unwrap(), ms(170), "above the statement timeout (13 ms here)");
         let sinks = SinkConfig::read(&env).unwrap();
         assert_eq!(sinks.http, Some(("https://sink.example/hook".to_string(), ms(18))));
         assert_eq!(
@@ -571,6 +585,9 @@ mod tests {
             };
             assert_eq!(err.to_string(), format!("{var}: \"soon\" is not a valid number"));
         }
+        let tight = [("INBOX_DEADLINE_MARGIN_MS", "5000")];
+        let err = deadline_margin(&Env::from_pairs(&tight)).unwrap_err().to_string();
+        assert!(err.contains("not above INBOX_STATEMENT_TIMEOUT_MS (5000 ms)"), "{err}");
         let short = [("INBOX_RETENTION_DAYS", "2")];
         assert!(RetentionConfig::read(&Env::from_pairs(&short)).unwrap_err().to_string().contains("redelivery window"));
     }

@@ -2,9 +2,10 @@
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// `INBOX_DEADLINE_MARGIN_MS`, default 3000: a scheduled drain stops starting
-/// batches this long before the Lambda deadline.
-pub const DEFAULT_DEADLINE_MARGIN: Duration = Duration::from_millis(3000);
+/// `INBOX_DEADLINE_MARGIN_MS`, default 7000: a scheduled drain stops starting
+/// batches this long before the Lambda deadline (the statement timeout, 5000,
+/// plus time to commit and answer).
+pub const DEFAULT_DEADLINE_MARGIN: Duration = Duration::from_millis(7000);
 
 /// The Lambda deadline (milliseconds since the epoch) less the margin, as an `Instant`.
 pub fn drain_until(deadline_epoch_ms: u64, margin: Duration) -> Instant {
