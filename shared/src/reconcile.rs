@@ -201,7 +201,7 @@ async fn keep_failed_order(conn: &mut sqlx::PgConnection, order: &str, reason: &
     let env =
         Envelope { provider: Provider::Shopify, raw_body: order.as_bytes(), headers: &headers, secret_index: None };
     let id = format!("reconcile:{}", body_digest_id(order.as_bytes()));
-    let payload = payload::check(order).ok().filter(|c| !c.has_nul).map(|_| order.to_string());
+    let payload = Some(order.to_string()).filter(|t| payload::storable(t));
     inbox::claim_one(conn, &env, &NewEvent::unusable(id, ORDER_EVENT_TYPE, payload, reason)).await?;
     Ok(())
 }

@@ -57,6 +57,11 @@ pub fn check(text: &str) -> Result<Checked, Unusable> {
     Ok(Checked { fields, has_nul: has_nul_escape(text) })
 }
 
+/// Usable, and storable as `jsonb` (no `\u0000`): what a `failed` row may keep as its payload.
+pub fn storable(text: &str) -> bool {
+    check(text).is_ok_and(|c| !c.has_nul)
+}
+
 /// The top-level fields of a body that is JSON but not usable (too deep, a number
 /// out of range, a lone surrogate, ...), read without those limits, so that its
 /// `failed` row still carries the provider's own id; `Err` when it is not JSON at all.
@@ -99,6 +104,27 @@ impl<'de> Deserialize<'de> for Any {
     }
 }
 
+/// The `visit_*` methods for the scalars a visitor only checks, each answering `$value`.
+macro_rules! scalars_give {
+    ($ty:ty, $value:expr) => {
+        fn visit_bool<E>(self, _: bool) -> Result<$ty, E> {
+            Ok($value)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<$ty, E> {
+            Ok($value)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<$ty, E> {
+            Ok($value)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<$ty, E> {
+            Ok($value)
+        }
+        fn visit_unit<E>(self) -> Result<$ty, E> {
+            Ok($value)
+        }
+    };
+}
+
 struct AnyVisitor;
 
 impl<'de> Visitor<'de> for AnyVisitor {
@@ -107,22 +133,8 @@ impl<'de> Visitor<'de> for AnyVisitor {
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("any JSON value")
     }
-    fn visit_bool<E>(self, _: bool) -> Result<Any, E> {
-        Ok(Any)
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<Any, E> {
-        Ok(Any)
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<Any, E> {
-        Ok(Any)
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<Any, E> {
-        Ok(Any)
-    }
+    scalars_give!(Any, Any);
     fn visit_str<E>(self, _: &str) -> Result<Any, E> {
-        Ok(Any)
-    }
-    fn visit_unit<E>(self) -> Result<Any, E> {
         Ok(Any)
     }
     fn visit_none<E>(self) -> Result<Any, E> {
@@ -152,23 +164,9 @@ impl<'de> Deserialize<'de> for StringOrAny {
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("any JSON value")
             }
+            scalars_give!(StringOrAny, StringOrAny(None));
             fn visit_str<E>(self, s: &str) -> Result<StringOrAny, E> {
                 Ok(StringOrAny(Some(s.to_string())))
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<StringOrAny, E> {
-                Ok(StringOrAny(None))
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<StringOrAny, E> {
-                Ok(StringOrAny(None))
-            }
-            fn visit_u64<E>(self, _: u64) -> Result<StringOrAny, E> {
-                Ok(StringOrAny(None))
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<StringOrAny, E> {
-                Ok(StringOrAny(None))
-            }
-            fn visit_unit<E>(self) -> Result<StringOrAny, E> {
-                Ok(StringOrAny(None))
             }
             fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<StringOrAny, A::Error> {
                 AnyVisitor.visit_seq(seq).map(|_| StringOrAny(None))
@@ -178,6 +176,19 @@ impl<'de> Deserialize<'de> for StringOrAny {
             }
         }
         d.deserialize_any(V)
+    }
+}
+
+impl Fields {
+    /// Where a top-level key's string goes; `None` for keys nobody reads.
+    fn slot(&mut self, key: KeyName) -> Option<&mut Option<String>> {
+        match key {
+            KeyName::Id => Some(&mut self.id),
+            KeyName::Type => Some(&mut self.kind),
+            KeyName::Action => Some(&mut self.action),
+            KeyName::Token => Some(&mut self.token),
+            KeyName::Other => None,
+        }
     }
 }
 
@@ -192,43 +203,24 @@ impl<'de> Deserialize<'de> for Top {
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("any JSON value")
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Top, A::Error> {
-                let mut fields = Fields::default();
-                while let Some(key) = map.next_key::<KeyName>()? {
-                    let slot = match key {
-                        KeyName::Id => &mut fields.id,
-                        KeyName::Type => &mut fields.kind,
-                        KeyName::Action => &mut fields.action,
-                        KeyName::Token => &mut fields.token,
-                        KeyName::Other => {
-                            map.next_value::<Any>()?;
-                            continue;
-                        }
-                    };
-                    *slot = map.next_value::<StringOrAny>()?.0;
-                }
-                Ok(Top(fields))
+            scalars_give!(Top, Top(Fields::default()));
+            fn visit_str<E>(self, _: &str) -> Result<Top, E> {
+                Ok(Top(Fields::default()))
             }
             fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Top, A::Error> {
                 AnyVisitor.visit_seq(seq).map(|_| Top(Fields::default()))
             }
-            fn visit_bool<E>(self, _: bool) -> Result<Top, E> {
-                Ok(Top(Fields::default()))
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<Top, E> {
-                Ok(Top(Fields::default()))
-            }
-            fn visit_u64<E>(self, _: u64) -> Result<Top, E> {
-                Ok(Top(Fields::default()))
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<Top, E> {
-                Ok(Top(Fields::default()))
-            }
-            fn visit_str<E>(self, _: &str) -> Result<Top, E> {
-                Ok(Top(Fields::default()))
-            }
-            fn visit_unit<E>(self) -> Result<Top, E> {
-                Ok(Top(Fields::default()))
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Top, A::Error> {
+                let mut fields = Fields::default();
+                while let Some(key) = map.next_key::<KeyName>()? {
+                    match fields.slot(key) {
+                        Some(slot) => *slot = map.next_value::<StringOrAny>()?.0,
+                        None => {
+                            map.next_value::<Any>()?;
+                        }
+                    }
+                }
+                Ok(Top(fields))
             }
         }
         d.deserialize_any(V)
@@ -247,42 +239,23 @@ impl<'de> Deserialize<'de> for Lenient {
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("any JSON value")
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Lenient, A::Error> {
-                let mut fields = Fields::default();
-                while let Some(key) = map.next_key::<KeyName>()? {
-                    let raw = map.next_value::<Box<RawValue>>()?;
-                    let slot = match key {
-                        KeyName::Id => &mut fields.id,
-                        KeyName::Type => &mut fields.kind,
-                        KeyName::Action => &mut fields.action,
-                        KeyName::Token => &mut fields.token,
-                        KeyName::Other => continue,
-                    };
-                    *slot = serde_json::from_str::<String>(raw.get()).ok();
-                }
-                Ok(Lenient(fields))
+            scalars_give!(Lenient, Lenient(Fields::default()));
+            fn visit_str<E>(self, _: &str) -> Result<Lenient, E> {
+                Ok(Lenient(Fields::default()))
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Lenient, A::Error> {
                 while seq.next_element::<IgnoredAny>()?.is_some() {}
                 Ok(Lenient(Fields::default()))
             }
-            fn visit_bool<E>(self, _: bool) -> Result<Lenient, E> {
-                Ok(Lenient(Fields::default()))
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<Lenient, E> {
-                Ok(Lenient(Fields::default()))
-            }
-            fn visit_u64<E>(self, _: u64) -> Result<Lenient, E> {
-                Ok(Lenient(Fields::default()))
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<Lenient, E> {
-                Ok(Lenient(Fields::default()))
-            }
-            fn visit_str<E>(self, _: &str) -> Result<Lenient, E> {
-                Ok(Lenient(Fields::default()))
-            }
-            fn visit_unit<E>(self) -> Result<Lenient, E> {
-                Ok(Lenient(Fields::default()))
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Lenient, A::Error> {
+                let mut fields = Fields::default();
+                while let Some(key) = map.next_key::<KeyName>()? {
+                    let raw = map.next_value::<Box<RawValue>>()?;
+                    if let Some(slot) = fields.slot(key) {
+                        *slot = serde_json::from_str::<String>(raw.get()).ok();
+                    }
+                }
+                Ok(Lenient(fields))
             }
         }
         // The values are raw text or `IgnoredAny`, skipped without recursing: only broken

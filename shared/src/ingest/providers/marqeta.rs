@@ -12,10 +12,13 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::{
-    body_digest_id, event_from, first_matching, header, header_values, parse_json, parse_json_text, Delivery, Events,
-    NewEvent, Provider, Rejected, Scheme, Verified,
+    body_digest_id, event_from, first_matching, header, header_values, parse_json_text, Delivery, Events, NewEvent,
+    Provider, Rejected, Scheme, Verified,
 };
-use crate::core::secret::{MarqetaAuth, Secret};
+use crate::core::{
+    payload::storable,
+    secret::{MarqetaAuth, Secret},
+};
 
 pub const SIGNATURE: &str = "x-marqeta-signature";
 /// Rows one delivery may make: Marqeta batches at most 10 notifications.
@@ -96,7 +99,7 @@ impl Scheme for Marqeta {
         let groups = match serde_json::from_str::<Groups<'_>>(text) {
             Ok(groups) => groups.0,
             Err(e) => {
-                let payload = parse_json(d.body).ok().filter(|j| j.unusable.is_none()).map(|j| j.text.into_owned());
+                let payload = Some(text.to_string()).filter(|t| storable(t));
                 return Events::Batch(vec![NewEvent::unusable(
                     body_digest_id(d.body),
                     "unknown",
@@ -129,10 +132,7 @@ impl Scheme for Marqeta {
                 None => events.push(NewEvent::unusable(
                     body_digest_id(raw.get().as_bytes()),
                     "unknown",
-                    parse_json_text(Cow::Borrowed(raw.get()))
-                        .ok()
-                        .filter(|j| j.unusable.is_none())
-                        .map(|j| j.text.into_owned()),
+                    Some(raw.get().to_string()).filter(|t| storable(t)),
                     "a notification key that is empty, long or odd, or whose value is not a list",
                 )),
             }
