@@ -10,3 +10,4 @@ mod receive;
 mod reconcile;
 mod relay;
 mod retention;
+mod secrets;

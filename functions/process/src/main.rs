@@ -20,9 +20,11 @@ use webhook_inbox::{
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     config::init_logging();
-    let pool = db::pool(&DbConfig::from_env(2)?)?;
-    let margin = config::deadline_margin_from_env()?;
-    let worker = Arc::new(Worker::new(pool, Handlers::reference(), WorkerConfig::from_env()?));
+    let env = config::Env::resolved().await?;
+    // One invocation at a time, one batch at a time: one connection.
+    let pool = db::pool(&DbConfig::read(&env, 1)?)?;
+    let margin = config::deadline_margin(&env)?;
+    let worker = Arc::new(Worker::new(pool, Handlers::reference(), WorkerConfig::read(&env)?));
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
         let worker = worker.clone();
         async move {

@@ -14,8 +14,9 @@ use webhook_inbox::{
 async fn main() -> Result<(), Error> {
     config::init_logging();
     // A retention shorter than a provider's redelivery window stops the function here, with the reason.
-    let pruner = Pruner::new(db::pool(&DbConfig::from_env(1)?)?, RetentionConfig::from_env()?);
-    let margin = config::deadline_margin_from_env()?;
+    let env = config::Env::resolved().await?;
+    let pruner = Pruner::new(db::pool(&DbConfig::read(&env, 1)?)?, RetentionConfig::read(&env)?);
+    let margin = config::deadline_margin(&env)?;
     let pruner = &pruner;
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
         let pruned = pruner.run(deadline::drain_until(event.context.deadline, margin)).await?;

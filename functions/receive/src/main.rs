@@ -9,8 +9,9 @@ use webhook_inbox::{config, db, ingest::notify::ProcessQueue, ReceiveConfig, Rec
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     config::init_logging();
-    // Built once per Lambda instance: one or two connections, connected on first use.
-    let config = ReceiveConfig::from_env(2)?;
+    // Built once per Lambda instance: one request at a time, so one connection, made on first use.
+    let env = config::Env::resolved().await?;
+    let config = ReceiveConfig::read(&env, 1)?;
     let mut receiver = Receiver::new(db::Connections::new(&config.db)?, &config);
     if let Some(url) = &config.process_queue_url {
         receiver = receiver.with_process_queue(ProcessQueue::connect(url).await);

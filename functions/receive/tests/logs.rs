@@ -1,7 +1,8 @@
 //! The `receive` binary, driven through a fake Lambda Runtime API with
 //! `RUST_LOG=trace`: whatever the log filter, no secret, signature, Basic
 //! credential or body reaches the logs (the Lambda runtime itself logs every
-//! raw invocation event at trace).
+//! raw invocation event at trace), and whether the secrets come from the
+//! environment or from Secrets Manager (whose SDK logs its calls at trace).
 
 use std::{
     process::{Command, Stdio},
@@ -23,6 +24,41 @@ const DB_PASSWORD: &str = "LOGTEST-db-password";
 
 #[tokio::test]
 async fn at_trace_level_no_secret_signature_or_body_is_logged() {
+    let unused_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    invoke_and_check_logs(&[
+        ("STRIPE_WEBHOOK_SECRET", WEBHOOK_SECRET.into()),
+        ("DATABASE_URL", format!("postgres://inbox:{DB_PASSWORD}@127.0.0.1:{unused_port}/inbox")),
+    ])
+    .await;
+}
+
+#[tokio::test]
+async fn secrets_from_secrets_manager_verify_and_stay_out_of_the_logs() {
+    let moto = inbox_tests::Moto::start();
+    let sm = aws_sdk_secretsmanager::Client::new(&moto.aws().await);
+    let create = |name: &'static str, value: String| {
+        let sm = sm.clone();
+        async move { sm.create_secret().name(name).secret_string(value).send().await.unwrap().arn().unwrap().to_string() }
+    };
+    let stripe = create("stripe", WEBHOOK_SECRET.into()).await;
+    let db = create("db", format!(r#"{{"username":"inbox","password":"{DB_PASSWORD}"}}"#)).await;
+    let unused_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    // "claim failed" in the logs means the signature verified: the secret came from Secrets Manager.
+    invoke_and_check_logs(&[
+        ("STRIPE_WEBHOOK_SECRET_ARN", stripe),
+        ("DATABASE_SECRET_ARN", db),
+        ("DATABASE_URL", format!("postgres://127.0.0.1:{unused_port}/inbox")),
+        ("AWS_ENDPOINT_URL_SECRETS_MANAGER", moto.url.clone()),
+        ("AWS_ACCESS_KEY_ID", "testing".into()),
+        ("AWS_SECRET_ACCESS_KEY", "testing".into()),
+        ("AWS_REGION", "us-east-1".into()),
+    ])
+    .await;
+}
+
+/// Runs the binary with `vars` for one signed Stripe delivery (with a Basic
+/// credential too) to a database that is not there, and checks its logs.
+async fn invoke_and_check_logs(vars: &[(&str, String)]) {
     let api = MockServer::start().await;
     let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
     let body = json!({"id": "evt_log", "type": "x", "card": BODY_MARKER}).to_string();
@@ -66,7 +102,6 @@ async fn at_trace_level_no_secret_signature_or_body_is_logged() {
         .mount(&api)
         .await;
 
-    let unused_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let mut child = Command::new(env!("CARGO_BIN_EXE_receive"))
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
@@ -77,8 +112,7 @@ async fn at_trace_level_no_secret_signature_or_body_is_logged() {
         .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "128")
         .env("AWS_LAMBDA_LOG_STREAM_NAME", "stream")
         .env("AWS_LAMBDA_LOG_GROUP_NAME", "/aws/lambda/receive")
-        .env("STRIPE_WEBHOOK_SECRET", WEBHOOK_SECRET)
-        .env("DATABASE_URL", format!("postgres://inbox:{DB_PASSWORD}@127.0.0.1:{unused_port}/inbox"))
+        .envs(vars.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

@@ -12,11 +12,12 @@ use webhook_inbox::{
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     config::init_logging();
-    let reconciler = Reconciler::from_env()?;
+    let env = config::Env::resolved().await?;
+    let reconciler = Reconciler::read(&env)?;
     if !reconciler.is_configured() {
         return Err("nothing to reconcile: set STRIPE_API_KEY, or SHOPIFY_SHOP_DOMAIN and SHOPIFY_ACCESS_TOKEN".into());
     }
-    let pool = db::pool(&DbConfig::from_env(1)?)?;
+    let pool = db::pool(&DbConfig::read(&env, 1)?)?;
     let (reconciler, pool) = (&reconciler, &pool);
     lambda_runtime::run(service_fn(move |_: LambdaEvent<Value>| async move {
         let reconciled = reconciler.run_once(pool).await;

@@ -4,7 +4,7 @@
 use lambda_runtime::{service_fn, Error, LambdaEvent};
 use serde_json::Value;
 use webhook_inbox::{
-    config::{self, sinks_from_env, DbConfig},
+    config::{self, DbConfig, SinkConfig},
     db,
     relay::{Relay, RelayConfig},
     runtime::{deadline, stage::Stage},
@@ -13,12 +13,13 @@ use webhook_inbox::{
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     config::init_logging();
-    let sinks = sinks_from_env().await?;
+    let env = config::Env::resolved().await?;
+    let sinks = SinkConfig::read(&env)?.build().await?;
     if sinks.is_empty() {
         return Err("no sink configured: set RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL or RELAY_EVENT_BUS".into());
     }
-    let relay = Relay::new(db::pool(&DbConfig::from_env(1)?)?, sinks, RelayConfig::from_env()?);
-    let margin = config::deadline_margin_from_env()?;
+    let relay = Relay::new(db::pool(&DbConfig::read(&env, 1)?)?, sinks, RelayConfig::read(&env)?);
+    let margin = config::deadline_margin(&env)?;
     let relay = &relay;
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
         let relayed = relay.run(deadline::drain_until(event.context.deadline, margin)).await?;

@@ -3,7 +3,10 @@
 //! Every variable goes through an [`Env`], the process environment or pairs a
 //! test gives, and every stage's settings have one reader here (`read`), with
 //! `from_env` as the process-environment shorthand. The structs themselves
-//! live with the stages that use them.
+//! live with the stages that use them. A deployed function's secrets come
+//! from AWS Secrets Manager ([`secrets_manager`]) through [`Env::resolved`].
+
+pub mod secrets_manager;
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
@@ -33,6 +36,18 @@ impl Env<'static> {
     pub fn process() -> Self {
         Env::from_lookup(|name| std::env::var(name).ok())
     }
+
+    /// The process environment with the secrets its `*_ARN` variables name
+    /// fetched from Secrets Manager: the first call of a function's `main`,
+    /// once per instance. Without such a variable, no AWS call is made.
+    pub async fn resolved() -> Result<Self, ConfigError> {
+        let env = Env::process();
+        if !secrets_manager::wanted(&env) {
+            return Ok(env);
+        }
+        let client = aws_sdk_secretsmanager::Client::new(&crate::core::aws::config(None).await);
+        secrets_manager::resolve(env, &client).await
+    }
 }
 
 impl<'a> Env<'a> {
@@ -43,6 +58,12 @@ impl<'a> Env<'a> {
     /// A test's pairs.
     pub fn from_pairs(pairs: &'a [(&'a str, &'a str)]) -> Self {
         Env::from_lookup(move |name| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string()))
+    }
+
+    /// These values in place of the lookup's own.
+    pub fn overlay(self, values: HashMap<&'static str, String>) -> Self {
+        let Env { get } = self;
+        Env::from_lookup(move |name| values.get(name).cloned().or_else(|| get(name)))
     }
 
     /// The value, trimmed; empty counts as unset.
@@ -239,10 +260,6 @@ impl WorkerConfig {
 /// work this long before its Lambda deadline. It must exceed
 /// `INBOX_STATEMENT_TIMEOUT_MS`, or a statement started just before the margin
 /// could outlive the function, which is then killed mid-batch.
-pub fn deadline_margin_from_env() -> Result<Duration, ConfigError> {
-    deadline_margin(&Env::process())
-}
-
 pub fn deadline_margin(env: &Env) -> Result<Duration, ConfigError> {
     let margin = env.millis("INBOX_DEADLINE_MARGIN_MS", DEFAULT_DEADLINE_MARGIN.as_millis() as u64)?;
     let statement = DbConfig::read(env, 1)?.statement_timeout;

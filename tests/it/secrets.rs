@@ -1,0 +1,84 @@
+//! Secrets from AWS Secrets Manager (moto's): fetched once, standing in for the
+//! plain variables, the database's merged into `DATABASE_URL`; every mistake
+//! named without its value.
+
+use aws_sdk_secretsmanager::Client;
+use sqlx::Connection;
+use webhook_inbox::config::{secrets_manager, DbConfig, Env, Secrets};
+
+const STRIPE: &str = "whsec_from_secrets_manager";
+const DB_PASSWORD: &str = "db-password-from-secrets-manager";
+
+async fn create(sm: &Client, name: &str, value: &str) -> String {
+    sm.create_secret().name(name).secret_string(value).send().await.unwrap().arn().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn arns_resolve_to_the_plain_variables_and_a_working_database_url() {
+    let moto = inbox_tests::Moto::start();
+    let sm = Client::new(&moto.aws().await);
+    let stripe = create(&sm, "stripe", &format!("{STRIPE},whsec_previous")).await;
+    let marqeta = create(
+        &sm,
+        "marqeta",
+        r#"{"MARQETA_WEBHOOK_USERNAME":"mq","MARQETA_WEBHOOK_PASSWORD":["password-one-0123456789","password-two-0123456789"]}"#,
+    )
+    .await;
+    // RDS's managed secret: only the credentials (the local server trusts any password).
+    let db = create(&sm, "db", &format!(r#"{{"username":"postgres","password":"{DB_PASSWORD}"}}"#)).await;
+
+    let pairs = [
+        ("STRIPE_WEBHOOK_SECRET_ARN", stripe.as_str()),
+        ("MARQETA_WEBHOOK_CREDENTIALS_ARN", marqeta.as_str()),
+        ("DATABASE_SECRET_ARN", db.as_str()),
+        ("DATABASE_URL", "postgres://127.0.0.1:5432/postgres"),
+        ("SHOPIFY_WEBHOOK_SECRET", "from-the-environment"),
+    ];
+    let env = Env::from_pairs(&pairs);
+    assert!(secrets_manager::wanted(&env));
+    assert!(!secrets_manager::wanted(&Env::from_pairs(&pairs[3..])), "no ARN, no AWS call");
+    let env = secrets_manager::resolve(env, &sm).await.unwrap();
+
+    let secrets = Secrets::read(&env).unwrap();
+    let stripe: Vec<&[u8]> = secrets.stripe.iter().map(|s| s.expose()).collect();
+    assert_eq!(stripe, [STRIPE.as_bytes(), b"whsec_previous"]);
+    assert_eq!(secrets.shopify.len(), 1, "plain variables still work beside ARNs");
+    let marqeta = secrets.marqeta.expect("Marqeta credentials from one JSON secret");
+    assert_eq!((marqeta.username.expose(), marqeta.passwords.len()), (b"mq".as_slice(), 2));
+
+    let url = DbConfig::read(&env, 1).unwrap().url.unwrap();
+    assert_eq!(url, format!("postgres://postgres:{DB_PASSWORD}@127.0.0.1:5432/postgres"));
+    let mut conn = sqlx::PgConnection::connect(&url).await.expect("the merged URL connects");
+    let one: i32 = sqlx::query_scalar("SELECT 1").fetch_one(&mut conn).await.unwrap();
+    assert_eq!(one, 1);
+}
+
+#[tokio::test]
+async fn mistakes_name_the_variable_and_never_the_value() {
+    let moto = inbox_tests::Moto::start();
+    let sm = Client::new(&moto.aws().await);
+    let stripe = create(&sm, "stripe", STRIPE).await;
+    let not_rds = create(&sm, "db", &format!(r#"{{"user":"postgres","pass":"{DB_PASSWORD}"}}"#)).await;
+    let missing = stripe.replace("stripe", "nonexistent");
+
+    for (pairs, says) in [
+        (vec![("STRIPE_WEBHOOK_SECRET_ARN", missing.as_str())], "STRIPE_WEBHOOK_SECRET_ARN: cannot read secret"),
+        (
+            vec![("STRIPE_WEBHOOK_SECRET_ARN", stripe.as_str()), ("STRIPE_WEBHOOK_SECRET", "whsec_plain")],
+            "STRIPE_WEBHOOK_SECRET: set directly and by STRIPE_WEBHOOK_SECRET_ARN",
+        ),
+        (
+            vec![("DATABASE_SECRET_ARN", not_rds.as_str()), ("DATABASE_URL", "postgres://h/db")],
+            "DATABASE_SECRET_ARN: needs username and password",
+        ),
+    ] {
+        let err = match secrets_manager::resolve(Env::from_pairs(&pairs), &sm).await {
+            Ok(_) => panic!("{pairs:?} resolved"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains(says), "{err}");
+        for secret in [STRIPE, DB_PASSWORD, "whsec_plain"] {
+            assert!(!err.contains(secret), "{err}");
+        }
+    }
+}
