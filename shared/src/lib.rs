@@ -13,7 +13,8 @@
 //! - [`process`]: the handler registry, the worker, the `process` triggers;
 //! - [`domain`]: the reference handlers (orders, payments, deposits);
 //! - [`relay`]: the relay and its HTTP and AWS sinks;
-//! - [`retention`], [`reconcile`]: the other scheduled stages;
+//! - [`retention`], [`reconcile`]: the other scheduled stages; [`migrate`]:
+//!   the schema at deploy time (a CloudFormation custom resource);
 //! - [`config`]: the one reader of the environment, each stage's settings read
 //!   through an injectable lookup;
 //! - [`runtime`]: the Lambda deadline, the stage loops, tracing; [`dev`]:
@@ -50,6 +51,8 @@ pub mod dev;
 #[cfg(feature = "service")]
 pub mod domain;
 pub mod ingest;
+#[cfg(feature = "service")]
+pub mod migrate;
 #[cfg(feature = "service")]
 pub mod process;
 #[cfg(feature = "service")]

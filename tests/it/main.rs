@@ -3,6 +3,7 @@
 
 mod hostile;
 mod layout;
+mod migrate;
 mod partitioning;
 mod payload;
 mod process;

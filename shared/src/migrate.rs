@@ -1,0 +1,96 @@
+//! Lambda `migrate`: a CloudFormation custom resource that applies the
+//! embedded migrations ([`crate::db::MIGRATOR`]) when the stack is created or
+//! updated, before the other functions exist (they depend on it).
+//!
+//! Create and Update apply whatever is pending (sqlx records what was applied,
+//! so a second run is a no-op) and answer with the latest version; Delete
+//! answers at once and touches nothing: deleting the stack never drops data.
+//! Every request is answered, success or failure, before the function's own
+//! deadline: CloudFormation would otherwise wait an hour for a response.
+
+use std::time::{Duration, Instant};
+
+use aws_lambda_events::event::cloudformation::{
+    CloudFormationCustomResourceRequest as Request, CloudFormationCustomResourceResponse as Response,
+    CloudFormationCustomResourceResponseStatus as Status,
+};
+use sqlx::PgPool;
+
+use crate::db::MIGRATOR;
+
+/// The one physical id: updates never replace the resource (a replacement
+/// would send a Delete for the old one).
+pub const PHYSICAL_ID: &str = "webhook-inbox-migrations";
+
+/// Whatever the request, CloudFormation gets an answer (the status returned);
+/// the error is returned only when even the answer could not be delivered.
+pub async fn on_custom_resource(
+    request: Request,
+    pool: &PgPool,
+    http: &reqwest::Client,
+    deadline: Instant,
+) -> Result<Status, reqwest::Error> {
+    let (kind, response_url, stack_id, request_id, logical_id) = match request {
+        Request::Create(r) => ("Create", r.response_url, r.stack_id, r.request_id, r.logical_resource_id),
+        Request::Update(r) => ("Update", r.response_url, r.stack_id, r.request_id, r.logical_resource_id),
+        Request::Delete(r) => ("Delete", r.response_url, r.stack_id, r.request_id, r.logical_resource_id),
+        // Unreachable: a request of another type does not deserialize into `Request`.
+        _ => return Ok(Status::Failed),
+    };
+    let outcome = match kind {
+        "Delete" => Ok(None),
+        _ => apply(pool, deadline).await.map(Some),
+    };
+    let mut response = Response::default();
+    response.physical_resource_id = PHYSICAL_ID.into();
+    (response.stack_id, response.request_id, response.logical_resource_id) = (stack_id, request_id, logical_id);
+    match outcome {
+        Ok(version) => {
+            if let Some(version) = version {
+                response.data.insert("Version".into(), version.to_string());
+            }
+            tracing::info!(kind, ?version, "migrations applied");
+        }
+        Err(reason) => {
+            tracing::error!(kind, %reason, "migrations failed");
+            response.status = Status::Failed;
+            // CloudFormation shows the reason in the stack's events; it keeps 4 KB of a response.
+            response.reason = Some(reason.chars().take(1000).collect());
+        }
+    }
+    answer(http, &response_url, &response).await?;
+    Ok(response.status)
+}
+
+/// The latest applied version, after applying what is pending.
+async fn apply(pool: &PgPool, deadline: Instant) -> Result<i64, String> {
+    let run = tokio::time::timeout_at(deadline.into(), MIGRATOR.run(pool));
+    match run.await {
+        Err(_) => {
+            Err("the migrations did not finish before the function's deadline; they resume on the next deploy".into())
+        }
+        Ok(Err(e)) => Err(format!("cannot apply the migrations: {e}")),
+        Ok(Ok(())) => Ok(MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0)),
+    }
+}
+
+/// PUT to the pre-signed S3 URL, with no content type (it is part of the
+/// signature), tried three times.
+async fn answer(http: &reqwest::Client, url: &str, response: &Response) -> Result<(), reqwest::Error> {
+    let body = serde_json::to_vec(response).expect("a response serializes");
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        // The URL is a credential (a pre-signed write): kept out of errors and logs.
+        let sent = http.put(url).body(body.clone()).send().await.and_then(|r| r.error_for_status());
+        let sent = sent.map_err(reqwest::Error::without_url);
+        match sent {
+            Ok(_) => return Ok(()),
+            Err(e) if tries >= 3 => return Err(e),
+            Err(e) => {
+                tracing::warn!(error = %e, tries, "could not answer CloudFormation; retrying");
+                tokio::time::sleep(Duration::from_millis(500 * tries)).await;
+            }
+        }
+    }
+}
