@@ -3,8 +3,13 @@
 //! claim as webhooks (marked `source = 'reconcile'`); Shopify orders through the
 //! same version-guarded upsert. Checkpoints advance only after what was found
 //! has committed, so a run that dies is simply run again: nothing lands twice.
+//!
+//! A run walks from its checkpoint to the present in windows
+//! (`RECONCILE_WINDOW_MINUTES`) and saves the checkpoint after each: a first
+//! run's 72 hours, or a backlog after an outage, take several bounded runs,
+//! each starting where the last stopped, instead of timing out forever.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -44,6 +49,9 @@ pub struct Found {
     pub already_known: usize,
     /// Kept as `failed` rows with their reason (unusable, or refused by PostgreSQL).
     pub failed: usize,
+    /// False when the deadline came before the present: the next run resumes
+    /// from the last window saved.
+    pub finished: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -52,6 +60,23 @@ pub struct ReconcileConfig {
     pub first_lookback: Duration,
     /// Re-read this much before the checkpoint, for clocks and late writes (5 min).
     pub overlap: Duration,
+    /// `RECONCILE_WINDOW_MINUTES` (60): the checkpoint is saved after each window.
+    pub window: Duration,
+}
+
+/// From the checkpoint (less the overlap), or the first lookback, to now, in
+/// whole seconds: `[start, end)` windows of at most `config.window`.
+async fn windows(pool: &PgPool, source: &str, config: &ReconcileConfig) -> Result<Vec<(i64, i64)>, sqlx::Error> {
+    let now = now_epoch();
+    let checkpoint = checkpoints::load(pool, source).await?.unwrap_or(now - config.first_lookback.as_secs_f64());
+    let (mut start, end) = ((checkpoint - config.overlap.as_secs_f64()).max(0.0) as i64, now.ceil() as i64);
+    let step = config.window.as_secs().max(1) as i64;
+    let mut windows = Vec::new();
+    while start < end {
+        windows.push((start, (start + step).min(end)));
+        start += step;
+    }
+    Ok(windows)
 }
 
 /// GET with `429`/`Retry-After` honoured (up to 5 tries, at most 30 s a wait).
@@ -100,7 +125,6 @@ struct EventPage<'a> {
 #[derive(Deserialize)]
 struct EventHead {
     id: Option<String>,
-    created: Option<i64>,
 }
 
 impl StripeEvents {
@@ -112,23 +136,49 @@ impl StripeEvents {
         Ok(StripeEvents { client, base: base.into().trim_end_matches('/').to_string(), key })
     }
 
-    /// Lists undelivered events created since the checkpoint (newest first,
-    /// paginated with `starting_after`) and claims each through the webhook claim.
-    pub async fn reconcile(&self, pool: &PgPool, config: &ReconcileConfig) -> Result<Found, ReconcileError> {
+    /// Lists undelivered events created since the checkpoint, window by window
+    /// (newest first within one, paginated with `starting_after`), and claims
+    /// each through the webhook claim; no page is asked for past `deadline`.
+    pub async fn reconcile(
+        &self,
+        pool: &PgPool,
+        config: &ReconcileConfig,
+        deadline: Instant,
+    ) -> Result<Found, ReconcileError> {
         const SOURCE: &str = "stripe:events";
-        let since = checkpoints::load(pool, SOURCE).await?.unwrap_or(now_epoch() - config.first_lookback.as_secs_f64())
-            - config.overlap.as_secs_f64();
+        let mut found = Found::default();
+        for (start, end) in windows(pool, SOURCE, config).await? {
+            if !self.window(pool, start, end, deadline, &mut found).await? {
+                return Ok(found);
+            }
+            // Every event created in the window was listed now (undelivered) or delivered.
+            checkpoints::save(pool, SOURCE, end as f64).await?;
+        }
+        found.finished = true;
+        Ok(found)
+    }
+
+    /// One window, all its pages; false if the deadline came first.
+    async fn window(
+        &self,
+        pool: &PgPool,
+        start: i64,
+        end: i64,
+        deadline: Instant,
+        found: &mut Found,
+    ) -> Result<bool, ReconcileError> {
         let parser = Stripe::new(vec![]);
         let headers = http::HeaderMap::new();
         let empty = serde_json::json!({});
-        let mut found = Found::default();
-        // Every event created before this run started was listed now (undelivered) or delivered.
-        let mut latest = now_epoch() - config.overlap.as_secs_f64();
         let mut starting_after: Option<String> = None;
         loop {
+            if Instant::now() >= deadline {
+                return Ok(false);
+            }
             let mut query = vec![
                 ("limit", "100".to_string()),
-                ("created[gte]", (since.max(0.0) as i64).to_string()),
+                ("created[gte]", start.to_string()),
+                ("created[lt]", end.to_string()),
                 ("delivery_success", "false".to_string()),
             ];
             if let Some(after) = &starting_after {
@@ -151,11 +201,10 @@ impl StripeEvents {
             // refuses is kept as `failed` (the receive fallback) and the page goes on.
             let mut conn = pool.acquire().await?;
             for raw in &page.data {
-                let head: EventHead = serde_json::from_str(raw.get()).unwrap_or(EventHead { id: None, created: None });
+                let head: EventHead = serde_json::from_str(raw.get()).unwrap_or(EventHead { id: None });
                 if let Some(id) = &head.id {
                     starting_after = Some(id.clone());
                 }
-                latest = latest.max(head.created.unwrap_or(0) as f64);
                 let body = raw.get().as_bytes();
                 let Events::Single(event) = parser.events(&Delivery { headers: &headers, body, now: 0 }) else {
                     continue;
@@ -169,11 +218,9 @@ impl StripeEvents {
             }
             drop(conn);
             if !page.has_more || page.data.is_empty() {
-                break;
+                return Ok(true);
             }
         }
-        checkpoints::save(pool, SOURCE, latest).await?;
-        Ok(found)
     }
 }
 
@@ -238,24 +285,56 @@ impl ShopifyOrders {
         })
     }
 
-    /// Orders updated since the checkpoint, page by page (`Link: rel="next"`),
-    /// through the version-guarded upsert: a stale or known order changes nothing.
-    pub async fn reconcile(&self, pool: &PgPool, config: &ReconcileConfig) -> Result<Found, ReconcileError> {
+    /// Orders updated since the checkpoint, window by window and page by page
+    /// (`Link: rel="next"`), through the version-guarded upsert: a stale or
+    /// known order changes nothing. No page is asked for past `deadline`.
+    pub async fn reconcile(
+        &self,
+        pool: &PgPool,
+        config: &ReconcileConfig,
+        deadline: Instant,
+    ) -> Result<Found, ReconcileError> {
         const SOURCE: &str = "shopify:orders";
-        let since = checkpoints::load(pool, SOURCE).await?.unwrap_or(now_epoch() - config.first_lookback.as_secs_f64())
-            - config.overlap.as_secs_f64();
-        let since_text: String =
-            sqlx::query_scalar("SELECT to_char(to_timestamp($1) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')")
-                .bind(since.max(0.0))
-                .fetch_one(pool)
-                .await?;
-        let mut url = format!("{}/admin/api/{}/orders.json", self.base, self.version);
-        let mut query =
-            vec![("status", "any".to_string()), ("limit", "250".to_string()), ("updated_at_min", since_text)];
         let mut found = Found::default();
-        let run_started = now_epoch() - config.overlap.as_secs_f64();
-        let mut versions: Vec<String> = Vec::new();
+        for (start, end) in windows(pool, SOURCE, config).await? {
+            if !self.window(pool, start, end, deadline, &mut found).await? {
+                return Ok(found);
+            }
+            // Every order updated in the window was listed now.
+            checkpoints::save(pool, SOURCE, end as f64).await?;
+        }
+        found.finished = true;
+        Ok(found)
+    }
+
+    /// One window, all its pages; false if the deadline came first.
+    async fn window(
+        &self,
+        pool: &PgPool,
+        start: i64,
+        end: i64,
+        deadline: Instant,
+        found: &mut Found,
+    ) -> Result<bool, ReconcileError> {
+        let (min, max): (String, String) = sqlx::query_as(
+            "SELECT to_char(to_timestamp($1) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
+                    to_char(to_timestamp($2) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')",
+        )
+        .bind(start as f64)
+        .bind(end as f64)
+        .fetch_one(pool)
+        .await?;
+        let mut url = format!("{}/admin/api/{}/orders.json", self.base, self.version);
+        let mut query = vec![
+            ("status", "any".to_string()),
+            ("limit", "250".to_string()),
+            ("updated_at_min", min),
+            ("updated_at_max", max),
+        ];
         loop {
+            if Instant::now() >= deadline {
+                return Ok(false);
+            }
             let mut token =
                 reqwest::header::HeaderValue::from_bytes(self.token.expose()).map_err(|_| ReconcileError::Body {
                     api: "Shopify",
@@ -276,10 +355,7 @@ impl ShopifyOrders {
                     .and_then(|order| OrderSnapshot::from_shopify(&order).map_err(|e| format!("malformed order: {e}")));
                 let applied = match snapshot {
                     Ok(snapshot) => match orders::upsert(&mut conn, &snapshot).await {
-                        Ok(applied) => {
-                            versions.push(snapshot.source_updated_at);
-                            Ok(applied)
-                        }
+                        Ok(applied) => Ok(applied),
                         Err(e) if db::is_refused_value(&e) => Err(format!(
                             "PostgreSQL refused the order (SQLSTATE {})",
                             db::sqlstate(&e).unwrap_or_default()
@@ -304,17 +380,9 @@ impl ShopifyOrders {
                     url = self.same_shop(link)?;
                     query.clear(); // page_info carries the query
                 }
-                None => break,
+                None => return Ok(true),
             }
         }
-        let latest: Option<f64> =
-            sqlx::query_scalar("SELECT extract(epoch FROM max(v::timestamptz))::float8 FROM unnest($1::text[]) AS v")
-                .bind(&versions)
-                .fetch_one(pool)
-                .await?;
-        // Every order updated before this run started was listed now.
-        checkpoints::save(pool, SOURCE, latest.unwrap_or(0.0).max(run_started)).await?;
-        Ok(found)
     }
 }
 
@@ -342,18 +410,23 @@ impl Reconciler {
     }
 
     /// Runs each configured source once, each on its own: one failing does not
-    /// stop the other. The Lambda and `inbox reconcile --once` both report it.
-    pub async fn run_once(&self, pool: &PgPool) -> Reconciled {
+    /// stop the other; none asks for a page past `deadline`. The Lambda and
+    /// `inbox reconcile --once` both report it.
+    pub async fn run_once(&self, pool: &PgPool, deadline: Instant) -> Reconciled {
         let mut runs = Vec::new();
         if let Some(s) = &self.stripe {
-            runs.push(("stripe events", s.reconcile(pool, &self.config).await));
+            runs.push(("stripe events", s.reconcile(pool, &self.config, deadline).await));
         }
         if let Some(s) = &self.shopify {
-            runs.push(("shopify orders", s.reconcile(pool, &self.config).await));
+            runs.push(("shopify orders", s.reconcile(pool, &self.config, deadline).await));
         }
         let mut out = Reconciled::default();
         for (source, result) in runs {
             match result {
+                Ok(found) if !found.finished => {
+                    tracing::warn!(source, ?found, "reconciled up to the deadline; the next run resumes");
+                    out.sources.insert(source, found);
+                }
                 Ok(found) => {
                     tracing::info!(source, ?found, "reconciled");
                     out.sources.insert(source, found);

@@ -1,6 +1,7 @@
 //! Reconcile against a real PostgreSQL and local fakes of the Stripe and
 //! Shopify APIs (wiremock).
 
+use inbox_tests::later;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 use webhook_inbox::{
@@ -16,8 +17,10 @@ use wiremock::{
 
 fn config() -> ReconcileConfig {
     ReconcileConfig {
-        first_lookback: std::time::Duration::from_secs(72 * 3600),
+        first_lookback: std::time::Duration::from_secs(2 * 3600),
         overlap: std::time::Duration::from_secs(300),
+        // One window: these tests are about what a window does.
+        window: std::time::Duration::from_secs(24 * 3600),
     }
 }
 
@@ -63,7 +66,7 @@ async fn reconcile_claims_exactly_the_missing_stripe_events_and_nothing_twice(po
         .unwrap();
 
     let api = StripeEvents::new(server.uri(), Secret::new("sk_test_fake")).unwrap();
-    let first = api.reconcile(&pool, &config()).await.unwrap();
+    let first = api.reconcile(&pool, &config(), later()).await.unwrap();
     assert_eq!((first.fetched, first.applied, first.already_known), (5, 4, 1));
     let rows: Vec<(String, String, Option<i16>)> =
         sqlx::query_as("SELECT event_id, source, secret_index FROM webhook_inbox ORDER BY event_id")
@@ -81,7 +84,7 @@ async fn reconcile_claims_exactly_the_missing_stripe_events_and_nothing_twice(po
         .collect();
     assert_eq!(rows, expected);
 
-    let second = api.reconcile(&pool, &config()).await.unwrap();
+    let second = api.reconcile(&pool, &config(), later()).await.unwrap();
     assert_eq!((second.applied, second.already_known), (0, 5), "run twice, nothing twice");
     let checkpoint: i64 = sqlx::query_scalar(
         "SELECT extract(epoch FROM checkpoint)::bigint FROM reconcile_checkpoints WHERE source = 'stripe:events'",
@@ -90,7 +93,7 @@ async fn reconcile_claims_exactly_the_missing_stripe_events_and_nothing_twice(po
     .await
     .unwrap();
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
-    assert!((now - 310..=now).contains(&checkpoint), "the run's start less the overlap: {checkpoint} vs {now}");
+    assert!((now - 10..=now + 1).contains(&checkpoint), "the run's start: {checkpoint} vs {now}");
     let last = server.received_requests().await.unwrap().pop().unwrap();
     let asked: i64 =
         last.url.query_pairs().find(|(k, _)| k == "created[gte]").map(|(_, v)| v.parse().unwrap()).unwrap();
@@ -98,6 +101,69 @@ async fn reconcile_claims_exactly_the_missing_stripe_events_and_nothing_twice(po
         (checkpoint - 301..=checkpoint - 299).contains(&asked),
         "the second run starts at the checkpoint less the overlap"
     );
+}
+
+/// The `created[gte]`/`created[lt]` (or `updated_at_min`/`_max`) of each request, in order.
+async fn asked_windows(server: &MockServer, min: &str, max: &str) -> Vec<(String, String)> {
+    let requests = server.received_requests().await.unwrap();
+    let param =
+        |r: &wiremock::Request, k: &str| r.url.query_pairs().find(|(key, _)| key == k).map(|(_, v)| v.into_owned());
+    requests.iter().filter_map(|r| Some((param(r, min)?, param(r, max)?))).collect()
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn a_long_lookback_is_walked_in_windows_saved_one_by_one_across_runs(pool: PgPool) {
+    let server = MockServer::start().await;
+    // A slow API: 150 ms a page, one page a window.
+    Mock::given(method("GET"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_delay(std::time::Duration::from_millis(150))
+                .set_body_json(json!({"data": [], "has_more": false})),
+        )
+        .mount(&server)
+        .await;
+    let config = ReconcileConfig {
+        first_lookback: std::time::Duration::from_secs(24 * 3600),
+        overlap: std::time::Duration::from_secs(300),
+        window: std::time::Duration::from_secs(3600),
+    };
+    let api = StripeEvents::new(server.uri(), Secret::new("sk")).unwrap();
+    let checkpoint = || async {
+        sqlx::query_scalar::<_, Option<i64>>(
+            "SELECT extract(epoch FROM checkpoint)::bigint FROM reconcile_checkpoints WHERE source = 'stripe:events'",
+        )
+        .fetch_optional(&pool)
+        .await
+        .unwrap()
+        .flatten()
+    };
+
+    // A deadline too short for 25 windows: the run stops between pages, with what it finished saved.
+    let first = api.reconcile(&pool, &config, std::time::Instant::now() + std::time::Duration::from_secs(1)).await;
+    let first = first.unwrap();
+    assert!(!first.finished);
+    let asked = asked_windows(&server, "created[gte]", "created[lt]").await;
+    assert!((2..=8).contains(&asked.len()), "a few windows in a second: {asked:?}");
+    for pair in asked.windows(2) {
+        assert_eq!(pair[0].1, pair[1].0, "each window starts where the last ended");
+    }
+    let saved = checkpoint().await.expect("the finished windows are saved");
+    let last_finished: i64 = asked[asked.len() - 1].1.parse().unwrap();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    assert!(saved == last_finished || saved == last_finished - 3600, "{saved} vs {asked:?}");
+    assert!(saved < now - 12 * 3600, "far from done: {saved}");
+
+    // The next runs go on from there (less the overlap), and the last reaches the present.
+    let seen = asked.len();
+    let second = api.reconcile(&pool, &config, later()).await.unwrap();
+    assert!(second.finished);
+    let asked = asked_windows(&server, "created[gte]", "created[lt]").await;
+    let resumed: i64 = asked[seen].0.parse().unwrap();
+    assert_eq!(resumed, saved - 300);
+    let reached: i64 = asked.last().unwrap().1.parse().unwrap();
+    assert!((now - 5..=now + 70).contains(&reached), "up to the run's start: {reached} vs {now}");
+    assert_eq!(checkpoint().await, Some(reached));
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
@@ -115,7 +181,8 @@ async fn reconcile_waits_out_a_429_as_the_api_asks(pool: PgPool) {
         .mount(&server)
         .await;
     let started = std::time::Instant::now();
-    let found = StripeEvents::new(server.uri(), Secret::new("sk")).unwrap().reconcile(&pool, &config()).await.unwrap();
+    let found =
+        StripeEvents::new(server.uri(), Secret::new("sk")).unwrap().reconcile(&pool, &config(), later()).await.unwrap();
     assert_eq!(found.applied, 1);
     assert_eq!(server.received_requests().await.unwrap().len(), 2);
     assert!(started.elapsed() >= std::time::Duration::from_millis(900), "it waited for Retry-After");
@@ -155,7 +222,7 @@ async fn reconcile_feeds_shopify_orders_through_the_version_guard(pool: PgPool) 
         .unwrap();
 
     let api = ShopifyOrders::new(server.uri(), "2024-10", Secret::new("shpat_fake")).unwrap();
-    let first = api.reconcile(&pool, &config()).await.unwrap();
+    let first = api.reconcile(&pool, &config(), later()).await.unwrap();
     assert_eq!((first.fetched, first.applied, first.already_known), (3, 2, 1));
     let statuses: Vec<(String, String)> =
         sqlx::query_as("SELECT order_id, status FROM orders ORDER BY order_id").fetch_all(&pool).await.unwrap();
@@ -166,7 +233,7 @@ async fn reconcile_feeds_shopify_orders_through_the_version_guard(pool: PgPool) 
     .fetch_one(&pool)
     .await
     .unwrap();
-    let second = api.reconcile(&pool, &config()).await.unwrap();
+    let second = api.reconcile(&pool, &config(), later()).await.unwrap();
     assert_eq!((second.applied, second.already_known), (0, 3), "run twice, nothing twice");
     let last = server
         .received_requests()
@@ -198,7 +265,7 @@ async fn a_stripe_event_postgres_or_our_check_refuses_is_kept_failed_and_the_pag
         .mount(&server)
         .await;
     let api = StripeEvents::new(server.uri(), Secret::new("sk_test_fake")).unwrap();
-    let found = api.reconcile(&pool, &config()).await.unwrap();
+    let found = api.reconcile(&pool, &config(), later()).await.unwrap();
     assert_eq!((found.fetched, found.applied), (4, 4));
     let rows: Vec<(String, String, String)> =
         sqlx::query_as("SELECT event_id, status, source FROM webhook_inbox ORDER BY event_id")
@@ -235,7 +302,7 @@ async fn a_shopify_order_that_cannot_be_applied_is_kept_failed_and_the_page_goes
         .mount(&server)
         .await;
     let api = ShopifyOrders::new(server.uri(), "2024-10", Secret::new("shpat_fake")).unwrap();
-    let found = api.reconcile(&pool, &config()).await.unwrap();
+    let found = api.reconcile(&pool, &config(), later()).await.unwrap();
     assert_eq!((found.fetched, found.applied, found.failed), (5, 2, 3));
     let orders: Vec<String> =
         sqlx::query_scalar("SELECT order_id FROM orders ORDER BY 1").fetch_all(&pool).await.unwrap();
@@ -252,7 +319,7 @@ async fn a_shopify_order_that_cannot_be_applied_is_kept_failed_and_the_page_goes
     assert!(reasons[0].contains("SQLSTATE 22003") && reasons[1].contains("SQLSTATE 22007"), "{reasons:?}");
     assert!(reasons[2].contains("malformed order"), "{reasons:?}");
     // Run again: the failed orders are duplicates, not new rows.
-    let again = api.reconcile(&pool, &config()).await.unwrap();
+    let again = api.reconcile(&pool, &config(), later()).await.unwrap();
     assert_eq!(again.failed, 3);
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_inbox").fetch_one(&pool).await.unwrap();
     assert_eq!(rows, 3);
@@ -277,7 +344,7 @@ async fn a_shopify_next_link_to_another_host_is_not_followed(pool: PgPool) {
         .mount(&shop)
         .await;
     let api = ShopifyOrders::new(shop.uri(), "2024-10", Secret::new("shpat_fake")).unwrap();
-    let err = api.reconcile(&pool, &config()).await.unwrap_err();
+    let err = api.reconcile(&pool, &config(), later()).await.unwrap_err();
     assert!(err.to_string().contains("another host"), "{err}");
     assert!(!err.to_string().contains("shpat_fake"));
     assert!(elsewhere.received_requests().await.unwrap().is_empty(), "the token never left for another host");
@@ -305,7 +372,7 @@ async fn a_run_reports_each_source_and_one_failing_does_not_stop_the_other(pool:
         Some(ShopifyOrders::new(shopify.uri(), "2024-10", Secret::new("shpat_fake")).unwrap()),
         config(),
     );
-    let reconciled = reconciler.run_once(&pool).await;
+    let reconciled = reconciler.run_once(&pool, later()).await;
     assert_eq!(reconciled.sources["stripe events"].applied, 1);
     assert!(reconciled.failed["shopify orders"].contains("HTTP 500"), "{reconciled:?}");
     let report = serde_json::to_value(&reconciled).unwrap();

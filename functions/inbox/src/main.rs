@@ -109,11 +109,15 @@ async fn main() -> Result<()> {
                 reconciler.is_configured(),
                 "nothing to reconcile: set STRIPE_API_KEY, or SHOPIFY_SHOP_DOMAIN and SHOPIFY_ACCESS_TOKEN"
             );
-            let reconciled = reconciler.run_once(&pool).await;
+            let reconciled = reconciler.run_once(&pool, one_pass_deadline()).await;
             for (source, f) in &reconciled.sources {
                 println!(
-                    "{source}: {} fetched, {} new, {} already known, {} kept as failed",
-                    f.fetched, f.applied, f.already_known, f.failed
+                    "{source}: {} fetched, {} new, {} already known, {} kept as failed{}",
+                    f.fetched,
+                    f.applied,
+                    f.already_known,
+                    f.failed,
+                    if f.finished { "" } else { " (stopped at the deadline: run it again to go on)" }
                 );
             }
             for (source, e) in &reconciled.failed {

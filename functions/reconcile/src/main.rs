@@ -7,6 +7,7 @@ use webhook_inbox::{
     config::{self, DbConfig},
     db,
     reconcile::Reconciler,
+    runtime::deadline,
 };
 
 #[tokio::main]
@@ -18,9 +19,11 @@ async fn main() -> Result<(), Error> {
         return Err("nothing to reconcile: set STRIPE_API_KEY, or SHOPIFY_SHOP_DOMAIN and SHOPIFY_ACCESS_TOKEN".into());
     }
     let pool = db::pool(&DbConfig::read(&env, 1)?)?;
+    let margin = config::deadline_margin(&env)?;
     let (reconciler, pool) = (&reconciler, &pool);
-    lambda_runtime::run(service_fn(move |_: LambdaEvent<Value>| async move {
-        let reconciled = reconciler.run_once(pool).await;
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
+        let deadline = deadline::drain_until(event.context.deadline, margin);
+        let reconciled = reconciler.run_once(pool, deadline).await;
         if !reconciled.failed.is_empty() {
             let failed: Vec<String> = reconciled.failed.iter().map(|(source, e)| format!("{source}: {e}")).collect();
             return Err(Error::from(failed.join("; ")));

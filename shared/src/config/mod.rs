@@ -373,11 +373,16 @@ impl RetentionConfig {
 }
 
 impl ReconcileConfig {
-    /// `RECONCILE_LOOKBACK_HOURS` (72).
+    /// `RECONCILE_LOOKBACK_HOURS` (72), `RECONCILE_WINDOW_MINUTES` (60).
     pub fn read(env: &Env) -> Result<Self, ConfigError> {
+        let window = env.parse("RECONCILE_WINDOW_MINUTES", 60u64)?;
+        if window == 0 {
+            return Err(invalid("RECONCILE_WINDOW_MINUTES", "must be at least 1"));
+        }
         Ok(ReconcileConfig {
             first_lookback: Duration::from_secs(3600 * env.parse("RECONCILE_LOOKBACK_HOURS", 72u64)?),
             overlap: Duration::from_secs(300),
+            window: Duration::from_secs(60 * window),
         })
     }
 }
