@@ -47,7 +47,11 @@ fn parse_url(cfg: &DbConfig) -> Result<PgConnectOptions, sqlx::Error> {
 /// function killed mid-transaction cannot hold a connection for long.
 fn with_timeouts(options: PgConnectOptions, cfg: &DbConfig) -> PgConnectOptions {
     let ms = |d: Duration| d.as_millis().to_string();
-    options.application_name("webhook-inbox").options([
+    let options = options.application_name("webhook-inbox");
+    if cfg.timeouts_on_role {
+        return options;
+    }
+    options.options([
         ("lock_timeout", ms(cfg.lock_timeout)),
         ("statement_timeout", ms(cfg.statement_timeout)),
         ("idle_in_transaction_session_timeout", ms(cfg.idle_in_transaction_timeout)),
@@ -216,6 +220,10 @@ pub struct DbConfig {
     pub lock_timeout: Duration,
     pub statement_timeout: Duration,
     pub idle_in_transaction_timeout: Duration,
+    /// Whether the timeouts go as startup parameters (the default) or are left
+    /// to the database role (`ALTER ROLE ... SET`), for poolers that refuse or
+    /// pin on startup parameters (RDS Proxy).
+    pub timeouts_on_role: bool,
 }
 
 impl DbConfig {
@@ -227,6 +235,7 @@ impl DbConfig {
             lock_timeout: Duration::from_secs(2),
             statement_timeout: Duration::from_secs(5),
             idle_in_transaction_timeout: Duration::from_secs(10),
+            timeouts_on_role: false,
         }
     }
 }
