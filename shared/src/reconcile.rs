@@ -393,6 +393,30 @@ pub struct Reconciled {
     pub failed: std::collections::BTreeMap<&'static str, String>,
 }
 
+impl Reconciled {
+    /// The `reconcile` function's metrics, one line per source (provider):
+    /// `reconciled` (new), `reconcile_fetched`, `reconcile_stored_failed`,
+    /// `reconcile_errors` (the source's run failed).
+    pub fn metrics(&self) -> Vec<crate::runtime::metrics::Metrics> {
+        let provider = |source: &str| source.split(' ').next().unwrap_or("unknown").to_string();
+        let mut lines = Vec::new();
+        for (source, found) in &self.sources {
+            let mut m = crate::runtime::metrics::Metrics::new("reconcile").for_provider(provider(source));
+            m.count("reconciled", found.applied as u64)
+                .count("reconcile_fetched", found.fetched as u64)
+                .count("reconcile_stored_failed", found.failed as u64)
+                .count("reconcile_errors", 0);
+            lines.push(m);
+        }
+        for source in self.failed.keys() {
+            let mut m = crate::runtime::metrics::Metrics::new("reconcile").for_provider(provider(source));
+            m.count("reconcile_errors", 1);
+            lines.push(m);
+        }
+        lines
+    }
+}
+
 /// Every configured reconciliation, as the `reconcile` function runs them.
 pub struct Reconciler {
     stripe: Option<StripeEvents>,

@@ -96,6 +96,17 @@ pub struct Pruned {
     pub statements: u64,
 }
 
+impl Pruned {
+    /// The `prune` function's metrics: `pruned` (inbox rows), `pruned_outbox`, `pruned_bodies`.
+    pub fn metrics(&self) -> crate::runtime::metrics::Metrics {
+        let mut m = crate::runtime::metrics::Metrics::new("prune");
+        m.count("pruned", self.done + self.failed)
+            .count("pruned_outbox", self.outbox)
+            .count("pruned_bodies", self.bodies);
+        m
+    }
+}
+
 impl Tally for Pruned {
     fn add(&mut self, p: &Pruned) {
         self.done += p.done;

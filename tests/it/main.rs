@@ -4,6 +4,7 @@
 mod database;
 mod hostile;
 mod layout;
+mod metrics;
 mod migrate;
 mod partitioning;
 mod payload;

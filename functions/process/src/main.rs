@@ -29,7 +29,9 @@ async fn main() -> Result<(), Error> {
         let worker = worker.clone();
         async move {
             let deadline = deadline::drain_until(event.context.deadline, margin);
-            Ok::<_, Error>(process::handle(&worker, event.payload, deadline).await?)
+            let (result, metrics) = process::handle_counted(&worker, event.payload, deadline).await;
+            metrics.emit();
+            Ok::<_, Error>(result?)
         }
     }))
     .await

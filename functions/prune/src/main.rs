@@ -19,7 +19,14 @@ async fn main() -> Result<(), Error> {
     let margin = config::deadline_margin(&env)?;
     let pruner = &pruner;
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
-        let pruned = pruner.run(deadline::drain_until(event.context.deadline, margin)).await?;
+        let pruned = match pruner.run(deadline::drain_until(event.context.deadline, margin)).await {
+            Ok(pruned) => pruned,
+            Err(stopped) => {
+                stopped.tally.metrics().emit();
+                return Err(stopped.into());
+            }
+        };
+        pruned.metrics().emit();
         tracing::info!(?pruned, "pruned");
         Ok::<_, Error>(serde_json::to_value(pruned)?)
     }))

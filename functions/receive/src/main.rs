@@ -19,7 +19,11 @@ async fn main() -> Result<(), Error> {
     let receiver = Arc::new(receiver);
     lambda_http::run(service_fn(move |req: Request| {
         let receiver = receiver.clone();
-        async move { Ok::<_, Error>(receiver.handle(req).await) }
+        async move {
+            let (response, metrics) = receiver.handle_counted(req).await;
+            metrics.emit();
+            Ok::<_, Error>(response)
+        }
     }))
     .await
 }

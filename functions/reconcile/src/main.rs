@@ -24,6 +24,7 @@ async fn main() -> Result<(), Error> {
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
         let deadline = deadline::drain_until(event.context.deadline, margin);
         let reconciled = reconciler.run_once(pool, deadline).await;
+        reconciled.metrics().iter().for_each(|m| m.emit());
         if !reconciled.failed.is_empty() {
             let failed: Vec<String> = reconciled.failed.iter().map(|(source, e)| format!("{source}: {e}")).collect();
             return Err(Error::from(failed.join("; ")));

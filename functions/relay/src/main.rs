@@ -22,7 +22,14 @@ async fn main() -> Result<(), Error> {
     let margin = config::deadline_margin(&env)?;
     let relay = &relay;
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
-        let relayed = relay.run(deadline::drain_until(event.context.deadline, margin)).await?;
+        let relayed = match relay.run(deadline::drain_until(event.context.deadline, margin)).await {
+            Ok(relayed) => relayed,
+            Err(stopped) => {
+                stopped.tally.metrics().emit();
+                return Err(stopped.into());
+            }
+        };
+        relayed.metrics().emit();
         tracing::info!(?relayed, "relayed");
         Ok::<_, Error>(serde_json::to_value(relayed)?)
     }))

@@ -343,7 +343,7 @@ mod tests {
     fn deep_nesting_is_named_in_the_reason() {
         let reason = check(&nested(100_000)).unwrap_err().0;
         assert!(reason.contains("nested deeper than 127 levels"), "{reason}");
-        assert!(decode(&nested(100_000)).unwrap_err().0.contains("nested deeper than 127"));
+        assert!(decode(&nested(100_000)).unwrap_err().to_string().contains("nested deeper than 127"));
     }
 
     #[test]

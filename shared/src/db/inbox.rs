@@ -257,7 +257,7 @@ pub(crate) async fn finish(conn: &mut PgConnection, rows: &[Finished]) -> Result
         "UPDATE webhook_inbox AS w
          SET status = u.status,
              attempts = w.attempts + CASE WHEN u.counted THEN 1 ELSE 0 END,
-             processed_at = CASE WHEN u.status = 'done' THEN now() END,
+             processed_at = CASE WHEN u.status IN ('done', 'failed') THEN now() END,
              next_attempt_at = now() + u.delay_ms * interval '1 millisecond',
              failure_reason = u.reason
          FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::bool[])
@@ -279,7 +279,8 @@ pub(crate) async fn finish(conn: &mut PgConnection, rows: &[Finished]) -> Result
 /// the attempt counted to take it this time is undone (it was not made).
 pub(crate) async fn give_up(pool: &PgPool, provider: &str, event_id: &str, reason: &str) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "UPDATE webhook_inbox SET status = 'failed', failure_reason = $3, next_attempt_at = NULL, attempts = attempts - 1
+        "UPDATE webhook_inbox SET status = 'failed', failure_reason = $3, next_attempt_at = NULL, attempts = attempts - 1,
+             processed_at = now()
          WHERE provider = $1 AND event_id = $2 AND status = 'pending'",
     )
     .bind(provider)
@@ -335,7 +336,8 @@ pub(crate) async fn mark_unusable(
     reason: &str,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "UPDATE webhook_inbox SET status = 'failed', failure_reason = $3 WHERE provider = $1 AND event_id = $2",
+        "UPDATE webhook_inbox SET status = 'failed', failure_reason = $3, processed_at = now()
+         WHERE provider = $1 AND event_id = $2",
     )
     .bind(provider.as_str())
     .bind(event_id)
@@ -372,4 +374,30 @@ pub async fn delete_received_before<'e>(
     .execute(ex)
     .await?;
     Ok(done.rows_affected())
+}
+
+// ---- gauges (alarms, `inbox stats`) ----
+
+/// What the scheduled `process` run reports, and `inbox stats` shows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, sqlx::FromRow)]
+pub struct InboxGauges {
+    pub pending: i64,
+    /// Age of the oldest pending event, 0 when none is pending.
+    pub oldest_pending_ms: f64,
+    /// Events that failed in the last hour (stored as failed, or given up on).
+    pub failed_last_hour: i64,
+}
+
+/// [`InboxGauges`], each from a partial index.
+pub async fn gauges<'e>(ex: impl PgExecutor<'e>) -> Result<InboxGauges, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT (SELECT count(*) FROM webhook_inbox WHERE status = 'pending') AS pending,
+                coalesce((SELECT extract(epoch FROM now() - min(received_at)) * 1000
+                          FROM webhook_inbox WHERE status = 'pending'), 0)::float8 AS oldest_pending_ms,
+                (SELECT count(*) FROM webhook_inbox
+                 WHERE status = 'failed' AND coalesce(processed_at, received_at) > now() - interval '1 hour')
+                    AS failed_last_hour",
+    )
+    .fetch_one(ex)
+    .await
 }

@@ -158,3 +158,24 @@ pub async fn delete_sent_before<'e>(ex: impl PgExecutor<'e>, days: u32, limit: i
     .await?;
     Ok(done.rows_affected())
 }
+
+/// The relay's backlog, for alarms and `inbox stats`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, sqlx::FromRow)]
+pub struct OutboxGauges {
+    /// Messages neither sent nor dead.
+    pub backlog: i64,
+    /// Age of the oldest of them, 0 when there is none.
+    pub oldest_backlog_ms: f64,
+    pub dead: i64,
+}
+
+pub async fn gauges<'e>(ex: impl PgExecutor<'e>) -> Result<OutboxGauges, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT count(*) AS backlog,
+                coalesce(extract(epoch FROM now() - min(created_at)) * 1000, 0)::float8 AS oldest_backlog_ms,
+                (SELECT count(*) FROM transactional_outbox WHERE dead_at IS NOT NULL) AS dead
+         FROM transactional_outbox WHERE processed_at IS NULL AND dead_at IS NULL",
+    )
+    .fetch_one(ex)
+    .await
+}

@@ -19,6 +19,7 @@ use crate::{
         providers::{Delivery, Events, InitialStatus, NewEvent, Provider, Rejected, Schemes},
     },
     process::handlers::Handlers,
+    runtime::metrics::Metrics,
 };
 
 /// Everything the receive handler needs.
@@ -115,19 +116,43 @@ impl Receiver {
 
     /// The HTTP face of [`Receiver::receive`]: never fails, never panics.
     pub async fn handle(&self, req: Request<Body>) -> Response<Body> {
-        let provider = provider_of(&req);
-        let result = self.receive(req.method(), provider.as_deref(), req.headers(), req.body().as_ref()).await;
-        respond(result)
+        self.handle_counted(req).await.0
     }
 
-    /// Its span is at debug level: at the default `info` nothing is formatted per delivery.
-    #[tracing::instrument(level = "debug", skip_all, fields(provider = provider, event_id))]
+    /// [`Receiver::handle`], and what the delivery counts for in the `receive`
+    /// function's metrics (one line per invocation, written by the caller).
+    pub async fn handle_counted(&self, req: Request<Body>) -> (Response<Body>, Metrics) {
+        let provider = provider_of(&req);
+        let mut stored_failed = 0;
+        let result = self
+            .receive_counting(req.method(), provider.as_deref(), req.headers(), req.body().as_ref(), &mut stored_failed)
+            .await;
+        // The dimension is one of ours, never a caller's string.
+        let known = provider.as_deref().and_then(|p| Provider::try_from(p).ok());
+        let mut metrics = Metrics::new("receive").for_provider(known.map_or("unknown", |p| p.as_str()));
+        count(&mut metrics, &result, stored_failed);
+        (respond(result), metrics)
+    }
+
     pub async fn receive(
         &self,
         method: &Method,
         provider: Option<&str>,
         headers: &HeaderMap,
         body: &[u8],
+    ) -> Result<Claimed, ReceiveError> {
+        self.receive_counting(method, provider, headers, body, &mut 0).await
+    }
+
+    /// Its span is at debug level: at the default `info` nothing is formatted per delivery.
+    #[tracing::instrument(level = "debug", skip_all, fields(provider = provider, event_id))]
+    async fn receive_counting(
+        &self,
+        method: &Method,
+        provider: Option<&str>,
+        headers: &HeaderMap,
+        body: &[u8],
+        stored_failed: &mut usize,
     ) -> Result<Claimed, ReceiveError> {
         let name = provider.ok_or(ReceiveError::NoRoute)?;
         let provider = Provider::try_from(name).map_err(|_| ReceiveError::UnknownProvider(name.to_string()))?;
@@ -161,6 +186,7 @@ impl Receiver {
             ReceiveError::Unavailable(e)
         })?;
         tracing::debug!(?claimed, "claimed");
+        *stored_failed = new_failed(&claimed, &events);
         if let Some(queue) = &self.process_queue {
             // In inline mode too: a type with no inline handler is still the worker's.
             queue.notify(provider, &new_pending(&claimed, &events)).await;
@@ -185,6 +211,42 @@ fn new_pending<'a>(claimed: &Claimed, events: &'a Events) -> Vec<&'a str> {
         }
         _ => vec![],
     }
+}
+
+/// How many of the new rows were stored as `failed` (validly signed, unusable).
+fn new_failed(claimed: &Claimed, events: &Events) -> usize {
+    let failed = |e: &&NewEvent| e.status == InitialStatus::Failed;
+    match (claimed, events) {
+        (Claimed::Single(Claim::New), Events::Single(e)) => usize::from(e.status == InitialStatus::Failed),
+        // A batch's new rows are not told apart: its failed items, at most the rows it added.
+        (Claimed::Batch(b), Events::Batch(items)) => items.iter().filter(failed).count().min(b.accepted),
+        _ => 0,
+    }
+}
+
+/// One delivery's counts: `received` (new events), `duplicate`, `stored_failed`
+/// (of the new ones), `rejected_signature`, `rejected_timestamp`,
+/// `rejected_size`, `rejected_unknown_provider`, `unavailable`.
+fn count(metrics: &mut Metrics, result: &Result<Claimed, ReceiveError>, stored_failed: usize) {
+    let name = match result {
+        Ok(Claimed::Single(Claim::New)) => "received",
+        Ok(Claimed::Single(Claim::Duplicate)) => "duplicate",
+        Ok(Claimed::Batch(b)) => {
+            metrics.count("received", b.accepted as u64).count("duplicate", b.duplicates as u64);
+            metrics.count("stored_failed", stored_failed as u64);
+            return;
+        }
+        Ok(Claimed::Busy) | Err(ReceiveError::Busy | ReceiveError::Unavailable(_)) => "unavailable",
+        Err(ReceiveError::Unauthorized(r)) if r.stale => "rejected_timestamp",
+        Err(ReceiveError::Unauthorized(_)) => "rejected_signature",
+        Err(ReceiveError::TooLarge(_)) => "rejected_size",
+        Err(ReceiveError::NoRoute | ReceiveError::UnknownProvider(_) | ReceiveError::NotConfigured(_)) => {
+            "rejected_unknown_provider"
+        }
+        Err(ReceiveError::MethodNotAllowed) => "rejected_method",
+    };
+    metrics.count(name, 1);
+    metrics.count("stored_failed", stored_failed as u64);
 }
 
 fn unix_now() -> i64 {

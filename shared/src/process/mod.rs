@@ -11,7 +11,13 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use self::worker::{Counts, Worker};
-use crate::runtime::stage::{self, Stopped, Tally};
+use crate::{
+    db::{inbox, outbox},
+    runtime::{
+        metrics::Metrics,
+        stage::{self, Stopped, Tally},
+    },
+};
 
 /// Why an invocation failed. A run that could not do its work is an error, so
 /// the Lambda's `Errors` metric (and its alarm) sees an outage.
@@ -30,11 +36,51 @@ pub enum ProcessError {
 
 /// Dispatches on the event's shape: an SQS batch (`Records`) or a schedule (anything else).
 pub async fn handle(worker: &Worker, event: Value, deadline: Instant) -> Result<Value, ProcessError> {
-    if event.get("Records").is_some() {
-        let sqs: SqsEvent = serde_json::from_value(event)?;
-        Ok(serde_json::to_value(on_sqs(worker, sqs).await?)?)
+    handle_counted(worker, event, deadline).await.0
+}
+
+/// [`handle`], and the invocation's metrics: its counts, and on a schedule the
+/// queue's gauges (`pending`, `oldest_pending_age`, `failed_last_hour`,
+/// `outbox_backlog`, `outbox_oldest_age`), taken once a minute whatever else runs.
+pub async fn handle_counted(
+    worker: &Worker,
+    event: Value,
+    deadline: Instant,
+) -> (Result<Value, ProcessError>, Metrics) {
+    let mut metrics = Metrics::new("process");
+    let result = if event.get("Records").is_some() {
+        match serde_json::from_value::<SqsEvent>(event) {
+            Ok(sqs) => {
+                let (result, counts) = sqs_counted(worker, sqs).await;
+                counts.count_into(&mut metrics);
+                result.and_then(|r| Ok(serde_json::to_value(r)?))
+            }
+            Err(e) => Err(e.into()),
+        }
     } else {
-        Ok(serde_json::to_value(on_schedule(worker, deadline).await?)?)
+        let result = on_schedule(worker, deadline).await;
+        match &result {
+            Ok(counts) | Err(ProcessError::Database { counts, .. }) => counts.count_into(&mut metrics),
+            Err(ProcessError::BadEvent(_)) => {}
+        }
+        gauges(worker.pool(), &mut metrics).await;
+        result.and_then(|c| Ok(serde_json::to_value(c)?))
+    };
+    (result, metrics)
+}
+
+async fn gauges(pool: &sqlx::PgPool, metrics: &mut Metrics) {
+    match (inbox::gauges(pool).await, outbox::gauges(pool).await) {
+        (Ok(inbox), Ok(outbox)) => {
+            metrics
+                .gauge("pending", inbox.pending as f64)
+                .gauge_ms("oldest_pending_age", inbox.oldest_pending_ms)
+                .gauge("failed_last_hour", inbox.failed_last_hour as f64)
+                .gauge("outbox_backlog", outbox.backlog as f64)
+                .gauge_ms("outbox_oldest_age", outbox.oldest_backlog_ms)
+                .gauge("outbox_dead", outbox.dead as f64);
+        }
+        (Err(e), _) | (_, Err(e)) => tracing::error!(error = %e, "gauges not taken"),
     }
 }
 
@@ -62,6 +108,10 @@ pub struct EventRef {
 /// could not be reached, the invocation fails (the whole batch comes back, and
 /// what was done is acknowledged as done next time).
 pub async fn on_sqs(worker: &Worker, event: SqsEvent) -> Result<SqsBatchResponse, ProcessError> {
+    sqs_counted(worker, event).await.0
+}
+
+async fn sqs_counted(worker: &Worker, event: SqsEvent) -> (Result<SqsBatchResponse, ProcessError>, Counts) {
     let mut response = SqsBatchResponse::default();
     let mut counts = Counts::default();
     for message in event.records {
@@ -79,9 +129,9 @@ pub async fn on_sqs(worker: &Worker, event: SqsEvent) -> Result<SqsBatchResponse
             }
             Err(source) => {
                 tracing::error!(message_id = %id, error = %source, "processing failed on the database");
-                return Err(ProcessError::Database { counts, source });
+                return (Err(ProcessError::Database { counts, source }), counts);
             }
         }
     }
-    Ok(response)
+    (Ok(response), counts)
 }

@@ -60,6 +60,17 @@ pub struct Counts {
     pub failed: usize,
 }
 
+impl Counts {
+    /// `claimed`, `processed` (with an effect or without), `no_handler`, `retried`, `failed`.
+    pub fn count_into(&self, m: &mut crate::runtime::metrics::Metrics) {
+        m.count("claimed", self.taken as u64)
+            .count("processed", (self.applied + self.no_effect) as u64)
+            .count("no_handler", self.no_handler as u64)
+            .count("retried", self.retried as u64)
+            .count("failed", self.failed as u64);
+    }
+}
+
 impl Tally for Counts {
     fn add(&mut self, o: &Counts) {
         self.taken += o.taken;
@@ -114,6 +125,10 @@ impl Worker {
 
     pub fn config(&self) -> &WorkerConfig {
         &self.config
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
     }
 
     /// One batch: take up to `batch_size` due events, apply them, commit once.

@@ -86,6 +86,17 @@ pub struct Relayed {
     pub released: usize,
 }
 
+impl Relayed {
+    /// The `relay` function's metrics: `relayed`, `relay_retried`, `relay_dead`.
+    pub fn metrics(&self) -> crate::runtime::metrics::Metrics {
+        let mut m = crate::runtime::metrics::Metrics::new("relay");
+        m.count("relayed", self.sent as u64)
+            .count("relay_retried", self.retried as u64)
+            .count("relay_dead", self.dead as u64);
+        m
+    }
+}
+
 impl Tally for Relayed {
     fn add(&mut self, r: &Relayed) {
         self.leased += r.leased;

@@ -1,6 +1,7 @@
 //! What every function runs on: the Lambda deadline, the one shape of a batch
-//! stage and its loops, and the tracing set-up.
+//! stage and its loops, metrics (EMF) and the tracing set-up.
 
 pub mod deadline;
+pub mod metrics;
 pub mod stage;
 pub mod telemetry;

@@ -103,10 +103,10 @@ mod tests {
     fn signature_matrix() {
         assert_eq!(check(&[("X-Hub-Signature-256", &sign("old", BODY))]), Ok(Verified { secret_index: 0 }));
         assert_eq!(check(&[("X-Hub-Signature-256", &sign("new", BODY))]), Ok(Verified { secret_index: 1 }));
-        assert!(check(&[("X-Hub-Signature-256", &sign("other", BODY))]).unwrap_err().0.contains("does not match"));
-        assert!(check(&[]).unwrap_err().0.contains("missing"));
+        assert!(check(&[("X-Hub-Signature-256", &sign("other", BODY))]).unwrap_err().to_string().contains("does not match"));
+        assert!(check(&[]).unwrap_err().to_string().contains("missing"));
         assert!(check(&[("X-Hub-Signature-256", "sha256=")]).is_err());
-        assert!(check(&[("X-Hub-Signature-256", &sign("old", BODY)[7..])]).unwrap_err().0.contains("form"));
+        assert!(check(&[("X-Hub-Signature-256", &sign("old", BODY)[7..])]).unwrap_err().to_string().contains("form"));
         let sha1 = [("X-Hub-Signature-256", "sha1=0123456789abcdef0123456789abcdef01234567")];
         assert!(check(&sha1).is_err());
     }

@@ -44,17 +44,26 @@ pub struct Verified {
 
 /// Why a delivery was refused, in words safe to send back (never a secret or an expected signature).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Rejected(pub Cow<'static, str>);
+pub struct Rejected {
+    reason: Cow<'static, str>,
+    /// Signed, but outside the timestamp tolerance: a replay, or a clock off.
+    pub stale: bool,
+}
 
 impl Rejected {
     pub fn new(reason: impl Into<Cow<'static, str>>) -> Self {
-        Rejected(reason.into())
+        Rejected { reason: reason.into(), stale: false }
+    }
+
+    /// A timestamp outside the tolerance.
+    pub fn stale(reason: impl Into<Cow<'static, str>>) -> Self {
+        Rejected { reason: reason.into(), stale: true }
     }
 }
 
 impl fmt::Display for Rejected {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.reason)
     }
 }
 

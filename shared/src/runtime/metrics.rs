@@ -1,0 +1,107 @@
+//! Metrics as CloudWatch Embedded Metric Format: one JSON line on stdout per
+//! invocation, which CloudWatch Logs turns into metrics. No SDK call, nothing
+//! in the hot path but a counter; the line is written after the answer.
+//!
+//! The namespace is `WebhookInbox`; every line has the dimension `function`,
+//! and `provider` where the counts are one provider's (receive, reconcile).
+//! Counts are `Count`, ages `Milliseconds`.
+
+use std::{
+    collections::BTreeMap,
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use serde_json::{json, Map, Value};
+
+/// The CloudWatch namespace of every metric.
+pub const NAMESPACE: &str = "WebhookInbox";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    Count,
+    Milliseconds,
+}
+
+impl Unit {
+    fn as_str(self) -> &'static str {
+        match self {
+            Unit::Count => "Count",
+            Unit::Milliseconds => "Milliseconds",
+        }
+    }
+}
+
+/// One invocation's metrics, written as one EMF line.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    function: &'static str,
+    provider: Option<String>,
+    values: BTreeMap<&'static str, (f64, Unit)>,
+}
+
+impl Metrics {
+    pub fn new(function: &'static str) -> Self {
+        Metrics { function, provider: None, values: BTreeMap::new() }
+    }
+
+    /// These counts are one provider's.
+    pub fn for_provider(mut self, provider: impl Into<String>) -> Self {
+        self.provider = Some(provider.into());
+        self
+    }
+
+    /// Adds `n` to a count (a count of zero is still reported: an alarm on
+    /// "no data" and one on zero are different alarms).
+    pub fn count(&mut self, name: &'static str, n: u64) -> &mut Self {
+        self.values.entry(name).or_insert((0.0, Unit::Count)).0 += n as f64;
+        self
+    }
+
+    /// A level (a count of things now, not of things that happened).
+    pub fn gauge(&mut self, name: &'static str, value: f64) -> &mut Self {
+        self.values.insert(name, (value, Unit::Count));
+        self
+    }
+
+    pub fn gauge_ms(&mut self, name: &'static str, ms: f64) -> &mut Self {
+        self.values.insert(name, (ms, Unit::Milliseconds));
+        self
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    /// The EMF document, stamped `timestamp_ms`.
+    pub fn document(&self, timestamp_ms: u64) -> Value {
+        let mut dimensions = vec!["function"];
+        let mut root = Map::new();
+        root.insert("function".into(), json!(self.function));
+        if let Some(provider) = &self.provider {
+            dimensions.push("provider");
+            root.insert("provider".into(), json!(provider));
+        }
+        let definitions: Vec<Value> =
+            self.values.iter().map(|(name, (_, unit))| json!({"Name": name, "Unit": unit.as_str()})).collect();
+        for (name, (value, _)) in &self.values {
+            root.insert((*name).into(), json!(value));
+        }
+        root.insert(
+            "_aws".into(),
+            json!({
+                "Timestamp": timestamp_ms,
+                "CloudWatchMetrics": [{"Namespace": NAMESPACE, "Dimensions": [dimensions], "Metrics": definitions}],
+            }),
+        );
+        Value::Object(root)
+    }
+
+    /// Writes the line to stdout, where the Lambda runtime sends it to CloudWatch Logs.
+    pub fn emit(&self) {
+        if self.is_empty() {
+            return;
+        }
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+        println!("{}", self.document(now));
+    }
+}
