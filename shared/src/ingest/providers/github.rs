@@ -103,7 +103,10 @@ mod tests {
     fn signature_matrix() {
         assert_eq!(check(&[("X-Hub-Signature-256", &sign("old", BODY))]), Ok(Verified { secret_index: 0 }));
         assert_eq!(check(&[("X-Hub-Signature-256", &sign("new", BODY))]), Ok(Verified { secret_index: 1 }));
-        assert!(check(&[("X-Hub-Signature-256", &sign("other", BODY))]).unwrap_err().to_string().contains("does not match"));
+        assert!(check(&[("X-Hub-Signature-256", &sign("other", BODY))])
+            .unwrap_err()
+            .to_string()
+            .contains("does not match"));
         assert!(check(&[]).unwrap_err().to_string().contains("missing"));
         assert!(check(&[("X-Hub-Signature-256", "sha256=")]).is_err());
         assert!(check(&[("X-Hub-Signature-256", &sign("old", BODY)[7..])]).unwrap_err().to_string().contains("form"));

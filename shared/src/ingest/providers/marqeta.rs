@@ -243,7 +243,10 @@ mod tests {
             check(&m, &[("Authorization", &auth), ("X-Marqeta-Signature", &sha1)]),
             Ok(Verified { secret_index: 0 })
         );
-        assert!(check(&m, &[("Authorization", &auth)]).unwrap_err().to_string().contains("missing X-Marqeta-Signature"));
+        assert!(check(&m, &[("Authorization", &auth)])
+            .unwrap_err()
+            .to_string()
+            .contains("missing X-Marqeta-Signature"));
         assert!(check(&m, &[("Authorization", &auth), ("X-Marqeta-Signature", "")]).is_err());
         let wrong = hmac_hex::<Hmac<Sha256>>("other");
         assert!(check(&m, &[("Authorization", &auth), ("X-Marqeta-Signature", &wrong)]).is_err());

@@ -134,7 +134,10 @@ mod tests {
     #[test]
     fn wrong_secret_missing_empty_and_v0_only_are_refused() {
         let t = now();
-        assert!(check(&format!("t={t},v1={}", sign("whsec_other", t, BODY))).unwrap_err().to_string().contains("matches"));
+        assert!(check(&format!("t={t},v1={}", sign("whsec_other", t, BODY)))
+            .unwrap_err()
+            .to_string()
+            .contains("matches"));
         assert!(check(&format!("t={t},v1=")).unwrap_err().to_string().contains("no v1"));
         assert!(check(&format!("t={t},v0={}", sign("whsec_old", t, BODY))).unwrap_err().to_string().contains("v0"));
         assert!(check(&format!("v1={}", sign("whsec_old", t, BODY))).unwrap_err().to_string().contains("timestamp"));
