@@ -1,8 +1,13 @@
 //! `inbox`: the local and operator's binary.
 
 mod bench;
+mod demo;
+mod ops;
 
-use std::sync::Arc;
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -10,7 +15,7 @@ use tokio::net::TcpListener;
 use webhook_inbox::{
     config::sinks_from_env,
     config::{self, DbConfig, Secrets},
-    db,
+    db::{self, inbox},
     dev::embedded_pg::EmbeddedPostgres,
     dev::server,
     process::handlers::Handlers,
@@ -31,7 +36,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve POST /webhooks/{provider} and run the worker, on DATABASE_URL or an embedded throwaway PostgreSQL.
+    /// Serve POST /webhooks/{provider} and run process, relay, prune and reconcile on their schedules,
+    /// in-process, on DATABASE_URL or an embedded throwaway PostgreSQL.
     Dev {
         #[arg(long, env = "PORT", default_value_t = 9000)]
         port: u16,
@@ -57,6 +63,85 @@ enum Command {
         /// Run one pass and exit (the only mode; schedule it for more).
         #[arg(long)]
         once: bool,
+    },
+    /// Counts by provider and status, the queue's age, the outbox backlog, failures
+    /// in the last hour, and which secret verified recent deliveries.
+    Stats {
+        #[command(flatten)]
+        out: ops::Output,
+    },
+    /// Failed events with their reasons, the most recent first.
+    Failed {
+        #[arg(long)]
+        provider: Option<String>,
+        /// Failed at or after: 30m, 2h, 7d, or a timestamp.
+        #[arg(long, value_parser = ops::parse_since)]
+        since: Option<inbox::Since>,
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+        #[command(flatten)]
+        out: ops::Output,
+    },
+    /// One event: headers, payload, attempts, history, and whether its stored
+    /// bytes still verify against the secrets configured here.
+    Show {
+        provider: String,
+        event_id: String,
+        #[command(flatten)]
+        out: ops::Output,
+    },
+    /// Put one event (done or failed) back to pending, attempts reset; audited.
+    Replay {
+        provider: String,
+        event_id: String,
+        /// Why, for the audit record.
+        #[arg(long, default_value = "replayed by hand")]
+        reason: String,
+        #[command(flatten)]
+        out: ops::Output,
+    },
+    /// Put failed events back to pending, in short batches; audited.
+    Requeue {
+        /// Required: only failed events are requeued in bulk.
+        #[arg(long, required = true)]
+        failed: bool,
+        #[arg(long)]
+        provider: Option<String>,
+        /// Failed at or after: 30m, 2h, 7d, or a timestamp.
+        #[arg(long, value_parser = ops::parse_since)]
+        since: Option<inbox::Since>,
+        /// Only events whose failure reason matches this pattern (SQL ILIKE: % and _).
+        #[arg(long)]
+        reason_like: Option<String>,
+        /// Count what would be requeued, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Why, for the audit record.
+        #[arg(long, default_value = "requeued by hand")]
+        reason: String,
+        #[command(flatten)]
+        out: ops::Output,
+    },
+    /// Outbox messages waiting (or, with --dead, dead), and `outbox retry`.
+    Outbox {
+        #[command(subcommand)]
+        command: Option<ops::OutboxCommand>,
+        /// Dead messages instead of waiting ones.
+        #[arg(long)]
+        dead: bool,
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+        #[command(flatten)]
+        out: ops::Output,
+    },
+    /// The whole pipeline in a minute: a storm of signed deliveries (duplicates,
+    /// late retries, out-of-order snapshots, forgeries, a poison event) through
+    /// receive, process and relay to a flaky sink, then every invariant checked.
+    /// On its own throwaway PostgreSQL unless DATABASE_URL is set (an empty inbox).
+    Demo {
+        /// PaymentIntents in the storm (orders and Marqeta batches scale with it).
+        #[arg(long, default_value_t = 200)]
+        payments: usize,
     },
     /// Measure receive over HTTP against pgbench running the identical INSERT
     /// (on DATABASE_URL, rows removed afterwards, or on an embedded throwaway PostgreSQL).
@@ -139,6 +224,44 @@ async fn main() -> Result<()> {
             );
             Ok(())
         }
+        Command::Demo { payments } => {
+            let demo = demo::Demo { payments: payments.max(1) };
+            let mut ok = false;
+            with_database(ReceiveConfig::from_env(16)?, |config| async {
+                ok = demo.run(config).await?;
+                Ok(())
+            })
+            .await?;
+            anyhow::ensure!(ok, "an invariant does not hold (see above)");
+            Ok(())
+        }
+        Command::Stats { out } => ops::stats(&operator_db().await?, &out).await,
+        Command::Failed { provider, since, limit, out } => {
+            let filter = inbox::Filter { provider, since, reason_like: None };
+            ops::failed(&operator_db().await?, &filter, limit.max(1), &out).await
+        }
+        Command::Show { provider, event_id, out } => {
+            let env = config::Env::resolved().await?;
+            ops::show(&operator_db().await?, &env, &provider, &event_id, &out).await
+        }
+        Command::Replay { provider, event_id, reason, out } => {
+            let actor = ops::operator(&config::Env::process());
+            let by = inbox::Requeue { actor: &actor, action: "replay", reason: &reason };
+            ops::replay(&operator_db().await?, &provider, &event_id, &by, &out).await
+        }
+        Command::Requeue { failed: _, provider, since, reason_like, dry_run, reason, out } => {
+            let actor = ops::operator(&config::Env::process());
+            let by = inbox::Requeue { actor: &actor, action: "requeue", reason: &reason };
+            let filter = inbox::Filter { provider, since, reason_like };
+            ops::requeue(&operator_db().await?, &filter, &by, dry_run, &out).await
+        }
+        Command::Outbox { command, dead, limit, out } => {
+            let pool = operator_db().await?;
+            match command {
+                None => ops::outbox_list(&pool, dead, limit.max(1), &out).await,
+                Some(ops::OutboxCommand::Retry { id, dead }) => ops::outbox_retry(&pool, id, dead, &out).await,
+            }
+        }
         Command::Migrate => {
             let config = DbConfig::from_env(1)?;
             let url = config.url.clone().context("DATABASE_URL is not set")?;
@@ -156,9 +279,16 @@ fn database() -> Result<sqlx::PgPool> {
     Ok(db::pool(&config)?)
 }
 
+/// The database of an operator's command, checked: set, reachable, migrated.
+async fn operator_db() -> Result<sqlx::PgPool> {
+    let config = DbConfig::read(&config::Env::resolved().await?, 1)?;
+    let url = config.url.clone().context("DATABASE_URL is not set: the operator's commands work on a database")?;
+    ops::connect(db::pool(&config)?, &redact_url(&url)).await
+}
+
 /// A one-pass command stops starting batches after this long, as a Lambda would at its deadline.
-fn one_pass_deadline() -> std::time::Instant {
-    std::time::Instant::now() + std::time::Duration::from_secs(900)
+fn one_pass_deadline() -> Instant {
+    Instant::now() + Duration::from_secs(900)
 }
 
 async fn dev(host: &str, port: u16) -> Result<()> {
@@ -213,23 +343,40 @@ async fn serve(config: &mut ReceiveConfig, host: &str, port: u16) -> Result<()> 
         let stopped = until_stopped(stopped.clone());
         async move { worker.run_until(poll, stopped).await }
     });
+    let mut stages = vec![worker];
     let sinks = sinks_from_env().await?;
-    let relay = if sinks.is_empty() {
+    if sinks.is_empty() {
         println!("no relay sink (RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL, RELAY_EVENT_BUS): outbox messages stay in transactional_outbox");
-        None
     } else {
-        let relay = Relay::new(pool, sinks, RelayConfig::from_env()?);
+        let relay = Relay::new(pool.clone(), sinks, RelayConfig::from_env()?);
         let stopped = until_stopped(stopped.clone());
-        Some(tokio::spawn(async move { relay.run_until(poll, stopped).await }))
-    };
+        stages.push(tokio::spawn(async move { relay.run_until(poll, stopped).await }));
+    }
+    // Prune hourly and reconcile every 15 minutes, as the stack schedules them.
+    let pruner = Pruner::new(pool.clone(), RetentionConfig::from_env()?);
+    let stopped_prune = until_stopped(stopped.clone());
+    stages.push(tokio::spawn(async move { pruner.run_until(Duration::from_secs(3600), stopped_prune).await }));
+    let reconciler = Reconciler::from_env()?;
+    if reconciler.is_configured() {
+        let mut stopped = stopped.clone();
+        stages.push(tokio::spawn(async move {
+            loop {
+                let reconciled = reconciler.run_once(&pool, Instant::now() + Duration::from_secs(600)).await;
+                tracing::info!(?reconciled, "reconciled");
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(900)) => {}
+                    _ = stopped.changed() => return,
+                }
+            }
+        }));
+    }
 
     println!("inbox dev ready: POST http://{}/webhooks/{{provider}}  (Ctrl-C stops)", listener.local_addr()?);
     server::serve(listener, receiver, shutdown_signal()).await?;
     println!("shutting down");
     let _ = stop.send(());
-    let _ = worker.await;
-    if let Some(relay) = relay {
-        let _ = relay.await;
+    for stage in stages {
+        let _ = stage.await;
     }
     Ok(())
 }

@@ -401,3 +401,241 @@ pub async fn gauges<'e>(ex: impl PgExecutor<'e>) -> Result<InboxGauges, sqlx::Er
     .fetch_one(ex)
     .await
 }
+
+// ---- operators (`inbox stats`, `failed`, `show`, `replay`, `requeue`) ----
+
+/// Rows by provider and status.
+pub async fn counts_by_status(pool: &PgPool) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
+    sqlx::query_as("SELECT provider, status, count(*) FROM webhook_inbox GROUP BY 1, 2 ORDER BY 1, 2")
+        .fetch_all(pool)
+        .await
+}
+
+/// Which configured secret verified the deliveries received since `since`
+/// (by index, per provider): a rotated-out secret with no recent use can go.
+pub async fn secret_usage(pool: &PgPool, since: Duration) -> Result<Vec<SecretUse>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT provider, secret_index, count(*) AS deliveries, max(received_at)::text AS last_received_at
+         FROM webhook_inbox
+         WHERE received_at > now() - $1 * interval '1 millisecond' AND source = 'webhook'
+         GROUP BY 1, 2 ORDER BY 1, 2",
+    )
+    .bind(since.as_millis() as i64)
+    .fetch_all(pool)
+    .await
+}
+
+/// One secret's recent use. Timestamps are PostgreSQL's own text (the crate has no date-time type).
+#[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
+pub struct SecretUse {
+    pub provider: String,
+    /// Its position in the provider's comma-separated list.
+    pub secret_index: i16,
+    pub deliveries: i64,
+    pub last_received_at: String,
+}
+
+/// Which events an operator means: the filters of `inbox failed` and `inbox requeue`.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    pub provider: Option<String>,
+    /// Failed (or received, for stored-as-failed rows) at or after this
+    /// PostgreSQL timestamp, e.g. `2026-11-30 08:00Z`, or `now() - ...` as
+    /// computed from a duration by the caller.
+    pub since: Option<Since>,
+    /// `failure_reason ILIKE` this pattern (`%` and `_` as in SQL).
+    pub reason_like: Option<String>,
+}
+
+/// A point in time: so long ago, or a timestamp PostgreSQL parses.
+#[derive(Debug, Clone)]
+pub enum Since {
+    Ago(Duration),
+    At(String),
+}
+
+impl Since {
+    fn ago_ms(&self) -> Option<i64> {
+        match self {
+            Since::Ago(d) => Some(d.as_millis() as i64),
+            Since::At(_) => None,
+        }
+    }
+
+    fn at(&self) -> Option<&str> {
+        match self {
+            Since::At(t) => Some(t),
+            Since::Ago(_) => None,
+        }
+    }
+}
+
+/// A failed event, as `inbox failed` lists it.
+#[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
+pub struct FailedEvent {
+    pub provider: String,
+    pub event_id: String,
+    pub event_type: String,
+    pub attempts: i32,
+    pub received_at: String,
+    pub failed_at: String,
+    pub failure_reason: Option<String>,
+}
+
+const FAILED_WHERE: &str = "status = 'failed'
+    AND ($1::text IS NULL OR provider = $1)
+    AND ($2::bigint IS NULL OR coalesce(processed_at, received_at) >= now() - $2 * interval '1 millisecond')
+    AND ($3::timestamptz IS NULL OR coalesce(processed_at, received_at) >= $3::timestamptz)
+    AND ($4::text IS NULL OR failure_reason ILIKE $4)";
+
+/// Failed events matching `filter`, the most recent first.
+pub async fn list_failed(pool: &PgPool, filter: &Filter, limit: i64) -> Result<Vec<FailedEvent>, sqlx::Error> {
+    let since = filter.since.as_ref();
+    sqlx::query_as(&format!(
+        "SELECT provider, event_id, event_type, attempts, received_at::text,
+                coalesce(processed_at, received_at)::text AS failed_at, failure_reason
+         FROM webhook_inbox WHERE {FAILED_WHERE}
+         ORDER BY coalesce(processed_at, received_at) DESC LIMIT $5"
+    ))
+    .bind(filter.provider.as_deref())
+    .bind(since.and_then(Since::ago_ms))
+    .bind(since.and_then(Since::at))
+    .bind(filter.reason_like.as_deref())
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+}
+
+/// How many failed events match `filter` (`inbox requeue --dry-run`).
+pub async fn count_failed(pool: &PgPool, filter: &Filter) -> Result<i64, sqlx::Error> {
+    let since = filter.since.as_ref();
+    sqlx::query_scalar(&format!("SELECT count(*) FROM webhook_inbox WHERE {FAILED_WHERE}"))
+        .bind(filter.provider.as_deref())
+        .bind(since.and_then(Since::ago_ms))
+        .bind(since.and_then(Since::at))
+        .bind(filter.reason_like.as_deref())
+        .fetch_one(pool)
+        .await
+}
+
+/// Who puts events back, and why: kept in `inbox_audit` with each event's state before.
+#[derive(Debug, Clone)]
+pub struct Requeue<'a> {
+    pub actor: &'a str,
+    pub action: &'a str,
+    pub reason: &'a str,
+}
+
+/// Puts up to `limit` failed events matching `filter` back to `pending`
+/// (attempts reset, due now), skipping rows another transaction holds, with
+/// one audit record each, in one statement: a short transaction of its own.
+/// Returns how many; call it again until it returns less than `limit`.
+pub async fn requeue_failed(pool: &PgPool, filter: &Filter, by: &Requeue<'_>, limit: i64) -> Result<u64, sqlx::Error> {
+    let since = filter.since.as_ref();
+    let n: i64 = sqlx::query_scalar(&format!(
+        "WITH picked AS (
+             SELECT provider, event_id, status, attempts, failure_reason FROM webhook_inbox
+             WHERE {FAILED_WHERE}
+             ORDER BY received_at, event_id LIMIT $5 FOR UPDATE SKIP LOCKED),
+         requeued AS (
+             UPDATE webhook_inbox AS w
+             SET status = 'pending', attempts = 0, next_attempt_at = NULL, processed_at = NULL, failure_reason = NULL
+             FROM picked WHERE w.provider = picked.provider AND w.event_id = picked.event_id
+             RETURNING w.provider),
+         audited AS (
+             INSERT INTO inbox_audit (actor, action, reason, provider, event_id, from_status, attempts, failure_reason)
+             SELECT $6, $7, $8, provider, event_id, status, attempts, failure_reason FROM picked)
+         SELECT count(*) FROM requeued"
+    ))
+    .bind(filter.provider.as_deref())
+    .bind(since.and_then(Since::ago_ms))
+    .bind(since.and_then(Since::at))
+    .bind(filter.reason_like.as_deref())
+    .bind(limit)
+    .bind(by.actor)
+    .bind(by.action)
+    .bind(by.reason)
+    .fetch_one(pool)
+    .await?;
+    Ok(n as u64)
+}
+
+/// What replaying one event found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Replayed {
+    /// Back to pending; it was in this status.
+    Requeued {
+        from: String,
+    },
+    AlreadyPending,
+    NotFound,
+}
+
+/// Puts one event (done or failed) back to `pending`, attempts reset, with an
+/// audit record, in one statement.
+pub async fn replay(pool: &PgPool, provider: &str, event_id: &str, by: &Requeue<'_>) -> Result<Replayed, sqlx::Error> {
+    let row: Option<(String, bool)> = sqlx::query_as(
+        "WITH picked AS (
+             SELECT provider, event_id, status, attempts, failure_reason FROM webhook_inbox
+             WHERE provider = $1 AND event_id = $2 FOR UPDATE),
+         requeued AS (
+             UPDATE webhook_inbox AS w
+             SET status = 'pending', attempts = 0, next_attempt_at = NULL, processed_at = NULL, failure_reason = NULL
+             FROM picked WHERE w.provider = picked.provider AND w.event_id = picked.event_id AND picked.status <> 'pending'
+             RETURNING w.provider),
+         audited AS (
+             INSERT INTO inbox_audit (actor, action, reason, provider, event_id, from_status, attempts, failure_reason)
+             SELECT $3, $4, $5, provider, event_id, status, attempts, failure_reason FROM picked
+             WHERE status <> 'pending')
+         SELECT status, status <> 'pending' FROM picked",
+    )
+    .bind(provider)
+    .bind(event_id)
+    .bind(by.actor)
+    .bind(by.action)
+    .bind(by.reason)
+    .fetch_optional(pool)
+    .await?;
+    Ok(match row {
+        None => Replayed::NotFound,
+        Some((_, false)) => Replayed::AlreadyPending,
+        Some((from, true)) => Replayed::Requeued { from },
+    })
+}
+
+/// One stored event in full, as `inbox show` prints it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct StoredEvent {
+    pub provider: String,
+    pub event_id: String,
+    pub event_type: String,
+    pub status: String,
+    pub source: String,
+    pub attempts: i32,
+    pub received_at: String,
+    pub processed_at: Option<String>,
+    pub next_attempt_at: Option<String>,
+    pub failure_reason: Option<String>,
+    pub headers: Json<serde_json::Value>,
+    pub payload: Option<Json<serde_json::Value>>,
+    /// The signed bytes: the row's own, or its batch's (`webhook_bodies`).
+    pub raw_body: Vec<u8>,
+    pub secret_index: Option<i16>,
+    /// When it was received, in Unix seconds (re-verification checks the timestamp against it).
+    pub received_epoch: i64,
+}
+
+pub async fn event(pool: &PgPool, provider: &str, event_id: &str) -> Result<Option<StoredEvent>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT w.provider, w.event_id, w.event_type, w.status, w.source, w.attempts, w.received_at::text,
+                w.processed_at::text, w.next_attempt_at::text, w.failure_reason, w.headers, w.payload,
+                coalesce(b.raw_body, w.raw_body) AS raw_body, w.secret_index,
+                extract(epoch FROM w.received_at)::bigint AS received_epoch
+         FROM webhook_inbox AS w LEFT JOIN webhook_bodies AS b ON b.sha256 = w.body_sha256
+         WHERE w.provider = $1 AND w.event_id = $2",
+    )
+    .bind(provider)
+    .bind(event_id)
+    .fetch_optional(pool)
+    .await
+}

@@ -1,6 +1,7 @@
 //! The database: pools and connections, migrations, SQLSTATE classes, and one
 //! module per table holding every statement on it.
 
+pub mod audit;
 pub mod bodies;
 pub mod checkpoints;
 pub mod inbox;

@@ -179,3 +179,60 @@ pub async fn gauges<'e>(ex: impl PgExecutor<'e>) -> Result<OutboxGauges, sqlx::E
     .fetch_one(ex)
     .await
 }
+
+/// A message, as `inbox outbox` lists it.
+#[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
+pub struct Listed {
+    pub id: i64,
+    pub message_key: String,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub attempts: i32,
+    pub created_at: String,
+    pub next_attempt_at: Option<String>,
+    pub dead_at: Option<String>,
+    pub last_error: Option<String>,
+}
+
+/// Unsent messages (or, with `dead`, the dead ones), oldest first.
+pub async fn list(pool: &sqlx::PgPool, dead: bool, limit: i64) -> Result<Vec<Listed>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, message_key, aggregate_type, aggregate_id, attempts, created_at::text,
+                next_attempt_at::text, dead_at::text, last_error
+         FROM transactional_outbox
+         WHERE processed_at IS NULL AND (dead_at IS NOT NULL) = $1
+         ORDER BY id LIMIT $2",
+    )
+    .bind(dead)
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+}
+
+/// Gives a dead (or waiting) message a fresh start: due now, attempts reset,
+/// its last error kept until the next attempt. A sent message is left alone.
+/// Returns whether it was found unsent.
+pub async fn retry(pool: &sqlx::PgPool, id: i64) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE transactional_outbox SET dead_at = NULL, attempts = 0, next_attempt_at = NULL
+         WHERE id = $1 AND processed_at IS NULL",
+    )
+    .bind(id)
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// [`retry`] for up to `limit` dead messages, in one short statement; call it
+/// again until it returns less than `limit`.
+pub async fn retry_dead(pool: &sqlx::PgPool, limit: i64) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE transactional_outbox SET dead_at = NULL, attempts = 0, next_attempt_at = NULL
+         WHERE id IN (SELECT id FROM transactional_outbox WHERE dead_at IS NOT NULL
+                      ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)",
+    )
+    .bind(limit)
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected())
+}

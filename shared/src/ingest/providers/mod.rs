@@ -115,6 +115,28 @@ impl Schemes {
     }
 }
 
+/// Re-checks a stored delivery (`inbox show`): its kept headers and raw bytes
+/// against the secrets configured now, a signed timestamp judged as at
+/// `received_epoch`, when it arrived.
+pub fn verify_stored(
+    schemes: &Schemes,
+    provider: Provider,
+    headers: &serde_json::Value,
+    body: &[u8],
+    received_epoch: i64,
+) -> Result<Verified, Rejected> {
+    let scheme = schemes.get(provider).ok_or_else(|| Rejected::new("no secret is configured for the provider"))?;
+    let mut map = HeaderMap::new();
+    for (name, value) in headers.as_object().into_iter().flatten() {
+        let name = http::HeaderName::from_bytes(name.as_bytes());
+        let value = value.as_str().map(http::HeaderValue::from_str);
+        if let (Ok(name), Some(Ok(value))) = (name, value) {
+            map.append(name, value);
+        }
+    }
+    scheme.verify(&Delivery { headers: &map, body, now: received_epoch })
+}
+
 // ---- helpers shared by the schemes ----
 
 /// Every value of a header, as text (values that are not visible ASCII are skipped).

@@ -1,0 +1,387 @@
+//! The operator's commands, all against `DATABASE_URL`: `stats`, `failed`,
+//! `show`, `replay`, `requeue`, `outbox`. Each prints a table for people, or
+//! JSON with `--json` for scripts.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use serde_json::{json, Value};
+use sqlx::PgPool;
+use webhook_inbox::{
+    config::{Env, Secrets},
+    db::{
+        self, audit,
+        inbox::{self, Filter, Replayed, Requeue, Since},
+        outbox,
+    },
+    ingest::providers::{verify_stored, Schemes},
+    Provider,
+};
+
+/// Requeue and retry work in batches of this many rows, each its own short statement.
+const BATCH: i64 = 500;
+
+#[derive(Args, Debug, Clone)]
+pub struct Output {
+    /// Print JSON instead of a table.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum OutboxCommand {
+    /// Give a message (or every dead one) a fresh start: due now, attempts reset.
+    Retry {
+        /// The message's id (see `inbox outbox`).
+        id: Option<i64>,
+        /// Every dead message instead of one.
+        #[arg(long, conflicts_with = "id")]
+        dead: bool,
+    },
+}
+
+/// Connects, and says clearly what is missing: the setting, the server, or the schema.
+pub async fn connect(pool: PgPool, where_: &str) -> Result<PgPool> {
+    match sqlx::query("SELECT 1 FROM webhook_inbox LIMIT 0").execute(&pool).await {
+        Ok(_) => Ok(pool),
+        Err(e) if db::sqlstate(&e).as_deref() == Some("42P01") => {
+            bail!("{where_} has no inbox tables: run `inbox migrate` first")
+        }
+        Err(e) => Err(e).with_context(|| format!("cannot reach the database at {where_}")),
+    }
+}
+
+/// `30s`, `15m`, `2h`, `7d`, or a timestamp PostgreSQL reads (`2026-11-30 08:00Z`).
+pub fn parse_since(text: &str) -> Result<Since, String> {
+    let text = text.trim();
+    let (number, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
+    let seconds = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ if text.starts_with(|c: char| c.is_ascii_digit()) && text.len() >= 10 => {
+            return Ok(Since::At(text.to_string()))
+        }
+        _ => return Err(format!("{text:?} is neither a duration (30s, 15m, 2h, 7d) nor a timestamp")),
+    };
+    let n: u64 = number.parse().map_err(|_| format!("{text:?}: the number is missing or too large"))?;
+    n.checked_mul(seconds)
+        .map(|s| Since::Ago(Duration::from_secs(s)))
+        .ok_or_else(|| format!("{text:?} is too far back"))
+}
+
+/// Who is acting, for the audit record: `INBOX_OPERATOR`, else the login name.
+pub fn operator(env: &Env<'_>) -> String {
+    env.var("INBOX_OPERATOR").or_else(|| env.var("USER")).or_else(|| env.var("LOGNAME")).unwrap_or("unknown".into())
+}
+
+pub async fn stats(pool: &PgPool, out: &Output) -> Result<()> {
+    let counts = inbox::counts_by_status(pool).await?;
+    let gauges = inbox::gauges(pool).await?;
+    let outbox = outbox::gauges(pool).await?;
+    let secrets = inbox::secret_usage(pool, Duration::from_secs(7 * 86_400)).await?;
+    if out.json {
+        let counts: Vec<Value> =
+            counts.iter().map(|(p, s, n)| json!({"provider": p, "status": s, "count": n})).collect();
+        print_json(&json!({
+            "events": counts,
+            "inbox": gauges,
+            "outbox": outbox,
+            "secrets_last_7_days": secrets,
+        }));
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = counts.iter().map(|(p, s, n)| vec![p.clone(), s.clone(), n.to_string()]).collect();
+    print_table(&["provider", "status", "events"], &rows);
+    println!();
+    println!(
+        "pending: {} (oldest {})   failed in the last hour: {}",
+        gauges.pending,
+        age(gauges.oldest_pending_ms),
+        gauges.failed_last_hour
+    );
+    println!("outbox: {} waiting (oldest {}), {} dead", outbox.backlog, age(outbox.oldest_backlog_ms), outbox.dead);
+    println!();
+    println!("which secret verified deliveries in the last 7 days (index in the comma-separated list):");
+    let rows: Vec<Vec<String>> = secrets
+        .iter()
+        .map(|s| {
+            vec![
+                s.provider.clone(),
+                format!("#{}", s.secret_index + 1),
+                s.deliveries.to_string(),
+                s.last_received_at.clone(),
+            ]
+        })
+        .collect();
+    print_table(&["provider", "secret", "deliveries", "last"], &rows);
+    Ok(())
+}
+
+pub async fn failed(pool: &PgPool, filter: &Filter, limit: i64, out: &Output) -> Result<()> {
+    let events = inbox::list_failed(pool, filter, limit).await?;
+    if out.json {
+        print_json(&json!(events));
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = events
+        .iter()
+        .map(|e| {
+            vec![
+                e.provider.clone(),
+                e.event_id.clone(),
+                e.event_type.clone(),
+                e.attempts.to_string(),
+                e.failed_at.clone(),
+                e.failure_reason.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    print_table(&["provider", "event_id", "type", "attempts", "failed at", "reason"], &rows);
+    println!("{} shown (--limit {limit})", events.len());
+    Ok(())
+}
+
+pub async fn show(pool: &PgPool, env: &Env<'_>, provider: &str, event_id: &str, out: &Output) -> Result<()> {
+    let Some(event) = inbox::event(pool, provider, event_id).await? else {
+        bail!("no event {event_id:?} from provider {provider:?}");
+    };
+    let history = audit::history(pool, provider, event_id).await?;
+    let verification = reverify(env, &event);
+    if out.json {
+        print_json(&json!({
+            "provider": event.provider, "event_id": event.event_id, "event_type": event.event_type,
+            "status": event.status, "source": event.source, "attempts": event.attempts,
+            "received_at": event.received_at, "processed_at": event.processed_at,
+            "next_attempt_at": event.next_attempt_at, "failure_reason": event.failure_reason,
+            "secret_index": event.secret_index, "headers": event.headers.0, "payload": event.payload.map(|p| p.0),
+            "raw_body_bytes": event.raw_body.len(), "verification": verification, "history": history,
+        }));
+        return Ok(());
+    }
+    println!("{} {} ({}), {}, from {}", event.provider, event.event_id, event.event_type, event.status, event.source);
+    println!("received {}; processed {}", event.received_at, event.processed_at.as_deref().unwrap_or("-"));
+    println!("attempts {}; next attempt {}", event.attempts, event.next_attempt_at.as_deref().unwrap_or("-"));
+    if let Some(reason) = &event.failure_reason {
+        println!("failure: {reason}");
+    }
+    println!("verification: {verification}");
+    println!("headers: {}", event.headers.0);
+    match &event.payload {
+        Some(p) => println!("payload: {}", serde_json::to_string_pretty(&p.0)?),
+        None => println!("payload: none stored ({} raw bytes kept)", event.raw_body.len()),
+    }
+    if history.is_empty() {
+        println!("history: never requeued");
+    }
+    for h in &history {
+        println!(
+            "history: {} {} by {}: {:?} (was {}, {} attempts{})",
+            h.at,
+            h.action,
+            h.actor,
+            h.reason,
+            h.from_status,
+            h.attempts,
+            h.failure_reason.as_deref().map(|r| format!(", {r}")).unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+/// Whether the stored bytes still verify against the secrets configured now.
+fn reverify(env: &Env<'_>, event: &inbox::StoredEvent) -> String {
+    let Ok(provider) = Provider::try_from(event.provider.as_str()) else {
+        return format!("unknown provider {:?}", event.provider);
+    };
+    if event.source == "reconcile" {
+        return "fetched from the provider's API by reconcile: no signature".into();
+    }
+    let secrets = match Secrets::read(env) {
+        Ok(s) => s,
+        Err(e) => return format!("not checked: {e}"),
+    };
+    let schemes = Schemes::new(&secrets);
+    if schemes.get(provider).is_none() {
+        return format!("not checked: no {provider} secret is configured here");
+    }
+    match verify_stored(&schemes, provider, &event.headers.0, &event.raw_body, event.received_epoch) {
+        Ok(v) => format!("verifies with {provider} secret #{}", v.secret_index + 1),
+        Err(reason) if provider == Provider::Marqeta => {
+            format!("not verified: {reason} (Basic credentials are never stored; only X-Marqeta-Signature can be re-checked)")
+        }
+        Err(reason) => format!("DOES NOT VERIFY with the secrets configured here: {reason}"),
+    }
+}
+
+pub async fn replay(pool: &PgPool, provider: &str, event_id: &str, by: &Requeue<'_>, out: &Output) -> Result<()> {
+    let replayed = inbox::replay(pool, provider, event_id, by).await?;
+    let from = match &replayed {
+        Replayed::NotFound => bail!("no event {event_id:?} from provider {provider:?}"),
+        Replayed::AlreadyPending => bail!("{provider} {event_id} is already pending: nothing to replay"),
+        Replayed::Requeued { from } => from,
+    };
+    if out.json {
+        print_json(&json!({"provider": provider, "event_id": event_id, "requeued_from": from}));
+    } else {
+        println!(
+            "{provider} {event_id}: {from} -> pending, attempts reset (audited as {:?} by {})",
+            by.reason, by.actor
+        );
+    }
+    Ok(())
+}
+
+pub async fn requeue(pool: &PgPool, filter: &Filter, by: &Requeue<'_>, dry_run: bool, out: &Output) -> Result<()> {
+    let matching = inbox::count_failed(pool, filter).await?;
+    if dry_run {
+        if out.json {
+            print_json(&json!({"matching": matching, "requeued": 0, "dry_run": true}));
+        } else {
+            println!("{matching} failed event(s) match; nothing changed (--dry-run)");
+        }
+        return Ok(());
+    }
+    let bar = progress(matching as u64, out);
+    let mut requeued = 0;
+    loop {
+        let n = inbox::requeue_failed(pool, filter, by, BATCH).await?;
+        requeued += n;
+        bar.inc(n);
+        if n < BATCH as u64 {
+            break;
+        }
+    }
+    bar.finish_and_clear();
+    if out.json {
+        print_json(&json!({"matching": matching, "requeued": requeued, "dry_run": false}));
+    } else {
+        println!(
+            "{requeued} failed event(s) back to pending, attempts reset (audited as {:?} by {})",
+            by.reason, by.actor
+        );
+    }
+    Ok(())
+}
+
+pub async fn outbox_list(pool: &PgPool, dead: bool, limit: i64, out: &Output) -> Result<()> {
+    let messages = outbox::list(pool, dead, limit).await?;
+    if out.json {
+        print_json(&json!(messages));
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = messages
+        .iter()
+        .map(|m| {
+            vec![
+                m.id.to_string(),
+                m.message_key.clone(),
+                m.attempts.to_string(),
+                m.created_at.clone(),
+                m.dead_at.clone().or_else(|| m.next_attempt_at.clone()).unwrap_or_else(|| "due".into()),
+                m.last_error.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    let when = if dead { "dead at" } else { "next attempt" };
+    print_table(&["id", "message_key", "attempts", "created", when, "last error"], &rows);
+    println!("{} {} shown (--limit {limit})", messages.len(), if dead { "dead" } else { "waiting" });
+    Ok(())
+}
+
+pub async fn outbox_retry(pool: &PgPool, id: Option<i64>, dead: bool, out: &Output) -> Result<()> {
+    let retried = match (id, dead) {
+        (Some(id), _) => {
+            if !outbox::retry(pool, id).await? {
+                bail!("no unsent outbox message with id {id}");
+            }
+            1
+        }
+        (None, true) => {
+            let mut total = 0;
+            loop {
+                let n = outbox::retry_dead(pool, BATCH).await?;
+                total += n;
+                if n < BATCH as u64 {
+                    break total;
+                }
+            }
+        }
+        (None, false) => bail!("name a message id, or --dead for every dead message"),
+    };
+    if out.json {
+        print_json(&json!({"retried": retried}));
+    } else {
+        println!("{retried} outbox message(s) due now, attempts reset");
+    }
+    Ok(())
+}
+
+fn progress(len: u64, out: &Output) -> indicatif::ProgressBar {
+    if out.json {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(len);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} requeued ({eta} left)")
+            .expect("a valid template"),
+    );
+    bar
+}
+
+fn age(ms: f64) -> String {
+    match ms {
+        ms if ms <= 0.0 => "-".into(),
+        ms if ms < 120_000.0 => format!("{:.0} s", ms / 1000.0),
+        ms if ms < 7_200_000.0 => format!("{:.0} min", ms / 60_000.0),
+        ms => format!("{:.1} h", ms / 3_600_000.0),
+    }
+}
+
+fn print_json(v: &Value) {
+    println!("{}", serde_json::to_string_pretty(v).expect("JSON prints"));
+}
+
+/// Left-aligned columns, each as wide as its widest cell (cells are cut at 80 characters).
+fn print_table(head: &[&str], rows: &[Vec<String>]) {
+    let cut = |s: &str| -> String {
+        let s = s.replace('\n', " ");
+        if s.chars().count() > 80 {
+            format!("{}...", s.chars().take(77).collect::<String>())
+        } else {
+            s
+        }
+    };
+    let rows: Vec<Vec<String>> = rows.iter().map(|r| r.iter().map(|c| cut(c)).collect()).collect();
+    let widths: Vec<usize> = (0..head.len())
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).chain([head[i].len()]).max().unwrap_or(0))
+        .collect();
+    let line = |cells: Vec<&str>| {
+        let padded: Vec<String> = cells.iter().zip(&widths).map(|(c, w)| format!("{c:w$}")).collect();
+        println!("{}", padded.join("  ").trim_end());
+    };
+    line(head.to_vec());
+    for r in &rows {
+        line(r.iter().map(String::as_str).collect());
+    }
+    if rows.is_empty() {
+        println!("(none)");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn since_is_a_duration_or_a_timestamp() {
+        assert!(matches!(parse_since("90m"), Ok(Since::Ago(d)) if d == Duration::from_secs(5400)));
+        assert!(matches!(parse_since("7d"), Ok(Since::Ago(d)) if d == Duration::from_secs(7 * 86_400)));
+        assert!(matches!(parse_since("2026-11-30 08:00Z"), Ok(Since::At(_))));
+        for bad in ["", "h", "5 weeks", "99999999999999999999h", "yesterday"] {
+            assert!(parse_since(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,307 @@
+//! The operator's commands, run as a user runs them (the `inbox` binary) against
+//! a real database of their own: what they print, what they change, and how
+//! they fail.
+
+use std::process::{Command, Output};
+
+use hmac::{Hmac, Mac};
+use serde_json::{json, Value};
+use sha2::Sha256;
+use sqlx::{
+    postgres::{PgConnectOptions, PgPoolOptions},
+    PgPool,
+};
+
+fn url_of(opts: &PgConnectOptions) -> String {
+    format!("postgres://postgres@{}:{}/{}", opts.get_host(), opts.get_port(), opts.get_database().unwrap())
+}
+
+fn inbox(url: Option<&str>, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_inbox"));
+    cmd.env_remove("DATABASE_URL").env("RUST_LOG", "warn").args(args);
+    if let Some(url) = url {
+        cmd.env("DATABASE_URL", url);
+    }
+    cmd.envs(env.iter().copied()).output().unwrap()
+}
+
+/// Runs a command that must succeed; its stdout.
+fn ok(url: &str, args: &[&str], env: &[(&str, &str)]) -> String {
+    let out = inbox(Some(url), args, env);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "inbox {args:?} failed: {}{stdout}", String::from_utf8_lossy(&out.stderr));
+    stdout
+}
+
+fn json_of(url: &str, args: &[&str]) -> Value {
+    let text = ok(url, args, &[]);
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("inbox {args:?} --json printed no JSON ({e}):\n{text}"))
+}
+
+/// Runs a command that must fail; its stderr.
+fn fails(url: Option<&str>, args: &[&str]) -> String {
+    let out = inbox(url, args, &[]);
+    assert!(!out.status.success(), "inbox {args:?} should fail");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+async fn row(pool: &PgPool, provider: &str, id: &str, status: &str, reason: Option<&str>, age: &str) {
+    sqlx::query(
+        "INSERT INTO webhook_inbox (provider, event_id, event_type, payload, status, failure_reason, raw_body,
+                                    secret_index, attempts, received_at, processed_at)
+         VALUES ($1, $2, 'x.y', '{}', $3, $4, '{}', 0, CASE WHEN $3 = 'failed' THEN 10 ELSE 0 END,
+                 now() - $5::interval, CASE WHEN $3 = 'pending' THEN NULL ELSE now() - $5::interval END)",
+    )
+    .bind(provider)
+    .bind(id)
+    .bind(status)
+    .bind(reason)
+    .bind(age)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+async fn status(pool: &PgPool, provider: &str, id: &str) -> (String, i32) {
+    sqlx::query_as("SELECT status, attempts FROM webhook_inbox WHERE provider = $1 AND event_id = $2")
+        .bind(provider)
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn stats_counts_by_provider_and_status_and_names_the_secrets_in_use(
+    pool_options: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    let pool = pool_options.connect_with(opts.clone()).await.unwrap();
+    let url = url_of(&opts);
+    row(&pool, "stripe", "evt_1", "pending", None, "2 minutes").await;
+    row(&pool, "stripe", "evt_2", "done", None, "1 minute").await;
+    row(&pool, "github", "g_1", "failed", Some("malformed"), "10 minutes").await;
+    row(&pool, "github", "g_2", "failed", Some("malformed"), "3 hours").await;
+    sqlx::query("UPDATE webhook_inbox SET secret_index = 1 WHERE event_id = 'evt_2'").execute(&pool).await.unwrap();
+    sqlx::query("INSERT INTO transactional_outbox (aggregate_type, aggregate_id, payload, message_key, dead_at) VALUES ('p', '1', '{}', 'k1', NULL), ('p', '2', '{}', 'k2', now())")
+        .execute(&pool).await.unwrap();
+
+    let stats = json_of(&url, &["stats", "--json"]);
+    let events = stats["events"].as_array().unwrap();
+    assert!(events.contains(&json!({"provider": "github", "status": "failed", "count": 2})), "{stats}");
+    assert!(events.contains(&json!({"provider": "stripe", "status": "pending", "count": 1})), "{stats}");
+    assert_eq!(stats["inbox"]["pending"], 1);
+    assert_eq!(stats["inbox"]["failed_last_hour"], 1, "the one failed 3 hours ago is not counted");
+    assert!((115_000.0..200_000.0).contains(&stats["inbox"]["oldest_pending_ms"].as_f64().unwrap()), "{stats}");
+    assert_eq!((stats["outbox"]["backlog"].as_i64(), stats["outbox"]["dead"].as_i64()), (Some(1), Some(1)));
+    let stripe_secrets: Vec<(i64, i64)> = stats["secrets_last_7_days"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["provider"] == "stripe")
+        .map(|s| (s["secret_index"].as_i64().unwrap(), s["deliveries"].as_i64().unwrap()))
+        .collect();
+    assert_eq!(stripe_secrets, [(0, 1), (1, 1)]);
+
+    let table = ok(&url, &["stats"], &[]);
+    assert!(
+        table.contains("provider") && table.contains("github") && table.contains("failed in the last hour: 1"),
+        "{table}"
+    );
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn failed_lists_reasons_filtered_by_provider_and_time(pool_options: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = pool_options.connect_with(opts.clone()).await.unwrap();
+    let url = url_of(&opts);
+    row(&pool, "github", "g_new", "failed", Some("malformed payload: expected value"), "5 minutes").await;
+    row(&pool, "github", "g_old", "failed", Some("too old"), "2 days").await;
+    row(&pool, "stripe", "evt_f", "failed", Some("attempt 10: handler error"), "1 minute").await;
+    row(&pool, "stripe", "evt_ok", "done", None, "1 minute").await;
+
+    let all = json_of(&url, &["failed", "--json"]);
+    let ids: Vec<&str> = all.as_array().unwrap().iter().map(|e| e["event_id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["evt_f", "g_new", "g_old"], "the most recent first, only failed ones");
+    let recent = json_of(&url, &["failed", "--provider", "github", "--since", "1h", "--json"]);
+    assert_eq!(recent.as_array().unwrap().len(), 1);
+    assert_eq!(recent[0]["failure_reason"], "malformed payload: expected value");
+    assert_eq!(json_of(&url, &["failed", "--limit", "1", "--json"]).as_array().unwrap().len(), 1);
+    let table = ok(&url, &["failed", "--provider", "stripe"], &[]);
+    assert!(table.contains("evt_f") && table.contains("attempt 10: handler error"), "{table}");
+    assert!(fails(Some(&url), &["failed", "--since", "last tuesday"]).contains("neither a duration"));
+}
+
+fn stripe_signature(secret: &str, t: i64, body: &str) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    mac.update(format!("{t}.{body}").as_bytes());
+    format!("t={t},v1={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn show_tells_whether_the_stored_bytes_still_verify(pool_options: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = pool_options.connect_with(opts.clone()).await.unwrap();
+    let url = url_of(&opts);
+    let body = r#"{"id":"evt_s","type":"payment_intent.succeeded"}"#;
+    let received: i64 = sqlx::query_scalar("SELECT extract(epoch FROM now() - interval '3 days')::bigint")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let headers = json!({"stripe-signature": stripe_signature("whsec_new", received - 10, body)});
+    sqlx::query(
+        "INSERT INTO webhook_inbox (provider, event_id, event_type, payload, raw_body, headers, secret_index, received_at)
+         VALUES ('stripe', 'evt_s', 'payment_intent.succeeded', $1::jsonb, $2, $3, 1, to_timestamp($4))",
+    )
+    .bind(body)
+    .bind(body.as_bytes())
+    .bind(&headers)
+    .bind(received as f64)
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    // Three days later, signed 10 s before it arrived: judged as at arrival.
+    let rotated = [("STRIPE_WEBHOOK_SECRET", "whsec_newer,whsec_new")];
+    let shown = ok(&url, &["show", "stripe", "evt_s"], &rotated);
+    assert!(shown.contains("verifies with stripe secret #2"), "{shown}");
+    assert!(shown.contains("payment_intent.succeeded") && shown.contains("never requeued"), "{shown}");
+    assert!(!shown.contains("whsec_new"), "no secret printed:\n{shown}");
+    let retired = ok(&url, &["show", "stripe", "evt_s"], &[("STRIPE_WEBHOOK_SECRET", "whsec_newer")]);
+    assert!(retired.contains("DOES NOT VERIFY"), "{retired}");
+    let unconfigured = ok(&url, &["show", "stripe", "evt_s"], &[]);
+    assert!(unconfigured.contains("no stripe secret is configured"), "{unconfigured}");
+
+    let json: Value = serde_json::from_str(&ok(&url, &["show", "stripe", "evt_s", "--json"], &rotated)).unwrap();
+    assert_eq!(json["payload"]["id"], "evt_s");
+    assert_eq!(json["raw_body_bytes"], body.len());
+    assert!(fails(Some(&url), &["show", "stripe", "evt_missing"])
+        .contains("no event \"evt_missing\" from provider \"stripe\""));
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn replay_puts_one_event_back_with_an_audit_record(pool_options: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = pool_options.connect_with(opts.clone()).await.unwrap();
+    let url = url_of(&opts);
+    row(&pool, "stripe", "evt_r", "failed", Some("handler error"), "1 hour").await;
+    let out = ok(&url, &["replay", "stripe", "evt_r", "--reason", "bug 42 fixed"], &[("INBOX_OPERATOR", "alice")]);
+    assert!(out.contains("failed -> pending"), "{out}");
+    assert_eq!(status(&pool, "stripe", "evt_r").await, ("pending".into(), 0));
+    let audit: (String, String, String, String, i32, Option<String>) = sqlx::query_as(
+        "SELECT actor, action, reason, from_status, attempts, failure_reason FROM inbox_audit WHERE event_id = 'evt_r'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        audit,
+        ("alice".into(), "replay".into(), "bug 42 fixed".into(), "failed".into(), 10, Some("handler error".into()))
+    );
+    let shown = ok(&url, &["show", "stripe", "evt_r"], &[]);
+    assert!(shown.contains("replay by alice: \"bug 42 fixed\" (was failed, 10 attempts, handler error)"), "{shown}");
+    assert!(fails(Some(&url), &["replay", "stripe", "evt_r"]).contains("already pending"));
+    assert!(fails(Some(&url), &["replay", "stripe", "evt_nope"]).contains("no event"));
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn requeue_moves_thousands_in_batches_and_only_what_matches(pool_options: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = pool_options.connect_with(opts.clone()).await.unwrap();
+    let url = url_of(&opts);
+    sqlx::query(
+        "INSERT INTO webhook_inbox (provider, event_id, event_type, payload, status, failure_reason, raw_body, secret_index, attempts, processed_at)
+         SELECT 'marqeta', 'm' || i, 'x', '{}', 'failed', 'account missing: ' || i, '{}', 0, 10, now() FROM generate_series(1, 1200) AS i",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    row(&pool, "marqeta", "m_other", "failed", Some("malformed"), "1 minute").await;
+    row(&pool, "stripe", "evt_keep", "failed", Some("account missing: x"), "1 minute").await;
+
+    let dry = json_of(
+        &url,
+        &["requeue", "--failed", "--provider", "marqeta", "--reason-like", "account missing%", "--dry-run", "--json"],
+    );
+    assert_eq!(dry, json!({"matching": 1200, "requeued": 0, "dry_run": true}));
+    let failed: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_inbox WHERE status = 'failed'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(failed, 1202, "a dry run changes nothing");
+
+    let done =
+        json_of(&url, &["requeue", "--failed", "--provider", "marqeta", "--reason-like", "account missing%", "--json"]);
+    assert_eq!(done, json!({"matching": 1200, "requeued": 1200, "dry_run": false}));
+    let by_status: Vec<(String, String, i64)> =
+        sqlx::query_as("SELECT provider, status, count(*) FROM webhook_inbox GROUP BY 1, 2 ORDER BY 1, 2")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        by_status,
+        [
+            ("marqeta".into(), "failed".into(), 1),
+            ("marqeta".into(), "pending".into(), 1200),
+            ("stripe".into(), "failed".into(), 1)
+        ]
+    );
+    let audited: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM inbox_audit WHERE action = 'requeue'").fetch_one(&pool).await.unwrap();
+    assert_eq!(audited, 1200);
+    let reset: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM webhook_inbox WHERE status = 'pending' AND attempts = 0 AND failure_reason IS NULL",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(reset, 1200);
+    assert!(fails(Some(&url), &["requeue", "--provider", "marqeta"]).contains("--failed"));
+}
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn outbox_lists_dead_letters_and_retries_them(pool_options: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = pool_options.connect_with(opts.clone()).await.unwrap();
+    let url = url_of(&opts);
+    sqlx::query(
+        "INSERT INTO transactional_outbox (aggregate_type, aggregate_id, payload, message_key, attempts, dead_at, last_error, processed_at)
+         VALUES ('p', '1', '{}', 'dead-1', 10, now(), 'HTTP 400: bad', NULL),
+                ('p', '2', '{}', 'dead-2', 3, now(), 'HTTP 410', NULL),
+                ('p', '3', '{}', 'waiting', 1, NULL, NULL, NULL),
+                ('p', '4', '{}', 'sent', 1, NULL, NULL, now())",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let dead = json_of(&url, &["outbox", "--dead", "--json"]);
+    let keys: Vec<&str> = dead.as_array().unwrap().iter().map(|m| m["message_key"].as_str().unwrap()).collect();
+    assert_eq!(keys, ["dead-1", "dead-2"]);
+    assert_eq!(dead[0]["last_error"], "HTTP 400: bad");
+    let waiting = json_of(&url, &["outbox", "--json"]);
+    assert_eq!(waiting.as_array().unwrap().len(), 1);
+
+    let first = dead[0]["id"].as_i64().unwrap().to_string();
+    assert_eq!(json_of(&url, &["outbox", "retry", &first, "--json"]), json!({"retried": 1}));
+    assert_eq!(json_of(&url, &["outbox", "--dead", "--json"]).as_array().unwrap().len(), 1);
+    assert_eq!(json_of(&url, &["outbox", "retry", "--dead", "--json"]), json!({"retried": 1}));
+    let due: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM transactional_outbox WHERE dead_at IS NULL AND processed_at IS NULL AND attempts = 0",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(due, 2, "both dead letters are due again, attempts reset");
+    let sent: i64 = sqlx::query_scalar("SELECT id FROM transactional_outbox WHERE message_key = 'sent'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(fails(Some(&url), &["outbox", "retry", &sent.to_string()]).contains("no unsent outbox message"));
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_missing_unreachable_or_empty_database_is_named(_: PgPoolOptions, opts: PgConnectOptions) {
+    assert!(fails(None, &["stats"]).contains("DATABASE_URL is not set"));
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let nowhere = format!("postgres://postgres:pw-not-shown@127.0.0.1:{port}/inbox");
+    let err = fails(Some(&nowhere), &["stats"]);
+    assert!(err.contains("cannot reach the database at postgres://127.0.0.1"), "{err}");
+    assert!(!err.contains("pw-not-shown"), "{err}");
+    let err = fails(Some(&url_of(&opts)), &["failed"]);
+    assert!(err.contains("has no inbox tables: run `inbox migrate` first"), "{err}");
+}
