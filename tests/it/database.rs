@@ -1,6 +1,6 @@
 //! Session timeouts: sent as startup parameters by default, or left to the
-//! database role (`INBOX_DB_TIMEOUTS=role`) for poolers that pin or refuse
-//! startup parameters, such as RDS Proxy.
+//! database role behind a proxy (`INBOX_DB_POOLER=proxy`), which refuses
+//! startup parameters (PgBouncer) or pins the session on them (RDS Proxy).
 
 use sqlx::{Connection, PgConnection};
 use webhook_inbox::{
@@ -32,13 +32,13 @@ async fn timeouts_go_as_startup_parameters_or_come_from_the_role() {
     url.set_username(&role).unwrap();
     let startup = DbConfig::read(&Env::from_pairs(&[("DATABASE_URL", url.as_str())]), 1).unwrap();
     let on_role =
-        DbConfig::read(&Env::from_pairs(&[("DATABASE_URL", url.as_str()), ("INBOX_DB_TIMEOUTS", "role")]), 1).unwrap();
+        DbConfig::read(&Env::from_pairs(&[("DATABASE_URL", url.as_str()), ("INBOX_DB_POOLER", "proxy")]), 1).unwrap();
     let by_startup = show(&startup).await;
     let by_role = show(&on_role).await;
     sqlx::query(&format!("DROP ROLE {role}")).execute(&mut admin).await.unwrap();
 
     assert_eq!(by_startup, ("5s".to_string(), "webhook-inbox".to_string()), "the startup parameter wins");
     assert_eq!(by_role, ("1234ms".to_string(), "webhook-inbox".to_string()), "the role's own setting");
-    let err = DbConfig::read(&Env::from_pairs(&[("INBOX_DB_TIMEOUTS", "proxy")]), 1).unwrap_err();
-    assert!(err.to_string().contains("INBOX_DB_TIMEOUTS"), "{err}");
+    let err = DbConfig::read(&Env::from_pairs(&[("INBOX_DB_POOLER", "transaction")]), 1).unwrap_err();
+    assert!(err.to_string().contains("INBOX_DB_POOLER"), "{err}");
 }

@@ -8,6 +8,7 @@ mod metrics;
 mod migrate;
 mod partitioning;
 mod payload;
+mod pooler;
 mod process;
 mod receive;
 mod reconcile;

@@ -191,8 +191,8 @@ pub fn decode_standard_secret(s: &str) -> Option<Secret> {
 impl DbConfig {
     /// `DATABASE_URL`, `INBOX_DB_POOL_SIZE` (default `default_pool`), the
     /// `INBOX_*_TIMEOUT_MS` variables (acquire 2000, lock 2000, statement 5000,
-    /// idle in transaction 10000), and `INBOX_DB_TIMEOUTS` (`startup`, or
-    /// `role` when the role carries them).
+    /// idle in transaction 10000), and `INBOX_DB_POOLER` (`none`, or `proxy`
+    /// behind PgBouncer or RDS Proxy: no startup parameters).
     pub fn from_env(default_pool: u32) -> Result<Self, ConfigError> {
         Self::read(&Env::process(), default_pool)
     }
@@ -205,11 +205,11 @@ impl DbConfig {
             lock_timeout: env.millis("INBOX_LOCK_TIMEOUT_MS", 2000)?,
             statement_timeout: env.millis("INBOX_STATEMENT_TIMEOUT_MS", 5000)?,
             idle_in_transaction_timeout: env.millis("INBOX_IDLE_IN_TRANSACTION_TIMEOUT_MS", 10_000)?,
-            timeouts_on_role: match env.var("INBOX_DB_TIMEOUTS").as_deref() {
-                None | Some("startup") => false,
-                Some("role") => true,
+            behind_proxy: match env.var("INBOX_DB_POOLER").as_deref() {
+                None | Some("none") => false,
+                Some("proxy") => true,
                 Some(other) => {
-                    return Err(invalid("INBOX_DB_TIMEOUTS", format!("{other:?} is neither \"startup\" nor \"role\"")))
+                    return Err(invalid("INBOX_DB_POOLER", format!("{other:?} is neither \"none\" nor \"proxy\"")))
                 }
             },
         })

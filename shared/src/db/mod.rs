@@ -49,8 +49,9 @@ fn parse_url(cfg: &DbConfig) -> Result<PgConnectOptions, sqlx::Error> {
 fn with_timeouts(options: PgConnectOptions, cfg: &DbConfig) -> PgConnectOptions {
     let ms = |d: Duration| d.as_millis().to_string();
     let options = options.application_name("webhook-inbox");
-    if cfg.timeouts_on_role {
-        return options;
+    if cfg.behind_proxy {
+        // sqlx sends extra_float_digits at startup unless told not to; PgBouncer refuses it.
+        return options.extra_float_digits(None);
     }
     options.options([
         ("lock_timeout", ms(cfg.lock_timeout)),
@@ -221,10 +222,10 @@ pub struct DbConfig {
     pub lock_timeout: Duration,
     pub statement_timeout: Duration,
     pub idle_in_transaction_timeout: Duration,
-    /// Whether the timeouts go as startup parameters (the default) or are left
-    /// to the database role (`ALTER ROLE ... SET`), for poolers that refuse or
-    /// pin on startup parameters (RDS Proxy).
-    pub timeouts_on_role: bool,
+    /// Behind a proxy that refuses startup parameters (PgBouncer) or pins the
+    /// session on them (RDS Proxy): none is sent, and the timeouts come from the
+    /// database role (`ALTER ROLE ... SET`) instead.
+    pub behind_proxy: bool,
 }
 
 impl DbConfig {
@@ -236,7 +237,7 @@ impl DbConfig {
             lock_timeout: Duration::from_secs(2),
             statement_timeout: Duration::from_secs(5),
             idle_in_transaction_timeout: Duration::from_secs(10),
-            timeouts_on_role: false,
+            behind_proxy: false,
         }
     }
 }
