@@ -84,6 +84,16 @@ impl EmbeddedPostgres {
         Ok(())
     }
 
+    /// Stops the cluster as a crash would (immediate shutdown: no checkpoint,
+    /// connections cut), keeping its files; [`EmbeddedPostgres::resume`]
+    /// recovers it from the WAL.
+    pub async fn crash(&mut self) -> Result<()> {
+        let data = self.data_dir();
+        self.run("pg_ctl", &[OsStr::new("-D"), data.as_os_str()], &["-w", "-s", "-m", "immediate", "stop"]).await?;
+        self.running = false;
+        Ok(())
+    }
+
     /// Stops the cluster and deletes its files.
     pub async fn destroy(mut self) -> Result<()> {
         if self.running {

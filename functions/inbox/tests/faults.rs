@@ -1,0 +1,414 @@
+//! The fault suite: the storm of `inbox demo`, sent as providers send (each
+//! delivery retried until it is acknowledged), while something breaks; then
+//! the database is checked against what was sent. One figure line per
+//! scenario: deliveries, acknowledged, lost, duplicated effects, recovered.
+//!
+//! Each scenario runs `inbox dev` on a throwaway PostgreSQL cluster of its own,
+//! never the machine's. The CI size runs by default; `INBOX_FAULTS=full` runs
+//! the full size (at least 5,000 deliveries) and writes `docs/reliability.md`.
+
+use std::{
+    collections::BTreeSet,
+    io::{BufRead, BufReader},
+    process::{Child, Command, Stdio},
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        mpsc, Arc, Mutex,
+    },
+    time::Duration,
+};
+
+use http_body_util::{BodyExt, Full};
+use hyper::{body::Bytes, server::conn::http1, service::service_fn, Response};
+use hyper_util::rt::TokioIo;
+
+use webhook_inbox::{
+    core::http::http_client,
+    db,
+    dev::{
+        embedded_pg::EmbeddedPostgres,
+        storm::{self, Delivery, Rng},
+    },
+};
+
+fn full() -> bool {
+    std::env::var("INBOX_FAULTS").is_ok_and(|v| v == "full")
+}
+
+/// `inbox dev` on `database_url`, killed when dropped.
+struct Stack {
+    child: Child,
+    base: String,
+}
+
+/// The relay's consumer: answers 200 and keeps every key it was sent.
+async fn consumer() -> (String, Arc<Mutex<Vec<String>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/outbox", listener.local_addr().unwrap());
+    let keys = Arc::new(Mutex::new(Vec::new()));
+    let seen = keys.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let seen = seen.clone();
+                    async move {
+                        let key = req.headers().get("idempotency-key").and_then(|v| v.to_str().ok()).map(String::from);
+                        let _ = req.into_body().collect().await;
+                        seen.lock().unwrap().extend(key);
+                        Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new())))
+                    }
+                });
+                let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+            });
+        }
+    });
+    (url, keys)
+}
+
+impl Stack {
+    fn start(database_url: &str, sink: &str, port: u16) -> Stack {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_inbox"))
+            .args(["dev", "--port", &port.to_string()])
+            .env_clear()
+            .envs([
+                ("PATH", std::env::var("PATH").unwrap_or_default()),
+                ("RUST_LOG", "error".into()),
+                ("DATABASE_URL", database_url.to_string()),
+                ("INBOX_POLL_MS", "50".into()),
+                ("INBOX_RETRY_BASE_MS", "100".into()),
+                ("RELAY_HTTP_URL", sink.to_string()),
+                ("RELAY_RETRY_BASE_MS", "100".into()),
+                // A relay killed between publish and mark re-sends when its lease ends.
+                ("RELAY_LEASE_MS", "2000".into()),
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let (ready_tx, ready) = mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line.contains("inbox dev ready") {
+                    let _ = ready_tx.send(());
+                }
+            }
+        });
+        ready.recv_timeout(Duration::from_secs(60)).expect("inbox dev did not become ready");
+        Stack { child, base: format!("http://127.0.0.1:{port}/webhooks") }
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill(); // SIGKILL
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// What the providers saw.
+#[derive(Default)]
+struct Sent {
+    deliveries: usize,
+    attempts: AtomicUsize,
+    acknowledged: AtomicUsize,
+    refused_forged: AtomicUsize,
+    /// Deliveries that failed at least once (no answer, 5xx) before their 200.
+    recovered: AtomicUsize,
+    /// Answers 503: the inbox said it could not store.
+    unavailable: AtomicUsize,
+}
+
+/// Sends every delivery as a provider does: again until it is acknowledged
+/// (a forged one until it is refused), 8 at a time.
+async fn send_all(base: String, waves: Vec<Vec<Delivery>>, sent: Arc<Sent>) {
+    let client = http_client(Duration::from_secs(10)).unwrap();
+    for wave in waves {
+        let queue = Arc::new(Mutex::new(wave.into_iter()));
+        let workers: Vec<_> = (0..8)
+            .map(|_| {
+                let (queue, client, base, sent) = (queue.clone(), client.clone(), base.clone(), sent.clone());
+                tokio::spawn(async move {
+                    loop {
+                        let Some(d) = queue.lock().unwrap().next() else { return };
+                        let mut failed_once = false;
+                        loop {
+                            sent.attempts.fetch_add(1, Ordering::Relaxed);
+                            let url = format!("{base}/{}", d.provider);
+                            let mut req = client.post(url).body(d.body.clone());
+                            for (k, v) in &d.headers {
+                                req = req.header(*k, v);
+                            }
+                            let status = req.send().await.map(|r| r.status().as_u16()).unwrap_or(0);
+                            match (status, d.forged) {
+                                (200, false) => {
+                                    sent.acknowledged.fetch_add(1, Ordering::Relaxed);
+                                    if failed_once {
+                                        sent.recovered.fetch_add(1, Ordering::Relaxed);
+                                    }
+                                    break;
+                                }
+                                (401, true) => {
+                                    sent.refused_forged.fetch_add(1, Ordering::Relaxed);
+                                    break;
+                                }
+                                (200, true) => panic!("a forged delivery was acknowledged"),
+                                (401, false) => panic!("a signed delivery was refused"),
+                                (code, _) => {
+                                    if code == 503 {
+                                        sent.unavailable.fetch_add(1, Ordering::Relaxed);
+                                    }
+                                    failed_once = true;
+                                    tokio::time::sleep(Duration::from_millis(50)).await;
+                                }
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.await.unwrap();
+        }
+        // Late retries come after the first copies were processed.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// A scenario's figures.
+struct Figures {
+    scenario: &'static str,
+    injected: String,
+    deliveries: usize,
+    acknowledged: usize,
+    lost: usize,
+    duplicated: usize,
+    recovered: usize,
+    /// Answers 503: the inbox said it could not store, so the sender retried.
+    unavailable: usize,
+}
+
+impl Figures {
+    fn line(&self) -> String {
+        format!(
+            "{}: {}; {} deliveries sent, {} acknowledged, lost {}, duplicated effects {}, recovered {} ({} answers 503)",
+            self.scenario,
+            self.injected,
+            self.deliveries,
+            self.acknowledged,
+            self.lost,
+            self.duplicated,
+            self.recovered,
+            self.unavailable
+        )
+    }
+}
+
+/// Lost: acknowledged events missing from the inbox. Duplicated: effects
+/// applied twice (outbox messages sharing a key, balances above the sum of
+/// unique deposits, payments for an unknown or repeated intent).
+async fn tally(pool: &sqlx::PgPool, expected: &storm::Expected) -> (usize, usize) {
+    let rows: BTreeSet<(String, String)> = sqlx::query_as("SELECT provider, event_id FROM webhook_inbox")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    let lost = expected.events.difference(&rows).count();
+    let (messages, keys): (i64, i64) =
+        sqlx::query_as("SELECT count(*), count(DISTINCT message_key) FROM transactional_outbox")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    let mut want = std::collections::BTreeMap::<String, i64>::new();
+    for (account, cents) in expected.deposits.values() {
+        *want.entry(account.clone()).or_default() += cents;
+    }
+    let balances: Vec<(String, i64)> =
+        sqlx::query_as("SELECT account_id, (balance * 100)::bigint FROM accounts").fetch_all(pool).await.unwrap();
+    let over = balances.iter().filter(|(a, b)| *b > want.get(a).copied().unwrap_or(0)).count();
+    (lost, (messages - keys) as usize + over)
+}
+
+/// Runs the storm against `inbox dev` on a cluster of its own while `inject`
+/// breaks things until the storm is sent; then checks everything.
+async fn scenario<F, Fut>(name: &'static str, size: usize, inject: F) -> Figures
+where
+    F: FnOnce(Arc<Mutex<Option<Stack>>>, Arc<Mutex<EmbeddedPostgres>>, (String, String, u16), Arc<AtomicUsize>) -> Fut,
+    Fut: std::future::Future<Output = String> + Send + 'static,
+{
+    let pg = EmbeddedPostgres::start().await.unwrap();
+    let url = pg.url();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (sink, delivered) = consumer().await;
+    let stack = Arc::new(Mutex::new(Some(Stack::start(&url, &sink, port))));
+    let base = stack.lock().unwrap().as_ref().unwrap().base.clone();
+    let pool = db::pool(&db::DbConfig::with_url(&url)).unwrap();
+    sqlx::query("INSERT INTO accounts (account_id) SELECT 'acct_demo_' || i FROM generate_series(0, 4) AS i")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let (waves, expected) = storm::storm(size, &mut Rng(0xfa17_5eed_0000_0001 ^ size as u64));
+    let sent = Arc::new(Sent { deliveries: waves.iter().map(Vec::len).sum(), ..Sent::default() });
+    let pg = Arc::new(Mutex::new(pg));
+    let done = Arc::new(AtomicUsize::new(0));
+    let injector = tokio::spawn(inject(stack.clone(), pg.clone(), (url.clone(), sink, port), done.clone()));
+    send_all(base, waves, sent.clone()).await;
+    done.store(1, Ordering::SeqCst);
+    let injected = injector.await.unwrap();
+
+    // Whatever was broken is back: the pipeline settles, then every invariant holds.
+    if !storm::wait_settled(&pool, Duration::from_secs(120)).await.unwrap() {
+        let inbox = db::inbox::gauges(&pool).await.unwrap();
+        let outbox = db::outbox::gauges(&pool).await.unwrap();
+        panic!("{name}: the pipeline did not settle: {inbox:?} {outbox:?}");
+    }
+    let checks = storm::check(&pool, &expected, sent.refused_forged.load(Ordering::Relaxed)).await.unwrap();
+    let (lost, duplicated) = tally(&pool, &expected).await;
+    let figures = Figures {
+        scenario: name,
+        injected,
+        deliveries: sent.deliveries,
+        acknowledged: sent.acknowledged.load(Ordering::Relaxed),
+        lost,
+        duplicated,
+        recovered: sent.recovered.load(Ordering::Relaxed),
+        unavailable: sent.unavailable.load(Ordering::Relaxed),
+    };
+    println!("{}", figures.line());
+    for (ok, what) in &checks {
+        assert!(ok, "{name}: {what}");
+    }
+    assert_eq!((lost, duplicated), (0, 0), "{}", figures.line());
+    // Every message reached the consumer; a relay killed between publish and mark sent some twice, under one key.
+    let keys: BTreeSet<String> = sqlx::query_scalar("SELECT message_key FROM transactional_outbox")
+        .fetch_all(&pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    let received: BTreeSet<String> = delivered.lock().unwrap().iter().cloned().collect();
+    assert_eq!(received, keys, "{name}: every outbox message delivered");
+    drop(stack);
+    let pg = Arc::try_unwrap(pg).ok().expect("the injector is done").into_inner().unwrap();
+    pg.destroy().await.unwrap();
+    figures
+}
+
+fn size() -> usize {
+    if full() {
+        800
+    } else {
+        150
+    }
+}
+
+/// A pause between faults, 300 to 1200 ms, from a fixed sequence.
+fn pause(rng: &mut Rng) -> Duration {
+    Duration::from_millis(300 + rng.below(900) as u64)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn faults_table() {
+    let mut rows = Vec::new();
+
+    rows.push(
+        scenario("kill -9 mid-storm", size(), |stack, _pg, (url, sink, port), done| async move {
+            let mut rng = Rng(7);
+            let mut kills = 0;
+            while done.load(Ordering::SeqCst) == 0 {
+                tokio::time::sleep(pause(&mut rng)).await;
+                let (url, sink, stack) = (url.clone(), sink.clone(), stack.clone());
+                tokio::task::spawn_blocking(move || {
+                    let mut guard = stack.lock().unwrap();
+                    if let Some(mut s) = guard.take() {
+                        s.kill9();
+                    }
+                    *guard = Some(Stack::start(&url, &sink, port));
+                })
+                .await
+                .unwrap();
+                kills += 1;
+            }
+            format!(
+                "inbox dev (receive, process, relay) killed with SIGKILL {kills} times at random moments and restarted"
+            )
+        })
+        .await,
+    );
+
+    rows.push(
+        scenario("PostgreSQL restarted (immediate)", size(), |stack, pg, _, done| async move {
+            let mut rng = Rng(11);
+            let mut restarts = 0;
+            let pid = stack.lock().unwrap().as_ref().unwrap().child.id();
+            while done.load(Ordering::SeqCst) == 0 {
+                tokio::time::sleep(pause(&mut rng)).await;
+                let mut pg = pg.lock().unwrap();
+                // The lock is held across the restart on purpose: nothing else uses the cluster handle.
+                futures_executor_block(pg.crash());
+                std::thread::sleep(Duration::from_millis(300));
+                futures_executor_block(pg.resume());
+                restarts += 1;
+            }
+            let still = stack.lock().unwrap().as_ref().unwrap().child.id();
+            assert_eq!(pid, still, "the stack recovered without a restart of its own");
+            format!(
+                "PostgreSQL stopped in immediate mode and started again {restarts} times; the stack never restarted"
+            )
+        })
+        .await,
+    );
+
+    if full() {
+        write_reliability(&rows);
+    }
+}
+
+/// Runs a future to completion on the current (blocking-allowed) thread.
+fn futures_executor_block<F: std::future::Future<Output = anyhow::Result<()>>>(f: F) {
+    tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f)).unwrap();
+}
+
+fn write_reliability(rows: &[Figures]) {
+    let mut doc = String::from(
+        "# Reliability\n\n\
+         The fault suite (`functions/inbox/tests/faults.rs`) at its full size, run with\n\
+         `INBOX_FAULTS=full cargo test -p inbox --test faults -- --nocapture` on the\n\
+         2-core development machine. Each scenario sends the storm of `inbox demo`\n\
+         (concurrent copies, late retries, Stripe twin events, Shopify snapshots out of\n\
+         order, Marqeta batches with repeats, forgeries, a poison event) as providers\n\
+         do, every delivery again until it is acknowledged, to `inbox dev` on a\n\
+         throwaway PostgreSQL cluster of its own, while the fault is injected; then\n\
+         the database is checked against what was sent. **Lost**: acknowledged events\n\
+         missing from the inbox. **Duplicated effects**: outbox messages sharing a key,\n\
+         or balances above the sum of unique deposits. **Recovered**: deliveries that\n\
+         failed at least once (no answer, or 503) and were acknowledged later; **503**:\n\
+         answers saying nothing was stored, retry (never a 200 for an uncommitted row).\n\
+         Forged deliveries are sent too and refused: deliveries sent less acknowledged.\n\n\
+         | scenario | injected | deliveries sent | acknowledged | lost | duplicated effects | recovered | 503 |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+    );
+    for r in rows {
+        doc.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            r.scenario, r.injected, r.deliveries, r.acknowledged, r.lost, r.duplicated, r.recovered, r.unavailable
+        ));
+    }
+    doc.push_str(
+        "\nA relay killed between publishing and marking a message (inside the kill -9\n\
+         scenario) sends it again under the same key once its lease ends; the consumer\n\
+         received every message. Not yet in the suite: a connection cut after COMMIT\n\
+         was sent, a frozen worker, prune during ingestion, PostgreSQL 18, PgBouncer in\n\
+         transaction pooling (see the README: not supported before PgBouncer 1.21).\n",
+    );
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/reliability.md");
+    std::fs::write(path, doc).unwrap();
+}
