@@ -67,6 +67,31 @@ async fn consumer() -> (String, Arc<Mutex<Vec<String>>>) {
     (url, keys)
 }
 
+/// What a scenario's fault injector works with.
+struct Ctx {
+    /// The stack the storm is sent to (restartable).
+    stack: Arc<Mutex<Option<Stack>>>,
+    pg: Arc<Mutex<EmbeddedPostgres>>,
+    /// The database URL the stacks use (the cluster's, or the cutting proxy's).
+    url: String,
+    sink: String,
+    port: u16,
+    /// Set once the whole storm was acknowledged: time to stop injecting.
+    done: Arc<AtomicUsize>,
+    /// Connections the cutting proxy cut, if there is one.
+    cuts: Arc<AtomicUsize>,
+}
+
+impl Ctx {
+    fn storming(&self) -> bool {
+        self.done.load(Ordering::SeqCst) == 0
+    }
+}
+
+/// The session settings every stack runs with: a short idle-in-transaction
+/// timeout, so that a frozen worker's rows go back to the others quickly.
+const STACK_ENV: [(&str, &str); 1] = [("INBOX_IDLE_IN_TRANSACTION_TIMEOUT_MS", "1000")];
+
 impl Stack {
     fn start(database_url: &str, sink: &str, port: u16) -> Stack {
         let mut child = Command::new(env!("CARGO_BIN_EXE_inbox"))
@@ -74,7 +99,7 @@ impl Stack {
             .env_clear()
             .envs([
                 ("PATH", std::env::var("PATH").unwrap_or_default()),
-                ("RUST_LOG", "error".into()),
+                ("RUST_LOG", std::env::var("INBOX_FAULTS_LOG").unwrap_or_else(|_| "off".into())),
                 ("DATABASE_URL", database_url.to_string()),
                 ("INBOX_POLL_MS", "50".into()),
                 ("INBOX_RETRY_BASE_MS", "100".into()),
@@ -83,8 +108,9 @@ impl Stack {
                 // A relay killed between publish and mark re-sends when its lease ends.
                 ("RELAY_LEASE_MS", "2000".into()),
             ])
+            .envs(STACK_ENV)
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(if std::env::var("INBOX_FAULTS_LOG").is_ok() { Stdio::inherit() } else { Stdio::null() })
             .spawn()
             .unwrap();
         let (ready_tx, ready) = mpsc::channel();
@@ -103,6 +129,10 @@ impl Stack {
     fn kill9(&mut self) {
         let _ = self.child.kill(); // SIGKILL
         let _ = self.child.wait();
+    }
+
+    fn signal(&self, signal: &str) {
+        Command::new("kill").args([signal, &self.child.id().to_string()]).status().unwrap();
     }
 }
 
@@ -236,18 +266,28 @@ async fn tally(pool: &sqlx::PgPool, expected: &storm::Expected) -> (usize, usize
     (lost, (messages - keys) as usize + over)
 }
 
-/// Runs the storm against `inbox dev` on a cluster of its own while `inject`
-/// breaks things until the storm is sent; then checks everything.
-async fn scenario<F, Fut>(name: &'static str, size: usize, inject: F) -> Figures
+/// Runs the storm against `inbox dev` on a cluster of its own (through a proxy
+/// that cuts connections after a commit was sent, with `cutting`) while
+/// `inject` breaks things until the storm is sent; then checks everything.
+async fn scenario<F, Fut>(name: &'static str, size: usize, cutting: bool, inject: F) -> Option<Figures>
 where
-    F: FnOnce(Arc<Mutex<Option<Stack>>>, Arc<Mutex<EmbeddedPostgres>>, (String, String, u16), Arc<AtomicUsize>) -> Fut,
+    F: FnOnce(Ctx) -> Fut,
     Fut: std::future::Future<Output = String> + Send + 'static,
 {
+    // `INBOX_FAULTS_ONLY=<part of a name>` runs that scenario alone.
+    if std::env::var("INBOX_FAULTS_ONLY").is_ok_and(|only| !name.contains(only.as_str())) {
+        return None;
+    }
     let pg = EmbeddedPostgres::start().await.unwrap();
     let url = pg.url();
+    let cuts = Arc::new(AtomicUsize::new(0));
+    let armed = Arc::new(AtomicUsize::new(0));
+    let stack_url = if cutting { cutting_proxy(pg.port(), cuts.clone(), armed.clone()).await } else { url.clone() };
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let (sink, delivered) = consumer().await;
-    let stack = Arc::new(Mutex::new(Some(Stack::start(&url, &sink, port))));
+    let stack = Arc::new(Mutex::new(Some(Stack::start(&stack_url, &sink, port))));
+    // The proxy starts cutting once the stack is up (its migrations done).
+    armed.store(1, Ordering::SeqCst);
     let base = stack.lock().unwrap().as_ref().unwrap().base.clone();
     let pool = db::pool(&db::DbConfig::with_url(&url)).unwrap();
     sqlx::query("INSERT INTO accounts (account_id) SELECT 'acct_demo_' || i FROM generate_series(0, 4) AS i")
@@ -259,7 +299,8 @@ where
     let sent = Arc::new(Sent { deliveries: waves.iter().map(Vec::len).sum(), ..Sent::default() });
     let pg = Arc::new(Mutex::new(pg));
     let done = Arc::new(AtomicUsize::new(0));
-    let injector = tokio::spawn(inject(stack.clone(), pg.clone(), (url.clone(), sink, port), done.clone()));
+    let ctx = Ctx { stack: stack.clone(), pg: pg.clone(), url: stack_url, sink, port, done: done.clone(), cuts };
+    let injector = tokio::spawn(inject(ctx));
     send_all(base, waves, sent.clone()).await;
     done.store(1, Ordering::SeqCst);
     let injected = injector.await.unwrap();
@@ -268,7 +309,20 @@ where
     if !storm::wait_settled(&pool, Duration::from_secs(120)).await.unwrap() {
         let inbox = db::inbox::gauges(&pool).await.unwrap();
         let outbox = db::outbox::gauges(&pool).await.unwrap();
-        panic!("{name}: the pipeline did not settle: {inbox:?} {outbox:?}");
+        let pending: (Option<String>, Option<i32>, i64) = sqlx::query_as(
+            "SELECT max(next_attempt_at - now())::text, max(attempts), count(*) FILTER (WHERE next_attempt_at > now())
+             FROM webhook_inbox WHERE status = 'pending'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        let activity: Vec<(Option<String>, Option<String>, Option<String>)> = sqlx::query_as(
+            "SELECT state, wait_event_type || ':' || wait_event, left(query, 80) FROM pg_stat_activity WHERE datname = 'postgres'",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        panic!("{name}: the pipeline did not settle: {inbox:?} {outbox:?}\npending (longest wait, most attempts, in backoff): {pending:?}\n{activity:#?}");
     }
     let checks = storm::check(&pool, &expected, sent.refused_forged.load(Ordering::Relaxed)).await.unwrap();
     let (lost, duplicated) = tally(&pool, &expected).await;
@@ -299,7 +353,7 @@ where
     drop(stack);
     let pg = Arc::try_unwrap(pg).ok().expect("the injector is done").into_inner().unwrap();
     pg.destroy().await.unwrap();
-    figures
+    Some(figures)
 }
 
 fn size() -> usize {
@@ -319,13 +373,13 @@ fn pause(rng: &mut Rng) -> Duration {
 async fn faults_table() {
     let mut rows = Vec::new();
 
-    rows.push(
-        scenario("kill -9 mid-storm", size(), |stack, _pg, (url, sink, port), done| async move {
+    rows.extend(
+        scenario("kill -9 mid-storm", size(), false, |ctx| async move {
             let mut rng = Rng(7);
             let mut kills = 0;
-            while done.load(Ordering::SeqCst) == 0 {
+            while ctx.storming() {
                 tokio::time::sleep(pause(&mut rng)).await;
-                let (url, sink, stack) = (url.clone(), sink.clone(), stack.clone());
+                let (url, sink, port, stack) = (ctx.url.clone(), ctx.sink.clone(), ctx.port, ctx.stack.clone());
                 tokio::task::spawn_blocking(move || {
                     let mut guard = stack.lock().unwrap();
                     if let Some(mut s) = guard.take() {
@@ -344,24 +398,64 @@ async fn faults_table() {
         .await,
     );
 
-    rows.push(
-        scenario("PostgreSQL restarted (immediate)", size(), |stack, pg, _, done| async move {
+    rows.extend(
+        scenario("PostgreSQL restarted (immediate)", size(), false, |ctx| async move {
             let mut rng = Rng(11);
             let mut restarts = 0;
-            let pid = stack.lock().unwrap().as_ref().unwrap().child.id();
-            while done.load(Ordering::SeqCst) == 0 {
+            let pid = ctx.stack.lock().unwrap().as_ref().unwrap().child.id();
+            while ctx.storming() {
                 tokio::time::sleep(pause(&mut rng)).await;
-                let mut pg = pg.lock().unwrap();
+                let mut pg = ctx.pg.lock().unwrap();
                 // The lock is held across the restart on purpose: nothing else uses the cluster handle.
                 futures_executor_block(pg.crash());
                 std::thread::sleep(Duration::from_millis(300));
                 futures_executor_block(pg.resume());
                 restarts += 1;
             }
-            let still = stack.lock().unwrap().as_ref().unwrap().child.id();
+            let still = ctx.stack.lock().unwrap().as_ref().unwrap().child.id();
             assert_eq!(pid, still, "the stack recovered without a restart of its own");
             format!(
                 "PostgreSQL stopped in immediate mode and started again {restarts} times; the stack never restarted"
+            )
+        })
+        .await,
+    );
+
+    rows.extend(
+        scenario("connection cut after COMMIT", size(), true, |ctx| async move {
+            while ctx.storming() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let cuts = ctx.cuts.load(Ordering::SeqCst);
+            assert!(cuts > 0, "the proxy cut no connection");
+            format!(
+                "a proxy between inbox dev and PostgreSQL forwarded a COMMIT (or the Sync that ends a \
+                 statement) and cut the connection before the answer, {cuts} times"
+            )
+        })
+        .await,
+    );
+
+    rows.extend(
+        scenario("frozen worker", size(), false, |ctx| async move {
+            // A second stack, its worker competing for the same rows, frozen (SIGSTOP) past
+            // idle_in_transaction_session_timeout (1 s) again and again; the storm goes to the first.
+            let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+            let (url, sink) = (ctx.url.clone(), ctx.sink.clone());
+            let frozen = tokio::task::spawn_blocking(move || Stack::start(&url, &sink, port)).await.unwrap();
+            let mut rng = Rng(13);
+            let mut freezes = 0;
+            while ctx.storming() {
+                tokio::time::sleep(Duration::from_millis(100 + rng.below(300) as u64)).await;
+                frozen.signal("-STOP");
+                tokio::time::sleep(Duration::from_millis(1500 + rng.below(1000) as u64)).await;
+                frozen.signal("-CONT");
+                freezes += 1;
+            }
+            drop(frozen);
+            format!(
+                "a second inbox dev, its worker competing for the same rows, frozen with SIGSTOP for 1.5 to 2.5 s \
+                 (idle_in_transaction_session_timeout 1 s) {freezes} times, then thawed"
             )
         })
         .await,
@@ -378,6 +472,7 @@ fn futures_executor_block<F: std::future::Future<Output = anyhow::Result<()>>>(f
 }
 
 fn write_reliability(rows: &[Figures]) {
+    assert_eq!(rows.len(), 4, "the table is written from every scenario");
     let mut doc = String::from(
         "# Reliability\n\n\
          The fault suite (`functions/inbox/tests/faults.rs`) at its full size, run with\n\
@@ -405,10 +500,87 @@ fn write_reliability(rows: &[Figures]) {
     doc.push_str(
         "\nA relay killed between publishing and marking a message (inside the kill -9\n\
          scenario) sends it again under the same key once its lease ends; the consumer\n\
-         received every message. Not yet in the suite: a connection cut after COMMIT\n\
-         was sent, a frozen worker, prune during ingestion, PostgreSQL 18, PgBouncer in\n\
-         transaction pooling (see the README: not supported before PgBouncer 1.21).\n",
+         received every message. Not yet in the suite: prune during ingestion,\n\
+         PostgreSQL 18, PgBouncer in transaction pooling (see the README: not\n\
+         supported before PgBouncer 1.21).\n",
     );
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/reliability.md");
     std::fs::write(path, doc).unwrap();
+}
+
+/// A TCP proxy to PostgreSQL that, now and then, forwards a client's `COMMIT`
+/// (or the Sync that ends an autocommit statement, outside a transaction as the
+/// server's last ReadyForQuery said) and then cuts both sides before the answer
+/// can come back: the client cannot know whether it committed.
+async fn cutting_proxy(pg_port: u16, cuts: Arc<AtomicUsize>, armed: Arc<AtomicUsize>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let counter = Arc::new(AtomicUsize::new(0));
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", pg_port)).await else { continue };
+            // Message by message, so no Nagle delay: each would otherwise wait for the peer's delayed ACK.
+            let _ = (client.set_nodelay(true), server.set_nodelay(true));
+            let (cuts, counter, armed) = (cuts.clone(), counter.clone(), armed.clone());
+            tokio::spawn(async move {
+                let (mut client_read, mut client_write) = client.into_split();
+                let (mut server_read, mut server_write) = server.into_split();
+                // Server to client, watching ReadyForQuery ('Z') for the transaction status.
+                let in_transaction = Arc::new(AtomicUsize::new(0));
+                let status = in_transaction.clone();
+                let back = tokio::spawn(async move {
+                    loop {
+                        let mut head = [0u8; 5];
+                        server_read.read_exact(&mut head).await?;
+                        let len = u32::from_be_bytes(head[1..].try_into().unwrap()) as usize;
+                        let mut body = vec![0u8; len.saturating_sub(4)];
+                        server_read.read_exact(&mut body).await?;
+                        if head[0] == b'Z' {
+                            status.store(usize::from(body.first() != Some(&b'I')), Ordering::SeqCst);
+                        }
+                        client_write.write_all(&[&head[..], &body].concat()).await?;
+                    }
+                    #[allow(unreachable_code)]
+                    Ok::<(), std::io::Error>(())
+                });
+                // Untyped messages first (SSLRequest, then the startup message), typed ones after.
+                let mut typed = false;
+                loop {
+                    let mut head = vec![0u8; if typed { 5 } else { 4 }];
+                    if client_read.read_exact(&mut head).await.is_err() {
+                        break;
+                    }
+                    let len = u32::from_be_bytes(head[head.len() - 4..].try_into().unwrap()) as usize;
+                    let mut body = vec![0u8; len.saturating_sub(4)];
+                    if client_read.read_exact(&mut body).await.is_err() {
+                        break;
+                    }
+                    if server_write.write_all(&[&head[..], &body].concat()).await.is_err() {
+                        break;
+                    }
+                    // The startup message (sslmode=disable: no SSLRequest before it); typed messages follow.
+                    if !typed {
+                        typed = true;
+                        continue;
+                    }
+                    let commit = head[0] == b'Q' && body.len() >= 6 && body[..6].eq_ignore_ascii_case(b"COMMIT");
+                    let autocommit = head[0] == b'S' && in_transaction.load(Ordering::SeqCst) == 0;
+                    if armed.load(Ordering::SeqCst) == 0 || !(commit || autocommit) {
+                        continue;
+                    }
+                    let n = counter.fetch_add(1, Ordering::Relaxed);
+                    if n % 10 == 0 {
+                        cuts.fetch_add(1, Ordering::Relaxed);
+                        let _ = server_write.flush().await;
+                        // The server has it; the client never hears back.
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        break;
+                    }
+                }
+                back.abort();
+            });
+        }
+    });
+    format!("postgres://postgres@127.0.0.1:{port}/postgres?sslmode=disable")
 }

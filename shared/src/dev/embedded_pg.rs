@@ -50,6 +50,10 @@ impl EmbeddedPostgres {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     pub fn data_dir(&self) -> PathBuf {
         self.root.join("data")
     }
