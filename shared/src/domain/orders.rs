@@ -57,30 +57,64 @@ pub enum Applied {
 /// `xmax = 0` tells an insert from an update on PostgreSQL 15-17 (18 has
 /// `RETURNING old/new`); it is an implementation detail, covered by a test.
 pub async fn upsert(conn: &mut PgConnection, o: &OrderSnapshot) -> Result<Applied, sqlx::Error> {
-    let inserted: Option<bool> = sqlx::query_scalar(
-        "INSERT INTO orders AS o (order_id, customer_id, status, total_amount, source_updated_at)
-         VALUES ($1, $2, $3, $4::numeric, $5::timestamptz)
-         ON CONFLICT (order_id) DO UPDATE
-         SET customer_id = EXCLUDED.customer_id,
-             status = EXCLUDED.status,
-             total_amount = EXCLUDED.total_amount,
-             source_updated_at = EXCLUDED.source_updated_at
-         WHERE o.source_updated_at < EXCLUDED.source_updated_at
-         RETURNING (xmax = 0)",
-    )
-    .bind(&o.order_id)
-    .bind(&o.customer_id)
-    .bind(&o.status)
-    .bind(&o.total_amount)
-    .bind(&o.source_updated_at)
-    .fetch_optional(conn)
-    .await?;
+    let sql = match WasInserted::on(conn) {
+        WasInserted::Xmax => UPSERT_XMAX,
+        WasInserted::ReturningOld => UPSERT_RETURNING_OLD,
+    };
+    let inserted: Option<bool> = sqlx::query_scalar(sql)
+        .bind(&o.order_id)
+        .bind(&o.customer_id)
+        .bind(&o.status)
+        .bind(&o.total_amount)
+        .bind(&o.source_updated_at)
+        .fetch_optional(conn)
+        .await?;
     Ok(match inserted {
         Some(true) => Applied::Inserted,
         Some(false) => Applied::Updated,
         None => Applied::Stale,
     })
 }
+
+/// How the upsert tells an insert from an update.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WasInserted {
+    /// `RETURNING (xmax = 0)`: a fresh row version has no deleting
+    /// transaction. Works on every version, but leans on an implementation detail.
+    Xmax,
+    /// PostgreSQL 18: `RETURNING (old.order_id IS NULL)`, no old row, an insert.
+    ReturningOld,
+}
+
+impl WasInserted {
+    /// The server's way: `RETURNING old` from PostgreSQL 18 on.
+    pub fn on(conn: &PgConnection) -> Self {
+        match conn.server_version_num() {
+            Some(v) if v >= 180_000 => WasInserted::ReturningOld,
+            _ => WasInserted::Xmax,
+        }
+    }
+}
+
+macro_rules! upsert_returning {
+    ($returning:literal) => {
+        concat!(
+            "INSERT INTO orders AS o (order_id, customer_id, status, total_amount, source_updated_at)
+             VALUES ($1, $2, $3, $4::numeric, $5::timestamptz)
+             ON CONFLICT (order_id) DO UPDATE
+             SET customer_id = EXCLUDED.customer_id,
+                 status = EXCLUDED.status,
+                 total_amount = EXCLUDED.total_amount,
+                 source_updated_at = EXCLUDED.source_updated_at
+             WHERE o.source_updated_at < EXCLUDED.source_updated_at
+             RETURNING ",
+            $returning
+        )
+    };
+}
+
+const UPSERT_XMAX: &str = upsert_returning!("(xmax = 0)");
+const UPSERT_RETURNING_OLD: &str = upsert_returning!("(old.order_id IS NULL)");
 
 pub struct OrderSnapshotHandler;
 
