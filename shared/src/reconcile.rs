@@ -54,6 +54,15 @@ pub struct Found {
     pub finished: bool,
 }
 
+impl Found {
+    fn add(&mut self, o: &Found) {
+        self.fetched += o.fetched;
+        self.applied += o.applied;
+        self.already_known += o.already_known;
+        self.failed += o.failed;
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct ReconcileConfig {
     /// `RECONCILE_LOOKBACK_HOURS` (72): how far back the first run looks.
@@ -62,6 +71,32 @@ pub struct ReconcileConfig {
     pub overlap: Duration,
     /// `RECONCILE_WINDOW_MINUTES` (60): the checkpoint is saved after each window.
     pub window: Duration,
+}
+
+/// Walks `source` from its checkpoint to now, window by window, and moves the
+/// checkpoint to each window's end once everything found in it has committed;
+/// a window cut short by the deadline ends the run, unfinished.
+async fn walk<F, Fut>(
+    pool: &PgPool,
+    source: &str,
+    config: &ReconcileConfig,
+    mut window: F,
+) -> Result<Found, ReconcileError>
+where
+    F: FnMut(i64, i64) -> Fut,
+    Fut: std::future::Future<Output = Result<(Found, bool), ReconcileError>>,
+{
+    let mut found = Found::default();
+    for (start, end) in windows(pool, source, config).await? {
+        let (more, complete) = window(start, end).await?;
+        found.add(&more);
+        if !complete {
+            return Ok(found);
+        }
+        checkpoints::save(pool, source, end as f64).await?;
+    }
+    found.finished = true;
+    Ok(found)
 }
 
 /// From the checkpoint (less the overlap), or the first lookback, to now, in
@@ -145,17 +180,7 @@ impl StripeEvents {
         config: &ReconcileConfig,
         deadline: Instant,
     ) -> Result<Found, ReconcileError> {
-        const SOURCE: &str = "stripe:events";
-        let mut found = Found::default();
-        for (start, end) in windows(pool, SOURCE, config).await? {
-            if !self.window(pool, start, end, deadline, &mut found).await? {
-                return Ok(found);
-            }
-            // Every event created in the window was listed now (undelivered) or delivered.
-            checkpoints::save(pool, SOURCE, end as f64).await?;
-        }
-        found.finished = true;
-        Ok(found)
+        walk(pool, "stripe:events", config, |start, end| self.window(pool, start, end, deadline)).await
     }
 
     /// One window, all its pages; false if the deadline came first.
@@ -165,15 +190,15 @@ impl StripeEvents {
         start: i64,
         end: i64,
         deadline: Instant,
-        found: &mut Found,
-    ) -> Result<bool, ReconcileError> {
+    ) -> Result<(Found, bool), ReconcileError> {
+        let mut found = Found::default();
         let parser = Stripe::new(vec![]);
         let headers = http::HeaderMap::new();
         let empty = serde_json::json!({});
         let mut starting_after: Option<String> = None;
         loop {
             if Instant::now() >= deadline {
-                return Ok(false);
+                return Ok((found, false));
             }
             let mut query = vec![
                 ("limit", "100".to_string()),
@@ -218,7 +243,7 @@ impl StripeEvents {
             }
             drop(conn);
             if !page.has_more || page.data.is_empty() {
-                return Ok(true);
+                return Ok((found, true));
             }
         }
     }
@@ -294,17 +319,7 @@ impl ShopifyOrders {
         config: &ReconcileConfig,
         deadline: Instant,
     ) -> Result<Found, ReconcileError> {
-        const SOURCE: &str = "shopify:orders";
-        let mut found = Found::default();
-        for (start, end) in windows(pool, SOURCE, config).await? {
-            if !self.window(pool, start, end, deadline, &mut found).await? {
-                return Ok(found);
-            }
-            // Every order updated in the window was listed now.
-            checkpoints::save(pool, SOURCE, end as f64).await?;
-        }
-        found.finished = true;
-        Ok(found)
+        walk(pool, "shopify:orders", config, |start, end| self.window(pool, start, end, deadline)).await
     }
 
     /// One window, all its pages; false if the deadline came first.
@@ -314,8 +329,8 @@ impl ShopifyOrders {
         start: i64,
         end: i64,
         deadline: Instant,
-        found: &mut Found,
-    ) -> Result<bool, ReconcileError> {
+    ) -> Result<(Found, bool), ReconcileError> {
+        let mut found = Found::default();
         let (min, max): (String, String) = sqlx::query_as(
             "SELECT to_char(to_timestamp($1) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
                     to_char(to_timestamp($2) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')",
@@ -333,7 +348,7 @@ impl ShopifyOrders {
         ];
         loop {
             if Instant::now() >= deadline {
-                return Ok(false);
+                return Ok((found, false));
             }
             let mut token =
                 reqwest::header::HeaderValue::from_bytes(self.token.expose()).map_err(|_| ReconcileError::Body {
@@ -380,7 +395,7 @@ impl ShopifyOrders {
                     url = self.same_shop(link)?;
                     query.clear(); // page_info carries the query
                 }
-                None => return Ok(true),
+                None => return Ok((found, true)),
             }
         }
     }
