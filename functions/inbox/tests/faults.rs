@@ -225,12 +225,15 @@ struct Figures {
     recovered: usize,
     /// Answers 503: the inbox said it could not store, so the sender retried.
     unavailable: usize,
+    /// Outbox messages the consumer received more than once, under the same key
+    /// (a relay stopped between publishing and marking sends again).
+    resent: usize,
 }
 
 impl Figures {
     fn line(&self) -> String {
         format!(
-            "{}: {}; {} deliveries sent, {} acknowledged, lost {}, duplicated effects {}, recovered {} ({} answers 503)",
+            "{}: {}; {} deliveries sent, {} acknowledged, lost {}, duplicated effects {}, recovered {} ({} answers 503, {} messages re-sent under their key)",
             self.scenario,
             self.injected,
             self.deliveries,
@@ -238,7 +241,8 @@ impl Figures {
             self.lost,
             self.duplicated,
             self.recovered,
-            self.unavailable
+            self.unavailable,
+            self.resent
         )
     }
 }
@@ -338,6 +342,10 @@ where
         duplicated,
         recovered: sent.recovered.load(Ordering::Relaxed),
         unavailable: sent.unavailable.load(Ordering::Relaxed),
+        resent: {
+            let received = delivered.lock().unwrap();
+            received.len() - received.iter().collect::<BTreeSet<_>>().len()
+        },
     };
     println!("{}", figures.line());
     for (ok, what) in &checks {
@@ -550,15 +558,24 @@ fn write_reliability(rows: &[Figures]) {
          missing from the inbox. **Duplicated effects**: outbox messages sharing a key,\n\
          or balances above the sum of unique deposits. **Recovered**: deliveries that\n\
          failed at least once (no answer, or 503) and were acknowledged later; **503**:\n\
-         answers saying nothing was stored, retry (never a 200 for an uncommitted row).\n\
+         answers saying nothing was stored, retry (never a 200 for an uncommitted row);\n\
+         **re-sent**: outbox messages the consumer got again under the same key.\n\
          Forged deliveries are sent too and refused: deliveries sent less acknowledged.\n\n\
-         | scenario | injected | deliveries sent | acknowledged | lost | duplicated effects | recovered | 503 |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+         | scenario | injected | deliveries sent | acknowledged | lost | duplicated effects | recovered | 503 | re-sent |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for r in rows {
         doc.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
-            r.scenario, r.injected, r.deliveries, r.acknowledged, r.lost, r.duplicated, r.recovered, r.unavailable
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            r.scenario,
+            r.injected,
+            r.deliveries,
+            r.acknowledged,
+            r.lost,
+            r.duplicated,
+            r.recovered,
+            r.unavailable,
+            r.resent
         ));
     }
     doc.push_str(
