@@ -45,7 +45,7 @@ impl Env<'static> {
         if !secrets_manager::wanted(&env) {
             return Ok(env);
         }
-        let client = aws_sdk_secretsmanager::Client::new(&crate::core::aws::config(None).await);
+        let client = aws_sdk_secretsmanager::Client::new(&crate::core::aws::from_env().await);
         secrets_manager::resolve(env, &client).await
     }
 }
@@ -330,7 +330,7 @@ impl SinkConfig {
             sinks.push(Arc::new(HttpSink::new(url.clone(), *timeout)?));
         }
         if self.sqs_queue_url.is_some() || self.event_bus.is_some() {
-            let sdk = crate::core::aws::config(None).await;
+            let sdk = crate::core::aws::from_env().await;
             if let Some(queue) = &self.sqs_queue_url {
                 sinks.push(Arc::new(aws::SqsSink::new(aws_sdk_sqs::Client::new(&sdk), queue.clone())));
             }

@@ -1,5 +1,6 @@
-//! The AWS SDK's configuration, shared by the relay's sinks and receive's
-//! process-queue notice: TLS by rustls with ring, every call bounded.
+//! The AWS SDK's configuration, shared by the relay's sinks, receive's
+//! process-queue notice and the Secrets Manager read at start-up: TLS by
+//! rustls with ring, every call bounded.
 
 use aws_smithy_http_client::tls;
 
@@ -20,4 +21,11 @@ pub async fn config(endpoint: Option<&str>) -> aws_config::SdkConfig {
         loader = loader.endpoint_url(endpoint);
     }
     loader.load().await
+}
+
+/// [`config`] from the environment alone, loaded once per process: a cold start
+/// that reads its secrets and then connects to SQS builds one HTTP client, not two.
+pub async fn from_env() -> aws_config::SdkConfig {
+    static CONFIG: tokio::sync::OnceCell<aws_config::SdkConfig> = tokio::sync::OnceCell::const_new();
+    CONFIG.get_or_init(|| config(None)).await.clone()
 }

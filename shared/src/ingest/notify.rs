@@ -26,7 +26,7 @@ impl ProcessQueue {
 
     /// The queue at `url`, with credentials and region from the usual AWS environment.
     pub async fn connect(url: impl Into<String>) -> Self {
-        let sdk = crate::core::aws::config(None).await;
+        let sdk = crate::core::aws::from_env().await;
         ProcessQueue::new(aws_sdk_sqs::Client::new(&sdk), url)
     }
 
