@@ -114,7 +114,7 @@ impl Receiver {
         self.max_body_bytes
     }
 
-    /// The HTTP face of [`Receiver::receive`]: never fails, never panics.
+    /// `POST /webhooks/{provider}`: size check, signature, claim; never fails, never panics.
     pub async fn handle(&self, req: Request<Body>) -> Response<Body> {
         self.handle_counted(req).await.0
     }
@@ -125,7 +125,7 @@ impl Receiver {
         let provider = provider_of(&req);
         let mut stored_failed = 0;
         let result = self
-            .receive_counting(req.method(), provider.as_deref(), req.headers(), req.body().as_ref(), &mut stored_failed)
+            .receive(req.method(), provider.as_deref(), req.headers(), req.body().as_ref(), &mut stored_failed)
             .await;
         // The dimension is one of ours, never a caller's string.
         let known = provider.as_deref().and_then(|p| Provider::try_from(p).ok());
@@ -134,19 +134,9 @@ impl Receiver {
         (respond(result), metrics)
     }
 
-    pub async fn receive(
-        &self,
-        method: &Method,
-        provider: Option<&str>,
-        headers: &HeaderMap,
-        body: &[u8],
-    ) -> Result<Claimed, ReceiveError> {
-        self.receive_counting(method, provider, headers, body, &mut 0).await
-    }
-
     /// Its span is at debug level: at the default `info` nothing is formatted per delivery.
     #[tracing::instrument(level = "debug", skip_all, fields(provider = provider, event_id))]
-    async fn receive_counting(
+    async fn receive(
         &self,
         method: &Method,
         provider: Option<&str>,
@@ -228,14 +218,14 @@ fn new_failed(claimed: &Claimed, events: &Events) -> usize {
 /// (of the new ones), `rejected_signature`, `rejected_timestamp`,
 /// `rejected_size`, `rejected_unknown_provider`, `unavailable`.
 fn count(metrics: &mut Metrics, result: &Result<Claimed, ReceiveError>, stored_failed: usize) {
+    metrics.count("stored_failed", stored_failed as u64);
     let name = match result {
-        Ok(Claimed::Single(Claim::New)) => "received",
-        Ok(Claimed::Single(Claim::Duplicate)) => "duplicate",
         Ok(Claimed::Batch(b)) => {
             metrics.count("received", b.accepted as u64).count("duplicate", b.duplicates as u64);
-            metrics.count("stored_failed", stored_failed as u64);
             return;
         }
+        Ok(Claimed::Single(Claim::New)) => "received",
+        Ok(Claimed::Single(Claim::Duplicate)) => "duplicate",
         Ok(Claimed::Busy) | Err(ReceiveError::Busy | ReceiveError::Unavailable(_)) => "unavailable",
         Err(ReceiveError::Unauthorized(r)) if r.stale => "rejected_timestamp",
         Err(ReceiveError::Unauthorized(_)) => "rejected_signature",
@@ -246,7 +236,6 @@ fn count(metrics: &mut Metrics, result: &Result<Claimed, ReceiveError>, stored_f
         Err(ReceiveError::MethodNotAllowed) => "rejected_method",
     };
     metrics.count(name, 1);
-    metrics.count("stored_failed", stored_failed as u64);
 }
 
 fn unix_now() -> i64 {
