@@ -4,16 +4,12 @@
 //! the pipeline to settle, and checks the invariants against what it sent.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
-    sync::{Arc, Mutex},
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context, Result};
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::{server::conn::http1, service::service_fn, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 use webhook_inbox::{
@@ -22,7 +18,7 @@ use webhook_inbox::{
     db,
     dev::{
         server,
-        storm::{self, Rng},
+        storm::{self, Consumer, Rng},
     },
     process::{
         handlers::Handlers,
@@ -36,52 +32,6 @@ use webhook_inbox::{
 /// The storm's size: PaymentIntents; orders and Marqeta batches scale with it.
 pub struct Demo {
     pub payments: usize,
-}
-
-/// The relay's HTTP sink: a consumer that deduplicates on the key, and answers
-/// 503 to every seventh request.
-#[derive(Default)]
-struct Consumer {
-    requests: usize,
-    refused: usize,
-    /// message_key -> every body accepted under it (the relay may send one twice).
-    accepted: HashMap<String, Vec<Bytes>>,
-}
-
-async fn start_sink() -> Result<(String, Arc<Mutex<Consumer>>)> {
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}/outbox", listener.local_addr()?);
-    let sink = Arc::new(Mutex::new(Consumer::default()));
-    let state = sink.clone();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let state = state.clone();
-            tokio::spawn(async move {
-                let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                    let state = state.clone();
-                    async move {
-                        let key = req.headers().get("idempotency-key").and_then(|v| v.to_str().ok()).map(String::from);
-                        let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-                        let mut s = state.lock().expect("the consumer's state");
-                        s.requests += 1;
-                        // Every seventh request fails: the relay retries it later, under the same key.
-                        let status = if s.requests % 7 == 0 {
-                            s.refused += 1;
-                            StatusCode::SERVICE_UNAVAILABLE
-                        } else {
-                            s.accepted.entry(key.unwrap_or_default()).or_default().push(body);
-                            StatusCode::OK
-                        };
-                        let mut response = Response::new(Full::new(Bytes::new()));
-                        *response.status_mut() = status;
-                        Ok::<_, std::convert::Infallible>(response)
-                    }
-                });
-                let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
-            });
-        }
-    });
-    Ok((url, sink))
 }
 
 impl Demo {
@@ -114,7 +64,7 @@ impl Demo {
             let stopped = until(stopped.clone());
             async move { worker.run_until(Duration::from_millis(50), stopped).await }
         });
-        let (sink_url, sink) = start_sink().await?;
+        let (sink_url, sink) = Consumer::start(Some(7)).await?;
         let relay_config = RelayConfig { retry_base: Duration::from_millis(50), ..RelayConfig::default() };
         let http_sink: Arc<dyn Sink> = Arc::new(HttpSink::new(&sink_url, Duration::from_secs(5))?);
         let relay = Relay::new(pool.clone(), vec![http_sink], relay_config);

@@ -18,17 +18,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use http_body_util::{BodyExt, Full};
-use hyper::{body::Bytes, server::conn::http1, service::service_fn, Response};
-use hyper_util::rt::TokioIo;
-
 use webhook_inbox::{
     config::Env,
     core::http::http_client,
     db,
     dev::{
         embedded_pg::EmbeddedPostgres,
-        storm::{self, Delivery, Rng},
+        storm::{self, Consumer, Delivery, Rng},
     },
     retention::{Pruner, RetentionConfig},
     runtime::stage::Stage,
@@ -42,32 +38,6 @@ fn full() -> bool {
 struct Stack {
     child: Child,
     base: String,
-}
-
-/// The relay's consumer: answers 200 and keeps every key it was sent.
-async fn consumer() -> (String, Arc<Mutex<Vec<String>>>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/outbox", listener.local_addr().unwrap());
-    let keys = Arc::new(Mutex::new(Vec::new()));
-    let seen = keys.clone();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let seen = seen.clone();
-            tokio::spawn(async move {
-                let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                    let seen = seen.clone();
-                    async move {
-                        let key = req.headers().get("idempotency-key").and_then(|v| v.to_str().ok()).map(String::from);
-                        let _ = req.into_body().collect().await;
-                        seen.lock().unwrap().extend(key);
-                        Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new())))
-                    }
-                });
-                let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
-            });
-        }
-    });
-    (url, keys)
 }
 
 /// What a scenario's fault injector works with.
@@ -291,7 +261,7 @@ where
     let armed = Arc::new(AtomicUsize::new(0));
     let stack_url = if cutting { cutting_proxy(pg.port(), cuts.clone(), armed.clone()).await } else { url.clone() };
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let (sink, delivered) = consumer().await;
+    let (sink, consumer) = Consumer::start(None).await.unwrap();
     let stack = Arc::new(Mutex::new(Some(Stack::start(&stack_url, &sink, port))));
     // The proxy starts cutting once the stack is up (its migrations done).
     armed.store(1, Ordering::SeqCst);
@@ -343,8 +313,8 @@ where
         recovered: sent.recovered.load(Ordering::Relaxed),
         unavailable: sent.unavailable.load(Ordering::Relaxed),
         resent: {
-            let received = delivered.lock().unwrap();
-            received.len() - received.iter().collect::<BTreeSet<_>>().len()
+            let consumer = consumer.lock().unwrap();
+            consumer.accepted.values().map(|bodies| bodies.len() - 1).sum()
         },
     };
     println!("{}", figures.line());
@@ -359,7 +329,7 @@ where
         .unwrap()
         .into_iter()
         .collect();
-    let received: BTreeSet<String> = delivered.lock().unwrap().iter().cloned().collect();
+    let received: BTreeSet<String> = consumer.lock().unwrap().accepted.keys().cloned().collect();
     assert_eq!(received, keys, "{name}: every outbox message delivered");
     drop(stack);
     let pg = Arc::try_unwrap(pg).ok().expect("the injector is done").into_inner().unwrap();

@@ -5,7 +5,8 @@
 //! database; and the checks of that.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap},
+    sync::{Arc, Mutex},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
@@ -14,6 +15,7 @@ use hmac::{Hmac, Mac};
 use serde_json::json;
 use sha2::Sha256;
 use sqlx::PgPool;
+use tokio::net::TcpListener;
 
 use crate::{
     config::{DEV_MARQETA_PASSWORD, DEV_MARQETA_USERNAME, DEV_SHOPIFY, DEV_STRIPE},
@@ -270,4 +272,59 @@ pub async fn check(pool: &PgPool, expected: &Expected, refused: usize) -> Result
         format!("one outbox message per effect: {} messages, {effects} effects", keys.len()),
     ));
     Ok(checks)
+}
+
+/// The relay's HTTP sink in the demo and the fault suite: a consumer that
+/// keeps every body it accepts under its `Idempotency-Key` (a consumer that
+/// deduplicates applies the first), and may refuse every n-th request with 503.
+#[derive(Debug, Default)]
+pub struct Consumer {
+    pub requests: usize,
+    pub refused: usize,
+    /// message_key -> every body accepted under it (the relay may send one twice).
+    pub accepted: HashMap<String, Vec<bytes::Bytes>>,
+}
+
+impl Consumer {
+    /// Serves on a free loopback port; its URL, and its state as it fills.
+    pub async fn start(refuse_every: Option<usize>) -> std::io::Result<(String, Arc<Mutex<Consumer>>)> {
+        use http_body_util::{BodyExt, Full};
+        use hyper::{server::conn::http1, service::service_fn, Response, StatusCode};
+
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}/outbox", listener.local_addr()?);
+        let consumer = Arc::new(Mutex::new(Consumer::default()));
+        let state = consumer.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let state = state.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                        let state = state.clone();
+                        async move {
+                            let key =
+                                req.headers().get("idempotency-key").and_then(|v| v.to_str().ok()).map(String::from);
+                            let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                            let mut s = state.lock().expect("the consumer's state");
+                            s.requests += 1;
+                            // A refused request is retried by the relay later, under the same key.
+                            let status = if refuse_every.is_some_and(|n| s.requests % n == 0) {
+                                s.refused += 1;
+                                StatusCode::SERVICE_UNAVAILABLE
+                            } else {
+                                s.accepted.entry(key.unwrap_or_default()).or_default().push(body);
+                                StatusCode::OK
+                            };
+                            let mut response = Response::new(Full::new(bytes::Bytes::new()));
+                            *response.status_mut() = status;
+                            Ok::<_, std::convert::Infallible>(response)
+                        }
+                    });
+                    let io = hyper_util::rt::TokioIo::new(stream);
+                    let _ = http1::Builder::new().serve_connection(io, service).await;
+                });
+            }
+        });
+        Ok((url, consumer))
+    }
 }
