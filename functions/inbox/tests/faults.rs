@@ -388,9 +388,9 @@ async fn faults_table() {
                 tokio::time::sleep(pause(&mut rng)).await;
                 let mut pg = ctx.pg.lock().unwrap();
                 // The lock is held across the restart on purpose: nothing else uses the cluster handle.
-                futures_executor_block(pg.crash());
+                block_on(pg.crash());
                 std::thread::sleep(Duration::from_millis(300));
-                futures_executor_block(pg.resume());
+                block_on(pg.resume());
                 restarts += 1;
             }
             let still = ctx.stack.lock().unwrap().as_ref().unwrap().child.id();
@@ -509,7 +509,7 @@ async fn faults_table() {
 }
 
 /// Runs a future to completion on the current (blocking-allowed) thread.
-fn futures_executor_block<F: std::future::Future<Output = anyhow::Result<()>>>(f: F) {
+fn block_on<F: std::future::Future<Output = anyhow::Result<()>>>(f: F) {
     tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f)).unwrap();
 }
 
