@@ -90,10 +90,6 @@ fn invalid(var: &'static str, reason: impl Into<String>) -> ConfigError {
 
 impl Secrets {
     /// Reads every `*_WEBHOOK_*` variable; each may hold several comma-separated secrets.
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::read(&Env::process())
-    }
-
     pub fn read(env: &Env) -> Result<Self, ConfigError> {
         let list = |var: &'static str| -> Vec<String> {
             env.var(var)
