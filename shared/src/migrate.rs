@@ -64,7 +64,7 @@ pub async fn on_custom_resource(
 
 /// The latest applied version, after applying what is pending.
 async fn apply(pool: &PgPool, deadline: Instant) -> Result<i64, String> {
-    let run = tokio::time::timeout_at(deadline.into(), MIGRATOR.run(pool));
+    let run = tokio::time::timeout_at(deadline.into(), crate::db::migrate(pool));
     match run.await {
         Err(_) => {
             Err("the migrations did not finish before the function's deadline; they resume on the next deploy".into())

@@ -331,13 +331,13 @@ impl ShopifyOrders {
         deadline: Instant,
     ) -> Result<(Found, bool), ReconcileError> {
         let mut found = Found::default();
-        let (min, max): (String, String) = sqlx::query_as(
+        let (min, max): (String, String) = crate::db::query_as(
             "SELECT to_char(to_timestamp($1) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
                     to_char(to_timestamp($2) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')",
         )
         .bind(start as f64)
         .bind(end as f64)
-        .fetch_one(pool)
+        .fetch_one(crate::db::Autocommit(pool))
         .await?;
         let mut url = format!("{}/admin/api/{}/orders.json", self.base, self.version);
         let mut query = vec![

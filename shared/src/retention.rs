@@ -16,7 +16,7 @@ use crate::{
     core::error::ConfigError,
     core::provider::Provider,
     db::{
-        bodies,
+        self, bodies,
         inbox::{self, Status},
         outbox,
     },
@@ -149,15 +149,27 @@ impl Pruner {
         let mut pruned = Pruned::default();
         let mut short = true;
         for p in Provider::ALL {
-            let n = inbox::delete_received_before(&self.pool, Some(p), Status::Done, self.config.done_days[&p], limit)
-                .await?;
+            let n = inbox::delete_received_before(
+                db::Autocommit(&self.pool),
+                Some(p),
+                Status::Done,
+                self.config.done_days[&p],
+                limit,
+            )
+            .await?;
             short &= (n as i64) < limit;
             pruned.done += n;
         }
-        pruned.failed =
-            inbox::delete_received_before(&self.pool, None, Status::Failed, self.config.failed_days, limit).await?;
-        pruned.outbox = outbox::delete_sent_before(&self.pool, self.config.outbox_days, limit).await?;
-        pruned.bodies = bodies::delete_orphans(&self.pool, limit).await?;
+        pruned.failed = inbox::delete_received_before(
+            db::Autocommit(&self.pool),
+            None,
+            Status::Failed,
+            self.config.failed_days,
+            limit,
+        )
+        .await?;
+        pruned.outbox = outbox::delete_sent_before(db::Autocommit(&self.pool), self.config.outbox_days, limit).await?;
+        pruned.bodies = bodies::delete_orphans(db::Autocommit(&self.pool), limit).await?;
         pruned.statements = Provider::ALL.len() as u64 + 3;
         short &= (pruned.failed as i64) < limit && (pruned.outbox as i64) < limit && (pruned.bodies as i64) < limit;
         Ok((pruned, short))

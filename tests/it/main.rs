@@ -8,7 +8,6 @@ mod metrics;
 mod migrate;
 mod partitioning;
 mod payload;
-mod pooler;
 mod process;
 mod receive;
 mod reconcile;

@@ -81,6 +81,40 @@ async fn create_applies_the_schema_and_update_is_a_no_op(pool_options: PgPoolOpt
     }
 }
 
+/// Our migrations apply all or nothing, and take the lock `sqlx migrate run`
+/// takes: neither applies half of the other's work.
+#[sqlx::test(migrations = false)]
+async fn migrations_apply_all_or_nothing_and_wait_for_sqlx_s_lock(
+    pool_options: PgPoolOptions,
+    options: PgConnectOptions,
+) {
+    use sqlx::{migrate::Migrate, Connection};
+    let pool = pool_options.connect_lazy_with(options.clone());
+
+    // The last migration's table exists already: that migration fails, and takes the others with it.
+    sqlx::query("CREATE TABLE inbox_audit (id int)").execute(&pool).await.unwrap();
+    let err = webhook_inbox::db::migrate(&pool).await.unwrap_err();
+    assert!(err.to_string().contains("inbox_audit"), "{err}");
+    let tables: Vec<String> = sqlx::query_scalar("SELECT tablename::text FROM pg_tables WHERE schemaname = 'public'")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(tables, ["inbox_audit"], "only the table made by hand is there");
+    sqlx::query("DROP TABLE inbox_audit").execute(&pool).await.unwrap();
+
+    let mut sqlx_cli = sqlx::PgConnection::connect_with(&options).await.unwrap();
+    sqlx_cli.lock().await.unwrap();
+    let ours = tokio::spawn({
+        let pool = pool.clone();
+        async move { webhook_inbox::db::migrate(&pool).await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!ours.is_finished(), "migrated while sqlx's lock was held");
+    sqlx_cli.unlock().await.unwrap();
+    ours.await.unwrap().unwrap();
+    assert_eq!(applied(&pool).await, MIGRATOR.iter().count() as i64);
+}
+
 /// A database nobody listens on, with a password that must not reach CloudFormation.
 fn unreachable() -> PgPool {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();

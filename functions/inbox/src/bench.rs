@@ -61,7 +61,7 @@ impl Bench {
         config.db.pool_size = self.concurrency as u32;
         config.secrets = Secrets { stripe: Secrets::development().stripe, ..Secrets::default() };
         let pool = db::pool(&config.db)?;
-        db::MIGRATOR.run(&pool).await.context("applying migrations")?;
+        db::migrate(&pool).await.context("applying migrations")?;
         println!(
             "receive bench: concurrency {}, {} s per side, {} rounds, {} cores",
             self.concurrency,

@@ -38,7 +38,7 @@ impl Demo {
     /// Runs the demo on `config`'s database; true when every invariant holds.
     pub async fn run(&self, config: ReceiveConfig) -> Result<bool> {
         let pool = db::pool(&config.db)?;
-        db::MIGRATOR.run(&pool).await.context("applying migrations")?;
+        db::migrate(&pool).await.context("applying migrations")?;
         let existing: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_inbox").fetch_one(&pool).await?;
         if existing > 0 {
             bail!("the demo checks its invariants on an empty inbox; this database holds {existing} events (unset DATABASE_URL to use a throwaway PostgreSQL)");

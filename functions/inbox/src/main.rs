@@ -265,7 +265,7 @@ async fn main() -> Result<()> {
         Command::Migrate => {
             let config = DbConfig::from_env(1)?;
             let url = config.url.clone().context("DATABASE_URL is not set")?;
-            db::MIGRATOR.run(&db::pool(&config)?).await.context("applying migrations")?;
+            db::migrate(&db::pool(&config)?).await.context("applying migrations")?;
             println!("migrations applied to {}", redact_url(&url));
             Ok(())
         }
@@ -324,7 +324,7 @@ where
 
 async fn serve(config: &mut ReceiveConfig, host: &str, port: u16) -> Result<()> {
     let pool = db::pool(&config.db)?;
-    db::MIGRATOR.run(&pool).await.context("applying migrations")?;
+    db::migrate(&pool).await.context("applying migrations")?;
     if config.secrets.none_configured() {
         config.secrets = Secrets::development();
         print_development_secrets();

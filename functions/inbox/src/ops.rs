@@ -79,8 +79,8 @@ pub fn operator(env: &Env<'_>) -> String {
 
 pub async fn stats(pool: &PgPool, out: &Output) -> Result<()> {
     let counts = inbox::counts_by_status(pool).await?;
-    let gauges = inbox::gauges(pool).await?;
-    let outbox = outbox::gauges(pool).await?;
+    let gauges = inbox::gauges(db::Autocommit(pool)).await?;
+    let outbox = outbox::gauges(db::Autocommit(pool)).await?;
     let secrets = inbox::secret_usage(pool, Duration::from_secs(7 * 86_400)).await?;
     if out.json {
         let counts: Vec<Value> =

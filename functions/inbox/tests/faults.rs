@@ -18,6 +18,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use inbox_tests::pgbouncer::PgBouncer;
 use webhook_inbox::{
     config::Env,
     core::http::http_client,
@@ -34,7 +35,24 @@ fn full() -> bool {
     std::env::var("INBOX_FAULTS").is_ok_and(|v| v == "full")
 }
 
-/// `inbox dev` on `database_url`, killed when dropped.
+/// How the stacks reach PostgreSQL.
+#[derive(Clone, Copy, PartialEq)]
+enum Route {
+    Direct,
+    /// Through [`cutting_proxy`].
+    Cutting,
+    /// Through PgBouncer in transaction pooling, with `INBOX_DB_POOLER=proxy`.
+    PgBouncer,
+}
+
+/// The database a stack uses.
+#[derive(Clone)]
+struct Link {
+    url: String,
+    pooled: bool,
+}
+
+/// `inbox dev` on `link`, killed when dropped.
 struct Stack {
     child: Child,
     base: String,
@@ -45,14 +63,15 @@ struct Ctx {
     /// The stack the storm is sent to (restartable).
     stack: Arc<Mutex<Option<Stack>>>,
     pg: Arc<Mutex<EmbeddedPostgres>>,
-    /// The database URL the stacks use (the cluster's, or the cutting proxy's).
-    url: String,
+    /// The database the stacks use (the cluster, the cutting proxy or PgBouncer).
+    link: Link,
     sink: String,
     port: u16,
     /// Set once the whole storm was acknowledged: time to stop injecting.
     done: Arc<AtomicUsize>,
     /// Connections the cutting proxy cut, if there is one.
     cuts: Arc<AtomicUsize>,
+    bouncer: Option<Arc<Mutex<PgBouncer>>>,
 }
 
 impl Ctx {
@@ -66,14 +85,15 @@ impl Ctx {
 const STACK_ENV: [(&str, &str); 1] = [("INBOX_IDLE_IN_TRANSACTION_TIMEOUT_MS", "1000")];
 
 impl Stack {
-    fn start(database_url: &str, sink: &str, port: u16) -> Stack {
+    fn start(link: &Link, sink: &str, port: u16) -> Stack {
         let mut child = Command::new(env!("CARGO_BIN_EXE_inbox"))
             .args(["dev", "--port", &port.to_string()])
             .env_clear()
             .envs([
                 ("PATH", std::env::var("PATH").unwrap_or_default()),
                 ("RUST_LOG", std::env::var("INBOX_FAULTS_LOG").unwrap_or_else(|_| "off".into())),
-                ("DATABASE_URL", database_url.to_string()),
+                ("DATABASE_URL", link.url.clone()),
+                ("INBOX_DB_POOLER", if link.pooled { "proxy" } else { "none" }.into()),
                 ("INBOX_POLL_MS", "50".into()),
                 ("INBOX_RETRY_BASE_MS", "100".into()),
                 ("RELAY_HTTP_URL", sink.to_string()),
@@ -198,12 +218,14 @@ struct Figures {
     /// Outbox messages the consumer received more than once, under the same key
     /// (a relay stopped between publishing and marking sends again).
     resent: usize,
+    /// Wall time of the scenario, cluster start to checks.
+    seconds: u64,
 }
 
 impl Figures {
     fn line(&self) -> String {
         format!(
-            "{}: {}; {} deliveries sent, {} acknowledged, lost {}, duplicated effects {}, recovered {} ({} answers 503, {} messages re-sent under their key)",
+            "{}: {}; {} deliveries sent, {} acknowledged, lost {}, duplicated effects {}, recovered {} ({} answers 503, {} messages re-sent under their key) in {} s",
             self.scenario,
             self.injected,
             self.deliveries,
@@ -212,7 +234,8 @@ impl Figures {
             self.duplicated,
             self.recovered,
             self.unavailable,
-            self.resent
+            self.resent,
+            self.seconds
         )
     }
 }
@@ -243,10 +266,10 @@ async fn tally(pool: &sqlx::PgPool, expected: &storm::Expected) -> (usize, usize
     (lost, (messages - keys) as usize + over)
 }
 
-/// Runs the storm against `inbox dev` on a cluster of its own (through a proxy
-/// that cuts connections after a commit was sent, with `cutting`) while
-/// `inject` breaks things until the storm is sent; then checks everything.
-async fn scenario<F, Fut>(name: &'static str, size: usize, cutting: bool, inject: F) -> Option<Figures>
+/// Runs the storm against `inbox dev` on a cluster of its own, reached by
+/// `route`, while `inject` breaks things until the storm is sent; then checks
+/// everything.
+async fn scenario<F, Fut>(name: &'static str, size: usize, route: Route, inject: F) -> Option<Figures>
 where
     F: FnOnce(Ctx) -> Fut,
     Fut: std::future::Future<Output = String> + Send + 'static,
@@ -259,10 +282,21 @@ where
     let url = pg.url();
     let cuts = Arc::new(AtomicUsize::new(0));
     let armed = Arc::new(AtomicUsize::new(0));
-    let stack_url = if cutting { cutting_proxy(pg.port(), cuts.clone(), armed.clone()).await } else { url.clone() };
+    let started = Instant::now();
+    // 4 server sessions shared by inbox dev's 16 connections.
+    let bouncer = (route == Route::PgBouncer)
+        .then(|| Arc::new(Mutex::new(PgBouncer::start("127.0.0.1", pg.port(), 4, "transaction"))));
+    let link = match route {
+        Route::Direct => Link { url: url.clone(), pooled: false },
+        Route::Cutting => Link { url: cutting_proxy(pg.port(), cuts.clone(), armed.clone()).await, pooled: false },
+        Route::PgBouncer => {
+            let port = bouncer.as_ref().unwrap().lock().unwrap().port;
+            Link { url: format!("postgres://postgres@127.0.0.1:{port}/postgres"), pooled: true }
+        }
+    };
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let (sink, consumer) = Consumer::start(None).await.unwrap();
-    let stack = Arc::new(Mutex::new(Some(Stack::start(&stack_url, &sink, port))));
+    let stack = Arc::new(Mutex::new(Some(Stack::start(&link, &sink, port))));
     // The proxy starts cutting once the stack is up (its migrations done).
     armed.store(1, Ordering::SeqCst);
     let base = stack.lock().unwrap().as_ref().unwrap().base.clone();
@@ -276,7 +310,8 @@ where
     let sent = Arc::new(Sent { deliveries: waves.iter().map(Vec::len).sum(), ..Sent::default() });
     let pg = Arc::new(Mutex::new(pg));
     let done = Arc::new(AtomicUsize::new(0));
-    let ctx = Ctx { stack: stack.clone(), pg: pg.clone(), url: stack_url, sink, port, done: done.clone(), cuts };
+    let bouncer_log = bouncer.clone();
+    let ctx = Ctx { stack: stack.clone(), pg: pg.clone(), link, sink, port, done: done.clone(), cuts, bouncer };
     let injector = tokio::spawn(inject(ctx));
     send_all(base, waves, sent.clone()).await;
     done.store(1, Ordering::SeqCst);
@@ -299,7 +334,9 @@ where
         .fetch_all(&pool)
         .await
         .unwrap();
-        panic!("{name}: the pipeline did not settle: {inbox:?} {outbox:?}\npending (longest wait, most attempts, in backoff): {pending:?}\n{activity:#?}");
+        let bouncer = bouncer_log.map(|b| b.lock().unwrap().log()).unwrap_or_default();
+        let bouncer = &bouncer[bouncer.len().saturating_sub(6000)..];
+        panic!("{name}: the pipeline did not settle: {inbox:?} {outbox:?}\npending (longest wait, most attempts, in backoff): {pending:?}\n{activity:#?}\n{bouncer}");
     }
     let checks = storm::check(&pool, &expected, sent.refused_forged.load(Ordering::Relaxed)).await.unwrap();
     let (lost, duplicated) = tally(&pool, &expected).await;
@@ -316,6 +353,7 @@ where
             let consumer = consumer.lock().unwrap();
             consumer.accepted.values().map(|bodies| bodies.len() - 1).sum()
         },
+        seconds: started.elapsed().as_secs(),
     };
     println!("{}", figures.line());
     for (ok, what) in &checks {
@@ -355,18 +393,18 @@ async fn faults_table() {
     let mut rows = Vec::new();
 
     rows.extend(
-        scenario("kill -9 mid-storm", size(), false, |ctx| async move {
+        scenario("kill -9 mid-storm", size(), Route::Direct, |ctx| async move {
             let mut rng = Rng(7);
             let mut kills = 0;
             while ctx.storming() {
                 tokio::time::sleep(pause(&mut rng)).await;
-                let (url, sink, port, stack) = (ctx.url.clone(), ctx.sink.clone(), ctx.port, ctx.stack.clone());
+                let (link, sink, port, stack) = (ctx.link.clone(), ctx.sink.clone(), ctx.port, ctx.stack.clone());
                 tokio::task::spawn_blocking(move || {
                     let mut guard = stack.lock().unwrap();
                     if let Some(mut s) = guard.take() {
                         s.kill9();
                     }
-                    *guard = Some(Stack::start(&url, &sink, port));
+                    *guard = Some(Stack::start(&link, &sink, port));
                 })
                 .await
                 .unwrap();
@@ -380,7 +418,7 @@ async fn faults_table() {
     );
 
     rows.extend(
-        scenario("PostgreSQL restarted (immediate)", size(), false, |ctx| async move {
+        scenario("PostgreSQL restarted (immediate)", size(), Route::Direct, |ctx| async move {
             let mut rng = Rng(11);
             let mut restarts = 0;
             let pid = ctx.stack.lock().unwrap().as_ref().unwrap().child.id();
@@ -403,7 +441,7 @@ async fn faults_table() {
     );
 
     rows.extend(
-        scenario("connection cut after COMMIT", size(), true, |ctx| async move {
+        scenario("connection cut after COMMIT", size(), Route::Cutting, |ctx| async move {
             while ctx.storming() {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
@@ -418,12 +456,12 @@ async fn faults_table() {
     );
 
     rows.extend(
-        scenario("frozen worker", size(), false, |ctx| async move {
+        scenario("frozen worker", size(), Route::Direct, |ctx| async move {
             // A second stack, its worker competing for the same rows, frozen (SIGSTOP) past
             // idle_in_transaction_session_timeout (1 s) again and again; the storm goes to the first.
             let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-            let (url, sink) = (ctx.url.clone(), ctx.sink.clone());
-            let frozen = tokio::task::spawn_blocking(move || Stack::start(&url, &sink, port)).await.unwrap();
+            let (link, sink) = (ctx.link.clone(), ctx.sink.clone());
+            let frozen = tokio::task::spawn_blocking(move || Stack::start(&link, &sink, port)).await.unwrap();
             let mut rng = Rng(13);
             let mut freezes = 0;
             while ctx.storming() {
@@ -443,8 +481,8 @@ async fn faults_table() {
     );
 
     rows.extend(
-        scenario("prune during ingestion", size(), false, |ctx| async move {
-            let pool = db::pool(&db::DbConfig::with_url(&ctx.url)).unwrap();
+        scenario("prune during ingestion", size(), Route::Direct, |ctx| async move {
+            let pool = db::pool(&db::DbConfig::with_url(&ctx.link.url)).unwrap();
             // A trigger notes every row deleted while pending, or inside its retention (30 days).
             sqlx::raw_sql(
                 "CREATE TABLE prune_violations (provider text, event_id text, status text, received_at timestamptz);
@@ -503,6 +541,27 @@ async fn faults_table() {
         .await,
     );
 
+    rows.extend(
+        scenario("PgBouncer restarted (transaction pooling)", size(), Route::PgBouncer, |ctx| async move {
+            let mut rng = Rng(17);
+            let mut restarts = 0;
+            let bouncer = ctx.bouncer.clone().expect("the scenario runs behind PgBouncer");
+            while ctx.storming() {
+                tokio::time::sleep(pause(&mut rng)).await;
+                let bouncer = bouncer.clone();
+                tokio::task::spawn_blocking(move || bouncer.lock().unwrap().restart()).await.unwrap();
+                restarts += 1;
+            }
+            let log = bouncer.lock().unwrap().log();
+            assert!(!log.contains("prepared statement"), "a prepared-statement error behind the pooler:\n{log}");
+            format!(
+                "inbox dev (INBOX_DB_POOLER=proxy) behind PgBouncer 1.18 in transaction pooling, its 16 connections \
+                 sharing 4 server sessions; PgBouncer killed with SIGKILL and started again {restarts} times"
+            )
+        })
+        .await,
+    );
+
     if full() {
         write_reliability(&rows);
     }
@@ -514,7 +573,7 @@ fn block_on<F: std::future::Future<Output = anyhow::Result<()>>>(f: F) {
 }
 
 fn write_reliability(rows: &[Figures]) {
-    assert_eq!(rows.len(), 5, "the table is written from every scenario");
+    assert_eq!(rows.len(), 6, "the table is written from every scenario");
     let mut doc = String::from(
         "# Reliability\n\n\
          The fault suite (`functions/inbox/tests/faults.rs`) at its full size, run with\n\
@@ -531,12 +590,12 @@ fn write_reliability(rows: &[Figures]) {
          answers saying nothing was stored, retry (never a 200 for an uncommitted row);\n\
          **re-sent**: outbox messages the consumer got again under the same key.\n\
          Forged deliveries are sent too and refused: deliveries sent less acknowledged.\n\n\
-         | scenario | injected | deliveries sent | acknowledged | lost | duplicated effects | recovered | 503 | re-sent |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+         | scenario | injected | deliveries sent | acknowledged | lost | duplicated effects | recovered | 503 | re-sent | time (s) |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for r in rows {
         doc.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             r.scenario,
             r.injected,
             r.deliveries,
@@ -545,15 +604,16 @@ fn write_reliability(rows: &[Figures]) {
             r.duplicated,
             r.recovered,
             r.unavailable,
-            r.resent
+            r.resent,
+            r.seconds
         ));
     }
     doc.push_str(
         "\nA relay killed between publishing and marking a message (inside the kill -9\n\
          scenario) sends it again under the same key once its lease ends; the consumer\n\
          received every message. The integration suite also runs on PostgreSQL 18\n\
-         (`scripts/pg18`). Not yet here: PgBouncer in transaction pooling (see the\n\
-         README: not supported before PgBouncer 1.21).\n",
+         (`scripts/pg18`), and every stage runs behind PgBouncer in transaction and\n\
+         session pooling (`tests/pooler.rs`).\n",
     );
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/reliability.md");
     std::fs::write(path, doc).unwrap();

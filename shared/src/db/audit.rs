@@ -17,12 +17,12 @@ pub struct AuditRecord {
 
 /// An event's history, oldest first.
 pub async fn history(pool: &PgPool, provider: &str, event_id: &str) -> Result<Vec<AuditRecord>, sqlx::Error> {
-    sqlx::query_as(
+    super::query_as(
         "SELECT at::text, actor, action, reason, from_status, attempts, failure_reason
          FROM inbox_audit WHERE provider = $1 AND event_id = $2 ORDER BY id",
     )
     .bind(provider)
     .bind(event_id)
-    .fetch_all(pool)
+    .fetch_all(super::Autocommit(pool))
     .await
 }

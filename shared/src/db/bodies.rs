@@ -8,7 +8,7 @@ use sqlx::PgExecutor;
 /// lock before its rows point at it, so a body is never deleted under a claim:
 /// locked, it is skipped; bumped, it fails the age test when re-checked.
 pub async fn delete_orphans<'e>(ex: impl PgExecutor<'e>, limit: i64) -> Result<u64, sqlx::Error> {
-    let done = sqlx::query(
+    let done = super::query(
         "DELETE FROM webhook_bodies
          WHERE sha256 IN (SELECT b.sha256 FROM webhook_bodies AS b
                           WHERE b.last_seen_at < now() - interval '1 day'

@@ -106,7 +106,7 @@ pub(crate) async fn insert<'e>(
         Body::InRow => INSERT,
         Body::Shared => INSERT_ITEM,
     };
-    let row: Option<(String,)> = sqlx::query_as(sql)
+    let row: Option<(String,)> = super::query_as(sql)
         .bind(env.provider.as_str())
         .bind(&e.event_id)
         .bind(&e.event_type)
@@ -128,7 +128,7 @@ pub(crate) async fn insert_batch<'e>(
     unique: &[&NewEvent],
 ) -> Result<Vec<String>, sqlx::Error> {
     let col = |f: fn(&NewEvent) -> Option<&str>| unique.iter().map(|e| f(e)).collect::<Vec<_>>();
-    let rows: Vec<(String,)> = sqlx::query_as(INSERT_BATCH)
+    let rows: Vec<(String,)> = super::query_as(INSERT_BATCH)
         .bind(env.provider.as_str())
         .bind(col(|e| Some(&e.event_id)))
         .bind(col(|e| Some(&e.event_type)))
@@ -160,7 +160,7 @@ pub(crate) struct Taken {
 
 /// Up to `limit` due pending rows, in receive order, skipping those another worker holds.
 pub(crate) async fn take_pending(conn: &mut PgConnection, limit: i64) -> Result<Vec<Taken>, sqlx::Error> {
-    sqlx::query_as(
+    super::query_as(
         "SELECT provider, event_id, event_type, payload::text AS payload, attempts
          FROM webhook_inbox
          WHERE status = 'pending' AND (next_attempt_at IS NULL OR next_attempt_at <= now())
@@ -179,7 +179,7 @@ pub(crate) async fn take_one(
     provider: &str,
     event_id: &str,
 ) -> Result<Vec<Taken>, sqlx::Error> {
-    sqlx::query_as(
+    super::query_as(
         "SELECT provider, event_id, event_type, payload::text AS payload, attempts
          FROM webhook_inbox
          WHERE provider = $1 AND event_id = $2 AND status = 'pending'
@@ -196,7 +196,7 @@ pub(crate) async fn take_one(
 /// `base` doubled per attempt (it may crash again), committed before it runs.
 /// `attempts` comes back as the attempts made before this one.
 pub(crate) async fn count_next(pool: &PgPool, base: Duration) -> Result<Option<Taken>, sqlx::Error> {
-    sqlx::query_as(
+    super::query_as(
         "WITH next AS (
              SELECT provider, event_id FROM webhook_inbox
              WHERE status = 'pending' AND (next_attempt_at IS NULL OR next_attempt_at <= now())
@@ -211,7 +211,7 @@ pub(crate) async fn count_next(pool: &PgPool, base: Duration) -> Result<Option<T
          RETURNING w.provider, w.event_id, w.event_type, w.payload::text AS payload, w.attempts - 1 AS attempts",
     )
     .bind(base.as_millis() as i64)
-    .fetch_optional(pool)
+    .fetch_optional(super::Autocommit(pool))
     .await
 }
 
@@ -221,7 +221,7 @@ pub(crate) async fn take_counted(
     provider: &str,
     event_id: &str,
 ) -> Result<Vec<Taken>, sqlx::Error> {
-    sqlx::query_as(
+    super::query_as(
         "SELECT provider, event_id, event_type, payload::text AS payload, attempts - 1 AS attempts
          FROM webhook_inbox
          WHERE provider = $1 AND event_id = $2 AND status = 'pending'
@@ -253,7 +253,7 @@ pub(crate) async fn finish(conn: &mut PgConnection, rows: &[Finished]) -> Result
     let col = |f: fn(&Finished) -> Option<&str>| rows.iter().map(f).collect::<Vec<_>>();
     let delays: Vec<Option<i64>> = rows.iter().map(|r| r.delay.map(|d| d.as_millis() as i64)).collect();
     let counted: Vec<bool> = rows.iter().map(|r| r.counted).collect();
-    sqlx::query(
+    super::query(
         "UPDATE webhook_inbox AS w
          SET status = u.status,
              attempts = w.attempts + CASE WHEN u.counted THEN 1 ELSE 0 END,
@@ -278,7 +278,7 @@ pub(crate) async fn finish(conn: &mut PgConnection, rows: &[Finished]) -> Result
 /// Careful mode: an event that cut the connection on every attempt is failed;
 /// the attempt counted to take it this time is undone (it was not made).
 pub(crate) async fn give_up(pool: &PgPool, provider: &str, event_id: &str, reason: &str) -> Result<(), sqlx::Error> {
-    sqlx::query(
+    super::query(
         "UPDATE webhook_inbox SET status = 'failed', failure_reason = $3, next_attempt_at = NULL, attempts = attempts - 1,
              processed_at = now()
          WHERE provider = $1 AND event_id = $2 AND status = 'pending'",
@@ -286,7 +286,7 @@ pub(crate) async fn give_up(pool: &PgPool, provider: &str, event_id: &str, reaso
     .bind(provider)
     .bind(event_id)
     .bind(reason)
-    .execute(pool)
+    .execute(super::Autocommit(pool))
     .await?;
     Ok(())
 }
@@ -299,7 +299,7 @@ pub(crate) async fn mark_done_inline(
     provider: Provider,
     event_id: &str,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
+    super::query(
         "UPDATE webhook_inbox SET status = 'done', processed_at = now(), attempts = attempts + 1
          WHERE provider = $1 AND event_id = $2",
     )
@@ -317,7 +317,7 @@ pub(crate) async fn note_inline_failure(
     event_id: &str,
     reason: &str,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
+    super::query(
         "UPDATE webhook_inbox SET attempts = attempts + 1, failure_reason = $3 WHERE provider = $1 AND event_id = $2",
     )
     .bind(provider.as_str())
@@ -335,7 +335,7 @@ pub(crate) async fn mark_unusable(
     event_id: &str,
     reason: &str,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
+    super::query(
         "UPDATE webhook_inbox SET status = 'failed', failure_reason = $3, processed_at = now()
          WHERE provider = $1 AND event_id = $2",
     )
@@ -358,7 +358,7 @@ pub async fn delete_received_before<'e>(
     days: u32,
     limit: i64,
 ) -> Result<u64, sqlx::Error> {
-    let done = sqlx::query(
+    let done = super::query(
         "DELETE FROM webhook_inbox AS w
          USING (SELECT provider, event_id FROM webhook_inbox
                 WHERE received_at < now() - make_interval(days => $3)
@@ -390,7 +390,7 @@ pub struct InboxGauges {
 
 /// [`InboxGauges`], each from a partial index.
 pub async fn gauges<'e>(ex: impl PgExecutor<'e>) -> Result<InboxGauges, sqlx::Error> {
-    sqlx::query_as(
+    super::query_as(
         "SELECT (SELECT count(*) FROM webhook_inbox WHERE status = 'pending') AS pending,
                 coalesce((SELECT extract(epoch FROM now() - min(received_at)) * 1000
                           FROM webhook_inbox WHERE status = 'pending'), 0)::float8 AS oldest_pending_ms,
@@ -406,22 +406,22 @@ pub async fn gauges<'e>(ex: impl PgExecutor<'e>) -> Result<InboxGauges, sqlx::Er
 
 /// Rows by provider and status.
 pub async fn counts_by_status(pool: &PgPool) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
-    sqlx::query_as("SELECT provider, status, count(*) FROM webhook_inbox GROUP BY 1, 2 ORDER BY 1, 2")
-        .fetch_all(pool)
+    super::query_as("SELECT provider, status, count(*) FROM webhook_inbox GROUP BY 1, 2 ORDER BY 1, 2")
+        .fetch_all(super::Autocommit(pool))
         .await
 }
 
 /// Which configured secret verified the deliveries received since `since`
 /// (by index, per provider): a rotated-out secret with no recent use can go.
 pub async fn secret_usage(pool: &PgPool, since: Duration) -> Result<Vec<SecretUse>, sqlx::Error> {
-    sqlx::query_as(
+    super::query_as(
         "SELECT provider, secret_index, count(*) AS deliveries, max(received_at)::text AS last_received_at
          FROM webhook_inbox
          WHERE received_at > now() - $1 * interval '1 millisecond' AND source = 'webhook'
          GROUP BY 1, 2 ORDER BY 1, 2",
     )
     .bind(since.as_millis() as i64)
-    .fetch_all(pool)
+    .fetch_all(super::Autocommit(pool))
     .await
 }
 
@@ -491,7 +491,7 @@ const FAILED_WHERE: &str = "status = 'failed'
 /// Failed events matching `filter`, the most recent first.
 pub async fn list_failed(pool: &PgPool, filter: &Filter, limit: i64) -> Result<Vec<FailedEvent>, sqlx::Error> {
     let since = filter.since.as_ref();
-    sqlx::query_as(&format!(
+    super::query_as(&format!(
         "SELECT provider, event_id, event_type, attempts, received_at::text,
                 coalesce(processed_at, received_at)::text AS failed_at, failure_reason
          FROM webhook_inbox WHERE {FAILED_WHERE}
@@ -502,19 +502,19 @@ pub async fn list_failed(pool: &PgPool, filter: &Filter, limit: i64) -> Result<V
     .bind(since.and_then(Since::at))
     .bind(filter.reason_like.as_deref())
     .bind(limit)
-    .fetch_all(pool)
+    .fetch_all(super::Autocommit(pool))
     .await
 }
 
 /// How many failed events match `filter` (`inbox requeue --dry-run`).
 pub async fn count_failed(pool: &PgPool, filter: &Filter) -> Result<i64, sqlx::Error> {
     let since = filter.since.as_ref();
-    sqlx::query_scalar(&format!("SELECT count(*) FROM webhook_inbox WHERE {FAILED_WHERE}"))
+    super::query_scalar(&format!("SELECT count(*) FROM webhook_inbox WHERE {FAILED_WHERE}"))
         .bind(filter.provider.as_deref())
         .bind(since.and_then(Since::ago_ms))
         .bind(since.and_then(Since::at))
         .bind(filter.reason_like.as_deref())
-        .fetch_one(pool)
+        .fetch_one(super::Autocommit(pool))
         .await
 }
 
@@ -532,7 +532,7 @@ pub struct Requeue<'a> {
 /// Returns how many; call it again until it returns less than `limit`.
 pub async fn requeue_failed(pool: &PgPool, filter: &Filter, by: &Requeue<'_>, limit: i64) -> Result<u64, sqlx::Error> {
     let since = filter.since.as_ref();
-    let n: i64 = sqlx::query_scalar(&format!(
+    let n: i64 = super::query_scalar(&format!(
         "WITH picked AS (
              SELECT provider, event_id, status, attempts, failure_reason FROM webhook_inbox
              WHERE {FAILED_WHERE}
@@ -555,7 +555,7 @@ pub async fn requeue_failed(pool: &PgPool, filter: &Filter, by: &Requeue<'_>, li
     .bind(by.actor)
     .bind(by.action)
     .bind(by.reason)
-    .fetch_one(pool)
+    .fetch_one(super::Autocommit(pool))
     .await?;
     Ok(n as u64)
 }
@@ -574,7 +574,7 @@ pub enum Replayed {
 /// Puts one event (done or failed) back to `pending`, attempts reset, with an
 /// audit record, in one statement.
 pub async fn replay(pool: &PgPool, provider: &str, event_id: &str, by: &Requeue<'_>) -> Result<Replayed, sqlx::Error> {
-    let row: Option<(String, bool)> = sqlx::query_as(
+    let row: Option<(String, bool)> = super::query_as(
         "WITH picked AS (
              SELECT provider, event_id, status, attempts, failure_reason FROM webhook_inbox
              WHERE provider = $1 AND event_id = $2 FOR UPDATE),
@@ -594,7 +594,7 @@ pub async fn replay(pool: &PgPool, provider: &str, event_id: &str, by: &Requeue<
     .bind(by.actor)
     .bind(by.action)
     .bind(by.reason)
-    .fetch_optional(pool)
+    .fetch_optional(super::Autocommit(pool))
     .await?;
     Ok(match row {
         None => Replayed::NotFound,
@@ -626,7 +626,7 @@ pub struct StoredEvent {
 }
 
 pub async fn event(pool: &PgPool, provider: &str, event_id: &str) -> Result<Option<StoredEvent>, sqlx::Error> {
-    sqlx::query_as(
+    super::query_as(
         "SELECT w.provider, w.event_id, w.event_type, w.status, w.source, w.attempts, w.received_at::text,
                 w.processed_at::text, w.next_attempt_at::text, w.failure_reason, w.headers, w.payload,
                 coalesce(b.raw_body, w.raw_body) AS raw_body, w.secret_index,
@@ -636,6 +636,6 @@ pub async fn event(pool: &PgPool, provider: &str, event_id: &str) -> Result<Opti
     )
     .bind(provider)
     .bind(event_id)
-    .fetch_optional(pool)
+    .fetch_optional(super::Autocommit(pool))
     .await
 }

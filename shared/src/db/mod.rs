@@ -6,6 +6,9 @@ pub mod bodies;
 pub mod checkpoints;
 pub mod inbox;
 pub mod outbox;
+mod pooler;
+
+pub use pooler::{migrate, query, query_as, query_scalar, Autocommit};
 
 use std::{
     ops::{Deref, DerefMut},
@@ -50,6 +53,7 @@ fn with_timeouts(options: PgConnectOptions, cfg: &DbConfig) -> PgConnectOptions 
     let ms = |d: Duration| d.as_millis().to_string();
     let options = options.application_name("webhook-inbox");
     if cfg.behind_proxy {
+        pooler::set_behind_pooler();
         // sqlx sends extra_float_digits at startup unless told not to; PgBouncer refuses it.
         return options.extra_float_digits(None);
     }

@@ -15,7 +15,7 @@ pub struct Message<'a> {
 
 /// Writes a message unless one with the same key exists; true when written.
 pub async fn enqueue(conn: &mut PgConnection, m: &Message<'_>) -> Result<bool, sqlx::Error> {
-    let row: Option<(i64,)> = sqlx::query_as(
+    let row: Option<(i64,)> = super::query_as(
         "INSERT INTO transactional_outbox (aggregate_type, aggregate_id, payload, message_key)
          VALUES ($1, $2, $3, $4)
          ON CONFLICT (message_key) DO NOTHING
@@ -51,7 +51,7 @@ pub async fn lease_unsent(
     limit: i64,
     lease: std::time::Duration,
 ) -> Result<Vec<Outgoing>, sqlx::Error> {
-    sqlx::query_as(
+    super::query_as(
         "WITH batch AS (
              SELECT id FROM transactional_outbox
              WHERE processed_at IS NULL AND dead_at IS NULL
@@ -66,7 +66,7 @@ pub async fn lease_unsent(
     )
     .bind(limit)
     .bind(lease.as_millis() as i64)
-    .fetch_all(pool)
+    .fetch_all(super::Autocommit(pool))
     .await
     .map(|mut rows: Vec<Outgoing>| {
         rows.sort_by_key(|m| m.id);
@@ -107,7 +107,7 @@ pub async fn record_results(pool: &sqlx::PgPool, results: &[(i64, i32, Dispatch)
         delays.push(delay);
         reasons.push(reason);
     }
-    sqlx::query(
+    super::query(
         "UPDATE transactional_outbox AS o
          SET processed_at = CASE WHEN r.outcome = 'sent' THEN now() END,
              dead_at = CASE WHEN r.outcome = 'dead' THEN now() END,
@@ -121,7 +121,7 @@ pub async fn record_results(pool: &sqlx::PgPool, results: &[(i64, i32, Dispatch)
     .bind(&delays)
     .bind(&reasons)
     .bind(&leases)
-    .execute(pool)
+    .execute(super::Autocommit(pool))
     .await?;
     Ok(())
 }
@@ -130,7 +130,7 @@ pub async fn record_results(pool: &sqlx::PgPool, results: &[(i64, i32, Dispatch)
 /// undone, and they are due at once), if the lease is still this relay's.
 pub async fn release(pool: &sqlx::PgPool, leases: &[(i64, i32)]) -> Result<(), sqlx::Error> {
     let (ids, attempts): (Vec<i64>, Vec<i32>) = leases.iter().copied().unzip();
-    sqlx::query(
+    super::query(
         "UPDATE transactional_outbox AS o
          SET attempts = o.attempts - 1, next_attempt_at = NULL
          FROM unnest($1::bigint[], $2::int[]) AS r (id, lease)
@@ -138,14 +138,14 @@ pub async fn release(pool: &sqlx::PgPool, leases: &[(i64, i32)]) -> Result<(), s
     )
     .bind(&ids)
     .bind(&attempts)
-    .execute(pool)
+    .execute(super::Autocommit(pool))
     .await?;
     Ok(())
 }
 
 /// Deletes up to `limit` outbox messages sent before `days` ago.
 pub async fn delete_sent_before<'e>(ex: impl PgExecutor<'e>, days: u32, limit: i64) -> Result<u64, sqlx::Error> {
-    let done = sqlx::query(
+    let done = super::query(
         "DELETE FROM transactional_outbox
          WHERE id IN (SELECT id FROM transactional_outbox
                       WHERE processed_at IS NOT NULL AND processed_at < now() - make_interval(days => $1)
@@ -170,7 +170,7 @@ pub struct OutboxGauges {
 }
 
 pub async fn gauges<'e>(ex: impl PgExecutor<'e>) -> Result<OutboxGauges, sqlx::Error> {
-    sqlx::query_as(
+    super::query_as(
         "SELECT count(*) AS backlog,
                 coalesce(extract(epoch FROM now() - min(created_at)) * 1000, 0)::float8 AS oldest_backlog_ms,
                 (SELECT count(*) FROM transactional_outbox WHERE dead_at IS NOT NULL) AS dead
@@ -196,7 +196,7 @@ pub struct Listed {
 
 /// Unsent messages (or, with `dead`, the dead ones), oldest first.
 pub async fn list(pool: &sqlx::PgPool, dead: bool, limit: i64) -> Result<Vec<Listed>, sqlx::Error> {
-    sqlx::query_as(
+    super::query_as(
         "SELECT id, message_key, aggregate_type, aggregate_id, attempts, created_at::text,
                 next_attempt_at::text, dead_at::text, last_error
          FROM transactional_outbox
@@ -205,7 +205,7 @@ pub async fn list(pool: &sqlx::PgPool, dead: bool, limit: i64) -> Result<Vec<Lis
     )
     .bind(dead)
     .bind(limit)
-    .fetch_all(pool)
+    .fetch_all(super::Autocommit(pool))
     .await
 }
 
@@ -213,12 +213,12 @@ pub async fn list(pool: &sqlx::PgPool, dead: bool, limit: i64) -> Result<Vec<Lis
 /// its last error kept until the next attempt. A sent message is left alone.
 /// Returns whether it was found unsent.
 pub async fn retry(pool: &sqlx::PgPool, id: i64) -> Result<bool, sqlx::Error> {
-    let done = sqlx::query(
+    let done = super::query(
         "UPDATE transactional_outbox SET dead_at = NULL, attempts = 0, next_attempt_at = NULL
          WHERE id = $1 AND processed_at IS NULL",
     )
     .bind(id)
-    .execute(pool)
+    .execute(super::Autocommit(pool))
     .await?;
     Ok(done.rows_affected() == 1)
 }
@@ -226,13 +226,13 @@ pub async fn retry(pool: &sqlx::PgPool, id: i64) -> Result<bool, sqlx::Error> {
 /// [`retry`] for up to `limit` dead messages, in one short statement; call it
 /// again until it returns less than `limit`.
 pub async fn retry_dead(pool: &sqlx::PgPool, limit: i64) -> Result<u64, sqlx::Error> {
-    let done = sqlx::query(
+    let done = super::query(
         "UPDATE transactional_outbox SET dead_at = NULL, attempts = 0, next_attempt_at = NULL
          WHERE id IN (SELECT id FROM transactional_outbox WHERE dead_at IS NOT NULL
                       ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)",
     )
     .bind(limit)
-    .execute(pool)
+    .execute(super::Autocommit(pool))
     .await?;
     Ok(done.rows_affected())
 }

@@ -189,8 +189,8 @@ pub fn storm(size: usize, rng: &mut Rng) -> (Vec<Vec<Delivery>>, Expected) {
 pub async fn wait_settled(pool: &PgPool, limit: Duration) -> Result<bool, sqlx::Error> {
     let until = Instant::now() + limit;
     while Instant::now() < until {
-        let inbox = inbox::gauges(pool).await?;
-        let outbox = outbox::gauges(pool).await?;
+        let inbox = inbox::gauges(crate::db::Autocommit(pool)).await?;
+        let outbox = outbox::gauges(crate::db::Autocommit(pool)).await?;
         if inbox.pending == 0 && outbox.backlog == 0 {
             return Ok(true);
         }
@@ -203,8 +203,11 @@ pub async fn wait_settled(pool: &PgPool, limit: Duration) -> Result<bool, sqlx::
 /// whether it holds; `refused` is how many deliveries got 401.
 pub async fn check(pool: &PgPool, expected: &Expected, refused: usize) -> Result<Vec<(bool, String)>, sqlx::Error> {
     let mut checks = Vec::new();
-    let rows: BTreeSet<(String, String)> =
-        sqlx::query_as("SELECT provider, event_id FROM webhook_inbox").fetch_all(pool).await?.into_iter().collect();
+    let rows: BTreeSet<(String, String)> = crate::db::query_as("SELECT provider, event_id FROM webhook_inbox")
+        .fetch_all(pool)
+        .await?
+        .into_iter()
+        .collect();
     checks.push((
         rows == expected.events,
         format!("inbox rows = unique signed events: {} rows, {} expected", rows.len(), expected.events.len()),
@@ -216,22 +219,23 @@ pub async fn check(pool: &PgPool, expected: &Expected, refused: usize) -> Result
     ));
 
     let payments: BTreeMap<String, i64> =
-        sqlx::query_as("SELECT payment_id, amount FROM payments").fetch_all(pool).await?.into_iter().collect();
+        crate::db::query_as("SELECT payment_id, amount FROM payments").fetch_all(pool).await?.into_iter().collect();
     checks.push((
         payments == expected.payments,
         format!("payments = unique PaymentIntents: {} payments, {} expected", payments.len(), expected.payments.len()),
     ));
-    let poison: Option<(String, Option<String>)> =
-        sqlx::query_as("SELECT status, failure_reason FROM webhook_inbox WHERE provider = 'stripe' AND event_id = $1")
-            .bind(&expected.poison)
-            .fetch_optional(pool)
-            .await?;
+    let poison: Option<(String, Option<String>)> = crate::db::query_as(
+        "SELECT status, failure_reason FROM webhook_inbox WHERE provider = 'stripe' AND event_id = $1",
+    )
+    .bind(&expected.poison)
+    .fetch_optional(pool)
+    .await?;
     checks.push((
         matches!(&poison, Some((s, Some(_))) if s == "failed"),
         format!("the poison event is failed with its reason: {poison:?}"),
     ));
 
-    let orders: BTreeMap<String, (String, String, String)> = sqlx::query_as(
+    let orders: BTreeMap<String, (String, String, String)> = crate::db::query_as(
         "SELECT order_id, to_char(source_updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), status, total_amount::text FROM orders",
     )
     .fetch_all(pool)
@@ -244,13 +248,13 @@ pub async fn check(pool: &PgPool, expected: &Expected, refused: usize) -> Result
         format!("orders = their newest snapshot, whatever the arrival order: {} orders", orders.len()),
     ));
 
-    let deposits: i64 = sqlx::query_scalar("SELECT count(*) FROM account_deposits").fetch_one(pool).await?;
+    let deposits: i64 = crate::db::query_scalar("SELECT count(*) FROM account_deposits").fetch_one(pool).await?;
     let mut want: BTreeMap<String, i64> = BTreeMap::new();
     for (account, cents) in expected.deposits.values() {
         *want.entry(account.clone()).or_default() += cents;
     }
     let balances: BTreeMap<String, i64> =
-        sqlx::query_as("SELECT account_id, (balance * 100)::bigint FROM accounts WHERE balance > 0")
+        crate::db::query_as("SELECT account_id, (balance * 100)::bigint FROM accounts WHERE balance > 0")
             .fetch_all(pool)
             .await?
             .into_iter()
@@ -264,7 +268,8 @@ pub async fn check(pool: &PgPool, expected: &Expected, refused: usize) -> Result
         ),
     ));
 
-    let keys: Vec<String> = sqlx::query_scalar("SELECT message_key FROM transactional_outbox").fetch_all(pool).await?;
+    let keys: Vec<String> =
+        crate::db::query_scalar("SELECT message_key FROM transactional_outbox").fetch_all(pool).await?;
     let unique: BTreeSet<&String> = keys.iter().collect();
     let effects = expected.payments.len() + expected.deposits.len();
     checks.push((

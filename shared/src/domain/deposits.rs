@@ -52,7 +52,7 @@ pub enum Credit {
 /// does not exist yet is transient: the savepoint rolls the ledger row back too,
 /// and the event is retried until the account exists.
 pub async fn credit(conn: &mut PgConnection, d: &Deposit) -> Result<Credit, HandlerError> {
-    let new: Option<(String,)> = sqlx::query_as(
+    let new: Option<(String,)> = crate::db::query_as(
         "INSERT INTO account_deposits (token, account_id, amount, event_id)
          VALUES ($1, $2, $3::numeric, $4)
          ON CONFLICT (token) DO NOTHING
@@ -67,7 +67,7 @@ pub async fn credit(conn: &mut PgConnection, d: &Deposit) -> Result<Credit, Hand
     if new.is_none() {
         return Ok(Credit::AlreadyCredited);
     }
-    let balance: Option<String> = sqlx::query_scalar(
+    let balance: Option<String> = crate::db::query_scalar(
         "UPDATE accounts SET balance = balance + $2::numeric, updated_at = now()
          WHERE account_id = $1
          RETURNING balance::text",

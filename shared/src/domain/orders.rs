@@ -61,7 +61,7 @@ pub async fn upsert(conn: &mut PgConnection, o: &OrderSnapshot) -> Result<Applie
         WasInserted::Xmax => UPSERT_XMAX,
         WasInserted::ReturningOld => UPSERT_RETURNING_OLD,
     };
-    let inserted: Option<bool> = sqlx::query_scalar(sql)
+    let inserted: Option<bool> = crate::db::query_scalar(sql)
         .bind(&o.order_id)
         .bind(&o.customer_id)
         .bind(&o.status)

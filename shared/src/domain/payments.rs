@@ -41,7 +41,7 @@ impl Payment {
 
 /// Inserts the payment unless its PaymentIntent is already recorded; true when new.
 pub async fn insert(conn: &mut PgConnection, p: &Payment) -> Result<bool, sqlx::Error> {
-    let row: Option<(String,)> = sqlx::query_as(
+    let row: Option<(String,)> = crate::db::query_as(
         "INSERT INTO payments (payment_id, amount, currency, customer_id, stripe_event_id)
          VALUES ($1, $2, $3, $4, $5)
          ON CONFLICT (payment_id) DO NOTHING

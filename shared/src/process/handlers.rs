@@ -104,7 +104,7 @@ pub fn advisory_key(provider: Provider, event_id: &str) -> i64 {
 /// `pg_try_advisory_xact_lock` on the event's key: transaction-scoped (safe behind
 /// transaction-mode poolers), released at commit or rollback; false if held elsewhere.
 pub async fn try_lock_event(conn: &mut PgConnection, provider: Provider, event_id: &str) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
+    crate::db::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
         .bind(advisory_key(provider, event_id))
         .fetch_one(conn)
         .await

@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use self::worker::{Counts, Worker};
 use crate::{
-    db::{inbox, outbox},
+    db::{self, inbox, outbox},
     runtime::{
         metrics::Metrics,
         stage::{self, Stopped, Tally},
@@ -70,7 +70,7 @@ pub async fn handle_counted(
 }
 
 async fn gauges(pool: &sqlx::PgPool, metrics: &mut Metrics) {
-    match (inbox::gauges(pool).await, outbox::gauges(pool).await) {
+    match (inbox::gauges(db::Autocommit(pool)).await, outbox::gauges(db::Autocommit(pool)).await) {
         (Ok(inbox), Ok(outbox)) => {
             metrics
                 .gauge("pending", inbox.pending as f64)

@@ -157,7 +157,7 @@ async fn claim_on_a_lease(
 async fn claim_events(conn: &mut PgConnection, env: &Envelope<'_>, events: &Events) -> Result<Claimed, sqlx::Error> {
     match events {
         Events::Single(e) => claim_one(conn, env, e).await.map(Claimed::Single),
-        Events::Batch(items) => match retrying!(claim_batch(&mut *conn, env, items)) {
+        Events::Batch(items) => match retrying!(claim_batch(db::Autocommit(&mut *conn), env, items)) {
             Err(err) if db::is_refused_value(&err) => {
                 let mut out = BatchClaim { accepted: 0, duplicates: items.len() - sorted_unique(items).len() };
                 for e in sorted_unique(items) {
@@ -185,7 +185,7 @@ async fn claim_one_as(
     e: &NewEvent,
     body: Body,
 ) -> Result<Claim, sqlx::Error> {
-    match retrying!(claim_as(&mut *conn, env, e, body)) {
+    match retrying!(claim_as(db::Autocommit(&mut *conn), env, e, body)) {
         Err(err) if e.payload.is_some() && db::is_refused_value(&err) => {
             let reason = format!(
                 "PostgreSQL refused the payload as jsonb (SQLSTATE {})",
@@ -193,7 +193,7 @@ async fn claim_one_as(
             );
             tracing::warn!(provider = %env.provider, event_id = %e.event_id, %reason, "storing the event as failed, without its payload");
             let fallback = NewEvent::unusable(e.event_id.clone(), &e.event_type, None, reason);
-            retrying!(claim_as(&mut *conn, env, &fallback, body))
+            retrying!(claim_as(db::Autocommit(&mut *conn), env, &fallback, body))
         }
         other => other,
     }

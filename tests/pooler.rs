@@ -1,7 +1,13 @@
-//! Behind PgBouncer (Debian's 1.18, session pooling): receive, process, relay,
-//! prune and reconcile all work with `INBOX_DB_POOLER=proxy`, with no error in
-//! its log and no refused startup parameter; without the setting PgBouncer
-//! refuses the connection, which shows the setting is what makes the difference.
+//! Behind PgBouncer (Debian's 1.18) with `INBOX_DB_POOLER=proxy`, in
+//! transaction pooling (16 clients sharing 4 server sessions, handed out in
+//! turn) and in session pooling: the migrations, receive, process, relay,
+//! prune and reconcile all work, with no error in PgBouncer's log (no
+//! prepared-statement clash, 42P05 or 26000; no refused startup parameter) and
+//! no advisory lock left behind. Without the setting PgBouncer refuses the
+//! connection, which shows the setting is what makes the difference.
+//!
+//! A binary of its own: behind a transaction pooler every statement of the
+//! process is unnamed, and the other tests keep the named ones.
 
 use std::{sync::Arc, time::Duration};
 
@@ -52,11 +58,34 @@ fn payment(i: usize) -> Vec<u8> {
     .into_bytes()
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
-async fn every_stage_works_behind_pgbouncer(pool_options: PgPoolOptions, opts: PgConnectOptions) {
+#[sqlx::test(migrations = false)]
+async fn every_stage_works_behind_pgbouncer_in_transaction_pooling(
+    pool_options: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    every_stage(pool_options, opts, "transaction", 4).await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn every_stage_works_behind_pgbouncer_in_session_pooling(pool_options: PgPoolOptions, opts: PgConnectOptions) {
+    // A session keeps its server: one per client connection.
+    every_stage(pool_options, opts, "session", 40).await;
+}
+
+async fn every_stage(pool_options: PgPoolOptions, opts: PgConnectOptions, mode: &str, servers: u32) {
     let direct: PgPool = pool_options.connect_with(opts.clone()).await.unwrap();
-    let bouncer = PgBouncer::start(opts.get_host(), opts.get_port(), 40);
+    let bouncer = PgBouncer::start(opts.get_host(), opts.get_port(), servers, mode);
     let db = through(&bouncer, &opts, "proxy");
+    let pool = db::pool(&db).unwrap();
+
+    // migrations: three deploys at once, each all or nothing, one after the other.
+    let (a, b, c) = tokio::join!(db::migrate(&pool), db::migrate(&pool), db::migrate(&pool));
+    for result in [a, b, c] {
+        result.unwrap_or_else(|e| panic!("{e}; pgbouncer log:\n{}", bouncer.log()));
+    }
+    let applied: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations WHERE success").fetch_one(&direct).await.unwrap();
+    assert_eq!(applied, db::MIGRATOR.iter().count() as i64);
 
     // receive: 16 at a time, 200 payments each sent twice, and 20 Marqeta batches of 10.
     let receiver = Arc::new(receiver(db.clone()));
@@ -93,7 +122,6 @@ async fn every_stage_works_behind_pgbouncer(pool_options: PgPoolOptions, opts: P
     assert_eq!(rows, 200 + 200);
 
     // process: the whole queue through the pooler.
-    let pool = db::pool(&db).unwrap();
     let worker = Worker::new(pool.clone(), Handlers::reference(), inbox_tests::fast_worker_config());
     let processed = worker.run(later()).await.unwrap_or_else(|e| panic!("{e}; pgbouncer log:\n{}", bouncer.log()));
     assert_eq!(processed.taken, 400);
@@ -132,11 +160,19 @@ async fn every_stage_works_behind_pgbouncer(pool_options: PgPoolOptions, opts: P
     for refused in ["prepared statement", "unsupported startup parameter", "ERROR"] {
         assert!(!log.contains(refused), "{refused} in the pgbouncer log:\n{log}");
     }
+    let advisory: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks
+         WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    )
+    .fetch_one(&direct)
+    .await
+    .unwrap();
+    assert_eq!(advisory, 0, "an advisory lock outlived its transaction");
 }
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn without_the_setting_pgbouncer_refuses_the_startup_parameters(_: PgPoolOptions, opts: PgConnectOptions) {
-    let bouncer = PgBouncer::start(opts.get_host(), opts.get_port(), 40);
+    let bouncer = PgBouncer::start(opts.get_host(), opts.get_port(), 40, "transaction");
     let receiver = receiver(through(&bouncer, &opts, "none"));
     let body = payment(1);
     let sig = stripe_header(STRIPE[0], &body);
