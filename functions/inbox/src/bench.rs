@@ -1,37 +1,108 @@
-//! `inbox bench`: receive's throughput over HTTP against PostgreSQL's own
-//! ceiling, pgbench running the identical INSERT at the same concurrency.
+//! `inbox bench`: each stage side by side with its peer on the same machine,
+//! the sides alternated over several rounds so that drift hits both:
+//! - receive over HTTP against pgbench running the identical INSERT (prepared,
+//!   same payload, same concurrency), all new and half duplicates;
+//! - process draining pending events, with no handler and with the reference
+//!   handlers.
+//!
+//! Each figure is the median of the rounds with its spread; with `--out` the
+//! whole run is written as Markdown (`docs/benchmarks.md`).
 
 use std::{
+    fmt::Write as _,
+    path::PathBuf,
     sync::Arc,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use bytes::Bytes;
 use hmac::{Hmac, Mac};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use sha2::Sha256;
+use sqlx::PgPool;
 use tokio::net::{TcpListener, TcpStream};
 use webhook_inbox::{
     config::{Secrets, DEV_STRIPE},
     db,
     dev::embedded_pg,
     dev::server,
+    domain::{deposits, payments},
+    process::{
+        handlers::Handlers,
+        worker::{Worker, WorkerConfig},
+    },
+    runtime::stage::Stage,
     ReceiveConfig, Receiver,
 };
 
 pub struct Bench {
-    pub concurrency: usize,
+    /// Seconds per side and round, for the receive comparisons.
     pub seconds: u64,
-    /// Rounds of (pgbench, HTTP), alternated so that drift on a shared machine hits both sides.
     pub rounds: usize,
+    /// Deliveries in flight, for each receive comparison.
+    pub concurrency: Vec<usize>,
+    /// Pending events each process round drains.
+    pub events: usize,
+    /// Workers draining them at once.
+    pub workers: usize,
+    /// Where to write the Markdown report.
+    pub out: Option<PathBuf>,
 }
 
-/// One event body, the same shape over HTTP and in pgbench.
+/// One figure over the rounds.
+struct Figure {
+    name: String,
+    unit: &'static str,
+    values: Vec<f64>,
+}
+
+impl Figure {
+    fn new(name: impl Into<String>, unit: &'static str) -> Self {
+        Figure { name: name.into(), unit, values: Vec::new() }
+    }
+
+    fn median(&self) -> f64 {
+        let mut v = self.values.clone();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    }
+
+    fn spread(&self) -> (f64, f64) {
+        let min = self.values.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = self.values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        (min, max)
+    }
+}
+
+/// A comparison: ours over the peer's, per round, and the target.
+struct Ratio {
+    name: String,
+    values: Vec<f64>,
+    target: f64,
+}
+
+impl Ratio {
+    fn median(&self) -> f64 {
+        let mut v = self.values.clone();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    }
+}
+
+#[derive(Default)]
+struct Report {
+    sections: Vec<(String, Vec<Figure>)>,
+    ratios: Vec<Ratio>,
+}
+
+/// One event body, the same shape over HTTP, in pgbench and in the process
+/// rounds: a Stripe event of about 1.5 KB.
 fn body(id: &str) -> String {
+    let metadata = "x".repeat(1100);
     format!(
-        r#"{{"id":"{id}","object":"event","api_version":"2026-10-28","type":"payment_intent.succeeded","livemode": false,"data":{{"object":{{"id":"pi_{id}","object":"payment_intent","amount":2000,"amount_received":2000,"currency":"usd","customer":"cus_bench","status":"succeeded"}}}}}}"#
+        r#"{{"id":"{id}","object":"event","api_version":"2026-10-28","type":"payment_intent.succeeded","livemode": false,"data":{{"object":{{"id":"pi_{id}","object":"payment_intent","amount":2000,"amount_received":2000,"currency":"usd","customer":"cus_bench","status":"succeeded","metadata":{{"note":"{metadata}"}}}}}}}}"#
     )
 }
 
@@ -41,61 +112,102 @@ fn signature(t: u64, body: &str) -> String {
     format!("t={t},v1={}", hex::encode(mac.finalize().into_bytes()))
 }
 
-fn pgbench_script() -> String {
+/// pgbench's side: the claim's INSERT, once per new delivery, and sent again
+/// for a duplicate (`copies` = 2: every delivery arrives twice).
+fn pgbench_script(copies: usize) -> String {
     // pgbench substitutes `:id` even inside literals, so the body holds a placeholder.
     let b = body("bench-pg-@ID@").replace('\'', "''");
     let sig = signature(1_796_000_000, &body("x"));
-    format!(
-        "\\set id random(1, 9000000000000000)\n\
-         INSERT INTO webhook_inbox (provider, event_id, event_type, payload, status, failure_reason, raw_body, headers, secret_index) \
+    let insert = format!(
+        "INSERT INTO webhook_inbox (provider, event_id, event_type, payload, status, failure_reason, raw_body, headers, secret_index) \
          VALUES ('stripe', 'bench-pg-' || :id::text, 'payment_intent.succeeded', replace('{b}', '@ID@', :id::text)::jsonb, 'pending', NULL, \
          convert_to(replace('{b}', '@ID@', :id::text), 'UTF8'), \
          '{{\"stripe-signature\":\"{sig}\",\"content-type\":\"application/json\"}}'::jsonb, 0) \
          ON CONFLICT (provider, event_id) DO NOTHING RETURNING event_id;\n"
-    )
+    );
+    format!("\\set id random(1, 9000000000000000)\n{}", insert.repeat(copies))
 }
 
 impl Bench {
     pub async fn run(&self, mut config: ReceiveConfig) -> Result<()> {
         let url = config.db.url.clone().context("no database")?;
-        config.db.pool_size = self.concurrency as u32;
+        config.db.pool_size = self.concurrency.iter().copied().max().unwrap_or(8) as u32;
         config.secrets = Secrets { stripe: Secrets::development().stripe, ..Secrets::default() };
         let pool = db::pool(&config.db)?;
         db::migrate(&pool).await.context("applying migrations")?;
+        let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
         println!(
-            "receive bench: concurrency {}, {} s per side, {} rounds, {} cores",
-            self.concurrency,
-            self.seconds,
-            self.rounds,
-            std::thread::available_parallelism().map_or(0, |n| n.get())
+            "inbox bench: {} rounds, receive {} s per side at {:?} in flight, process {} events with {} workers, {cores} cores",
+            self.rounds, self.seconds, self.concurrency, self.events, self.workers
         );
-        let mut ratios = Vec::new();
-        for round in 1..=self.rounds {
-            let ceiling = self.pgbench(&url).await?;
-            let (rate, p50, p99) = self.http(&config).await?;
-            println!(
-                "round {round}: pgbench (same INSERT, prepared) {ceiling:>7.0}/s | HTTP POST /webhooks/stripe {rate:>7.0}/s (p50 {p50:.2} ms, p99 {p99:.2} ms) | ratio {:.2}",
-                rate / ceiling
-            );
-            ratios.push(rate / ceiling);
+        let mut report = Report::default();
+        for &c in &self.concurrency {
+            for copies in [1, 2] {
+                self.receive(&url, &config, c, copies, &mut report).await?;
+            }
         }
-        ratios.sort_by(f64::total_cmp);
-        println!("median ratio HTTP / pgbench: {:.2} (target 0.80)", ratios[ratios.len() / 2]);
+        self.process(&pool, &mut report).await?;
+        clean(&pool).await?;
 
-        sqlx::query("DELETE FROM webhook_inbox WHERE provider = 'stripe' AND event_id LIKE 'bench-%'")
-            .execute(&pool)
-            .await
-            .context("removing the bench rows")?;
+        let (pg_version, pgbench_version) = versions(&pool).await?;
+        let doc = report.markdown(self, cores, &pg_version, &pgbench_version);
+        if let Some(out) = &self.out {
+            std::fs::write(out, &doc).with_context(|| format!("writing {}", out.display()))?;
+            println!("written to {}", out.display());
+        }
+        for r in &report.ratios {
+            println!("{}: {:.2} (target {:.2})", r.name, r.median(), r.target);
+        }
         Ok(())
     }
 
-    async fn pgbench(&self, url: &str) -> Result<f64> {
+    /// Receive at `c` in flight, each delivery sent `copies` times, against pgbench.
+    async fn receive(
+        &self,
+        url: &str,
+        config: &ReceiveConfig,
+        c: usize,
+        copies: usize,
+        report: &mut Report,
+    ) -> Result<()> {
+        let kind = if copies == 1 { "all new" } else { "50% duplicates" };
+        let mut peer = Figure::new(format!("pgbench, same INSERT prepared, {c} clients, {kind}"), "deliveries/s");
+        let mut ours = Figure::new(format!("receive over HTTP, {c} in flight, {kind}"), "deliveries/s");
+        let mut p50 = Figure::new(format!("receive p50, {c} in flight, {kind}"), "ms");
+        let mut p99 = Figure::new(format!("receive p99, {c} in flight, {kind}"), "ms");
+        let mut load = Figure::new(format!("load generator's CPU share, {c} in flight, {kind}"), "% of the machine");
+        let mut ratio = Ratio {
+            name: format!("receive / pgbench, {c} in flight, {kind}"),
+            values: Vec::new(),
+            target: if c >= 32 { 0.9 } else { 0.8 },
+        };
+        for round in 1..=self.rounds {
+            let ceiling = self.pgbench(url, c, copies).await?;
+            let http = self.http(config, c, copies).await?;
+            println!(
+                "receive {c} in flight, {kind}, round {round}: pgbench {ceiling:.0}/s | HTTP {:.0}/s (p50 {:.2} ms, p99 {:.2} ms, load generator {:.0}% CPU) | {:.2}",
+                http.rate, http.p50, http.p99, http.load_share * 100.0, http.rate / ceiling
+            );
+            peer.values.push(ceiling);
+            ours.values.push(http.rate);
+            p50.values.push(http.p50);
+            p99.values.push(http.p99);
+            load.values.push(http.load_share * 100.0);
+            ratio.values.push(http.rate / ceiling);
+        }
+        report.sections.push((format!("Receive, {c} in flight, {kind}"), vec![peer, ours, p50, p99, load]));
+        report.ratios.push(ratio);
+        Ok(())
+    }
+
+    /// Deliveries per second pgbench gets through the claim's INSERT.
+    async fn pgbench(&self, url: &str, c: usize, copies: usize) -> Result<f64> {
         let script = std::env::temp_dir().join(format!("inbox-bench-{}.sql", std::process::id()));
-        std::fs::write(&script, pgbench_script())?;
+        std::fs::write(&script, pgbench_script(copies))?;
         let pgbench = embedded_pg::find_bin_dir()?.join("pgbench");
-        let threads = self.concurrency.min(std::thread::available_parallelism().map_or(2, |n| n.get())).to_string();
+        let threads = c.min(std::thread::available_parallelism().map_or(2, |n| n.get())).to_string();
         let out = tokio::process::Command::new(&pgbench)
-            .args(["-n", "-M", "prepared", "-c", &self.concurrency.to_string(), "-j", &threads])
+            .args(["-n", "-M", "prepared", "-c", &c.to_string(), "-j", &threads])
             .args(["-T", &self.seconds.to_string(), "-f"])
             .arg(&script)
             .arg(url)
@@ -108,42 +220,123 @@ impl Bench {
             bail!("pgbench failed: {}{}", stdout, String::from_utf8_lossy(&out.stderr));
         }
         // "tps = 1234.567890 (without initial connection time)"
-        stdout
+        let tps: f64 = stdout
             .lines()
             .find_map(|l| l.strip_prefix("tps = ")?.split_whitespace().next()?.parse().ok())
-            .with_context(|| format!("no tps in pgbench's output: {stdout}"))
+            .with_context(|| format!("no tps in pgbench's output: {stdout}"))?;
+        Ok(tps * copies as f64)
     }
 
-    async fn http(&self, config: &ReceiveConfig) -> Result<(f64, f64, f64)> {
+    async fn http(&self, config: &ReceiveConfig, c: usize, copies: usize) -> Result<Http> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let receiver = Arc::new(Receiver::new(db::Connections::new(&config.db)?, config));
+        let mut config = config.clone();
+        config.db.pool_size = c as u32;
+        let receiver = Arc::new(Receiver::new(db::Connections::new(&config.db)?, &config));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(server::serve(listener, receiver, async {
             let _ = stopped.await;
         }));
 
-        let deadline = Instant::now() + Duration::from_secs(self.seconds);
-        let clients: Vec<_> = (0..self.concurrency).map(|c| tokio::spawn(client(addr, c, deadline))).collect();
-        let started = Instant::now();
-        let mut latencies = Vec::new();
-        for c in clients {
-            latencies.extend(c.await??);
-        }
-        let elapsed = started.elapsed().as_secs_f64();
+        // The load generator runs on a thread of its own, so that its CPU time can be read.
+        let seconds = self.seconds;
+        let generator = std::thread::spawn(move || -> Result<(Vec<Duration>, f64, Duration)> {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let started = Instant::now();
+            let cpu_before = thread_cpu()?;
+            let latencies = rt.block_on(async move {
+                let deadline = Instant::now() + Duration::from_secs(seconds);
+                let clients: Vec<_> = (0..c).map(|i| tokio::spawn(client(addr, i, copies, deadline))).collect();
+                let mut latencies = Vec::new();
+                for client in clients {
+                    latencies.extend(client.await??);
+                }
+                Ok::<_, anyhow::Error>(latencies)
+            })?;
+            Ok((latencies, thread_cpu()? - cpu_before, started.elapsed()))
+        });
+        let (mut latencies, cpu, elapsed) = tokio::task::spawn_blocking(move || generator.join())
+            .await?
+            .map_err(|_| anyhow::anyhow!("load generator panicked"))??;
         let _ = stop.send(());
         let _ = server.await;
 
         latencies.sort_unstable();
-        let pct =
-            |p: f64| latencies.get(((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1)));
-        let ms = |d: Option<&Duration>| d.map_or(0.0, |d| d.as_secs_f64() * 1e3);
-        Ok((latencies.len() as f64 / elapsed, ms(pct(0.50)), ms(pct(0.99))))
+        let pct = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
+        ensure!(!latencies.is_empty(), "no delivery was answered");
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        Ok(Http {
+            rate: latencies.len() as f64 / elapsed.as_secs_f64(),
+            p50: pct(0.50).as_secs_f64() * 1e3,
+            p99: pct(0.99).as_secs_f64() * 1e3,
+            load_share: cpu / (elapsed.as_secs_f64() * cores),
+        })
+    }
+
+    /// Drains `events` pending events with no handler, then with the reference handlers.
+    async fn process(&self, pool: &PgPool, report: &mut Report) -> Result<()> {
+        sqlx::query("INSERT INTO accounts (account_id) SELECT 'acct_bench_' || i FROM generate_series(0, 9) AS i ON CONFLICT DO NOTHING")
+            .execute(pool)
+            .await?;
+        let mut bare = Figure::new(format!("process, {} events, no handler", self.events), "events/s");
+        let mut reference = Figure::new(
+            format!("process, {} events, reference handlers (payments, orders, deposits)", self.events),
+            "events/s",
+        );
+        for round in 1..=self.rounds {
+            for (figure, handlers) in [(&mut bare, false), (&mut reference, true)] {
+                clean(pool).await?;
+                seed(pool, self.events, handlers).await?;
+                let rate = self.drain(pool, handlers).await?;
+                println!("{}, round {round}: {rate:.0} events/s", figure.name);
+                figure.values.push(rate);
+            }
+        }
+        report.sections.push((format!("Process, {} workers", self.workers), vec![bare, reference]));
+        Ok(())
+    }
+
+    async fn drain(&self, pool: &PgPool, handlers: bool) -> Result<f64> {
+        let started = Instant::now();
+        let deadline = started + Duration::from_secs(3600);
+        let workers: Vec<_> = (0..self.workers)
+            .map(|_| {
+                let h = if handlers { Handlers::reference() } else { Handlers::new() };
+                let worker = Worker::new(pool.clone(), h, WorkerConfig::default());
+                tokio::spawn(async move { worker.run(deadline).await.map_err(|e| anyhow::anyhow!("{e}")) })
+            })
+            .collect();
+        let mut taken = 0;
+        for w in workers {
+            taken += w.await??.taken;
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        let left: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM webhook_inbox WHERE event_id LIKE 'bench-%' AND status <> 'done'")
+                .fetch_one(pool)
+                .await?;
+        ensure!(left == 0 && taken == self.events, "the drain left {left} events not done ({taken} taken)");
+        Ok(self.events as f64 / elapsed)
     }
 }
 
-/// One keep-alive connection sending unique signed deliveries until the deadline.
-async fn client(addr: std::net::SocketAddr, c: usize, deadline: Instant) -> Result<Vec<Duration>> {
+struct Http {
+    rate: f64,
+    p50: f64,
+    p99: f64,
+    load_share: f64,
+}
+
+/// Seconds of CPU the calling thread has used (Linux: `/proc/thread-self/schedstat`, in ns).
+fn thread_cpu() -> Result<f64> {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").context("reading the thread's CPU time")?;
+    let ns: f64 = stat.split_whitespace().next().context("empty schedstat")?.parse()?;
+    Ok(ns / 1e9)
+}
+
+/// One keep-alive connection sending unique signed deliveries (each `copies`
+/// times in a row) until the deadline; the latency of each answer.
+async fn client(addr: std::net::SocketAddr, c: usize, copies: usize, deadline: Instant) -> Result<Vec<Duration>> {
     let stream = TcpStream::connect(addr).await?;
     stream.set_nodelay(true)?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
@@ -153,21 +346,149 @@ async fn client(addr: std::net::SocketAddr, c: usize, deadline: Instant) -> Resu
     let mut i = 0u64;
     while Instant::now() < deadline {
         i += 1;
-        let b = body(&format!("bench-http-{run}-{c}-{i}"));
+        let b = Bytes::from(body(&format!("bench-http-{run}-{c}-{i}")));
         let t = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
-        let req = http::Request::post("/webhooks/stripe")
-            .header("host", addr.to_string())
-            .header("content-type", "application/json")
-            .header("stripe-signature", signature(t, &b))
-            .body(Full::new(Bytes::from(b)))?;
-        let sent = Instant::now();
-        let response = sender.send_request(req).await?;
-        let status = response.status();
-        let answer = response.into_body().collect().await?.to_bytes();
-        latencies.push(sent.elapsed());
-        if status != 200 || !answer.starts_with(br#"{"status":"accepted"}"#) {
-            bail!("unexpected answer {status}: {}", String::from_utf8_lossy(&answer));
+        let sig = signature(t, std::str::from_utf8(&b)?);
+        for copy in 0..copies {
+            let req = http::Request::post("/webhooks/stripe")
+                .header("host", addr.to_string())
+                .header("content-type", "application/json")
+                .header("stripe-signature", &sig)
+                .body(Full::new(b.clone()))?;
+            let sent = Instant::now();
+            let response = sender.send_request(req).await?;
+            let status = response.status();
+            let answer = response.into_body().collect().await?.to_bytes();
+            latencies.push(sent.elapsed());
+            let want: &[u8] = if copy == 0 { br#"{"status":"accepted"}"# } else { br#"{"status":"duplicate"}"# };
+            if status != 200 || !answer.starts_with(want) {
+                bail!("unexpected answer {status}: {}", String::from_utf8_lossy(&answer));
+            }
         }
     }
     Ok(latencies)
+}
+
+/// `n` pending events: with `handlers`, a third each of Stripe payments,
+/// Shopify order snapshots and Marqeta deposits (every one with an effect and
+/// an outbox message); without, events no handler takes. Same size either way.
+async fn seed(pool: &PgPool, n: usize, handlers: bool) -> Result<()> {
+    let pad = "x".repeat(1100);
+    let sql = if handlers {
+        format!(
+            "INSERT INTO webhook_inbox (provider, event_id, event_type, payload, status, raw_body, headers, secret_index)
+             SELECT p, 'bench-' || i, t, j, 'pending', convert_to(j::text, 'UTF8'), '{{}}', 0
+             FROM generate_series(1, $1) AS i,
+             LATERAL (SELECT CASE i % 3 WHEN 0 THEN 'stripe' WHEN 1 THEN 'shopify' ELSE 'marqeta' END AS p) AS provider,
+             LATERAL (SELECT CASE p WHEN 'stripe' THEN '{pay}' WHEN 'shopify' THEN 'orders/updated' ELSE '{dep}' END AS t) AS type,
+             LATERAL (SELECT CASE p
+                 WHEN 'stripe' THEN jsonb_build_object('id', 'bench-' || i, 'type', '{pay}', 'data', jsonb_build_object('object',
+                     jsonb_build_object('id', 'pi_bench_' || i, 'amount_received', 2000, 'currency', 'usd', 'note', '{pad}')))
+                 WHEN 'shopify' THEN jsonb_build_object('id', 7000000000 + i, 'financial_status', 'paid', 'total_price', '20.00',
+                     'updated_at', '2026-11-30T08:00:00Z', 'note', '{pad}')
+                 ELSE jsonb_build_object('token', 'dep_bench_' || i, 'type', 'gpa.credit', 'state', 'COMPLETION',
+                     'user_token', 'acct_bench_' || (i % 10), 'amount', '1.00', 'note', '{pad}')
+                 END AS j) AS payload",
+            pay = payments::EVENT_TYPE,
+            dep = deposits::EVENT_TYPE,
+        )
+    } else {
+        format!(
+            "INSERT INTO webhook_inbox (provider, event_id, event_type, payload, status, raw_body, headers, secret_index)
+             SELECT 'stripe', 'bench-' || i, 'bench.no_handler', j, 'pending', convert_to(j::text, 'UTF8'), '{{}}', 0
+             FROM generate_series(1, $1) AS i,
+             LATERAL (SELECT jsonb_build_object('id', 'bench-' || i, 'type', 'bench.no_handler', 'data', jsonb_build_object('object',
+                 jsonb_build_object('id', 'pi_bench_' || i, 'amount_received', 2000, 'currency', 'usd', 'note', '{pad}'))) AS j) AS payload"
+        )
+    };
+    sqlx::query(&sql).bind(n as i64).execute(pool).await.context("seeding pending events")?;
+    sqlx::query("ANALYZE webhook_inbox").execute(pool).await?;
+    Ok(())
+}
+
+/// Removes every row the bench made (they all carry `bench` in their keys).
+async fn clean(pool: &PgPool) -> Result<()> {
+    sqlx::raw_sql(
+        "DELETE FROM webhook_inbox WHERE event_id LIKE 'bench-%';
+         DELETE FROM transactional_outbox WHERE message_key LIKE '%bench%';
+         DELETE FROM payments WHERE payment_id LIKE 'pi_bench_%';
+         DELETE FROM orders WHERE order_id LIKE '7000%';
+         DELETE FROM account_deposits WHERE token LIKE 'dep_bench_%';
+         UPDATE accounts SET balance = 0 WHERE account_id LIKE 'acct_bench_%';",
+    )
+    .execute(pool)
+    .await
+    .context("removing the bench's rows")?;
+    Ok(())
+}
+
+async fn versions(pool: &PgPool) -> Result<(String, String)> {
+    let pg: String =
+        sqlx::query_scalar("SELECT 'PostgreSQL ' || current_setting('server_version')").fetch_one(pool).await?;
+    let pgbench = embedded_pg::find_bin_dir()?.join("pgbench");
+    let out = tokio::process::Command::new(&pgbench).arg("--version").output().await?;
+    Ok((pg, String::from_utf8_lossy(&out.stdout).trim().to_string()))
+}
+
+impl Report {
+    fn markdown(&self, bench: &Bench, cores: usize, pg: &str, pgbench: &str) -> String {
+        let cpu = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|s| {
+                s.lines().find_map(|l| l.strip_prefix("model name")?.split(':').nth(1).map(|m| m.trim().to_string()))
+            })
+            .unwrap_or_else(|| "unknown CPU".into());
+        let mut doc = String::from("# Benchmarks\n\n");
+        let _ = writeln!(
+            doc,
+            "Written by `inbox bench --out docs/benchmarks.md` ({} build): {} rounds, the two sides of \
+             each comparison alternated in every round; each figure is the median of the rounds, with the \
+             lowest and highest.\n\n\
+             - Machine: {cores} cores ({cpu}), load generator, server and PostgreSQL sharing them.\n\
+             - PostgreSQL: {pg}; {pgbench}.\n\
+             - Receive: {} s per side and round; bodies of about 1.5 KB (Stripe events, signed); receive \
+             keeps `synchronous_commit` on. pgbench runs the claim's INSERT (prepared) with the same body, \
+             the same concurrency, and each delivery twice for the duplicate runs.\n\
+             - Process: {} pending events per round drained by {} workers (batches of {}), with no handler \
+             (events no handler takes: done without effect) and with the reference handlers (a third each \
+             of Stripe payments, Shopify order snapshots and Marqeta deposits, each with its effect and \
+             its outbox message).\n",
+            if cfg!(debug_assertions) { "debug" } else { "release" },
+            bench.rounds,
+            bench.seconds,
+            bench.events,
+            bench.workers,
+            WorkerConfig::default().batch_size,
+        );
+        for (title, figures) in &self.sections {
+            let _ = writeln!(
+                doc,
+                "## {title}\n\n| figure | median | lowest | highest | unit |\n| --- | --- | --- | --- | --- |"
+            );
+            for f in figures {
+                let (lo, hi) = f.spread();
+                let _ = writeln!(doc, "| {} | {} | {} | {} | {} |", f.name, fmt(f.median()), fmt(lo), fmt(hi), f.unit);
+            }
+            doc.push('\n');
+        }
+        let _ = writeln!(
+            doc,
+            "## Ratios\n\n| comparison | median | per round | target | met |\n| --- | --- | --- | --- | --- |"
+        );
+        for r in &self.ratios {
+            let rounds: Vec<String> = r.values.iter().map(|v| format!("{v:.2}")).collect();
+            let met = if r.median() >= r.target { "yes" } else { "no" };
+            let _ =
+                writeln!(doc, "| {} | {:.2} | {} | {:.2} | {met} |", r.name, r.median(), rounds.join(", "), r.target);
+        }
+        doc
+    }
+}
+
+fn fmt(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.2}")
+    }
 }

@@ -143,15 +143,28 @@ enum Command {
         #[arg(long, default_value_t = 200)]
         payments: usize,
     },
-    /// Measure receive over HTTP against pgbench running the identical INSERT
-    /// (on DATABASE_URL, rows removed afterwards, or on an embedded throwaway PostgreSQL).
+    /// Measure each stage side by side with its peer (receive against pgbench
+    /// running the identical INSERT; process draining pending events), on
+    /// DATABASE_URL (its rows removed afterwards) or an embedded throwaway PostgreSQL.
     Bench {
-        #[arg(long, default_value_t = 16)]
-        concurrency: usize,
         #[arg(long, default_value_t = 10)]
         seconds: u64,
         #[arg(long, default_value_t = 3)]
         rounds: usize,
+        /// Deliveries in flight, one receive comparison each.
+        #[arg(long, value_delimiter = ',', default_values_t = [8, 32])]
+        concurrency: Vec<usize>,
+        /// Pending events each process round drains.
+        #[arg(long, default_value_t = 100_000)]
+        events: usize,
+        #[arg(long, default_value_t = 4)]
+        workers: usize,
+        /// Write the report (Markdown) there, e.g. docs/benchmarks.md.
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+        /// The smallest run that exercises every comparison (CI): 1 s, 1 round, 2 in flight, 2,000 events.
+        #[arg(long)]
+        smoke: bool,
     },
 }
 
@@ -160,9 +173,20 @@ async fn main() -> Result<()> {
     config::init_logging();
     match Cli::parse().command {
         Command::Dev { port, host } => dev(&host, port).await,
-        Command::Bench { concurrency, seconds, rounds } => {
-            let bench =
-                bench::Bench { concurrency: concurrency.max(1), seconds: seconds.max(1), rounds: rounds.max(1) };
+        Command::Bench { seconds, rounds, concurrency, events, workers, out, smoke } => {
+            let bench = if smoke {
+                bench::Bench { seconds: 1, rounds: 1, concurrency: vec![2], events: 2_000, workers: 2, out }
+            } else {
+                let concurrency = concurrency.into_iter().map(|c| c.max(1)).collect();
+                bench::Bench {
+                    seconds: seconds.max(1),
+                    rounds: rounds.max(1),
+                    concurrency,
+                    events: events.max(1),
+                    workers: workers.max(1),
+                    out,
+                }
+            };
             with_database(ReceiveConfig::from_env(16)?, |config| async move { bench.run(config).await }).await
         }
         Command::Relay { once } => {
