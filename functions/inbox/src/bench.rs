@@ -3,7 +3,8 @@
 //! - receive over HTTP against pgbench running the identical INSERT (prepared,
 //!   same payload, same concurrency), all new and half duplicates;
 //! - process draining pending events, with no handler and with the reference
-//!   handlers.
+//!   handlers, against graphile-worker (from npm, installed by the bench)
+//!   draining as many no-op jobs carrying the same payload.
 //!
 //! Each figure is the median of the rounds with its spread; with `--out` the
 //! whole run is written as Markdown (`docs/benchmarks.md`).
@@ -43,7 +44,7 @@ pub struct Bench {
     pub rounds: usize,
     /// Deliveries in flight, for each receive comparison.
     pub concurrency: Vec<usize>,
-    /// Pending events each process round drains.
+    /// Pending events (and graphile-worker jobs) each process round drains.
     pub events: usize,
     /// Workers draining them at once.
     pub workers: usize,
@@ -278,12 +279,20 @@ impl Bench {
         sqlx::query("INSERT INTO accounts (account_id) SELECT 'acct_bench_' || i FROM generate_series(0, 9) AS i ON CONFLICT DO NOTHING")
             .execute(pool)
             .await?;
+        let gw = GraphileWorker::install().await?;
+        let mut peer = Figure::new(
+            format!("graphile-worker {GRAPHILE_WORKER}, {} no-op jobs, 2 processes of 24 jobs", self.events),
+            "jobs/s",
+        );
         let mut bare = Figure::new(format!("process, {} events, no handler", self.events), "events/s");
         let mut reference = Figure::new(
             format!("process, {} events, reference handlers (payments, orders, deposits)", self.events),
             "events/s",
         );
         for round in 1..=self.rounds {
+            let jobs = gw.drain(pool, self.events).await?;
+            println!("{}, round {round}: {jobs:.0} jobs/s", peer.name);
+            peer.values.push(jobs);
             for (figure, handlers) in [(&mut bare, false), (&mut reference, true)] {
                 clean(pool).await?;
                 seed(pool, self.events, handlers).await?;
@@ -292,7 +301,21 @@ impl Bench {
                 figure.values.push(rate);
             }
         }
-        report.sections.push((format!("Process, {} workers", self.workers), vec![bare, reference]));
+        sqlx::query("DROP SCHEMA IF EXISTS graphile_worker CASCADE").execute(pool).await?;
+        let per_round = |f: &Figure| f.values.iter().zip(&peer.values).map(|(a, b)| a / b).collect::<Vec<_>>();
+        report.ratios.push(Ratio {
+            name: "process (no handler) / graphile-worker (no-op jobs)".into(),
+            values: per_round(&bare),
+            target: 1.5,
+        });
+        report.ratios.push(Ratio {
+            name: "process (reference handlers) / graphile-worker (no-op jobs)".into(),
+            values: per_round(&reference),
+            target: 1.0,
+        });
+        report
+            .sections
+            .push((format!("Process, {} workers, against graphile-worker", self.workers), vec![peer, bare, reference]));
         Ok(())
     }
 
@@ -317,6 +340,89 @@ impl Bench {
                 .await?;
         ensure!(left == 0 && taken == self.events, "the drain left {left} events not done ({taken} taken)");
         Ok(self.events as f64 / elapsed)
+    }
+}
+
+const GRAPHILE_WORKER: &str = "0.17.3";
+
+/// graphile-worker from npm, in a folder of its own under the temporary directory.
+struct GraphileWorker {
+    dir: PathBuf,
+}
+
+impl GraphileWorker {
+    async fn install() -> Result<Self> {
+        let dir = std::env::temp_dir().join(format!("inbox-bench-graphile-worker-{GRAPHILE_WORKER}"));
+        std::fs::create_dir_all(&dir)?;
+        if !dir.join("node_modules/graphile-worker/package.json").exists() {
+            println!("installing graphile-worker {GRAPHILE_WORKER} from npm into {}", dir.display());
+            let out = tokio::process::Command::new("npm")
+                .args(["install", "--no-audit", "--no-fund", "--silent", "--prefix"])
+                .arg(&dir)
+                .arg(format!("graphile-worker@{GRAPHILE_WORKER}"))
+                .output()
+                .await
+                .context("running npm (graphile-worker is the process bench's peer)")?;
+            ensure!(
+                out.status.success(),
+                "npm install graphile-worker failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::fs::write(dir.join("graphile.mjs"), include_str!("../bench/graphile.mjs"))?;
+        Ok(GraphileWorker { dir })
+    }
+
+    fn node(&self, args: &[&str]) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new("node");
+        cmd.arg(self.dir.join("graphile.mjs")).args(args).kill_on_drop(true);
+        cmd
+    }
+
+    /// Jobs per second two worker processes drain `n` no-op jobs at, from the
+    /// first job done to the last (their start-up left out).
+    async fn drain(&self, pool: &PgPool, n: usize) -> Result<f64> {
+        let url = pool.connect_options();
+        let url = format!(
+            "postgres://{}@{}:{}/{}",
+            url.get_username(),
+            url.get_host(),
+            url.get_port(),
+            url.get_database().unwrap_or("postgres")
+        );
+        let mut seed = self.node(&["seed", &url, &n.to_string()]).stdin(std::process::Stdio::piped()).spawn()?;
+        {
+            use tokio::io::AsyncWriteExt;
+            let mut stdin = seed.stdin.take().context("seed's stdin")?;
+            stdin.write_all(body("bench-gw").as_bytes()).await?;
+        }
+        ensure!(seed.wait().await?.success(), "graphile-worker's seed failed");
+        let count = || async {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM graphile_worker._private_jobs").fetch_one(pool).await
+        };
+        ensure!(count().await? == n as i64, "graphile-worker was not given {n} jobs");
+        let workers: Vec<_> = (0..2)
+            .map(|_| self.node(&["work", &url]).stdout(std::process::Stdio::null()).spawn())
+            .collect::<Result<_, _>>()?;
+        let mut first = None;
+        let started = Instant::now();
+        loop {
+            let left = count().await?;
+            if left < n as i64 && first.is_none() {
+                first = Some((Instant::now(), n as i64 - left));
+            }
+            if left == 0 {
+                break;
+            }
+            ensure!(
+                started.elapsed() < Duration::from_secs(600),
+                "graphile-worker did not drain its jobs in 10 minutes"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        drop(workers);
+        let (first, done_then) = first.context("no job was done")?;
+        Ok((n as i64 - done_then).max(1) as f64 / first.elapsed().as_secs_f64())
     }
 }
 
@@ -452,7 +558,9 @@ impl Report {
              - Process: {} pending events per round drained by {} workers (batches of {}), with no handler \
              (events no handler takes: done without effect) and with the reference handlers (a third each \
              of Stripe payments, Shopify order snapshots and Marqeta deposits, each with its effect and \
-             its outbox message).\n",
+             its outbox message); against graphile-worker {GRAPHILE_WORKER} (npm) draining as many no-op jobs \
+             carrying the same payload, two processes of 24 concurrent jobs, `localQueue` 500, \
+             `completeJobBatchDelay` 0, measured from its first job done to its last.\n",
             if cfg!(debug_assertions) { "debug" } else { "release" },
             bench.rounds,
             bench.seconds,
