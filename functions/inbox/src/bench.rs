@@ -276,9 +276,14 @@ impl Bench {
 
     /// Drains `events` pending events with no handler, then with the reference handlers.
     async fn process(&self, pool: &PgPool, report: &mut Report) -> Result<()> {
-        sqlx::query("INSERT INTO accounts (account_id) SELECT 'acct_bench_' || i FROM generate_series(0, 9) AS i ON CONFLICT DO NOTHING")
-            .execute(pool)
-            .await?;
+        // One account per ten deposits: workers meet on an account now and then, not on every batch.
+        sqlx::query(
+            "INSERT INTO accounts (account_id) SELECT 'acct_bench_' || i FROM generate_series(0, $1 - 1) AS i
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(accounts(self.events))
+        .execute(pool)
+        .await?;
         let gw = GraphileWorker::install().await?;
         let mut peer = Figure::new(
             format!("graphile-worker {GRAPHILE_WORKER}, {} no-op jobs, 2 processes of 24 jobs", self.events),
@@ -493,10 +498,11 @@ async fn seed(pool: &PgPool, n: usize, handlers: bool) -> Result<()> {
                  WHEN 'shopify' THEN jsonb_build_object('id', 7000000000 + i, 'financial_status', 'paid', 'total_price', '20.00',
                      'updated_at', '2026-11-30T08:00:00Z', 'note', '{pad}')
                  ELSE jsonb_build_object('token', 'dep_bench_' || i, 'type', 'gpa.credit', 'state', 'COMPLETION',
-                     'user_token', 'acct_bench_' || (i % 10), 'amount', '1.00', 'note', '{pad}')
+                     'user_token', 'acct_bench_' || (i % {accounts}), 'amount', '1.00', 'note', '{pad}')
                  END AS j) AS payload",
             pay = payments::EVENT_TYPE,
             dep = deposits::EVENT_TYPE,
+            accounts = accounts(n),
         )
     } else {
         format!(
@@ -510,6 +516,11 @@ async fn seed(pool: &PgPool, n: usize, handlers: bool) -> Result<()> {
     sqlx::query(&sql).bind(n as i64).execute(pool).await.context("seeding pending events")?;
     sqlx::query("ANALYZE webhook_inbox").execute(pool).await?;
     Ok(())
+}
+
+/// Accounts the deposits of `events` go to: one per ten deposits (a third of the events).
+fn accounts(events: usize) -> i64 {
+    (events as i64 / 30).max(1)
 }
 
 /// Removes every row the bench made (they all carry `bench` in their keys).
@@ -557,8 +568,8 @@ impl Report {
              the same concurrency, and each delivery twice for the duplicate runs.\n\
              - Process: {} pending events per round drained by {} workers (batches of {}), with no handler \
              (events no handler takes: done without effect) and with the reference handlers (a third each \
-             of Stripe payments, Shopify order snapshots and Marqeta deposits, each with its effect and \
-             its outbox message); against graphile-worker {GRAPHILE_WORKER} (npm) draining as many no-op jobs \
+             of Stripe payments, Shopify order snapshots and Marqeta deposits to one account per ten \
+             deposits, each with its effect and its outbox message); against graphile-worker {GRAPHILE_WORKER} (npm) draining as many no-op jobs \
              carrying the same payload, two processes of 24 concurrent jobs, `localQueue` 500, \
              `completeJobBatchDelay` 0, measured from its first job done to its last.\n",
             if cfg!(debug_assertions) { "debug" } else { "release" },
