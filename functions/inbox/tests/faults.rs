@@ -680,8 +680,10 @@ async fn cutting_proxy(pg_port: u16, cuts: Arc<AtomicUsize>, armed: Arc<AtomicUs
                     if armed.load(Ordering::SeqCst) == 0 || !(commit || autocommit) {
                         continue;
                     }
+                    // One in ten, drawn (not every tenth: a client that polls on a timer could
+                    // fall in step with a fixed period and be cut on every try).
                     let n = counter.fetch_add(1, Ordering::Relaxed);
-                    if n % 10 == 0 {
+                    if splitmix(n as u64) % 10 == 0 {
                         cuts.fetch_add(1, Ordering::Relaxed);
                         let _ = server_write.flush().await;
                         // The server has it; the client never hears back.
@@ -694,4 +696,12 @@ async fn cutting_proxy(pg_port: u16, cuts: Arc<AtomicUsize>, armed: Arc<AtomicUs
         }
     });
     format!("postgres://postgres@127.0.0.1:{port}/postgres?sslmode=disable")
+}
+
+/// SplitMix64's mixer: consecutive inputs give unrelated outputs.
+fn splitmix(n: u64) -> u64 {
+    let mut z = n.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }

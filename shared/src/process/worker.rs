@@ -61,13 +61,6 @@ pub struct Counts {
 }
 
 impl Counts {
-    fn count(&mut self, outcome: Outcome) {
-        match outcome {
-            Outcome::Applied => self.applied += 1,
-            Outcome::NoEffect => self.no_effect += 1,
-        }
-    }
-
     /// `claimed`, `processed` (with an effect or without), `no_handler`, `retried`, `failed`.
     pub fn count_into(&self, m: &mut crate::runtime::metrics::Metrics) {
         m.count("claimed", self.taken as u64)
@@ -104,16 +97,6 @@ enum Finish {
         counted: bool,
     },
     Failed(String),
-    /// A handler failed outside a savepoint: the batch must roll back.
-    RolledBack,
-}
-
-/// Whether each handled event runs in a savepoint of its own.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Savepoints {
-    /// None: the batch goes all at once, or rolls back at the first failure.
-    No,
-    Each,
 }
 
 impl Stage for Worker {
@@ -155,22 +138,13 @@ impl Worker {
         if self.careful.load(Ordering::Relaxed) {
             return self.run_careful(deadline).await;
         }
-        let mut result = self.take_and_apply(deadline, Savepoints::No).await;
-        if matches!(result, Ok(None)) {
-            // A handler failed and the batch rolled back: again, each event in its own savepoint.
-            result = self.take_and_apply(deadline, Savepoints::Each).await;
-        }
-        let result = result.map(|counts| counts.expect("a batch with savepoints always finishes"));
+        let mut tx = self.pool.begin().await?;
+        let rows = inbox::take_pending(&mut tx, self.config.batch_size).await?;
+        let result = self.apply_all(tx, rows, deadline, false).await;
         if result.as_ref().is_err_and(db::is_connection_lost) {
             self.careful.store(true, Ordering::Relaxed);
         }
         result
-    }
-
-    async fn take_and_apply(&self, deadline: Instant, savepoints: Savepoints) -> Result<Option<Counts>, sqlx::Error> {
-        let mut tx = self.pool.begin().await?;
-        let rows = inbox::take_pending(&mut tx, self.config.batch_size).await?;
-        self.apply_batch(tx, rows, deadline, false, savepoints).await
     }
 
     /// After a batch lost its connection (an event that crashes the backend, a
@@ -220,26 +194,11 @@ impl Worker {
     /// `precounted`: the attempt was already committed (careful mode).
     async fn apply_all(
         &self,
-        tx: Transaction<'static, Postgres>,
-        rows: Vec<Taken>,
-        deadline: Instant,
-        precounted: bool,
-    ) -> Result<Counts, sqlx::Error> {
-        let counts = self.apply_batch(tx, rows, deadline, precounted, Savepoints::Each).await?;
-        Ok(counts.expect("a batch with savepoints always finishes"))
-    }
-
-    /// The batch's events, then their outcomes, in one transaction. Without
-    /// savepoints (two round trips fewer per handled event) a handler's failure
-    /// rolls the whole batch back: `None`, nothing committed.
-    async fn apply_batch(
-        &self,
         mut tx: Transaction<'static, Postgres>,
         rows: Vec<Taken>,
         deadline: Instant,
         precounted: bool,
-        savepoints: Savepoints,
-    ) -> Result<Option<Counts>, sqlx::Error> {
+    ) -> Result<Counts, sqlx::Error> {
         let mut counts = Counts::default();
         let mut finished = Vec::with_capacity(rows.len());
         for row in rows {
@@ -247,11 +206,7 @@ impl Worker {
                 break; // left pending; its lock goes with the commit
             }
             counts.taken += 1;
-            let (status, delay, reason, counted) = match self.apply(&mut tx, &row, &mut counts, savepoints).await? {
-                Finish::RolledBack => {
-                    tx.rollback().await?;
-                    return Ok(None);
-                }
+            let (status, delay, reason, counted) = match self.apply(&mut tx, &row, &mut counts).await? {
                 Finish::Done => (Status::Done, None, None, !precounted),
                 Finish::Retry { after, reason, counted } => {
                     (Status::Pending, Some(after), Some(reason), counted && !precounted)
@@ -262,18 +217,16 @@ impl Worker {
         }
         inbox::finish(&mut tx, &finished).await?;
         tx.commit().await?;
-        Ok(Some(counts))
+        Ok(counts)
     }
 
-    /// One event, inside its own savepoint or not. `Err` only when the batch
-    /// cannot go on (the connection is gone); every event-level failure is a
-    /// [`Finish`] (without a savepoint: [`Finish::RolledBack`]).
+    /// One event inside its own savepoint. `Err` only when the batch cannot go on
+    /// (the connection is gone); every event-level failure is a [`Finish`].
     async fn apply(
         &self,
         tx: &mut Transaction<'static, Postgres>,
         row: &Taken,
         counts: &mut Counts,
-        savepoints: Savepoints,
     ) -> Result<Finish, sqlx::Error> {
         let Ok(provider) = Provider::try_from(row.provider.as_str()) else {
             counts.failed += 1;
@@ -299,21 +252,14 @@ impl Worker {
             payload: value,
             attempts: row.attempts,
         };
-        if savepoints == Savepoints::No {
-            return match handler.handle(tx, &event).await {
-                Ok(outcome) => {
-                    counts.count(outcome);
-                    Ok(Finish::Done)
-                }
-                Err(HandlerError::Database(e)) if db::is_connection_lost(&e) => Err(e),
-                Err(_) => Ok(Finish::RolledBack),
-            };
-        }
         let mut savepoint = tx.begin().await?;
         match handler.handle(&mut savepoint, &event).await {
             Ok(outcome) => {
                 savepoint.commit().await?;
-                counts.count(outcome);
+                match outcome {
+                    Outcome::Applied => counts.applied += 1,
+                    Outcome::NoEffect => counts.no_effect += 1,
+                }
                 Ok(Finish::Done)
             }
             Err(HandlerError::Database(e)) if db::is_connection_lost(&e) => Err(e),
