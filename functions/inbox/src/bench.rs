@@ -65,9 +65,7 @@ impl Figure {
     }
 
     fn median(&self) -> f64 {
-        let mut v = self.values.clone();
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+        median(&self.values)
     }
 
     fn spread(&self) -> (f64, f64) {
@@ -86,10 +84,14 @@ struct Ratio {
 
 impl Ratio {
     fn median(&self) -> f64 {
-        let mut v = self.values.clone();
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+        median(&self.values)
     }
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 #[derive(Default)]
@@ -147,7 +149,7 @@ impl Bench {
                 self.receive(&url, &config, c, copies, &mut report).await?;
             }
         }
-        self.process(&pool, &mut report).await?;
+        self.process(&pool, &url, &mut report).await?;
         clean(&pool).await?;
 
         let (pg_version, pgbench_version) = versions(&pool).await?;
@@ -275,7 +277,7 @@ impl Bench {
     }
 
     /// Drains `events` pending events with no handler, then with the reference handlers.
-    async fn process(&self, pool: &PgPool, report: &mut Report) -> Result<()> {
+    async fn process(&self, pool: &PgPool, url: &str, report: &mut Report) -> Result<()> {
         // One account per ten deposits: workers meet on an account now and then, not on every batch.
         sqlx::query(
             "INSERT INTO accounts (account_id) SELECT 'acct_bench_' || i FROM generate_series(0, $1 - 1) AS i
@@ -295,7 +297,7 @@ impl Bench {
             "events/s",
         );
         for round in 1..=self.rounds {
-            let jobs = gw.drain(pool, self.events).await?;
+            let jobs = gw.drain(pool, url, self.events).await?;
             println!("{}, round {round}: {jobs:.0} jobs/s", peer.name);
             peer.values.push(jobs);
             for (figure, handlers) in [(&mut bare, false), (&mut reference, true)] {
@@ -387,16 +389,8 @@ impl GraphileWorker {
 
     /// Jobs per second two worker processes drain `n` no-op jobs at, from the
     /// first job done to the last (their start-up left out).
-    async fn drain(&self, pool: &PgPool, n: usize) -> Result<f64> {
-        let url = pool.connect_options();
-        let url = format!(
-            "postgres://{}@{}:{}/{}",
-            url.get_username(),
-            url.get_host(),
-            url.get_port(),
-            url.get_database().unwrap_or("postgres")
-        );
-        let mut seed = self.node(&["seed", &url, &n.to_string()]).stdin(std::process::Stdio::piped()).spawn()?;
+    async fn drain(&self, pool: &PgPool, url: &str, n: usize) -> Result<f64> {
+        let mut seed = self.node(&["seed", url, &n.to_string()]).stdin(std::process::Stdio::piped()).spawn()?;
         {
             use tokio::io::AsyncWriteExt;
             let mut stdin = seed.stdin.take().context("seed's stdin")?;
@@ -408,7 +402,7 @@ impl GraphileWorker {
         };
         ensure!(count().await? == n as i64, "graphile-worker was not given {n} jobs");
         let workers: Vec<_> = (0..2)
-            .map(|_| self.node(&["work", &url]).stdout(std::process::Stdio::null()).spawn())
+            .map(|_| self.node(&["work", url]).stdout(std::process::Stdio::null()).spawn())
             .collect::<Result<_, _>>()?;
         let mut first = None;
         let started = Instant::now();
