@@ -75,16 +75,35 @@ impl Figure {
     }
 }
 
-/// A comparison: ours over the peer's, per round, and the target.
-struct Ratio {
+/// A figure checked against its target: a ratio of ours over the peer's, or
+/// an absolute figure, per round.
+struct Check {
     name: String,
     values: Vec<f64>,
     target: f64,
+    /// The target is a ceiling (latency, size) rather than a floor (speed).
+    at_most: bool,
 }
 
-impl Ratio {
+impl Check {
+    fn at_least(name: impl Into<String>, target: f64) -> Self {
+        Check { name: name.into(), values: Vec::new(), target, at_most: false }
+    }
+
+    fn at_most(name: impl Into<String>, target: f64) -> Self {
+        Check { name: name.into(), values: Vec::new(), target, at_most: true }
+    }
+
     fn median(&self) -> f64 {
         median(&self.values)
+    }
+
+    fn met(&self) -> bool {
+        if self.at_most {
+            self.median() <= self.target
+        } else {
+            self.median() >= self.target
+        }
     }
 }
 
@@ -97,7 +116,7 @@ fn median(values: &[f64]) -> f64 {
 #[derive(Default)]
 struct Report {
     sections: Vec<(String, Vec<Figure>)>,
-    ratios: Vec<Ratio>,
+    checks: Vec<Check>,
 }
 
 /// One event body, the same shape over HTTP, in pgbench and in the process
@@ -158,8 +177,9 @@ impl Bench {
             std::fs::write(out, &doc).with_context(|| format!("writing {}", out.display()))?;
             println!("written to {}", out.display());
         }
-        for r in &report.ratios {
-            println!("{}: {:.2} (target {:.2})", r.name, r.median(), r.target);
+        for c in &report.checks {
+            let bound = if c.at_most { "at most" } else { "at least" };
+            println!("{}: {} (target: {bound} {})", c.name, fmt(c.median()), fmt(c.target));
         }
         Ok(())
     }
@@ -179,11 +199,8 @@ impl Bench {
         let mut p50 = Figure::new(format!("receive p50, {c} in flight, {kind}"), "ms");
         let mut p99 = Figure::new(format!("receive p99, {c} in flight, {kind}"), "ms");
         let mut load = Figure::new(format!("load generator's CPU share, {c} in flight, {kind}"), "% of the machine");
-        let mut ratio = Ratio {
-            name: format!("receive / pgbench, {c} in flight, {kind}"),
-            values: Vec::new(),
-            target: if c >= 32 { 0.9 } else { 0.8 },
-        };
+        let mut ratio =
+            Check::at_least(format!("receive / pgbench, {c} in flight, {kind}"), if c >= 32 { 0.9 } else { 0.8 });
         for round in 1..=self.rounds {
             let ceiling = self.pgbench(url, c, copies).await?;
             let http = self.http(config, c, copies).await?;
@@ -199,7 +216,7 @@ impl Bench {
             ratio.values.push(http.rate / ceiling);
         }
         report.sections.push((format!("Receive, {c} in flight, {kind}"), vec![peer, ours, p50, p99, load]));
-        report.ratios.push(ratio);
+        report.checks.push(ratio);
         Ok(())
     }
 
@@ -310,15 +327,13 @@ impl Bench {
         }
         sqlx::query("DROP SCHEMA IF EXISTS graphile_worker CASCADE").execute(pool).await?;
         let per_round = |f: &Figure| f.values.iter().zip(&peer.values).map(|(a, b)| a / b).collect::<Vec<_>>();
-        report.ratios.push(Ratio {
-            name: "process (no handler) / graphile-worker (no-op jobs)".into(),
+        report.checks.push(Check {
             values: per_round(&bare),
-            target: 1.5,
+            ..Check::at_least("process (no handler) / graphile-worker (no-op jobs)", 1.5)
         });
-        report.ratios.push(Ratio {
-            name: "process (reference handlers) / graphile-worker (no-op jobs)".into(),
+        report.checks.push(Check {
             values: per_round(&reference),
-            target: 1.0,
+            ..Check::at_least("process (reference handlers) / graphile-worker (no-op jobs)", 1.0)
         });
         report
             .sections
@@ -377,7 +392,7 @@ impl GraphileWorker {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        std::fs::write(dir.join("graphile.mjs"), include_str!("../bench/graphile.mjs"))?;
+        std::fs::write(dir.join("graphile.mjs"), include_str!("../../bench/graphile.mjs"))?;
         Ok(GraphileWorker { dir })
     }
 
@@ -587,13 +602,20 @@ impl Report {
         }
         let _ = writeln!(
             doc,
-            "## Ratios\n\n| comparison | median | per round | target | met |\n| --- | --- | --- | --- | --- |"
+            "## Targets\n\n| check | median | per round | target | met |\n| --- | --- | --- | --- | --- |"
         );
-        for r in &self.ratios {
-            let rounds: Vec<String> = r.values.iter().map(|v| format!("{v:.2}")).collect();
-            let met = if r.median() >= r.target { "yes" } else { "no" };
-            let _ =
-                writeln!(doc, "| {} | {:.2} | {} | {:.2} | {met} |", r.name, r.median(), rounds.join(", "), r.target);
+        for c in &self.checks {
+            let rounds: Vec<String> = c.values.iter().map(|&v| fmt(v)).collect();
+            let met = if c.met() { "yes" } else { "no" };
+            let bound = if c.at_most { "<=" } else { ">=" };
+            let _ = writeln!(
+                doc,
+                "| {} | {} | {} | {bound} {} | {met} |",
+                c.name,
+                fmt(c.median()),
+                rounds.join(", "),
+                fmt(c.target)
+            );
         }
         doc
     }
