@@ -159,10 +159,13 @@ enum Command {
         events: usize,
         #[arg(long, default_value_t = 4)]
         workers: usize,
+        /// Events stored in the inbox whose claim latency is compared with an empty inbox's.
+        #[arg(long, default_value_t = 5_000_000)]
+        growth_rows: usize,
         /// Write the report (Markdown) there, e.g. docs/benchmarks.md.
         #[arg(long)]
         out: Option<std::path::PathBuf>,
-        /// The smallest run that exercises every comparison (CI): 1 s, 1 round, 2 in flight, 2,000 events.
+        /// The smallest run that exercises every comparison (CI): 1 s, 1 round, 2 in flight, 2,000 events, 20,000 stored.
         #[arg(long)]
         smoke: bool,
     },
@@ -173,9 +176,17 @@ async fn main() -> Result<()> {
     config::init_logging();
     match Cli::parse().command {
         Command::Dev { port, host } => dev(&host, port).await,
-        Command::Bench { seconds, rounds, concurrency, events, workers, out, smoke } => {
+        Command::Bench { seconds, rounds, concurrency, events, workers, growth_rows, out, smoke } => {
             let bench = if smoke {
-                bench::Bench { seconds: 1, rounds: 1, concurrency: vec![2], events: 2_000, workers: 2, out }
+                bench::Bench {
+                    seconds: 1,
+                    rounds: 1,
+                    concurrency: vec![2],
+                    events: 2_000,
+                    workers: 2,
+                    growth_rows: 20_000,
+                    out,
+                }
             } else {
                 let concurrency = concurrency.into_iter().map(|c| c.max(1)).collect();
                 bench::Bench {
@@ -184,6 +195,7 @@ async fn main() -> Result<()> {
                     concurrency,
                     events: events.max(1),
                     workers: workers.max(1),
+                    growth_rows: growth_rows.max(1),
                     out,
                 }
             };

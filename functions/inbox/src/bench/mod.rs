@@ -9,6 +9,10 @@
 //! Each figure is the median of the rounds with its spread; with `--out` the
 //! whole run is written as Markdown (`docs/benchmarks.md`).
 
+mod growth;
+mod lambda;
+mod stages;
+
 use std::{
     fmt::Write as _,
     path::PathBuf,
@@ -17,6 +21,7 @@ use std::{
 };
 
 use anyhow::{bail, ensure, Context, Result};
+use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
 use bytes::Bytes;
 use hmac::{Hmac, Mac};
 use http_body_util::{BodyExt, Full};
@@ -25,7 +30,7 @@ use sha2::Sha256;
 use sqlx::PgPool;
 use tokio::net::{TcpListener, TcpStream};
 use webhook_inbox::{
-    config::{Secrets, DEV_STRIPE},
+    config::{Secrets, DEV_MARQETA_PASSWORD, DEV_MARQETA_USERNAME, DEV_STRIPE},
     db,
     dev::embedded_pg,
     dev::server,
@@ -48,6 +53,8 @@ pub struct Bench {
     pub events: usize,
     /// Workers draining them at once.
     pub workers: usize,
+    /// Events stored in the inbox whose claim latency is compared with an empty one's.
+    pub growth_rows: usize,
     /// Where to write the Markdown report.
     pub out: Option<PathBuf>,
 }
@@ -151,10 +158,16 @@ fn pgbench_script(copies: usize) -> String {
 }
 
 impl Bench {
+    /// The first concurrency of the run: the one the sections with a single concurrency use.
+    fn in_flight(&self) -> usize {
+        self.concurrency.first().copied().unwrap_or(8)
+    }
+
     pub async fn run(&self, mut config: ReceiveConfig) -> Result<()> {
         let url = config.db.url.clone().context("no database")?;
         config.db.pool_size = self.concurrency.iter().copied().max().unwrap_or(8) as u32;
-        config.secrets = Secrets { stripe: Secrets::development().stripe, ..Secrets::default() };
+        let dev = Secrets::development();
+        config.secrets = Secrets { stripe: dev.stripe, marqeta: dev.marqeta, ..Secrets::default() };
         let pool = db::pool(&config.db)?;
         db::migrate(&pool).await.context("applying migrations")?;
         let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
@@ -168,7 +181,13 @@ impl Bench {
                 self.receive(&url, &config, c, copies, &mut report).await?;
             }
         }
+        self.marqeta(&config, &mut report).await?;
+        clean(&pool).await?;
+        self.prune(&pool, &config, &mut report).await?;
         self.process(&pool, &url, &mut report).await?;
+        lambda::lambda(self, &url, &mut report).await?;
+        self.relay(&pool, &mut report).await?;
+        self.growth(&pool, &config, &mut report).await?;
         clean(&pool).await?;
 
         let (pg_version, pgbench_version) = versions(&pool).await?;
@@ -203,7 +222,7 @@ impl Bench {
             Check::at_least(format!("receive / pgbench, {c} in flight, {kind}"), if c >= 32 { 0.9 } else { 0.8 });
         for round in 1..=self.rounds {
             let ceiling = self.pgbench(url, c, copies).await?;
-            let http = self.http(config, c, copies).await?;
+            let http = self.http(config, c, Load::Stripe { copies }).await?;
             println!(
                 "receive {c} in flight, {kind}, round {round}: pgbench {ceiling:.0}/s | HTTP {:.0}/s (p50 {:.2} ms, p99 {:.2} ms, load generator {:.0}% CPU) | {:.2}",
                 http.rate, http.p50, http.p99, http.load_share * 100.0, http.rate / ceiling
@@ -247,50 +266,8 @@ impl Bench {
         Ok(tps * copies as f64)
     }
 
-    async fn http(&self, config: &ReceiveConfig, c: usize, copies: usize) -> Result<Http> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let mut config = config.clone();
-        config.db.pool_size = c as u32;
-        let receiver = Arc::new(Receiver::new(db::Connections::new(&config.db)?, &config));
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(server::serve(listener, receiver, async {
-            let _ = stopped.await;
-        }));
-
-        // The load generator runs on a thread of its own, so that its CPU time can be read.
-        let seconds = self.seconds;
-        let generator = std::thread::spawn(move || -> Result<(Vec<Duration>, f64, Duration)> {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            let started = Instant::now();
-            let cpu_before = thread_cpu()?;
-            let latencies = rt.block_on(async move {
-                let deadline = Instant::now() + Duration::from_secs(seconds);
-                let clients: Vec<_> = (0..c).map(|i| tokio::spawn(client(addr, i, copies, deadline))).collect();
-                let mut latencies = Vec::new();
-                for client in clients {
-                    latencies.extend(client.await??);
-                }
-                Ok::<_, anyhow::Error>(latencies)
-            })?;
-            Ok((latencies, thread_cpu()? - cpu_before, started.elapsed()))
-        });
-        let (mut latencies, cpu, elapsed) = tokio::task::spawn_blocking(move || generator.join())
-            .await?
-            .map_err(|_| anyhow::anyhow!("load generator panicked"))??;
-        let _ = stop.send(());
-        let _ = server.await;
-
-        latencies.sort_unstable();
-        let pct = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
-        ensure!(!latencies.is_empty(), "no delivery was answered");
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-        Ok(Http {
-            rate: latencies.len() as f64 / elapsed.as_secs_f64(),
-            p50: pct(0.50).as_secs_f64() * 1e3,
-            p99: pct(0.99).as_secs_f64() * 1e3,
-            load_share: cpu / (elapsed.as_secs_f64() * cores),
-        })
+    async fn http(&self, config: &ReceiveConfig, c: usize, load: Load) -> Result<Http> {
+        http(config, c, load, Until::Seconds(self.seconds)).await
     }
 
     /// Drains `events` pending events with no handler, then with the reference handlers.
@@ -455,34 +432,129 @@ fn thread_cpu() -> Result<f64> {
     Ok(ns / 1e9)
 }
 
-/// One keep-alive connection sending unique signed deliveries (each `copies`
-/// times in a row) until the deadline; the latency of each answer.
-async fn client(addr: std::net::SocketAddr, c: usize, copies: usize, deadline: Instant) -> Result<Vec<Duration>> {
+/// What each client of the load generator sends.
+#[derive(Clone, Copy)]
+enum Load {
+    /// Unique signed Stripe events, each sent `copies` times in a row.
+    Stripe { copies: usize },
+    /// Marqeta batches (Basic auth) of `items` new deposits each.
+    Marqeta { items: usize },
+}
+
+/// How long the clients send: for a time, or a number of deliveries each.
+#[derive(Clone, Copy)]
+enum Until {
+    Seconds(u64),
+    Deliveries(u64),
+}
+
+/// `c` keep-alive clients against an in-process `inbox dev` server for
+/// `config`, sending `load` until `until`. The load generator runs on a thread
+/// of its own, so that its CPU time can be read.
+async fn http(config: &ReceiveConfig, c: usize, load: Load, until: Until) -> Result<Http> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let mut config = config.clone();
+    config.db.pool_size = c as u32;
+    let receiver = Arc::new(Receiver::new(db::Connections::new(&config.db)?, &config));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(server::serve(listener, receiver, async {
+        let _ = stopped.await;
+    }));
+
+    let generator = std::thread::spawn(move || -> Result<(Vec<Duration>, f64, Duration)> {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let started = Instant::now();
+        let cpu_before = thread_cpu()?;
+        let latencies = rt.block_on(async move {
+            let clients: Vec<_> = (0..c).map(|i| tokio::spawn(client(addr, i, load, until))).collect();
+            let mut latencies = Vec::new();
+            for client in clients {
+                latencies.extend(client.await??);
+            }
+            Ok::<_, anyhow::Error>(latencies)
+        })?;
+        Ok((latencies, thread_cpu()? - cpu_before, started.elapsed()))
+    });
+    let (mut latencies, cpu, elapsed) = tokio::task::spawn_blocking(move || generator.join())
+        .await?
+        .map_err(|_| anyhow::anyhow!("load generator panicked"))??;
+    let _ = stop.send(());
+    let _ = server.await;
+
+    ensure!(!latencies.is_empty(), "no delivery was answered");
+    latencies.sort_unstable();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    Ok(Http {
+        rate: latencies.len() as f64 / elapsed.as_secs_f64(),
+        p50: percentile(&latencies, 0.50),
+        p99: percentile(&latencies, 0.99),
+        load_share: cpu / (elapsed.as_secs_f64() * cores),
+    })
+}
+
+/// `p` of sorted `latencies`, in ms.
+fn percentile(latencies: &[Duration], p: f64) -> f64 {
+    let i = ((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1));
+    latencies.get(i).map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
+}
+
+/// One keep-alive connection sending unique signed deliveries (a Stripe event
+/// `copies` times in a row, or a Marqeta batch) until `until`; the latency of
+/// each answer, each answer checked.
+async fn client(addr: std::net::SocketAddr, c: usize, load: Load, until: Until) -> Result<Vec<Duration>> {
     let stream = TcpStream::connect(addr).await?;
     stream.set_nodelay(true)?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     tokio::spawn(conn);
     let run = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos();
+    let started = Instant::now();
+    let basic = format!("Basic {}", B64.encode(format!("{DEV_MARQETA_USERNAME}:{DEV_MARQETA_PASSWORD}")));
     let mut latencies = Vec::new();
     let mut i = 0u64;
-    while Instant::now() < deadline {
+    loop {
+        match until {
+            Until::Seconds(s) if started.elapsed() >= Duration::from_secs(s) => break,
+            Until::Deliveries(n) if latencies.len() as u64 >= n => break,
+            _ => {}
+        }
         i += 1;
-        let b = Bytes::from(body(&format!("bench-http-{run}-{c}-{i}")));
-        let t = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
-        let sig = signature(t, std::str::from_utf8(&b)?);
+        let (b, copies, auth) = match load {
+            Load::Stripe { copies } => {
+                let b = body(&format!("bench-http-{run}-{c}-{i}"));
+                let t = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
+                let sig = signature(t, &b);
+                (b, copies, ("stripe-signature", sig))
+            }
+            Load::Marqeta { items } => {
+                let batch: Vec<_> = (0..items)
+                    .map(|k| {
+                        serde_json::json!({"token": format!("bench-mq-{run}-{c}-{i}-{k}"), "type": "gpa.credit",
+                            "state": "COMPLETION", "user_token": "acct_bench_0", "amount": "1.00"})
+                    })
+                    .collect();
+                (serde_json::json!({ "transactions": batch }).to_string(), 1, ("authorization", basic.clone()))
+            }
+        };
+        let b = Bytes::from(b);
+        let path = if matches!(load, Load::Stripe { .. }) { "/webhooks/stripe" } else { "/webhooks/marqeta" };
         for copy in 0..copies {
-            let req = http::Request::post("/webhooks/stripe")
+            let req = http::Request::post(path)
                 .header("host", addr.to_string())
                 .header("content-type", "application/json")
-                .header("stripe-signature", &sig)
+                .header(auth.0, &auth.1)
                 .body(Full::new(b.clone()))?;
             let sent = Instant::now();
             let response = sender.send_request(req).await?;
             let status = response.status();
             let answer = response.into_body().collect().await?.to_bytes();
             latencies.push(sent.elapsed());
-            let want: &[u8] = if copy == 0 { br#"{"status":"accepted"}"# } else { br#"{"status":"duplicate"}"# };
-            if status != 200 || !answer.starts_with(want) {
+            let want = match load {
+                Load::Stripe { .. } if copy == 0 => r#"{"status":"accepted"}"#.to_string(),
+                Load::Stripe { .. } => r#"{"status":"duplicate"}"#.to_string(),
+                Load::Marqeta { items } => format!(r#"{{"accepted":{items},"duplicates":0}}"#),
+            };
+            if status != 200 || !answer.starts_with(want.as_bytes()) {
                 bail!("unexpected answer {status}: {}", String::from_utf8_lossy(&answer));
             }
         }
@@ -536,7 +608,9 @@ fn accounts(events: usize) -> i64 {
 /// Removes every row the bench made (they all carry `bench` in their keys).
 async fn clean(pool: &PgPool) -> Result<()> {
     sqlx::raw_sql(
-        "DELETE FROM webhook_inbox WHERE event_id LIKE 'bench-%';
+        "DELETE FROM webhook_inbox WHERE event_id LIKE 'bench-%' OR event_id LIKE 'transactions:bench-%';
+         DELETE FROM webhook_bodies b WHERE position('bench-mq-'::bytea IN raw_body) > 0
+             AND NOT EXISTS (SELECT 1 FROM webhook_inbox i WHERE i.body_sha256 = b.sha256);
          DELETE FROM transactional_outbox WHERE message_key LIKE '%bench%';
          DELETE FROM payments WHERE payment_id LIKE 'pi_bench_%';
          DELETE FROM orders WHERE order_id LIKE '7000%';
@@ -565,6 +639,7 @@ impl Report {
                 s.lines().find_map(|l| l.strip_prefix("model name")?.split(':').nth(1).map(|m| m.trim().to_string()))
             })
             .unwrap_or_else(|| "unknown CPU".into());
+        let c = bench.in_flight();
         let mut doc = String::from("# Benchmarks\n\n");
         let _ = writeln!(
             doc,
@@ -581,13 +656,31 @@ impl Report {
              of Stripe payments, Shopify order snapshots and Marqeta deposits to one account per ten \
              deposits, each with its effect and its outbox message); against graphile-worker {GRAPHILE_WORKER} (npm) draining as many no-op jobs \
              carrying the same payload, two processes of 24 concurrent jobs, `localQueue` 500, \
-             `completeJobBatchDelay` 0, measured from its first job done to its last.\n",
+             `completeJobBatchDelay` 0, measured from its first job done to its last.\n\
+             - Marqeta batches: {c} in flight for {} s, ten new deposits per batch (Basic auth), all items \
+             claimed in one statement, the body stored once.\n\
+             - Prune: {} `done` rows older than any retention seeded per round; receive at {c} in flight for \
+             {} s alone, then again while the prune deletes them (batches of `INBOX_PRUNE_BATCH`, each its own \
+             transaction); rows/s over the time the prune ran.\n\
+             - Relay: outbox messages of about 1.5 KB to a local HTTP sink (the HTTP sink of `relay`, \
+             `RELAY_CONCURRENCY` and `RELAY_BATCH_SIZE` at their defaults), {} s per round.\n\
+             - Growth: {} deliveries at {c} in flight on each side, each side in a freshly migrated schema of \
+             its own; WAL is the LSN's advance, stored bytes the growth of every table, TOAST table and index \
+             of the schema, both per row stored. Claim latency: new 1.5 KB events claimed one at a time on one \
+             connection, on an empty inbox and on one holding {} events (small payloads: the claim's cost is in \
+             the indexes).\n",
             if cfg!(debug_assertions) { "debug" } else { "release" },
             bench.rounds,
             bench.seconds,
             bench.events,
             bench.workers,
             WorkerConfig::default().batch_size,
+            bench.seconds,
+            bench.events,
+            bench.seconds,
+            bench.seconds,
+            (bench.events / 2).max(c),
+            bench.growth_rows,
         );
         for (title, figures) in &self.sections {
             let _ = writeln!(

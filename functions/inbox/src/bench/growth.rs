@@ -1,0 +1,215 @@
+//! Growth: what a stored event costs on disk and in WAL, against pgbench's
+//! identical row, and whether the claim slows down as the inbox fills.
+//!
+//! Each side runs in a schema of its own, freshly migrated (the connections
+//! set `search_path`), so that its tables hold only its rows: bytes per event
+//! are the growth of every table, TOAST and index of the schema over the rows
+//! stored, and WAL per event is the LSN's advance over them.
+
+use std::{
+    str::FromStr,
+    time::{Duration, Instant},
+};
+
+use anyhow::{ensure, Context, Result};
+use sqlx::{postgres::PgConnectOptions, Connection, PgConnection, PgPool};
+use webhook_inbox::{
+    db::{self, DbConfig},
+    ingest::{
+        inbox::{claim, Claim, Envelope},
+        providers::NewEvent,
+    },
+    Provider, ReceiveConfig,
+};
+
+use super::{body, embedded_pg, http, pgbench_script, signature, Bench, Check, Figure, Load, Report, Until};
+
+const EMPTY: &str = "bench_growth_empty";
+const FULL: &str = "bench_growth_full";
+
+impl Bench {
+    pub(super) async fn growth(&self, pool: &PgPool, config: &ReceiveConfig, report: &mut Report) -> Result<()> {
+        let c = self.in_flight();
+        let deliveries = (self.events / 2).max(c);
+        let mut wal_peer = Figure::new(format!("pgbench, WAL per row ({deliveries} rows, {c} clients)"), "bytes");
+        let mut wal_ours = Figure::new(format!("receive, WAL per stored event ({deliveries} events, {c} in flight)"), "bytes");
+        let mut size_peer = Figure::new("pgbench, table, TOAST and indexes per row", "bytes");
+        let mut size_ours = Figure::new("receive, table, TOAST and indexes per stored event", "bytes");
+        let mut wal_ratio = Check::at_most("receive's WAL per event / pgbench's identical row", 1.1);
+        for round in 1..=self.rounds {
+            let peer = self
+                .in_schema(pool, config, EMPTY, |schema_url| async move {
+                    self.pgbench_rows(&schema_url, c, deliveries).await.map(|_| ())
+                })
+                .await?;
+            let ours = self
+                .in_schema(pool, config, EMPTY, |schema_url| async move {
+                    let mut config = config.clone();
+                    config.db.url = Some(schema_url);
+                    let per_client = deliveries.div_ceil(c) as u64;
+                    http(&config, c, Load::Stripe { copies: 1 }, Until::Deliveries(per_client)).await.map(|_| ())
+                })
+                .await?;
+            println!(
+                "growth, round {round}: pgbench {:.0} B WAL, {:.0} B stored per row | receive {:.0} B WAL, {:.0} B stored per event",
+                peer.wal, peer.bytes, ours.wal, ours.bytes
+            );
+            wal_peer.values.push(peer.wal);
+            wal_ours.values.push(ours.wal);
+            size_peer.values.push(peer.bytes);
+            size_ours.values.push(ours.bytes);
+            wal_ratio.values.push(ours.wal / peer.wal);
+        }
+        report.sections.push(("Growth per stored event".into(), vec![wal_peer, wal_ours, size_peer, size_ours]));
+        report.checks.push(wal_ratio);
+        self.claim_latency(pool, config, report).await
+    }
+
+    /// The claim's latency, one at a time, on an empty inbox and on one holding
+    /// `growth_rows` events (alternated round by round).
+    async fn claim_latency(&self, pool: &PgPool, config: &ReceiveConfig, report: &mut Report) -> Result<()> {
+        let url = config.db.url.as_deref().context("no database")?;
+        let claims = if self.growth_rows >= 1_000_000 { 2_000 } else { 200 };
+        let rows = self.growth_rows;
+        let mut empty_p50 = Figure::new(format!("claim p50, empty inbox, {claims} claims one at a time"), "ms");
+        let mut empty_p99 = Figure::new(format!("claim p99, empty inbox, {claims} claims one at a time"), "ms");
+        let mut full_p50 = Figure::new(format!("claim p50, {rows} events stored"), "ms");
+        let mut full_p99 = Figure::new(format!("claim p99, {rows} events stored"), "ms");
+        let mut ratio = Check::at_most(format!("claim p50 with {rows} events / empty inbox"), 1.2);
+        for schema in [EMPTY, FULL] {
+            migrated_schema(pool, &config.db, schema).await?;
+        }
+        let seeding = Instant::now();
+        let seed = schema_pool(&config.db, FULL)?;
+        // Small payloads: the claim's cost is in the indexes, whose keys are the
+        // same as for full-size events.
+        sqlx::query(
+            "INSERT INTO webhook_inbox (provider, event_id, event_type, payload, status, raw_body, headers, secret_index,
+                 received_at, processed_at)
+             SELECT 'stripe', 'evt_' || md5(i::text), 'payment_intent.succeeded', '{}', 'done', '\\x00', '{}', 0,
+                 now() - (($1 - i) * interval '1 ms'), now()
+             FROM generate_series(1, $1) AS i",
+        )
+        .bind(rows as i64)
+        .execute(&seed)
+        .await
+        .context("seeding the full inbox")?;
+        sqlx::query("VACUUM ANALYZE webhook_inbox").execute(&seed).await?;
+        seed.close().await;
+        println!("claim latency: {rows} events stored in {:.0} s", seeding.elapsed().as_secs_f64());
+        for round in 1..=self.rounds {
+            let empty = claim_times(url, EMPTY, round, claims).await?;
+            let full = claim_times(url, FULL, round, claims).await?;
+            println!(
+                "claim latency, round {round}: empty p50 {:.3} ms, p99 {:.3} ms | {rows} stored p50 {:.3} ms, p99 {:.3} ms",
+                empty.0, empty.1, full.0, full.1
+            );
+            empty_p50.values.push(empty.0);
+            empty_p99.values.push(empty.1);
+            full_p50.values.push(full.0);
+            full_p99.values.push(full.1);
+            ratio.values.push(full.0 / empty.0);
+        }
+        for schema in [EMPTY, FULL] {
+            sqlx::query(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).execute(pool).await?;
+        }
+        report.sections.push(("Claim latency as the inbox grows".into(), vec![empty_p50, empty_p99, full_p50, full_p99]));
+        report.checks.push(ratio);
+        Ok(())
+    }
+
+    /// pgbench's claim INSERT, `rows` times in all over `c` clients, in the schema of `url`.
+    async fn pgbench_rows(&self, url: &str, c: usize, rows: usize) -> Result<()> {
+        let script = std::env::temp_dir().join(format!("inbox-bench-growth-{}.sql", std::process::id()));
+        std::fs::write(&script, pgbench_script(1))?;
+        let pgbench = embedded_pg::find_bin_dir()?.join("pgbench");
+        let out = tokio::process::Command::new(&pgbench)
+            .args(["-n", "-M", "prepared", "-c", &c.to_string(), "-t", &rows.div_ceil(c).to_string(), "-f"])
+            .arg(&script)
+            .arg(url)
+            .output()
+            .await
+            .with_context(|| format!("running {}", pgbench.display()))?;
+        let _ = std::fs::remove_file(&script);
+        ensure!(out.status.success(), "pgbench failed: {}", String::from_utf8_lossy(&out.stderr));
+        Ok(())
+    }
+
+    /// Runs `fill` against `schema`, freshly migrated; WAL and bytes per row it stored.
+    async fn in_schema<F, Fut>(&self, pool: &PgPool, config: &ReceiveConfig, schema: &str, fill: F) -> Result<Stored>
+    where
+        F: FnOnce(String) -> Fut,
+        Fut: std::future::Future<Output = Result<()>>,
+    {
+        let url = config.db.url.as_deref().context("no database")?;
+        migrated_schema(pool, &config.db, schema).await?;
+        let before = footprint(pool, schema).await?;
+        fill(schema_url(url, schema)).await?;
+        let after = footprint(pool, schema).await?;
+        let rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {schema}.webhook_inbox")).fetch_one(pool).await?;
+        ensure!(rows > 0, "nothing was stored in {schema}");
+        sqlx::query(&format!("DROP SCHEMA {schema} CASCADE")).execute(pool).await?;
+        Ok(Stored { wal: (after.0 - before.0) / rows as f64, bytes: (after.1 - before.1) / rows as f64 })
+    }
+}
+
+struct Stored {
+    wal: f64,
+    bytes: f64,
+}
+
+/// The current WAL position and the bytes of every relation of `schema`.
+async fn footprint(pool: &PgPool, schema: &str) -> Result<(f64, f64)> {
+    let (lsn, bytes): (f64, f64) = sqlx::query_as(
+        "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::float8,
+                coalesce(sum(pg_total_relation_size(c.oid)), 0)::float8
+         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = $1 AND c.relkind IN ('r', 'm')",
+    )
+    .bind(schema)
+    .fetch_one(pool)
+    .await?;
+    Ok((lsn, bytes))
+}
+
+/// `url` with its connections' `search_path` set to `schema`.
+fn schema_url(url: &str, schema: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}options=-c%20search_path%3D{schema}")
+}
+
+/// A pool on `schema` with no statement timeout (for seeding).
+fn schema_pool(db: &DbConfig, schema: &str) -> Result<PgPool> {
+    let url = db.url.as_deref().context("no database")?;
+    let cfg = DbConfig { pool_size: 2, statement_timeout: Duration::ZERO, ..db.clone() };
+    Ok(db::pool_from(PgConnectOptions::from_str(url)?.options([("search_path", schema)]), &cfg))
+}
+
+/// `schema`, dropped if there, created and migrated.
+async fn migrated_schema(pool: &PgPool, db: &DbConfig, schema: &str) -> Result<()> {
+    sqlx::raw_sql(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}")).execute(pool).await?;
+    let p = schema_pool(db, schema)?;
+    db::migrate(&p).await.with_context(|| format!("migrating {schema}"))?;
+    p.close().await;
+    Ok(())
+}
+
+/// p50 and p99 (ms) of `n` claims of new full-size events, one at a time on one connection.
+async fn claim_times(url: &str, schema: &str, round: usize, n: usize) -> Result<(f64, f64)> {
+    let mut conn = PgConnection::connect_with(&PgConnectOptions::from_str(url)?.options([("search_path", schema)])).await?;
+    let headers = serde_json::json!({"stripe-signature": signature(1_796_000_000, "x")});
+    let mut times = Vec::with_capacity(n);
+    for i in 0..n {
+        let id = format!("bench-claim-{round}-{i}");
+        let raw = body(&id);
+        let env = Envelope { provider: Provider::Stripe, raw_body: raw.as_bytes(), headers: &headers, secret_index: Some(0) };
+        let event = NewEvent::pending(id, "payment_intent.succeeded", raw.clone());
+        let started = Instant::now();
+        let claimed = claim(&mut conn, &env, &event).await?;
+        times.push(started.elapsed());
+        ensure!(claimed == Claim::New, "a new event was not claimed as new");
+    }
+    conn.close().await?;
+    times.sort_unstable();
+    Ok((super::percentile(&times, 0.50), super::percentile(&times, 0.99)))
+}

@@ -1,0 +1,210 @@
+//! The stages with no peer on the machine: Marqeta batches over HTTP, prune
+//! while receive runs (and what it costs receive), and the relay against a
+//! local HTTP sink that answers at once or after 50 ms.
+
+use std::{
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{ensure, Context, Result};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{server::conn::http1, service::service_fn, Response};
+use hyper_util::rt::TokioIo;
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+use webhook_inbox::{
+    relay::{http::HttpSink, Relay, RelayConfig, Sink},
+    retention::{Pruner, RetentionConfig},
+    ReceiveConfig,
+};
+
+use super::{body, Bench, Figure, Load, Report};
+
+/// Items per Marqeta batch, as Marqeta sends them by default.
+const BATCH_ITEMS: usize = 10;
+
+impl Bench {
+    /// Marqeta batches of ten new items over HTTP: items per second.
+    pub(super) async fn marqeta(&self, config: &ReceiveConfig, report: &mut Report) -> Result<()> {
+        let c = self.in_flight();
+        let mut items = Figure::new(format!("receive, Marqeta batches of {BATCH_ITEMS}, {c} in flight"), "items/s");
+        let mut p99 = Figure::new(format!("receive p99, Marqeta batches of {BATCH_ITEMS}, {c} in flight"), "ms");
+        for round in 1..=self.rounds {
+            let h = self.http(config, c, Load::Marqeta { items: BATCH_ITEMS }).await?;
+            let rate = h.rate * BATCH_ITEMS as f64;
+            println!("Marqeta batches, {c} in flight, round {round}: {rate:.0} items/s (p99 {:.2} ms)", h.p99);
+            items.values.push(rate);
+            p99.values.push(h.p99);
+        }
+        report.sections.push(("Receive, Marqeta batches".into(), vec![items, p99]));
+        Ok(())
+    }
+
+    /// Prune deleting old `done` rows while receive runs: rows per second, and
+    /// receive's p99 with the prune running and without (alternated).
+    pub(super) async fn prune(&self, pool: &PgPool, config: &ReceiveConfig, report: &mut Report) -> Result<()> {
+        let c = self.in_flight();
+        // The configured retention (INBOX_RETENTION_DAYS, ...): the bench's old rows
+        // are older than any retention allows, and nothing else is pruned that
+        // the prune function would not prune.
+        let retention = RetentionConfig::from_env()?;
+        let mut rows = Figure::new(format!("prune, {} old rows, while receive runs", self.events), "rows/s");
+        let mut without = Figure::new(format!("receive p99, {c} in flight, without prune"), "ms");
+        let mut with = Figure::new(format!("receive p99, {c} in flight, prune running"), "ms");
+        for round in 1..=self.rounds {
+            sqlx::query(
+                "INSERT INTO webhook_inbox (provider, event_id, event_type, payload, status, raw_body, headers, secret_index,
+                     received_at, processed_at)
+                 SELECT 'stripe', 'bench-old-' || i, 'bench.old', '{\"note\": \"old\"}', 'done', '\\x00', '{}', 0,
+                     now() - interval '36600 days', now() - interval '36600 days'
+                 FROM generate_series(1, $1) AS i",
+            )
+            .bind(self.events as i64)
+            .execute(pool)
+            .await
+            .context("seeding old rows")?;
+            let alone = self.http(config, c, Load::Stripe { copies: 1 }).await?;
+
+            let pruner = Pruner::new(pool.clone(), retention.clone());
+            let stop = Arc::new(AtomicBool::new(false));
+            let prune = tokio::spawn({
+                let stop = stop.clone();
+                async move {
+                    let started = Instant::now();
+                    let mut deleted = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let (pruned, short) = pruner.run_once().await?;
+                        deleted += pruned.done;
+                        if short {
+                            break;
+                        }
+                    }
+                    Ok::<_, anyhow::Error>((deleted, started.elapsed()))
+                }
+            });
+            let during = self.http(config, c, Load::Stripe { copies: 1 }).await?;
+            stop.store(true, Ordering::Relaxed);
+            let (deleted, elapsed) = prune.await??;
+            let left: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_inbox WHERE event_id LIKE 'bench-old-%'")
+                .fetch_one(pool)
+                .await?;
+            ensure!(deleted > 0, "the prune deleted nothing while receive ran");
+            sqlx::query("DELETE FROM webhook_inbox WHERE event_id LIKE 'bench-old-%'").execute(pool).await?;
+            let rate = deleted as f64 / elapsed.as_secs_f64();
+            println!(
+                "prune during receive, round {round}: {rate:.0} rows/s ({deleted} in {:.1} s, {left} left) | receive p99 {:.2} ms alone, {:.2} ms with prune",
+                elapsed.as_secs_f64(),
+                alone.p99,
+                during.p99
+            );
+            rows.values.push(rate);
+            without.values.push(alone.p99);
+            with.values.push(during.p99);
+        }
+        report.sections.push(("Prune while receive runs".into(), vec![rows, without, with]));
+        Ok(())
+    }
+
+    /// The relay draining outbox messages to a local HTTP sink that answers at
+    /// once, then to one that answers after 50 ms, at the default concurrency.
+    pub(super) async fn relay(&self, pool: &PgPool, report: &mut Report) -> Result<()> {
+        let config = RelayConfig::default();
+        let mut figures = Vec::new();
+        for delay in [Duration::ZERO, Duration::from_millis(50)] {
+            let label = if delay.is_zero() { "answering at once".to_string() } else { format!("answering in {delay:?}") };
+            let mut f = Figure::new(
+                format!("relay to an HTTP sink {label}, concurrency {}, batches of {}", config.concurrency, config.batch_size),
+                "messages/s",
+            );
+            for round in 1..=self.rounds {
+                let sink = SinkServer::start(delay).await?;
+                // More than the relay can send in the time given: the rate is over a full window.
+                let messages = if delay.is_zero() { self.events / 2 } else { 400 * self.seconds as usize };
+                sqlx::query(
+                    "INSERT INTO transactional_outbox (aggregate_type, aggregate_id, payload, message_key)
+                     SELECT 'bench', i::text, $2::jsonb, 'bench-relay-' || i FROM generate_series(1, $1) AS i",
+                )
+                .bind(messages as i64)
+                .bind(body("bench-relay"))
+                .execute(pool)
+                .await
+                .context("seeding outbox messages")?;
+                let http: Arc<dyn Sink> = Arc::new(HttpSink::new(sink.url(), Duration::from_secs(10))?);
+                let relay = Relay::new(pool.clone(), vec![http], config.clone());
+                let started = Instant::now();
+                let window = Duration::from_secs(self.seconds);
+                let mut sent = 0;
+                while started.elapsed() < window {
+                    let r = relay.run_once(started + window + Duration::from_secs(15)).await?;
+                    ensure!(r.retried == 0 && r.dead == 0, "the sink refused messages: {r:?}");
+                    sent += r.sent;
+                    if r.leased == 0 {
+                        break;
+                    }
+                }
+                let rate = sent as f64 / started.elapsed().as_secs_f64();
+                let received = sink.received.load(Ordering::Relaxed);
+                ensure!(received >= sent as u64, "the sink got {received} messages, the relay counted {sent} sent");
+                sqlx::query("DELETE FROM transactional_outbox WHERE message_key LIKE 'bench-relay-%'")
+                    .execute(pool)
+                    .await?;
+                println!("{}, round {round}: {rate:.0} messages/s ({sent} sent)", f.name);
+                f.values.push(rate);
+            }
+            figures.push(f);
+        }
+        report.sections.push(("Relay".into(), figures));
+        Ok(())
+    }
+}
+
+/// A local HTTP sink: answers 200 to every POST, after `delay`, counting them.
+struct SinkServer {
+    addr: SocketAddr,
+    received: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SinkServer {
+    async fn start(delay: Duration) -> Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let received = Arc::new(AtomicU64::new(0));
+        let count = received.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let count = count.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |_req| {
+                        let count = count.clone();
+                        async move {
+                            if !delay.is_zero() {
+                                tokio::time::sleep(delay).await;
+                            }
+                            count.fetch_add(1, Ordering::Relaxed);
+                            Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from_static(b"{}"))))
+                        }
+                    });
+                    let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                });
+            }
+        });
+        Ok(SinkServer { addr, received, task })
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/sink", self.addr)
+    }
+}
+
+impl Drop for SinkServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
