@@ -162,6 +162,9 @@ enum Command {
         /// Events stored in the inbox whose claim latency is compared with an empty inbox's.
         #[arg(long, default_value_t = 5_000_000)]
         growth_rows: usize,
+        /// Run only these sections (to profile one, say); every section by default.
+        #[arg(long, value_delimiter = ',', value_parser = bench::SECTIONS)]
+        only: Vec<String>,
         /// Write the report (Markdown) there, e.g. docs/benchmarks.md.
         #[arg(long)]
         out: Option<std::path::PathBuf>,
@@ -176,7 +179,7 @@ async fn main() -> Result<()> {
     config::init_logging();
     match Cli::parse().command {
         Command::Dev { port, host } => dev(&host, port).await,
-        Command::Bench { seconds, rounds, concurrency, events, workers, growth_rows, out, smoke } => {
+        Command::Bench { seconds, rounds, concurrency, events, workers, growth_rows, only, out, smoke } => {
             let bench = if smoke {
                 bench::Bench {
                     seconds: 1,
@@ -185,6 +188,7 @@ async fn main() -> Result<()> {
                     events: 2_000,
                     workers: 2,
                     growth_rows: 20_000,
+                    only,
                     out,
                 }
             } else {
@@ -196,6 +200,7 @@ async fn main() -> Result<()> {
                     events: events.max(1),
                     workers: workers.max(1),
                     growth_rows: growth_rows.max(1),
+                    only,
                     out,
                 }
             };

@@ -152,16 +152,24 @@ pub(crate) struct Taken {
     pub event_id: String,
     pub event_type: String,
     /// `jsonb` as text, decoded per row (only when a handler needs it): an
-    /// undecodable payload fails its own row, never the batch's query.
+    /// undecodable payload fails its own row, never the batch's query. A batch
+    /// fetches it only for the events a handler takes.
     pub payload: Option<String>,
     /// Attempts before this one.
     pub attempts: i32,
 }
 
-/// Up to `limit` due pending rows, in receive order, skipping those another worker holds.
-pub(crate) async fn take_pending(conn: &mut PgConnection, limit: i64) -> Result<Vec<Taken>, sqlx::Error> {
+/// Up to `limit` due pending rows, in receive order, skipping those another
+/// worker holds; the payload only where `handled` (`provider:event_type`) names
+/// a handler: an event no handler takes is done without it.
+pub(crate) async fn take_pending(
+    conn: &mut PgConnection,
+    limit: i64,
+    handled: &[String],
+) -> Result<Vec<Taken>, sqlx::Error> {
     super::query_as(
-        "SELECT provider, event_id, event_type, payload::text AS payload, attempts
+        "SELECT provider, event_id, event_type,
+             CASE WHEN provider || ':' || event_type = ANY($2) THEN payload::text END AS payload, attempts
          FROM webhook_inbox
          WHERE status = 'pending' AND (next_attempt_at IS NULL OR next_attempt_at <= now())
          ORDER BY received_at, event_id
@@ -169,6 +177,7 @@ pub(crate) async fn take_pending(conn: &mut PgConnection, limit: i64) -> Result<
          FOR UPDATE SKIP LOCKED",
     )
     .bind(limit)
+    .bind(handled)
     .fetch_all(conn)
     .await
 }

@@ -91,6 +91,11 @@ impl Handlers {
     pub fn get(&self, provider: Provider, event_type: &str) -> Option<&dyn Handler> {
         self.0.get(&provider)?.get(event_type).map(|h| h.as_ref())
     }
+
+    /// `provider:event_type` for every handler: the events whose payload the worker fetches.
+    pub fn keys(&self) -> Vec<String> {
+        self.0.iter().flat_map(|(p, types)| types.keys().map(move |t| format!("{}:{t}", p.as_str()))).collect()
+    }
 }
 
 /// The 64-bit advisory lock key of an event: the first 8 bytes of

@@ -112,6 +112,8 @@ impl Stage for Worker {
 pub struct Worker {
     pool: PgPool,
     handlers: Handlers,
+    /// [`Handlers::keys`]: the events a batch fetches the payload of.
+    handled: Vec<String>,
     config: WorkerConfig,
     /// Set when a batch lost its connection: the next pass goes event by event,
     /// counting each attempt before it runs (see [`Worker::run_careful`]).
@@ -120,7 +122,8 @@ pub struct Worker {
 
 impl Worker {
     pub fn new(pool: PgPool, handlers: Handlers, config: WorkerConfig) -> Self {
-        Worker { pool, handlers, config, careful: std::sync::atomic::AtomicBool::new(false) }
+        let handled = handlers.keys();
+        Worker { pool, handlers, handled, config, careful: std::sync::atomic::AtomicBool::new(false) }
     }
 
     pub fn config(&self) -> &WorkerConfig {
@@ -139,7 +142,7 @@ impl Worker {
             return self.run_careful(deadline).await;
         }
         let mut tx = self.pool.begin().await?;
-        let rows = inbox::take_pending(&mut tx, self.config.batch_size).await?;
+        let rows = inbox::take_pending(&mut tx, self.config.batch_size, &self.handled).await?;
         let result = self.apply_all(tx, rows, deadline, false).await;
         if result.as_ref().is_err_and(db::is_connection_lost) {
             self.careful.store(true, Ordering::Relaxed);

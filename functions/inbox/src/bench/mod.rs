@@ -43,6 +43,9 @@ use webhook_inbox::{
     ReceiveConfig, Receiver,
 };
 
+/// The sections of a run, in order.
+pub const SECTIONS: [&str; 7] = ["receive", "marqeta", "prune", "process", "relay", "lambda", "growth"];
+
 pub struct Bench {
     /// Seconds per side and round, for the receive comparisons.
     pub seconds: u64,
@@ -55,6 +58,8 @@ pub struct Bench {
     pub workers: usize,
     /// Events stored in the inbox whose claim latency is compared with an empty one's.
     pub growth_rows: usize,
+    /// The sections to run (of [`SECTIONS`]); all when empty.
+    pub only: Vec<String>,
     /// Where to write the Markdown report.
     pub out: Option<PathBuf>,
 }
@@ -158,6 +163,10 @@ fn pgbench_script(copies: usize) -> String {
 }
 
 impl Bench {
+    fn runs(&self, section: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|s| s == section)
+    }
+
     /// The first concurrency of the run: the one the sections with a single concurrency use.
     fn in_flight(&self) -> usize {
         self.concurrency.first().copied().unwrap_or(8)
@@ -176,18 +185,32 @@ impl Bench {
             self.rounds, self.seconds, self.concurrency, self.events, self.workers
         );
         let mut report = Report::default();
-        for &c in &self.concurrency {
-            for copies in [1, 2] {
-                self.receive(&url, &config, c, copies, &mut report).await?;
+        if self.runs("receive") {
+            for &c in &self.concurrency {
+                for copies in [1, 2] {
+                    self.receive(&url, &config, c, copies, &mut report).await?;
+                }
             }
         }
-        self.marqeta(&config, &mut report).await?;
-        clean(&pool).await?;
-        self.prune(&pool, &config, &mut report).await?;
-        self.process(&pool, &url, &mut report).await?;
-        lambda::lambda(self, &url, &mut report).await?;
-        self.relay(&pool, &mut report).await?;
-        self.growth(&pool, &config, &mut report).await?;
+        if self.runs("marqeta") {
+            self.marqeta(&config, &mut report).await?;
+            clean(&pool).await?;
+        }
+        if self.runs("prune") {
+            self.prune(&pool, &config, &mut report).await?;
+        }
+        if self.runs("process") {
+            self.process(&pool, &url, &mut report).await?;
+        }
+        if self.runs("relay") {
+            self.relay(&pool, &mut report).await?;
+        }
+        if self.runs("lambda") {
+            lambda::lambda(self, &url, &mut report).await?;
+        }
+        if self.runs("growth") {
+            self.growth(&pool, &config, &mut report).await?;
+        }
         clean(&pool).await?;
 
         let (pg_version, pgbench_version) = versions(&pool).await?;
