@@ -17,6 +17,7 @@ use tokio::sync::Barrier;
 use webhook_inbox::{
     db,
     domain::{
+        deposits,
         orders::{self, Applied, OrderSnapshot, WasInserted},
         payments::PaymentSucceededHandler,
     },
@@ -307,6 +308,54 @@ async fn a_deposit_for_a_missing_account_is_retried_and_lands_once_after_the_acc
         scalar(&pool, "SELECT count(*) FROM transactional_outbox WHERE payload->>'event' = 'balance_updated'").await,
     );
     assert_eq!((deposits, messages), (1, 1));
+}
+
+/// Four workers drain 800 deposits to eight accounts, shuffled, so that every
+/// batch meets the accounts in another order: the workers queue on the
+/// accounts' locks (taken in key order) and never deadlock, and every deposit
+/// lands once. Applied in receive order, batches deadlock within seconds, and
+/// each deadlock stalls them for `deadlock_timeout`.
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn concurrent_batches_crediting_shared_accounts_never_deadlock(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPoolOptions::new().max_connections(2).connect_with(opts.clone()).await.unwrap();
+    sqlx::query("INSERT INTO accounts (account_id) SELECT 'acct_' || i FROM generate_series(0, 7) AS i")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    for i in 0..800 {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let payload = json!({"token": format!("dep_{i}"), "type": "gpa.credit", "state": "COMPLETION",
+            "user_token": format!("acct_{}", rng % 8), "amount": "1.00"});
+        stored(&pool, Provider::Marqeta, &format!("transactions:dep_{i}"), deposits::EVENT_TYPE, payload).await;
+    }
+    let workers_pool = PgPoolOptions::new().max_connections(4).connect_with(opts).await.unwrap();
+    let workers: Vec<_> = (0..4)
+        .map(|_| {
+            let (w, pool) = (worker(&workers_pool, Handlers::reference()), workers_pool.clone());
+            tokio::spawn(async move { drain_all(&w, &pool).await })
+        })
+        .collect();
+    for w in workers {
+        w.await.unwrap();
+    }
+    // Closed, the workers' sessions flush their statistics.
+    workers_pool.close().await;
+    sqlx::query("SELECT pg_stat_clear_snapshot()").execute(&pool).await.unwrap();
+    let deadlocks: i64 =
+        scalar(&pool, "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()").await;
+    assert_eq!(deadlocks, 0, "the workers deadlocked");
+    let (done, credited, balances): (i64, i64, String) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM webhook_inbox WHERE status = 'done'),
+                (SELECT count(*) FROM account_deposits),
+                (SELECT sum(balance)::text FROM accounts)",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((done, credited, balances.as_str()), (800, 800, "800.00"));
 }
 
 /// Applies real payments, but parks inside the transaction on one event, so the

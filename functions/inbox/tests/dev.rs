@@ -209,6 +209,15 @@ fn inbox_bench_smoke_runs_every_comparison_and_writes_the_report() {
         "graphile-worker 0.17.3, 2000 no-op jobs",
         "| process, 2000 events, reference handlers",
         "| process (no handler) / graphile-worker (no-op jobs) |",
+        "## Receive, Marqeta batches",
+        "| prune, 2000 old rows, while receive runs |",
+        "| receive p99, 2 in flight, prune running |",
+        "| relay to an HTTP sink answering in 50ms,",
+        "| receive: warm invocation p99, all new |",
+        "| receive: database round trips per delivery, all new | 1.00 |",
+        "| relay: exec to first poll (ms) |",
+        "| receive's WAL per event / pgbench's identical row |",
+        "| claim p50 with 20000 events / empty inbox |",
     ] {
         assert!(doc.contains(part), "{part} missing from the report:\n{doc}");
     }

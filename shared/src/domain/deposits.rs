@@ -108,4 +108,8 @@ impl Handler for DepositHandler {
             }
         })
     }
+
+    fn lock_key(&self, event: &Event) -> Option<String> {
+        Some(format!("account:{}", event.payload["user_token"].as_str()?))
+    }
 }

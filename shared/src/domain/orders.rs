@@ -127,4 +127,8 @@ impl Handler for OrderSnapshotHandler {
             Ok(if applied == Applied::Stale { Outcome::NoEffect } else { Outcome::Applied })
         })
     }
+
+    fn lock_key(&self, event: &Event) -> Option<String> {
+        Some(format!("order:{}", event.payload["id"]))
+    }
 }

@@ -84,4 +84,8 @@ impl Handler for PaymentSucceededHandler {
             Ok(Outcome::Applied)
         })
     }
+
+    fn lock_key(&self, event: &Event) -> Option<String> {
+        Some(format!("payment:{}", event.payload["data"]["object"]["id"].as_str()?))
+    }
 }

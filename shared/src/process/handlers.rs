@@ -72,6 +72,16 @@ pub trait Handler: Send + Sync {
     fn exclusive(&self) -> bool {
         false
     }
+
+    /// The row this event's effect locks and others share (an account, an
+    /// order), if any. A worker applies its batch's events in the order of
+    /// their keys (receive order among equal keys), so that concurrent batches
+    /// take those locks in one order: they wait for each other, and never
+    /// deadlock (which PostgreSQL only notices after `deadlock_timeout`, a
+    /// second by default, and resolves by failing one of them).
+    fn lock_key(&self, _event: &Event) -> Option<String> {
+        None
+    }
 }
 
 /// The handlers by provider, then event type.

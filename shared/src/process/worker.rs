@@ -15,7 +15,7 @@ use crate::{
         self,
         inbox::{self, Finished, Status, Taken},
     },
-    process::handlers::{Event, HandlerError, Handlers, Outcome},
+    process::handlers::{Event, Handler, HandlerError, Handlers, Outcome},
     runtime::stage::{Pass, Stage, Tally},
 };
 
@@ -204,23 +204,73 @@ impl Worker {
     ) -> Result<Counts, sqlx::Error> {
         let mut counts = Counts::default();
         let mut finished = Vec::with_capacity(rows.len());
-        for row in rows {
-            if Instant::now() >= deadline {
-                break; // left pending; its lock goes with the commit
-            }
-            counts.taken += 1;
-            let (status, delay, reason, counted) = match self.apply(&mut tx, &row, &mut counts).await? {
+        let finish = |row: Taken, finish: Finish| {
+            let (status, delay, reason, counted) = match finish {
                 Finish::Done => (Status::Done, None, None, !precounted),
                 Finish::Retry { after, reason, counted } => {
                     (Status::Pending, Some(after), Some(reason), counted && !precounted)
                 }
                 Finish::Failed(reason) => (Status::Failed, None, Some(reason), !precounted),
             };
-            finished.push(Finished { provider: row.provider, event_id: row.event_id, status, delay, reason, counted });
+            Finished { provider: row.provider, event_id: row.event_id, status, delay, reason, counted }
+        };
+        // Events no handler can run end at once; the others run in the order of
+        // their lock keys (see [`Handler::lock_key`]), receive order among equals.
+        let mut runs = Vec::new();
+        for row in rows {
+            if Instant::now() >= deadline {
+                break; // left pending; its lock goes with the commit
+            }
+            match self.prepare(&row, &mut counts) {
+                Ok((handler, event)) => runs.push((handler.lock_key(&event), handler, event, row)),
+                Err(end) => {
+                    counts.taken += 1;
+                    finished.push(finish(row, end));
+                }
+            }
+        }
+        runs.sort_by(|a, b| a.0.cmp(&b.0));
+        for (_, handler, event, row) in runs {
+            if Instant::now() >= deadline {
+                break;
+            }
+            counts.taken += 1;
+            let end = self.apply(&mut tx, &row, handler, &event, &mut counts).await?;
+            finished.push(finish(row, end));
         }
         inbox::finish(&mut tx, &finished).await?;
         tx.commit().await?;
         Ok(counts)
+    }
+
+    /// The event's handler and the event it is given, or how the event ends
+    /// without one (no handler: done; an unknown provider or an unusable payload: failed).
+    fn prepare(&self, row: &Taken, counts: &mut Counts) -> Result<(&dyn Handler, Event), Finish> {
+        let Ok(provider) = Provider::try_from(row.provider.as_str()) else {
+            counts.failed += 1;
+            return Err(Finish::Failed(format!("unknown provider {:?}", row.provider)));
+        };
+        let Some(handler) = self.handlers.get(provider, &row.event_type) else {
+            counts.no_handler += 1;
+            return Err(Finish::Done);
+        };
+        let payload = match row.payload.as_deref().map(payload::decode) {
+            Some(Ok(value)) => value,
+            Some(Err(unusable)) => {
+                counts.failed += 1;
+                tracing::warn!(provider = %row.provider, event_id = %row.event_id, reason = %unusable, "event failed");
+                return Err(Finish::Failed(unusable.0));
+            }
+            None => serde_json::Value::Null,
+        };
+        let event = Event {
+            provider,
+            event_id: row.event_id.clone(),
+            event_type: row.event_type.clone(),
+            payload,
+            attempts: row.attempts,
+        };
+        Ok((handler, event))
     }
 
     /// One event inside its own savepoint. `Err` only when the batch cannot go on
@@ -229,34 +279,12 @@ impl Worker {
         &self,
         tx: &mut Transaction<'static, Postgres>,
         row: &Taken,
+        handler: &dyn Handler,
+        event: &Event,
         counts: &mut Counts,
     ) -> Result<Finish, sqlx::Error> {
-        let Ok(provider) = Provider::try_from(row.provider.as_str()) else {
-            counts.failed += 1;
-            return Ok(Finish::Failed(format!("unknown provider {:?}", row.provider)));
-        };
-        let Some(handler) = self.handlers.get(provider, &row.event_type) else {
-            counts.no_handler += 1;
-            return Ok(Finish::Done);
-        };
-        let value = match row.payload.as_deref().map(payload::decode) {
-            Some(Ok(value)) => value,
-            Some(Err(unusable)) => {
-                counts.failed += 1;
-                tracing::warn!(provider = %row.provider, event_id = %row.event_id, reason = %unusable, "event failed");
-                return Ok(Finish::Failed(unusable.0));
-            }
-            None => serde_json::Value::Null,
-        };
-        let event = Event {
-            provider,
-            event_id: row.event_id.clone(),
-            event_type: row.event_type.clone(),
-            payload: value,
-            attempts: row.attempts,
-        };
         let mut savepoint = tx.begin().await?;
-        match handler.handle(&mut savepoint, &event).await {
+        match handler.handle(&mut savepoint, event).await {
             Ok(outcome) => {
                 savepoint.commit().await?;
                 match outcome {

@@ -32,7 +32,8 @@ impl Bench {
         let c = self.in_flight();
         let deliveries = (self.events / 2).max(c);
         let mut wal_peer = Figure::new(format!("pgbench, WAL per row ({deliveries} rows, {c} clients)"), "bytes");
-        let mut wal_ours = Figure::new(format!("receive, WAL per stored event ({deliveries} events, {c} in flight)"), "bytes");
+        let mut wal_ours =
+            Figure::new(format!("receive, WAL per stored event ({deliveries} events, {c} in flight)"), "bytes");
         let mut size_peer = Figure::new("pgbench, table, TOAST and indexes per row", "bytes");
         let mut size_ours = Figure::new("receive, table, TOAST and indexes per stored event", "bytes");
         let mut wal_ratio = Check::at_most("receive's WAL per event / pgbench's identical row", 1.1);
@@ -113,7 +114,9 @@ impl Bench {
         for schema in [EMPTY, FULL] {
             sqlx::query(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).execute(pool).await?;
         }
-        report.sections.push(("Claim latency as the inbox grows".into(), vec![empty_p50, empty_p99, full_p50, full_p99]));
+        report
+            .sections
+            .push(("Claim latency as the inbox grows".into(), vec![empty_p50, empty_p99, full_p50, full_p99]));
         report.checks.push(ratio);
         Ok(())
     }
@@ -146,7 +149,8 @@ impl Bench {
         let before = footprint(pool, schema).await?;
         fill(schema_url(url, schema)).await?;
         let after = footprint(pool, schema).await?;
-        let rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {schema}.webhook_inbox")).fetch_one(pool).await?;
+        let rows: i64 =
+            sqlx::query_scalar(&format!("SELECT count(*) FROM {schema}.webhook_inbox")).fetch_one(pool).await?;
         ensure!(rows > 0, "nothing was stored in {schema}");
         sqlx::query(&format!("DROP SCHEMA {schema} CASCADE")).execute(pool).await?;
         Ok(Stored { wal: (after.0 - before.0) / rows as f64, bytes: (after.1 - before.1) / rows as f64 })
@@ -196,13 +200,15 @@ async fn migrated_schema(pool: &PgPool, db: &DbConfig, schema: &str) -> Result<(
 
 /// p50 and p99 (ms) of `n` claims of new full-size events, one at a time on one connection.
 async fn claim_times(url: &str, schema: &str, round: usize, n: usize) -> Result<(f64, f64)> {
-    let mut conn = PgConnection::connect_with(&PgConnectOptions::from_str(url)?.options([("search_path", schema)])).await?;
+    let mut conn =
+        PgConnection::connect_with(&PgConnectOptions::from_str(url)?.options([("search_path", schema)])).await?;
     let headers = serde_json::json!({"stripe-signature": signature(1_796_000_000, "x")});
     let mut times = Vec::with_capacity(n);
     for i in 0..n {
         let id = format!("bench-claim-{round}-{i}");
         let raw = body(&id);
-        let env = Envelope { provider: Provider::Stripe, raw_body: raw.as_bytes(), headers: &headers, secret_index: Some(0) };
+        let env =
+            Envelope { provider: Provider::Stripe, raw_body: raw.as_bytes(), headers: &headers, secret_index: Some(0) };
         let event = NewEvent::pending(id, "payment_intent.succeeded", raw.clone());
         let started = Instant::now();
         let claimed = claim(&mut conn, &env, &event).await?;

@@ -4,7 +4,8 @@
 //!
 //! - Exec to first poll: from just before the spawn to the first
 //!   `GET /2018-06-01/runtime/invocation/next` reaching the stand-in, once per
-//!   binary and round: the part of a cold start the code decides.
+//!   binary and round: the part of a cold start the code decides (the binary
+//!   is already in the page cache; Lambda's own init is not included).
 //! - Binary size: the native binary beside this `inbox` and, when
 //!   `scripts/build-lambdas` has built it, the arm64 `target/lambda/<name>/bootstrap`
 //!   that is deployed; the 10 MB target (10^6 bytes) is checked on the
@@ -15,9 +16,10 @@
 //!   say 200 `accepted`. Peak RSS is the process's `VmHWM` after them.
 //! - Database round trips per delivery: a second `receive` talks to PostgreSQL
 //!   through a counting TCP proxy, so that the latencies above carry no extra
-//!   hop. A round trip is the client speaking again after the server spoke;
-//!   the connection's setup (in the first invocation) is left out. The
-//!   physical minimum is one.
+//!   hop, for new events and then the same events again (duplicates). A round
+//!   trip is the client speaking again after the server spoke; the
+//!   connection's setup (in the first invocation) is left out. The physical
+//!   minimum is one.
 
 use std::{
     net::SocketAddr,
@@ -49,9 +51,9 @@ use webhook_inbox::config::DEV_STRIPE;
 
 use super::{body, signature, Bench, Check, Figure, Report};
 
-/// Every function binary, with what it needs beyond the Lambda environment and
-/// `DATABASE_URL` not to stop at start-up (no sink or nothing to reconcile
-/// does); the addresses on port 9 are never called.
+/// Every function binary, with the variables it needs beyond the Lambda
+/// environment and `DATABASE_URL` to reach its first poll: relay stops without
+/// a sink, reconcile with nothing to reconcile. Nothing is sent to port 9.
 const FUNCTIONS: [(&str, &[(&str, &str)]); 6] = [
     ("receive", &[("STRIPE_WEBHOOK_SECRET", DEV_STRIPE)]),
     ("process", &[]),
@@ -66,34 +68,21 @@ const SILENCE: Duration = Duration::from_secs(30);
 
 pub(super) async fn lambda(bench: &Bench, url: &str, report: &mut Report) -> Result<()> {
     let binaries = binaries()?;
-    let receive = &binaries[0];
+    let receive = &binaries[0]; // FUNCTIONS starts with it
     let n = if bench.seconds <= 1 { 50 } else { 1000 };
     let fixture: Value = serde_json::from_str(include_str!("../../../../tests/data/apigw-http-v2.json"))
         .context("reading the API Gateway HTTP API fixture")?;
     let run = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos();
 
-    let mut figures = Vec::new();
-    let mut starts = Vec::new();
     for b in &binaries {
-        let native =
-            Figure { values: vec![b.native_mb], ..Figure::new(format!("{}: binary size, native", b.name), "MB") };
-        let bootstrap = b.bootstrap_mb.map(|mb| Figure {
-            values: vec![mb],
-            ..Figure::new(format!("{}: binary size, arm64 bootstrap", b.name), "MB")
-        });
         let deployed = match b.bootstrap_mb {
             Some(mb) => format!("arm64 bootstrap {mb:.2} MB"),
             None => "no arm64 bootstrap (scripts/build-lambdas builds it)".into(),
         };
         println!("lambda {}: native {:.2} MB, {deployed}", b.name, b.native_mb);
-        let (size, which) = b.bootstrap_mb.map_or((b.native_mb, "native"), |mb| (mb, "arm64 bootstrap"));
-        report.checks.push(Check {
-            values: vec![size],
-            ..Check::at_most(format!("{}: binary size (MB, {which})", b.name), 10.0)
-        });
-        starts.push(Figure::new(format!("{}: exec to first poll", b.name), "ms"));
-        figures.extend([native].into_iter().chain(bootstrap));
     }
+    let mut starts: Vec<Figure> =
+        binaries.iter().map(|b| Figure::new(format!("{}: exec to first poll", b.name), "ms")).collect();
     let mut p50 = Figure::new("receive: warm invocation p50, all new", "ms");
     let mut p99 = Figure::new("receive: warm invocation p99, all new", "ms");
     let mut rss = Figure::new(format!("receive: peak RSS after {n} warm invocations"), "MB");
@@ -111,14 +100,8 @@ pub(super) async fn lambda(bench: &Bench, url: &str, report: &mut Report) -> Res
             if b.name != "receive" {
                 continue;
             }
-            let events = events("latency")?;
-            instance.deliver(&events[0], "accepted").await?;
-            let mut took = Vec::with_capacity(n);
-            for event in &events[1..] {
-                took.push(instance.deliver(event, "accepted").await?);
-            }
-            took.sort_unstable();
-            let pct = |p: f64| ms(took[((n as f64 * p) as usize).min(n - 1)]);
+            let took = instance.warm(&events("latency")?).await?;
+            let pct = |p: f64| ms(took[((took.len() as f64 * p) as usize).min(took.len() - 1)]);
             let peak = instance.peak_rss()?;
             println!(
                 "lambda receive, round {round}: {n} warm invocations p50 {:.2} ms, p99 {:.2} ms, peak RSS {peak:.1} MB",
@@ -130,19 +113,7 @@ pub(super) async fn lambda(bench: &Bench, url: &str, report: &mut Report) -> Res
             rss.values.push(peak);
         }
 
-        let proxy = Proxy::start(url).await?;
-        let mut instance = Instance::start(receive, &proxy.url).await?;
-        let events = events("trips")?;
-        instance.deliver(&events[0], "accepted").await?;
-        proxy.take();
-        for event in &events[1..] {
-            instance.deliver(event, "accepted").await?;
-        }
-        let new = proxy.take() as f64 / n as f64;
-        for event in &events[1..] {
-            instance.deliver(event, "duplicate").await?;
-        }
-        let dup = proxy.take() as f64 / n as f64;
+        let (new, dup) = round_trips(receive, url, &events("trips")?).await?;
         println!(
             "lambda receive, round {round}: database round trips per delivery {new:.2} all new, {dup:.2} duplicate"
         );
@@ -150,17 +121,49 @@ pub(super) async fn lambda(bench: &Bench, url: &str, report: &mut Report) -> Res
         trips_dup.values.push(dup);
     }
 
-    for start in &starts {
+    let mut figures = Vec::new();
+    for (b, start) in binaries.iter().zip(starts) {
+        let (size, which) = b.bootstrap_mb.map_or((b.native_mb, "native"), |mb| (mb, "arm64 bootstrap"));
         report
             .checks
             .push(Check { values: start.values.clone(), ..Check::at_most(format!("{} (ms)", start.name), 20.0) });
+        report.checks.push(Check {
+            values: vec![size],
+            ..Check::at_most(format!("{}: binary size (MB, {which})", b.name), 10.0)
+        });
+        figures.push(start);
+        figures.push(Figure {
+            values: vec![b.native_mb],
+            ..Figure::new(format!("{}: binary size, native", b.name), "MB")
+        });
+        figures.extend(b.bootstrap_mb.map(|mb| Figure {
+            values: vec![mb],
+            ..Figure::new(format!("{}: binary size, arm64 bootstrap", b.name), "MB")
+        }));
     }
-    figures.extend(starts);
     report.sections.push(("Lambda, each function binary".into(), figures));
     report
         .sections
         .push((format!("Lambda, receive, {n} warm invocations per round"), vec![p50, p99, rss, trips_new, trips_dup]));
     Ok(())
+}
+
+/// Round trips per delivery of a fresh `receive` talking to PostgreSQL through
+/// the counting proxy: `events[1..]` after `events[0]` (which connects), all
+/// new, then each again as a duplicate.
+async fn round_trips(receive: &Binary, url: &str, events: &[Bytes]) -> Result<(f64, f64)> {
+    let proxy = Proxy::start(url).await?;
+    let mut instance = Instance::start(receive, &proxy.url).await?;
+    instance.deliver(&events[0], "accepted").await?;
+    proxy.take();
+    let mut per_delivery = Vec::new();
+    for want in ["accepted", "duplicate"] {
+        for event in &events[1..] {
+            instance.deliver(event, want).await?;
+        }
+        per_delivery.push(proxy.take() as f64 / (events.len() - 1) as f64);
+    }
+    Ok((per_delivery[0], per_delivery[1]))
 }
 
 fn ms(d: Duration) -> f64 {
@@ -333,7 +336,8 @@ impl Instance {
             Instance { name, child, calls, events, invocations: 0, output, first_poll: Duration::ZERO, _api: api };
         match instance.call().await? {
             Call::Poll(at) => instance.first_poll = at.saturating_duration_since(spawned),
-            _ => bail!("{name} called the Runtime API before polling for an event"),
+            Call::Other(call) => bail!("{name} reported {call} before polling for an event"),
+            Call::Answer { .. } => bail!("{name} answered before it was given an event"),
         }
         Ok(instance)
     }
@@ -344,7 +348,7 @@ impl Instance {
             call = self.calls.recv() => call.context("the stand-in Runtime API stopped"),
             status = self.child.wait() => {
                 let output = self.output().await;
-                bail!("{} exited ({}) before polling again; its output:\n{output}", self.name, status?)
+                bail!("{} exited ({}); its last output:\n{output}", self.name, status?)
             }
             () = tokio::time::sleep(SILENCE) => bail!("{} was silent for {} s", self.name, SILENCE.as_secs()),
         }
@@ -374,6 +378,17 @@ impl Instance {
                 Call::Other(call) => bail!("{} reported {call}", self.name),
             }
         }
+    }
+
+    /// How long each of `events[1..]` took to answer, sorted, after `events[0]` (the cold invocation).
+    async fn warm(&mut self, events: &[Bytes]) -> Result<Vec<Duration>> {
+        self.deliver(&events[0], "accepted").await?;
+        let mut took = Vec::with_capacity(events.len());
+        for event in &events[1..] {
+            took.push(self.deliver(event, "accepted").await?);
+        }
+        took.sort_unstable();
+        Ok(took)
     }
 
     /// The process's peak resident memory so far (`VmHWM`), in MB.
@@ -415,21 +430,26 @@ struct Proxy {
     _task: Task,
 }
 
+const TCP_URL: &str = "use a URL like postgres://user@host:port/db";
+
 impl Proxy {
     async fn start(url: &str) -> Result<Proxy> {
         let options = PgConnectOptions::from_str(url).context("parsing the database URL")?;
         ensure!(
             options.get_socket().is_none() && !options.get_host().starts_with('/'),
-            "counting round trips needs PostgreSQL over TCP, not a Unix socket: use a URL like postgres://user@host:port/db"
+            "counting round trips needs PostgreSQL over TCP, not a Unix socket: {TCP_URL}"
         );
         let upstream = (options.get_host().to_string(), options.get_port());
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
+        let at_proxy = |u: &String| {
+            PgConnectOptions::from_str(u).is_ok_and(|o| o.get_host() == "127.0.0.1" && o.get_port() == addr.port())
+        };
         let proxied = with_address(url, addr)
-            .filter(|u| PgConnectOptions::from_str(u).is_ok_and(|o| o.get_host() == "127.0.0.1" && o.get_port() == addr.port()))
-            .context("cannot put the round-trip counter in front of this database URL: use one like postgres://user@host:port/db")?;
+            .filter(at_proxy)
+            .with_context(|| format!("cannot put the round-trip counter in front of this database URL: {TCP_URL}"))?;
         let trips = Arc::new(AtomicU64::new(0));
-        let task = Task(tokio::spawn(relay(listener, upstream, trips.clone())));
+        let task = Task(tokio::spawn(forward(listener, upstream, trips.clone())));
         Ok(Proxy { url: proxied, trips, _task: task })
     }
 
@@ -447,7 +467,7 @@ fn with_address(url: &str, addr: SocketAddr) -> Option<String> {
     Some(format!("{scheme}://{user}{addr}{path}"))
 }
 
-async fn relay(listener: TcpListener, upstream: (String, u16), trips: Arc<AtomicU64>) {
+async fn forward(listener: TcpListener, upstream: (String, u16), trips: Arc<AtomicU64>) {
     let mut connections = JoinSet::new();
     while let Ok((client, _)) = listener.accept().await {
         let (upstream, trips) = (upstream.clone(), trips.clone());

@@ -687,6 +687,12 @@ impl Report {
              transaction); rows/s over the time the prune ran.\n\
              - Relay: outbox messages of about 1.5 KB to a local HTTP sink (the HTTP sink of `relay`, \
              `RELAY_CONCURRENCY` and `RELAY_BATCH_SIZE` at their defaults), {} s per round.\n\
+             - Lambda: each function binary exec'd with a Lambda environment against a stand-in Runtime \
+             API on loopback, timed from the spawn to its first poll; sizes of the native binaries and of the \
+             arm64 `bootstrap` artifacts `scripts/build-lambdas` builds (10^6 bytes to the MB); `receive` \
+             then given signed API Gateway events one at a time (warm latency from the event handed over to \
+             the answer, peak RSS), and, in a second instance behind a counting TCP proxy, database round trips \
+             per delivery (the client speaking again after the server answered).\n\
              - Growth: {} deliveries at {c} in flight on each side, each side in a freshly migrated schema of \
              its own; WAL is the LSN's advance, stored bytes the growth of every table, TOAST table and index \
              of the schema, both per row stored. Claim latency: new 1.5 KB events claimed one at a time on one \

@@ -117,9 +117,13 @@ impl Bench {
         let config = RelayConfig::default();
         let mut figures = Vec::new();
         for delay in [Duration::ZERO, Duration::from_millis(50)] {
-            let label = if delay.is_zero() { "answering at once".to_string() } else { format!("answering in {delay:?}") };
+            let label =
+                if delay.is_zero() { "answering at once".to_string() } else { format!("answering in {delay:?}") };
             let mut f = Figure::new(
-                format!("relay to an HTTP sink {label}, concurrency {}, batches of {}", config.concurrency, config.batch_size),
+                format!(
+                    "relay to an HTTP sink {label}, concurrency {}, batches of {}",
+                    config.concurrency, config.batch_size
+                ),
                 "messages/s",
             );
             for round in 1..=self.rounds {
