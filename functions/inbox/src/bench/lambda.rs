@@ -101,7 +101,7 @@ pub(super) async fn lambda(bench: &Bench, url: &str, report: &mut Report) -> Res
                 continue;
             }
             let took = instance.warm(&events("latency")?).await?;
-            let pct = |p: f64| ms(took[((took.len() as f64 * p) as usize).min(took.len() - 1)]);
+            let pct = |p: f64| super::percentile(&took, p);
             let peak = instance.peak_rss()?;
             println!(
                 "lambda receive, round {round}: {n} warm invocations p50 {:.2} ms, p99 {:.2} ms, peak RSS {peak:.1} MB",
@@ -132,14 +132,7 @@ pub(super) async fn lambda(bench: &Bench, url: &str, report: &mut Report) -> Res
             ..Check::at_most(format!("{}: binary size (MB, {which})", b.name), 10.0)
         });
         figures.push(start);
-        figures.push(Figure {
-            values: vec![b.native_mb],
-            ..Figure::new(format!("{}: binary size, native", b.name), "MB")
-        });
-        figures.extend(b.bootstrap_mb.map(|mb| Figure {
-            values: vec![mb],
-            ..Figure::new(format!("{}: binary size, arm64 bootstrap", b.name), "MB")
-        }));
+        figures.push(Figure { values: vec![size], ..Figure::new(format!("{}: binary size, {which}", b.name), "MB") });
     }
     report.sections.push(("Lambda, each function binary".into(), figures));
     report

@@ -668,7 +668,8 @@ impl Report {
             doc,
             "Written by `inbox bench --out docs/benchmarks.md` ({} build): {} rounds, the two sides of \
              each comparison alternated in every round; each figure is the median of the rounds, with the \
-             lowest and highest.\n\n\
+             lowest and highest. Where a target is missed, [performance.md](performance.md) explains the \
+             gap with a profile and names the next lever.\n\n\
              - Machine: {cores} cores ({cpu}), load generator, server and PostgreSQL sharing them.\n\
              - PostgreSQL: {pg}; {pgbench}.\n\
              - Receive: {} s per side and round; bodies of about 1.5 KB (Stripe events, signed); receive \
