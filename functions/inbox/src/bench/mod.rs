@@ -177,7 +177,8 @@ impl Bench {
         config.db.pool_size = self.concurrency.iter().copied().max().unwrap_or(8) as u32;
         let dev = Secrets::development();
         config.secrets = Secrets { stripe: dev.stripe, marqeta: dev.marqeta, ..Secrets::default() };
-        let pool = db::pool(&config.db)?;
+        // The bench's own statements (seeding, cleaning up millions of rows) may take long.
+        let pool = db::pool(&db::DbConfig { statement_timeout: Duration::ZERO, ..config.db.clone() })?;
         db::migrate(&pool).await.context("applying migrations")?;
         let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
         println!(
