@@ -1,6 +1,7 @@
 //! The worker: takes pending inbox rows with `FOR UPDATE SKIP LOCKED`, in
 //! receive order, and applies each one's handler inside one transaction per
-//! batch, a savepoint per event. The row locks are held until commit, so a worker
+//! batch, a savepoint per event, in the order of the handlers' lock keys
+//! (receive order among equal keys; see [`Handler::lock_key`]). The row locks are held until commit, so a worker
 //! that dies leaves nothing half-done: its transaction rolls back and the rows
 //! are simply pending again (no `processing` status, no lease, no reaper).
 
