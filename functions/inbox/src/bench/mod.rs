@@ -548,7 +548,9 @@ async fn client(addr: std::net::SocketAddr, c: usize, load: Load, until: Until) 
         i += 1;
         let (b, copies, auth) = match load {
             Load::Stripe { copies } => {
-                let b = body(&format!("bench-http-{run}-{c}-{i}"));
+                // As long as pgbench's ids (16 digits), so that rows compare byte for byte.
+                let id = run % 1_000_000_000_000_000 + c as u128 * 10_000_000_000 + u128::from(i);
+                let b = body(&format!("bench-ht-{id:016}"));
                 let t = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
                 let sig = signature(t, &b);
                 (b, copies, ("stripe-signature", sig))
