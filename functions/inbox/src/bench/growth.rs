@@ -22,7 +22,7 @@ use webhook_inbox::{
     Provider, ReceiveConfig,
 };
 
-use super::{body, embedded_pg, http, pgbench_script, signature, Bench, Check, Figure, Load, Report, Until};
+use super::{body, http, pgbench, signature, Bench, Check, Figure, Load, Report, Until};
 
 const EMPTY: &str = "bench_growth_empty";
 const FULL: &str = "bench_growth_full";
@@ -40,7 +40,7 @@ impl Bench {
         for round in 1..=self.rounds {
             let peer = self
                 .in_schema(pool, config, EMPTY, |schema_url| async move {
-                    self.pgbench_rows(&schema_url, c, deliveries).await.map(|_| ())
+                    pgbench(&schema_url, c, 1, Until::Deliveries(deliveries.div_ceil(c) as u64)).await.map(|_| ())
                 })
                 .await?;
             let ours = self
@@ -118,23 +118,6 @@ impl Bench {
             .sections
             .push(("Claim latency as the inbox grows".into(), vec![empty_p50, empty_p99, full_p50, full_p99]));
         report.checks.push(ratio);
-        Ok(())
-    }
-
-    /// pgbench's claim INSERT, `rows` times in all over `c` clients, in the schema of `url`.
-    async fn pgbench_rows(&self, url: &str, c: usize, rows: usize) -> Result<()> {
-        let script = std::env::temp_dir().join(format!("inbox-bench-growth-{}.sql", std::process::id()));
-        std::fs::write(&script, pgbench_script(1))?;
-        let pgbench = embedded_pg::find_bin_dir()?.join("pgbench");
-        let out = tokio::process::Command::new(&pgbench)
-            .args(["-n", "-M", "prepared", "-c", &c.to_string(), "-t", &rows.div_ceil(c).to_string(), "-f"])
-            .arg(&script)
-            .arg(url)
-            .output()
-            .await
-            .with_context(|| format!("running {}", pgbench.display()))?;
-        let _ = std::fs::remove_file(&script);
-        ensure!(out.status.success(), "pgbench failed: {}", String::from_utf8_lossy(&out.stderr));
         Ok(())
     }
 

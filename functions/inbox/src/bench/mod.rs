@@ -162,6 +162,32 @@ fn pgbench_script(copies: usize) -> String {
     format!("\\set id random(1, 9000000000000000)\n{}", insert.repeat(copies))
 }
 
+/// pgbench running the claim's INSERT at `c` clients until `until` (each
+/// delivery `copies` times); its output.
+async fn pgbench(url: &str, c: usize, copies: usize, until: Until) -> Result<String> {
+    let script = std::env::temp_dir().join(format!("inbox-bench-{}.sql", std::process::id()));
+    std::fs::write(&script, pgbench_script(copies))?;
+    let pgbench = embedded_pg::find_bin_dir()?.join("pgbench");
+    let threads = c.min(std::thread::available_parallelism().map_or(2, |n| n.get())).to_string();
+    let until = match until {
+        Until::Seconds(s) => ["-T".to_string(), s.to_string()],
+        Until::Deliveries(n) => ["-t".to_string(), n.to_string()],
+    };
+    let out = tokio::process::Command::new(&pgbench)
+        .args(["-n", "-M", "prepared", "-c", &c.to_string(), "-j", &threads])
+        .args(until)
+        .arg("-f")
+        .arg(&script)
+        .arg(url)
+        .output()
+        .await
+        .with_context(|| format!("running {}", pgbench.display()))?;
+    let _ = std::fs::remove_file(&script);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    ensure!(out.status.success(), "pgbench failed: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+    Ok(stdout)
+}
+
 impl Bench {
     fn runs(&self, section: &str) -> bool {
         self.only.is_empty() || self.only.iter().any(|s| s == section)
@@ -268,23 +294,7 @@ impl Bench {
 
     /// Deliveries per second pgbench gets through the claim's INSERT.
     async fn pgbench(&self, url: &str, c: usize, copies: usize) -> Result<f64> {
-        let script = std::env::temp_dir().join(format!("inbox-bench-{}.sql", std::process::id()));
-        std::fs::write(&script, pgbench_script(copies))?;
-        let pgbench = embedded_pg::find_bin_dir()?.join("pgbench");
-        let threads = c.min(std::thread::available_parallelism().map_or(2, |n| n.get())).to_string();
-        let out = tokio::process::Command::new(&pgbench)
-            .args(["-n", "-M", "prepared", "-c", &c.to_string(), "-j", &threads])
-            .args(["-T", &self.seconds.to_string(), "-f"])
-            .arg(&script)
-            .arg(url)
-            .output()
-            .await
-            .with_context(|| format!("running {}", pgbench.display()))?;
-        let _ = std::fs::remove_file(&script);
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        if !out.status.success() {
-            bail!("pgbench failed: {}{}", stdout, String::from_utf8_lossy(&out.stderr));
-        }
+        let stdout = pgbench(url, c, copies, Until::Seconds(self.seconds)).await?;
         // "tps = 1234.567890 (without initial connection time)"
         let tps: f64 = stdout
             .lines()
