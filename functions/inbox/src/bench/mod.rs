@@ -711,8 +711,8 @@ impl Report {
              - Relay: outbox messages of about 1.5 KB to a local HTTP sink (the HTTP sink of `relay`, \
              `RELAY_CONCURRENCY` and `RELAY_BATCH_SIZE` at their defaults), {} s per round.\n\
              - Lambda: each function binary exec'd with a Lambda environment against a stand-in Runtime \
-             API on loopback, timed from the spawn to its first poll; sizes of the native binaries and of the \
-             arm64 `bootstrap` artifacts `scripts/build-lambdas` builds (10^6 bytes to the MB); `receive` \
+             API on loopback, timed from the spawn to its first poll; the size of the arm64 `bootstrap` artifact \
+             `scripts/build-lambdas` builds (of the native binary if there is none; 10^6 bytes to the MB); `receive` \
              then given signed API Gateway events one at a time (warm latency from the event handed over to \
              the answer, peak RSS), and, in a second instance behind a counting TCP proxy, database round trips \
              per delivery (the client speaking again after the server answered).\n\
