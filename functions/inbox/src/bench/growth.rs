@@ -31,6 +31,7 @@ impl Bench {
     pub(super) async fn growth(&self, pool: &PgPool, config: &ReceiveConfig, report: &mut Report) -> Result<()> {
         let c = self.in_flight();
         let deliveries = (self.events / 2).max(c);
+        let per_client = deliveries.div_ceil(c) as u64;
         let mut wal_peer = Figure::new(format!("pgbench, WAL per row ({deliveries} rows, {c} clients)"), "bytes");
         let mut wal_ours =
             Figure::new(format!("receive, WAL per stored event ({deliveries} events, {c} in flight)"), "bytes");
@@ -40,14 +41,13 @@ impl Bench {
         for round in 1..=self.rounds {
             let peer = self
                 .in_schema(pool, config, EMPTY, |schema_url| async move {
-                    pgbench(&schema_url, c, 1, Until::Deliveries(deliveries.div_ceil(c) as u64)).await.map(|_| ())
+                    pgbench(&schema_url, c, 1, Until::Deliveries(per_client)).await.map(|_| ())
                 })
                 .await?;
             let ours = self
                 .in_schema(pool, config, EMPTY, |schema_url| async move {
                     let mut config = config.clone();
                     config.db.url = Some(schema_url);
-                    let per_client = deliveries.div_ceil(c) as u64;
                     http(&config, c, Load::Stripe { copies: 1 }, Until::Deliveries(per_client)).await.map(|_| ())
                 })
                 .await?;
