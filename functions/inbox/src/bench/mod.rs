@@ -707,7 +707,8 @@ impl Report {
              claimed in one statement, the body stored once.\n\
              - Prune: {} `done` rows older than any retention seeded per round; receive at {c} in flight for \
              {} s alone, then again while the prune deletes them (batches of `INBOX_PRUNE_BATCH`, each its own \
-             transaction); rows/s over the time the prune ran.\n\
+             transaction); rows/s over the time the prune ran. The prune may end before the receive window does \
+             (see its rows/s): receive's p99 with prune is over the whole window.\n\
              - Relay: outbox messages of about 1.5 KB to a local HTTP sink (the HTTP sink of `relay`, \
              `RELAY_CONCURRENCY` and `RELAY_BATCH_SIZE` at their defaults), {} s per round.\n\
              - Lambda: each function binary exec'd with a Lambda environment against a stand-in Runtime \
