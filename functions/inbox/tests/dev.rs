@@ -210,7 +210,7 @@ fn inbox_bench_smoke_runs_every_comparison_and_writes_the_report() {
         "| process, 2000 events, reference handlers",
         "| process (no handler) / graphile-worker (no-op jobs) |",
         "## Receive, Marqeta batches",
-        "| prune, 2000 old rows, while receive runs |",
+        "| prune, 20000 old rows, while receive runs |",
         "| receive p99, 2 in flight, prune running |",
         "| relay to an HTTP sink answering in 50ms,",
         "| receive: warm invocation p99, all new |",

@@ -729,7 +729,7 @@ impl Report {
             bench.workers,
             WorkerConfig::default().batch_size,
             bench.seconds,
-            bench.events,
+            bench.events * 10,
             bench.seconds,
             bench.seconds,
             (bench.events / 2).max(c),

@@ -54,7 +54,9 @@ impl Bench {
         // are older than any retention allows, and nothing else is pruned that
         // the prune function would not prune.
         let retention = RetentionConfig::from_env()?;
-        let mut rows = Figure::new(format!("prune, {} old rows, while receive runs", self.events), "rows/s");
+        // Enough old rows for the prune to run through most of the receive window.
+        let old_rows = self.events * 10;
+        let mut rows = Figure::new(format!("prune, {old_rows} old rows, while receive runs"), "rows/s");
         let mut without = Figure::new(format!("receive p99, {c} in flight, without prune"), "ms");
         let mut with = Figure::new(format!("receive p99, {c} in flight, prune running"), "ms");
         for round in 1..=self.rounds {
@@ -65,7 +67,7 @@ impl Bench {
                      now() - interval '36600 days', now() - interval '36600 days'
                  FROM generate_series(1, $1) AS i",
             )
-            .bind(self.events as i64)
+            .bind(old_rows as i64)
             .execute(pool)
             .await
             .context("seeding old rows")?;
