@@ -233,6 +233,7 @@ impl Bench {
             self.process(&pool, &url, &mut report).await?;
         }
         if self.runs("relay") {
+            clean(&pool).await?;
             self.relay(&pool, &mut report).await?;
         }
         if self.runs("lambda") {
