@@ -1,9 +1,10 @@
 //! The worker: takes pending inbox rows with `FOR UPDATE SKIP LOCKED`, in
 //! receive order, and applies each one's handler inside one transaction per
 //! batch, a savepoint per event, in the order of the handlers' lock keys
-//! (receive order among equal keys; see [`Handler::lock_key`]). The row locks are held until commit, so a worker
-//! that dies leaves nothing half-done: its transaction rolls back and the rows
-//! are simply pending again (no `processing` status, no lease, no reaper).
+//! (receive order among equal keys; see [`Handler::lock_key`]). The row locks
+//! are held until commit, so a worker that dies leaves nothing half-done: its
+//! transaction rolls back and the rows are simply pending again (no
+//! `processing` status, no lease, no reaper).
 
 use std::time::{Duration, Instant};
 
@@ -205,8 +206,8 @@ impl Worker {
     ) -> Result<Counts, sqlx::Error> {
         let mut counts = Counts::default();
         let mut finished = Vec::with_capacity(rows.len());
-        let finish = |row: Taken, finish: Finish| {
-            let (status, delay, reason, counted) = match finish {
+        let finished_as = |row: Taken, end: Finish| {
+            let (status, delay, reason, counted) = match end {
                 Finish::Done => (Status::Done, None, None, !precounted),
                 Finish::Retry { after, reason, counted } => {
                     (Status::Pending, Some(after), Some(reason), counted && !precounted)
@@ -226,7 +227,7 @@ impl Worker {
                 Ok((handler, event)) => runs.push((handler.lock_key(&event), handler, event, row)),
                 Err(end) => {
                     counts.taken += 1;
-                    finished.push(finish(row, end));
+                    finished.push(finished_as(row, end));
                 }
             }
         }
@@ -237,7 +238,7 @@ impl Worker {
             }
             counts.taken += 1;
             let end = self.apply(&mut tx, &row, handler, &event, &mut counts).await?;
-            finished.push(finish(row, end));
+            finished.push(finished_as(row, end));
         }
         inbox::finish(&mut tx, &finished).await?;
         tx.commit().await?;

@@ -49,7 +49,7 @@ use tokio::{
 };
 use webhook_inbox::config::DEV_STRIPE;
 
-use super::{body, signature, Bench, Check, Figure, Report};
+use super::{body, signature, Bench, Check, Figure, Report, Task};
 
 /// Every function binary, with the variables it needs beyond the Lambda
 /// environment and `DATABASE_URL` to reach its first poll: relay stops without
@@ -253,15 +253,6 @@ impl StandIn {
         };
         let _ = self.calls.send(call);
         Response::builder().status(202).body(Full::new(Bytes::new()))
-    }
-}
-
-/// A task aborted with its owner.
-struct Task(JoinHandle<()>);
-
-impl Drop for Task {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 

@@ -470,6 +470,15 @@ fn thread_cpu() -> Result<f64> {
     Ok(ns / 1e9)
 }
 
+/// A task aborted with its owner (the bench's stand-in servers and proxies).
+struct Task(tokio::task::JoinHandle<()>);
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// What each client of the load generator sends.
 #[derive(Clone, Copy)]
 enum Load {

@@ -24,7 +24,7 @@ use webhook_inbox::{
     ReceiveConfig,
 };
 
-use super::{body, Bench, Figure, Load, Report};
+use super::{body, Bench, Figure, Load, Report, Task};
 
 /// Items per Marqeta batch, as Marqeta sends them by default.
 const BATCH_ITEMS: usize = 10;
@@ -174,7 +174,7 @@ impl Bench {
 struct SinkServer {
     addr: SocketAddr,
     received: Arc<AtomicU64>,
-    task: tokio::task::JoinHandle<()>,
+    _task: Task,
 }
 
 impl SinkServer {
@@ -183,7 +183,7 @@ impl SinkServer {
         let addr = listener.local_addr()?;
         let received = Arc::new(AtomicU64::new(0));
         let count = received.clone();
-        let task = tokio::spawn(async move {
+        let task = Task(tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 let count = count.clone();
                 tokio::spawn(async move {
@@ -200,17 +200,11 @@ impl SinkServer {
                     let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
                 });
             }
-        });
-        Ok(SinkServer { addr, received, task })
+        }));
+        Ok(SinkServer { addr, received, _task: task })
     }
 
     fn url(&self) -> String {
         format!("http://{}/sink", self.addr)
-    }
-}
-
-impl Drop for SinkServer {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }
