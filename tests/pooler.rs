@@ -22,7 +22,7 @@ use sqlx::{
     PgPool,
 };
 use webhook_inbox::{
-    config::{DbConfig, Env},
+    config::{Catalog, DbConfig, Env},
     db,
     process::{handlers::Handlers, worker::Worker},
     reconcile::{ReconcileConfig, StripeEvents},
@@ -43,6 +43,7 @@ fn through(bouncer: &PgBouncer, opts: &PgConnectOptions, pooler: &str) -> DbConf
 fn receiver(db: DbConfig) -> Receiver {
     let config = ReceiveConfig {
         db,
+        catalog: Catalog::builtin(),
         secrets: secrets(false),
         max_body_bytes: 1 << 20,
         inline_providers: vec![],

@@ -165,7 +165,7 @@ struct EventHead {
 impl StripeEvents {
     pub fn new(base: impl Into<String>, key: Secret) -> Result<Self, ConfigError> {
         let client = http_client(Duration::from_secs(30)).map_err(|e| ConfigError::Invalid {
-            var: "STRIPE_API_KEY",
+            var: "STRIPE_API_KEY".into(),
             reason: format!("cannot build an HTTP client: {e}"),
         })?;
         Ok(StripeEvents { client, base: base.into().trim_end_matches('/').to_string(), key })
@@ -234,7 +234,7 @@ impl StripeEvents {
                 let Events::Single(event) = parser.events(&Delivery { headers: &headers, body, now: 0 }) else {
                     continue;
                 };
-                let env = Envelope { provider: Provider::Stripe, raw_body: body, headers: &empty, secret_index: None };
+                let env = Envelope { provider: Provider::STRIPE, raw_body: body, headers: &empty, secret_index: None };
                 match inbox::claim_one(&mut conn, &env, &event).await? {
                     Claim::New => found.applied += 1,
                     Claim::Duplicate => found.already_known += 1,
@@ -271,7 +271,7 @@ async fn keep_failed_order(conn: &mut sqlx::PgConnection, order: &str, reason: &
     tracing::warn!(%reason, "order from the Admin API kept as failed");
     let headers = serde_json::json!({});
     let env =
-        Envelope { provider: Provider::Shopify, raw_body: order.as_bytes(), headers: &headers, secret_index: None };
+        Envelope { provider: Provider::SHOPIFY, raw_body: order.as_bytes(), headers: &headers, secret_index: None };
     let id = format!("reconcile:{}", body_digest_id(order.as_bytes()));
     let payload = Some(order.to_string()).filter(|t| payload::storable(t));
     inbox::claim_one(conn, &env, &NewEvent::unusable(id, ORDER_EVENT_TYPE, payload, reason)).await?;
@@ -284,7 +284,7 @@ pub const ORDER_EVENT_TYPE: &str = "reconcile:order";
 impl ShopifyOrders {
     pub fn new(base: impl Into<String>, version: impl Into<String>, token: Secret) -> Result<Self, ConfigError> {
         let client = http_client(Duration::from_secs(30)).map_err(|e| ConfigError::Invalid {
-            var: "SHOPIFY_ACCESS_TOKEN",
+            var: "SHOPIFY_ACCESS_TOKEN".into(),
             reason: format!("cannot build an HTTP client: {e}"),
         })?;
         Ok(ShopifyOrders {

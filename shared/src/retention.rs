@@ -17,30 +17,22 @@ use crate::{
     core::provider::Provider,
     db::{
         self, bodies,
-        inbox::{self, Status},
+        inbox::{self, Providers, Status},
         outbox,
     },
+    ingest::providers::catalog::Catalog,
     runtime::stage::{Pass, Stage, Tally},
 };
 
-/// A retention longer than this (100 years) is a typo.
-pub const MAX_DAYS: u32 = 36_500;
-
-/// The longest a provider may redeliver an event, in days (`docs/providers.md`).
-pub fn redelivery_window_days(provider: Provider) -> u32 {
-    match provider {
-        Provider::Stripe => 30,  // manual resend, up to 30 days
-        Provider::Marqeta => 13, // 10 retries, a little over 12 days
-        Provider::Github => 3,   // manual redelivery of the last 3 days
-        Provider::Standard => 3, // about 28 h of retries; senders' replay windows
-        Provider::Shopify => 1,  // 8 retries over 4 h
-    }
-}
+pub use crate::ingest::providers::catalog::MAX_DAYS;
 
 #[derive(Debug, Clone)]
 pub struct RetentionConfig {
-    /// Days `done` rows are kept, per provider: `INBOX_RETENTION_DAYS` (60),
-    /// overridden by `INBOX_RETENTION_DAYS_<PROVIDER>`.
+    /// Every provider known here, with its redelivery window.
+    pub catalog: Catalog,
+    /// `INBOX_RETENTION_DAYS` (60): days `done` rows are kept.
+    pub default_days: u32,
+    /// `INBOX_RETENTION_DAYS_<PROVIDER>`: a provider's own.
     pub done_days: HashMap<Provider, u32>,
     /// `INBOX_FAILED_RETENTION_DAYS` (180).
     pub failed_days: u32,
@@ -51,27 +43,36 @@ pub struct RetentionConfig {
 }
 
 impl RetentionConfig {
+    /// Days a provider's `done` rows are kept.
+    pub fn done_days(&self, p: Provider) -> u32 {
+        self.done_days.get(&p).copied().unwrap_or(self.default_days)
+    }
+
     /// Refuses a retention that would forget a key while its provider may still redeliver it.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        for (var, days) in
-            [("OUTBOX_RETENTION_DAYS", self.outbox_days), ("INBOX_FAILED_RETENTION_DAYS", self.failed_days)]
-                .into_iter()
-                .chain(self.done_days.values().map(|d| ("INBOX_RETENTION_DAYS", *d)))
-        {
+        let days = [("OUTBOX_RETENTION_DAYS", self.outbox_days), ("INBOX_FAILED_RETENTION_DAYS", self.failed_days)];
+        for (var, days) in days.into_iter().chain(
+            std::iter::once(("INBOX_RETENTION_DAYS", self.default_days))
+                .chain(self.done_days.values().map(|d| ("INBOX_RETENTION_DAYS_<PROVIDER>", *d))),
+        ) {
             if days > MAX_DAYS {
-                return Err(ConfigError::Invalid { var, reason: format!("{days} days is more than {MAX_DAYS}") });
+                return Err(ConfigError::Invalid {
+                    var: var.into(),
+                    reason: format!("{days} days is more than {MAX_DAYS}"),
+                });
             }
         }
-        for p in Provider::ALL {
-            let window = redelivery_window_days(p);
-            let done = self.done_days.get(&p).copied().unwrap_or(0);
+        for entry in self.catalog.entries() {
+            let (p, window) = (entry.provider, entry.redelivery_days);
+            let done_var = match self.done_days.contains_key(&p) {
+                true => format!("INBOX_RETENTION_DAYS_{}", p.env_prefix()),
+                false => "INBOX_RETENTION_DAYS".into(),
+            };
             // Failed rows remember their keys too.
-            for (var, kept, what) in
-                [("INBOX_RETENTION_DAYS", done, "done"), ("INBOX_FAILED_RETENTION_DAYS", self.failed_days, "failed")]
-            {
+            for (var, kept, what) in [(done_var, self.done_days(p), "done"), ("INBOX_FAILED_RETENTION_DAYS".into(), self.failed_days, "failed")] {
                 if kept < window {
                     return Err(ConfigError::Invalid {
-                        var,
+                        var: var.into(),
                         reason: format!(
                             "{what} {p} rows would be kept {kept} days, shorter than {p}'s redelivery window of {window} days: \
                              an event redelivered after its key is deleted would be processed twice"
@@ -81,6 +82,17 @@ impl RetentionConfig {
             }
         }
         Ok(())
+    }
+
+    /// The `done` DELETEs of a pass: one per distinct override, then every other provider's rows
+    /// (including a provider no longer configured) at the default.
+    fn done_groups(&self) -> (Vec<(u32, Vec<&'static str>)>, Vec<&'static str>) {
+        let mut groups: std::collections::BTreeMap<u32, Vec<&'static str>> = Default::default();
+        for (p, days) in self.done_days.iter().filter(|(_, d)| **d != self.default_days) {
+            groups.entry(*days).or_default().push(p.as_str());
+        }
+        let overridden = groups.values().flatten().copied().collect();
+        (groups.into_iter().collect(), overridden)
     }
 }
 
@@ -148,21 +160,18 @@ impl Pruner {
         let limit = self.config.batch_size;
         let mut pruned = Pruned::default();
         let mut short = true;
-        for p in Provider::ALL {
-            let n = inbox::delete_received_before(
-                db::Autocommit(&self.pool),
-                Some(p),
-                Status::Done,
-                self.config.done_days[&p],
-                limit,
-            )
-            .await?;
+        let (groups, overridden) = self.config.done_groups();
+        let default = (self.config.default_days, Providers::Except(&overridden));
+        for (days, providers) in groups.iter().map(|(d, p)| (*d, Providers::Only(p))).chain([default]) {
+            let n = inbox::delete_received_before(db::Autocommit(&self.pool), providers, Status::Done, days, limit)
+                .await?;
             short &= (n as i64) < limit;
             pruned.done += n;
+            pruned.statements += 1;
         }
         pruned.failed = inbox::delete_received_before(
             db::Autocommit(&self.pool),
-            None,
+            Providers::Any,
             Status::Failed,
             self.config.failed_days,
             limit,
@@ -170,7 +179,7 @@ impl Pruner {
         .await?;
         pruned.outbox = outbox::delete_sent_before(db::Autocommit(&self.pool), self.config.outbox_days, limit).await?;
         pruned.bodies = bodies::delete_orphans(db::Autocommit(&self.pool), limit).await?;
-        pruned.statements = Provider::ALL.len() as u64 + 3;
+        pruned.statements += 3;
         short &= (pruned.failed as i64) < limit && (pruned.outbox as i64) < limit && (pruned.bodies as i64) < limit;
         Ok((pruned, short))
     }
@@ -182,7 +191,9 @@ mod tests {
 
     fn config(days: u32) -> RetentionConfig {
         RetentionConfig {
-            done_days: Provider::ALL.iter().map(|p| (*p, days)).collect(),
+            catalog: Catalog::builtin(),
+            default_days: days,
+            done_days: HashMap::new(),
             failed_days: 180,
             outbox_days: 7,
             batch_size: 1000,
@@ -193,9 +204,9 @@ mod tests {
     fn a_retention_shorter_than_a_redelivery_window_is_refused_with_the_reason() {
         assert!(config(60).validate().is_ok());
         let mut c = config(60);
-        c.done_days.insert(Provider::Stripe, 10);
+        c.done_days.insert(Provider::STRIPE, 10);
         let err = c.validate().unwrap_err().to_string();
-        assert!(err.contains("done stripe rows would be kept 10 days") && err.contains("30 days"), "{err}");
+        assert!(err.starts_with("INBOX_RETENTION_DAYS_STRIPE: done stripe rows would be kept 10 days") && err.contains("30 days"), "{err}");
         let mut c = config(60);
         c.failed_days = 5;
         assert!(
@@ -203,7 +214,28 @@ mod tests {
             "failed rows are dedup memory too"
         );
         let mut c = config(60);
-        c.done_days.insert(Provider::Shopify, 1);
+        c.done_days.insert(Provider::SHOPIFY, 1);
         assert!(c.validate().is_ok(), "Shopify redelivers for 4 hours");
+        let err = config(5).validate().unwrap_err().to_string();
+        assert!(err.starts_with("INBOX_RETENTION_DAYS: "), "a declared provider's window binds the default too: {err}");
+        let mut c = config(60);
+        c.done_days.insert(Provider::try_from("gocardless").unwrap(), 6);
+        assert!(c.validate().unwrap_err().to_string().contains("gocardless's redelivery window of 7 days"));
+    }
+
+    #[test]
+    fn providers_sharing_a_retention_share_one_delete() {
+        let mut c = config(60);
+        assert_eq!(c.done_groups(), (vec![], vec![]), "one DELETE for everyone at the default");
+        c.done_days.insert(Provider::STRIPE, 90);
+        c.done_days.insert(Provider::GITHUB, 90);
+        c.done_days.insert(Provider::SHOPIFY, 60);
+        let (groups, overridden) = c.done_groups();
+        assert_eq!(groups.len(), 1);
+        assert_eq!(groups[0].0, 90);
+        let mut names = groups[0].1.clone();
+        names.sort();
+        assert_eq!(names, ["github", "stripe"]);
+        assert_eq!(overridden.len(), 2, "shopify's equals the default: it stays in the default DELETE");
     }
 }

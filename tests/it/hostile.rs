@@ -49,7 +49,7 @@ async fn rows(pool: &PgPool) -> Vec<(String, String, Option<String>)> {
 
 /// Stores a pending Stripe payment as receive would have before today's payload check.
 async fn stored_unchecked(pool: &PgPool, event_id: &str, body: &str) {
-    store(pool, Provider::Stripe, event_id, "payment_intent.succeeded", body).await;
+    store(pool, Provider::STRIPE, event_id, "payment_intent.succeeded", body).await;
 }
 
 // ---------- 1. payloads jsonb takes but Value cannot hold ----------
@@ -89,7 +89,7 @@ async fn receive_fails_at_once_what_the_worker_could_not_decode(_: PgPoolOptions
         sqlx::query("TRUNCATE webhook_inbox").execute(&pool).await.unwrap();
         let mut cfg = config(secrets(false));
         if inline {
-            cfg.inline_providers = vec![Provider::Stripe];
+            cfg.inline_providers = vec![Provider::STRIPE];
         }
         let r = Receiver::new(db::Connections::from_options(opts.clone(), &cfg.db), &cfg);
         for (id, hostile, reason) in [
@@ -151,7 +151,7 @@ async fn the_claim_falls_back_whatever_sqlstate_the_value_raises(_: PgPoolOption
         [("deep", nested(100_000), "54001"), ("surrogate", r#"["\ud800"]"#.to_string(), "SQLSTATE 22")]
     {
         let env = Envelope {
-            provider: Provider::Github,
+            provider: Provider::GITHUB,
             raw_body: payload.as_bytes(),
             headers: &headers,
             secret_index: Some(0),
@@ -169,7 +169,7 @@ async fn the_claim_falls_back_whatever_sqlstate_the_value_raises(_: PgPoolOption
         assert!(why.contains(sqlstate), "{id}: {why}");
     }
     // A batch whose one item PostgreSQL refuses: the others are stored as they are.
-    let env = Envelope { provider: Provider::Marqeta, raw_body: b"batch", headers: &headers, secret_index: Some(0) };
+    let env = Envelope { provider: Provider::MARQETA, raw_body: b"batch", headers: &headers, secret_index: Some(0) };
     let items = vec![
         NewEvent::pending("t:ok".into(), "t", "{}".into()),
         NewEvent::pending("t:deep".into(), "t", nested(100_000)),
@@ -374,7 +374,7 @@ async fn any_stored_payload_ends_done_or_failed_and_never_stops_the_worker(_: Pg
         }
         let unchecked = hostile_json::stripe_event(&format!("evt_u{i:03}"), "prop.test", &data);
         let env = Envelope {
-            provider: Provider::Stripe,
+            provider: Provider::STRIPE,
             raw_body: unchecked.as_bytes(),
             headers: &headers,
             secret_index: Some(0),
@@ -388,7 +388,7 @@ async fn any_stored_payload_ends_done_or_failed_and_never_stops_the_worker(_: Pg
         retry_base: Duration::from_millis(1),
         poll: Duration::from_millis(10),
     };
-    let w = Worker::new(pool.clone(), Handlers::new().on(Provider::Stripe, "prop.test", ReadsPayload), config);
+    let w = Worker::new(pool.clone(), Handlers::new().on(Provider::STRIPE, "prop.test", ReadsPayload), config);
     let counts = w.run(later()).await.expect("the drain never errors");
     let (pending, failed_without_reason): (i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'failed' AND failure_reason IS NULL) FROM webhook_inbox",

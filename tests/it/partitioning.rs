@@ -29,7 +29,7 @@ fn event(id: &str) -> NewEvent {
 async fn the_hash_partitioned_inbox_refuses_every_duplicate_and_spreads_keys(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let headers = json!({});
-    let env = Envelope { provider: Provider::Stripe, raw_body: b"{}", headers: &headers, secret_index: Some(0) };
+    let env = Envelope { provider: Provider::STRIPE, raw_body: b"{}", headers: &headers, secret_index: Some(0) };
     inbox::claim(&pool, &env, &event("before")).await.unwrap();
     pool.execute(VARIANT).await.expect("the variant applies to a migrated inbox");
 

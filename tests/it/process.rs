@@ -67,12 +67,12 @@ fn payment_event(event_id: &str, pi: &str, amount: i64) -> Value {
 async fn out_of_order_snapshots_leave_the_newest(pool: PgPool) {
     let w = worker(&pool, Handlers::reference());
     // `paid` happened at 12:00:05 but arrives first; `pending` (12:00:00) arrives late.
-    stored(&pool, Provider::Shopify, "d-new", "orders/updated", order(1001, "paid", "120.00", "2026-09-20T12:00:05Z"))
+    stored(&pool, Provider::SHOPIFY, "d-new", "orders/updated", order(1001, "paid", "120.00", "2026-09-20T12:00:05Z"))
         .await;
     assert_eq!(w.run_once(later()).await.unwrap().applied, 1);
     stored(
         &pool,
-        Provider::Shopify,
+        Provider::SHOPIFY,
         "d-old",
         "orders/updated",
         order(1001, "pending", "99.00", "2026-09-20T12:00:00Z"),
@@ -111,9 +111,9 @@ async fn the_upsert_tells_inserted_updated_and_stale_and_a_replay_keeps_xmin(poo
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn a_malformed_order_fails_at_once_with_its_reason(pool: PgPool) {
     let w = worker(&pool, Handlers::reference());
-    stored(&pool, Provider::Shopify, "bad-total", "orders/create", order(9, "paid", "12,00", "2026-09-20T12:00:00Z"))
+    stored(&pool, Provider::SHOPIFY, "bad-total", "orders/create", order(9, "paid", "12,00", "2026-09-20T12:00:00Z"))
         .await;
-    stored(&pool, Provider::Shopify, "bad-time", "orders/create", order(10, "paid", "12.00", "half past noon")).await;
+    stored(&pool, Provider::SHOPIFY, "bad-time", "orders/create", order(10, "paid", "12.00", "half past noon")).await;
     let c = w.run_once(later()).await.unwrap();
     assert_eq!((c.failed, c.retried), (2, 0), "permanent errors are not retried");
     let reasons: Vec<String> = sqlx::query_scalar("SELECT failure_reason FROM webhook_inbox ORDER BY event_id")
@@ -129,8 +129,8 @@ async fn a_malformed_order_fails_at_once_with_its_reason(pool: PgPool) {
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn stripe_twin_events_make_one_payment_and_one_outbox_message(pool: PgPool) {
     let w = worker(&pool, Handlers::reference());
-    stored(&pool, Provider::Stripe, "evt_a", "payment_intent.succeeded", payment_event("evt_a", "pi_1", 2000)).await;
-    stored(&pool, Provider::Stripe, "evt_b", "payment_intent.succeeded", payment_event("evt_b", "pi_1", 2000)).await;
+    stored(&pool, Provider::STRIPE, "evt_a", "payment_intent.succeeded", payment_event("evt_a", "pi_1", 2000)).await;
+    stored(&pool, Provider::STRIPE, "evt_b", "payment_intent.succeeded", payment_event("evt_b", "pi_1", 2000)).await;
     let c = w.run_once(later()).await.unwrap();
     assert_eq!((c.taken, c.applied, c.no_effect), (2, 1, 1), "the twin finds the payment recorded");
     let (payments, messages): (i64, i64) = (
@@ -214,10 +214,10 @@ impl Handler for Poison {
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn a_poison_event_fails_after_its_attempts_while_a_thousand_others_are_done(pool: PgPool) {
-    let w = worker(&pool, Handlers::new().on(Provider::Standard, "poison", Poison));
-    stored(&pool, Provider::Standard, "msg_poison", "poison", json!({"type": "poison"})).await;
+    let w = worker(&pool, Handlers::new().on(Provider::STANDARD, "poison", Poison));
+    stored(&pool, Provider::STANDARD, "msg_poison", "poison", json!({"type": "poison"})).await;
     for i in 0..1000 {
-        stored(&pool, Provider::Standard, &format!("msg_{i:04}"), "invoice.paid", json!({"type": "invoice.paid"}))
+        stored(&pool, Provider::STANDARD, &format!("msg_{i:04}"), "invoice.paid", json!({"type": "invoice.paid"}))
             .await;
     }
     let first = w.run_once(later()).await.unwrap();
@@ -243,19 +243,19 @@ async fn a_poison_event_fails_after_its_attempts_while_a_thousand_others_are_don
 /// event spends one attempt.
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn a_handler_failing_mid_batch_fails_only_itself_and_every_effect_lands_once(pool: PgPool) {
-    let w = worker(&pool, Handlers::reference().on(Provider::Stripe, "poison", Poison));
+    let w = worker(&pool, Handlers::reference().on(Provider::STRIPE, "poison", Poison));
     for i in 0..60 {
         let id = format!("evt_fast_{i:02}");
         stored(
             &pool,
-            Provider::Stripe,
+            Provider::STRIPE,
             &id,
             "payment_intent.succeeded",
             payment_event(&id, &format!("pi_fast_{i}"), 100 + i),
         )
         .await;
         if i == 30 {
-            stored(&pool, Provider::Stripe, "evt_fast_poison", "poison", json!({"id": "evt_fast_poison"})).await;
+            stored(&pool, Provider::STRIPE, "evt_fast_poison", "poison", json!({"id": "evt_fast_poison"})).await;
         }
     }
     let c = w.run_once(later()).await.unwrap();
@@ -329,7 +329,7 @@ async fn concurrent_batches_crediting_shared_accounts_never_deadlock(_: PgPoolOp
         rng ^= rng << 17;
         let payload = json!({"token": format!("dep_{i}"), "type": "gpa.credit", "state": "COMPLETION",
             "user_token": format!("acct_{}", rng % 8), "amount": "1.00"});
-        stored(&pool, Provider::Marqeta, &format!("transactions:dep_{i}"), deposits::EVENT_TYPE, payload).await;
+        stored(&pool, Provider::MARQETA, &format!("transactions:dep_{i}"), deposits::EVENT_TYPE, payload).await;
     }
     let workers_pool = PgPoolOptions::new().max_connections(4).connect_with(opts).await.unwrap();
     let workers: Vec<_> = (0..4)
@@ -384,7 +384,7 @@ async fn a_worker_cut_off_mid_batch_leaves_its_rows_and_every_effect_lands_once(
         let id = format!("evt_{i:02}");
         stored(
             &pool,
-            Provider::Stripe,
+            Provider::STRIPE,
             &id,
             "payment_intent.succeeded",
             payment_event(&id, &format!("pi_{i:02}"), 500),
@@ -395,7 +395,7 @@ async fn a_worker_cut_off_mid_batch_leaves_its_rows_and_every_effect_lands_once(
         PgPoolOptions::new().max_connections(1).connect_with(opts.application_name("doomed-worker")).await.unwrap();
     let doomed = Worker::new(
         doomed_pool,
-        Handlers::new().on(Provider::Stripe, "payment_intent.succeeded", ParkOn("evt_05")),
+        Handlers::new().on(Provider::STRIPE, "payment_intent.succeeded", ParkOn("evt_05")),
         fast_worker_config(),
     );
     let run = tokio::spawn(async move { doomed.run_once(later()).await });
@@ -433,7 +433,7 @@ async fn a_lock_timeout_is_retried_without_spending_an_attempt(_: PgPoolOptions,
     sqlx::query("INSERT INTO accounts (account_id) VALUES ('busy')").execute(&pool).await.unwrap();
     let deposit =
         json!({"token": "dep_b", "type": "gpa.credit", "state": "COMPLETION", "user_token": "busy", "amount": 5});
-    stored(&pool, Provider::Marqeta, "transactions:dep_b", "transactions:gpa.credit", deposit).await;
+    stored(&pool, Provider::MARQETA, "transactions:dep_b", "transactions:gpa.credit", deposit).await;
 
     let mut holder = pool.begin().await.unwrap();
     sqlx::query("SELECT * FROM accounts WHERE account_id = 'busy' FOR UPDATE").execute(&mut *holder).await.unwrap();
@@ -456,7 +456,7 @@ async fn a_lock_timeout_is_retried_without_spending_an_attempt(_: PgPoolOptions,
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn the_schedule_drains_batch_after_batch_and_stops_at_the_deadline(pool: PgPool) {
     for i in 0..250 {
-        stored(&pool, Provider::Github, &format!("d-{i:03}"), "ping", json!({})).await;
+        stored(&pool, Provider::GITHUB, &format!("d-{i:03}"), "ping", json!({})).await;
     }
     let w = worker(&pool, Handlers::reference());
     let past = process::on_schedule(&w, Instant::now()).await.unwrap();
@@ -500,10 +500,10 @@ fn sqs_event(bodies: &[(&str, &str)]) -> aws_lambda_events::event::sqs::SqsEvent
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn the_sqs_path_reports_only_the_failed_messages(pool: PgPool) {
-    stored(&pool, Provider::Stripe, "evt_ok", "payment_intent.succeeded", payment_event("evt_ok", "pi_ok", 700)).await;
+    stored(&pool, Provider::STRIPE, "evt_ok", "payment_intent.succeeded", payment_event("evt_ok", "pi_ok", 700)).await;
     let deposit =
         json!({"token": "dep_9", "type": "gpa.credit", "state": "COMPLETION", "user_token": "nobody", "amount": 1});
-    stored(&pool, Provider::Marqeta, "transactions:dep_9", "transactions:gpa.credit", deposit).await;
+    stored(&pool, Provider::MARQETA, "transactions:dep_9", "transactions:gpa.credit", deposit).await;
     let w = worker(&pool, Handlers::reference());
     let event = sqs_event(&[
         ("m-ok", r#"{"provider":"stripe","event_id":"evt_ok"}"#),
@@ -574,7 +574,7 @@ async fn inline_mode_applies_the_effect_before_the_200_and_a_replay_changes_noth
     opts: PgConnectOptions,
 ) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
-    let r = inline_receiver(opts, vec![Provider::Stripe]);
+    let r = inline_receiver(opts, vec![Provider::STRIPE]);
     let body = payment_event("evt_inline", "pi_inline", 900).to_string().into_bytes();
     let sig = stripe_header(STRIPE[0], &body);
     assert_eq!(post(&r, "stripe", &[("Stripe-Signature", &sig)], &body).await.1, json!({"status": "accepted"}));
@@ -593,7 +593,7 @@ async fn inline_mode_applies_the_effect_before_the_200_and_a_replay_changes_noth
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn an_inline_handler_that_fails_still_commits_the_claim_as_pending(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
-    let r = inline_receiver(opts, vec![Provider::Marqeta]);
+    let r = inline_receiver(opts, vec![Provider::MARQETA]);
     let auth = marqeta_basic(MARQETA_USER, MARQETA_PASSWORDS[0]);
     let batch = br#"{"transactions":[{"token":"dep_x","type":"gpa.credit","state":"COMPLETION","user_token":"acct_x","amount":10}]}"#;
     assert_eq!(
@@ -634,8 +634,8 @@ async fn an_exclusive_inline_handler_makes_a_concurrent_duplicate_retry_instead_
     opts: PgConnectOptions,
 ) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
-    let r = Arc::new(inline_receiver(opts, vec![Provider::Github]).with_handlers(Handlers::new().on(
-        Provider::Github,
+    let r = Arc::new(inline_receiver(opts, vec![Provider::GITHUB]).with_handlers(Handlers::new().on(
+        Provider::GITHUB,
         "push",
         SlowExclusive,
     )));
@@ -676,18 +676,18 @@ impl Handler for ConnectionKiller {
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn an_event_that_kills_its_connection_fails_after_its_attempts_and_blocks_nobody(pool: PgPool) {
-    let handlers = Handlers::new().on(Provider::Github, "killer", ConnectionKiller).on(
-        Provider::Stripe,
+    let handlers = Handlers::new().on(Provider::GITHUB, "killer", ConnectionKiller).on(
+        Provider::STRIPE,
         "payment_intent.succeeded",
         PaymentSucceededHandler,
     );
     let w = worker(&pool, handlers);
-    stored(&pool, Provider::Github, "d-killer", "killer", json!({})).await;
+    stored(&pool, Provider::GITHUB, "d-killer", "killer", json!({})).await;
     for i in 0..20 {
         let id = format!("evt_{i:02}");
         stored(
             &pool,
-            Provider::Stripe,
+            Provider::STRIPE,
             &id,
             "payment_intent.succeeded",
             payment_event(&id, &format!("pi_{i:02}"), 100),

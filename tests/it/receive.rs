@@ -441,7 +441,7 @@ fn event(id: &str) -> NewEvent {
 }
 
 fn envelope(headers: &Value) -> Envelope<'_> {
-    Envelope { provider: Provider::Stripe, raw_body: b"{}", headers, secret_index: Some(0) }
+    Envelope { provider: Provider::STRIPE, raw_body: b"{}", headers, secret_index: Some(0) }
 }
 
 /// Claims of this test's database waiting on a lock.
@@ -617,7 +617,7 @@ async fn concurrent_overlapping_batches_neither_deadlock_nor_double_claim(_: PgP
                 let mut conn = pool.acquire().await.unwrap();
                 let headers = json!({});
                 let env =
-                    Envelope { provider: Provider::Marqeta, raw_body: b"{}", headers: &headers, secret_index: Some(0) };
+                    Envelope { provider: Provider::MARQETA, raw_body: b"{}", headers: &headers, secret_index: Some(0) };
                 barrier.wait().await;
                 inbox::claim_batch(&mut *conn, &env, &events).await
             })

@@ -60,7 +60,7 @@ async fn reconcile_claims_exactly_the_missing_stripe_events_and_nothing_twice(po
     let webhook = stripe_event(2).to_string();
     let headers = json!({});
     let env =
-        Envelope { provider: Provider::Stripe, raw_body: webhook.as_bytes(), headers: &headers, secret_index: Some(0) };
+        Envelope { provider: Provider::STRIPE, raw_body: webhook.as_bytes(), headers: &headers, secret_index: Some(0) };
     inbox::claim(&pool, &env, &NewEvent::pending("evt_2".into(), "payment_intent.succeeded", webhook.clone()))
         .await
         .unwrap();

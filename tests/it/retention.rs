@@ -18,6 +18,7 @@ use sqlx::{
     PgPool,
 };
 use webhook_inbox::{
+    config::Catalog,
     ingest::inbox::{self, Envelope},
     ingest::providers::{NewEvent, Provider},
     retention::{Pruner, RetentionConfig},
@@ -25,9 +26,15 @@ use webhook_inbox::{
 };
 
 fn retention(batch_size: i64) -> RetentionConfig {
-    let mut done_days: HashMap<Provider, u32> = Provider::ALL.iter().map(|p| (*p, 60)).collect();
-    done_days.insert(Provider::Shopify, 2);
-    RetentionConfig { done_days, failed_days: 180, outbox_days: 7, batch_size }
+    let done_days: HashMap<Provider, u32> = [(Provider::SHOPIFY, 2)].into();
+    RetentionConfig {
+        catalog: Catalog::builtin(),
+        default_days: 60,
+        done_days,
+        failed_days: 180,
+        outbox_days: 7,
+        batch_size,
+    }
 }
 
 /// An inbox row of `status`, received `days` ago.
@@ -64,13 +71,13 @@ async fn message(pool: &PgPool, key: &str, sent_days_ago: Option<i32>) {
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn prune_deletes_only_what_is_past_its_retention(pool: PgPool) {
-    row(&pool, Provider::Stripe, "done-61d", "done", 61).await;
-    row(&pool, Provider::Stripe, "done-10d", "done", 10).await;
-    row(&pool, Provider::Stripe, "pending-100d", "pending", 100).await;
-    row(&pool, Provider::Stripe, "failed-100d", "failed", 100).await;
-    row(&pool, Provider::Stripe, "failed-200d", "failed", 200).await;
-    row(&pool, Provider::Shopify, "shopify-done-5d", "done", 5).await;
-    row(&pool, Provider::Shopify, "shopify-done-1d", "done", 1).await;
+    row(&pool, Provider::STRIPE, "done-61d", "done", 61).await;
+    row(&pool, Provider::STRIPE, "done-10d", "done", 10).await;
+    row(&pool, Provider::STRIPE, "pending-100d", "pending", 100).await;
+    row(&pool, Provider::STRIPE, "failed-100d", "failed", 100).await;
+    row(&pool, Provider::STRIPE, "failed-200d", "failed", 200).await;
+    row(&pool, Provider::SHOPIFY, "shopify-done-5d", "done", 5).await;
+    row(&pool, Provider::SHOPIFY, "shopify-done-1d", "done", 1).await;
     message(&pool, "sent-8d", Some(8)).await;
     message(&pool, "sent-2d", Some(2)).await;
     message(&pool, "unsent", None).await;
@@ -90,8 +97,8 @@ async fn prune_deletes_only_what_is_past_its_retention(pool: PgPool) {
 
 #[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
 async fn prune_never_waits_on_a_row_another_transaction_holds(pool: PgPool) {
-    row(&pool, Provider::Stripe, "held", "done", 90).await;
-    row(&pool, Provider::Stripe, "free", "done", 90).await;
+    row(&pool, Provider::STRIPE, "held", "done", 90).await;
+    row(&pool, Provider::STRIPE, "free", "done", 90).await;
     let mut holder = pool.begin().await.unwrap();
     sqlx::query("SELECT 1 FROM webhook_inbox WHERE event_id = 'held' FOR UPDATE").execute(&mut *holder).await.unwrap();
     let pruned = Pruner::new(pool.clone(), retention(10)).run(Instant::now() + Duration::from_secs(30)).await.unwrap();
@@ -197,7 +204,7 @@ async fn batch_bodies_go_once_no_row_points_at_them_and_no_delivery_brought_them
     let headers = json!({});
     let items = [NewEvent::pending("transactions:t1".into(), "transactions", "{}".into())];
     for body in [&b"kept: a row points at it"[..], b"orphan, old", b"orphan, seen an hour ago"] {
-        let env = Envelope { provider: Provider::Marqeta, raw_body: body, headers: &headers, secret_index: Some(0) };
+        let env = Envelope { provider: Provider::MARQETA, raw_body: body, headers: &headers, secret_index: Some(0) };
         inbox::claim_batch(&pool, &env, &items).await.unwrap();
     }
     // Only the first body's claim made a row; the others' items were duplicates.

@@ -4,7 +4,7 @@
 
 use aws_sdk_secretsmanager::Client;
 use sqlx::Connection;
-use webhook_inbox::config::{secrets_manager, DbConfig, Env, Secrets};
+use webhook_inbox::config::{secrets_manager, Catalog, DbConfig, Env, Secrets};
 
 const STRIPE: &str = "whsec_from_secrets_manager";
 const DB_PASSWORD: &str = "db-password-from-secrets-manager";
@@ -39,7 +39,7 @@ async fn arns_resolve_to_the_plain_variables_and_a_working_database_url() {
     assert!(!secrets_manager::wanted(&Env::from_pairs(&pairs[3..])), "no ARN, no AWS call");
     let env = secrets_manager::resolve(env, &sm).await.unwrap();
 
-    let secrets = Secrets::read(&env).unwrap();
+    let secrets = Secrets::read(&env, &Catalog::builtin()).unwrap();
     let stripe: Vec<&[u8]> = secrets.stripe.iter().map(|s| s.expose()).collect();
     assert_eq!(stripe, [STRIPE.as_bytes(), b"whsec_previous"]);
     assert_eq!(secrets.shopify.len(), 1, "plain variables still work beside ARNs");

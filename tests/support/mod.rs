@@ -15,7 +15,7 @@ use serde_json::Value;
 use sha2::Sha256;
 use sqlx::{postgres::PgConnectOptions, PgPool};
 use webhook_inbox::{
-    config::{DbConfig, MarqetaAuth, Secrets, DEFAULT_MAX_BODY_BYTES},
+    config::{Catalog, DbConfig, MarqetaAuth, Secrets, DEFAULT_MAX_BODY_BYTES},
     db,
     ingest::{
         inbox::{self, Claim, Envelope},
@@ -50,6 +50,7 @@ pub fn secrets(marqeta_signing: bool) -> Secrets {
             passwords: list(&MARQETA_PASSWORDS),
             signing_secrets: if marqeta_signing { list(&MARQETA_SIGNING) } else { vec![] },
         }),
+        declared: Default::default(),
     }
 }
 
@@ -60,6 +61,7 @@ pub fn db_config() -> DbConfig {
 pub fn config(secrets: Secrets) -> ReceiveConfig {
     ReceiveConfig {
         db: db_config(),
+        catalog: Catalog::builtin(),
         secrets,
         max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         inline_providers: vec![],

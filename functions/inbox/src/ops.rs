@@ -9,7 +9,7 @@ use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 use sqlx::PgPool;
 use webhook_inbox::{
-    config::{Env, Secrets},
+    config::{Catalog, Env, Secrets},
     db::{
         self, audit,
         inbox::{self, Filter, Replayed, Requeue, Since},
@@ -199,17 +199,17 @@ fn reverify(env: &Env<'_>, event: &inbox::StoredEvent) -> String {
     if event.source == "reconcile" {
         return "fetched from the provider's API by reconcile: no signature".into();
     }
-    let secrets = match Secrets::read(env) {
-        Ok(s) => s,
+    let (catalog, secrets) = match Catalog::read(env).and_then(|c| Secrets::read(env, &c).map(|s| (c, s))) {
+        Ok(read) => read,
         Err(e) => return format!("not checked: {e}"),
     };
-    let schemes = Schemes::new(&secrets);
+    let schemes = Schemes::new(&catalog, &secrets);
     if schemes.get(provider).is_none() {
         return format!("not checked: no {provider} secret is configured here");
     }
     match verify_stored(&schemes, provider, &event.headers.0, &event.raw_body, event.received_epoch) {
         Ok(v) => format!("verifies with {provider} secret #{}", v.secret_index + 1),
-        Err(reason) if provider == Provider::Marqeta => {
+        Err(reason) if provider == Provider::MARQETA => {
             format!("not verified: {reason} (Basic credentials are never stored; only X-Marqeta-Signature can be re-checked)")
         }
         Err(reason) => format!("DOES NOT VERIFY with the secrets configured here: {reason}"),

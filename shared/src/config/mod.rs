@@ -15,6 +15,7 @@ use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
 pub use crate::core::error::ConfigError;
 pub use crate::core::secret::{MarqetaAuth, Secret, Secrets};
 pub use crate::db::DbConfig;
+pub use crate::ingest::providers::catalog::{Catalog, Kind};
 use crate::{
     core::provider::Provider,
     process::worker::WorkerConfig,
@@ -84,14 +85,37 @@ impl<'a> Env<'a> {
     }
 }
 
-fn invalid(var: &'static str, reason: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid { var, reason: reason.into() }
+fn invalid(var: impl Into<std::borrow::Cow<'static, str>>, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid { var: var.into(), reason: reason.into() }
+}
+
+impl Catalog {
+    /// The built-in providers and those `INBOX_PROVIDERS_FILE` (a path) or
+    /// `INBOX_PROVIDERS` (the text itself, for a Lambda stack) declares, with
+    /// the `<NAME>_WEBHOOK_URL` of each whose signature covers its URL.
+    pub fn read(env: &Env) -> Result<Self, ConfigError> {
+        let text = match (env.var("INBOX_PROVIDERS_FILE"), env.var("INBOX_PROVIDERS")) {
+            (Some(_), Some(_)) => {
+                return Err(invalid("INBOX_PROVIDERS", "set together with INBOX_PROVIDERS_FILE: use one or the other"))
+            }
+            (Some(path), None) => Some((
+                "INBOX_PROVIDERS_FILE",
+                std::fs::read_to_string(&path)
+                    .map_err(|e| invalid("INBOX_PROVIDERS_FILE", format!("cannot read {path}: {e}")))?,
+            )),
+            (None, Some(text)) => Some(("INBOX_PROVIDERS", text)),
+            (None, None) => None,
+        };
+        let url = |p: Provider| env.var(&format!("{}_WEBHOOK_URL", p.env_prefix()));
+        Catalog::with_file(text.as_ref().map(|(_, t)| t.as_str()), url)
+            .map_err(|reason| invalid(text.as_ref().map_or("INBOX_PROVIDERS", |(var, _)| var), reason))
+    }
 }
 
 impl Secrets {
     /// Reads every `*_WEBHOOK_*` variable; each may hold several comma-separated secrets.
-    pub fn read(env: &Env) -> Result<Self, ConfigError> {
-        let list = |var: &'static str| -> Vec<String> {
+    pub fn read(env: &Env, catalog: &Catalog) -> Result<Self, ConfigError> {
+        let list = |var: &str| -> Vec<String> {
             env.var(var)
                 .map(|v| v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect())
                 .unwrap_or_default()
@@ -146,12 +170,47 @@ impl Secrets {
             (_, false) => return Err(invalid("MARQETA_WEBHOOK_USERNAME", "holds one username, not a list")),
         };
 
+        let mut declared = std::collections::BTreeMap::new();
+        for entry in catalog.entries() {
+            let p = entry.provider;
+            let var = format!("{}_WEBHOOK_SECRET", p.env_prefix());
+            let decode = |i: usize, s: &str| match &entry.kind {
+                Kind::Coded => unreachable!("read above"),
+                Kind::Standard => decode_standard_secret(s)
+                    .ok_or_else(|| format!("secret #{} is not base64 (after an optional whsec_ prefix)", i + 1)),
+                Kind::Declared(rules) => rules.decode_secret(s).map_err(|e| format!("secret #{} {e}", i + 1)),
+            };
+            if matches!(entry.kind, Kind::Coded) {
+                continue;
+            }
+            let keys = list(&var)
+                .iter()
+                .enumerate()
+                .map(|(i, s)| decode(i, s))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|reason| invalid(var.clone(), reason))?;
+            if keys.is_empty() {
+                continue;
+            }
+            if matches!(&entry.kind, Kind::Declared(r) if r.needs_url()) && catalog.url(p).is_none() {
+                return Err(invalid(
+                    format!("{}_WEBHOOK_URL", p.env_prefix()),
+                    format!(
+                        "missing: {p} signs the public URL it delivers to; set it to exactly the URL registered with {p} \
+                         (it is never guessed from the request)"
+                    ),
+                ));
+            }
+            declared.insert(p, keys);
+        }
+
         Ok(Secrets {
             stripe: plain("STRIPE_WEBHOOK_SECRET"),
             shopify: plain("SHOPIFY_WEBHOOK_SECRET"),
             github: plain("GITHUB_WEBHOOK_SECRET"),
             standard,
             marqeta,
+            declared,
         })
     }
 
@@ -167,6 +226,7 @@ impl Secrets {
                 passwords: vec![Secret::new(DEV_MARQETA_PASSWORD)],
                 signing_secrets: vec![],
             }),
+            declared: Default::default(),
         }
     }
 }
@@ -214,15 +274,17 @@ impl DbConfig {
 
 pub use crate::ingest::receive::{ReceiveConfig, DEFAULT_MAX_BODY_BYTES};
 
-fn inline_providers(value: Option<&str>) -> Result<Vec<Provider>, ConfigError> {
+fn inline_providers(value: Option<&str>, catalog: &Catalog) -> Result<Vec<Provider>, ConfigError> {
     value
         .unwrap_or("")
         .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(|name| {
-            Provider::try_from(name)
-                .map_err(|_| invalid("INBOX_INLINE_PROVIDERS", format!("unknown provider {name:?}")))
+            catalog
+                .find(name)
+                .map(|e| e.provider)
+                .ok_or_else(|| invalid("INBOX_INLINE_PROVIDERS", format!("unknown provider {name:?}")))
         })
         .collect()
 }
@@ -233,11 +295,13 @@ impl ReceiveConfig {
     }
 
     pub fn read(env: &Env, default_pool: u32) -> Result<Self, ConfigError> {
+        let catalog = Catalog::read(env)?;
         Ok(ReceiveConfig {
             db: DbConfig::read(env, default_pool)?,
-            secrets: Secrets::read(env)?,
+            secrets: Secrets::read(env, &catalog)?,
             max_body_bytes: env.parse("INBOX_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES)?,
-            inline_providers: inline_providers(env.var("INBOX_INLINE_PROVIDERS").as_deref())?,
+            inline_providers: inline_providers(env.var("INBOX_INLINE_PROVIDERS").as_deref(), &catalog)?,
+            catalog,
             process_queue_url: env.var("INBOX_PROCESS_QUEUE_URL"),
         })
     }
@@ -353,19 +417,19 @@ impl RetentionConfig {
     }
 
     pub fn read(env: &Env) -> Result<Self, ConfigError> {
+        let catalog = Catalog::read(env)?;
         let default_days: u32 = env.parse("INBOX_RETENTION_DAYS", 60)?;
         let mut done_days = HashMap::new();
-        for p in Provider::ALL {
-            let var: &'static str = match p {
-                Provider::Stripe => "INBOX_RETENTION_DAYS_STRIPE",
-                Provider::Shopify => "INBOX_RETENTION_DAYS_SHOPIFY",
-                Provider::Marqeta => "INBOX_RETENTION_DAYS_MARQETA",
-                Provider::Github => "INBOX_RETENTION_DAYS_GITHUB",
-                Provider::Standard => "INBOX_RETENTION_DAYS_STANDARD",
-            };
-            done_days.insert(p, env.parse(var, default_days)?);
+        for entry in catalog.entries() {
+            let var = format!("INBOX_RETENTION_DAYS_{}", entry.provider.env_prefix());
+            if let Some(v) = env.var(&var) {
+                let days = v.parse().map_err(|_| invalid(var, format!("{v:?} is not a valid number")))?;
+                done_days.insert(entry.provider, days);
+            }
         }
         let config = RetentionConfig {
+            catalog,
+            default_days,
             done_days,
             failed_days: env.parse("INBOX_FAILED_RETENTION_DAYS", 180)?,
             outbox_days: env.parse("OUTBOX_RETENTION_DAYS", 7)?,
@@ -442,15 +506,15 @@ mod tests {
 
     #[test]
     fn comma_separated_secrets_are_all_kept_in_order() {
-        let s = Secrets::read(&Env::from_pairs(&[("STRIPE_WEBHOOK_SECRET", "whsec_a, whsec_b,,")])).unwrap();
+        let s = Secrets::read(&Env::from_pairs(&[("STRIPE_WEBHOOK_SECRET", "whsec_a, whsec_b,,")]), &Catalog::builtin()).unwrap();
         let stripe: Vec<&[u8]> = s.stripe.iter().map(Secret::expose).collect();
         assert_eq!(stripe, [b"whsec_a".as_slice(), b"whsec_b"]);
-        assert!(!s.is_configured(Provider::Shopify));
+        assert!(!s.is_configured(Provider::SHOPIFY));
     }
 
     #[test]
     fn standard_secret_must_be_base64_and_the_error_hides_it() {
-        let err = Secrets::read(&Env::from_pairs(&[("STANDARD_WEBHOOK_SECRET", "whsec_not*base64")])).unwrap_err();
+        let err = Secrets::read(&Env::from_pairs(&[("STANDARD_WEBHOOK_SECRET", "whsec_not*base64")]), &Catalog::builtin()).unwrap_err();
         let text = err.to_string();
         assert!(text.contains("secret #1 is not base64"), "{text}");
         assert!(!text.contains("not*base64"), "{text}");
@@ -458,27 +522,27 @@ mod tests {
 
     #[test]
     fn marqeta_needs_both_username_and_password() {
-        let err = Secrets::read(&Env::from_pairs(&[("MARQETA_WEBHOOK_USERNAME", "u")])).unwrap_err();
+        let err = Secrets::read(&Env::from_pairs(&[("MARQETA_WEBHOOK_USERNAME", "u")]), &Catalog::builtin()).unwrap_err();
         assert!(err.to_string().contains("MARQETA_WEBHOOK_PASSWORD"));
         let ok = Secrets::read(&Env::from_pairs(&[
             ("MARQETA_WEBHOOK_USERNAME", "u"),
             ("MARQETA_WEBHOOK_PASSWORD", "password-one-0123456789,password-two-0123456789"),
-        ]))
+        ]), &Catalog::builtin())
         .unwrap();
         assert_eq!(ok.marqeta.unwrap().passwords.len(), 2);
         let short = Secrets::read(&Env::from_pairs(&[
             ("MARQETA_WEBHOOK_USERNAME", "u"),
             ("MARQETA_WEBHOOK_PASSWORD", "short"),
-        ]));
+        ]), &Catalog::builtin());
         let err = short.unwrap_err().to_string();
         assert!(err.contains("20 to 50") && !err.contains("short"), "{err}");
     }
 
     #[test]
     fn inline_providers_are_names_and_unknown_ones_are_refused() {
-        assert_eq!(inline_providers(Some("stripe, marqeta")).unwrap(), [Provider::Stripe, Provider::Marqeta]);
-        assert!(inline_providers(None).unwrap().is_empty());
-        assert!(inline_providers(Some("stripe,paypal")).unwrap_err().to_string().contains("paypal"));
+        assert_eq!(inline_providers(Some("stripe, marqeta"), &Catalog::builtin()).unwrap(), [Provider::STRIPE, Provider::MARQETA]);
+        assert!(inline_providers(None, &Catalog::builtin()).unwrap().is_empty());
+        assert!(inline_providers(Some("stripe,paypal"), &Catalog::builtin()).unwrap_err().to_string().contains("paypal"));
     }
 
     #[test]
@@ -489,7 +553,7 @@ mod tests {
     #[test]
     fn development_secrets_cover_every_provider() {
         let s = Secrets::development();
-        assert!(Provider::ALL.iter().all(|p| s.is_configured(*p)));
+        assert!(Provider::CODED.iter().all(|p| s.is_configured(*p)));
     }
 
     #[test]
@@ -512,7 +576,7 @@ mod tests {
         );
         assert_eq!(SinkConfig::read(&env).unwrap(), SinkConfig::default());
         let p = RetentionConfig::read(&env).unwrap();
-        assert_eq!((p.done_days[&Provider::Stripe], p.failed_days, p.outbox_days, p.batch_size), (60, 180, 7, 1000));
+        assert_eq!((p.done_days[&Provider::STRIPE], p.failed_days, p.outbox_days, p.batch_size), (60, 180, 7, 1000));
         assert_eq!(ReconcileConfig::read(&env).unwrap().first_lookback, Duration::from_secs(72 * 3600));
         assert!(!Reconciler::read(&env).unwrap().is_configured());
         assert_eq!(deadline_margin(&env).unwrap(), Duration::from_millis(7000));
@@ -566,7 +630,7 @@ mod tests {
             (7, ms(11), ms(12), ms(13), ms(14))
         );
         let r = ReceiveConfig::read(&env, 2).unwrap();
-        assert_eq!((r.max_body_bytes, r.inline_providers), (2048, vec![Provider::Stripe, Provider::Shopify]));
+        assert_eq!((r.max_body_bytes, r.inline_providers), (2048, vec![Provider::STRIPE, Provider::SHOPIFY]));
         assert_eq!(r.process_queue_url.as_deref(), Some("https://sqs.example/process"));
         let w = WorkerConfig::read(&env).unwrap();
         assert_eq!((w.batch_size, w.max_attempts, w.retry_base, w.poll), (5, 6, ms(15), ms(16)));
@@ -585,8 +649,8 @@ mod tests {
         let p = RetentionConfig::read(&env).unwrap();
         assert_eq!(
             (
-                p.done_days[&Provider::Stripe],
-                p.done_days[&Provider::Github],
+                p.done_days[&Provider::STRIPE],
+                p.done_days[&Provider::GITHUB],
                 p.failed_days,
                 p.outbox_days,
                 p.batch_size

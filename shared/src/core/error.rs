@@ -4,5 +4,5 @@
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("{var}: {reason}")]
-    Invalid { var: &'static str, reason: String },
+    Invalid { var: std::borrow::Cow<'static, str>, reason: String },
 }

@@ -1,45 +1,101 @@
-//! The providers we accept webhooks from.
+//! The providers we accept webhooks from, by name.
+//!
+//! A name is the path segment of `/webhooks/{provider}` and the `provider`
+//! column: five providers have code of their own (these constants), the others
+//! are declared (`crate::ingest::providers::declared`), built in or configured.
 
-use std::fmt;
+use std::{collections::HashSet, fmt, sync::Mutex};
 
-/// A provider we accept webhooks from; the path segment of `/webhooks/{provider}`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Provider {
-    Stripe,
-    Shopify,
-    Marqeta,
-    Github,
-    Standard,
-}
+/// A provider's name: lower-case ASCII letters, digits, `-` and `_`, at most
+/// [`MAX_NAME_CHARS`]. Names are interned, so a `Provider` is a cheap `Copy`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Provider(&'static str);
+
+pub const MAX_NAME_CHARS: usize = 64;
 
 impl Provider {
-    pub const ALL: [Provider; 5] =
-        [Provider::Stripe, Provider::Shopify, Provider::Marqeta, Provider::Github, Provider::Standard];
+    pub const STRIPE: Provider = Provider("stripe");
+    pub const SHOPIFY: Provider = Provider("shopify");
+    pub const MARQETA: Provider = Provider("marqeta");
+    pub const GITHUB: Provider = Provider("github");
+    pub const STANDARD: Provider = Provider("standard");
+
+    /// The providers with code of their own.
+    pub const CODED: [Provider; 5] =
+        [Provider::STRIPE, Provider::SHOPIFY, Provider::MARQETA, Provider::GITHUB, Provider::STANDARD];
 
     pub fn as_str(self) -> &'static str {
-        match self {
-            Provider::Stripe => "stripe",
-            Provider::Shopify => "shopify",
-            Provider::Marqeta => "marqeta",
-            Provider::Github => "github",
-            Provider::Standard => "standard",
-        }
+        self.0
+    }
+
+    /// The prefix of the provider's environment variables: `twitch` is `TWITCH`, `my-shop` is `MY_SHOP`.
+    pub fn env_prefix(self) -> String {
+        self.0.to_ascii_uppercase().replace('-', "_")
     }
 }
 
 impl fmt::Display for Provider {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        f.write_str(self.0)
     }
 }
 
+impl fmt::Debug for Provider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.0, f)
+    }
+}
+
+/// Names seen so far, each stored once for the life of the process. Only
+/// configured names and names read back from the database get here: receive
+/// looks a caller's path segment up among its schemes without interning it.
+static NAMES: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
+
 impl TryFrom<&str> for Provider {
-    type Error = UnknownProvider;
+    type Error = InvalidName;
     fn try_from(s: &str) -> Result<Self, Self::Error> {
-        Provider::ALL.into_iter().find(|p| p.as_str() == s).ok_or(UnknownProvider)
+        if let Some(p) = Provider::CODED.into_iter().find(|p| p.0 == s) {
+            return Ok(p);
+        }
+        let valid = !s.is_empty()
+            && s.len() <= MAX_NAME_CHARS
+            && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+        if !valid {
+            return Err(InvalidName);
+        }
+        let mut names = NAMES.lock().unwrap_or_else(|e| e.into_inner());
+        let names = names.get_or_insert_with(HashSet::new);
+        let name = match names.get(s) {
+            Some(name) => *name,
+            None => {
+                let name: &'static str = Box::leak(s.to_string().into_boxed_str());
+                names.insert(name);
+                name
+            }
+        };
+        Ok(Provider(name))
     }
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("unknown provider")]
-pub struct UnknownProvider;
+#[error("not a provider name (1 to 64 lower-case letters, digits, '-' or '_')")]
+pub struct InvalidName;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_checked_interned_and_compared_by_value() {
+        for p in Provider::CODED {
+            assert_eq!(Provider::try_from(p.as_str()).unwrap(), p);
+        }
+        let a = Provider::try_from("my-shop_2").unwrap();
+        let b = Provider::try_from(String::from("my-shop_2").as_str()).unwrap();
+        assert!(std::ptr::eq(a.as_str(), b.as_str()), "interned once");
+        assert_eq!(a.env_prefix(), "MY_SHOP_2");
+        for bad in ["", "Stripe", "pay pal", "a/b", "é", &"x".repeat(65)] {
+            assert!(Provider::try_from(bad).is_err(), "{bad:?}");
+        }
+    }
+}

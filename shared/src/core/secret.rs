@@ -1,7 +1,7 @@
 //! Secrets, typed so that they never print: each provider's signing secrets,
 //! and Marqeta's Basic credentials. Reading them is [`crate::config`]'s job.
 
-use std::fmt;
+use std::{collections::BTreeMap, fmt};
 
 use super::provider::Provider;
 
@@ -44,20 +44,23 @@ pub struct Secrets {
     /// Already base64-decoded, `whsec_` prefix removed.
     pub standard: Vec<Secret>,
     pub marqeta: Option<MarqetaAuth>,
+    /// Each other provider's secrets (`<NAME>_WEBHOOK_SECRET`), decoded as its contract says.
+    pub declared: BTreeMap<Provider, Vec<Secret>>,
 }
 
 impl Secrets {
     pub fn is_configured(&self, provider: Provider) -> bool {
         match provider {
-            Provider::Stripe => !self.stripe.is_empty(),
-            Provider::Shopify => !self.shopify.is_empty(),
-            Provider::Github => !self.github.is_empty(),
-            Provider::Standard => !self.standard.is_empty(),
-            Provider::Marqeta => self.marqeta.is_some(),
+            Provider::STRIPE => !self.stripe.is_empty(),
+            Provider::SHOPIFY => !self.shopify.is_empty(),
+            Provider::GITHUB => !self.github.is_empty(),
+            Provider::STANDARD => !self.standard.is_empty(),
+            Provider::MARQETA => self.marqeta.is_some(),
+            other => self.declared.get(&other).is_some_and(|s| !s.is_empty()),
         }
     }
 
     pub fn none_configured(&self) -> bool {
-        Provider::ALL.iter().all(|p| !self.is_configured(*p))
+        Provider::CODED.iter().all(|p| !self.is_configured(*p)) && self.declared.values().all(Vec::is_empty)
     }
 }

@@ -19,10 +19,10 @@ impl Handlers {
     pub fn reference() -> Self {
         let mut h = Handlers::new();
         for topic in orders::TOPICS {
-            h = h.on(Provider::Shopify, topic, orders::OrderSnapshotHandler);
+            h = h.on(Provider::SHOPIFY, topic, orders::OrderSnapshotHandler);
         }
-        h.on(Provider::Stripe, payments::EVENT_TYPE, payments::PaymentSucceededHandler).on(
-            Provider::Marqeta,
+        h.on(Provider::STRIPE, payments::EVENT_TYPE, payments::PaymentSucceededHandler).on(
+            Provider::MARQETA,
             deposits::EVENT_TYPE,
             deposits::DepositHandler,
         )

@@ -12,6 +12,7 @@ use serde_json::json;
 
 use crate::{
     core::secret::Secrets,
+    ingest::providers::catalog::Catalog,
     db::{Connections, DbConfig},
     ingest::inbox::{self, BatchClaim, Claim, Claimed, Envelope},
     ingest::{
@@ -26,6 +27,8 @@ use crate::{
 #[derive(Clone, Debug)]
 pub struct ReceiveConfig {
     pub db: DbConfig,
+    /// Every provider known here (built in, or declared by `INBOX_PROVIDERS_FILE`).
+    pub catalog: Catalog,
     pub secrets: Secrets,
     /// `INBOX_MAX_BODY_BYTES`, default 1 MiB: larger bodies get 413 before any hashing.
     pub max_body_bytes: usize,
@@ -90,7 +93,7 @@ impl Receiver {
     pub fn new(connections: Connections, config: &ReceiveConfig) -> Self {
         Receiver {
             connections,
-            schemes: Schemes::new(&config.secrets),
+            schemes: Schemes::new(&config.catalog, &config.secrets),
             max_body_bytes: config.max_body_bytes,
             handlers: Handlers::reference(),
             inline: config.inline_providers.clone(),
@@ -130,7 +133,7 @@ impl Receiver {
             .receive(req.method(), provider.as_deref(), req.headers(), req.body().as_ref(), &mut stored_failed)
             .await;
         // The dimension is one of ours, never a caller's string.
-        let known = provider.as_deref().and_then(|p| Provider::try_from(p).ok());
+        let known = provider.as_deref().and_then(|p| self.schemes.catalog().find(p)).map(|e| e.provider);
         let mut metrics = Metrics::new("receive").for_provider(known.map_or("unknown", |p| p.as_str()));
         count(&mut metrics, &result, stored_failed);
         (respond(result), metrics)
@@ -147,8 +150,13 @@ impl Receiver {
         stored_failed: &mut usize,
     ) -> Result<Claimed, ReceiveError> {
         let name = provider.ok_or(ReceiveError::NoRoute)?;
-        let provider = Provider::try_from(name).map_err(|_| ReceiveError::UnknownProvider(name.to_string()))?;
-        let scheme = self.schemes.get(provider).ok_or(ReceiveError::NotConfigured(provider))?;
+        let Some(scheme) = self.schemes.find(name) else {
+            return Err(match self.schemes.catalog().find(name) {
+                Some(entry) => ReceiveError::NotConfigured(entry.provider),
+                None => ReceiveError::UnknownProvider(name.chars().take(64).collect()),
+            });
+        };
+        let provider = scheme.provider();
         if method != Method::POST {
             return Err(ReceiveError::MethodNotAllowed);
         }
@@ -165,7 +173,7 @@ impl Receiver {
         if let Events::Single(e) = &events {
             tracing::Span::current().record("event_id", e.event_id.as_str());
         }
-        let headers = kept_headers(headers, scheme.kept_headers());
+        let headers = kept_headers(headers, &scheme.kept_headers());
         let envelope = Envelope {
             provider,
             raw_body: body,

@@ -132,7 +132,7 @@ mod tests {
     #[test]
     fn advisory_keys_are_the_first_8_bytes_of_sha256_big_endian() {
         // docs/webhook-inbox-article.txt, section 5.2, in Python: int.from_bytes(sha256(b"stripe:evt_1").digest()[:8], "big", signed=True)
-        assert_eq!(advisory_key(Provider::Stripe, "evt_1"), 607058759724208493);
-        assert_ne!(advisory_key(Provider::Stripe, "evt_1"), advisory_key(Provider::Shopify, "evt_1"));
+        assert_eq!(advisory_key(Provider::STRIPE, "evt_1"), 607058759724208493);
+        assert_ne!(advisory_key(Provider::STRIPE, "evt_1"), advisory_key(Provider::SHOPIFY, "evt_1"));
     }
 }

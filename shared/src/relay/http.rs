@@ -22,7 +22,7 @@ pub struct HttpSink {
 impl HttpSink {
     pub fn new(url: impl Into<String>, timeout: Duration) -> Result<Self, ConfigError> {
         let client = http_client(timeout).map_err(|e| ConfigError::Invalid {
-            var: "RELAY_HTTP_URL",
+            var: "RELAY_HTTP_URL".into(),
             reason: format!("cannot build an HTTP client: {e}"),
         })?;
         Ok(HttpSink { client, url: url.into(), timeout })

@@ -191,7 +191,7 @@ async fn claim_times(url: &str, schema: &str, round: usize, n: usize) -> Result<
         let id = format!("bench-claim-{round}-{i}");
         let raw = body(&id);
         let env =
-            Envelope { provider: Provider::Stripe, raw_body: raw.as_bytes(), headers: &headers, secret_index: Some(0) };
+            Envelope { provider: Provider::STRIPE, raw_body: raw.as_bytes(), headers: &headers, secret_index: Some(0) };
         let event = NewEvent::pending(id, "payment_intent.succeeded", raw.clone());
         let started = Instant::now();
         let claimed = claim(&mut conn, &env, &event).await?;

@@ -27,7 +27,7 @@ impl Github {
 
 impl Scheme for Github {
     fn provider(&self) -> Provider {
-        Provider::Github
+        Provider::GITHUB
     }
 
     fn verify(&self, d: &Delivery<'_>) -> Result<Verified, Rejected> {
@@ -67,8 +67,8 @@ impl Scheme for Github {
         single_event(d.body, header(d.headers, DELIVERY).map(str::to_string), &event_type, json)
     }
 
-    fn kept_headers(&self) -> &'static [&'static str] {
-        &[
+    fn kept_headers(&self) -> Cow<'_, [&str]> {
+        Cow::Borrowed(&[
             DELIVERY,
             EVENT,
             "x-github-hook-id",
@@ -76,7 +76,7 @@ impl Scheme for Github {
             "x-github-hook-installation-target-id",
             SIGNATURE,
             "content-type",
-        ]
+        ])
     }
 }
 

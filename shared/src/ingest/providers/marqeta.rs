@@ -80,7 +80,7 @@ impl Marqeta {
 
 impl Scheme for Marqeta {
     fn provider(&self) -> Provider {
-        Provider::Marqeta
+        Provider::MARQETA
     }
 
     fn verify(&self, d: &Delivery<'_>) -> Result<Verified, Rejected> {
@@ -140,8 +140,8 @@ impl Scheme for Marqeta {
         Events::Batch(events)
     }
 
-    fn kept_headers(&self) -> &'static [&'static str] {
-        &[SIGNATURE, "content-type"]
+    fn kept_headers(&self) -> Cow<'_, [&str]> {
+        Cow::Borrowed(&[SIGNATURE, "content-type"])
     }
 }
 

@@ -1,5 +1,6 @@
 //! Each provider's signing and delivery contract (`docs/providers.md`),
-//! one module each, behind the [`Scheme`] trait.
+//! behind the [`Scheme`] trait: five in code of their own, the others declared
+//! as data ([`declared`], listed with the rest in the [`catalog::Catalog`]).
 //!
 //! A scheme first verifies the raw bytes ([`Scheme::verify`]), and only then
 //! parses them into the events to claim ([`Scheme::events`]).
@@ -8,7 +9,7 @@ use std::{borrow::Cow, fmt};
 
 pub use crate::core::{
     event::{InitialStatus, NewEvent, MAX_EVENT_ID_CHARS, MAX_EVENT_TYPE_CHARS},
-    provider::{Provider, UnknownProvider},
+    provider::{InvalidName, Provider},
 };
 
 use http::HeaderMap;
@@ -21,6 +22,8 @@ use crate::core::{
     secret::{Secret, Secrets},
 };
 
+pub mod catalog;
+pub mod declared;
 pub mod github;
 pub mod marqeta;
 pub mod shopify;
@@ -83,14 +86,17 @@ pub trait Scheme: Send + Sync {
     /// The events of a verified delivery. Never fails: what cannot be used is stored as `failed`.
     fn events(&self, delivery: &Delivery<'_>) -> Events;
     /// Lower-case names of the headers kept with each row (identity, sequencing, signature).
-    fn kept_headers(&self) -> &'static [&'static str];
+    fn kept_headers(&self) -> Cow<'_, [&str]>;
 }
 
 /// The configured schemes; a provider with no secret has none, so no unauthenticated endpoint exists.
-pub struct Schemes(Vec<Box<dyn Scheme>>);
+pub struct Schemes {
+    schemes: Vec<Box<dyn Scheme>>,
+    catalog: catalog::Catalog,
+}
 
 impl Schemes {
-    pub fn new(secrets: &Secrets) -> Self {
+    pub fn new(catalog: &catalog::Catalog, secrets: &Secrets) -> Self {
         let mut v: Vec<Box<dyn Scheme>> = Vec::new();
         if !secrets.stripe.is_empty() {
             v.push(Box::new(stripe::Stripe::new(secrets.stripe.clone())));
@@ -107,11 +113,33 @@ impl Schemes {
         if !secrets.standard.is_empty() {
             v.push(Box::new(standard::Standard::new(secrets.standard.clone())));
         }
-        Schemes(v)
+        for (provider, keys) in secrets.declared.iter().filter(|(_, keys)| !keys.is_empty()) {
+            match catalog.get(*provider).map(|e| &e.kind) {
+                Some(catalog::Kind::Standard) => v.push(Box::new(standard::Standard::named(*provider, keys.clone()))),
+                Some(catalog::Kind::Declared(rules)) => v.push(Box::new(declared::Declared::new(
+                    *provider,
+                    rules.clone(),
+                    keys.clone(),
+                    catalog.url(*provider).map(str::to_string),
+                ))),
+                Some(catalog::Kind::Coded) | None => {}
+            }
+        }
+        Schemes { schemes: v, catalog: catalog.clone() }
     }
 
     pub fn get(&self, provider: Provider) -> Option<&dyn Scheme> {
-        self.0.iter().find(|s| s.provider() == provider).map(|b| b.as_ref())
+        self.find(provider.as_str())
+    }
+
+    /// The scheme of a route's `{provider}`, looked up without interning the caller's text.
+    pub fn find(&self, name: &str) -> Option<&dyn Scheme> {
+        self.schemes.iter().find(|s| s.provider().as_str() == name).map(|b| b.as_ref())
+    }
+
+    /// Every provider this deployment knows, configured or not.
+    pub fn catalog(&self) -> &catalog::Catalog {
+        &self.catalog
     }
 }
 
@@ -262,17 +290,6 @@ pub(crate) mod test_support {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-
-    #[test]
-    fn provider_names_round_trip_and_unknown_ones_are_refused() {
-        for p in Provider::ALL {
-            assert_eq!(Provider::try_from(p.as_str()).unwrap(), p);
-        }
-        assert!(Provider::try_from("paypal").is_err());
-        assert!(Provider::try_from("Stripe").is_err());
-    }
-
     #[test]
     fn event_types_are_cut_at_128_characters_on_a_char_boundary() {
         let long = "é".repeat(200);

@@ -1,5 +1,7 @@
 //! Shopify: `X-Shopify-Hmac-Sha256` is base64 of HMAC-SHA256 over the raw body. No timestamp is signed.
 
+use std::borrow::Cow;
+
 use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
 use hmac::Hmac;
 use sha2::Sha256;
@@ -26,7 +28,7 @@ impl Shopify {
 
 impl Scheme for Shopify {
     fn provider(&self) -> Provider {
-        Provider::Shopify
+        Provider::SHOPIFY
     }
 
     fn verify(&self, d: &Delivery<'_>) -> Result<Verified, Rejected> {
@@ -46,8 +48,8 @@ impl Scheme for Shopify {
         single_event(d.body, id, topic, parse_json(d.body))
     }
 
-    fn kept_headers(&self) -> &'static [&'static str] {
-        &[
+    fn kept_headers(&self) -> Cow<'_, [&str]> {
+        Cow::Borrowed(&[
             WEBHOOK_ID,
             "x-shopify-event-id",
             TOPIC,
@@ -56,7 +58,7 @@ impl Scheme for Shopify {
             "x-shopify-api-version",
             HMAC_HEADER,
             "content-type",
-        ]
+        ])
     }
 }
 

@@ -1,6 +1,8 @@
 //! Standard Webhooks (and Svix): `webhook-signature: v1,<base64> [v1,<base64> ...]`
 //! over `"{webhook-id}.{webhook-timestamp}.{body}"`, keyed by the base64-decoded `whsec_` secret.
 
+use std::borrow::Cow;
+
 use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
 use hmac::Hmac;
 use sha2::Sha256;
@@ -12,12 +14,18 @@ use crate::core::secret::Secret;
 pub const TOLERANCE_SECS: i64 = 300;
 
 pub struct Standard {
+    /// `standard`, or a sender's own name (`clerk`, `resend`, ...: aliases).
+    provider: Provider,
     secrets: Vec<Secret>,
 }
 
 impl Standard {
     pub fn new(secrets: Vec<Secret>) -> Self {
-        Standard { secrets }
+        Standard::named(Provider::STANDARD, secrets)
+    }
+
+    pub fn named(provider: Provider, secrets: Vec<Secret>) -> Self {
+        Standard { provider, secrets }
     }
 }
 
@@ -50,7 +58,7 @@ fn headers<'a>(d: &Delivery<'a>) -> Headers<'a> {
 
 impl Scheme for Standard {
     fn provider(&self) -> Provider {
-        Provider::Standard
+        self.provider
     }
 
     fn verify(&self, d: &Delivery<'_>) -> Result<Verified, Rejected> {
@@ -86,8 +94,8 @@ impl Scheme for Standard {
         single_event(d.body, headers(d).id.map(str::to_string), &event_type, json)
     }
 
-    fn kept_headers(&self) -> &'static [&'static str] {
-        &[
+    fn kept_headers(&self) -> Cow<'_, [&str]> {
+        Cow::Borrowed(&[
             "webhook-id",
             "webhook-timestamp",
             "webhook-signature",
@@ -95,7 +103,7 @@ impl Scheme for Standard {
             "svix-timestamp",
             "svix-signature",
             "content-type",
-        ]
+        ])
     }
 }
 

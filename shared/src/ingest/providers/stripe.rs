@@ -1,5 +1,7 @@
 //! Stripe: `Stripe-Signature: t=<unix>,v1=<hex>[,v1=<hex>...][,v0=<hex>]` over `"{t}.{body}"`.
 
+use std::borrow::Cow;
+
 use hmac::Hmac;
 use sha2::Sha256;
 
@@ -42,7 +44,7 @@ fn parse(value: &str) -> Header<'_> {
 
 impl Scheme for Stripe {
     fn provider(&self) -> Provider {
-        Provider::Stripe
+        Provider::STRIPE
     }
 
     fn verify(&self, d: &Delivery<'_>) -> Result<Verified, Rejected> {
@@ -66,8 +68,8 @@ impl Scheme for Stripe {
         single_event(d.body, id, kind.as_deref().unwrap_or("unknown"), json)
     }
 
-    fn kept_headers(&self) -> &'static [&'static str] {
-        &[HEADER, "content-type"]
+    fn kept_headers(&self) -> Cow<'_, [&str]> {
+        Cow::Borrowed(&[HEADER, "content-type"])
     }
 }
 

@@ -1,0 +1,172 @@
+//! Every provider this deployment knows: the five with code of their own, the
+//! declared built-ins (`builtin.toml`), and those a providers file declares
+//! (`INBOX_PROVIDERS_FILE`, or its text in `INBOX_PROVIDERS`), with each one's
+//! redelivery window and, where its signature covers it, its public URL.
+
+use std::collections::BTreeMap;
+
+use super::declared::{Description, Rules};
+use crate::core::provider::Provider;
+
+const BUILTIN: &str = include_str!("builtin.toml");
+
+/// A window or a retention longer than this (100 years) is a typo.
+pub const MAX_DAYS: u32 = 36_500;
+
+/// How a provider's deliveries are verified.
+#[derive(Debug, Clone)]
+pub enum Kind {
+    /// Its own module (stripe, shopify, marqeta, github, standard).
+    Coded,
+    /// Standard Webhooks under a sender's own name (clerk, resend, ...).
+    Standard,
+    Declared(Rules),
+}
+
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub provider: Provider,
+    pub kind: Kind,
+    /// The longest the provider may redeliver an event: retention keeps keys at least this long.
+    pub redelivery_days: u32,
+    /// Declared by the providers file rather than built in.
+    pub configured: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Catalog {
+    entries: BTreeMap<Provider, Entry>,
+    /// `<NAME>_WEBHOOK_URL` of the providers whose signature covers the URL.
+    urls: BTreeMap<Provider, String>,
+}
+
+/// The coded providers' redelivery windows, in days (`docs/providers.md`).
+const CODED: [(Provider, u32); 5] = [
+    (Provider::STRIPE, 30),  // manual resend, up to 30 days
+    (Provider::MARQETA, 13), // 10 retries, a little over 12 days
+    (Provider::GITHUB, 3),   // manual redelivery of the last 3 days
+    (Provider::STANDARD, 3), // about 28 h of retries; senders' replay windows
+    (Provider::SHOPIFY, 1),  // 8 retries over 4 h
+];
+
+impl Catalog {
+    /// The built-in providers only.
+    pub fn builtin() -> Catalog {
+        Catalog::with_file(None, |_| None).expect("builtin.toml is valid (tested)")
+    }
+
+    /// The built-ins and a providers file's text (TOML, or JSON when it starts
+    /// with `{`), with `url(provider)` giving each `<NAME>_WEBHOOK_URL`. The
+    /// error says which provider and which field, never a secret (a file holds none).
+    pub fn with_file(file: Option<&str>, url: impl Fn(Provider) -> Option<String>) -> Result<Catalog, String> {
+        let mut entries = BTreeMap::new();
+        for (p, days) in CODED {
+            entries.insert(p, Entry { provider: p, kind: Kind::Coded, redelivery_days: days, configured: false });
+        }
+        let mut declared: Vec<(Provider, Description, bool)> =
+            parse(BUILTIN)?.into_iter().map(|(p, d)| (p, d, false)).collect();
+        if let Some(text) = file {
+            for (p, d) in parse(text)? {
+                if CODED.iter().any(|(c, _)| *c == p) {
+                    return Err(format!("{p}: a provider with code of its own cannot be redeclared"));
+                }
+                declared.retain(|(q, _, _)| *q != p);
+                declared.push((p, d, true));
+            }
+        }
+        // Contracts first, then the aliases that name them.
+        declared.sort_by_key(|(_, d, _)| d.alias.is_some());
+        for (p, d, configured) in declared {
+            let entry = entry(p, &d, configured, &entries).map_err(|e| format!("{p}: {e}"))?;
+            entries.insert(p, entry);
+        }
+        let mut urls = BTreeMap::new();
+        for e in entries.values() {
+            if let Kind::Declared(rules) = &e.kind {
+                if rules.needs_url() {
+                    if let Some(u) = url(e.provider) {
+                        urls.insert(e.provider, u);
+                    }
+                }
+            }
+        }
+        Ok(Catalog { entries, urls })
+    }
+
+    pub fn get(&self, p: Provider) -> Option<&Entry> {
+        self.entries.get(&p)
+    }
+
+    /// A name from a request, looked up without interning it.
+    pub fn find(&self, name: &str) -> Option<&Entry> {
+        self.entries.values().find(|e| e.provider.as_str() == name)
+    }
+
+    pub fn entries(&self) -> impl Iterator<Item = &Entry> {
+        self.entries.values()
+    }
+
+    pub fn url(&self, p: Provider) -> Option<&str> {
+        self.urls.get(&p).map(String::as_str)
+    }
+
+    /// The redelivery window of a provider; one unknown here (rows of a
+    /// provider since removed) gets the longest window any provider has.
+    pub fn redelivery_days(&self, p: Provider) -> u32 {
+        match self.entries.get(&p) {
+            Some(e) => e.redelivery_days,
+            None => self.entries.values().map(|e| e.redelivery_days).max().unwrap_or(0),
+        }
+    }
+}
+
+fn parse(text: &str) -> Result<Vec<(Provider, Description)>, String> {
+    let table: BTreeMap<String, Description> = if text.trim_start().starts_with('{') {
+        serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?
+    } else {
+        toml::from_str(text).map_err(|e| format!("not valid TOML: {}", e.to_string().trim_end()))?
+    };
+    table
+        .into_iter()
+        .map(|(name, d)| {
+            let p = Provider::try_from(name.as_str()).map_err(|e| format!("{name:?}: {e}"))?;
+            Ok((p, d))
+        })
+        .collect()
+}
+
+fn entry(p: Provider, d: &Description, configured: bool, known: &BTreeMap<Provider, Entry>) -> Result<Entry, String> {
+    let days = |inherited: Option<u32>| {
+        d.redelivery_days.or(inherited).ok_or_else(|| {
+            "redelivery_days is missing: how many days may the provider deliver the same event again?".to_string()
+        })
+    };
+    let check_days = |days: u32| {
+        if days > MAX_DAYS {
+            Err(format!("redelivery_days {days} is more than {MAX_DAYS}"))
+        } else {
+            Ok(days)
+        }
+    };
+    let Some(target) = &d.alias else {
+        let rules = Rules::from_description(d)?;
+        return Ok(Entry { provider: p, kind: Kind::Declared(rules), redelivery_days: check_days(days(None)?)?, configured });
+    };
+    if d.has_contract() {
+        return Err("an alias takes only redelivery_days besides alias".into());
+    }
+    let target = known.get(&Provider::try_from(target.as_str()).map_err(|e| format!("alias {target:?}: {e}"))?);
+    let (kind, inherited) = match target {
+        Some(Entry { provider, kind: Kind::Coded, redelivery_days, .. }) if *provider == Provider::STANDARD => {
+            (Kind::Standard, *redelivery_days)
+        }
+        Some(Entry { kind: kind @ (Kind::Standard | Kind::Declared(_)), redelivery_days, .. }) => {
+            (kind.clone(), *redelivery_days)
+        }
+        Some(Entry { provider, .. }) => {
+            return Err(format!("alias {provider:?}: only standard and declared providers can be aliased"))
+        }
+        None => return Err(format!("alias {:?}: no such provider", d.alias.as_deref().unwrap_or_default())),
+    };
+    Ok(Entry { provider: p, kind, redelivery_days: check_days(days(Some(inherited))?)?, configured })
+}
