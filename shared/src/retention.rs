@@ -69,7 +69,10 @@ impl RetentionConfig {
                 false => "INBOX_RETENTION_DAYS".into(),
             };
             // Failed rows remember their keys too.
-            for (var, kept, what) in [(done_var, self.done_days(p), "done"), ("INBOX_FAILED_RETENTION_DAYS".into(), self.failed_days, "failed")] {
+            for (var, kept, what) in [
+                (done_var, self.done_days(p), "done"),
+                ("INBOX_FAILED_RETENTION_DAYS".into(), self.failed_days, "failed"),
+            ] {
                 if kept < window {
                     return Err(ConfigError::Invalid {
                         var: var.into(),
@@ -163,8 +166,8 @@ impl Pruner {
         let (groups, overridden) = self.config.done_groups();
         let default = (self.config.default_days, Providers::Except(&overridden));
         for (days, providers) in groups.iter().map(|(d, p)| (*d, Providers::Only(p))).chain([default]) {
-            let n = inbox::delete_received_before(db::Autocommit(&self.pool), providers, Status::Done, days, limit)
-                .await?;
+            let n =
+                inbox::delete_received_before(db::Autocommit(&self.pool), providers, Status::Done, days, limit).await?;
             short &= (n as i64) < limit;
             pruned.done += n;
             pruned.statements += 1;
@@ -206,7 +209,11 @@ mod tests {
         let mut c = config(60);
         c.done_days.insert(Provider::STRIPE, 10);
         let err = c.validate().unwrap_err().to_string();
-        assert!(err.starts_with("INBOX_RETENTION_DAYS_STRIPE: done stripe rows would be kept 10 days") && err.contains("30 days"), "{err}");
+        assert!(
+            err.starts_with("INBOX_RETENTION_DAYS_STRIPE: done stripe rows would be kept 10 days")
+                && err.contains("30 days"),
+            "{err}"
+        );
         let mut c = config(60);
         c.failed_days = 5;
         assert!(

@@ -506,7 +506,9 @@ mod tests {
 
     #[test]
     fn comma_separated_secrets_are_all_kept_in_order() {
-        let s = Secrets::read(&Env::from_pairs(&[("STRIPE_WEBHOOK_SECRET", "whsec_a, whsec_b,,")]), &Catalog::builtin()).unwrap();
+        let s =
+            Secrets::read(&Env::from_pairs(&[("STRIPE_WEBHOOK_SECRET", "whsec_a, whsec_b,,")]), &Catalog::builtin())
+                .unwrap();
         let stripe: Vec<&[u8]> = s.stripe.iter().map(Secret::expose).collect();
         assert_eq!(stripe, [b"whsec_a".as_slice(), b"whsec_b"]);
         assert!(!s.is_configured(Provider::SHOPIFY));
@@ -514,7 +516,9 @@ mod tests {
 
     #[test]
     fn standard_secret_must_be_base64_and_the_error_hides_it() {
-        let err = Secrets::read(&Env::from_pairs(&[("STANDARD_WEBHOOK_SECRET", "whsec_not*base64")]), &Catalog::builtin()).unwrap_err();
+        let err =
+            Secrets::read(&Env::from_pairs(&[("STANDARD_WEBHOOK_SECRET", "whsec_not*base64")]), &Catalog::builtin())
+                .unwrap_err();
         let text = err.to_string();
         assert!(text.contains("secret #1 is not base64"), "{text}");
         assert!(!text.contains("not*base64"), "{text}");
@@ -522,27 +526,37 @@ mod tests {
 
     #[test]
     fn marqeta_needs_both_username_and_password() {
-        let err = Secrets::read(&Env::from_pairs(&[("MARQETA_WEBHOOK_USERNAME", "u")]), &Catalog::builtin()).unwrap_err();
+        let err =
+            Secrets::read(&Env::from_pairs(&[("MARQETA_WEBHOOK_USERNAME", "u")]), &Catalog::builtin()).unwrap_err();
         assert!(err.to_string().contains("MARQETA_WEBHOOK_PASSWORD"));
-        let ok = Secrets::read(&Env::from_pairs(&[
-            ("MARQETA_WEBHOOK_USERNAME", "u"),
-            ("MARQETA_WEBHOOK_PASSWORD", "password-one-0123456789,password-two-0123456789"),
-        ]), &Catalog::builtin())
+        let ok = Secrets::read(
+            &Env::from_pairs(&[
+                ("MARQETA_WEBHOOK_USERNAME", "u"),
+                ("MARQETA_WEBHOOK_PASSWORD", "password-one-0123456789,password-two-0123456789"),
+            ]),
+            &Catalog::builtin(),
+        )
         .unwrap();
         assert_eq!(ok.marqeta.unwrap().passwords.len(), 2);
-        let short = Secrets::read(&Env::from_pairs(&[
-            ("MARQETA_WEBHOOK_USERNAME", "u"),
-            ("MARQETA_WEBHOOK_PASSWORD", "short"),
-        ]), &Catalog::builtin());
+        let short = Secrets::read(
+            &Env::from_pairs(&[("MARQETA_WEBHOOK_USERNAME", "u"), ("MARQETA_WEBHOOK_PASSWORD", "short")]),
+            &Catalog::builtin(),
+        );
         let err = short.unwrap_err().to_string();
         assert!(err.contains("20 to 50") && !err.contains("short"), "{err}");
     }
 
     #[test]
     fn inline_providers_are_names_and_unknown_ones_are_refused() {
-        assert_eq!(inline_providers(Some("stripe, marqeta"), &Catalog::builtin()).unwrap(), [Provider::STRIPE, Provider::MARQETA]);
+        assert_eq!(
+            inline_providers(Some("stripe, marqeta"), &Catalog::builtin()).unwrap(),
+            [Provider::STRIPE, Provider::MARQETA]
+        );
         assert!(inline_providers(None, &Catalog::builtin()).unwrap().is_empty());
-        assert!(inline_providers(Some("stripe,paypal"), &Catalog::builtin()).unwrap_err().to_string().contains("paypal"));
+        assert!(inline_providers(Some("stripe,paypal"), &Catalog::builtin())
+            .unwrap_err()
+            .to_string()
+            .contains("paypal"));
     }
 
     #[test]
@@ -576,7 +590,7 @@ mod tests {
         );
         assert_eq!(SinkConfig::read(&env).unwrap(), SinkConfig::default());
         let p = RetentionConfig::read(&env).unwrap();
-        assert_eq!((p.done_days[&Provider::STRIPE], p.failed_days, p.outbox_days, p.batch_size), (60, 180, 7, 1000));
+        assert_eq!((p.done_days(Provider::STRIPE), p.failed_days, p.outbox_days, p.batch_size), (60, 180, 7, 1000));
         assert_eq!(ReconcileConfig::read(&env).unwrap().first_lookback, Duration::from_secs(72 * 3600));
         assert!(!Reconciler::read(&env).unwrap().is_configured());
         assert_eq!(deadline_margin(&env).unwrap(), Duration::from_millis(7000));
@@ -648,18 +662,60 @@ mod tests {
         );
         let p = RetentionConfig::read(&env).unwrap();
         assert_eq!(
-            (
-                p.done_days[&Provider::STRIPE],
-                p.done_days[&Provider::GITHUB],
-                p.failed_days,
-                p.outbox_days,
-                p.batch_size
-            ),
+            (p.done_days(Provider::STRIPE), p.done_days(Provider::GITHUB), p.failed_days, p.outbox_days, p.batch_size),
             (45, 90, 200, 8, 500)
         );
         assert_eq!(ReconcileConfig::read(&env).unwrap().first_lookback, Duration::from_secs(24 * 3600));
         assert!(Reconciler::read(&env).unwrap().is_configured());
         assert_eq!(log_settings(&env), (Some("debug".into()), true));
+    }
+
+    #[test]
+    fn declared_providers_come_from_a_file_or_the_variable_with_their_secrets_and_urls() {
+        let acme = "[acme]\nsignature = { header = \"X-Acme-Signature\" }\nencoding = \"hex\"\nsigned = \"{url}{body}\"\nredelivery_days = 2\n";
+        let path = std::env::temp_dir().join(format!("providers-{}.toml", std::process::id()));
+        std::fs::write(&path, acme).unwrap();
+        let path = path.to_str().unwrap();
+        let acme_p = Provider::try_from("acme").unwrap();
+        for source in [("INBOX_PROVIDERS_FILE", path), ("INBOX_PROVIDERS", acme)] {
+            let pairs = [
+                source,
+                ("ACME_WEBHOOK_SECRET", "one, two"),
+                ("ACME_WEBHOOK_URL", "https://x.example/prod/webhooks/acme"),
+                ("CLERK_WEBHOOK_SECRET", "whsec_Y2xlcmsta2V5"),
+                ("SLACK_WEBHOOK_SECRET", "s"),
+            ];
+            let r = ReceiveConfig::read(&Env::from_pairs(&pairs), 1).unwrap();
+            assert_eq!(r.secrets.declared[&acme_p].len(), 2, "comma-separated for rotation");
+            assert_eq!(r.catalog.url(acme_p), Some("https://x.example/prod/webhooks/acme"));
+            assert_eq!(r.secrets.declared[&Provider::try_from("clerk").unwrap()][0].expose(), b"clerk-key");
+            assert!(r.secrets.is_configured(Provider::try_from("slack").unwrap()));
+            assert!(!r.secrets.is_configured(Provider::try_from("zoom").unwrap()), "no secret, no route");
+            let retention = RetentionConfig::read(&Env::from_pairs(&pairs)).unwrap();
+            assert!(retention.catalog.get(acme_p).is_some());
+        }
+        for (pairs, expected) in [
+            (
+                vec![("INBOX_PROVIDERS", acme), ("ACME_WEBHOOK_SECRET", "k")],
+                "ACME_WEBHOOK_URL: missing: acme signs the public URL",
+            ),
+            (
+                vec![("INBOX_PROVIDERS_FILE", "/nonexistent/p.toml")],
+                "INBOX_PROVIDERS_FILE: cannot read /nonexistent/p.toml",
+            ),
+            (vec![("INBOX_PROVIDERS_FILE", path), ("INBOX_PROVIDERS", acme)], "INBOX_PROVIDERS: set together with"),
+            (
+                vec![("INBOX_PROVIDERS", "[acme]\nalias = \"x\"")],
+                "INBOX_PROVIDERS: acme: alias \"x\": no such provider",
+            ),
+            (vec![("RESEND_WEBHOOK_SECRET", "whsec_not*base64")], "RESEND_WEBHOOK_SECRET: secret #1 is not base64"),
+            (vec![("TWILIO_WEBHOOK_SECRET", "t")], "TWILIO_WEBHOOK_URL: missing"),
+        ] {
+            let err = ReceiveConfig::read(&Env::from_pairs(&pairs), 1).unwrap_err().to_string();
+            assert!(err.starts_with(expected), "{err}");
+            assert!(!err.contains("whsec_not"), "no secret in the error");
+        }
+        std::fs::remove_file(path).unwrap();
     }
 
     #[test]

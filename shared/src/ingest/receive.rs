@@ -12,9 +12,9 @@ use serde_json::json;
 
 use crate::{
     core::secret::Secrets,
-    ingest::providers::catalog::Catalog,
     db::{Connections, DbConfig},
     ingest::inbox::{self, BatchClaim, Claim, Claimed, Envelope},
+    ingest::providers::catalog::Catalog,
     ingest::{
         notify::ProcessQueue,
         providers::{Delivery, Events, InitialStatus, NewEvent, Provider, Rejected, Schemes},

@@ -150,7 +150,12 @@ fn entry(p: Provider, d: &Description, configured: bool, known: &BTreeMap<Provid
     };
     let Some(target) = &d.alias else {
         let rules = Rules::from_description(d)?;
-        return Ok(Entry { provider: p, kind: Kind::Declared(rules), redelivery_days: check_days(days(None)?)?, configured });
+        return Ok(Entry {
+            provider: p,
+            kind: Kind::Declared(rules),
+            redelivery_days: check_days(days(None)?)?,
+            configured,
+        });
     };
     if d.has_contract() {
         return Err("an alias takes only redelivery_days besides alias".into());

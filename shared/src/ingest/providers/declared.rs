@@ -56,7 +56,19 @@ pub struct Description {
 impl Description {
     /// Whether it says anything about signing (an alias must not).
     pub fn has_contract(&self) -> bool {
-        let Description { alias: _, redelivery_days: _, signature, algorithm, encoding, secret, signed, timestamp, event_id, event_type, batch } = self;
+        let Description {
+            alias: _,
+            redelivery_days: _,
+            signature,
+            algorithm,
+            encoding,
+            secret,
+            signed,
+            timestamp,
+            event_id,
+            event_type,
+            batch,
+        } = self;
         signature.is_some()
             || algorithm.is_some()
             || encoding.is_some()
@@ -339,7 +351,9 @@ impl Rules {
             .map_err(|e| format!("signed: {e}"))?;
         for s in signed.sources() {
             if matches!(s, Source::Json(_) | Source::Form(_) | Source::BodyHash | Source::Signature(_)) {
-                return Err(format!("signed: {s:?} cannot be signed; use body, url, method, timestamp, header or form-sorted"));
+                return Err(format!(
+                    "signed: {s:?} cannot be signed; use body, url, method, timestamp, header or form-sorted"
+                ));
             }
         }
         if !signed.sources().any(|s| matches!(s, Source::Body | Source::FormSorted)) {
@@ -392,7 +406,10 @@ impl Rules {
                 return Err(format!("batch: {b:?} is not a JSON pointer (\"\" for the whole body, or \"/events\")"));
             }
             if event_id.iter().flat_map(Template::sources).any(|s| matches!(s, Source::Header(_) | Source::Form(_))) {
-                return Err("event_id of a batch reads each element ({json:...}, {body-hash}); a header is the same for all".into());
+                return Err(
+                    "event_id of a batch reads each element ({json:...}, {body-hash}); a header is the same for all"
+                        .into(),
+                );
             }
         }
         Ok(Rules {
@@ -433,10 +450,69 @@ impl Rules {
         }
     }
 
+    /// The bytes the provider signs, in order.
+    fn message<'a>(
+        &self,
+        d: &Delivery<'a>,
+        url: Option<&'a str>,
+        timestamp: &'a str,
+    ) -> Result<Vec<Cow<'a, [u8]>>, Rejected> {
+        let mut message = Vec::with_capacity(self.signed.0.len());
+        for part in &self.signed.0 {
+            message.push(match part {
+                Part::Literal(l) => Cow::Owned(l.as_bytes().to_vec()),
+                Part::Source(Source::Body) => Cow::Borrowed(d.body),
+                Part::Source(Source::Url) => Cow::Borrowed(url.unwrap_or_default().as_bytes()),
+                Part::Source(Source::Method) => Cow::Borrowed(&b"POST"[..]),
+                Part::Source(Source::Timestamp) => Cow::Borrowed(timestamp.as_bytes()),
+                Part::Source(Source::FormSorted) => Cow::Owned(form_sorted(d.body)),
+                Part::Source(Source::Header(h)) => match header(d.headers, h) {
+                    Some(v) => Cow::Borrowed(v.as_bytes()),
+                    None => return Err(Rejected::new(format!("missing {h} header (it is signed)"))),
+                },
+                Part::Source(other) => unreachable!("checked at start-up: {other:?} is never signed"),
+            });
+        }
+        Ok(message)
+    }
+
+    /// Signs a delivery as the provider does: the signature header's value.
+    /// `timestamp` is the text the provider puts where `timestamp.from` reads
+    /// it (the caller sets the header or body field; a `{signature:...}`
+    /// timestamp is written here). For tests, and to show a user what to send.
+    pub fn sign(
+        &self,
+        key: &[u8],
+        d: &Delivery<'_>,
+        url: Option<&str>,
+        timestamp: Option<&str>,
+    ) -> Result<String, Rejected> {
+        let message = self.message(d, url, timestamp.unwrap_or_default())?;
+        let mac = match self.algorithm {
+            Algorithm::Sha1 => mac::<Hmac<Sha1>>(key, &message),
+            Algorithm::Sha256 => mac::<Hmac<Sha256>>(key, &message),
+            Algorithm::Sha512 => mac::<Hmac<Sha512>>(key, &message),
+        };
+        let sig = match self.encoding {
+            Encoding::Hex => hex::encode(mac),
+            Encoding::Base64 => B64.encode(mac),
+        };
+        Ok(match &self.parse {
+            Parse::Plain { prefix } => format!("{}{sig}", prefix.as_deref().unwrap_or_default()),
+            Parse::List { items, pairs, key } => match (&self.timestamp, timestamp) {
+                (Some(TimestampRule { from: Source::Signature(t), .. }), Some(ts)) => {
+                    format!("{t}{pairs}{ts}{items}{key}{pairs}{sig}")
+                }
+                _ => format!("{key}{pairs}{sig}"),
+            },
+        })
+    }
+
     /// Lower-case names of the headers this contract reads, kept with each row.
     fn kept_headers(&self) -> Vec<String> {
         let mut names: Vec<String> = self.headers.iter().map(|h| h.to_ascii_lowercase()).collect();
-        let read = self.signed.sources().chain(self.event_id.iter().chain(&self.event_type).flat_map(Template::sources));
+        let read =
+            self.signed.sources().chain(self.event_id.iter().chain(&self.event_type).flat_map(Template::sources));
         let read = read.chain(self.timestamp.as_ref().map(|t| &t.from));
         for s in read {
             if let Source::Header(h) = s {
@@ -482,6 +558,11 @@ impl Declared {
                 (list.iter().filter(|(k, _)| k == key).map(|(_, v)| *v).collect(), list)
             }
         };
+        // The timestamp first, as the providers' own verifiers do: a stale delivery is told so.
+        let timestamp = match &r.timestamp {
+            None => None,
+            Some(t) => Some(self.timestamp(t, d, &list)?),
+        };
         let candidates: Vec<Vec<u8>> = raw
             .iter()
             .filter_map(|s| match r.encoding {
@@ -491,29 +572,13 @@ impl Declared {
             .filter(|c| !c.is_empty())
             .collect();
         if candidates.is_empty() {
-            return Err(Rejected::new(format!("{name} holds no {} signature{}", encoding_name(r.encoding), form_hint(&r.parse))));
+            return Err(Rejected::new(format!(
+                "{name} holds no {} signature{}",
+                encoding_name(r.encoding),
+                form_hint(&r.parse)
+            )));
         }
-        let timestamp = match &r.timestamp {
-            None => None,
-            Some(t) => Some(self.timestamp(t, d, &list)?),
-        };
-        let timestamp = timestamp.as_deref().unwrap_or_default();
-        let mut message: Vec<Cow<'_, [u8]>> = Vec::with_capacity(r.signed.0.len());
-        for part in &r.signed.0 {
-            message.push(match part {
-                Part::Literal(l) => Cow::Borrowed(l.as_bytes()),
-                Part::Source(Source::Body) => Cow::Borrowed(d.body),
-                Part::Source(Source::Url) => Cow::Borrowed(self.url.as_deref().unwrap_or_default().as_bytes()),
-                Part::Source(Source::Method) => Cow::Borrowed(b"POST"),
-                Part::Source(Source::Timestamp) => Cow::Borrowed(timestamp.as_bytes()),
-                Part::Source(Source::FormSorted) => Cow::Owned(form_sorted(d.body)),
-                Part::Source(Source::Header(h)) => match header(d.headers, h) {
-                    Some(v) => Cow::Borrowed(v.as_bytes()),
-                    None => return Err(Rejected::new(format!("missing {h} header (it is signed)"))),
-                },
-                Part::Source(other) => unreachable!("checked at start-up: {other:?} is never signed"),
-            });
-        }
+        let message = r.message(d, self.url.as_deref(), timestamp.as_deref().unwrap_or_default())?;
         let message: Vec<&[u8]> = message.iter().map(|m| m.as_ref()).collect();
         let matched = match r.algorithm {
             Algorithm::Sha1 => first_matching::<Hmac<Sha1>>(&self.secrets, &message, &candidates),
@@ -534,9 +599,10 @@ impl Declared {
     ) -> Result<Cow<'a, str>, Rejected> {
         let (text, what): (Option<Cow<'a, str>>, String) = match &t.from {
             Source::Header(h) => (header(d.headers, h).map(Cow::Borrowed), format!("{h} header")),
-            Source::Signature(k) => {
-                (list.iter().find(|(key, _)| key == k).map(|(_, v)| Cow::Borrowed(*v)), format!("{k}= in {}", self.rules.headers[0]))
-            }
+            Source::Signature(k) => (
+                list.iter().find(|(key, _)| key == k).map(|(_, v)| Cow::Borrowed(*v)),
+                format!("{k}= in {}", self.rules.headers[0]),
+            ),
             Source::Json(p) => (json_text(d.body, p).map(Cow::Owned), format!("{p} in the body")),
             other => unreachable!("checked at start-up: {other:?} is no timestamp"),
         };
@@ -550,6 +616,14 @@ impl Declared {
         }
         Ok(text)
     }
+}
+
+fn mac<M: hmac::Mac + hmac::digest::KeyInit>(key: &[u8], message: &[Cow<'_, [u8]>]) -> Vec<u8> {
+    let mut mac = <M as hmac::Mac>::new_from_slice(key).expect("HMAC takes keys of any length");
+    for part in message {
+        mac.update(part);
+    }
+    mac.finalize().into_bytes().to_vec()
 }
 
 fn encoding_name(e: Encoding) -> &'static str {
@@ -610,17 +684,22 @@ impl Scheme for Declared {
             let payload = std::str::from_utf8(d.body).ok().filter(|t| storable(t)).map(str::to_string);
             Events::Batch(vec![NewEvent::unusable(body_digest_id(d.body), "unknown", payload, reason)])
         };
-        let text = match &json {
-            Ok(Json { text, unusable: None, .. }) => text.as_ref(),
-            Ok(Json { unusable: Some(reason), .. }) => return whole(reason.clone()),
-            Err(reason) => return whole(reason.clone()),
-        };
-        let Some(items) = pointer(text, batch).and_then(|raw| serde_json::from_str::<Vec<&RawValue>>(raw.get()).ok())
-        else {
-            return whole(format!("body has no array at {batch:?}"));
+        // Elements are checked one by one, so one bad element does not sink the batch.
+        let items = std::str::from_utf8(d.body)
+            .ok()
+            .and_then(|text| pointer(text, batch))
+            .and_then(|raw| serde_json::from_str::<Vec<&RawValue>>(raw.get()).ok());
+        let Some(items) = items else {
+            return whole(match json {
+                Err(reason) | Ok(Json { unusable: Some(reason), .. }) => reason,
+                Ok(_) => format!("body has no array at {batch:?}"),
+            });
         };
         if items.len() > MAX_BATCH_ITEMS {
-            return whole(format!("{} events in one delivery, over the limit of {MAX_BATCH_ITEMS}; kept whole", items.len()));
+            return whole(format!(
+                "{} events in one delivery, over the limit of {MAX_BATCH_ITEMS}; kept whole",
+                items.len()
+            ));
         }
         Events::Batch(
             items
@@ -630,7 +709,12 @@ impl Scheme for Declared {
                     let id = self.first(&self.rules.event_id, d, Some(item.get()), bytes);
                     let kind = self.first(&self.rules.event_type, d, Some(item.get()), bytes);
                     let id = id.unwrap_or_else(|| body_digest_id(bytes));
-                    event_from(bytes, Some(id), kind.as_deref().unwrap_or("unknown"), parse_json_text(Cow::Borrowed(item.get())))
+                    event_from(
+                        bytes,
+                        Some(id),
+                        kind.as_deref().unwrap_or("unknown"),
+                        parse_json_text(Cow::Borrowed(item.get())),
+                    )
                 })
                 .collect(),
         )
@@ -698,7 +782,8 @@ fn form_json(body: &[u8]) -> Result<Json<'static>, String> {
 
 /// Twilio's signed form: parameters sorted by name (then value), each as name followed by value.
 fn form_sorted(body: &[u8]) -> Vec<u8> {
-    let mut params: Vec<(String, String)> = form_urlencoded::parse(body).map(|(k, v)| (k.into_owned(), v.into_owned())).collect();
+    let mut params: Vec<(String, String)> =
+        form_urlencoded::parse(body).map(|(k, v)| (k.into_owned(), v.into_owned())).collect();
     params.sort();
     params.dedup();
     params.into_iter().flat_map(|(k, v)| [k, v]).collect::<String>().into_bytes()
@@ -749,7 +834,12 @@ fn rfc3339(s: &str) -> Option<i64> {
         let part = s.get(r)?;
         part.bytes().all(|c| c.is_ascii_digit()).then(|| part.parse().ok())?
     };
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') || b[13] != b':' || b[16] != b':'
+    if b.len() < 20
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || !matches!(b[10], b'T' | b't' | b' ')
+        || b[13] != b':'
+        || b[16] != b':'
     {
         return None;
     }
@@ -785,3 +875,7 @@ fn rfc3339(s: &str) -> Option<i64> {
     let days = era * 146_097 + doe - 719_468;
     Some(days * 86_400 + hour * 3600 + minute * 60 + second - offset)
 }
+
+#[cfg(test)]
+#[path = "declared_tests.rs"]
+mod tests;
