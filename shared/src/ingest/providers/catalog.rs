@@ -20,7 +20,7 @@ pub enum Kind {
     Coded,
     /// Standard Webhooks under a sender's own name (clerk, resend, ...).
     Standard,
-    Declared(Rules),
+    Declared(Box<Rules>),
 }
 
 #[derive(Debug, Clone)]
@@ -152,7 +152,7 @@ fn entry(p: Provider, d: &Description, configured: bool, known: &BTreeMap<Provid
         let rules = Rules::from_description(d)?;
         return Ok(Entry {
             provider: p,
-            kind: Kind::Declared(rules),
+            kind: Kind::Declared(Box::new(rules)),
             redelivery_days: check_days(days(None)?)?,
             configured,
         });

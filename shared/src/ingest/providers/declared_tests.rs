@@ -16,7 +16,7 @@ fn rules(toml_text: &str) -> Result<Rules, String> {
 
 fn builtin(name: &str) -> Rules {
     match &Catalog::builtin().get(Provider::try_from(name).unwrap()).unwrap().kind {
-        Kind::Declared(r) => r.clone(),
+        Kind::Declared(r) => (**r).clone(),
         other => panic!("{name} is {other:?}"),
     }
 }

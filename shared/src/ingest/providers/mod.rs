@@ -118,7 +118,7 @@ impl Schemes {
                 Some(catalog::Kind::Standard) => v.push(Box::new(standard::Standard::named(*provider, keys.clone()))),
                 Some(catalog::Kind::Declared(rules)) => v.push(Box::new(declared::Declared::new(
                     *provider,
-                    rules.clone(),
+                    (**rules).clone(),
                     keys.clone(),
                     catalog.url(*provider).map(str::to_string),
                 ))),
