@@ -2,6 +2,7 @@
 //! each file a module, against a real PostgreSQL (a fresh database per test).
 
 mod database;
+mod declared;
 mod hostile;
 mod layout;
 mod metrics;
