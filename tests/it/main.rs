@@ -14,4 +14,5 @@ mod receive;
 mod reconcile;
 mod relay;
 mod retention;
+mod sdk;
 mod secrets;
