@@ -46,6 +46,18 @@ enum Command {
     },
     /// Apply the migrations to DATABASE_URL.
     Migrate,
+    /// The providers with a secret here: the URL to give each, its signature
+    /// header and redelivery window (INBOX_PROVIDERS_FILE's included).
+    Providers {
+        /// Where the routes are served: the stack's API URL once deployed.
+        #[arg(long, default_value = "http://127.0.0.1:9000")]
+        base_url: String,
+        /// Every provider known here, with a secret or not.
+        #[arg(long)]
+        all: bool,
+        #[command(flatten)]
+        out: ops::Output,
+    },
     /// One pass of the `relay` function: deliver due outbox messages, print the counts.
     Relay {
         /// Run one pass and exit (the only mode; `inbox dev` relays continuously).
@@ -277,6 +289,7 @@ async fn main() -> Result<()> {
             Ok(())
         }
         Command::Stats { out } => ops::stats(&operator_db().await?, &out).await,
+        Command::Providers { base_url, all, out } => ops::providers(&config::Env::resolved().await?, &base_url, all, &out),
         Command::Failed { provider, since, limit, out } => {
             let filter = inbox::Filter { provider, since, reason_like: None };
             ops::failed(&operator_db().await?, &filter, limit.max(1), &out).await

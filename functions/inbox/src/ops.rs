@@ -9,7 +9,7 @@ use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 use sqlx::PgPool;
 use webhook_inbox::{
-    config::{Catalog, Env, Secrets},
+    config::{Catalog, Env, Kind, Secrets},
     db::{
         self, audit,
         inbox::{self, Filter, Replayed, Requeue, Since},
@@ -188,6 +188,66 @@ pub async fn show(pool: &PgPool, env: &Env<'_>, provider: &str, event_id: &str, 
             h.failure_reason.as_deref().map(|r| format!(", {r}")).unwrap_or_default()
         );
     }
+    Ok(())
+}
+
+/// `inbox providers`: each provider with a secret (every known one with `all`),
+/// the URL to register with it, how it signs, and how long it may redeliver.
+pub fn providers(env: &Env<'_>, base_url: &str, all: bool, out: &Output) -> Result<()> {
+    let catalog = Catalog::read(env)?;
+    let secrets = Secrets::read(env, &catalog)?;
+    let base = base_url.trim_end_matches('/');
+    let rows: Vec<Value> = catalog
+        .entries()
+        .filter(|e| all || secrets.is_configured(e.provider))
+        .map(|e| {
+            let p = e.provider;
+            let needs_url = matches!(&e.kind, Kind::Declared(r) if r.needs_url());
+            let url = match (needs_url, catalog.url(p)) {
+                (true, Some(url)) => url.to_string(),
+                (true, None) => format!("{}_WEBHOOK_URL (not set; it is signed)", p.env_prefix()),
+                (false, _) => format!("{base}/webhooks/{p}"),
+            };
+            let contract = match (&e.alias_of, &e.kind, e.configured) {
+                (Some(of), _, true) => format!("alias of {of} (providers file)"),
+                (Some(of), _, false) => format!("alias of {of}"),
+                (None, Kind::Coded, _) => "code".into(),
+                (None, _, true) => "providers file".into(),
+                (None, _, false) => "built in".into(),
+            };
+            let signature = match &e.kind {
+                Kind::Declared(r) => r.headers.join(", "),
+                Kind::Standard => "webhook-signature, svix-signature".into(),
+                Kind::Coded => match p {
+                    Provider::STRIPE => "Stripe-Signature",
+                    Provider::SHOPIFY => "X-Shopify-Hmac-Sha256",
+                    Provider::GITHUB => "X-Hub-Signature-256",
+                    Provider::MARQETA => "Authorization (Basic), X-Marqeta-Signature",
+                    _ => "webhook-signature, svix-signature",
+                }
+                .into(),
+            };
+            json!({
+                "provider": p.as_str(), "url": url, "secrets": secrets.count(p), "contract": contract,
+                "signature": signature, "redelivery_days": e.redelivery_days,
+            })
+        })
+        .collect();
+    if out.json {
+        print_json(&json!(rows));
+        return Ok(());
+    }
+    if rows.is_empty() {
+        println!("no provider has a secret here (`inbox dev` would use its development secrets; --all lists every provider)");
+        return Ok(());
+    }
+    let cell = |r: &Value, k: &str| match &r[k] {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let keys = ["provider", "url", "secrets", "contract", "signature", "redelivery_days"];
+    let table: Vec<Vec<String>> = rows.iter().map(|r| keys.iter().map(|k| cell(r, k)).collect()).collect();
+    print_table(&["provider", "url", "secrets", "contract", "signature header", "redelivery days"], &table);
     Ok(())
 }
 

@@ -50,13 +50,18 @@ pub struct Secrets {
 
 impl Secrets {
     pub fn is_configured(&self, provider: Provider) -> bool {
+        self.count(provider) > 0
+    }
+
+    /// How many secrets (Marqeta: passwords) are configured for a provider: two or more while one rotates.
+    pub fn count(&self, provider: Provider) -> usize {
         match provider {
-            Provider::STRIPE => !self.stripe.is_empty(),
-            Provider::SHOPIFY => !self.shopify.is_empty(),
-            Provider::GITHUB => !self.github.is_empty(),
-            Provider::STANDARD => !self.standard.is_empty(),
-            Provider::MARQETA => self.marqeta.is_some(),
-            other => self.declared.get(&other).is_some_and(|s| !s.is_empty()),
+            Provider::STRIPE => self.stripe.len(),
+            Provider::SHOPIFY => self.shopify.len(),
+            Provider::GITHUB => self.github.len(),
+            Provider::STANDARD => self.standard.len(),
+            Provider::MARQETA => self.marqeta.as_ref().map_or(0, |m| m.passwords.len()),
+            other => self.declared.get(&other).map_or(0, Vec::len),
         }
     }
 

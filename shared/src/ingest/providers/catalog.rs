@@ -31,6 +31,8 @@ pub struct Entry {
     pub redelivery_days: u32,
     /// Declared by the providers file rather than built in.
     pub configured: bool,
+    /// The provider whose contract this one shares.
+    pub alias_of: Option<Provider>,
 }
 
 #[derive(Debug, Clone)]
@@ -61,7 +63,8 @@ impl Catalog {
     pub fn with_file(file: Option<&str>, url: impl Fn(Provider) -> Option<String>) -> Result<Catalog, String> {
         let mut entries = BTreeMap::new();
         for (p, days) in CODED {
-            entries.insert(p, Entry { provider: p, kind: Kind::Coded, redelivery_days: days, configured: false });
+            let entry = Entry { provider: p, kind: Kind::Coded, redelivery_days: days, configured: false, alias_of: None };
+            entries.insert(p, entry);
         }
         let mut declared: Vec<(Provider, Description, bool)> =
             parse(BUILTIN)?.into_iter().map(|(p, d)| (p, d, false)).collect();
@@ -152,6 +155,7 @@ fn entry(p: Provider, d: &Description, configured: bool, known: &BTreeMap<Provid
         let rules = Rules::from_description(d)?;
         return Ok(Entry {
             provider: p,
+            alias_of: None,
             kind: Kind::Declared(Box::new(rules)),
             redelivery_days: check_days(days(None)?)?,
             configured,
@@ -160,8 +164,8 @@ fn entry(p: Provider, d: &Description, configured: bool, known: &BTreeMap<Provid
     if d.has_contract() {
         return Err("an alias takes only redelivery_days besides alias".into());
     }
-    let target = known.get(&Provider::try_from(target.as_str()).map_err(|e| format!("alias {target:?}: {e}"))?);
-    let (kind, inherited) = match target {
+    let target = Provider::try_from(target.as_str()).map_err(|e| format!("alias {target:?}: {e}"))?;
+    let (kind, inherited) = match known.get(&target) {
         Some(Entry { provider, kind: Kind::Coded, redelivery_days, .. }) if *provider == Provider::STANDARD => {
             (Kind::Standard, *redelivery_days)
         }
@@ -173,5 +177,6 @@ fn entry(p: Provider, d: &Description, configured: bool, known: &BTreeMap<Provid
         }
         None => return Err(format!("alias {:?}: no such provider", d.alias.as_deref().unwrap_or_default())),
     };
-    Ok(Entry { provider: p, kind, redelivery_days: check_days(days(Some(inherited))?)?, configured })
+    let redelivery_days = check_days(days(Some(inherited))?)?;
+    Ok(Entry { provider: p, kind, redelivery_days, configured, alias_of: Some(target) })
 }
