@@ -1,17 +1,23 @@
-//! Every provider's signature check on arbitrary headers and body: no panic,
-//! and nothing verifies without the secret (the fuzzer does not know it).
+//! Every provider's signature check, the coded ones and every built-in
+//! declared one, on arbitrary headers and body: no panic, and nothing verifies
+//! without the secret (the fuzzer does not know it).
 #![no_main]
+
+use std::sync::OnceLock;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 use libfuzzer_sys::fuzz_target;
 use webhook_inbox::{
     core::secret::{MarqetaAuth, Secrets},
-    ingest::providers::{Delivery, Provider, Schemes},
+    ingest::providers::{
+        catalog::{Catalog, Kind},
+        Delivery, Schemes,
+    },
     Secret,
 };
 
-/// The header names the schemes read; the fuzzer picks among them by a byte.
-const NAMES: &[&str] = &[
+/// The coded schemes' header names; the declared ones' are added from the catalog.
+const CODED_NAMES: &[&str] = &[
     "stripe-signature",
     "x-shopify-hmac-sha256",
     "x-shopify-webhook-id",
@@ -27,8 +33,17 @@ const NAMES: &[&str] = &[
     "x-marqeta-signature",
 ];
 
-fn secrets() -> Secrets {
+fn catalog() -> Catalog {
+    Catalog::with_file(None, |p| Some(format!("https://fuzz.example/webhooks/{p}"))).unwrap()
+}
+
+fn secrets(catalog: &Catalog) -> Secrets {
     let one = |s: &str| vec![Secret::new(s)];
+    let declared = catalog
+        .entries()
+        .filter(|e| !matches!(e.kind, Kind::Coded))
+        .map(|e| (e.provider, one("declared-fuzz-secret-never-guessed")))
+        .collect();
     Secrets {
         stripe: one("whsec_fuzz_secret_never_guessed"),
         shopify: one("shopify_fuzz_secret_never_guessed"),
@@ -39,11 +54,32 @@ fn secrets() -> Secrets {
             passwords: vec![Secret::new("fuzz-password-never-guessed")],
             signing_secrets: one("marqeta_fuzz_secret_never_guessed"),
         }),
+        declared,
     }
 }
 
+/// Every provider configured, and every header name any of them reads; the fuzzer picks names by a byte.
+fn setup() -> &'static (Schemes, Vec<HeaderName>) {
+    static SETUP: OnceLock<(Schemes, Vec<HeaderName>)> = OnceLock::new();
+    SETUP.get_or_init(|| {
+        let catalog = catalog();
+        let schemes = Schemes::new(&catalog, &secrets(&catalog));
+        let mut names: Vec<HeaderName> = CODED_NAMES.iter().map(|n| HeaderName::from_static(n)).collect();
+        for entry in catalog.entries() {
+            let scheme = schemes.get(entry.provider).expect("every provider is configured");
+            for name in scheme.kept_headers().iter() {
+                let name = HeaderName::from_bytes(name.as_bytes()).unwrap();
+                if !names.contains(&name) {
+                    names.push(name);
+                }
+            }
+        }
+        (schemes, names)
+    })
+}
+
 /// `[name byte, value length, value bytes...]*` then the body.
-fn delivery(data: &[u8]) -> (HeaderMap, &[u8], i64) {
+fn delivery<'a>(data: &'a [u8], names: &[HeaderName]) -> (HeaderMap, &'a [u8], i64) {
     let mut headers = HeaderMap::new();
     let mut rest = data;
     while let [name, len, tail @ ..] = rest {
@@ -54,7 +90,7 @@ fn delivery(data: &[u8]) -> (HeaderMap, &[u8], i64) {
         }
         let (value, tail) = tail.split_at(len);
         if let Ok(value) = HeaderValue::from_bytes(value) {
-            headers.append(HeaderName::from_static(NAMES[*name as usize % NAMES.len()]), value);
+            headers.append(names[*name as usize % names.len()].clone(), value);
         }
         rest = tail;
     }
@@ -62,12 +98,12 @@ fn delivery(data: &[u8]) -> (HeaderMap, &[u8], i64) {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let (headers, body, now) = delivery(data);
-    let schemes = Schemes::new(&secrets());
-    for provider in Provider::ALL {
-        let scheme = schemes.get(provider).expect("every provider is configured");
+    let (schemes, names) = setup();
+    let (headers, body, now) = delivery(data, names);
+    for entry in schemes.catalog().entries() {
+        let scheme = schemes.get(entry.provider).expect("every provider is configured");
         let d = Delivery { headers: &headers, body, now };
-        assert!(scheme.verify(&d).is_err(), "{provider} verified without the secret");
+        assert!(scheme.verify(&d).is_err(), "{} verified without the secret", entry.provider);
         let _ = scheme.events(&d);
     }
 });

@@ -24,22 +24,36 @@ async fn arns_resolve_to_the_plain_variables_and_a_working_database_url() {
         r#"{"MARQETA_WEBHOOK_USERNAME":"mq","MARQETA_WEBHOOK_PASSWORD":["password-one-0123456789","password-two-0123456789"]}"#,
     )
     .await;
+    let declared = create(
+        &sm,
+        "declared",
+        r#"{"SLACK_WEBHOOK_SECRET":["slack-new","slack-old"],"TWILIO_WEBHOOK_SECRET":"tw","TWILIO_WEBHOOK_URL":"https://h.example/webhooks/twilio"}"#,
+    )
+    .await;
     // RDS's managed secret: only the credentials (the local server trusts any password).
     let db = create(&sm, "db", &format!(r#"{{"username":"postgres","password":"{DB_PASSWORD}"}}"#)).await;
 
     let pairs = [
         ("STRIPE_WEBHOOK_SECRET_ARN", stripe.as_str()),
         ("MARQETA_WEBHOOK_CREDENTIALS_ARN", marqeta.as_str()),
+        ("WEBHOOK_SECRETS_ARN", declared.as_str()),
         ("DATABASE_SECRET_ARN", db.as_str()),
         ("DATABASE_URL", "postgres://127.0.0.1:5432/postgres"),
         ("SHOPIFY_WEBHOOK_SECRET", "from-the-environment"),
     ];
     let env = Env::from_pairs(&pairs);
     assert!(secrets_manager::wanted(&env));
-    assert!(!secrets_manager::wanted(&Env::from_pairs(&pairs[3..])), "no ARN, no AWS call");
+    assert!(!secrets_manager::wanted(&Env::from_pairs(&pairs[4..])), "no ARN, no AWS call");
     let env = secrets_manager::resolve(env, &sm).await.unwrap();
 
-    let secrets = Secrets::read(&env, &Catalog::builtin()).unwrap();
+    let catalog = Catalog::read(&env).unwrap();
+    assert_eq!(
+        catalog.url(webhook_inbox::Provider::try_from("twilio").unwrap()),
+        Some("https://h.example/webhooks/twilio")
+    );
+    let secrets = Secrets::read(&env, &catalog).unwrap();
+    let slack = &secrets.declared[&webhook_inbox::Provider::try_from("slack").unwrap()];
+    assert_eq!(slack.iter().map(|s| s.expose()).collect::<Vec<_>>(), [b"slack-new".as_slice(), b"slack-old"]);
     let stripe: Vec<&[u8]> = secrets.stripe.iter().map(|s| s.expose()).collect();
     assert_eq!(stripe, [STRIPE.as_bytes(), b"whsec_previous"]);
     assert_eq!(secrets.shopify.len(), 1, "plain variables still work beside ARNs");

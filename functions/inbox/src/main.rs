@@ -289,7 +289,9 @@ async fn main() -> Result<()> {
             Ok(())
         }
         Command::Stats { out } => ops::stats(&operator_db().await?, &out).await,
-        Command::Providers { base_url, all, out } => ops::providers(&config::Env::resolved().await?, &base_url, all, &out),
+        Command::Providers { base_url, all, out } => {
+            ops::providers(&config::Env::resolved().await?, &base_url, all, &out)
+        }
         Command::Failed { provider, since, limit, out } => {
             let filter = inbox::Filter { provider, since, reason_like: None };
             ops::failed(&operator_db().await?, &filter, limit.max(1), &out).await

@@ -238,7 +238,9 @@ pub fn providers(env: &Env<'_>, base_url: &str, all: bool, out: &Output) -> Resu
         return Ok(());
     }
     if rows.is_empty() {
-        println!("no provider has a secret here (`inbox dev` would use its development secrets; --all lists every provider)");
+        println!(
+            "no provider has a secret here (`inbox dev` would use its development secrets; --all lists every provider)"
+        );
         return Ok(());
     }
     let cell = |r: &Value, k: &str| match &r[k] {

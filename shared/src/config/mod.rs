@@ -62,7 +62,7 @@ impl<'a> Env<'a> {
     }
 
     /// These values in place of the lookup's own.
-    pub fn overlay(self, values: HashMap<&'static str, String>) -> Self {
+    pub fn overlay(self, values: HashMap<String, String>) -> Self {
         let Env { get } = self;
         Env::from_lookup(move |name| values.get(name).cloned().or_else(|| get(name)))
     }

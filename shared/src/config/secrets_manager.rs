@@ -13,6 +13,10 @@
 //! - Marqeta's credentials are one JSON object with the keys
 //!   `MARQETA_WEBHOOK_USERNAME`, `MARQETA_WEBHOOK_PASSWORD` and, optionally,
 //!   `MARQETA_WEBHOOK_SECRET`.
+//! - `WEBHOOK_SECRETS_ARN` names one JSON object for the declared providers
+//!   (Slack, Twilio, a provider of `INBOX_PROVIDERS_FILE`, ...): its keys are
+//!   their `<NAME>_WEBHOOK_SECRET` variables, and `<NAME>_WEBHOOK_URL` where a
+//!   provider signs its URL.
 //! - The database's is RDS's format (`username`, `password`, and optionally
 //!   `host`, `port`, `dbname`), RDS's own managed secret included, merged into
 //!   `DATABASE_URL` (which then carries no credentials); or a whole URL as plain
@@ -41,24 +45,37 @@ pub const SECRET_ARNS: &[(&str, &[&str])] = &[
     ("SHOPIFY_ACCESS_TOKEN_ARN", &["SHOPIFY_ACCESS_TOKEN"]),
 ];
 
+/// The declared providers' secrets (and URLs): one JSON object of `<NAME>_WEBHOOK_SECRET` / `_URL` keys.
+pub const WEBHOOK_SECRETS_ARN: &str = "WEBHOOK_SECRETS_ARN";
+
 /// The database credentials: RDS's JSON, merged into `DATABASE_URL`.
 pub const DATABASE_SECRET_ARN: &str = "DATABASE_SECRET_ARN";
 
 /// Whether any secret is to be fetched (so that a process without one never
 /// loads the AWS configuration).
 pub fn wanted(env: &Env) -> bool {
-    env.var(DATABASE_SECRET_ARN).is_some() || SECRET_ARNS.iter().any(|(arn, _)| env.var(arn).is_some())
+    env.var(DATABASE_SECRET_ARN).is_some()
+        || env.var(WEBHOOK_SECRETS_ARN).is_some()
+        || SECRET_ARNS.iter().any(|(arn, _)| env.var(arn).is_some())
 }
 
 /// `env` with every secret its ARN variables name fetched through `client`
 /// and standing in for the plain variables.
 pub async fn resolve<'a>(env: Env<'a>, client: &Client) -> Result<Env<'a>, ConfigError> {
-    let mut set: HashMap<&'static str, String> = HashMap::new();
+    let mut set: HashMap<String, String> = HashMap::new();
+    let mut fetched: Vec<(&'static str, Vec<(String, String)>)> = Vec::new();
     for &(arn_var, vars) in SECRET_ARNS {
         let Some(arn) = env.var(arn_var) else { continue };
         let text = fetch(client, arn_var, &arn).await?;
-        for (var, value) in values(arn_var, vars, &text)? {
-            if env.var(var).is_some() {
+        fetched.push((arn_var, values(arn_var, vars, &text)?.into_iter().map(|(k, v)| (k.to_string(), v)).collect()));
+    }
+    if let Some(arn) = env.var(WEBHOOK_SECRETS_ARN) {
+        let text = fetch(client, WEBHOOK_SECRETS_ARN, &arn).await?;
+        fetched.push((WEBHOOK_SECRETS_ARN, webhook_values(&text)?));
+    }
+    for (arn_var, values) in fetched {
+        for (var, value) in values {
+            if env.var(&var).is_some() || set.contains_key(&var) {
                 return Err(invalid(var, format!("set directly and by {arn_var}: keep one")));
             }
             set.insert(var, value);
@@ -66,7 +83,7 @@ pub async fn resolve<'a>(env: Env<'a>, client: &Client) -> Result<Env<'a>, Confi
     }
     if let Some(arn) = env.var(DATABASE_SECRET_ARN) {
         let text = fetch(client, DATABASE_SECRET_ARN, &arn).await?;
-        set.insert("DATABASE_URL", database_url(env.var("DATABASE_URL").as_deref(), &text)?);
+        set.insert("DATABASE_URL".into(), database_url(env.var("DATABASE_URL").as_deref(), &text)?);
     }
     Ok(env.overlay(set))
 }
@@ -108,6 +125,38 @@ fn values(
     }
     if found.is_empty() {
         return Err(invalid(arn_var, format!("the JSON object has none of the keys {}", vars.join(", "))));
+    }
+    Ok(found)
+}
+
+/// `WEBHOOK_SECRETS_ARN`'s object: `<NAME>_WEBHOOK_SECRET` and `<NAME>_WEBHOOK_URL` keys only.
+fn webhook_values(text: &str) -> Result<Vec<(String, String)>, ConfigError> {
+    let var = WEBHOOK_SECRETS_ARN;
+    let Ok(Value::Object(object)) = serde_json::from_str::<Value>(text) else {
+        return Err(invalid(var, "must be a JSON object of <NAME>_WEBHOOK_SECRET (and <NAME>_WEBHOOK_URL) keys"));
+    };
+    let coded = SECRET_ARNS.iter().flat_map(|(_, vars)| vars.iter());
+    let coded: Vec<&str> = coded.copied().collect();
+    let mut found = Vec::new();
+    for (key, value) in object {
+        let name = key.strip_suffix("_WEBHOOK_SECRET").or_else(|| key.strip_suffix("_WEBHOOK_URL"));
+        let valid = name.is_some_and(|n| {
+            !n.is_empty() && n.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+        });
+        if !valid || coded.contains(&key.as_str()) {
+            return Err(invalid(
+                var,
+                format!("unexpected key {key:?}: a declared provider's <NAME>_WEBHOOK_SECRET or <NAME>_WEBHOOK_URL (the five coded providers have their own ARN variables)"),
+            ));
+        }
+        let value = match value {
+            Value::String(s) => s,
+            Value::Array(items) if items.iter().all(Value::is_string) => {
+                items.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(",")
+            }
+            _ => return Err(invalid(var, format!("{key} must be a string or an array of strings"))),
+        };
+        found.push((key, value));
     }
     Ok(found)
 }
@@ -187,6 +236,25 @@ mod tests {
             let err = values("MARQETA_WEBHOOK_CREDENTIALS_ARN", marqeta, text).unwrap_err().to_string();
             assert!(err.contains(says), "{text}: {err}");
             assert!(!err.contains("hunter2") && !err.contains("just-a-password"), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_declared_providers_secret_takes_their_variables_only() {
+        let ok =
+            webhook_values(r#"{"SLACK_WEBHOOK_SECRET":["a","b"],"TWILIO_WEBHOOK_URL":"https://h/webhooks/twilio"}"#);
+        let mut ok = ok.unwrap();
+        ok.sort();
+        assert_eq!(ok[0], ("SLACK_WEBHOOK_SECRET".to_string(), "a,b".to_string()));
+        for (text, says) in [
+            ("hunter2", "must be a JSON object"),
+            (r#"{"STRIPE_WEBHOOK_SECRET":"hunter2"}"#, "the five coded providers have their own"),
+            (r#"{"DATABASE_URL":"postgres://hunter2"}"#, "unexpected key \"DATABASE_URL\""),
+            (r#"{"slack_webhook_secret":"hunter2"}"#, "unexpected key"),
+            (r#"{"SLACK_WEBHOOK_SECRET":{"x":"hunter2"}}"#, "must be a string"),
+        ] {
+            let err = webhook_values(text).unwrap_err().to_string();
+            assert!(err.contains(says) && !err.contains("hunter2\""), "{text}: {err}");
         }
     }
 

@@ -63,7 +63,8 @@ impl Catalog {
     pub fn with_file(file: Option<&str>, url: impl Fn(Provider) -> Option<String>) -> Result<Catalog, String> {
         let mut entries = BTreeMap::new();
         for (p, days) in CODED {
-            let entry = Entry { provider: p, kind: Kind::Coded, redelivery_days: days, configured: false, alias_of: None };
+            let entry =
+                Entry { provider: p, kind: Kind::Coded, redelivery_days: days, configured: false, alias_of: None };
             entries.insert(p, entry);
         }
         let mut declared: Vec<(Provider, Description, bool)> =
