@@ -217,3 +217,91 @@ async fn hostile_bodies_to_a_declared_provider_are_stored_as_failed_and_the_rest
     assert_eq!(failed, 4);
     assert_eq!(row(&pool, "slack", "Ev_ok").await.1, "pending", "the row after them flows");
 }
+
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn handshakes_are_answered_once_verified_and_never_stored(
+    _: sqlx::postgres::PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let vars = [
+        ("SLACK_WEBHOOK_SECRET", "slack-secret"),
+        ("ZOOM_WEBHOOK_SECRET", "zoom-old, zoom-new"),
+        ("TWITCH_WEBHOOK_SECRET", "twitch-secret-0123"),
+    ];
+    let (receiver, _) = receiver(&opts, &vars);
+    let hmac_hex = |key: &str, parts: &[&[u8]]| {
+        let mut mac = Hmac::<sha2::Sha256>::new_from_slice(key.as_bytes()).unwrap();
+        for p in parts {
+            mac.update(p);
+        }
+        hex::encode(mac.finalize().into_bytes())
+    };
+    let answer = |response: http::Response<lambda_http::Body>| {
+        let content_type = response.headers()["content-type"].to_str().unwrap().to_string();
+        (response.status(), content_type, String::from_utf8(response.body().to_vec()).unwrap())
+    };
+
+    // Slack: url_verification, the challenge back as text.
+    let t = now().to_string();
+    let body = br#"{"token":"x","challenge":"3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P","type":"url_verification"}"#;
+    let sig = format!("v0={}", hmac_hex("slack-secret", &[format!("v0:{t}:").as_bytes(), body]));
+    let signed = [("x-slack-signature", sig.as_str()), ("x-slack-request-timestamp", t.as_str())];
+    let got = answer(receiver.handle(request("slack", &signed, body)).await);
+    assert_eq!(
+        got,
+        (StatusCode::OK, "text/plain".into(), "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P".into())
+    );
+    let unsigned = [("x-slack-signature", "v0=00"), ("x-slack-request-timestamp", t.as_str())];
+    assert_eq!(receiver.handle(request("slack", &unsigned, body)).await.status(), StatusCode::UNAUTHORIZED);
+
+    // Zoom: endpoint.url_validation, answered with the token's HMAC under the secret that verified it
+    // (Zoom's sample: createHmac('sha256', secretToken).update(plainToken).digest('hex')).
+    let body = br#"{"payload":{"plainToken":"qgg8vlvZRS6UYooatFL8Aw"},"event_ts":1654503849680,"event":"endpoint.url_validation"}"#;
+    let sig = format!("v0={}", hmac_hex("zoom-new", &[format!("v0:{t}:").as_bytes(), body]));
+    let signed = [("x-zm-signature", sig.as_str()), ("x-zm-request-timestamp", t.as_str())];
+    let (status, content_type, text) = answer(receiver.handle(request("zoom", &signed, body)).await);
+    assert_eq!((status, content_type.as_str()), (StatusCode::OK, "application/json"));
+    let expected = hmac_hex("zoom-new", &[b"qgg8vlvZRS6UYooatFL8Aw"]);
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).unwrap(),
+        json!({"plainToken": "qgg8vlvZRS6UYooatFL8Aw", "encryptedToken": expected})
+    );
+
+    // Twitch: webhook_callback_verification, the challenge back as text; a notification is stored.
+    let ts = iso(now());
+    let body = br#"{"challenge":"pogchamp-kappa-360noscope-vohiyo","subscription":{"type":"channel.follow"}}"#;
+    let sig = format!("sha256={}", hmac_hex("twitch-secret-0123", &[b"m-1", ts.as_bytes(), body]));
+    let headers = [
+        ("twitch-eventsub-message-id", "m-1"),
+        ("twitch-eventsub-message-timestamp", ts.as_str()),
+        ("twitch-eventsub-message-type", "webhook_callback_verification"),
+        ("twitch-eventsub-message-signature", sig.as_str()),
+    ];
+    let got = answer(receiver.handle(request("twitch", &headers, body)).await);
+    assert_eq!(got, (StatusCode::OK, "text/plain".into(), "pogchamp-kappa-360noscope-vohiyo".into()));
+    assert_eq!(count(&pool).await, 0, "no handshake is stored");
+
+    let mut notification = headers;
+    notification[2].1 = "notification";
+    let (status, answer) = post(&receiver, "twitch", &notification, body).await;
+    assert_eq!((status, answer), (StatusCode::OK, json!({"status": "accepted"})));
+    assert_eq!(row(&pool, "twitch", "m-1").await.0, "channel.follow");
+}
+
+/// Unix seconds as RFC 3339, as Twitch writes its timestamps.
+fn iso(secs: i64) -> String {
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil date from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.123456789Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}

@@ -17,7 +17,7 @@ use crate::{
     ingest::providers::catalog::Catalog,
     ingest::{
         notify::ProcessQueue,
-        providers::{Delivery, Events, InitialStatus, NewEvent, Provider, Rejected, Schemes},
+        providers::{Challenged, Delivery, Events, InitialStatus, NewEvent, Provider, Rejected, Schemes},
     },
     process::handlers::Handlers,
     runtime::metrics::Metrics,
@@ -41,6 +41,14 @@ pub struct ReceiveConfig {
 
 /// `INBOX_MAX_BODY_BYTES`'s default.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
+
+/// What a verified delivery came to.
+#[derive(Debug)]
+pub enum Received {
+    Claimed(Claimed),
+    /// A handshake (the provider checking the endpoint), answered and not stored.
+    Challenge(Challenged),
+}
 
 /// Why a delivery was not accepted; each maps to one HTTP status.
 #[derive(Debug, thiserror::Error)]
@@ -148,7 +156,7 @@ impl Receiver {
         headers: &HeaderMap,
         body: &[u8],
         stored_failed: &mut usize,
-    ) -> Result<Claimed, ReceiveError> {
+    ) -> Result<Received, ReceiveError> {
         let name = provider.ok_or(ReceiveError::NoRoute)?;
         let Some(scheme) = self.schemes.find(name) else {
             return Err(match self.schemes.catalog().find(name) {
@@ -168,6 +176,10 @@ impl Receiver {
             tracing::warn!(%provider, %reason, "delivery refused");
             ReceiveError::Unauthorized(reason)
         })?;
+        if let Some(answer) = scheme.challenge(&delivery, verified) {
+            tracing::info!(%provider, "handshake answered");
+            return Ok(Received::Challenge(answer));
+        }
 
         let events = scheme.events(&delivery);
         if let Events::Single(e) = &events {
@@ -193,7 +205,7 @@ impl Receiver {
         }
         match claimed {
             Claimed::Busy => Err(ReceiveError::Busy),
-            claimed => Ok(claimed),
+            claimed => Ok(Received::Claimed(claimed)),
         }
     }
 }
@@ -226,17 +238,18 @@ fn new_failed(claimed: &Claimed, events: &Events) -> usize {
 
 /// One delivery's counts: `received` (new events), `duplicate`, `stored_failed`
 /// (of the new ones), `rejected_signature`, `rejected_timestamp`,
-/// `rejected_size`, `rejected_unknown_provider`, `unavailable`.
-fn count(metrics: &mut Metrics, result: &Result<Claimed, ReceiveError>, stored_failed: usize) {
+/// `rejected_size`, `rejected_unknown_provider`, `unavailable`, `challenged`.
+fn count(metrics: &mut Metrics, result: &Result<Received, ReceiveError>, stored_failed: usize) {
     metrics.count("stored_failed", stored_failed as u64);
     let name = match result {
-        Ok(Claimed::Batch(b)) => {
+        Ok(Received::Claimed(Claimed::Batch(b))) => {
             metrics.count("received", b.accepted as u64).count("duplicate", b.duplicates as u64);
             return;
         }
-        Ok(Claimed::Single(Claim::New)) => "received",
-        Ok(Claimed::Single(Claim::Duplicate)) => "duplicate",
-        Ok(Claimed::Busy) | Err(ReceiveError::Busy | ReceiveError::Unavailable(_)) => "unavailable",
+        Ok(Received::Claimed(Claimed::Single(Claim::New))) => "received",
+        Ok(Received::Claimed(Claimed::Single(Claim::Duplicate))) => "duplicate",
+        Ok(Received::Challenge(_)) => "challenged",
+        Ok(Received::Claimed(Claimed::Busy)) | Err(ReceiveError::Busy | ReceiveError::Unavailable(_)) => "unavailable",
         Err(ReceiveError::Unauthorized(r)) if r.stale => "rejected_timestamp",
         Err(ReceiveError::Unauthorized(_)) => "rejected_signature",
         Err(ReceiveError::TooLarge(_)) => "rejected_size",
@@ -276,8 +289,17 @@ fn kept_headers(headers: &HeaderMap, names: &[&str]) -> serde_json::Value {
     serde_json::Value::Object(map)
 }
 
-pub fn respond(result: Result<Claimed, ReceiveError>) -> Response<Body> {
-    let (status, body) = match &result {
+pub fn respond(result: Result<Received, ReceiveError>) -> Response<Body> {
+    let claimed = match result {
+        Ok(Received::Challenge(answer)) => {
+            let mut response = Response::new(Body::from(answer.body));
+            response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(answer.content_type));
+            return response;
+        }
+        Ok(Received::Claimed(claimed)) => Ok(claimed),
+        Err(e) => Err(e),
+    };
+    let (status, body) = match &claimed {
         Ok(Claimed::Single(Claim::New)) => (StatusCode::OK, json!({"status": "accepted"})),
         Ok(Claimed::Single(Claim::Duplicate)) => (StatusCode::OK, json!({"status": "duplicate"})),
         Ok(Claimed::Batch(BatchClaim { accepted, duplicates })) => {
@@ -290,7 +312,7 @@ pub fn respond(result: Result<Claimed, ReceiveError>) -> Response<Body> {
     *response.status_mut() = status;
     let h = response.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    match result {
+    match claimed {
         Err(ReceiveError::MethodNotAllowed) => {
             h.insert(header::ALLOW, HeaderValue::from_static("POST"));
         }

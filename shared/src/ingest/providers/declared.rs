@@ -12,9 +12,13 @@
 //! event_id = ["{header:X-Acme-Delivery}", "{json:/id}"]   # first that exists; else the body's digest
 //! event_type = "{json:/type}"
 //! redelivery_days = 3
+//! challenge = { when = "{json:/type}", equals = "url_verification", respond = "{json:/challenge}" }
 //! ```
 
-use std::{borrow::Cow, collections::HashMap};
+use std::{
+    borrow::Cow,
+    collections::{BTreeMap, HashMap},
+};
 
 use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
 use hmac::Hmac;
@@ -24,8 +28,8 @@ use sha1::Sha1;
 use sha2::{Sha256, Sha512};
 
 use super::{
-    body_digest_id, event_from, first_matching, header, header_values, parse_json, parse_json_text, Delivery, Events,
-    Json, NewEvent, Provider, Rejected, Scheme, Verified,
+    body_digest_id, event_from, first_matching, header, header_values, parse_json, parse_json_text, Challenged,
+    Delivery, Events, Json, NewEvent, Provider, Rejected, Scheme, Verified,
 };
 use crate::core::{payload::storable, secret::Secret};
 
@@ -51,6 +55,7 @@ pub struct Description {
     /// A JSON pointer to an array: one event per element.
     pub batch: Option<String>,
     pub redelivery_days: Option<u32>,
+    pub challenge: Option<ChallengeDescription>,
 }
 
 impl Description {
@@ -68,6 +73,7 @@ impl Description {
             event_id,
             event_type,
             batch,
+            challenge,
         } = self;
         signature.is_some()
             || algorithm.is_some()
@@ -78,7 +84,23 @@ impl Description {
             || event_id.is_some()
             || event_type.is_some()
             || batch.is_some()
+            || challenge.is_some()
     }
+}
+
+/// A handshake the provider sends to check the endpoint (Slack's
+/// `url_verification`, Twitch's `webhook_callback_verification`, Zoom's
+/// `endpoint.url_validation`): once verified, it is answered and never stored.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChallengeDescription {
+    /// A template whose value, equal to `equals`, makes the delivery a handshake.
+    pub when: String,
+    pub equals: String,
+    /// The answer as text ...
+    pub respond: Option<String>,
+    /// ... or as a JSON object of templates.
+    pub respond_json: Option<BTreeMap<String, String>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -167,6 +189,8 @@ pub enum Source {
     Form(String),
     /// An item of the signature header's key-value list.
     Signature(String),
+    /// Hex HMAC, with the secret that verified the delivery, of the body's value at a pointer (Zoom's handshake).
+    Hmac(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -257,6 +281,10 @@ impl Source {
             }
             "form" => need("a form field name").map(Source::Form),
             "signature" => need("a key of the signature header's list").map(Source::Signature),
+            "hmac" => match arg {
+                Some(p) if p.starts_with('/') => Ok(Source::Hmac(p.to_string())),
+                _ => Err("{hmac:<pointer>} needs a JSON pointer: {hmac:/payload/plainToken}".into()),
+            },
             other => Err(format!(
                 "unknown placeholder {{{other}}} (known: body, url, method, timestamp, form-sorted, body-hash, header:<name>, json:<pointer>, form:<field>, signature:<key>)"
             )),
@@ -294,6 +322,20 @@ pub struct Rules {
     pub event_id: Vec<Template>,
     pub event_type: Vec<Template>,
     pub batch: Option<String>,
+    pub challenge: Option<Challenge>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Challenge {
+    when: Template,
+    equals: String,
+    respond: Respond,
+}
+
+#[derive(Debug, Clone)]
+enum Respond {
+    Text(Template),
+    Json(Vec<(String, Template)>),
 }
 
 impl Rules {
@@ -350,7 +392,10 @@ impl Rules {
         let signed = Template::parse(d.signed.as_deref().ok_or("signed is missing (for example \"{body}\")")?)
             .map_err(|e| format!("signed: {e}"))?;
         for s in signed.sources() {
-            if matches!(s, Source::Json(_) | Source::Form(_) | Source::BodyHash | Source::Signature(_)) {
+            if matches!(
+                s,
+                Source::Json(_) | Source::Form(_) | Source::BodyHash | Source::Signature(_) | Source::Hmac(_)
+            ) {
                 return Err(format!(
                     "signed: {s:?} cannot be signed; use body, url, method, timestamp, header or form-sorted"
                 ));
@@ -391,7 +436,7 @@ impl Rules {
                 let t = Template::parse(text).map_err(|e| format!("{field}: {e}"))?;
                 if let Some(s) = t.sources().find(|s| {
                     matches!(s, Source::Body | Source::Url | Source::Method | Source::Timestamp | Source::FormSorted)
-                        || matches!(s, Source::Signature(_))
+                        || matches!(s, Source::Signature(_) | Source::Hmac(_))
                 }) {
                     return Err(format!("{field}: {s:?} cannot be read here; use header, json, form or body-hash"));
                 }
@@ -412,7 +457,12 @@ impl Rules {
                 );
             }
         }
+        let challenge = match &d.challenge {
+            None => None,
+            Some(c) => Some(challenge(c)?),
+        };
         Ok(Rules {
+            challenge,
             headers,
             parse,
             algorithm,
@@ -524,6 +574,33 @@ impl Rules {
         names.retain(|n| seen.insert(n.clone()));
         names
     }
+}
+
+fn challenge(c: &ChallengeDescription) -> Result<Challenge, String> {
+    let template = |field: &str, text: &str, hmac: bool| -> Result<Template, String> {
+        let t = Template::parse(text).map_err(|e| format!("challenge.{field}: {e}"))?;
+        let unreadable = t.sources().find(|s| {
+            !matches!(s, Source::Header(_) | Source::Json(_) | Source::Form(_))
+                && !(hmac && matches!(s, Source::Hmac(_)))
+        });
+        if let Some(s) = unreadable {
+            return Err(format!(
+                "challenge.{field}: {s:?} cannot be read here; use header, json, form (or hmac in an answer)"
+            ));
+        }
+        Ok(t)
+    };
+    let respond = match (&c.respond, &c.respond_json) {
+        (Some(text), None) => Respond::Text(template("respond", text, true)?),
+        (None, Some(fields)) => Respond::Json(
+            fields
+                .iter()
+                .map(|(k, v)| Ok((k.clone(), template(&format!("respond_json.{k}"), v, true)?)))
+                .collect::<Result<_, String>>()?,
+        ),
+        _ => return Err("challenge needs respond (text) or respond_json (an object), one of them".into()),
+    };
+    Ok(Challenge { when: template("when", &c.when, false)?, equals: c.equals.clone(), respond })
 }
 
 // ---- the scheme ----
@@ -723,6 +800,26 @@ impl Scheme for Declared {
     fn kept_headers(&self) -> Cow<'_, [&str]> {
         Cow::Owned(self.kept.iter().map(String::as_str).collect())
     }
+
+    fn challenge(&self, d: &Delivery<'_>, verified: Verified) -> Option<Challenged> {
+        let c = self.rules.challenge.as_ref()?;
+        let body = std::str::from_utf8(d.body).ok();
+        let secret = self.secrets.get(verified.secret_index);
+        let render = |t: &Template| self.render(t, d, body, d.body, secret);
+        if render(&c.when)? != c.equals {
+            return None;
+        }
+        Some(match &c.respond {
+            Respond::Text(t) => Challenged { content_type: "text/plain", body: render(t)? },
+            Respond::Json(fields) => {
+                let mut object = serde_json::Map::new();
+                for (k, t) in fields {
+                    object.insert(k.clone(), render(t)?.into());
+                }
+                Challenged { content_type: "application/json", body: serde_json::Value::Object(object).to_string() }
+            }
+        })
+    }
 }
 
 impl Declared {
@@ -730,32 +827,45 @@ impl Declared {
     /// JSON the pointers read (the body, a form body's fields, or a batch's
     /// element), `bytes` what `{body-hash}` digests.
     fn first(&self, templates: &[Template], d: &Delivery<'_>, json: Option<&str>, bytes: &[u8]) -> Option<String> {
-        'templates: for t in templates {
-            let mut out = String::new();
-            for part in &t.0 {
-                match part {
-                    Part::Literal(l) => out.push_str(l),
-                    Part::Source(Source::Header(h)) => match header(d.headers, h) {
-                        Some(v) => out.push_str(v),
-                        None => continue 'templates,
-                    },
-                    Part::Source(Source::Json(p)) => match json.and_then(|j| json_text(j.as_bytes(), p)) {
-                        Some(v) => out.push_str(&v),
-                        None => continue 'templates,
-                    },
-                    Part::Source(Source::Form(f)) => {
-                        match form_urlencoded::parse(d.body).find(|(k, v)| k == f.as_str() && !v.is_empty()) {
-                            Some((_, v)) if is_form(d) => out.push_str(&v),
-                            _ => continue 'templates,
-                        }
-                    }
-                    Part::Source(Source::BodyHash) => out.push_str(&body_digest_id(bytes)),
-                    Part::Source(other) => unreachable!("checked at start-up: {other:?} is not read for an id"),
+        templates.iter().find_map(|t| self.render(t, d, json, bytes, None))
+    }
+
+    /// A template's value, when every placeholder has one; `secret` is the one
+    /// that verified the delivery (for `{hmac:...}`).
+    fn render(
+        &self,
+        t: &Template,
+        d: &Delivery<'_>,
+        json: Option<&str>,
+        bytes: &[u8],
+        secret: Option<&Secret>,
+    ) -> Option<String> {
+        let mut out = String::new();
+        for part in &t.0 {
+            match part {
+                Part::Literal(l) => out.push_str(l),
+                Part::Source(Source::Header(h)) => out.push_str(header(d.headers, h)?),
+                Part::Source(Source::Json(p)) => out.push_str(&json_text(json?.as_bytes(), p)?),
+                Part::Source(Source::Form(f)) if is_form(d) => {
+                    let (_, v) = form_urlencoded::parse(d.body).find(|(k, v)| k == f.as_str() && !v.is_empty())?;
+                    out.push_str(&v);
                 }
+                Part::Source(Source::Form(_)) => return None,
+                Part::Source(Source::BodyHash) => out.push_str(&body_digest_id(bytes)),
+                Part::Source(Source::Hmac(p)) => {
+                    let value = json_text(json?.as_bytes(), p)?;
+                    let message = [Cow::Borrowed(value.as_bytes())];
+                    let key = secret?.expose();
+                    out.push_str(&hex::encode(match self.rules.algorithm {
+                        Algorithm::Sha1 => mac::<Hmac<Sha1>>(key, &message),
+                        Algorithm::Sha256 => mac::<Hmac<Sha256>>(key, &message),
+                        Algorithm::Sha512 => mac::<Hmac<Sha512>>(key, &message),
+                    }));
+                }
+                Part::Source(other) => unreachable!("checked at start-up: {other:?} is not read here"),
             }
-            return Some(out);
         }
-        None
+        Some(out)
     }
 }
 

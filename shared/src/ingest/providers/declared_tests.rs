@@ -423,3 +423,40 @@ fn timestamps_are_checked_where_the_contract_says() {
         assert!(reason.contains("timestamp (Twitch-Eventsub-Message-Timestamp header) is"), "{ts}: {reason}");
     }
 }
+
+#[test]
+fn a_challenge_is_checked_like_the_rest() {
+    let base = "signature = { header = \"X\" }\nencoding = \"hex\"\nsigned = \"{body}\"\n";
+    for (challenge, expected) in [
+        ("{ when = \"{json:/type}\", equals = \"x\" }", "needs respond (text) or respond_json"),
+        ("{ when = \"{json:/type}\", equals = \"x\", respond = \"a\", respond_json = {} }", "one of them"),
+        ("{ when = \"{hmac:/t}\", equals = \"x\", respond = \"a\" }", "challenge.when: Hmac"),
+        (
+            "{ when = \"{json:/type}\", equals = \"x\", respond = \"{body}\" }",
+            "challenge.respond: Body cannot be read here",
+        ),
+        ("{ when = \"{json:/type}\", equals = \"x\", respond = \"{hmac:t}\" }", "needs a JSON pointer"),
+        (
+            "{ when = \"{json:/type}\", equals = \"x\", respond_json = { k = \"{url}\" } }",
+            "challenge.respond_json.k: Url",
+        ),
+    ] {
+        let err = rules(&format!("{base}challenge = {challenge}\n")).unwrap_err();
+        assert!(err.contains(expected), "{challenge}: {err}");
+    }
+    let r = rules(&format!(
+        "{base}challenge = {{ when = \"{{json:/type}}\", equals = \"hs\", respond = \"{{json:/c}}\" }}\n"
+    ));
+    let s = scheme(r.unwrap(), &["k"], None);
+    let d = |body: &'static [u8]| (headers(&[]), body);
+    let (h, body) = d(br#"{"type":"hs","c":"back"}"#);
+    let verified = Verified { secret_index: 0 };
+    assert_eq!(s.challenge(&delivery(&h, body), verified).unwrap().body, "back");
+    let (h, body) = d(br#"{"type":"event","c":"back"}"#);
+    assert!(s.challenge(&delivery(&h, body), verified).is_none(), "not a handshake: an event like any other");
+    let (h, body) = d(br#"{"type":"hs"}"#);
+    assert!(
+        s.challenge(&delivery(&h, body), verified).is_none(),
+        "a handshake with nothing to answer is kept, not dropped"
+    );
+}

@@ -87,6 +87,17 @@ pub trait Scheme: Send + Sync {
     fn events(&self, delivery: &Delivery<'_>) -> Events;
     /// Lower-case names of the headers kept with each row (identity, sequencing, signature).
     fn kept_headers(&self) -> Cow<'_, [&str]>;
+    /// The answer to a verified handshake (the provider checking the endpoint), which is no event.
+    fn challenge(&self, _delivery: &Delivery<'_>, _verified: Verified) -> Option<Challenged> {
+        None
+    }
+}
+
+/// What a handshake is answered, with `200`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Challenged {
+    pub content_type: &'static str,
+    pub body: String,
 }
 
 /// The configured schemes; a provider with no secret has none, so no unauthenticated endpoint exists.
