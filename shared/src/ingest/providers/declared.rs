@@ -579,10 +579,12 @@ impl Rules {
 fn challenge(c: &ChallengeDescription) -> Result<Challenge, String> {
     let template = |field: &str, text: &str, hmac: bool| -> Result<Template, String> {
         let t = Template::parse(text).map_err(|e| format!("challenge.{field}: {e}"))?;
-        let unreadable = t.sources().find(|s| {
-            !matches!(s, Source::Header(_) | Source::Json(_) | Source::Form(_))
-                && !(hmac && matches!(s, Source::Hmac(_)))
-        });
+        let readable = |s: &Source| match s {
+            Source::Header(_) | Source::Json(_) | Source::Form(_) => true,
+            Source::Hmac(_) => hmac,
+            _ => false,
+        };
+        let unreadable = t.sources().find(|s| !readable(s));
         if let Some(s) = unreadable {
             return Err(format!(
                 "challenge.{field}: {s:?} cannot be read here; use header, json, form (or hmac in an answer)"
