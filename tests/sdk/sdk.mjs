@@ -74,8 +74,35 @@ async function standardWebhooks(req, pkg, prefix) {
   return check("Webhook.verify", () => { wh.verify(req.body, req.headers ?? {}); });
 }
 
+// SendGrid's SDK only verifies. Signing is SendGrid's private key's job: here, Node's
+// crypto with a test key (`private_key`, PKCS#8 base64), ECDSA P-256 over timestamp + body.
+async function sendgrid(req) {
+  if (req.op === "sign") {
+    const { createPrivateKey, sign } = await import("node:crypto");
+    const key = createPrivateKey({ key: Buffer.from(req.private_key, "base64"), format: "der", type: "pkcs8" });
+    const timestamp = req.timestamp ?? String(Math.floor(Date.now() / 1000));
+    const signature = sign("sha256", Buffer.from(timestamp + req.body, "utf8"), { key, dsaEncoding: "der" });
+    return {
+      headers: {
+        "X-Twilio-Email-Event-Webhook-Signature": signature.toString("base64"),
+        "X-Twilio-Email-Event-Webhook-Timestamp": timestamp,
+      },
+    };
+  }
+  const { EventWebhook } = await import("@sendgrid/eventwebhook");
+  const ew = new EventWebhook();
+  return check("EventWebhook.verifySignature", () =>
+    ew.verifySignature(
+      ew.convertPublicKeyToECDSA(req.secret),
+      req.body,
+      header(req, "X-Twilio-Email-Event-Webhook-Signature"),
+      header(req, "X-Twilio-Email-Event-Webhook-Timestamp"),
+    ));
+}
+
 const providers = {
   stripe,
+  sendgrid,
   github,
   twilio,
   linear,

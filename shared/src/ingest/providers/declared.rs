@@ -158,6 +158,20 @@ pub enum Algorithm {
     Sha1,
     Sha256,
     Sha512,
+    /// A public-key signature (SendGrid): the "secret" is the provider's P-256 public key.
+    EcdsaP256Sha256,
+}
+
+impl Algorithm {
+    /// The HMAC of the parts; `None` for a public-key algorithm, which only the provider can compute.
+    fn hmac(self, key: &[u8], message: &[Cow<'_, [u8]>]) -> Option<Vec<u8>> {
+        Some(match self {
+            Algorithm::Sha1 => mac::<Hmac<Sha1>>(key, message),
+            Algorithm::Sha256 => mac::<Hmac<Sha256>>(key, message),
+            Algorithm::Sha512 => mac::<Hmac<Sha512>>(key, message),
+            Algorithm::EcdsaP256Sha256 => return None,
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -332,6 +346,17 @@ pub struct Challenge {
     respond: Respond,
 }
 
+impl Challenge {
+    fn templates(&self) -> Vec<&Template> {
+        let mut all = vec![&self.when];
+        match &self.respond {
+            Respond::Text(t) => all.push(t),
+            Respond::Json(fields) => all.extend(fields.iter().map(|(_, t)| t)),
+        }
+        all
+    }
+}
+
 #[derive(Debug, Clone)]
 enum Respond {
     Text(Template),
@@ -370,7 +395,12 @@ impl Rules {
             "sha1" => Algorithm::Sha1,
             "sha256" => Algorithm::Sha256,
             "sha512" => Algorithm::Sha512,
-            other => return Err(format!("algorithm {other:?} is not one of sha1, sha256, sha512 (HMAC)")),
+            "ecdsa-p256-sha256" => Algorithm::EcdsaP256Sha256,
+            other => {
+                return Err(format!(
+                    "algorithm {other:?} is not one of sha1, sha256, sha512 (HMAC) or ecdsa-p256-sha256"
+                ))
+            }
         };
         let encoding = match d.encoding.as_deref() {
             Some("hex") => Encoding::Hex,
@@ -461,6 +491,15 @@ impl Rules {
             None => None,
             Some(c) => Some(challenge(c)?),
         };
+        if algorithm == Algorithm::EcdsaP256Sha256 {
+            if d.secret.is_some() {
+                return Err("secret: an ECDSA contract's key is the provider's public key, base64 DER or PEM; nothing to say about it".into());
+            }
+            let mut answer = challenge.iter().flat_map(|c| c.templates()).flat_map(Template::sources);
+            if answer.any(|s| matches!(s, Source::Hmac(_))) {
+                return Err("challenge: {hmac:...} needs an HMAC contract".into());
+            }
+        }
         Ok(Rules {
             challenge,
             headers,
@@ -484,6 +523,15 @@ impl Rules {
 
     /// A configured secret as key bytes; the error never shows the secret.
     pub fn decode_secret(&self, s: &str) -> Result<Secret, String> {
+        if self.algorithm == Algorithm::EcdsaP256Sha256 {
+            use p256::pkcs8::DecodePublicKey;
+            let armor: String =
+                s.lines().filter(|l| !l.starts_with("-----")).flat_map(|l| l.split_whitespace()).collect();
+            return match B64.decode(armor) {
+                Ok(der) if p256::ecdsa::VerifyingKey::from_public_key_der(&der).is_ok() => Ok(Secret::new(der)),
+                _ => Err("is not a P-256 public key (base64 DER, or PEM)".into()),
+            };
+        }
         let s = match &self.secret_prefix {
             Some(p) => s.strip_prefix(p.as_str()).unwrap_or(s),
             None => s,
@@ -538,11 +586,10 @@ impl Rules {
         timestamp: Option<&str>,
     ) -> Result<String, Rejected> {
         let message = self.message(d, url, timestamp.unwrap_or_default())?;
-        let mac = match self.algorithm {
-            Algorithm::Sha1 => mac::<Hmac<Sha1>>(key, &message),
-            Algorithm::Sha256 => mac::<Hmac<Sha256>>(key, &message),
-            Algorithm::Sha512 => mac::<Hmac<Sha512>>(key, &message),
-        };
+        let mac = self
+            .algorithm
+            .hmac(key, &message)
+            .ok_or_else(|| Rejected::new("an ECDSA contract is signed with the provider's private key, not here"))?;
         let sig = match self.encoding {
             Encoding::Hex => hex::encode(mac),
             Encoding::Base64 => B64.encode(mac),
@@ -663,6 +710,7 @@ impl Declared {
             Algorithm::Sha1 => first_matching::<Hmac<Sha1>>(&self.secrets, &message, &candidates),
             Algorithm::Sha256 => first_matching::<Hmac<Sha256>>(&self.secrets, &message, &candidates),
             Algorithm::Sha512 => first_matching::<Hmac<Sha512>>(&self.secrets, &message, &candidates),
+            Algorithm::EcdsaP256Sha256 => ecdsa_matching(&self.secrets, &message, &candidates),
         };
         matched
             .map(|secret_index| Verified { secret_index })
@@ -695,6 +743,20 @@ impl Declared {
         }
         Ok(text)
     }
+}
+
+/// The index of the first public key (DER) under which any candidate (a DER
+/// signature, high or low S) verifies the message.
+fn ecdsa_matching(keys: &[Secret], message: &[&[u8]], candidates: &[Vec<u8>]) -> Option<usize> {
+    use p256::ecdsa::{signature::Verifier, Signature, VerifyingKey};
+    use p256::pkcs8::DecodePublicKey;
+    let message = message.concat();
+    let signatures: Vec<Signature> =
+        candidates.iter().filter_map(|c| Signature::from_der(c).ok()).map(|s| s.normalize_s().unwrap_or(s)).collect();
+    keys.iter().position(|k| {
+        VerifyingKey::from_public_key_der(k.expose())
+            .is_ok_and(|key| signatures.iter().any(|s| key.verify(&message, s).is_ok()))
+    })
 }
 
 fn mac<M: hmac::Mac + hmac::digest::KeyInit>(key: &[u8], message: &[Cow<'_, [u8]>]) -> Vec<u8> {
@@ -857,12 +919,7 @@ impl Declared {
                 Part::Source(Source::Hmac(p)) => {
                     let value = json_text(json?.as_bytes(), p)?;
                     let message = [Cow::Borrowed(value.as_bytes())];
-                    let key = secret?.expose();
-                    out.push_str(&hex::encode(match self.rules.algorithm {
-                        Algorithm::Sha1 => mac::<Hmac<Sha1>>(key, &message),
-                        Algorithm::Sha256 => mac::<Hmac<Sha256>>(key, &message),
-                        Algorithm::Sha512 => mac::<Hmac<Sha512>>(key, &message),
-                    }));
+                    out.push_str(&hex::encode(self.rules.algorithm.hmac(secret?.expose(), &message)?));
                 }
                 Part::Source(other) => unreachable!("checked at start-up: {other:?} is not read here"),
             }

@@ -63,6 +63,7 @@ fn the_builtin_catalog_is_valid_and_names_every_provider_of_the_issue() {
         "clerk",
         "resend",
         "svix",
+        "sendgrid",
         "stripe",
         "shopify",
         "marqeta",
@@ -71,7 +72,7 @@ fn the_builtin_catalog_is_valid_and_names_every_provider_of_the_issue() {
     ] {
         assert!(names.contains(&name), "{name} missing from {names:?}");
     }
-    assert_eq!(names.len(), 26);
+    assert_eq!(names.len(), 27);
     assert!(matches!(c.get(Provider::try_from("clerk").unwrap()).unwrap().kind, Kind::Standard));
     for name in ["twilio", "square", "hubspot"] {
         assert!(builtin(name).needs_url(), "{name} signs its URL");
@@ -459,4 +460,43 @@ fn a_challenge_is_checked_like_the_rest() {
         s.challenge(&delivery(&h, body), verified).is_none(),
         "a handshake with nothing to answer is kept, not dropped"
     );
+}
+
+#[test]
+fn an_ecdsa_contract_verifies_with_the_providers_public_key() {
+    use p256::ecdsa::{signature::Signer, Signature, SigningKey};
+    // A public key as SendGrid shows it: base64 of the DER SubjectPublicKeyInfo (a fixed prefix, then the point).
+    let der = |k: &SigningKey| {
+        let prefix = hex::decode("3059301306072a8648ce3d020106082a8648ce3d030107034200").unwrap();
+        B64.encode([prefix, k.verifying_key().to_encoded_point(false).as_bytes().to_vec()].concat())
+    };
+    let r = builtin("sendgrid");
+    let signing = SigningKey::from_slice(&[7u8; 32]).unwrap();
+    let public = der(&signing);
+    let other = der(&SigningKey::from_slice(&[9u8; 32]).unwrap());
+    let keys = [r.decode_secret(&other).unwrap(), r.decode_secret(&public).unwrap()];
+    let s = Declared::new(Provider::try_from("sendgrid").unwrap(), r.clone(), keys.to_vec(), None);
+    let body = br#"[{"sg_event_id":"sg1","event":"delivered"},{"sg_event_id":"sg2","event":"open"}]"#;
+    let t = now().to_string();
+    let sig: Signature = signing.sign(&[t.as_bytes(), body].concat());
+    let high_s = Signature::from_scalars(sig.r(), -*sig.s()).unwrap();
+    for (what, sig, sent, ok) in [
+        ("signed", sig, &body[..], true),
+        ("the same signature with a high S", high_s, &body[..], true),
+        ("another body", sig, &br#"[{"sg_event_id":"sg1","event":"bounce"}]"#[..], false),
+    ] {
+        let value = B64.encode(sig.to_der().as_bytes());
+        let h = headers(&[
+            ("x-twilio-email-event-webhook-signature", &value),
+            ("x-twilio-email-event-webhook-timestamp", &t),
+        ]);
+        let result = s.verify(&delivery(&h, sent));
+        assert_eq!(result.clone().ok(), ok.then_some(Verified { secret_index: 1 }), "{what}: {result:?}");
+    }
+    let Events::Batch(events) = s.events(&delivery(&headers(&[]), body)) else { panic!("a batch") };
+    assert_eq!((events[1].event_id.as_str(), events[1].event_type.as_str()), ("sg2", "open"));
+    assert!(r.sign(b"k", &delivery(&headers(&[]), body), None, Some(&t)).is_err(), "only the provider signs");
+    let pem = format!("-----BEGIN PUBLIC KEY-----\n{}\n{}\n-----END PUBLIC KEY-----\n", &public[..64], &public[64..]);
+    assert!(r.decode_secret(&pem).is_ok(), "PEM works too");
+    assert_eq!(r.decode_secret("c2VjcmV0").unwrap_err(), "is not a P-256 public key (base64 DER, or PEM)");
 }
