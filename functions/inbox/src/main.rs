@@ -384,6 +384,15 @@ async fn serve(config: &mut ReceiveConfig, host: &str, port: u16) -> Result<()> 
     if config.secrets.none_configured() {
         config.secrets = Secrets::development();
         print_development_secrets();
+    } else {
+        let live: Vec<&str> = config
+            .catalog
+            .entries()
+            .map(|e| e.provider)
+            .filter(|p| config.secrets.is_configured(*p))
+            .map(|p| p.as_str())
+            .collect();
+        println!("providers with a secret (each has a route; `inbox providers` for more): {}", live.join(", "));
     }
     let listener = TcpListener::bind((host, port)).await.with_context(|| format!("binding {host}:{port}"))?;
     let receiver = Arc::new(Receiver::new(db::Connections::new(&config.db)?, config));
