@@ -234,8 +234,14 @@ impl Template {
                     literal.push('}');
                 }
                 '{' => {
-                    let name: String = chars.by_ref().take_while(|c| *c != '}').collect();
-                    if !text.contains(&format!("{{{name}}}")) {
+                    let mut name = String::new();
+                    let closed = chars.by_ref().any(|c| {
+                        c == '}' || {
+                            name.push(c);
+                            false
+                        }
+                    });
+                    if !closed {
                         return Err(format!("{text:?}: a '{{' is not closed"));
                     }
                     if !literal.is_empty() {
@@ -300,7 +306,7 @@ impl Source {
                 _ => Err("{hmac:<pointer>} needs a JSON pointer: {hmac:/payload/plainToken}".into()),
             },
             other => Err(format!(
-                "unknown placeholder {{{other}}} (known: body, url, method, timestamp, form-sorted, body-hash, header:<name>, json:<pointer>, form:<field>, signature:<key>)"
+                "unknown placeholder {{{other}}} (known: body, url, method, timestamp, form-sorted, body-hash, header:<name>, json:<pointer>, form:<field>, signature:<key>, hmac:<pointer>)"
             )),
         }
     }
@@ -568,7 +574,8 @@ impl Rules {
                     Some(v) => Cow::Borrowed(v.as_bytes()),
                     None => return Err(Rejected::new(format!("missing {h} header (it is signed)"))),
                 },
-                Part::Source(other) => unreachable!("checked at start-up: {other:?} is never signed"),
+                // Refused at start-up; should one get here, it verifies nothing.
+                Part::Source(other) => return Err(Rejected::new(format!("{other:?} cannot be signed"))),
             });
         }
         Ok(message)
@@ -731,7 +738,7 @@ impl Declared {
                 format!("{k}= in {}", self.rules.headers[0]),
             ),
             Source::Json(p) => (json_text(d.body, p).map(Cow::Owned), format!("{p} in the body")),
-            other => unreachable!("checked at start-up: {other:?} is no timestamp"),
+            other => return Err(Rejected::new(format!("{other:?} is no timestamp"))),
         };
         let text = text.ok_or_else(|| Rejected::new(format!("missing timestamp ({what})")))?;
         let seconds = parse_time(&text, t.format)
@@ -921,7 +928,8 @@ impl Declared {
                     let message = [Cow::Borrowed(value.as_bytes())];
                     out.push_str(&hex::encode(self.rules.algorithm.hmac(secret?.expose(), &message)?));
                 }
-                Part::Source(other) => unreachable!("checked at start-up: {other:?} is not read here"),
+                // Refused at start-up; should one get here, the template has no value.
+                Part::Source(_) => return None,
             }
         }
         Some(out)

@@ -91,6 +91,7 @@ signed = "{body}"
         ("signed = \"{bdy}\"", "unknown placeholder {bdy}"),
         ("signed = \"{timestamp}.{body}\"", "no timestamp = { from = ... }"),
         ("signed = \"{body\"", "is not closed"),
+        ("signed = \"{body}{body\"", "is not closed"),
         ("signed = \"}{body}\"", "has no '{'"),
         ("signed = \"{json:/id}{body}\"", "cannot be signed"),
         ("encoding = \"base32\"", "neither hex nor base64"),
