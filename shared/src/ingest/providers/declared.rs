@@ -234,13 +234,14 @@ impl Template {
                     literal.push('}');
                 }
                 '{' => {
-                    let mut name = String::new();
-                    let closed = chars.by_ref().any(|c| {
-                        c == '}' || {
-                            name.push(c);
-                            false
+                    let (mut name, mut closed) = (String::new(), false);
+                    for c in chars.by_ref() {
+                        if c == '}' {
+                            closed = true;
+                            break;
                         }
-                    });
+                        name.push(c);
+                    }
                     if !closed {
                         return Err(format!("{text:?}: a '{{' is not closed"));
                     }
