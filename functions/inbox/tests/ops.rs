@@ -305,3 +305,39 @@ async fn a_missing_unreachable_or_empty_database_is_named(_: PgPoolOptions, opts
     let err = fails(Some(&url_of(&opts)), &["failed"]);
     assert!(err.contains("has no inbox tables: run `inbox migrate` first"), "{err}");
 }
+
+/// `inbox providers`: what has a secret here, the URL to give each (a signed URL as configured),
+/// and a providers file's mistake named; no database needed.
+#[test]
+fn providers_lists_the_configured_ones_with_their_urls() {
+    let acme = "[acme]\nsignature = { header = \"X-Acme-Signature\" }\nencoding = \"hex\"\nsigned = \"{body}\"\nredelivery_days = 4\n";
+    let env = [
+        ("INBOX_PROVIDERS", acme),
+        ("ACME_WEBHOOK_SECRET", "a-secret,another"),
+        ("TWILIO_WEBHOOK_SECRET", "token"),
+        ("TWILIO_WEBHOOK_URL", "https://hooks.example.com/prod/webhooks/twilio"),
+        ("STRIPE_WEBHOOK_SECRET", "whsec_x"),
+    ];
+    let out = inbox(None, &["providers", "--json", "--base-url", "https://hooks.example.com/prod/"], &env);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<&str> = rows.as_array().unwrap().iter().map(|r| r["provider"].as_str().unwrap()).collect();
+    assert_eq!(names, ["acme", "stripe", "twilio"], "only those with a secret");
+    assert_eq!(
+        rows[0],
+        json!({"provider": "acme", "url": "https://hooks.example.com/prod/webhooks/acme", "secrets": 2,
+               "contract": "providers file", "signature": "X-Acme-Signature", "redelivery_days": 4})
+    );
+    assert_eq!(rows[2]["url"], "https://hooks.example.com/prod/webhooks/twilio");
+    let out = inbox(None, &["providers", "--all"], &[]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("HUBSPOT_WEBHOOK_URL (not set; it is signed)") && table.lines().count() == 28, "{table}");
+
+    let out = inbox(None, &["providers"], &[("INBOX_PROVIDERS", "[acme]\nalias = \"stripe\"\n")]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("INBOX_PROVIDERS: acme: alias \"stripe\": only standard and declared providers can be aliased"),
+        "{err}"
+    );
+}
