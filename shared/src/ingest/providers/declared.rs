@@ -35,6 +35,9 @@ use crate::core::{payload::storable, secret::Secret};
 
 /// Rows one batch delivery may make; past it the delivery is kept whole as one failed row.
 pub const MAX_BATCH_ITEMS: usize = 1000;
+/// Signatures tried per delivery (across header values and list items): a
+/// sender rotating keys sends two or three; a stranger's thousands cost no more.
+pub const MAX_SIGNATURES: usize = 16;
 
 // ---- the description, as written ----
 
@@ -704,6 +707,7 @@ impl Declared {
                 Encoding::Base64 => B64.decode(s).ok(),
             })
             .filter(|c| !c.is_empty())
+            .take(MAX_SIGNATURES)
             .collect();
         if candidates.is_empty() {
             return Err(Rejected::new(format!(
@@ -806,12 +810,11 @@ impl Scheme for Declared {
     fn verify(&self, d: &Delivery<'_>) -> Result<Verified, Rejected> {
         let mut reason = None;
         // Each value on its own (a repeated header, or DocuSign's one header per key): any that verifies is enough.
-        for name in &self.rules.headers {
-            for value in header_values(d.headers, name).filter(|v| !v.is_empty()) {
-                match self.verify_value(value, d) {
-                    Ok(v) => return Ok(v),
-                    Err(r) => reason = Some(r),
-                }
+        let values = self.rules.headers.iter().flat_map(|name| header_values(d.headers, name));
+        for value in values.filter(|v| !v.is_empty()).take(MAX_SIGNATURES) {
+            match self.verify_value(value, d) {
+                Ok(v) => return Ok(v),
+                Err(r) => reason = Some(r),
             }
         }
         Err(reason.unwrap_or_else(|| Rejected::new(format!("missing {} header", self.rules.headers.join(" or ")))))

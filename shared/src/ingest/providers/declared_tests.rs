@@ -501,3 +501,25 @@ fn an_ecdsa_contract_verifies_with_the_providers_public_key() {
     assert!(r.decode_secret(&pem).is_ok(), "PEM works too");
     assert_eq!(r.decode_secret("c2VjcmV0").unwrap_err(), "is not a P-256 public key (base64 DER, or PEM)");
 }
+
+#[test]
+fn thousands_of_signatures_cost_no_more_than_sixteen() {
+    let r = builtin("calendly");
+    let s = scheme(r.clone(), &["k"], None);
+    let body = br#"{"event":"invitee.created","payload":{"uri":"u"}}"#;
+    let t = now().to_string();
+    let valid = r.sign(b"k", &delivery(&headers(&[]), body), None, Some(&t)).unwrap();
+    let v1 = valid.rsplit_once("v1=").unwrap().1;
+    let bogus = vec!["v1=00"; 10_000].join(",");
+    let first = format!("t={t},v1={v1},{bogus}");
+    assert!(s.verify(&delivery(&headers(&[("calendly-webhook-signature", &first)]), body)).is_ok());
+    let last = format!("t={t},{bogus},v1={v1}");
+    let refused = s.verify(&delivery(&headers(&[("calendly-webhook-signature", &last)]), body));
+    assert!(refused.is_err(), "past the first {MAX_SIGNATURES}, signatures are not tried");
+    // Thousands of header values: the same bound.
+    let mut many: Vec<(&str, &str)> = vec![("x-cc-webhook-signature", "00"); 5_000];
+    let sig = builtin("coinbase").sign(b"k", &delivery(&headers(&[]), body), None, None).unwrap();
+    many.push(("x-cc-webhook-signature", &sig));
+    assert!(scheme(builtin("coinbase"), &["k"], None).verify(&delivery(&headers(&many), body)).is_err());
+    assert!(scheme(builtin("coinbase"), &["k"], None).verify(&delivery(&headers(&[many[5_000]]), body)).is_ok());
+}
