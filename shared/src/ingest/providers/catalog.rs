@@ -78,11 +78,27 @@ impl Catalog {
                 declared.push((p, d, true));
             }
         }
-        // Contracts first, then the aliases that name them.
-        declared.sort_by_key(|(_, d, _)| d.alias.is_some());
-        for (p, d, configured) in declared {
+        // Contracts first, then aliases, each once what it names is known (an alias may name an alias).
+        let (mut pending, contracts): (Vec<_>, Vec<_>) = declared.into_iter().partition(|(_, d, _)| d.alias.is_some());
+        for (p, d, configured) in contracts {
             let entry = entry(p, &d, configured, &entries).map_err(|e| format!("{p}: {e}"))?;
             entries.insert(p, entry);
+        }
+        while !pending.is_empty() {
+            let known = |(_, d, _): &(Provider, Description, bool)| {
+                d.alias.as_deref().and_then(|a| Provider::try_from(a).ok()).is_some_and(|a| entries.contains_key(&a))
+            };
+            let (ready, waiting): (Vec<_>, Vec<_>) = pending.into_iter().partition(known);
+            if ready.is_empty() {
+                // None left names a known provider: the first one's error says which is missing.
+                let (p, d, configured) = &waiting[0];
+                return Err(format!("{p}: {}", entry(*p, d, *configured, &entries).err().unwrap_or_default()));
+            }
+            for (p, d, configured) in ready {
+                let entry = entry(p, &d, configured, &entries).map_err(|e| format!("{p}: {e}"))?;
+                entries.insert(p, entry);
+            }
+            pending = waiting;
         }
         let mut urls = BTreeMap::new();
         for e in entries.values() {
@@ -112,15 +128,6 @@ impl Catalog {
 
     pub fn url(&self, p: Provider) -> Option<&str> {
         self.urls.get(&p).map(String::as_str)
-    }
-
-    /// The redelivery window of a provider; one unknown here (rows of a
-    /// provider since removed) gets the longest window any provider has.
-    pub fn redelivery_days(&self, p: Provider) -> u32 {
-        match self.entries.get(&p) {
-            Some(e) => e.redelivery_days,
-            None => self.entries.values().map(|e| e.redelivery_days).max().unwrap_or(0),
-        }
     }
 }
 

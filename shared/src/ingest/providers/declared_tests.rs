@@ -132,6 +132,9 @@ redelivery_days = 5
 [polar]
 alias = "standard"
 
+[a-polar-eu]
+alias = "polar"
+
 [slack]
 signature = { header = "X-Slack-Signature", prefix = "v0=" }
 encoding = "hex"
@@ -144,6 +147,7 @@ redelivery_days = 9
     assert_eq!((get("acme").redelivery_days, get("acme-eu").redelivery_days), (3, 5));
     assert!(matches!(get("polar").kind, Kind::Standard));
     assert_eq!(get("polar").redelivery_days, 3, "an alias inherits the window");
+    assert!(matches!(get("a-polar-eu").kind, Kind::Standard), "an alias of an alias, named before it");
     assert_eq!(get("slack").redelivery_days, 9, "a file may correct a built-in without a release");
 
     for (file, expected) in [
