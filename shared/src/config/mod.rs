@@ -112,6 +112,9 @@ impl Catalog {
     }
 }
 
+/// How one configured secret becomes key bytes, or why it cannot (never showing it).
+type Decode<'a> = Box<dyn Fn(&str) -> Result<Secret, String> + 'a>;
+
 impl Secrets {
     /// Reads every `*_WEBHOOK_*` variable; each may hold several comma-separated secrets.
     pub fn read(env: &Env, catalog: &Catalog) -> Result<Self, ConfigError> {
@@ -174,19 +177,17 @@ impl Secrets {
         for entry in catalog.entries() {
             let p = entry.provider;
             let var = format!("{}_WEBHOOK_SECRET", p.env_prefix());
-            let decode = |i: usize, s: &str| match &entry.kind {
-                Kind::Coded => unreachable!("read above"),
-                Kind::Standard => decode_standard_secret(s)
-                    .ok_or_else(|| format!("secret #{} is not base64 (after an optional whsec_ prefix)", i + 1)),
-                Kind::Declared(rules) => rules.decode_secret(s).map_err(|e| format!("secret #{} {e}", i + 1)),
+            let decode: Decode<'_> = match &entry.kind {
+                Kind::Coded => continue, // read above
+                Kind::Standard => Box::new(|s| {
+                    decode_standard_secret(s).ok_or_else(|| "is not base64 (after an optional whsec_ prefix)".into())
+                }),
+                Kind::Declared(rules) => Box::new(|s| rules.decode_secret(s)),
             };
-            if matches!(entry.kind, Kind::Coded) {
-                continue;
-            }
             let keys = list(&var)
                 .iter()
                 .enumerate()
-                .map(|(i, s)| decode(i, s))
+                .map(|(i, s)| decode(s).map_err(|e| format!("secret #{} {e}", i + 1)))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|reason| invalid(var.clone(), reason))?;
             if keys.is_empty() {
