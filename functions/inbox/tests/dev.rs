@@ -214,6 +214,8 @@ fn inbox_bench_smoke_runs_every_comparison_and_writes_the_report() {
         "| prune, 20000 old rows, while receive runs |",
         "| receive p99, 2 in flight, prune running |",
         "| relay to an HTTP sink answering in 50ms,",
+        "| verify + events, declared Stripe, one thread |",
+        "| declared / coded, verify + events in process |",
         "| receive: warm invocation p99, all new |",
         "| receive: database round trips per delivery, all new | 1.00 |",
         "| relay: exec to first poll (ms) |",

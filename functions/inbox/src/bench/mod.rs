@@ -44,7 +44,7 @@ use webhook_inbox::{
 };
 
 /// The sections of a run, in order.
-pub const SECTIONS: [&str; 7] = ["receive", "marqeta", "prune", "process", "relay", "lambda", "growth"];
+pub const SECTIONS: [&str; 8] = ["receive", "marqeta", "prune", "process", "relay", "verify", "lambda", "growth"];
 
 pub struct Bench {
     /// Seconds per side and round, for the receive comparisons.
@@ -235,6 +235,9 @@ impl Bench {
         if self.runs("relay") {
             clean(&pool).await?;
             self.relay(&pool, &mut report).await?;
+        }
+        if self.runs("verify") {
+            self.verify(&mut report)?;
         }
         if self.runs("lambda") {
             lambda::lambda(self, &url, &mut report).await?;
@@ -721,6 +724,8 @@ impl Report {
              (see its rows/s): receive's p99 with prune is over the whole window.\n\
              - Relay: outbox messages of about 1.5 KB to a local HTTP sink (the HTTP sink of `relay`, \
              `RELAY_CONCURRENCY` and `RELAY_BATCH_SIZE` at their defaults), {} s per round.\n\
+             - Verification: a signed Stripe delivery's signature check and event parsing, in process on \
+             one thread, {} s per side and round: the coded scheme, and the same contract declared as data.\n\
              - Lambda: each function binary exec'd with a Lambda environment against a stand-in Runtime \
              API on loopback, timed from the spawn to its first poll; the size of the arm64 `bootstrap` artifact \
              `scripts/build-lambdas` builds (of the native binary if there is none; 10^6 bytes to the MB); `receive` \
@@ -740,6 +745,7 @@ impl Report {
             WorkerConfig::default().batch_size,
             bench.seconds,
             bench.events * 10,
+            bench.seconds,
             bench.seconds,
             bench.seconds,
             (bench.events / 2).max(c),

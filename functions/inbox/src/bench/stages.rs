@@ -1,6 +1,7 @@
 //! The stages with no peer on the machine: Marqeta batches over HTTP, prune
-//! while receive runs (and what it costs receive), and the relay against a
-//! local HTTP sink that answers at once or after 50 ms.
+//! while receive runs (and what it costs receive), the relay against a local
+//! HTTP sink that answers at once or after 50 ms, and the declared scheme's
+//! verification against the coded one's.
 
 use std::{
     net::SocketAddr,
@@ -19,17 +20,78 @@ use hyper_util::rt::TokioIo;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 use webhook_inbox::{
+    config::{Catalog, Secret, Secrets, DEV_STRIPE},
+    ingest::providers::{Delivery, Provider, Schemes},
     relay::{http::HttpSink, Relay, RelayConfig, Sink},
     retention::{Pruner, RetentionConfig},
     ReceiveConfig,
 };
 
-use super::{body, Bench, Figure, Load, Report, Task};
+use super::{body, signature, Bench, Check, Figure, Load, Report, Task};
 
 /// Items per Marqeta batch, as Marqeta sends them by default.
 const BATCH_ITEMS: usize = 10;
 
+/// Stripe's contract written as data (as in the declared scheme's differential test).
+const STRIPE_AS_DATA: &str = r#"[stripe-as-data]
+signature = { header = "Stripe-Signature", items = ",", key = "v1" }
+encoding = "hex"
+signed = "{timestamp}.{body}"
+timestamp = { from = "{signature:t}", tolerance_secs = 300 }
+event_id = "{json:/id}"
+event_type = "{json:/type}"
+redelivery_days = 30
+"#;
+
 impl Bench {
+    /// Signature check and event parsing alone, in process on one thread, on the
+    /// same signed Stripe delivery: the coded scheme, and its contract declared as data.
+    pub(super) fn verify(&self, report: &mut Report) -> Result<()> {
+        let catalog = Catalog::with_file(Some(STRIPE_AS_DATA), |_| None).map_err(anyhow::Error::msg)?;
+        let declared = Provider::try_from("stripe-as-data")?;
+        let mut secrets = Secrets { stripe: vec![Secret::new(DEV_STRIPE)], ..Secrets::default() };
+        secrets.declared.insert(declared, vec![Secret::new(DEV_STRIPE)]);
+        let schemes = Schemes::new(&catalog, &secrets);
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
+        let payload = body("bench-verify");
+        let mut headers = http::HeaderMap::new();
+        headers.insert("stripe-signature", signature(now, &payload).parse()?);
+        let d = Delivery { headers: &headers, body: payload.as_bytes(), now: now as i64 };
+        let sides = [("coded", Provider::STRIPE), ("declared", declared)];
+        let mut figures: Vec<Figure> = sides
+            .iter()
+            .map(|(kind, _)| Figure::new(format!("verify + events, {kind} Stripe, one thread"), "deliveries/s"))
+            .collect();
+        let mut ratio = Check::at_least("declared / coded, verify + events in process", 0.5);
+        for round in 1..=self.rounds {
+            let mut rates = [0.0; 2];
+            for (i, (_, p)) in sides.iter().enumerate() {
+                let scheme = schemes.get(*p).context("configured above")?;
+                ensure!(scheme.verify(&d).is_ok(), "the bench's delivery does not verify with {p}");
+                let (started, mut n) = (Instant::now(), 0u64);
+                while started.elapsed() < Duration::from_secs(self.seconds) {
+                    for _ in 0..100 {
+                        std::hint::black_box(scheme.verify(std::hint::black_box(&d)).is_ok());
+                        std::hint::black_box(scheme.events(&d));
+                    }
+                    n += 100;
+                }
+                rates[i] = n as f64 / started.elapsed().as_secs_f64();
+                figures[i].values.push(rates[i]);
+            }
+            println!(
+                "verify + events, round {round}: coded {:.0}/s | declared {:.0}/s | {:.2}",
+                rates[0],
+                rates[1],
+                rates[1] / rates[0]
+            );
+            ratio.values.push(rates[1] / rates[0]);
+        }
+        report.sections.push(("Verification, in process".into(), figures));
+        report.checks.push(ratio);
+        Ok(())
+    }
+
     /// Marqeta batches of ten new items over HTTP: items per second.
     pub(super) async fn marqeta(&self, config: &ReceiveConfig, report: &mut Report) -> Result<()> {
         let c = self.in_flight();
