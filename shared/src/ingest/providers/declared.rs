@@ -15,13 +15,11 @@
 //! challenge = { when = "{json:/type}", equals = "url_verification", respond = "{json:/challenge}" }
 //! ```
 
-use std::{
-    borrow::Cow,
-    collections::{BTreeMap, HashMap},
-};
+use std::{borrow::Cow, collections::BTreeMap};
 
 use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
 use hmac::Hmac;
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use sha1::Sha1;
@@ -970,21 +968,112 @@ fn form_sorted(body: &[u8]) -> Vec<u8> {
     params.into_iter().flat_map(|(k, v)| [k, v]).collect::<String>().into_bytes()
 }
 
-/// The value at an RFC 6901 pointer, read without building the tree.
+/// The value at an RFC 6901 pointer, read without building the tree: each
+/// step reads one member (the last of repeated keys, as `jsonb` keeps) or one
+/// element, and skips the rest.
 fn pointer<'a>(text: &'a str, pointer: &str) -> Option<&'a RawValue> {
-    let mut here: &RawValue = serde_json::from_str(text).ok()?;
+    if pointer.is_empty() {
+        return serde_json::from_str(text).ok();
+    }
+    let mut here = text;
+    let mut value = None;
     for token in pointer.split('/').skip(1) {
         let token = token.replace("~1", "/").replace("~0", "~");
-        here = match here.get().trim_start().as_bytes().first()? {
-            b'{' => serde_json::from_str::<HashMap<String, &RawValue>>(here.get()).ok()?.remove(&token)?,
+        let mut de = serde_json::Deserializer::from_str(here);
+        let found: &RawValue = match here.trim_start().as_bytes().first()? {
+            b'{' => Member(&token).deserialize(&mut de).ok()??,
             b'[' => {
                 let i: usize = token.parse().ok().filter(|_| token == "0" || !token.starts_with('0'))?;
-                serde_json::from_str::<Vec<&RawValue>>(here.get()).ok()?.into_iter().nth(i)?
+                Element(i).deserialize(&mut de).ok()??
             }
             _ => return None,
         };
+        de.end().ok()?;
+        here = found.get();
+        value = Some(found);
     }
-    Some(here)
+    value
+}
+
+/// An object's member by key, its other values skipped.
+struct Member<'k>(&'k str);
+
+/// An array's element by index, the others skipped.
+struct Element(usize);
+
+/// A key, borrowed from the text unless it holds escapes.
+struct Key<'de>(Cow<'de, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a key")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(v.to_string())))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Member<'_> {
+    type Value = Option<&'de RawValue>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Member<'_> {
+    type Value = Option<&'de RawValue>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut found = None;
+        while let Some(Key(key)) = map.next_key()? {
+            if key == self.0 {
+                found = Some(map.next_value()?);
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(found)
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Element {
+    type Value = Option<&'de RawValue>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Element {
+    type Value = Option<&'de RawValue>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an array")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut found = None;
+        for i in 0.. {
+            if i == self.0 {
+                found = seq.next_element()?;
+                if found.is_none() {
+                    break;
+                }
+            } else if seq.next_element::<IgnoredAny>()?.is_none() {
+                break;
+            }
+        }
+        Ok(found)
+    }
 }
 
 /// A string's value or a number's (or boolean's) digits at a pointer; nothing for null, objects, arrays and "".

@@ -213,6 +213,12 @@ fn json_pointers_read_strings_numbers_and_escaped_keys_but_not_containers() {
     let body = br#"{"a":{"b/c":[10,{"d~e":"x\u00e9"}]},"n":12345678901234567890123,"o":{},"z":null,"s":""}"#;
     assert_eq!(json_text(body, "/a/b~1c/1/d~0e").as_deref(), Some("xé"));
     assert_eq!(json_text(body, "/a/b~1c/0").as_deref(), Some("10"));
+    assert_eq!(
+        json_text(br#"{"id":"first","x":[1,[2]],"id":"last"}"#, "/id").as_deref(),
+        Some("last"),
+        "as jsonb keeps"
+    );
+    assert_eq!(json_text(br#"{"id":"x"} trailing"#, "/id"), None, "not JSON");
     assert_eq!(json_text(body, "/n").as_deref(), Some("12345678901234567890123"), "a huge number keeps its digits");
     for absent in ["/o", "/z", "/s", "/a/b~1c/01", "/a/b~1c/9", "/missing", "/a/b~1c/-1"] {
         assert_eq!(json_text(body, absent), None, "{absent}");
