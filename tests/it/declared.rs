@@ -3,7 +3,7 @@
 //! providers, re-verification of what was stored, and hostile input.
 
 use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
-use hmac::{Hmac, Mac};
+use hmac::Hmac;
 use http::StatusCode;
 use inbox_tests::*;
 use serde_json::{json, Value};
@@ -36,10 +36,8 @@ fn receiver(opts: &PgConnectOptions, vars: &[(&str, &str)]) -> (Receiver, Receiv
 
 /// Signed here with the HMAC crate directly, as the provider would, not with our own signer.
 fn acme_signature(secret: &str, t: i64, delivery: &str, body: &[u8]) -> String {
-    let mut mac = Hmac::<sha2::Sha512>::new_from_slice(secret.as_bytes()).unwrap();
-    mac.update(format!("{t}.{delivery}.").as_bytes());
-    mac.update(body);
-    format!("t={t},v1=00,v1={}", hex::encode(mac.finalize().into_bytes()))
+    let mac = hmac::<Hmac<sha2::Sha512>>(secret.as_bytes(), &[format!("{t}.{delivery}.").as_bytes(), body]);
+    format!("t={t},v1=00,v1={}", hex::encode(mac))
 }
 
 async fn row(pool: &PgPool, provider: &str, id: &str) -> (String, String, Value, Option<Value>) {
@@ -125,11 +123,7 @@ async fn a_batch_provider_claims_each_event_once_and_a_bad_event_fails_alone(
 ) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let (receiver, _) = receiver(&opts, &[("GOCARDLESS_WEBHOOK_SECRET", "gc-secret")]);
-    let sign = |body: &[u8]| {
-        let mut mac = Hmac::<sha2::Sha256>::new_from_slice(b"gc-secret").unwrap();
-        mac.update(body);
-        hex::encode(mac.finalize().into_bytes())
-    };
+    let sign = |body: &[u8]| hex::encode(hmac::<Hmac<sha2::Sha256>>(b"gc-secret", &[body]));
     let body = br#"{"events":[{"id":"EV1","resource_type":"payments","action":"confirmed"},{"id":"EV2","resource_type":"mandates","action":"created","n":1e999},{"id":"EV3","resource_type":"payouts","action":"paid"}]}"#;
     let sig = sign(body);
     let (status, answer) = post(&receiver, "gocardless", &[("webhook-signature", &sig)], body).await;
@@ -164,9 +158,8 @@ async fn url_signing_providers_use_the_configured_url_never_the_request(
     let (receiver, _) = receiver(&opts, &[("TWILIO_WEBHOOK_SECRET", "auth-token"), ("TWILIO_WEBHOOK_URL", url)]);
     let body = b"MessageSid=SM123&MessageStatus=delivered&To=%2B15005550006&Body=caf%C3%A9+%F0%9F%8D%B5";
     let sign = |url: &str| {
-        let mut mac = Hmac::<sha1::Sha1>::new_from_slice(b"auth-token").unwrap();
-        mac.update(format!("{url}Bodycafé 🍵MessageSidSM123MessageStatusdeliveredTo+15005550006").as_bytes());
-        B64.encode(mac.finalize().into_bytes())
+        let signed = format!("{url}Bodycafé 🍵MessageSidSM123MessageStatusdeliveredTo+15005550006");
+        B64.encode(hmac::<Hmac<sha1::Sha1>>(b"auth-token", &[signed.as_bytes()]))
     };
     let form = ("content-type", "application/x-www-form-urlencoded");
     // The request itself reaches us as https://example.test/webhooks/twilio: only the configured URL counts.
@@ -190,10 +183,8 @@ async fn hostile_bodies_to_a_declared_provider_are_stored_as_failed_and_the_rest
     let (receiver, _) = receiver(&opts, &[("SLACK_WEBHOOK_SECRET", "slack-secret")]);
     let send = |body: Vec<u8>| {
         let t = now().to_string();
-        let mut mac = Hmac::<sha2::Sha256>::new_from_slice(b"slack-secret").unwrap();
-        mac.update(format!("v0:{t}:").as_bytes());
-        mac.update(&body);
-        let sig = format!("v0={}", hex::encode(mac.finalize().into_bytes()));
+        let mac = hmac::<Hmac<sha2::Sha256>>(b"slack-secret", &[format!("v0:{t}:").as_bytes(), &body]);
+        let sig = format!("v0={}", hex::encode(mac));
         let receiver = &receiver;
         async move {
             let headers = [("x-slack-signature", sig.as_str()), ("x-slack-request-timestamp", t.as_str())];
@@ -230,13 +221,7 @@ async fn handshakes_are_answered_once_verified_and_never_stored(
         ("TWITCH_WEBHOOK_SECRET", "twitch-secret-0123"),
     ];
     let (receiver, _) = receiver(&opts, &vars);
-    let hmac_hex = |key: &str, parts: &[&[u8]]| {
-        let mut mac = Hmac::<sha2::Sha256>::new_from_slice(key.as_bytes()).unwrap();
-        for p in parts {
-            mac.update(p);
-        }
-        hex::encode(mac.finalize().into_bytes())
-    };
+    let hmac_hex = |key: &str, parts: &[&[u8]]| hex::encode(hmac::<Hmac<sha2::Sha256>>(key.as_bytes(), parts));
     let answer = |response: http::Response<lambda_http::Body>| {
         let content_type = response.headers()["content-type"].to_str().unwrap().to_string();
         (response.status(), content_type, String::from_utf8(response.body().to_vec()).unwrap())

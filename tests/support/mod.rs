@@ -80,12 +80,17 @@ pub fn now() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64
 }
 
-fn hmac256(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
-    let mut mac = Hmac::<Sha256>::new_from_slice(key).unwrap();
+/// An HMAC (`M` = `Hmac<Sha256>`, ...) over the parts in order, with the `hmac` crate directly, as a provider signs.
+pub fn hmac<M: Mac + hmac::digest::KeyInit>(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
+    let mut mac = <M as Mac>::new_from_slice(key).unwrap();
     for p in parts {
         mac.update(p);
     }
     mac.finalize().into_bytes().to_vec()
+}
+
+fn hmac256(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
+    hmac::<Hmac<Sha256>>(key, parts)
 }
 
 pub fn stripe_v1(secret: &str, t: i64, body: &[u8]) -> String {

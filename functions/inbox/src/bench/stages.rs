@@ -21,7 +21,7 @@ use sqlx::PgPool;
 use tokio::net::TcpListener;
 use webhook_inbox::{
     config::{Catalog, Secret, Secrets, DEV_STRIPE},
-    ingest::providers::{Delivery, Provider, Schemes},
+    ingest::providers::{declared::STRIPE_AS_DATA, Delivery, Provider, Schemes},
     relay::{http::HttpSink, Relay, RelayConfig, Sink},
     retention::{Pruner, RetentionConfig},
     ReceiveConfig,
@@ -32,22 +32,12 @@ use super::{body, signature, Bench, Check, Figure, Load, Report, Task};
 /// Items per Marqeta batch, as Marqeta sends them by default.
 const BATCH_ITEMS: usize = 10;
 
-/// Stripe's contract written as data (as in the declared scheme's differential test).
-const STRIPE_AS_DATA: &str = r#"[stripe-as-data]
-signature = { header = "Stripe-Signature", items = ",", key = "v1" }
-encoding = "hex"
-signed = "{timestamp}.{body}"
-timestamp = { from = "{signature:t}", tolerance_secs = 300 }
-event_id = "{json:/id}"
-event_type = "{json:/type}"
-redelivery_days = 30
-"#;
-
 impl Bench {
     /// Signature check and event parsing alone, in process on one thread, on the
     /// same signed Stripe delivery: the coded scheme, and its contract declared as data.
     pub(super) fn verify(&self, report: &mut Report) -> Result<()> {
-        let catalog = Catalog::with_file(Some(STRIPE_AS_DATA), |_| None).map_err(anyhow::Error::msg)?;
+        let file = format!("[stripe-as-data]\n{STRIPE_AS_DATA}redelivery_days = 30\n");
+        let catalog = Catalog::with_file(Some(&file), |_| None).map_err(anyhow::Error::msg)?;
         let declared = Provider::try_from("stripe-as-data")?;
         let mut secrets = Secrets { stripe: vec![Secret::new(DEV_STRIPE)], ..Secrets::default() };
         secrets.declared.insert(declared, vec![Secret::new(DEV_STRIPE)]);

@@ -33,6 +33,16 @@ use crate::core::{payload::storable, secret::Secret};
 
 /// Rows one batch delivery may make; past it the delivery is kept whole as one failed row.
 pub const MAX_BATCH_ITEMS: usize = 1000;
+/// Stripe's contract written as data: the coded scheme's twin, judged alike by
+/// the differential test and timed against it by `inbox bench --only verify`.
+pub const STRIPE_AS_DATA: &str = r#"signature = { header = "Stripe-Signature", items = ",", key = "v1" }
+encoding = "hex"
+signed = "{timestamp}.{body}"
+timestamp = { from = "{signature:t}", tolerance_secs = 300 }
+event_id = "{json:/id}"
+event_type = "{json:/type}"
+"#;
+
 /// Signatures tried per delivery (across header values and list items): a
 /// sender rotating keys sends two or three; a stranger's thousands cost no more.
 pub const MAX_SIGNATURES: usize = 16;
