@@ -20,8 +20,13 @@
 //! - [`runtime`]: the Lambda deadline, the stage loops, tracing; [`dev`]:
 //!   `inbox dev`'s server and throwaway PostgreSQL.
 //!
-//! Without the default `service` feature only `core`'s leaf types and
-//! `ingest::providers` remain: what the fuzz targets exercise, built in a minute.
+//! Features keep each function's binary to what it uses. `service` is the
+//! database, receive, process, prune and the Lambda plumbing (Secrets Manager,
+//! SQS); `relay`, `reconcile` and `migrate` add their stage and what only it
+//! links (the outbound HTTP client, EventBridge); `dev` adds `inbox dev`'s
+//! server and throwaway PostgreSQL; `full`, the default, is all of them.
+//! Without `service` only `core`'s leaf types and `ingest::providers` remain:
+//! what the fuzz targets exercise, built in a minute.
 //!
 //! # Glossary
 //! - **delivery**: one HTTP request from a provider (`ingest::providers::Delivery`);
@@ -46,18 +51,18 @@ pub mod config;
 pub mod core;
 #[cfg(feature = "service")]
 pub mod db;
-#[cfg(feature = "service")]
+#[cfg(feature = "dev")]
 pub mod dev;
 #[cfg(feature = "service")]
 pub mod domain;
 pub mod ingest;
-#[cfg(feature = "service")]
+#[cfg(feature = "migrate")]
 pub mod migrate;
 #[cfg(feature = "service")]
 pub mod process;
-#[cfg(feature = "service")]
+#[cfg(feature = "reconcile")]
 pub mod reconcile;
-#[cfg(feature = "service")]
+#[cfg(feature = "relay")]
 pub mod relay;
 #[cfg(feature = "service")]
 pub mod retention;

@@ -6,9 +6,13 @@
 //! live with the stages that use them. A deployed function's secrets come
 //! from AWS Secrets Manager ([`secrets_manager`]) through [`Env::resolved`].
 
+#[cfg(feature = "reconcile")]
+mod reconcile;
+#[cfg(feature = "relay")]
+mod relay;
 pub mod secrets_manager;
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{collections::HashMap, time::Duration};
 
 use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
 
@@ -17,13 +21,11 @@ pub use crate::core::secret::{MarqetaAuth, Secret, Secrets};
 pub use crate::db::DbConfig;
 pub use crate::ingest::providers::catalog::{Catalog, Kind};
 use crate::{
-    core::provider::Provider,
-    process::worker::WorkerConfig,
-    reconcile::{ReconcileConfig, Reconciler, ShopifyOrders, StripeEvents},
-    relay::{aws, HttpSink, RelayConfig, Sink},
-    retention::RetentionConfig,
+    core::provider::Provider, process::worker::WorkerConfig, retention::RetentionConfig,
     runtime::deadline::DEFAULT_DEADLINE_MARGIN,
 };
+#[cfg(feature = "relay")]
+pub use relay::{sinks_from_env, SinkConfig};
 
 /// Where settings come from: the process environment, or a lookup a test gives.
 /// Reads one variable by name.
@@ -345,69 +347,6 @@ pub fn deadline_margin(env: &Env) -> Result<Duration, ConfigError> {
     Ok(margin)
 }
 
-impl RelayConfig {
-    /// `RELAY_BATCH_SIZE` (100), `RELAY_CONCURRENCY` (8), `RELAY_MAX_ATTEMPTS` (10),
-    /// `RELAY_RETRY_BASE_MS` (1000), `RELAY_LEASE_MS` (300000).
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::read(&Env::process())
-    }
-
-    pub fn read(env: &Env) -> Result<Self, ConfigError> {
-        let d = RelayConfig::default();
-        Ok(RelayConfig {
-            batch_size: env.parse("RELAY_BATCH_SIZE", d.batch_size)?.max(1),
-            concurrency: env.parse("RELAY_CONCURRENCY", d.concurrency)?.max(1),
-            max_attempts: env.parse("RELAY_MAX_ATTEMPTS", d.max_attempts)?.max(1),
-            retry_base: env.millis("RELAY_RETRY_BASE_MS", d.retry_base.as_millis() as u64)?,
-            lease: env.millis("RELAY_LEASE_MS", d.lease.as_millis() as u64)?,
-        })
-    }
-}
-
-/// The relay's sinks, as configured: any of them.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SinkConfig {
-    /// `RELAY_HTTP_URL`, with `RELAY_HTTP_TIMEOUT_MS` (10000).
-    pub http: Option<(String, Duration)>,
-    /// `RELAY_SQS_QUEUE_URL`.
-    pub sqs_queue_url: Option<String>,
-    /// `RELAY_EVENT_BUS`.
-    pub event_bus: Option<String>,
-}
-
-impl SinkConfig {
-    pub fn read(env: &Env) -> Result<Self, ConfigError> {
-        let http = match env.var("RELAY_HTTP_URL") {
-            Some(url) => Some((url, env.millis("RELAY_HTTP_TIMEOUT_MS", 10_000)?)),
-            None => None,
-        };
-        Ok(SinkConfig { http, sqs_queue_url: env.var("RELAY_SQS_QUEUE_URL"), event_bus: env.var("RELAY_EVENT_BUS") })
-    }
-
-    /// The sinks themselves; AWS credentials and region come from the usual AWS environment.
-    pub async fn build(&self) -> Result<Vec<Arc<dyn Sink>>, ConfigError> {
-        let mut sinks: Vec<Arc<dyn Sink>> = Vec::new();
-        if let Some((url, timeout)) = &self.http {
-            sinks.push(Arc::new(HttpSink::new(url.clone(), *timeout)?));
-        }
-        if self.sqs_queue_url.is_some() || self.event_bus.is_some() {
-            let sdk = crate::core::aws::from_env().await;
-            if let Some(queue) = &self.sqs_queue_url {
-                sinks.push(Arc::new(aws::SqsSink::new(aws_sdk_sqs::Client::new(&sdk), queue.clone())));
-            }
-            if let Some(bus) = &self.event_bus {
-                sinks.push(Arc::new(aws::EventBridgeSink::new(aws_sdk_eventbridge::Client::new(&sdk), bus.clone())));
-            }
-        }
-        Ok(sinks)
-    }
-}
-
-/// The sinks `RELAY_HTTP_URL`, `RELAY_SQS_QUEUE_URL` and `RELAY_EVENT_BUS` name.
-pub async fn sinks_from_env() -> Result<Vec<Arc<dyn Sink>>, ConfigError> {
-    SinkConfig::read(&Env::process())?.build().await
-}
-
 impl RetentionConfig {
     /// `INBOX_RETENTION_DAYS` (60) and `INBOX_RETENTION_DAYS_<PROVIDER>`,
     /// `INBOX_FAILED_RETENTION_DAYS` (180), `OUTBOX_RETENTION_DAYS` (7),
@@ -441,55 +380,6 @@ impl RetentionConfig {
     }
 }
 
-impl ReconcileConfig {
-    /// `RECONCILE_LOOKBACK_HOURS` (72), `RECONCILE_WINDOW_MINUTES` (60).
-    pub fn read(env: &Env) -> Result<Self, ConfigError> {
-        let window = env.parse("RECONCILE_WINDOW_MINUTES", 60u64)?;
-        if window == 0 {
-            return Err(invalid("RECONCILE_WINDOW_MINUTES", "must be at least 1"));
-        }
-        Ok(ReconcileConfig {
-            first_lookback: Duration::from_secs(3600 * env.parse("RECONCILE_LOOKBACK_HOURS", 72u64)?),
-            overlap: Duration::from_secs(300),
-            window: Duration::from_secs(60 * window),
-        })
-    }
-}
-
-impl StripeEvents {
-    /// `STRIPE_API_KEY` (none: no Stripe reconciliation), `STRIPE_API_BASE`.
-    pub fn read(env: &Env) -> Result<Option<Self>, ConfigError> {
-        let Some(key) = env.var("STRIPE_API_KEY") else {
-            return Ok(None);
-        };
-        let base = env.var("STRIPE_API_BASE").unwrap_or_else(|| "https://api.stripe.com".into());
-        Self::new(base, Secret::new(key)).map(Some)
-    }
-}
-
-impl ShopifyOrders {
-    /// `SHOPIFY_SHOP_DOMAIN` and `SHOPIFY_ACCESS_TOKEN` (both, or no Shopify
-    /// reconciliation), `SHOPIFY_API_BASE` (`https://<domain>`), `SHOPIFY_API_VERSION` (2024-10).
-    pub fn read(env: &Env) -> Result<Option<Self>, ConfigError> {
-        let (Some(token), Some(domain)) = (env.var("SHOPIFY_ACCESS_TOKEN"), env.var("SHOPIFY_SHOP_DOMAIN")) else {
-            return Ok(None);
-        };
-        let base = env.var("SHOPIFY_API_BASE").unwrap_or_else(|| format!("https://{domain}"));
-        let version = env.var("SHOPIFY_API_VERSION").unwrap_or_else(|| "2024-10".into());
-        Self::new(base, version, Secret::new(token)).map(Some)
-    }
-}
-
-impl Reconciler {
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::read(&Env::process())
-    }
-
-    pub fn read(env: &Env) -> Result<Self, ConfigError> {
-        Ok(Reconciler::new(StripeEvents::read(env)?, ShopifyOrders::read(env)?, ReconcileConfig::read(env)?))
-    }
-}
-
 /// `RUST_LOG`, and whether logs are JSON (on Lambda, `AWS_LAMBDA_FUNCTION_NAME` is set).
 pub fn log_settings(env: &Env) -> (Option<String>, bool) {
     (env.var("RUST_LOG"), env.var("AWS_LAMBDA_FUNCTION_NAME").is_some())
@@ -501,9 +391,14 @@ pub fn init_logging() {
     crate::runtime::telemetry::init(rust_log.as_deref(), json);
 }
 
-#[cfg(test)]
+// The tests read every stage's settings: they build with the whole crate.
+#[cfg(all(test, feature = "full"))]
 mod tests {
     use super::*;
+    use crate::{
+        reconcile::{ReconcileConfig, Reconciler},
+        relay::RelayConfig,
+    };
 
     #[test]
     fn comma_separated_secrets_are_all_kept_in_order() {

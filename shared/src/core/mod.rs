@@ -11,5 +11,5 @@ pub mod secret;
 pub mod aws;
 #[cfg(feature = "service")]
 pub mod backoff;
-#[cfg(feature = "service")]
+#[cfg(feature = "http-client")]
 pub mod http;
