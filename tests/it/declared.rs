@@ -274,6 +274,43 @@ async fn handshakes_are_answered_once_verified_and_never_stored(
     assert_eq!(row(&pool, "twitch", "m-1").await.0, "channel.follow");
 }
 
+#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+async fn woocommerces_unsigned_ping_is_answered_and_never_stored_and_nothing_else_passes_unsigned(
+    _: sqlx::postgres::PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let (receiver, _) = receiver(&opts, &[("WOOCOMMERCE_WEBHOOK_SECRET", "wc-secret")]);
+    // As WC_Webhook::deliver_ping sends it on saving a webhook: a form, no signature; it wants exactly 200.
+    let form = [("content-type", "application/x-www-form-urlencoded"), ("user-agent", "WooCommerce/9.4.2 Hookshot")];
+    let (status, answer) = post(&receiver, "woocommerce", &form, b"webhook_id=17").await;
+    assert_eq!((status, answer), (StatusCode::OK, json!({"status": "ping"})));
+    assert_eq!(count(&pool).await, 0, "a ping is no event");
+
+    let body = br#"{"id":5120,"status":"processing"}"#;
+    let sig = B64.encode(hmac::<Hmac<sha2::Sha256>>(b"wc-secret", &[body]));
+    let wrong = B64.encode(hmac::<Hmac<sha2::Sha256>>(b"not-the-secret", &[b"webhook_id=17"]));
+    for (headers, body, why) in [
+        (
+            vec![("x-wc-webhook-signature", wrong.as_str())],
+            &b"webhook_id=17"[..],
+            "a ping's body with a forged signature",
+        ),
+        (form.to_vec(), b"webhook_id=17&order=5120", "a form with a field more"),
+        (form.to_vec(), body, "an unsigned order"),
+    ] {
+        let (status, _) = post(&receiver, "woocommerce", &headers, body).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{why}");
+    }
+    assert_eq!(count(&pool).await, 0);
+
+    let signed =
+        [("x-wc-webhook-signature", sig.as_str()), ("x-wc-webhook-id", "17"), ("x-wc-webhook-topic", "order.updated")];
+    let (status, answer) = post(&receiver, "woocommerce", &signed, body).await;
+    assert_eq!((status, answer), (StatusCode::OK, json!({"status": "accepted"})));
+    assert_eq!(count(&pool).await, 1, "the webhook's deliveries then flow as before");
+}
+
 /// Unix seconds as RFC 3339, as Twitch writes its timestamps.
 fn iso(secs: i64) -> String {
     let days = secs.div_euclid(86_400);

@@ -172,6 +172,10 @@ impl Receiver {
             return Err(ReceiveError::TooLarge(self.max_body_bytes));
         }
         let delivery = Delivery { headers, body, now: unix_now() };
+        if let Some(answer) = scheme.ping(&delivery) {
+            tracing::info!(%provider, "unsigned ping answered");
+            return Ok(Received::Challenge(answer));
+        }
         let verified = scheme.verify(&delivery).map_err(|reason| {
             tracing::warn!(%provider, %reason, "delivery refused");
             ReceiveError::Unauthorized(reason)

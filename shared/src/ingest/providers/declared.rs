@@ -13,6 +13,7 @@
 //! event_type = "{json:/type}"
 //! redelivery_days = 3
 //! challenge = { when = "{json:/type}", equals = "url_verification", respond = "{json:/challenge}" }
+//! ping = { form = ["webhook_id"] }      # an unsigned ping of exactly these form fields: 200, not stored
 //! ```
 
 use std::{borrow::Cow, collections::BTreeMap};
@@ -67,6 +68,7 @@ pub struct Description {
     pub batch: Option<String>,
     pub redelivery_days: Option<u32>,
     pub challenge: Option<ChallengeDescription>,
+    pub ping: Option<PingDescription>,
 }
 
 impl Description {
@@ -85,6 +87,7 @@ impl Description {
             event_type,
             batch,
             challenge,
+            ping,
         } = self;
         signature.is_some()
             || algorithm.is_some()
@@ -96,6 +99,7 @@ impl Description {
             || event_type.is_some()
             || batch.is_some()
             || challenge.is_some()
+            || ping.is_some()
     }
 }
 
@@ -113,6 +117,19 @@ pub struct ChallengeDescription {
     /// ... or as a JSON object of templates.
     pub respond_json: Option<BTreeMap<String, String>>,
 }
+
+/// A ping the provider sends unsigned before it signs anything (WooCommerce's,
+/// on saving a webhook: the form `webhook_id=<id>`), which wants a 200. Only a
+/// delivery with no signature header, whose body is a form of exactly these
+/// fields, each once and not empty, is one; it is answered and never stored.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PingDescription {
+    pub form: Vec<String>,
+}
+
+/// The largest body a ping may have: a handful of short fields.
+const MAX_PING_BYTES: usize = 1024;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -355,6 +372,8 @@ pub struct Rules {
     pub event_type: Vec<Template>,
     pub batch: Option<String>,
     pub challenge: Option<Challenge>,
+    /// The form fields of an unsigned ping (`ping.form`).
+    pub ping: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone)]
@@ -518,8 +537,16 @@ impl Rules {
                 return Err("challenge: {hmac:...} needs an HMAC contract".into());
             }
         }
+        let ping = match &d.ping {
+            None => None,
+            Some(p) if p.form.is_empty() || p.form.iter().any(String::is_empty) => {
+                return Err("ping.form names no field, or an empty one: a ping is a form of these fields".into())
+            }
+            Some(p) => Some(p.form.clone()),
+        };
         Ok(Rules {
             challenge,
+            ping,
             headers,
             parse,
             algorithm,
@@ -882,6 +909,22 @@ impl Scheme for Declared {
 
     fn kept_headers(&self) -> Cow<'_, [&str]> {
         Cow::Owned(self.kept.iter().map(String::as_str).collect())
+    }
+
+    fn ping(&self, d: &Delivery<'_>) -> Option<Challenged> {
+        let fields = self.rules.ping.as_ref()?;
+        if d.body.len() > MAX_PING_BYTES || self.rules.headers.iter().any(|h| d.headers.contains_key(h.as_str())) {
+            return None;
+        }
+        let mut seen: Vec<Cow<'_, str>> = Vec::with_capacity(fields.len());
+        for (name, value) in form_urlencoded::parse(d.body) {
+            if value.is_empty() || !fields.iter().any(|f| *f == name) || seen.contains(&name) {
+                return None;
+            }
+            seen.push(name);
+        }
+        (seen.len() == fields.len())
+            .then(|| Challenged { content_type: "application/json", body: r#"{"status":"ping"}"#.into() })
     }
 
     fn challenge(&self, d: &Delivery<'_>, verified: Verified) -> Option<Challenged> {

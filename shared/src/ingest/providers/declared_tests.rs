@@ -466,6 +466,37 @@ fn a_challenge_is_checked_like_the_rest() {
 }
 
 #[test]
+fn only_an_unsigned_form_of_exactly_the_ping_fields_is_a_ping() {
+    let base = "signature = { header = \"X-Sig\" }\nencoding = \"hex\"\nsigned = \"{body}\"\n";
+    for ping in ["{ form = [] }", "{ form = [\"\"] }"] {
+        let err = rules(&format!("{base}ping = {ping}\n")).unwrap_err();
+        assert!(err.contains("ping.form names no field"), "{ping}: {err}");
+    }
+    assert!(rules(&format!("{base}ping = {{ when = \"x\" }}\n")).unwrap_err().contains("unknown field"));
+
+    let s = scheme(builtin("woocommerce"), &["k"], None);
+    let answered = |h: &[(&str, &str)], body: &str| s.ping(&delivery(&headers(h), body.as_bytes()));
+    let ping = answered(&[("content-type", "application/x-www-form-urlencoded")], "webhook_id=12").unwrap();
+    assert_eq!((ping.content_type, ping.body.as_str()), ("application/json", r#"{"status":"ping"}"#));
+    for (h, body, why) in [
+        (&[("x-wc-webhook-signature", "bm9wZQ==")][..], "webhook_id=12", "a signature, even a wrong one: verified"),
+        (&[("X-WC-Webhook-Signature", "")][..], "webhook_id=12", "an empty signature header is still one"),
+        (&[], "webhook_id=", "an empty value"),
+        (&[], "webhook_id=12&webhook_id=13", "a field twice"),
+        (&[], "webhook_id=12&order=1", "a field more"),
+        (&[], "", "no field"),
+        (&[], r#"{"webhook_id":12}"#, "not a form"),
+        (&[], &*format!("webhook_id={}", "1".repeat(2000)), "over a kilobyte"),
+    ] {
+        assert!(answered(h, body).is_none(), "{why}: {body:.40}");
+    }
+    assert!(
+        scheme(builtin("typeform"), &["k"], None).ping(&delivery(&headers(&[]), b"webhook_id=12")).is_none(),
+        "no ping declared: no ping"
+    );
+}
+
+#[test]
 fn an_ecdsa_contract_verifies_with_the_providers_public_key() {
     use p256::ecdsa::{signature::Signer, Signature, SigningKey};
     // A public key as SendGrid shows it: base64 of the DER SubjectPublicKeyInfo (a fixed prefix, then the point).

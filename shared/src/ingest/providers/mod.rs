@@ -91,6 +91,12 @@ pub trait Scheme: Send + Sync {
     fn challenge(&self, _delivery: &Delivery<'_>, _verified: Verified) -> Option<Challenged> {
         None
     }
+    /// The answer to an unsigned ping, asked before `verify` (WooCommerce's, on
+    /// saving a webhook): no event, never stored, and never a delivery that
+    /// carries a signature header.
+    fn ping(&self, _delivery: &Delivery<'_>) -> Option<Challenged> {
+        None
+    }
 }
 
 /// What a handshake is answered, with `200`.
