@@ -24,9 +24,12 @@ pub const PHYSICAL_ID: &str = "webhook-inbox-migrations";
 
 /// Whatever the request, CloudFormation gets an answer (the status returned);
 /// the error is returned only when even the answer could not be delivered.
+/// `db` is the pool, or why the function could not make one (its
+/// configuration): then Create and Update fail with that reason, and Delete
+/// still succeeds, so that a stack with a broken secret can be deleted.
 pub async fn on_custom_resource(
     request: Request,
-    pool: &PgPool,
+    db: Result<&PgPool, &str>,
     http: &reqwest::Client,
     deadline: Instant,
 ) -> Result<Status, reqwest::Error> {
@@ -37,9 +40,10 @@ pub async fn on_custom_resource(
         // Unreachable: a request of another type does not deserialize into `Request`.
         _ => return Ok(Status::Failed),
     };
-    let outcome = match kind {
-        "Delete" => Ok(None),
-        _ => apply(pool, deadline).await.map(Some),
+    let outcome = match (kind, db) {
+        ("Delete", _) => Ok(None),
+        (_, Err(reason)) => Err(reason.to_string()),
+        (_, Ok(pool)) => apply(pool, deadline).await.map(Some),
     };
     let mut response = Response::default();
     response.physical_resource_id = PHYSICAL_ID.into();

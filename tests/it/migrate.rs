@@ -45,7 +45,7 @@ async fn answers(cfn: &MockServer) -> Vec<Value> {
 async fn run(kind: &str, pool: &PgPool, cfn: &MockServer) -> Status {
     let http = http_client(Duration::from_secs(5)).unwrap();
     let until = Instant::now() + Duration::from_secs(60);
-    migrate::on_custom_resource(request(kind, cfn), pool, &http, until).await.expect("answered")
+    migrate::on_custom_resource(request(kind, cfn), Ok(pool), &http, until).await.expect("answered")
 }
 
 async fn applied(pool: &PgPool) -> i64 {
@@ -146,7 +146,23 @@ async fn an_answer_cloudformation_does_not_take_is_an_error() {
     Mock::given(method("PUT")).respond_with(ResponseTemplate::new(403)).mount(&cfn).await;
     let http = http_client(Duration::from_secs(5)).unwrap();
     let until = Instant::now() + Duration::from_secs(60);
-    let err = migrate::on_custom_resource(request("Delete", &cfn), &unreachable(), &http, until).await.unwrap_err();
+    let err = migrate::on_custom_resource(request("Delete", &cfn), Ok(&unreachable()), &http, until).await.unwrap_err();
     assert!(!err.to_string().contains("presigned"), "the URL is a credential: {err}");
     assert_eq!(cfn.received_requests().await.unwrap().len(), 3, "tried three times");
+}
+
+#[tokio::test]
+async fn a_function_that_could_not_start_fails_create_and_update_with_the_reason_and_deletes() {
+    let cfn = cloudformation().await;
+    let http = http_client(Duration::from_secs(5)).unwrap();
+    let until = Instant::now() + Duration::from_secs(60);
+    let why = "cannot start: DATABASE_SECRET_ARN: cannot read secret arn:aws:secretsmanager:us-east-1:123456789012:secret:db-AbCdEf: AccessDeniedException";
+    for (kind, expected) in [("Create", Status::Failed), ("Update", Status::Failed), ("Delete", Status::Success)] {
+        let status = migrate::on_custom_resource(request(kind, &cfn), Err(why), &http, until).await.expect("answered");
+        assert_eq!(status, expected, "{kind}");
+    }
+    let answers = answers(&cfn).await;
+    let got: Vec<(&str, &str)> =
+        answers.iter().map(|a| (a["Status"].as_str().unwrap(), a["Reason"].as_str().unwrap_or(""))).collect();
+    assert_eq!(got, [("FAILED", why), ("FAILED", why), ("SUCCESS", "")]);
 }
