@@ -14,6 +14,8 @@
 BEGIN;
 
 ALTER TABLE webhook_inbox RENAME TO webhook_inbox_unpartitioned;
+-- Its key's index keeps its name otherwise, and the new table's would be webhook_inbox_pkey1.
+ALTER INDEX webhook_inbox_pkey RENAME TO webhook_inbox_unpartitioned_pkey;
 
 CREATE TABLE webhook_inbox (
     LIKE webhook_inbox_unpartitioned INCLUDING DEFAULTS INCLUDING CONSTRAINTS,
@@ -34,5 +36,6 @@ DROP TABLE webhook_inbox_unpartitioned;
 CREATE INDEX webhook_inbox_pending_idx ON webhook_inbox (received_at, event_id) WHERE status = 'pending';
 CREATE INDEX webhook_inbox_received_at_idx ON webhook_inbox (received_at);
 CREATE INDEX webhook_inbox_body_sha256_idx ON webhook_inbox (body_sha256) WHERE body_sha256 IS NOT NULL;
+CREATE INDEX webhook_inbox_failed_idx ON webhook_inbox ((coalesce(processed_at, received_at))) WHERE status = 'failed';
 
 COMMIT;

@@ -73,11 +73,12 @@ impl RetentionConfig {
                 (done_var, self.done_days(p), "done"),
                 ("INBOX_FAILED_RETENTION_DAYS".into(), self.failed_days, "failed"),
             ] {
-                if kept < window {
+                // Longer than the window, not as long: a redelivery at its very end must still find the key.
+                if kept <= window {
                     return Err(ConfigError::Invalid {
                         var: var.into(),
                         reason: format!(
-                            "{what} {p} rows would be kept {kept} days, shorter than {p}'s redelivery window of {window} days: \
+                            "{what} {p} rows would be kept {kept} days, not longer than {p}'s redelivery window of {window} days: \
                              an event redelivered after its key is deleted would be processed twice"
                         ),
                     });
@@ -204,7 +205,7 @@ mod tests {
     }
 
     #[test]
-    fn a_retention_shorter_than_a_redelivery_window_is_refused_with_the_reason() {
+    fn a_retention_not_longer_than_a_redelivery_window_is_refused_with_the_reason() {
         assert!(config(60).validate().is_ok());
         let mut c = config(60);
         c.done_days.insert(Provider::STRIPE, 10);
@@ -221,8 +222,12 @@ mod tests {
             "failed rows are dedup memory too"
         );
         let mut c = config(60);
-        c.done_days.insert(Provider::SHOPIFY, 1);
-        assert!(c.validate().is_ok(), "Shopify redelivers for 4 hours");
+        c.done_days.insert(Provider::SHOPIFY, 2);
+        assert!(c.validate().is_ok(), "Shopify redelivers for 4 hours (a window of 1 day)");
+        let mut c = config(60);
+        c.done_days.insert(Provider::STRIPE, 30);
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("kept 30 days, not longer than stripe's redelivery window of 30 days"), "{err}");
         let err = config(5).validate().unwrap_err().to_string();
         assert!(err.starts_with("INBOX_RETENTION_DAYS: "), "a declared provider's window binds the default too: {err}");
         let mut c = config(60);

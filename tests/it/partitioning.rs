@@ -31,7 +31,18 @@ async fn the_hash_partitioned_inbox_refuses_every_duplicate_and_spreads_keys(_: 
     let headers = json!({});
     let env = Envelope { provider: Provider::STRIPE, raw_body: b"{}", headers: &headers, secret_index: Some(0) };
     inbox::claim(&pool, &env, &event("before")).await.unwrap();
+    let indexes = |pool: PgPool| async move {
+        let names: Vec<String> = sqlx::query_scalar(
+            "SELECT indexname::text FROM pg_indexes WHERE tablename = 'webhook_inbox' ORDER BY indexname",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        names
+    };
+    let before = indexes(pool.clone()).await;
     pool.execute(VARIANT).await.expect("the variant applies to a migrated inbox");
+    assert_eq!(indexes(pool.clone()).await, before, "every index the migrations made is made again, by its name");
 
     let partitioned: bool = sqlx::query_scalar("SELECT relkind = 'p' FROM pg_class WHERE relname = 'webhook_inbox'")
         .fetch_one(&pool)

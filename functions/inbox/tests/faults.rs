@@ -483,11 +483,11 @@ async fn faults_table() {
     rows.extend(
         scenario("prune during ingestion", size(), Route::Direct, |ctx| async move {
             let pool = db::pool(&db::DbConfig::with_url(&ctx.link.url)).unwrap();
-            // A trigger notes every row deleted while pending, or inside its retention (30 days).
+            // A trigger notes every row deleted while pending, or inside its retention (31 days).
             sqlx::raw_sql(
                 "CREATE TABLE prune_violations (provider text, event_id text, status text, received_at timestamptz);
                  CREATE FUNCTION note_violation() RETURNS trigger AS $$ BEGIN
-                   IF OLD.status = 'pending' OR OLD.received_at > now() - interval '30 days' THEN
+                   IF OLD.status = 'pending' OR OLD.received_at > now() - interval '31 days' THEN
                      INSERT INTO prune_violations VALUES (OLD.provider, OLD.event_id, OLD.status, OLD.received_at);
                    END IF;
                    RETURN OLD;
@@ -511,7 +511,7 @@ async fn faults_table() {
             .execute(&pool)
             .await
             .unwrap();
-            let env = [("INBOX_RETENTION_DAYS", "30"), ("INBOX_FAILED_RETENTION_DAYS", "30"), ("INBOX_PRUNE_BATCH", "50")];
+            let env = [("INBOX_RETENTION_DAYS", "31"), ("INBOX_FAILED_RETENTION_DAYS", "31"), ("INBOX_PRUNE_BATCH", "50")];
             let pruner = Pruner::new(pool.clone(), RetentionConfig::read(&Env::from_pairs(&env)).unwrap());
             let (mut passes, mut pruned) = (0, 0);
             while ctx.storming() {

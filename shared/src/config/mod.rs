@@ -350,7 +350,7 @@ pub fn deadline_margin(env: &Env) -> Result<Duration, ConfigError> {
 impl RetentionConfig {
     /// `INBOX_RETENTION_DAYS` (60) and `INBOX_RETENTION_DAYS_<PROVIDER>`,
     /// `INBOX_FAILED_RETENTION_DAYS` (180), `OUTBOX_RETENTION_DAYS` (7),
-    /// `INBOX_PRUNE_BATCH` (1000); a retention shorter than a provider's
+    /// `INBOX_PRUNE_BATCH` (1000); a retention not longer than a provider's
     /// redelivery window is refused, with the reason.
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::read(&Env::process())
