@@ -3,6 +3,7 @@
 //! helpers that drive the real receive handler against a real PostgreSQL.
 
 pub mod hostile_json;
+pub mod lambda;
 pub mod pgbouncer;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -4,18 +4,12 @@
 //! raw invocation event at trace), and whether the secrets come from the
 //! environment or from Secrets Manager (whose SDK logs its calls at trace).
 
-use std::{
-    process::{Command, Stdio},
-    time::{Duration, SystemTime, UNIX_EPOCH},
-};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hmac::{Hmac, Mac};
+use inbox_tests::lambda::{answered, logs, runtime_api, spawn_function};
 use serde_json::json;
 use sha2::Sha256;
-use wiremock::{
-    matchers::{method, path, path_regex},
-    Mock, MockServer, ResponseTemplate,
-};
 
 const WEBHOOK_SECRET: &str = "whsec_LOGTEST_secret_value";
 const BASIC: &str = "bWFycWV0YTpMT0dURVNULXBhc3N3b3Jk"; // marqeta:LOGTEST-password
@@ -59,7 +53,6 @@ async fn secrets_from_secrets_manager_verify_and_stay_out_of_the_logs() {
 /// Runs the binary with `vars` for one signed Stripe delivery (with a Basic
 /// credential too) to a database that is not there, and checks its logs.
 async fn invoke_and_check_logs(vars: &[(&str, String)]) {
-    let api = MockServer::start().await;
     let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
     let body = json!({"id": "evt_log", "type": "x", "card": BODY_MARKER}).to_string();
     let t = now_ms / 1000;
@@ -75,61 +68,15 @@ async fn invoke_and_check_logs(vars: &[(&str, String)]) {
     });
     event["body"] = json!(body);
     event["isBase64Encoded"] = json!(false);
-    let invocation = ResponseTemplate::new(200)
-        .insert_header("lambda-runtime-aws-request-id", "req-1")
-        .insert_header("lambda-runtime-deadline-ms", (now_ms + 60_000).to_string().as_str())
-        .insert_header("lambda-runtime-invoked-function-arn", "arn:aws:lambda:us-east-1:123456789012:function:receive")
-        .insert_header(
-            "lambda-runtime-trace-id",
-            "Root=1-00000000-000000000000000000000000;Parent=0000000000000000;Sampled=0",
-        )
-        .set_body_json(event);
-    Mock::given(method("GET"))
-        .and(path("/2018-06-01/runtime/invocation/next"))
-        .respond_with(invocation)
-        .up_to_n_times(1)
-        .mount(&api)
-        .await;
-    // Later polls hang: one invocation is enough.
-    Mock::given(method("GET"))
-        .and(path("/2018-06-01/runtime/invocation/next"))
-        .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_secs(120)))
-        .mount(&api)
-        .await;
-    Mock::given(method("POST"))
-        .and(path_regex("^/2018-06-01/runtime/"))
-        .respond_with(ResponseTemplate::new(202))
-        .mount(&api)
-        .await;
-
-    let mut child = Command::new(env!("CARGO_BIN_EXE_receive"))
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("RUST_LOG", "trace")
-        .env("AWS_LAMBDA_RUNTIME_API", api.address().to_string())
-        .env("AWS_LAMBDA_FUNCTION_NAME", "receive")
-        .env("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST")
-        .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "128")
-        .env("AWS_LAMBDA_LOG_STREAM_NAME", "stream")
-        .env("AWS_LAMBDA_LOG_GROUP_NAME", "/aws/lambda/receive")
-        .envs(vars.iter().map(|(k, v)| (k, v)))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-
-    let mut answered = false;
-    for _ in 0..300 {
-        let requests = api.received_requests().await.unwrap_or_default();
-        if requests.iter().any(|r| r.method.as_str() == "POST" && r.url.path().ends_with("/response")) {
-            answered = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let _ = child.kill();
-    let output = child.wait_with_output().unwrap();
-    let logs = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    let api = runtime_api("receive", event).await;
+    let child = spawn_function(
+        env!("CARGO_BIN_EXE_receive"),
+        "receive",
+        &api,
+        &[&[("RUST_LOG", "trace".to_string())], vars].concat(),
+    );
+    let answered = answered(&api, Duration::from_secs(15)).await;
+    let logs = logs(child);
     assert!(answered, "the function never answered the invocation; logs:\n{logs}");
     assert!(logs.contains("claim failed"), "the run logged (the database is unreachable on purpose):\n{logs}");
     for secret in [WEBHOOK_SECRET, &signature, BASIC, "LOGTEST-password", BODY_MARKER, DB_PASSWORD] {
