@@ -4,12 +4,10 @@
 //! raw invocation event at trace), and whether the secrets come from the
 //! environment or from Secrets Manager (whose SDK logs its calls at trace).
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use hmac::{Hmac, Mac};
 use inbox_tests::lambda::{answered, logs, runtime_api, spawn_function};
 use serde_json::json;
-use sha2::Sha256;
 
 const WEBHOOK_SECRET: &str = "whsec_LOGTEST_secret_value";
 const BASIC: &str = "bWFycWV0YTpMT0dURVNULXBhc3N3b3Jk"; // marqeta:LOGTEST-password
@@ -53,14 +51,10 @@ async fn secrets_from_secrets_manager_verify_and_stay_out_of_the_logs() {
 /// Runs the binary with `vars` for one signed Stripe delivery (with a Basic
 /// credential too) to a database that is not there, and checks its logs.
 async fn invoke_and_check_logs(vars: &[(&str, String)]) {
-    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
     let body = json!({"id": "evt_log", "type": "x", "card": BODY_MARKER}).to_string();
-    let t = now_ms / 1000;
-    let mut mac = Hmac::<Sha256>::new_from_slice(WEBHOOK_SECRET.as_bytes()).unwrap();
-    mac.update(format!("{t}.{body}").as_bytes());
-    let signature = hex::encode(mac.finalize().into_bytes());
-    let mut event: serde_json::Value =
-        serde_json::from_str(include_str!("../../../tests/data/apigw-http-v2.json")).expect("the fixture is JSON");
+    let t = inbox_tests::now();
+    let signature = inbox_tests::stripe_v1(WEBHOOK_SECRET, t, body.as_bytes());
+    let mut event = inbox_tests::fixture("apigw-http-v2.json");
     event["headers"] = json!({
         "content-type": "application/json",
         "stripe-signature": format!("t={t},v1={signature}"),

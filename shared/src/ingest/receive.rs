@@ -46,7 +46,7 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
 #[derive(Debug)]
 pub enum Received {
     Claimed(Claimed),
-    /// A handshake (the provider checking the endpoint), answered and not stored.
+    /// A handshake (the provider checking the endpoint) or an unsigned ping, answered and not stored.
     Challenge(Challenged),
 }
 
