@@ -1,6 +1,6 @@
 -- Optional variant: hash-partition webhook_inbox on its key (provider, event_id).
 --
--- Apply once, after the migrations in migrations/, when partition-level
+-- Apply once, after the migrations in shared/migrations/, when partition-level
 -- maintenance (VACUUM, reindex, moving partitions) matters more than a few
 -- microseconds per claim:
 --     psql "$DATABASE_URL" -v ON_ERROR_STOP=1 -f migrations-optional/hash_partitioned_inbox.sql
@@ -37,5 +37,6 @@ CREATE INDEX webhook_inbox_pending_idx ON webhook_inbox (received_at, event_id) 
 CREATE INDEX webhook_inbox_received_at_idx ON webhook_inbox (received_at);
 CREATE INDEX webhook_inbox_body_sha256_idx ON webhook_inbox (body_sha256) WHERE body_sha256 IS NOT NULL;
 CREATE INDEX webhook_inbox_failed_idx ON webhook_inbox ((coalesce(processed_at, received_at))) WHERE status = 'failed';
+CREATE INDEX webhook_inbox_unhandled_idx ON webhook_inbox (provider, event_type, received_at) WHERE status = 'unhandled';
 
 COMMIT;

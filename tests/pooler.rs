@@ -26,6 +26,7 @@ use webhook_inbox::{
     db,
     process::{handlers::Handlers, worker::Worker},
     reconcile::{ReconcileConfig, StripeEvents},
+    reference,
     relay::{HttpSink, Relay, RelayConfig, Sink},
     retention::{Pruner, RetentionConfig},
     runtime::stage::Stage,
@@ -80,13 +81,19 @@ async fn every_stage(pool_options: PgPoolOptions, opts: PgConnectOptions, mode: 
     let pool = db::pool(&db).unwrap();
 
     // migrations: three deploys at once, each all or nothing, one after the other.
-    let (a, b, c) = tokio::join!(db::migrate(&pool), db::migrate(&pool), db::migrate(&pool));
+    let app = reference::app();
+    let (a, b, c) = tokio::join!(app.migrate(&pool), app.migrate(&pool), app.migrate(&pool));
     for result in [a, b, c] {
         result.unwrap_or_else(|e| panic!("{e}; pgbouncer log:\n{}", bouncer.log()));
     }
-    let applied: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations WHERE success").fetch_one(&direct).await.unwrap();
-    assert_eq!(applied, db::MIGRATOR.iter().count() as i64);
+    let applied: (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM webhook_inbox_migrations), (SELECT count(*) FROM _sqlx_migrations WHERE success)",
+    )
+    .fetch_one(&direct)
+    .await
+    .unwrap();
+    let expected = (db::schema::MIGRATIONS.iter().count() as i64, reference::MIGRATIONS.iter().count() as i64);
+    assert_eq!(applied, expected);
 
     // receive: 16 at a time, 200 payments each sent twice, and 20 Marqeta batches of 10.
     let receiver = Arc::new(receiver(db.clone()));
@@ -171,7 +178,7 @@ async fn every_stage(pool_options: PgPoolOptions, opts: PgConnectOptions, mode: 
     assert_eq!(advisory, 0, "an advisory lock outlived its transaction");
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn without_the_setting_pgbouncer_refuses_the_startup_parameters(_: PgPoolOptions, opts: PgConnectOptions) {
     let bouncer = PgBouncer::start(opts.get_host(), opts.get_port(), 40, "transaction");
     let receiver = receiver(through(&bouncer, &opts, "none"));

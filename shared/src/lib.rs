@@ -11,7 +11,7 @@
 //! - [`ingest`]: each provider's signing scheme, the receive handler, the
 //!   claim, inline mode;
 //! - [`process`]: the handler registry, the worker, the `process` triggers;
-//! - [`domain`]: the reference handlers (orders, payments, deposits);
+//! - [`reference`]: the reference handlers (orders, payments, deposits);
 //! - [`relay`]: the relay and its HTTP and AWS sinks;
 //! - [`retention`], [`reconcile`]: the other scheduled stages; [`migrate`]:
 //!   the schema at deploy time (a CloudFormation custom resource);
@@ -47,21 +47,25 @@
 //!   (`Reconciler::run_once`, each source on its own, one `Reconciled` report).
 
 #[cfg(feature = "service")]
+pub mod app;
+#[cfg(feature = "service")]
 pub mod config;
 pub mod core;
 #[cfg(feature = "service")]
 pub mod db;
 #[cfg(feature = "dev")]
 pub mod dev;
-#[cfg(feature = "service")]
-pub mod domain;
 pub mod ingest;
+#[cfg(feature = "service")]
+pub mod lambda;
 #[cfg(feature = "migrate")]
 pub mod migrate;
 #[cfg(feature = "service")]
 pub mod process;
 #[cfg(feature = "reconcile")]
 pub mod reconcile;
+#[cfg(feature = "service")]
+pub mod reference;
 #[cfg(feature = "relay")]
 pub mod relay;
 #[cfg(feature = "service")]
@@ -71,6 +75,20 @@ pub mod runtime;
 
 pub use crate::core::{provider::Provider, secret::Secret};
 #[cfg(feature = "service")]
+pub use app::App;
+#[cfg(feature = "service")]
 pub use config::ReceiveConfig;
 #[cfg(feature = "service")]
+pub use db::{
+    outbox::{enqueue, Message},
+    query, query_as, query_scalar,
+};
+#[cfg(feature = "service")]
 pub use ingest::receive::Receiver;
+#[cfg(feature = "service")]
+pub use process::handlers::{Event, Handler, HandlerError, Handlers, Headers, IntoHandler, Outcome, RegistrationError};
+/// The JSON crate of [`Event`]'s default payload, `serde_json::Value`.
+pub use serde_json;
+/// The database crate: a handler's connection is [`PgConnection`].
+#[cfg(feature = "service")]
+pub use sqlx::{self, PgConnection};

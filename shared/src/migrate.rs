@@ -1,9 +1,10 @@
 //! Lambda `migrate`: a CloudFormation custom resource that applies the
-//! embedded migrations ([`crate::db::MIGRATOR`]) when the stack is created or
-//! updated, before the other functions exist (they depend on it).
+//! embedded migrations, the inbox's and then the application's
+//! ([`crate::App::migrate`]), when the stack is created or updated, before the
+//! other functions exist (they depend on it).
 //!
-//! Create and Update apply whatever is pending (sqlx records what was applied,
-//! so a second run is a no-op) and answer with the latest version; Delete
+//! Create and Update apply whatever is pending (each history records what was
+//! applied, so a second run is a no-op) and answer with the inbox's latest version; Delete
 //! answers at once and touches nothing: deleting the stack never drops data.
 //! Every request is answered, success or failure, before the function's own
 //! deadline: CloudFormation would otherwise wait an hour for a response.
@@ -16,7 +17,7 @@ use aws_lambda_events::event::cloudformation::{
 };
 use sqlx::PgPool;
 
-use crate::db::MIGRATOR;
+use crate::app::App;
 
 /// The one physical id: updates never replace the resource (a replacement
 /// would send a Delete for the old one).
@@ -28,6 +29,7 @@ pub const PHYSICAL_ID: &str = "webhook-inbox-migrations";
 /// configuration): then Create and Update fail with that reason, and Delete
 /// still succeeds, so that a stack with a broken secret can be deleted.
 pub async fn on_custom_resource(
+    app: &App,
     request: Request,
     db: Result<&PgPool, &str>,
     http: &reqwest::Client,
@@ -43,7 +45,7 @@ pub async fn on_custom_resource(
     let outcome = match (kind, db) {
         ("Delete", _) => Ok(None),
         (_, Err(reason)) => Err(reason.to_string()),
-        (_, Ok(pool)) => apply(pool, deadline).await.map(Some),
+        (_, Ok(pool)) => apply(app, pool, deadline).await.map(Some),
     };
     let mut response = Response::default();
     response.physical_resource_id = PHYSICAL_ID.into();
@@ -67,14 +69,14 @@ pub async fn on_custom_resource(
 }
 
 /// The latest applied version, after applying what is pending.
-async fn apply(pool: &PgPool, deadline: Instant) -> Result<i64, String> {
-    let run = tokio::time::timeout_at(deadline.into(), crate::db::migrate(pool));
+async fn apply(app: &App, pool: &PgPool, deadline: Instant) -> Result<i64, String> {
+    let run = tokio::time::timeout_at(deadline.into(), app.migrate(pool));
     match run.await {
         Err(_) => {
             Err("the migrations did not finish before the function's deadline; they resume on the next deploy".into())
         }
         Ok(Err(e)) => Err(format!("cannot apply the migrations: {e}")),
-        Ok(Ok(())) => Ok(MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0)),
+        Ok(Ok(version)) => Ok(version),
     }
 }
 

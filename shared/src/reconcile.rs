@@ -23,9 +23,9 @@ use crate::{
         secret::Secret,
     },
     db::{self, checkpoints},
-    domain::orders::{self, Applied, OrderSnapshot},
     ingest::inbox::{self, Claim, Envelope},
     ingest::providers::{body_digest_id, stripe::Stripe, Delivery, Events, NewEvent, Provider, Scheme},
+    reference::orders::{self, Applied, OrderSnapshot},
 };
 
 #[derive(Debug, thiserror::Error)]

@@ -26,11 +26,15 @@ use crate::{
 
 pub use crate::ingest::providers::catalog::MAX_DAYS;
 
+/// The rows kept for a provider's retention (`INBOX_RETENTION_DAYS`): done,
+/// and unhandled (nothing ran; a later handler may be replayed over them).
+const FINISHED: &[Status] = &[Status::Done, Status::Unhandled];
+
 #[derive(Debug, Clone)]
 pub struct RetentionConfig {
     /// Every provider known here, with its redelivery window.
     pub catalog: Catalog,
-    /// `INBOX_RETENTION_DAYS` (60): days `done` rows are kept.
+    /// `INBOX_RETENTION_DAYS` (60): days `done` and `unhandled` rows are kept.
     pub default_days: u32,
     /// `INBOX_RETENTION_DAYS_<PROVIDER>`: a provider's own.
     pub done_days: HashMap<Provider, u32>,
@@ -167,8 +171,7 @@ impl Pruner {
         let (groups, overridden) = self.config.done_groups();
         let default = (self.config.default_days, Providers::Except(&overridden));
         for (days, providers) in groups.iter().map(|(d, p)| (*d, Providers::Only(p))).chain([default]) {
-            let n =
-                inbox::delete_received_before(db::Autocommit(&self.pool), providers, Status::Done, days, limit).await?;
+            let n = inbox::delete_received_before(db::Autocommit(&self.pool), providers, FINISHED, days, limit).await?;
             short &= (n as i64) < limit;
             pruned.done += n;
             pruned.statements += 1;
@@ -176,7 +179,7 @@ impl Pruner {
         pruned.failed = inbox::delete_received_before(
             db::Autocommit(&self.pool),
             Providers::Any,
-            Status::Failed,
+            &[Status::Failed],
             self.config.failed_days,
             limit,
         )

@@ -51,7 +51,7 @@ async fn row(pool: &PgPool, provider: &str, id: &str) -> (String, String, Value,
     .unwrap()
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_provider_added_by_configuration_alone_is_verified_claimed_and_deduplicated(
     _: sqlx::postgres::PgPoolOptions,
     opts: PgConnectOptions,
@@ -116,7 +116,7 @@ async fn a_provider_added_by_configuration_alone_is_verified_claimed_and_dedupli
     assert_eq!(count(&pool).await, 1, "nothing refused was stored");
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_batch_provider_claims_each_event_once_and_a_bad_event_fails_alone(
     _: sqlx::postgres::PgPoolOptions,
     opts: PgConnectOptions,
@@ -148,7 +148,7 @@ async fn a_batch_provider_claims_each_event_once_and_a_bad_event_fails_alone(
     assert_eq!(failed, 1);
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn url_signing_providers_use_the_configured_url_never_the_request(
     _: sqlx::postgres::PgPoolOptions,
     opts: PgConnectOptions,
@@ -174,7 +174,7 @@ async fn url_signing_providers_use_the_configured_url_never_the_request(
     assert_eq!(status, StatusCode::UNAUTHORIZED);
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn hostile_bodies_to_a_declared_provider_are_stored_as_failed_and_the_rest_flows(
     _: sqlx::postgres::PgPoolOptions,
     opts: PgConnectOptions,
@@ -209,7 +209,7 @@ async fn hostile_bodies_to_a_declared_provider_are_stored_as_failed_and_the_rest
     assert_eq!(row(&pool, "slack", "Ev_ok").await.1, "pending", "the row after them flows");
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn handshakes_are_answered_once_verified_and_never_stored(
     _: sqlx::postgres::PgPoolOptions,
     opts: PgConnectOptions,
@@ -274,7 +274,7 @@ async fn handshakes_are_answered_once_verified_and_never_stored(
     assert_eq!(row(&pool, "twitch", "m-1").await.0, "channel.follow");
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn woocommerces_unsigned_ping_is_answered_and_never_stored_and_nothing_else_passes_unsigned(
     _: sqlx::postgres::PgPoolOptions,
     opts: PgConnectOptions,

@@ -15,7 +15,7 @@ use webhook_inbox::{
     db,
     ingest::inbox::{self, Claim, Claimed, Envelope},
     ingest::providers::{Events, NewEvent, Provider},
-    process::handlers::{Event, Handler, HandlerFuture, Handlers, Outcome},
+    process::handlers::{Event, Handler, HandlerError, Handlers, Outcome},
     process::worker::{Worker, WorkerConfig},
     runtime::stage::Stage,
     Receiver,
@@ -54,7 +54,7 @@ async fn stored_unchecked(pool: &PgPool, event_id: &str, body: &str) {
 
 // ---------- 1. payloads jsonb takes but Value cannot hold ----------
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_pending_payload_the_worker_cannot_decode_fails_alone_and_the_queue_flows(pool: PgPool) {
     // Oldest first: the hostile rows head the queue.
     stored_unchecked(&pool, "evt_a_deep", &payment_with("evt_a_deep", "pi_deep", &nested(200))).await;
@@ -73,7 +73,7 @@ async fn a_pending_payload_the_worker_cannot_decode_fails_alone_and_the_queue_fl
     assert!(rows[2..].iter().all(|r| r.1 == "done"));
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn the_sqs_path_decodes_per_row_too(pool: PgPool) {
     stored_unchecked(&pool, "evt_deep", &payment_with("evt_deep", "pi_deep", &nested(300))).await;
     let c = worker(&pool).run_event("stripe", "evt_deep").await.unwrap();
@@ -82,7 +82,7 @@ async fn the_sqs_path_decodes_per_row_too(pool: PgPool) {
 }
 
 /// The same rule at the door: what the worker could not use is `failed` at receive, answered 200.
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn receive_fails_at_once_what_the_worker_could_not_decode(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     for inline in [false, true] {
@@ -91,7 +91,8 @@ async fn receive_fails_at_once_what_the_worker_could_not_decode(_: PgPoolOptions
         if inline {
             cfg.inline_providers = vec![Provider::STRIPE];
         }
-        let r = Receiver::new(db::Connections::from_options(opts.clone(), &cfg.db), &cfg);
+        let r = Receiver::new(db::Connections::from_options(opts.clone(), &cfg.db), &cfg)
+            .with_handlers(Handlers::reference());
         for (id, hostile, reason) in [
             ("evt_deep", nested(128), "nested deeper than 127 levels"),
             ("evt_huge", r#"{"n":1e400}"#.to_string(), "number out of range"),
@@ -125,7 +126,7 @@ async fn receive_fails_at_once_what_the_worker_could_not_decode(_: PgPoolOptions
 // ---------- 2. whatever PostgreSQL raises for the value itself ----------
 
 /// 100,000 levels: PostgreSQL's jsonb parser runs out of stack (SQLSTATE 54001).
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_body_nested_past_postgres_stack_depth_is_200_and_failed_not_503(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let r = receiver(opts.clone(), secrets(false));
@@ -142,7 +143,7 @@ async fn a_body_nested_past_postgres_stack_depth_is_200_and_failed_not_503(_: Pg
 
 /// Below the payload check: if PostgreSQL refuses a value for any reason that is
 /// not an outage, the claim falls back to a `failed` row without the payload.
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn the_claim_falls_back_whatever_sqlstate_the_value_raises(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let connections = db::Connections::from_options(opts, &db_config());
@@ -186,7 +187,7 @@ async fn the_claim_falls_back_whatever_sqlstate_the_value_raises(_: PgPoolOption
 
 /// The fallback never turns a broken database into a 200: when the plain claim
 /// fails too, the answer is 503 and nothing is acknowledged.
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_claim_that_fails_for_a_reason_other_than_the_value_still_answers_503(
     _: PgPoolOptions,
     opts: PgConnectOptions,
@@ -211,7 +212,7 @@ async fn read_until_closed(stream: &mut tokio::net::TcpStream) -> Option<String>
     read.ok().map(|_| String::from_utf8_lossy(&got).into_owned())
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn dev_server_cuts_off_clients_that_send_headers_or_bodies_too_slowly(_: PgPoolOptions, opts: PgConnectOptions) {
     use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -260,7 +261,7 @@ fn sha256(bytes: &[u8]) -> Vec<u8> {
     <sha2::Sha256 as sha2::Digest>::digest(bytes).to_vec()
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_marqeta_batch_keeps_its_bytes_once_and_every_item_can_be_reverified(
     _: PgPoolOptions,
     opts: PgConnectOptions,
@@ -300,7 +301,7 @@ async fn a_marqeta_batch_keeps_its_bytes_once_and_every_item_can_be_reverified(
 
 /// 1 MiB of tiny notifications (about 60,000): before, every item's row copied
 /// the whole body and the claim hit the statement timeout (503 on every retry).
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_megabyte_of_tiny_marqeta_items_gets_a_definite_answer(_: PgPoolOptions, opts: PgConnectOptions) {
     let app = TestApp::spawn(opts, secrets(false)).await;
     let (pool, r) = (app.pool.clone(), &app.receiver);
@@ -333,22 +334,16 @@ async fn a_megabyte_of_tiny_marqeta_items_gets_a_definite_answer(_: PgPoolOption
 struct ReadsPayload;
 
 impl Handler for ReadsPayload {
-    fn handle<'a>(&'a self, _: &'a mut sqlx::PgConnection, event: &'a Event) -> HandlerFuture<'a> {
-        let size = event.payload.to_string().len();
-        Box::pin(async move {
-            if size > 0 {
-                Ok(Outcome::Applied)
-            } else {
-                Ok(Outcome::NoEffect)
-            }
-        })
+    type Payload = serde_json::Value;
+    async fn handle(&self, _: &mut sqlx::PgConnection, event: &Event) -> Result<Outcome, HandlerError> {
+        Ok(if event.payload.to_string().is_empty() { Outcome::NoEffect } else { Outcome::Applied })
     }
 }
 
 /// Generated hostile payloads, through receive (checked) and stored unchecked
 /// (as rows written before the check, or by a path that skips it): the worker
 /// ends every row `done` or `failed` with a reason, and its drain never errors.
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn any_stored_payload_ends_done_or_failed_and_never_stops_the_worker(_: PgPoolOptions, opts: PgConnectOptions) {
     use proptest::{
         strategy::{Strategy, ValueTree},
@@ -388,7 +383,7 @@ async fn any_stored_payload_ends_done_or_failed_and_never_stops_the_worker(_: Pg
         retry_base: Duration::from_millis(1),
         poll: Duration::from_millis(10),
     };
-    let w = Worker::new(pool.clone(), Handlers::new().on(Provider::STRIPE, "prop.test", ReadsPayload), config);
+    let w = Worker::new(pool.clone(), Handlers::new().on(Provider::STRIPE, "prop.test", ReadsPayload).unwrap(), config);
     let counts = w.run(later()).await.expect("the drain never errors");
     let (pending, failed_without_reason): (i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'failed' AND failure_reason IS NULL) FROM webhook_inbox",
@@ -459,7 +454,7 @@ fn marqeta_post(body: String) -> Post {
     Post { path: "/webhooks/marqeta", headers, body: body.into_bytes(), expect: 200 }
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_storm_of_ordinary_and_hostile_deliveries_applies_every_ordinary_effect(
     _: PgPoolOptions,
     opts: PgConnectOptions,

@@ -3,6 +3,7 @@
 
 mod database;
 mod declared;
+mod handlers;
 mod hostile;
 mod layout;
 mod metrics;

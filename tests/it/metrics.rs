@@ -74,7 +74,7 @@ fn assert_as_aws_writes_it(metrics: &Metrics) -> Value {
     ours
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn receive_writes_one_line_per_delivery_as_aws_would(_: PgPoolOptions, opts: PgConnectOptions) {
     let app = TestApp::spawn(opts, secrets(false)).await;
     let body = br#"{"id":"evt_m1","type":"payment_intent.succeeded","data":{"object":{}}}"#;
@@ -107,7 +107,7 @@ fn now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_scheduled_process_run_writes_its_counts_and_the_queue_gauges(_: PgPoolOptions, opts: PgConnectOptions) {
     let app = TestApp::spawn(opts, secrets(false)).await;
     for i in 0..3 {
@@ -130,7 +130,7 @@ async fn a_scheduled_process_run_writes_its_counts_and_the_queue_gauges(_: PgPoo
     result.unwrap();
     let line = assert_as_aws_writes_it(&metrics);
     assert_eq!(line["function"], "process");
-    assert_eq!((line["claimed"].as_f64(), line["no_handler"].as_f64()), (Some(3.0), Some(3.0)), "{line}");
+    assert_eq!((line["claimed"].as_f64(), line["unhandled"].as_f64()), (Some(3.0), Some(3.0)), "{line}");
     assert_eq!((line["pending"].as_f64(), line["oldest_pending_age"].as_f64()), (Some(0.0), Some(0.0)), "{line}");
     assert_eq!(line["failed_last_hour"].as_f64(), Some(0.0));
     let units: Vec<(&str, &str)> = line["_aws"]["CloudWatchMetrics"][0]["Metrics"]

@@ -1,6 +1,7 @@
 //! The `migrate` custom resource against a real, empty database and a stand-in
 //! for CloudFormation's pre-signed response URL: every request is answered,
-//! the schema is applied once, Delete never touches the database.
+//! the schema is applied once, Delete never touches the database. And the
+//! inbox's migrations beside a team's: in either order, and from release 0.1.0.
 
 use std::time::{Duration, Instant};
 
@@ -13,7 +14,11 @@ use sqlx::{
     postgres::{PgConnectOptions, PgPoolOptions},
     PgPool,
 };
-use webhook_inbox::{core::http::http_client, db::MIGRATOR, migrate};
+use webhook_inbox::{
+    core::http::http_client,
+    db::schema::{self, MigrateError, MIGRATIONS},
+    migrate, reference, App,
+};
 use wiremock::{matchers::method, Mock, MockServer, ResponseTemplate};
 
 async fn cloudformation() -> MockServer {
@@ -43,21 +48,50 @@ async fn answers(cfn: &MockServer) -> Vec<Value> {
 }
 
 async fn run(kind: &str, pool: &PgPool, cfn: &MockServer) -> Status {
-    let http = http_client(Duration::from_secs(5)).unwrap();
-    let until = Instant::now() + Duration::from_secs(60);
-    migrate::on_custom_resource(request(kind, cfn), Ok(pool), &http, until).await.expect("answered")
+    run_app(&reference::app(), kind, pool, cfn).await
 }
 
-async fn applied(pool: &PgPool) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations WHERE success").fetch_one(pool).await.unwrap()
+async fn run_app(app: &App, kind: &str, pool: &PgPool, cfn: &MockServer) -> Status {
+    let http = http_client(Duration::from_secs(5)).unwrap();
+    let until = Instant::now() + Duration::from_secs(60);
+    migrate::on_custom_resource(app, request(kind, cfn), Ok(pool), &http, until).await.expect("answered")
 }
+
+/// The inbox's applied migrations, from its own history.
+async fn applied(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM webhook_inbox_migrations").fetch_one(pool).await.unwrap()
+}
+
+/// The versions sqlx's own history holds (a team's, or the reference domain's).
+async fn sqlx_history(pool: &PgPool) -> Vec<i64> {
+    sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success ORDER BY version")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+async fn tables(pool: &PgPool) -> Vec<String> {
+    sqlx::query_scalar("SELECT tablename::text FROM pg_tables WHERE schemaname = 'public' ORDER BY 1")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+fn versions(m: &sqlx::migrate::Migrator) -> Vec<i64> {
+    m.iter().map(|m| m.version).collect()
+}
+
+/// A team's own sqlx migrations: one dated before the inbox's, one after.
+static TEAM: sqlx::migrate::Migrator = sqlx::migrate!("./data/team-migrations");
+/// The migrations as release 0.1.0 shipped them, applied as it applied them.
+static RELEASE_0_1_0: sqlx::migrate::Migrator = sqlx::migrate!("./data/release-0.1.0-migrations");
 
 #[sqlx::test(migrations = false)]
 async fn create_applies_the_schema_and_update_is_a_no_op(pool_options: PgPoolOptions, options: PgConnectOptions) {
     let pool = pool_options.connect_lazy_with(options);
     let cfn = cloudformation().await;
     assert_eq!(run("Create", &pool, &cfn).await, Status::Success);
-    let latest = MIGRATOR.iter().map(|m| m.version).max().unwrap();
+    let latest = MIGRATIONS.iter().map(|m| m.version).max().unwrap();
     let tables: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM pg_tables WHERE tablename IN ('webhook_inbox', 'transactional_outbox')",
     )
@@ -65,10 +99,11 @@ async fn create_applies_the_schema_and_update_is_a_no_op(pool_options: PgPoolOpt
     .await
     .unwrap();
     assert_eq!(tables, 2);
-    assert_eq!(applied(&pool).await, MIGRATOR.iter().count() as i64);
+    assert_eq!(applied(&pool).await, MIGRATIONS.iter().count() as i64);
+    assert_eq!(sqlx_history(&pool).await, versions(&reference::MIGRATIONS), "the application's, after the inbox's");
 
     assert_eq!(run("Update", &pool, &cfn).await, Status::Success);
-    assert_eq!(applied(&pool).await, MIGRATOR.iter().count() as i64, "nothing applied twice");
+    assert_eq!(applied(&pool).await, MIGRATIONS.iter().count() as i64, "nothing applied twice");
 
     let answers = answers(&cfn).await;
     assert_eq!(answers.len(), 2);
@@ -93,26 +128,190 @@ async fn migrations_apply_all_or_nothing_and_wait_for_sqlx_s_lock(
 
     // The last migration's table exists already: that migration fails, and takes the others with it.
     sqlx::query("CREATE TABLE inbox_audit (id int)").execute(&pool).await.unwrap();
-    let err = webhook_inbox::db::migrate(&pool).await.unwrap_err();
+    let err = schema::migrate(&pool).await.unwrap_err();
     assert!(err.to_string().contains("inbox_audit"), "{err}");
     let tables: Vec<String> = sqlx::query_scalar("SELECT tablename::text FROM pg_tables WHERE schemaname = 'public'")
         .fetch_all(&pool)
         .await
         .unwrap();
-    assert_eq!(tables, ["inbox_audit"], "only the table made by hand is there");
+    assert_eq!(tables, ["inbox_audit"], "only the table made by hand is there (not even the history)");
     sqlx::query("DROP TABLE inbox_audit").execute(&pool).await.unwrap();
 
     let mut sqlx_cli = sqlx::PgConnection::connect_with(&options).await.unwrap();
     sqlx_cli.lock().await.unwrap();
     let ours = tokio::spawn({
         let pool = pool.clone();
-        async move { webhook_inbox::db::migrate(&pool).await }
+        async move { schema::migrate(&pool).await }
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!ours.is_finished(), "migrated while sqlx's lock was held");
     sqlx_cli.unlock().await.unwrap();
     ours.await.unwrap().unwrap();
-    assert_eq!(applied(&pool).await, MIGRATOR.iter().count() as i64);
+    assert_eq!(applied(&pool).await, MIGRATIONS.iter().count() as i64);
+}
+
+#[sqlx::test(migrations = false)]
+async fn the_inbox_s_migrations_make_no_reference_domain_table(pool_options: PgPoolOptions, options: PgConnectOptions) {
+    let pool = pool_options.connect_lazy_with(options);
+    schema::migrate(&pool).await.unwrap();
+    let tables = tables(&pool).await;
+    for domain in ["orders", "payments", "accounts", "account_deposits"] {
+        assert!(!tables.iter().any(|t| t == domain), "{domain} in {tables:?}");
+    }
+    assert!(tables.iter().any(|t| t == "webhook_inbox"), "{tables:?}");
+    assert!(!tables.iter().any(|t| t == "_sqlx_migrations"), "sqlx's history is left to the team: {tables:?}");
+
+    // The reference domain's tables come with the reference application only.
+    reference::app().migrate(&pool).await.unwrap();
+    let tables = self::tables(&pool).await;
+    for domain in ["orders", "payments", "accounts", "account_deposits"] {
+        assert!(tables.iter().any(|t| t == domain), "{domain} in {tables:?}");
+    }
+}
+
+/// A team runs its own sqlx migrator (its `_sqlx_migrations`) before ours,
+/// after ours, and through `App::with_migrations`: nobody refuses anybody.
+#[sqlx::test(migrations = false)]
+async fn a_team_s_sqlx_migrations_and_the_inbox_s_run_in_either_order(
+    pool_options: PgPoolOptions,
+    options: PgConnectOptions,
+) {
+    let pool = pool_options.connect_lazy_with(options);
+    // The team first, as `sqlx migrate run` or its own `MIGRATOR.run` would; then the inbox's.
+    TEAM.run(&pool).await.unwrap();
+    schema::migrate(&pool).await.unwrap();
+    // Then each again, in the other order: nothing pending, nothing refused.
+    TEAM.run(&pool).await.unwrap();
+    schema::migrate(&pool).await.unwrap();
+    TEAM.run(&pool).await.unwrap();
+    assert_eq!(sqlx_history(&pool).await, versions(&TEAM));
+    assert_eq!(applied(&pool).await, MIGRATIONS.iter().count() as i64);
+
+    // The other order on a fresh schema of the same database: the inbox's first, then the team's.
+    let pool = fresh_schema(&pool, "inbox_first").await;
+    App::default().with_migrations(&TEAM).migrate(&pool).await.unwrap();
+    TEAM.run(&pool).await.unwrap();
+    schema::migrate(&pool).await.unwrap();
+    assert_eq!(sqlx_history(&pool).await, versions(&TEAM));
+    assert_eq!(applied(&pool).await, MIGRATIONS.iter().count() as i64);
+    let invoices: i64 = sqlx::query_scalar("SELECT count(*) FROM invoices").fetch_one(&pool).await.unwrap();
+    assert_eq!(invoices, 0);
+}
+
+/// A pool whose sessions work in a schema of their own (created empty).
+async fn fresh_schema(pool: &PgPool, schema: &str) -> PgPool {
+    sqlx::raw_sql(&format!("CREATE SCHEMA {schema}")).execute(pool).await.unwrap();
+    let options = pool.connect_options().as_ref().clone().options([("search_path", schema)]);
+    PgPoolOptions::new().max_connections(2).connect_lazy_with(options)
+}
+
+/// A database migrated by release 0.1.0 (the inbox's history in
+/// `_sqlx_migrations`, with a team's interleaved, as `set_ignore_missing`
+/// let it): the upgrade moves the inbox's history, runs nothing again, loses
+/// no row, and the team's migrator then runs without ignoring anything.
+#[sqlx::test(migrations = false)]
+async fn a_database_migrated_by_release_0_1_0_upgrades_without_running_anything_again(
+    pool_options: PgPoolOptions,
+    options: PgConnectOptions,
+) {
+    let pool = pool_options.connect_lazy_with(options);
+    RELEASE_0_1_0.run(&pool).await.unwrap();
+    let mut team_then = sqlx::migrate::Migrator { ignore_missing: true, ..sqlx::migrate::Migrator::DEFAULT };
+    team_then.migrations = TEAM.migrations[..1].to_vec().into();
+    team_then.run(&pool).await.unwrap();
+    sqlx::raw_sql(
+        "INSERT INTO webhook_inbox (provider, event_id, event_type, payload, raw_body, secret_index, status, processed_at)
+         VALUES ('stripe', 'evt_kept', 'payment_intent.succeeded', '{}', '\\x7b7d', 0, 'done', now());
+         INSERT INTO payments (payment_id, amount, currency, stripe_event_id) VALUES ('pi_kept', 100, 'usd', 'evt_kept');
+         INSERT INTO invoices (invoice_id) VALUES ('in_kept');",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let installed = |table: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_as::<_, (i64, String)>(&format!(
+                "SELECT version, installed_on::text FROM {table} WHERE version = ANY($1) ORDER BY version"
+            ))
+            .bind(versions(&RELEASE_0_1_0))
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    let before = installed("_sqlx_migrations").await;
+    assert_eq!(before.len(), RELEASE_0_1_0.iter().count());
+
+    // The team's migrator refuses the history as release 0.1.0 left it...
+    let refused = TEAM.run(&pool).await.unwrap_err();
+    assert!(matches!(refused, sqlx::migrate::MigrateError::VersionMissing(_)), "{refused}");
+    // ...and the upgrade, the team's application migrating, moves the inbox's rows out of its way.
+    App::default().with_migrations(&TEAM).migrate(&pool).await.unwrap();
+    assert_eq!(applied(&pool).await, MIGRATIONS.iter().count() as i64);
+    assert_eq!(sqlx_history(&pool).await, versions(&TEAM), "the team's rows alone");
+    TEAM.run(&pool).await.unwrap();
+    schema::migrate(&pool).await.unwrap();
+
+    let kept: (i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM webhook_inbox WHERE event_id = 'evt_kept'),
+                (SELECT count(*) FROM payments WHERE payment_id = 'pi_kept'),
+                (SELECT count(*) FROM invoices WHERE invoice_id = 'in_kept' AND paid_at IS NULL)",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(kept, (1, 1, 1));
+    // The release's migrations keep when they ran: moved, not run again.
+    assert_eq!(installed("webhook_inbox_migrations").await, before);
+}
+
+/// The stock deployment of release 0.1.0 upgrades too: the reference
+/// domain's tables, made by the inbox's migrations then, are kept with their
+/// rows, and its own migration is recorded in sqlx's history.
+#[sqlx::test(migrations = false)]
+async fn a_stock_database_of_release_0_1_0_keeps_its_reference_tables(
+    pool_options: PgPoolOptions,
+    options: PgConnectOptions,
+) {
+    let pool = pool_options.connect_lazy_with(options);
+    RELEASE_0_1_0.run(&pool).await.unwrap();
+    sqlx::query("INSERT INTO accounts (account_id, balance) VALUES ('acct_kept', 12.50)").execute(&pool).await.unwrap();
+    let app = reference::app();
+    app.migrate(&pool).await.unwrap();
+    app.migrate(&pool).await.unwrap();
+    assert_eq!(applied(&pool).await, MIGRATIONS.iter().count() as i64);
+    assert_eq!(sqlx_history(&pool).await, versions(&reference::MIGRATIONS));
+    let balance: String = sqlx::query_scalar("SELECT balance::text FROM accounts WHERE account_id = 'acct_kept'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(balance, "12.50");
+}
+
+#[sqlx::test(migrations = false)]
+async fn an_inbox_migration_applied_with_other_contents_is_refused(
+    pool_options: PgPoolOptions,
+    options: PgConnectOptions,
+) {
+    let pool = pool_options.connect_lazy_with(options);
+    schema::migrate(&pool).await.unwrap();
+    let first = MIGRATIONS.iter().next().unwrap().version;
+    sqlx::query("UPDATE webhook_inbox_migrations SET checksum = '\\x00' WHERE version = $1")
+        .bind(first)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let err = schema::migrate(&pool).await.unwrap_err();
+    assert!(matches!(err, MigrateError::Modified(v) if v == first), "{err}");
+
+    sqlx::query("INSERT INTO webhook_inbox_migrations (version, description, checksum, execution_time) VALUES (29991231000000, 'from the future', '\\x00', 0)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let err = schema::migrate(&pool).await.unwrap_err();
+    assert!(matches!(err, MigrateError::Unknown(29991231000000)), "{err}");
 }
 
 /// A database nobody listens on, with a password that must not reach CloudFormation.
@@ -146,7 +345,9 @@ async fn an_answer_cloudformation_does_not_take_is_an_error() {
     Mock::given(method("PUT")).respond_with(ResponseTemplate::new(403)).mount(&cfn).await;
     let http = http_client(Duration::from_secs(5)).unwrap();
     let until = Instant::now() + Duration::from_secs(60);
-    let err = migrate::on_custom_resource(request("Delete", &cfn), Ok(&unreachable()), &http, until).await.unwrap_err();
+    let err = migrate::on_custom_resource(&App::default(), request("Delete", &cfn), Ok(&unreachable()), &http, until)
+        .await
+        .unwrap_err();
     assert!(!err.to_string().contains("presigned"), "the URL is a credential: {err}");
     assert_eq!(cfn.received_requests().await.unwrap().len(), 3, "tried three times");
 }
@@ -158,7 +359,9 @@ async fn a_function_that_could_not_start_fails_create_and_update_with_the_reason
     let until = Instant::now() + Duration::from_secs(60);
     let why = "cannot start: DATABASE_SECRET_ARN: cannot read secret arn:aws:secretsmanager:us-east-1:123456789012:secret:db-AbCdEf: AccessDeniedException";
     for (kind, expected) in [("Create", Status::Failed), ("Update", Status::Failed), ("Delete", Status::Success)] {
-        let status = migrate::on_custom_resource(request(kind, &cfn), Err(why), &http, until).await.expect("answered");
+        let status = migrate::on_custom_resource(&App::default(), request(kind, &cfn), Err(why), &http, until)
+            .await
+            .expect("answered");
         assert_eq!(status, expected, "{kind}");
     }
     let answers = answers(&cfn).await;

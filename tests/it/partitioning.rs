@@ -25,7 +25,7 @@ fn event(id: &str) -> NewEvent {
     NewEvent::pending(id.into(), "t", "{}".into())
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn the_hash_partitioned_inbox_refuses_every_duplicate_and_spreads_keys(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let headers = json!({});
@@ -79,7 +79,7 @@ async fn the_hash_partitioned_inbox_refuses_every_duplicate_and_spreads_keys(_: 
     assert_eq!(payments, 1);
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn time_partitioning_would_lose_the_keys_uniqueness(pool: PgPool) {
     // PostgreSQL refuses the key alone on a table partitioned by time...
     let refused = pool

@@ -16,15 +16,15 @@ use sqlx::{
 use tokio::sync::Barrier;
 use webhook_inbox::{
     db,
-    domain::{
+    ingest::providers::Provider,
+    process,
+    process::handlers::{Event, Handler, HandlerError, Handlers, Outcome},
+    process::worker::{Counts, Worker, WorkerConfig},
+    reference::{
         deposits,
         orders::{self, Applied, OrderSnapshot, WasInserted},
         payments::PaymentSucceededHandler,
     },
-    ingest::providers::Provider,
-    process,
-    process::handlers::{Event, Handler, HandlerError, HandlerFuture, Handlers, Outcome},
-    process::worker::{Counts, Worker, WorkerConfig},
     runtime::stage::{Stage, Tally},
 };
 
@@ -63,7 +63,7 @@ fn payment_event(event_id: &str, pi: &str, amount: i64) -> Value {
 
 // ---------- orders: version guards ----------
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn out_of_order_snapshots_leave_the_newest(pool: PgPool) {
     let w = worker(&pool, Handlers::reference());
     // `paid` happened at 12:00:05 but arrives first; `pending` (12:00:00) arrives late.
@@ -90,7 +90,7 @@ async fn out_of_order_snapshots_leave_the_newest(pool: PgPool) {
     assert_eq!(done, 2, "a stale event is done, not failed");
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn the_upsert_tells_inserted_updated_and_stale_and_a_replay_keeps_xmin(pool: PgPool) {
     let mut conn = pool.acquire().await.unwrap();
     // Both ways run: xmax before PostgreSQL 18, RETURNING old on 18 (scripts/pg18 runs this suite there).
@@ -108,7 +108,7 @@ async fn the_upsert_tells_inserted_updated_and_stale_and_a_replay_keeps_xmin(poo
     assert_eq!(xmin().await, before, "no new row version was written");
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_malformed_order_fails_at_once_with_its_reason(pool: PgPool) {
     let w = worker(&pool, Handlers::reference());
     stored(&pool, Provider::SHOPIFY, "bad-total", "orders/create", order(9, "paid", "12,00", "2026-09-20T12:00:00Z"))
@@ -126,7 +126,7 @@ async fn a_malformed_order_fails_at_once_with_its_reason(pool: PgPool) {
 
 // ---------- payments: the business key ----------
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn stripe_twin_events_make_one_payment_and_one_outbox_message(pool: PgPool) {
     let w = worker(&pool, Handlers::reference());
     stored(&pool, Provider::STRIPE, "evt_a", "payment_intent.succeeded", payment_event("evt_a", "pi_1", 2000)).await;
@@ -145,7 +145,7 @@ async fn stripe_twin_events_make_one_payment_and_one_outbox_message(pool: PgPool
 }
 
 /// 30 copies of each of 10 payment events arrive at once while 4 workers drain.
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn thirty_concurrent_duplicates_with_four_workers_apply_each_effect_once(
     _: PgPoolOptions,
     opts: PgConnectOptions,
@@ -181,7 +181,8 @@ async fn thirty_concurrent_duplicates_with_four_workers_apply_each_effect_once(
     }
     assert!(
         eventually(|| async {
-            scalar::<i64>(&pool, "SELECT count(*) FROM webhook_inbox WHERE status <> 'done'").await == 0
+            scalar::<i64>(&pool, "SELECT count(*) FROM webhook_inbox WHERE status NOT IN ('done', 'unhandled')").await
+                == 0
         })
         .await
     );
@@ -207,14 +208,15 @@ async fn thirty_concurrent_duplicates_with_four_workers_apply_each_effect_once(
 struct Poison;
 
 impl Handler for Poison {
-    fn handle<'a>(&'a self, _: &'a mut PgConnection, _: &'a Event) -> HandlerFuture<'a> {
-        Box::pin(async { Err(HandlerError::Transient("the downstream is on fire".into())) })
+    type Payload = Value;
+    async fn handle(&self, _: &mut PgConnection, _: &Event) -> Result<Outcome, HandlerError> {
+        Err(HandlerError::transient("the downstream is on fire"))
     }
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_poison_event_fails_after_its_attempts_while_a_thousand_others_are_done(pool: PgPool) {
-    let w = worker(&pool, Handlers::new().on(Provider::STANDARD, "poison", Poison));
+    let w = worker(&pool, Handlers::new().on(Provider::STANDARD, "poison", Poison).unwrap());
     stored(&pool, Provider::STANDARD, "msg_poison", "poison", json!({"type": "poison"})).await;
     for i in 0..1000 {
         stored(&pool, Provider::STANDARD, &format!("msg_{i:04}"), "invoice.paid", json!({"type": "invoice.paid"}))
@@ -222,12 +224,12 @@ async fn a_poison_event_fails_after_its_attempts_while_a_thousand_others_are_don
     }
     let first = w.run_once(later()).await.unwrap();
     assert_eq!(
-        (first.taken, first.retried, first.no_handler),
+        (first.taken, first.retried, first.unhandled),
         (100, 1, 99),
         "the poison event is first in line and blocks nothing"
     );
     let total = drain_all(&w, &pool).await;
-    assert_eq!(total.no_handler + first.no_handler, 1000, "types with no handler are done, and counted");
+    assert_eq!(total.unhandled + first.unhandled, 1000, "types no handler takes are unhandled, and counted");
     let (status, attempts, reason): (String, i32, String) =
         sqlx::query_as("SELECT status, attempts, failure_reason FROM webhook_inbox WHERE event_id = 'msg_poison'")
             .fetch_one(&pool)
@@ -235,15 +237,17 @@ async fn a_poison_event_fails_after_its_attempts_while_a_thousand_others_are_don
             .unwrap();
     assert_eq!((status.as_str(), attempts), ("failed", 3));
     assert_eq!(reason, "attempt 3: the downstream is on fire");
-    assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM webhook_inbox WHERE status = 'done'").await, 1000);
+    let unhandled =
+        "SELECT count(*) FROM webhook_inbox WHERE status = 'unhandled' AND processed_at IS NOT NULL AND attempts = 0";
+    assert_eq!(scalar::<i64>(&pool, unhandled).await, 1000, "nothing ran for them: no attempt spent");
 }
 
 /// A handler failing in the middle of a batch fails only its event: the
 /// effects before and after it land once, each counted once, and the failed
 /// event spends one attempt.
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_handler_failing_mid_batch_fails_only_itself_and_every_effect_lands_once(pool: PgPool) {
-    let w = worker(&pool, Handlers::reference().on(Provider::STRIPE, "poison", Poison));
+    let w = worker(&pool, Handlers::reference().on(Provider::STRIPE, "poison", Poison).unwrap());
     for i in 0..60 {
         let id = format!("evt_fast_{i:02}");
         stored(
@@ -270,7 +274,7 @@ async fn a_handler_failing_mid_batch_fails_only_itself_and_every_effect_lands_on
     assert_eq!(attempts, 1);
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_deposit_for_a_missing_account_is_retried_and_lands_once_after_the_account_exists(
     _: PgPoolOptions,
     opts: PgConnectOptions,
@@ -283,7 +287,7 @@ async fn a_deposit_for_a_missing_account_is_retried_and_lands_once_after_the_acc
     assert_eq!(post(r, "marqeta", &[("Authorization", &auth)], batch).await.0, StatusCode::OK);
 
     let c = w.run_once(later()).await.unwrap();
-    assert_eq!((c.retried, c.no_handler), (1, 1));
+    assert_eq!((c.retried, c.unhandled), (1, 1));
     let (attempts, reason): (i32, String) =
         sqlx::query_as("SELECT attempts, failure_reason FROM webhook_inbox WHERE event_id = 'transactions:dep_1'")
             .fetch_one(&pool)
@@ -315,7 +319,7 @@ async fn a_deposit_for_a_missing_account_is_retried_and_lands_once_after_the_acc
 /// accounts' locks (taken in key order) and never deadlock, and every deposit
 /// lands once. Applied in receive order, batches deadlock within seconds, and
 /// each deadlock stalls them for `deadlock_timeout`.
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn concurrent_batches_crediting_shared_accounts_never_deadlock(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPoolOptions::new().max_connections(2).connect_with(opts.clone()).await.unwrap();
     sqlx::query("INSERT INTO accounts (account_id) SELECT 'acct_' || i FROM generate_series(0, 7) AS i")
@@ -363,18 +367,17 @@ async fn concurrent_batches_crediting_shared_accounts_never_deadlock(_: PgPoolOp
 struct ParkOn(&'static str);
 
 impl Handler for ParkOn {
-    fn handle<'a>(&'a self, conn: &'a mut PgConnection, event: &'a Event) -> HandlerFuture<'a> {
-        Box::pin(async move {
-            let outcome = PaymentSucceededHandler.handle(&mut *conn, event).await?;
-            if event.event_id == self.0 {
-                sqlx::query("SELECT pg_sleep(60)").execute(&mut *conn).await?;
-            }
-            Ok(outcome)
-        })
+    type Payload = Value;
+    async fn handle(&self, conn: &mut PgConnection, event: &Event) -> Result<Outcome, HandlerError> {
+        let outcome = PaymentSucceededHandler.handle(&mut *conn, event).await?;
+        if event.event_id == self.0 {
+            sqlx::query("SELECT pg_sleep(60)").execute(&mut *conn).await?;
+        }
+        Ok(outcome)
     }
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_worker_cut_off_mid_batch_leaves_its_rows_and_every_effect_lands_once(
     _: PgPoolOptions,
     opts: PgConnectOptions,
@@ -395,7 +398,7 @@ async fn a_worker_cut_off_mid_batch_leaves_its_rows_and_every_effect_lands_once(
         PgPoolOptions::new().max_connections(1).connect_with(opts.application_name("doomed-worker")).await.unwrap();
     let doomed = Worker::new(
         doomed_pool,
-        Handlers::new().on(Provider::STRIPE, "payment_intent.succeeded", ParkOn("evt_05")),
+        Handlers::new().on(Provider::STRIPE, "payment_intent.succeeded", ParkOn("evt_05")).unwrap(),
         fast_worker_config(),
     );
     let run = tokio::spawn(async move { doomed.run_once(later()).await });
@@ -424,7 +427,7 @@ async fn a_worker_cut_off_mid_batch_leaves_its_rows_and_every_effect_lands_once(
     assert_eq!(counts, (20, 20, 20));
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_lock_timeout_is_retried_without_spending_an_attempt(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let mut cfg = db_config();
@@ -453,7 +456,7 @@ async fn a_lock_timeout_is_retried_without_spending_an_attempt(_: PgPoolOptions,
 
 // ---------- the two triggers ----------
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn the_schedule_drains_batch_after_batch_and_stops_at_the_deadline(pool: PgPool) {
     for i in 0..250 {
         stored(&pool, Provider::GITHUB, &format!("d-{i:03}"), "ping", json!({})).await;
@@ -498,7 +501,7 @@ fn sqs_event(bodies: &[(&str, &str)]) -> aws_lambda_events::event::sqs::SqsEvent
     serde_json::from_value(json!({ "Records": records })).unwrap()
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn the_sqs_path_reports_only_the_failed_messages(pool: PgPool) {
     stored(&pool, Provider::STRIPE, "evt_ok", "payment_intent.succeeded", payment_event("evt_ok", "pi_ok", 700)).await;
     let deposit =
@@ -521,7 +524,7 @@ async fn the_sqs_path_reports_only_the_failed_messages(pool: PgPool) {
 
 // ---------- documentation as tests (docs/webhook-inbox-article.txt, sections 6 and 7) ----------
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn merge_raises_unique_violation_where_on_conflict_returns_no_row(pool: PgPool) {
     sqlx::query("CREATE TABLE keys (k text PRIMARY KEY)").execute(&pool).await.unwrap();
     async fn race(pool: &PgPool, sql: &'static str, key: &'static str) -> Result<u64, sqlx::Error> {
@@ -566,9 +569,10 @@ fn inline_receiver(opts: PgConnectOptions, providers: Vec<Provider>) -> webhook_
     let mut cfg = config(secrets(false));
     cfg.inline_providers = providers;
     webhook_inbox::Receiver::new(db::Connections::from_options(opts, &cfg.db), &cfg)
+        .with_handlers(Handlers::reference())
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn inline_mode_applies_the_effect_before_the_200_and_a_replay_changes_nothing(
     _: PgPoolOptions,
     opts: PgConnectOptions,
@@ -590,7 +594,7 @@ async fn inline_mode_applies_the_effect_before_the_200_and_a_replay_changes_noth
     assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM payments").await, 1);
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn an_inline_handler_that_fails_still_commits_the_claim_as_pending(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let r = inline_receiver(opts, vec![Provider::MARQETA]);
@@ -617,28 +621,24 @@ async fn an_inline_handler_that_fails_still_commits_the_claim_as_pending(_: PgPo
 struct SlowExclusive;
 
 impl Handler for SlowExclusive {
-    fn handle<'a>(&'a self, conn: &'a mut PgConnection, _: &'a Event) -> HandlerFuture<'a> {
-        Box::pin(async move {
-            sqlx::query("SELECT pg_sleep(1)").execute(&mut *conn).await?;
-            Ok(Outcome::Applied)
-        })
+    type Payload = Value;
+    async fn handle(&self, conn: &mut PgConnection, _: &Event) -> Result<Outcome, HandlerError> {
+        sqlx::query("SELECT pg_sleep(1)").execute(&mut *conn).await?;
+        Ok(Outcome::Applied)
     }
     fn exclusive(&self) -> bool {
         true
     }
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn an_exclusive_inline_handler_makes_a_concurrent_duplicate_retry_instead_of_queueing(
     _: PgPoolOptions,
     opts: PgConnectOptions,
 ) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
-    let r = Arc::new(inline_receiver(opts, vec![Provider::GITHUB]).with_handlers(Handlers::new().on(
-        Provider::GITHUB,
-        "push",
-        SlowExclusive,
-    )));
+    let handlers = Handlers::new().on(Provider::GITHUB, "push", SlowExclusive).unwrap();
+    let r = Arc::new(inline_receiver(opts, vec![Provider::GITHUB]).with_handlers(handlers));
     let body = br#"{"ref":"refs/heads/main"}"#.to_vec();
     let sig = github_signature(GITHUB[0], &body);
     let send = |r: Arc<webhook_inbox::Receiver>| {
@@ -666,21 +666,19 @@ async fn an_exclusive_inline_handler_makes_a_concurrent_duplicate_retry_instead_
 struct ConnectionKiller;
 
 impl Handler for ConnectionKiller {
-    fn handle<'a>(&'a self, conn: &'a mut PgConnection, _: &'a Event) -> HandlerFuture<'a> {
-        Box::pin(async move {
-            sqlx::query("SELECT pg_terminate_backend(pg_backend_pid())").execute(&mut *conn).await?;
-            Ok(Outcome::Applied)
-        })
+    type Payload = Value;
+    async fn handle(&self, conn: &mut PgConnection, _: &Event) -> Result<Outcome, HandlerError> {
+        sqlx::query("SELECT pg_terminate_backend(pg_backend_pid())").execute(&mut *conn).await?;
+        Ok(Outcome::Applied)
     }
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn an_event_that_kills_its_connection_fails_after_its_attempts_and_blocks_nobody(pool: PgPool) {
-    let handlers = Handlers::new().on(Provider::GITHUB, "killer", ConnectionKiller).on(
-        Provider::STRIPE,
-        "payment_intent.succeeded",
-        PaymentSucceededHandler,
-    );
+    let handlers = Handlers::new()
+        .on(Provider::GITHUB, "killer", ConnectionKiller)
+        .and_then(|h| h.on(Provider::STRIPE, "payment_intent.succeeded", PaymentSucceededHandler))
+        .unwrap();
     let w = worker(&pool, handlers);
     stored(&pool, Provider::GITHUB, "d-killer", "killer", json!({})).await;
     for i in 0..20 {
@@ -724,7 +722,7 @@ async fn an_event_that_kills_its_connection_fails_after_its_attempts_and_blocks_
 /// After the commit, one message per new pending event; the SQS path then
 /// processes it at once. A duplicate sends nothing; a queue that is gone costs
 /// the sender nothing (still 200, the row stored, left to the schedule).
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn receive_tells_the_process_queue_of_new_events_after_the_commit(_: PgPoolOptions, opts: PgConnectOptions) {
     use webhook_inbox::ingest::notify::ProcessQueue;
     let moto = inbox_tests::Moto::start();

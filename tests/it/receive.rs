@@ -113,7 +113,7 @@ fn stripe_body(id: &str) -> Vec<u8> {
     .into_bytes()
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn stripe_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
     let app = TestApp::spawn(opts, secrets(false)).await;
     let (pool, r) = (app.pool.clone(), &app.receiver);
@@ -173,7 +173,7 @@ async fn stripe_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
     run_matrix(&pool, r, "stripe", cases).await;
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn shopify_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
     let app = TestApp::spawn(opts, secrets(false)).await;
     let (pool, r) = (app.pool.clone(), &app.receiver);
@@ -204,7 +204,7 @@ async fn shopify_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
     run_matrix(&pool, r, "shopify", cases).await;
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn github_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
     let app = TestApp::spawn(opts, secrets(false)).await;
     let (pool, r) = (app.pool.clone(), &app.receiver);
@@ -238,7 +238,7 @@ async fn github_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
 /// Name, headers, event id, expected status, expected secret index, via API Gateway v2.
 type StandardCase<'a> = (&'static str, Vec<(String, String)>, &'a str, u16, Option<i16>, bool);
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn standard_webhooks_signature_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
     let app = TestApp::spawn(opts, secrets(false)).await;
     let (pool, r) = (app.pool.clone(), &app.receiver);
@@ -301,7 +301,7 @@ fn marqeta_body(token: &str) -> Vec<u8> {
         .into_bytes()
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn marqeta_basic_auth_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
     let app = TestApp::spawn(opts, secrets(false)).await;
     let (pool, r) = (app.pool.clone(), &app.receiver);
@@ -321,7 +321,7 @@ async fn marqeta_basic_auth_matrix(_: PgPoolOptions, opts: PgConnectOptions) {
     run_matrix(&pool, r, "marqeta", cases).await;
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn marqeta_signature_matrix_when_a_secret_is_set(_: PgPoolOptions, opts: PgConnectOptions) {
     let app = TestApp::spawn(opts, secrets(true)).await;
     let (pool, r) = (app.pool.clone(), &app.receiver);
@@ -357,7 +357,7 @@ async fn marqeta_signature_matrix_when_a_secret_is_set(_: PgPoolOptions, opts: P
 
 // ---------- the claim ----------
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_stripe_delivery_is_stored_verbatim_then_answered_duplicate(_: PgPoolOptions, opts: PgConnectOptions) {
     let app = TestApp::spawn(opts, secrets(false)).await;
     let (pool, r) = (app.pool.clone(), &app.receiver);
@@ -381,7 +381,7 @@ async fn a_stripe_delivery_is_stored_verbatim_then_answered_duplicate(_: PgPoolO
     assert_eq!((row.5.as_str(), row.6), ("pending", 0));
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn shopify_identifying_headers_are_kept(_: PgPoolOptions, opts: PgConnectOptions) {
     let app = TestApp::spawn(opts, secrets(false)).await;
     let (pool, r) = (app.pool.clone(), &app.receiver);
@@ -407,7 +407,7 @@ async fn shopify_identifying_headers_are_kept(_: PgPoolOptions, opts: PgConnectO
     assert!(kept.get("user-agent").is_none(), "only the identifying headers are kept");
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn fifty_concurrent_identical_deliveries_claim_once(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let mut cfg = config(secrets(false));
@@ -475,7 +475,7 @@ async fn claim_behind_open_insert(
     (tx, waiter)
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_claim_blocked_by_an_open_transaction_waits_then_reports_duplicate(pool: PgPool) {
     let (tx, waiter) = claim_behind_open_insert(&pool, "evt_wait").await;
     tx.commit().await.unwrap();
@@ -483,7 +483,7 @@ async fn a_claim_blocked_by_an_open_transaction_waits_then_reports_duplicate(poo
     assert_eq!(count(&pool).await, 1);
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_claim_blocked_by_a_transaction_that_rolls_back_claims_the_event(pool: PgPool) {
     let (tx, waiter) = claim_behind_open_insert(&pool, "evt_rollback").await;
     tx.rollback().await.unwrap();
@@ -491,7 +491,7 @@ async fn a_claim_blocked_by_a_transaction_that_rolls_back_claims_the_event(pool:
     assert_eq!(count(&pool).await, 1);
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_claim_stuck_behind_a_lock_past_lock_timeout_answers_503(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let mut cfg = config(secrets(false));
@@ -514,7 +514,7 @@ fn repeatable_read(opts: PgConnectOptions) -> PgConnectOptions {
     opts.options([("default_transaction_isolation", "repeatable\\ read")])
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn under_repeatable_read_the_claim_fails_with_40001(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let rr = PgPool::connect_with(repeatable_read(opts)).await.unwrap();
@@ -533,7 +533,7 @@ async fn under_repeatable_read_the_claim_fails_with_40001(_: PgPoolOptions, opts
     assert_eq!(db::sqlstate(&err).as_deref(), Some("40001"));
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn under_repeatable_read_the_receivers_retry_answers_duplicate(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let r = Arc::new(receiver(repeatable_read(opts), secrets(false)));
@@ -557,7 +557,7 @@ async fn under_repeatable_read_the_receivers_retry_answers_duplicate(_: PgPoolOp
     assert_eq!(count(&pool).await, 1);
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_marqeta_batch_claims_each_item_once_within_and_across_batches(_: PgPoolOptions, opts: PgConnectOptions) {
     let app = TestApp::spawn(opts, secrets(false)).await;
     let (pool, r) = (app.pool.clone(), &app.receiver);
@@ -597,7 +597,7 @@ async fn a_marqeta_batch_claims_each_item_once_within_and_across_batches(_: PgPo
 /// Twenty batches of the same ten keys in twenty orders, released together, each
 /// on its own connection and with no retry: sorted keys mean no deadlock (40P01)
 /// can happen, and each key is claimed once.
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn concurrent_overlapping_batches_neither_deadlock_nor_double_claim(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPoolOptions::new().max_connections(21).connect_with(opts).await.unwrap();
     let barrier = Arc::new(Barrier::new(20));
@@ -635,7 +635,7 @@ async fn concurrent_overlapping_batches_neither_deadlock_nor_double_claim(_: PgP
 
 // ---------- bad input ----------
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_body_over_the_limit_gets_413_and_nothing_is_stored(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let mut cfg = config(secrets(false));
@@ -648,7 +648,7 @@ async fn a_body_over_the_limit_gets_413_and_nothing_is_stored(_: PgPoolOptions, 
     assert_eq!(count(&pool).await, 0);
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn signed_but_unusable_bodies_are_stored_as_failed_and_answered_200(_: PgPoolOptions, opts: PgConnectOptions) {
     let app = TestApp::spawn(opts, secrets(false)).await;
     let (pool, r) = (app.pool.clone(), &app.receiver);
@@ -686,7 +686,7 @@ async fn signed_but_unusable_bodies_are_stored_as_failed_and_answered_200(_: PgP
 /// A lone surrogate, which neither `serde_json::Value` nor PostgreSQL's jsonb
 /// takes: the event is still stored, as `failed`, with its raw bytes and its id.
 /// (PostgreSQL refusing what our check let through is in `hostile.rs`.)
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_lone_surrogate_is_kept_as_failed_not_lost(_: PgPoolOptions, opts: PgConnectOptions) {
     let app = TestApp::spawn(opts, secrets(false)).await;
     let (pool, r) = (app.pool.clone(), &app.receiver);
@@ -719,7 +719,7 @@ async fn a_lone_surrogate_is_kept_as_failed_not_lost(_: PgPoolOptions, opts: PgC
     assert!(rows[0].3.as_deref().unwrap().contains("not usable JSON"), "{:?}", rows[0].3);
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn unknown_unconfigured_and_wrong_method_are_refused_with_words(_: PgPoolOptions, opts: PgConnectOptions) {
     let mut only_stripe = secrets(false);
     only_stripe.shopify.clear();
@@ -743,7 +743,7 @@ async fn the_database_down_answers_503_and_recovers_when_it_returns() {
     let mut pg = EmbeddedPostgres::start().await.expect("a throwaway cluster");
     let url = pg.url();
     let setup = PgPool::connect(&url).await.unwrap();
-    db::MIGRATOR.run(&setup).await.unwrap();
+    db::schema::migrate(&setup).await.unwrap();
     setup.close().await;
     let mut cfg = config(secrets(false));
     cfg.db.url = Some(url.clone());
@@ -776,7 +776,7 @@ async fn the_database_down_answers_503_and_recovers_when_it_returns() {
 
 /// API Gateway REST (payload 1.0), a Function URL and an ALB, each as the real
 /// event JSON that `lambda_http` parses, reach the same handler and the same row.
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn rest_api_function_url_and_alb_events_reach_the_same_handler(_: PgPoolOptions, opts: PgConnectOptions) {
     use base64::Engine as _;
     let app = TestApp::spawn(opts, secrets(false)).await;
@@ -814,7 +814,7 @@ async fn rest_api_function_url_and_alb_events_reach_the_same_handler(_: PgPoolOp
     }
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_connection_killed_between_deliveries_is_replaced_without_a_503(_: PgPoolOptions, opts: PgConnectOptions) {
     let app = TestApp::spawn(opts, secrets(false)).await;
     let (pool, r) = (app.pool.clone(), &app.receiver);

@@ -32,7 +32,7 @@ fn stripe_event(n: i64) -> Value {
            "data": {"object": {"id": format!("pi_{n}"), "amount_received": 100 * n, "currency": "usd"}}})
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn reconcile_claims_exactly_the_missing_stripe_events_and_nothing_twice(pool: PgPool) {
     let server = MockServer::start().await;
     Mock::given(method("GET"))
@@ -111,7 +111,7 @@ async fn asked_windows(server: &MockServer, min: &str, max: &str) -> Vec<(String
     requests.iter().filter_map(|r| Some((param(r, min)?, param(r, max)?))).collect()
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_long_lookback_is_walked_in_windows_saved_one_by_one_across_runs(pool: PgPool) {
     let server = MockServer::start().await;
     // A slow API: 150 ms a page, one page a window.
@@ -166,7 +166,7 @@ async fn a_long_lookback_is_walked_in_windows_saved_one_by_one_across_runs(pool:
     assert_eq!(checkpoint().await, Some(reached));
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn reconcile_waits_out_a_429_as_the_api_asks(pool: PgPool) {
     let server = MockServer::start().await;
     Mock::given(method("GET"))
@@ -192,7 +192,7 @@ fn order(id: u64, status: &str, updated_at: &str) -> Value {
     json!({"id": id, "customer": {"id": 42}, "financial_status": status, "total_price": "10.00", "updated_at": updated_at})
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn reconcile_feeds_shopify_orders_through_the_version_guard(pool: PgPool) {
     let server = MockServer::start().await;
     let next = format!("<{}/admin/api/2024-10/orders.json?page_info=p2&limit=250>; rel=\"next\"", server.uri());
@@ -249,7 +249,7 @@ async fn reconcile_feeds_shopify_orders_through_the_version_guard(pool: PgPool) 
 
 // ---------- one bad event fails only itself ----------
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_stripe_event_postgres_or_our_check_refuses_is_kept_failed_and_the_page_goes_on(pool: PgPool) {
     let server = MockServer::start().await;
     let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
@@ -287,7 +287,7 @@ async fn a_stripe_event_postgres_or_our_check_refuses_is_kept_failed_and_the_pag
     assert_eq!(checkpoints, 1, "the checkpoint moved");
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_shopify_order_that_cannot_be_applied_is_kept_failed_and_the_page_goes_on(pool: PgPool) {
     let server = MockServer::start().await;
     let huge_total = json!({"id": 2, "financial_status": "paid", "total_price": "100000000000000000000.00", "updated_at": "2026-11-29T09:00:00Z"});
@@ -325,7 +325,7 @@ async fn a_shopify_order_that_cannot_be_applied_is_kept_failed_and_the_page_goes
     assert_eq!(rows, 3);
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_shopify_next_link_to_another_host_is_not_followed(pool: PgPool) {
     let shop = MockServer::start().await;
     let elsewhere = MockServer::start().await;
@@ -354,7 +354,7 @@ async fn a_shopify_next_link_to_another_host_is_not_followed(pool: PgPool) {
 }
 
 /// The run both the Lambda and `inbox reconcile --once` report: each source on its own.
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_run_reports_each_source_and_one_failing_does_not_stop_the_other(pool: PgPool) {
     let stripe = MockServer::start().await;
     Mock::given(method("GET"))

@@ -59,7 +59,7 @@ async fn row(pool: &PgPool) -> (i32, bool, bool, Option<String>) {
     .unwrap()
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn every_message_reaches_the_http_sink_with_its_key(pool: PgPool) {
     let server = MockServer::start().await;
     Mock::given(method("POST")).and(path("/hook")).respond_with(ResponseTemplate::new(204)).mount(&server).await;
@@ -87,7 +87,7 @@ async fn every_message_reaches_the_http_sink_with_its_key(pool: PgPool) {
     assert_eq!(unsent, 0);
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_sink_that_fails_twice_then_succeeds_gets_the_message_on_the_third_attempt(pool: PgPool) {
     let server = MockServer::start().await;
     Mock::given(method("POST"))
@@ -113,7 +113,7 @@ async fn a_sink_that_fails_twice_then_succeeds_gets_the_message_on_the_third_att
     assert!(requests.iter().all(|r| key(r) == "payment_succeeded:pi_0"), "every attempt carries the same key");
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn retry_after_is_honoured(pool: PgPool) {
     let server = MockServer::start().await;
     Mock::given(method("POST"))
@@ -132,7 +132,7 @@ async fn retry_after_is_honoured(pool: PgPool) {
     assert!(row(&pool).await.3.unwrap().starts_with("HTTP 429"));
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn another_4xx_is_dead_with_its_status_and_a_capped_body(pool: PgPool) {
     let server = MockServer::start().await;
     Mock::given(method("POST"))
@@ -152,7 +152,7 @@ async fn another_4xx_is_dead_with_its_status_and_a_capped_body(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_sink_that_keeps_failing_leaves_the_message_dead_after_its_attempts(pool: PgPool) {
     let server = MockServer::start().await;
     Mock::given(method("POST")).respond_with(ResponseTemplate::new(500)).mount(&server).await;
@@ -172,7 +172,7 @@ async fn a_sink_that_keeps_failing_leaves_the_message_dead_after_its_attempts(po
 
 /// The relay publishes, then dies before it marks the messages: once the lease
 /// runs out, they go out again, under the same keys, and are marked once.
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_relay_killed_after_publishing_resends_with_the_same_key(pool: PgPool) {
     let server = MockServer::start().await;
     Mock::given(method("POST")).respond_with(ResponseTemplate::new(200)).mount(&server).await;
@@ -245,7 +245,7 @@ async fn drain_queue(
     out
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn sqs_deliveries_land_in_the_queue_with_their_keys(pool: PgPool) {
     let moto = inbox_tests::Moto::start();
     let sqs = aws_sdk_sqs::Client::new(&moto.aws().await);
@@ -260,7 +260,7 @@ async fn sqs_deliveries_land_in_the_queue_with_their_keys(pool: PgPool) {
     assert!(got.iter().all(|(k, body, _)| k == &format!("payment_succeeded:{}", body["payment_id"].as_str().unwrap())));
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_fifo_queue_gets_the_key_as_deduplication_id_and_drops_a_resend(pool: PgPool) {
     let moto = inbox_tests::Moto::start();
     let sqs = aws_sdk_sqs::Client::new(&moto.aws().await);
@@ -294,7 +294,7 @@ async fn a_fifo_queue_gets_the_key_as_deduplication_id_and_drops_a_resend(pool: 
     }
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_missing_queue_is_retried_not_lost(pool: PgPool) {
     let moto = inbox_tests::Moto::start();
     let sqs = aws_sdk_sqs::Client::new(&moto.aws().await);
@@ -309,7 +309,7 @@ async fn a_missing_queue_is_retried_not_lost(pool: PgPool) {
     assert_eq!(unsent, 2);
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn eventbridge_deliveries_reach_a_rule_target_with_their_keys(pool: PgPool) {
     let moto = inbox_tests::Moto::start();
     let aws = moto.aws().await;
@@ -353,7 +353,7 @@ async fn eventbridge_deliveries_reach_a_rule_target_with_their_keys(pool: PgPool
         .all(|(_, event, _)| event["detail-type"] == "payment_succeeded" && event["source"] == "webhook-inbox"));
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_redirect_is_not_followed_and_not_counted_as_delivered(pool: PgPool) {
     let server = MockServer::start().await;
     Mock::given(method("POST"))
@@ -369,7 +369,7 @@ async fn a_redirect_is_not_followed_and_not_counted_as_delivered(pool: PgPool) {
     assert_eq!(server.received_requests().await.unwrap().len(), 1, "the redirect was not followed");
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_408_is_retried(pool: PgPool) {
     let server = MockServer::start().await;
     Mock::given(method("POST")).respond_with(ResponseTemplate::new(408)).mount(&server).await;
@@ -380,7 +380,7 @@ async fn a_408_is_retried(pool: PgPool) {
 
 /// A relay whose lease ran out while it worked, and whose messages another relay
 /// has since sent, cannot undo that with its late result.
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_late_result_from_an_expired_lease_changes_nothing(pool: PgPool) {
     let server = MockServer::start().await;
     Mock::given(method("POST")).respond_with(ResponseTemplate::new(200)).mount(&server).await;
@@ -394,7 +394,7 @@ async fn a_late_result_from_an_expired_lease_changes_nothing(pool: PgPool) {
     assert_eq!((attempts, sent, dead, error), (2, true, false, None));
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_message_too_large_for_sqs_is_dead_and_the_others_go(pool: PgPool) {
     let moto = inbox_tests::Moto::start();
     let sqs = aws_sdk_sqs::Client::new(&moto.aws().await);
@@ -451,7 +451,7 @@ async fn outbox_state(pool: &PgPool) -> (i64, i64, i64) {
 
 /// The Lambda is killed at its timeout, wherever the relay is: the chunks that
 /// were answered before are recorded, not sent again.
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_relay_killed_mid_batch_has_recorded_every_chunk_answered_before(pool: PgPool) {
     let server = slow_sink_server(Duration::from_millis(1000)).await;
     messages(&pool, 20).await;
@@ -468,7 +468,7 @@ async fn a_relay_killed_mid_batch_has_recorded_every_chunk_answered_before(pool:
 
 /// A chunk starts only if the sink's timeout fits before the deadline; what was
 /// leased but not started is released at once, with no attempt spent.
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn the_relay_starts_no_chunk_it_cannot_finish_before_its_deadline(pool: PgPool) {
     let server = slow_sink_server(Duration::from_millis(700)).await;
     messages(&pool, 40).await;

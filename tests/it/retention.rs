@@ -69,7 +69,7 @@ async fn message(pool: &PgPool, key: &str, sent_days_ago: Option<i32>) {
     .unwrap();
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn prune_deletes_only_what_is_past_its_retention(pool: PgPool) {
     row(&pool, Provider::STRIPE, "done-61d", "done", 61).await;
     row(&pool, Provider::STRIPE, "done-10d", "done", 10).await;
@@ -95,7 +95,7 @@ async fn prune_deletes_only_what_is_past_its_retention(pool: PgPool) {
     assert_eq!(keys, ["sent-2d", "unsent"]);
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn prune_never_waits_on_a_row_another_transaction_holds(pool: PgPool) {
     row(&pool, Provider::STRIPE, "held", "done", 90).await;
     row(&pool, Provider::STRIPE, "free", "done", 90).await;
@@ -115,7 +115,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 /// 20,000 expired rows are deleted in batches of 500 while four clients keep
 /// delivering: every delivery is answered 200 and stored, and the latencies
 /// before and during the prune are printed side by side.
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn prune_runs_in_batches_while_deliveries_keep_arriving(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPoolOptions::new().max_connections(4).connect_with(opts.clone()).await.unwrap();
     sqlx::query(
@@ -199,7 +199,7 @@ async fn prune_runs_in_batches_while_deliveries_keep_arriving(_: PgPoolOptions, 
     assert!(percentile(&during, 0.99) < Duration::from_secs(1), "no delivery waited on the prune's locks");
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn batch_bodies_go_once_no_row_points_at_them_and_no_delivery_brought_them_for_a_day(pool: PgPool) {
     let headers = json!({});
     let items = [NewEvent::pending("transactions:t1".into(), "transactions", "{}".into())];

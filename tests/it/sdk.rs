@@ -205,7 +205,7 @@ fn tampered(body: &str) -> String {
     body.replacen("e", "E", 1)
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn every_provider_with_an_official_sdk_agrees_with_it(_: sqlx::postgres::PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let oracles = oracles();

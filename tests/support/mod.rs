@@ -29,6 +29,15 @@ use webhook_inbox::{
     ReceiveConfig, Receiver, Secret,
 };
 
+/// The inbox's migrations, then the reference domain's: the schema the stock
+/// binaries make, for `#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]`.
+/// (sqlx's test harness keeps their history in `_sqlx_migrations`; the
+/// product's own runner is tested in `tests/it/migrate.rs`.)
+pub static MIGRATOR: std::sync::LazyLock<sqlx::migrate::Migrator> = std::sync::LazyLock::new(|| {
+    let both = db::schema::MIGRATIONS.iter().chain(webhook_inbox::reference::MIGRATIONS.iter());
+    sqlx::migrate::Migrator { migrations: both.cloned().collect::<Vec<_>>().into(), ..sqlx::migrate::Migrator::DEFAULT }
+});
+
 /// Two secrets per provider: the second is the one being rotated in.
 pub const STRIPE: [&str; 2] = ["whsec_test_old", "whsec_test_new"];
 pub const SHOPIFY: [&str; 2] = ["shopify_old", "shopify_new"];

@@ -38,7 +38,7 @@ impl Demo {
     /// Runs the demo on `config`'s database; true when every invariant holds.
     pub async fn run(&self, config: ReceiveConfig) -> Result<bool> {
         let pool = db::pool(&config.db)?;
-        db::migrate(&pool).await.context("applying migrations")?;
+        webhook_inbox::reference::app().migrate(&pool).await.context("applying migrations")?;
         let existing: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_inbox").fetch_one(&pool).await?;
         if existing > 0 {
             bail!("the demo checks its invariants on an empty inbox; this database holds {existing} events (unset DATABASE_URL to use a throwaway PostgreSQL)");
@@ -121,17 +121,18 @@ impl Demo {
         let _ = tokio::join!(server, worker, relay);
         println!("settled in {:.1} s{}", started.elapsed().as_secs_f64(), if settled { "" } else { " (TIMED OUT)" });
 
-        let held: (i64, i64, i64, i64, i64, i64, i64) = sqlx::query_as(
+        let held: (i64, i64, i64, i64, i64, i64, i64, i64) = sqlx::query_as(
             "SELECT (SELECT count(*) FROM webhook_inbox), (SELECT count(*) FROM webhook_inbox WHERE status = 'done'),
-                    (SELECT count(*) FROM webhook_inbox WHERE status = 'failed'), (SELECT count(*) FROM payments),
+                    (SELECT count(*) FROM webhook_inbox WHERE status = 'failed'),
+                    (SELECT count(*) FROM webhook_inbox WHERE status = 'unhandled'), (SELECT count(*) FROM payments),
                     (SELECT count(*) FROM orders), (SELECT count(*) FROM account_deposits),
                     (SELECT count(*) FROM transactional_outbox WHERE processed_at IS NOT NULL)",
         )
         .fetch_one(&pool)
         .await?;
         println!(
-            "the database holds {} inbox rows ({} done, {} failed), {} payments, {} orders, {} deposits, {} outbox messages sent",
-            held.0, held.1, held.2, held.3, held.4, held.5, held.6
+            "the database holds {} inbox rows ({} done, {} failed, {} unhandled), {} payments, {} orders, {} deposits, {} outbox messages sent",
+            held.0, held.1, held.2, held.3, held.4, held.5, held.6, held.7
         );
         let consumer = std::mem::take(&mut *sink.lock().expect("the consumer's state"));
         let refused = sent.iter().filter(|((_, status), _)| *status == 401).map(|(_, n)| n).sum::<usize>();

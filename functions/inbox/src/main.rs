@@ -4,27 +4,20 @@ mod bench;
 mod demo;
 mod ops;
 
-use std::{
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use tokio::net::TcpListener;
 use webhook_inbox::{
     config::sinks_from_env,
-    config::{self, DbConfig, Secrets},
+    config::{self, DbConfig},
     db::{self, inbox},
-    dev::embedded_pg::EmbeddedPostgres,
-    dev::server,
-    process::handlers::Handlers,
-    process::worker::{Worker, WorkerConfig},
+    dev,
     reconcile::Reconciler,
     relay::{Relay, RelayConfig},
     retention::{Pruner, RetentionConfig},
     runtime::stage::Stage,
-    ReceiveConfig, Receiver,
+    ReceiveConfig,
 };
 
 #[derive(Parser)]
@@ -44,7 +37,7 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1")]
         host: String,
     },
-    /// Apply the migrations to DATABASE_URL.
+    /// Apply the inbox's migrations to DATABASE_URL (a team's own run after them, from its binaries).
     Migrate,
     /// The providers with a secret here: the URL to give each, its signature
     /// header and redelivery window (INBOX_PROVIDERS_FILE's included).
@@ -112,16 +105,27 @@ enum Command {
         #[command(flatten)]
         out: ops::Output,
     },
-    /// Put failed events back to pending, in short batches; audited.
+    /// Put events back to pending, in short batches, each audited: failed ones
+    /// after a fix, or unhandled (and done) ones to run a handler deployed
+    /// since over them. `--dry-run` counts first.
     Requeue {
-        /// Required: only failed events are requeued in bulk.
-        #[arg(long, required = true)]
+        /// Events in this status: unhandled, failed or done (repeat, or comma-separate, for several).
+        #[arg(long, value_delimiter = ',', value_parser = ops::parse_requeue_status, required_unless_present = "failed")]
+        status: Vec<inbox::Status>,
+        /// The same as --status failed.
+        #[arg(long)]
         failed: bool,
         #[arg(long)]
         provider: Option<String>,
-        /// Failed at or after: 30m, 2h, 7d, or a timestamp.
+        /// Exactly this event type (e.g. invoice.paid).
+        #[arg(long = "type")]
+        event_type: Option<String>,
+        /// Ended (processed, or stored as failed) at or after: 30m, 2h, 7d, or a timestamp.
         #[arg(long, value_parser = ops::parse_since)]
         since: Option<inbox::Since>,
+        /// Ended before: 30m, 2h, 7d (ago), or a timestamp.
+        #[arg(long, value_parser = ops::parse_since)]
+        until: Option<inbox::Since>,
         /// Only events whose failure reason matches this pattern (SQL ILIKE: % and _).
         #[arg(long)]
         reason_like: Option<String>,
@@ -190,7 +194,7 @@ enum Command {
 async fn main() -> Result<()> {
     config::init_logging();
     match Cli::parse().command {
-        Command::Dev { port, host } => dev(&host, port).await,
+        Command::Dev { port, host } => dev::run(webhook_inbox::reference::app(), &host, port).await,
         Command::Bench { seconds, rounds, concurrency, events, workers, growth_rows, only, out, smoke } => {
             let bench = if smoke {
                 bench::Bench {
@@ -216,7 +220,7 @@ async fn main() -> Result<()> {
                     out,
                 }
             };
-            with_database(ReceiveConfig::from_env(16)?, |config| async move { bench.run(config).await }).await
+            dev::with_database(ReceiveConfig::from_env(16)?, |config| async move { bench.run(config).await }).await
         }
         Command::Relay { once } => {
             anyhow::ensure!(
@@ -280,7 +284,7 @@ async fn main() -> Result<()> {
         Command::Demo { payments } => {
             let demo = demo::Demo { payments: payments.max(1) };
             let mut ok = false;
-            with_database(ReceiveConfig::from_env(16)?, |config| async {
+            dev::with_database(ReceiveConfig::from_env(16)?, |config| async {
                 ok = demo.run(config).await?;
                 Ok(())
             })
@@ -293,7 +297,7 @@ async fn main() -> Result<()> {
             ops::providers(&config::Env::resolved().await?, &base_url, all, &out)
         }
         Command::Failed { provider, since, limit, out } => {
-            let filter = inbox::Filter { provider, since, reason_like: None };
+            let filter = inbox::Filter { statuses: vec![inbox::Status::Failed], provider, since, ..Default::default() };
             ops::failed(&operator_db().await?, &filter, limit.max(1), &out).await
         }
         Command::Show { provider, event_id, out } => {
@@ -305,10 +309,24 @@ async fn main() -> Result<()> {
             let by = inbox::Requeue { actor: &actor, action: "replay", reason: &reason };
             ops::replay(&operator_db().await?, &provider, &event_id, &by, &out).await
         }
-        Command::Requeue { failed: _, provider, since, reason_like, dry_run, reason, out } => {
+        Command::Requeue {
+            mut status,
+            failed,
+            provider,
+            event_type,
+            since,
+            until,
+            reason_like,
+            dry_run,
+            reason,
+            out,
+        } => {
+            if failed && !status.contains(&inbox::Status::Failed) {
+                status.push(inbox::Status::Failed);
+            }
             let actor = ops::operator(&config::Env::process());
             let by = inbox::Requeue { actor: &actor, action: "requeue", reason: &reason };
-            let filter = inbox::Filter { provider, since, reason_like };
+            let filter = inbox::Filter { statuses: status, provider, event_type, since, until, reason_like };
             ops::requeue(&operator_db().await?, &filter, &by, dry_run, &out).await
         }
         Command::Outbox { command, dead, limit, out } => {
@@ -321,8 +339,8 @@ async fn main() -> Result<()> {
         Command::Migrate => {
             let config = DbConfig::from_env(1)?;
             let url = config.url.clone().context("DATABASE_URL is not set")?;
-            db::migrate(&db::pool(&config)?).await.context("applying migrations")?;
-            println!("migrations applied to {}", redact_url(&url));
+            let version = db::schema::migrate(&db::pool(&config)?).await.context("applying migrations")?;
+            println!("the inbox's migrations applied to {} (version {version})", dev::redact_url(&url));
             Ok(())
         }
     }
@@ -339,147 +357,10 @@ fn database() -> Result<sqlx::PgPool> {
 async fn operator_db() -> Result<sqlx::PgPool> {
     let config = DbConfig::read(&config::Env::resolved().await?, 1)?;
     let url = config.url.clone().context("DATABASE_URL is not set: the operator's commands work on a database")?;
-    ops::connect(db::pool(&config)?, &redact_url(&url)).await
+    ops::connect(db::pool(&config)?, &dev::redact_url(&url)).await
 }
 
 /// A one-pass command stops starting batches after this long, as a Lambda would at its deadline.
 fn one_pass_deadline() -> Instant {
     Instant::now() + Duration::from_secs(900)
-}
-
-async fn dev(host: &str, port: u16) -> Result<()> {
-    let host = host.to_string();
-    with_database(ReceiveConfig::from_env(16)?, |mut config| async move { serve(&mut config, &host, port).await }).await
-}
-
-/// Runs `f` on DATABASE_URL, or on an embedded throwaway PostgreSQL that is removed afterwards.
-async fn with_database<F, Fut>(mut config: ReceiveConfig, f: F) -> Result<()>
-where
-    F: FnOnce(ReceiveConfig) -> Fut,
-    Fut: std::future::Future<Output = Result<()>>,
-{
-    let embedded = match &config.db.url {
-        Some(url) => {
-            println!("using DATABASE_URL {}", redact_url(url));
-            None
-        }
-        None => {
-            let pg = EmbeddedPostgres::start().await.context("starting the embedded PostgreSQL")?;
-            println!("embedded PostgreSQL at {} (data in {}; removed on exit)", pg.url(), pg.data_dir().display());
-            config.db.url = Some(pg.url());
-            Some(pg)
-        }
-    };
-    let result = f(config).await;
-    if let Some(pg) = embedded {
-        pg.destroy().await.context("stopping the embedded PostgreSQL")?;
-        println!("embedded PostgreSQL stopped");
-    }
-    result
-}
-
-async fn serve(config: &mut ReceiveConfig, host: &str, port: u16) -> Result<()> {
-    let pool = db::pool(&config.db)?;
-    db::migrate(&pool).await.context("applying migrations")?;
-    if config.secrets.none_configured() {
-        config.secrets = Secrets::development();
-        print_development_secrets();
-    } else {
-        let live: Vec<&str> = config
-            .catalog
-            .entries()
-            .map(|e| e.provider)
-            .filter(|p| config.secrets.is_configured(*p))
-            .map(|p| p.as_str())
-            .collect();
-        println!("providers with a secret (each has a route; `inbox providers` for more): {}", live.join(", "));
-    }
-    let listener = TcpListener::bind((host, port)).await.with_context(|| format!("binding {host}:{port}"))?;
-    let receiver = Arc::new(Receiver::new(db::Connections::new(&config.db)?, config));
-
-    // The same worker as the `process` function, and the relay when a sink is set, running continuously.
-    let (stop, stopped) = tokio::sync::watch::channel(());
-    let until_stopped = |mut stopped: tokio::sync::watch::Receiver<()>| async move {
-        let _ = stopped.changed().await;
-    };
-    let worker = Worker::new(pool.clone(), Handlers::reference(), WorkerConfig::from_env()?);
-    let poll = worker.config().poll;
-    let worker = tokio::spawn({
-        let stopped = until_stopped(stopped.clone());
-        async move { worker.run_until(poll, stopped).await }
-    });
-    let mut stages = vec![worker];
-    let sinks = sinks_from_env().await?;
-    if sinks.is_empty() {
-        println!("no relay sink (RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL, RELAY_EVENT_BUS): outbox messages stay in transactional_outbox");
-    } else {
-        let relay = Relay::new(pool.clone(), sinks, RelayConfig::from_env()?);
-        let stopped = until_stopped(stopped.clone());
-        stages.push(tokio::spawn(async move { relay.run_until(poll, stopped).await }));
-    }
-    // Prune hourly and reconcile every 15 minutes, as the stack schedules them.
-    let pruner = Pruner::new(pool.clone(), RetentionConfig::from_env()?);
-    let stopped_prune = until_stopped(stopped.clone());
-    stages.push(tokio::spawn(async move { pruner.run_until(Duration::from_secs(3600), stopped_prune).await }));
-    let reconciler = Reconciler::from_env()?;
-    if reconciler.is_configured() {
-        let mut stopped = stopped.clone();
-        stages.push(tokio::spawn(async move {
-            loop {
-                let reconciled = reconciler.run_once(&pool, Instant::now() + Duration::from_secs(600)).await;
-                tracing::info!(?reconciled, "reconciled");
-                tokio::select! {
-                    () = tokio::time::sleep(Duration::from_secs(900)) => {}
-                    _ = stopped.changed() => return,
-                }
-            }
-        }));
-    }
-
-    println!("inbox dev ready: POST http://{}/webhooks/{{provider}}  (Ctrl-C stops)", listener.local_addr()?);
-    server::serve(listener, receiver, shutdown_signal()).await?;
-    println!("shutting down");
-    let _ = stop.send(());
-    for stage in stages {
-        let _ = stage.await;
-    }
-    Ok(())
-}
-
-fn print_development_secrets() {
-    println!("no webhook secrets set: using development secrets");
-    println!("  STRIPE_WEBHOOK_SECRET={}", config::DEV_STRIPE);
-    println!("  SHOPIFY_WEBHOOK_SECRET={}", config::DEV_SHOPIFY);
-    println!("  GITHUB_WEBHOOK_SECRET={}", config::DEV_GITHUB);
-    println!("  STANDARD_WEBHOOK_SECRET={}", config::DEV_STANDARD);
-    println!("  MARQETA_WEBHOOK_USERNAME={}", config::DEV_MARQETA_USERNAME);
-    println!("  MARQETA_WEBHOOK_PASSWORD={}", config::DEV_MARQETA_PASSWORD);
-}
-
-async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-}
-
-/// Where a database URL points, without any credential (user:password@ or ?password=).
-fn redact_url(url: &str) -> String {
-    match url.parse::<sqlx::postgres::PgConnectOptions>() {
-        Ok(o) => format!("postgres://{}:{}/{}", o.get_host(), o.get_port(), o.get_database().unwrap_or("")),
-        Err(_) => "(an unparsable URL)".into(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::redact_url;
-
-    #[test]
-    fn credentials_never_print() {
-        assert_eq!(redact_url("postgres://u:s3cret@h:5433/db"), "postgres://h:5433/db");
-        assert_eq!(redact_url("postgres://h/db?password=s3cret"), "postgres://h:5432/db");
-        assert!(!redact_url("not a url s3cret").contains("s3cret"));
-    }
 }

@@ -12,7 +12,7 @@ use webhook_inbox::{
     config::{Catalog, Env, Kind, Secrets},
     db::{
         self, audit,
-        inbox::{self, Filter, Replayed, Requeue, Since},
+        inbox::{self, Filter, Replayed, Requeue, Since, Status},
         outbox,
     },
     ingest::providers::{verify_stored, Schemes},
@@ -167,6 +167,12 @@ pub async fn show(pool: &PgPool, env: &Env<'_>, provider: &str, event_id: &str, 
     if let Some(reason) = &event.failure_reason {
         println!("failure: {reason}");
     }
+    if event.status == Status::Unhandled.as_str() {
+        println!(
+            "unhandled: no handler took {:?} when it was processed; once one is deployed: inbox requeue --status unhandled --provider {} --type {:?}",
+            event.event_type, event.provider, event.event_type
+        );
+    }
     println!("verification: {verification}");
     println!("headers: {}", event.headers.0);
     match &event.payload {
@@ -283,6 +289,9 @@ pub async fn replay(pool: &PgPool, provider: &str, event_id: &str, by: &Requeue<
     let from = match &replayed {
         Replayed::NotFound => bail!("no event {event_id:?} from provider {provider:?}"),
         Replayed::AlreadyPending => bail!("{provider} {event_id} is already pending: nothing to replay"),
+        Replayed::WithoutPayload => bail!(
+            "{provider} {event_id} was stored without a payload (its body was never usable; see its failure reason): no handler could take it"
+        ),
         Replayed::Requeued { from } => from,
     };
     if out.json {
@@ -296,20 +305,37 @@ pub async fn replay(pool: &PgPool, provider: &str, event_id: &str, by: &Requeue<
     Ok(())
 }
 
+/// `--status`: the statuses `requeue` takes (never `pending`: those are queued already).
+pub fn parse_requeue_status(text: &str) -> Result<Status, String> {
+    match Status::parse(text) {
+        Some(Status::Pending) => Err("pending events are queued already".into()),
+        Some(status) => Ok(status),
+        None => Err("one of unhandled, failed, done".into()),
+    }
+}
+
 pub async fn requeue(pool: &PgPool, filter: &Filter, by: &Requeue<'_>, dry_run: bool, out: &Output) -> Result<()> {
-    let matching = inbox::count_failed(pool, filter).await?;
+    let started = inbox::now(pool).await?;
+    let found = inbox::count_matching(pool, filter).await?;
+    let statuses: Vec<&str> = filter.statuses.iter().map(|s| s.as_str()).collect();
+    let what = format!("{} event(s)", statuses.join(" or "));
     if dry_run {
         if out.json {
-            print_json(&json!({"matching": matching, "requeued": 0, "dry_run": true}));
+            print_json(
+                &json!({"matching": found.matching, "without_payload": found.without_payload, "requeued": 0, "dry_run": true}),
+            );
         } else {
-            println!("{matching} failed event(s) match; nothing changed (--dry-run)");
+            println!(
+                "{} {what} match, {} of them without a payload (skipped); nothing changed (--dry-run)",
+                found.matching, found.without_payload
+            );
         }
         return Ok(());
     }
-    let bar = progress(matching as u64, out);
+    let bar = progress((found.matching - found.without_payload).max(0) as u64, out);
     let mut requeued = 0;
     loop {
-        let n = inbox::requeue_failed(pool, filter, by, BATCH).await?;
+        let n = inbox::requeue(pool, filter, by, BATCH, &started).await?;
         requeued += n;
         bar.inc(n);
         if n < BATCH as u64 {
@@ -318,12 +344,17 @@ pub async fn requeue(pool: &PgPool, filter: &Filter, by: &Requeue<'_>, dry_run: 
     }
     bar.finish_and_clear();
     if out.json {
-        print_json(&json!({"matching": matching, "requeued": requeued, "dry_run": false}));
-    } else {
-        println!(
-            "{requeued} failed event(s) back to pending, attempts reset (audited as {:?} by {})",
-            by.reason, by.actor
+        print_json(
+            &json!({"matching": found.matching, "without_payload": found.without_payload, "requeued": requeued, "dry_run": false}),
         );
+    } else {
+        println!("{requeued} {what} back to pending, attempts reset (audited as {:?} by {})", by.reason, by.actor);
+        if found.without_payload > 0 {
+            println!(
+                "{} skipped: stored without a payload (their body was never usable; `inbox failed` shows why)",
+                found.without_payload
+            );
+        }
     }
     Ok(())
 }

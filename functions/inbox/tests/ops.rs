@@ -71,7 +71,7 @@ async fn status(pool: &PgPool, provider: &str, id: &str) -> (String, i32) {
         .unwrap()
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn stats_counts_by_provider_and_status_and_names_the_secrets_in_use(
     pool_options: PgPoolOptions,
     opts: PgConnectOptions,
@@ -110,7 +110,7 @@ async fn stats_counts_by_provider_and_status_and_names_the_secrets_in_use(
     );
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn failed_lists_reasons_filtered_by_provider_and_time(pool_options: PgPoolOptions, opts: PgConnectOptions) {
     let pool = pool_options.connect_with(opts.clone()).await.unwrap();
     let url = url_of(&opts);
@@ -137,7 +137,7 @@ fn stripe_signature(secret: &str, t: i64, body: &str) -> String {
     format!("t={t},v1={}", hex::encode(mac.finalize().into_bytes()))
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn show_tells_whether_the_stored_bytes_still_verify(pool_options: PgPoolOptions, opts: PgConnectOptions) {
     let pool = pool_options.connect_with(opts.clone()).await.unwrap();
     let url = url_of(&opts);
@@ -177,7 +177,7 @@ async fn show_tells_whether_the_stored_bytes_still_verify(pool_options: PgPoolOp
         .contains("no event \"evt_missing\" from provider \"stripe\""));
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn replay_puts_one_event_back_with_an_audit_record(pool_options: PgPoolOptions, opts: PgConnectOptions) {
     let pool = pool_options.connect_with(opts.clone()).await.unwrap();
     let url = url_of(&opts);
@@ -201,7 +201,7 @@ async fn replay_puts_one_event_back_with_an_audit_record(pool_options: PgPoolOpt
     assert!(fails(Some(&url), &["replay", "stripe", "evt_nope"]).contains("no event"));
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn requeue_moves_thousands_in_batches_and_only_what_matches(pool_options: PgPoolOptions, opts: PgConnectOptions) {
     let pool = pool_options.connect_with(opts.clone()).await.unwrap();
     let url = url_of(&opts);
@@ -219,7 +219,7 @@ async fn requeue_moves_thousands_in_batches_and_only_what_matches(pool_options: 
         &url,
         &["requeue", "--failed", "--provider", "marqeta", "--reason-like", "account missing%", "--dry-run", "--json"],
     );
-    assert_eq!(dry, json!({"matching": 1200, "requeued": 0, "dry_run": true}));
+    assert_eq!(dry, json!({"matching": 1200, "without_payload": 0, "requeued": 0, "dry_run": true}));
     let failed: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_inbox WHERE status = 'failed'")
         .fetch_one(&pool)
         .await
@@ -228,7 +228,7 @@ async fn requeue_moves_thousands_in_batches_and_only_what_matches(pool_options: 
 
     let done =
         json_of(&url, &["requeue", "--failed", "--provider", "marqeta", "--reason-like", "account missing%", "--json"]);
-    assert_eq!(done, json!({"matching": 1200, "requeued": 1200, "dry_run": false}));
+    assert_eq!(done, json!({"matching": 1200, "without_payload": 0, "requeued": 1200, "dry_run": false}));
     let by_status: Vec<(String, String, i64)> =
         sqlx::query_as("SELECT provider, status, count(*) FROM webhook_inbox GROUP BY 1, 2 ORDER BY 1, 2")
             .fetch_all(&pool)
@@ -252,10 +252,11 @@ async fn requeue_moves_thousands_in_batches_and_only_what_matches(pool_options: 
     .await
     .unwrap();
     assert_eq!(reset, 1200);
-    assert!(fails(Some(&url), &["requeue", "--provider", "marqeta"]).contains("--failed"));
+    assert!(fails(Some(&url), &["requeue", "--provider", "marqeta"]).contains("--status"));
+    assert!(fails(Some(&url), &["requeue", "--status", "pending"]).contains("queued already"));
 }
 
-#[sqlx::test(migrator = "webhook_inbox::db::MIGRATOR")]
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn outbox_lists_dead_letters_and_retries_them(pool_options: PgPoolOptions, opts: PgConnectOptions) {
     let pool = pool_options.connect_with(opts.clone()).await.unwrap();
     let url = url_of(&opts);

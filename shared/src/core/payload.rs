@@ -30,7 +30,16 @@ pub struct Unusable(pub String);
 
 /// The payload as handlers see it.
 pub fn decode(text: &str) -> Result<Value, Unusable> {
-    serde_json::from_str(text).map_err(|e| Unusable(format!("payload is not usable JSON: {}", describe(&e))))
+    decode_as(text)
+}
+
+/// The payload as a handler's own type: unusable JSON as [`decode`] says it,
+/// a payload that does not fit the type with serde's message.
+pub fn decode_as<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, Unusable> {
+    serde_json::from_str(text).map_err(|e| match e.classify() {
+        serde_json::error::Category::Data => Unusable(format!("payload does not decode as the handler's type: {e}")),
+        _ => Unusable(format!("payload is not usable JSON: {}", describe(&e))),
+    })
 }
 
 /// Top-level string fields of an object; absent, or not a string, is `None`.

@@ -34,6 +34,12 @@ impl Provider {
     }
 }
 
+impl AsRef<str> for Provider {
+    fn as_ref(&self) -> &str {
+        self.0
+    }
+}
+
 impl fmt::Display for Provider {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.0)

@@ -1,5 +1,5 @@
 //! `inbox_audit`: who put which event back to pending, when and why. Written by
-//! the statements that requeue (`inbox::replay`, `inbox::requeue_failed`), in
+//! the statements that requeue (`inbox::replay`, `inbox::requeue`), in
 //! the same statement; read here.
 
 use sqlx::PgPool;

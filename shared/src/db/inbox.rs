@@ -14,9 +14,13 @@ use crate::core::{event::NewEvent, provider::Provider};
 pub enum Status {
     /// Waiting for the worker (due at `next_attempt_at`, if set).
     Pending,
+    /// A handler applied it (with an effect or without).
     Done,
     /// Final, with its `failure_reason`.
     Failed,
+    /// No handler takes its type: nothing ran. Kept like `done`, until a
+    /// handler for it is deployed and the event requeued.
+    Unhandled,
 }
 
 impl Status {
@@ -25,7 +29,13 @@ impl Status {
             Status::Pending => "pending",
             Status::Done => "done",
             Status::Failed => "failed",
+            Status::Unhandled => "unhandled",
         }
+    }
+
+    /// The status of this name, if it is one.
+    pub fn parse(name: &str) -> Option<Status> {
+        [Status::Pending, Status::Done, Status::Failed, Status::Unhandled].into_iter().find(|s| s.as_str() == name)
     }
 }
 
@@ -155,13 +165,18 @@ pub(crate) struct Taken {
     /// undecodable payload fails its own row, never the batch's query. A batch
     /// fetches it only for the events a handler takes.
     pub payload: Option<String>,
+    /// The kept headers, fetched with the payload.
+    pub headers: Option<Json<serde_json::Value>>,
     /// Attempts before this one.
     pub attempts: i32,
+    /// `received_at`, in microseconds since the Unix epoch.
+    pub received_at_us: i64,
 }
 
 /// Up to `limit` due pending rows, in receive order, skipping those another
-/// worker holds; the payload only where `handled` (`provider:event_type`) names
-/// a handler: an event no handler takes is done without it.
+/// worker holds; the payload and headers only where `handled`
+/// (`provider:event_type`) names a handler: an event no handler takes is
+/// unhandled without them.
 pub(crate) async fn take_pending(
     conn: &mut PgConnection,
     limit: i64,
@@ -169,7 +184,9 @@ pub(crate) async fn take_pending(
 ) -> Result<Vec<Taken>, sqlx::Error> {
     super::query_as(
         "SELECT provider, event_id, event_type,
-             CASE WHEN provider || ':' || event_type = ANY($2) THEN payload::text END AS payload, attempts
+             CASE WHEN provider || ':' || event_type = ANY($2) THEN payload::text END AS payload,
+             CASE WHEN provider || ':' || event_type = ANY($2) THEN headers END AS headers, attempts,
+             (extract(epoch FROM received_at) * 1000000)::bigint AS received_at_us
          FROM webhook_inbox
          WHERE status = 'pending' AND (next_attempt_at IS NULL OR next_attempt_at <= now())
          ORDER BY received_at, event_id
@@ -189,7 +206,8 @@ pub(crate) async fn take_one(
     event_id: &str,
 ) -> Result<Vec<Taken>, sqlx::Error> {
     super::query_as(
-        "SELECT provider, event_id, event_type, payload::text AS payload, attempts
+        "SELECT provider, event_id, event_type, payload::text AS payload, headers, attempts,
+             (extract(epoch FROM received_at) * 1000000)::bigint AS received_at_us
          FROM webhook_inbox
          WHERE provider = $1 AND event_id = $2 AND status = 'pending'
            AND (next_attempt_at IS NULL OR next_attempt_at <= now())
@@ -217,7 +235,8 @@ pub(crate) async fn count_next(pool: &PgPool, base: Duration) -> Result<Option<T
              next_attempt_at = now() + least($1 * power(2, w.attempts), 3600000) * interval '1 millisecond'
          FROM next
          WHERE w.provider = next.provider AND w.event_id = next.event_id
-         RETURNING w.provider, w.event_id, w.event_type, w.payload::text AS payload, w.attempts - 1 AS attempts",
+         RETURNING w.provider, w.event_id, w.event_type, w.payload::text AS payload, w.headers, w.attempts - 1 AS attempts,
+             (extract(epoch FROM w.received_at) * 1000000)::bigint AS received_at_us",
     )
     .bind(base.as_millis() as i64)
     .fetch_optional(super::Autocommit(pool))
@@ -231,7 +250,8 @@ pub(crate) async fn take_counted(
     event_id: &str,
 ) -> Result<Vec<Taken>, sqlx::Error> {
     super::query_as(
-        "SELECT provider, event_id, event_type, payload::text AS payload, attempts - 1 AS attempts
+        "SELECT provider, event_id, event_type, payload::text AS payload, headers, attempts - 1 AS attempts,
+             (extract(epoch FROM received_at) * 1000000)::bigint AS received_at_us
          FROM webhook_inbox
          WHERE provider = $1 AND event_id = $2 AND status = 'pending'
          FOR UPDATE SKIP LOCKED",
@@ -266,7 +286,7 @@ pub(crate) async fn finish(conn: &mut PgConnection, rows: &[Finished]) -> Result
         "UPDATE webhook_inbox AS w
          SET status = u.status,
              attempts = w.attempts + CASE WHEN u.counted THEN 1 ELSE 0 END,
-             processed_at = CASE WHEN u.status IN ('done', 'failed') THEN now() END,
+             processed_at = CASE WHEN u.status IN ('done', 'failed', 'unhandled') THEN now() END,
              next_attempt_at = now() + u.delay_ms * interval '1 millisecond',
              failure_reason = u.reason
          FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::bool[])
@@ -366,12 +386,12 @@ pub enum Providers<'a> {
     Except(&'a [&'a str]),
 }
 
-/// Deletes up to `limit` rows of `status` (of `providers`) received before
-/// `days` ago, skipping rows another transaction holds.
+/// Deletes up to `limit` rows of one of `statuses` (of `providers`) received
+/// before `days` ago, skipping rows another transaction holds.
 pub async fn delete_received_before<'e>(
     ex: impl PgExecutor<'e>,
     providers: Providers<'_>,
-    status: Status,
+    statuses: &[Status],
     days: u32,
     limit: i64,
 ) -> Result<u64, sqlx::Error> {
@@ -384,7 +404,7 @@ pub async fn delete_received_before<'e>(
         "DELETE FROM webhook_inbox AS w
          USING (SELECT provider, event_id FROM webhook_inbox
                 WHERE received_at < now() - make_interval(days => $3)
-                  AND status = $2
+                  AND status = ANY($2)
                   AND ($1::text[] IS NULL OR provider = ANY($1))
                   AND NOT provider = ANY($5::text[])
                 LIMIT $4
@@ -392,7 +412,7 @@ pub async fn delete_received_before<'e>(
          WHERE w.provider = old.provider AND w.event_id = old.event_id",
     )
     .bind(only)
-    .bind(status.as_str())
+    .bind(statuses.iter().map(|s| s.as_str()).collect::<Vec<_>>())
     .bind(days as i32)
     .bind(limit)
     .bind(except)
@@ -463,11 +483,15 @@ pub struct SecretUse {
 /// Which events an operator means: the filters of `inbox failed` and `inbox requeue`.
 #[derive(Debug, Clone, Default)]
 pub struct Filter {
+    /// Events in one of these statuses.
+    pub statuses: Vec<Status>,
     pub provider: Option<String>,
-    /// Failed (or received, for stored-as-failed rows) at or after this
-    /// PostgreSQL timestamp, e.g. `2026-11-30 08:00Z`, or `now() - ...` as
-    /// computed from a duration by the caller.
+    /// Exactly this event type.
+    pub event_type: Option<String>,
+    /// Ended (processed, or stored as failed by receive) at or after this point.
     pub since: Option<Since>,
+    /// Ended before this point.
+    pub until: Option<Since>,
     /// `failure_reason ILIKE` this pattern (`%` and `_` as in SQL).
     pub reason_like: Option<String>,
 }
@@ -507,40 +531,59 @@ pub struct FailedEvent {
     pub failure_reason: Option<String>,
 }
 
-const FAILED_WHERE: &str = "status = 'failed'
-    AND ($1::text IS NULL OR provider = $1)
-    AND ($2::bigint IS NULL OR coalesce(processed_at, received_at) >= now() - $2 * interval '1 millisecond')
-    AND ($3::timestamptz IS NULL OR coalesce(processed_at, received_at) >= $3::timestamptz)
-    AND ($4::text IS NULL OR failure_reason ILIKE $4)";
+/// [`Filter`] as SQL, on `$1` to `$8` (bound by `bind_filter!`). When an
+/// event ended: `processed_at`, or `received_at` for a row receive stored as failed.
+const FILTER_WHERE: &str = "status = ANY($1)
+    AND ($2::text IS NULL OR provider = $2)
+    AND ($3::text IS NULL OR event_type = $3)
+    AND ($4::bigint IS NULL OR coalesce(processed_at, received_at) >= now() - $4 * interval '1 millisecond')
+    AND ($5::timestamptz IS NULL OR coalesce(processed_at, received_at) >= $5::timestamptz)
+    AND ($6::bigint IS NULL OR coalesce(processed_at, received_at) < now() - $6 * interval '1 millisecond')
+    AND ($7::timestamptz IS NULL OR coalesce(processed_at, received_at) < $7::timestamptz)
+    AND ($8::text IS NULL OR failure_reason ILIKE $8)";
 
-/// Failed events matching `filter`, the most recent first.
-pub async fn list_failed(pool: &PgPool, filter: &Filter, limit: i64) -> Result<Vec<FailedEvent>, sqlx::Error> {
-    let since = filter.since.as_ref();
-    super::query_as(&format!(
-        "SELECT provider, event_id, event_type, attempts, received_at::text,
-                coalesce(processed_at, received_at)::text AS failed_at, failure_reason
-         FROM webhook_inbox WHERE {FAILED_WHERE}
-         ORDER BY coalesce(processed_at, received_at) DESC LIMIT $5"
-    ))
-    .bind(filter.provider.as_deref())
-    .bind(since.and_then(Since::ago_ms))
-    .bind(since.and_then(Since::at))
-    .bind(filter.reason_like.as_deref())
-    .bind(limit)
-    .fetch_all(super::Autocommit(pool))
-    .await
+macro_rules! bind_filter {
+    ($query:expr, $filter:expr) => {{
+        let f: &Filter = $filter;
+        let (since, until) = (f.since.as_ref(), f.until.as_ref());
+        $query
+            .bind(f.statuses.iter().map(|s| s.as_str()).collect::<Vec<_>>())
+            .bind(f.provider.as_deref())
+            .bind(f.event_type.as_deref())
+            .bind(since.and_then(Since::ago_ms))
+            .bind(since.and_then(Since::at))
+            .bind(until.and_then(Since::ago_ms))
+            .bind(until.and_then(Since::at))
+            .bind(f.reason_like.as_deref())
+    }};
 }
 
-/// How many failed events match `filter` (`inbox requeue --dry-run`).
-pub async fn count_failed(pool: &PgPool, filter: &Filter) -> Result<i64, sqlx::Error> {
-    let since = filter.since.as_ref();
-    super::query_scalar(&format!("SELECT count(*) FROM webhook_inbox WHERE {FAILED_WHERE}"))
-        .bind(filter.provider.as_deref())
-        .bind(since.and_then(Since::ago_ms))
-        .bind(since.and_then(Since::at))
-        .bind(filter.reason_like.as_deref())
-        .fetch_one(super::Autocommit(pool))
-        .await
+/// Events matching `filter` (its statuses: failed), the most recent first.
+pub async fn list_failed(pool: &PgPool, filter: &Filter, limit: i64) -> Result<Vec<FailedEvent>, sqlx::Error> {
+    let sql = format!(
+        "SELECT provider, event_id, event_type, attempts, received_at::text,
+                coalesce(processed_at, received_at)::text AS failed_at, failure_reason
+         FROM webhook_inbox WHERE {FILTER_WHERE}
+         ORDER BY coalesce(processed_at, received_at) DESC LIMIT $9"
+    );
+    bind_filter!(super::query_as(&sql), filter).bind(limit).fetch_all(super::Autocommit(pool)).await
+}
+
+/// What a requeue would take: the events matching a filter, and among them
+/// those stored without a payload (a body that was never usable), which it skips.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]
+pub struct Matching {
+    pub matching: i64,
+    pub without_payload: i64,
+}
+
+/// How many events match `filter`, and how many of them have no payload.
+pub async fn count_matching(pool: &PgPool, filter: &Filter) -> Result<Matching, sqlx::Error> {
+    let sql = format!(
+        "SELECT count(*) AS matching, count(*) FILTER (WHERE payload IS NULL) AS without_payload
+         FROM webhook_inbox WHERE {FILTER_WHERE}"
+    );
+    bind_filter!(super::query_as(&sql), filter).fetch_one(super::Autocommit(pool)).await
 }
 
 /// Who puts events back, and why: kept in `inbox_audit` with each event's state before.
@@ -551,17 +594,28 @@ pub struct Requeue<'a> {
     pub reason: &'a str,
 }
 
-/// Puts up to `limit` failed events matching `filter` back to `pending`
-/// (attempts reset, due now), skipping rows another transaction holds, with
-/// one audit record each, in one statement: a short transaction of its own.
-/// Returns how many; call it again until it returns less than `limit`.
-pub async fn requeue_failed(pool: &PgPool, filter: &Filter, by: &Requeue<'_>, limit: i64) -> Result<u64, sqlx::Error> {
-    let since = filter.since.as_ref();
-    let n: i64 = super::query_scalar(&format!(
+/// Puts up to `limit` events matching `filter` back to `pending` (attempts
+/// reset, due now), skipping rows another transaction holds and rows without
+/// a payload (a handler could never take them), with one audit record each,
+/// in one statement: a short transaction of its own. Returns how many; call it
+/// again until it returns less than `limit`.
+///
+/// `ended_before` (a timestamp, the start of the whole requeue) fences the
+/// rows taken: an event requeued and processed again while the requeue goes
+/// on ends after it, and is not taken a second time.
+pub async fn requeue(
+    pool: &PgPool,
+    filter: &Filter,
+    by: &Requeue<'_>,
+    limit: i64,
+    ended_before: &str,
+) -> Result<u64, sqlx::Error> {
+    let sql = format!(
         "WITH picked AS (
              SELECT provider, event_id, status, attempts, failure_reason FROM webhook_inbox
-             WHERE {FAILED_WHERE}
-             ORDER BY received_at, event_id LIMIT $5 FOR UPDATE SKIP LOCKED),
+             WHERE {FILTER_WHERE} AND payload IS NOT NULL
+               AND coalesce(processed_at, received_at) < $13::timestamptz
+             ORDER BY received_at, event_id LIMIT $9 FOR UPDATE SKIP LOCKED),
          requeued AS (
              UPDATE webhook_inbox AS w
              SET status = 'pending', attempts = 0, next_attempt_at = NULL, processed_at = NULL, failure_reason = NULL
@@ -569,20 +623,23 @@ pub async fn requeue_failed(pool: &PgPool, filter: &Filter, by: &Requeue<'_>, li
              RETURNING w.provider),
          audited AS (
              INSERT INTO inbox_audit (actor, action, reason, provider, event_id, from_status, attempts, failure_reason)
-             SELECT $6, $7, $8, provider, event_id, status, attempts, failure_reason FROM picked)
+             SELECT $10, $11, $12, provider, event_id, status, attempts, failure_reason FROM picked)
          SELECT count(*) FROM requeued"
-    ))
-    .bind(filter.provider.as_deref())
-    .bind(since.and_then(Since::ago_ms))
-    .bind(since.and_then(Since::at))
-    .bind(filter.reason_like.as_deref())
-    .bind(limit)
-    .bind(by.actor)
-    .bind(by.action)
-    .bind(by.reason)
-    .fetch_one(super::Autocommit(pool))
-    .await?;
+    );
+    let n: i64 = bind_filter!(super::query_scalar(&sql), filter)
+        .bind(limit)
+        .bind(by.actor)
+        .bind(by.action)
+        .bind(by.reason)
+        .bind(ended_before)
+        .fetch_one(super::Autocommit(pool))
+        .await?;
     Ok(n as u64)
+}
+
+/// The database's clock, as text a later statement reads back as a timestamp.
+pub async fn now(pool: &PgPool) -> Result<String, sqlx::Error> {
+    super::query_scalar("SELECT now()::text").fetch_one(super::Autocommit(pool)).await
 }
 
 /// What replaying one event found.
@@ -593,26 +650,29 @@ pub enum Replayed {
         from: String,
     },
     AlreadyPending,
+    /// Stored without a payload (its body was never usable): no handler could take it.
+    WithoutPayload,
     NotFound,
 }
 
-/// Puts one event (done or failed) back to `pending`, attempts reset, with an
-/// audit record, in one statement.
+/// Puts one event (done, failed or unhandled) back to `pending`, attempts
+/// reset, with an audit record, in one statement.
 pub async fn replay(pool: &PgPool, provider: &str, event_id: &str, by: &Requeue<'_>) -> Result<Replayed, sqlx::Error> {
-    let row: Option<(String, bool)> = super::query_as(
+    let row: Option<(String, bool, bool)> = super::query_as(
         "WITH picked AS (
-             SELECT provider, event_id, status, attempts, failure_reason FROM webhook_inbox
+             SELECT provider, event_id, status, attempts, failure_reason,
+                    status <> 'pending' AND payload IS NOT NULL AS replayable
+             FROM webhook_inbox
              WHERE provider = $1 AND event_id = $2 FOR UPDATE),
          requeued AS (
              UPDATE webhook_inbox AS w
              SET status = 'pending', attempts = 0, next_attempt_at = NULL, processed_at = NULL, failure_reason = NULL
-             FROM picked WHERE w.provider = picked.provider AND w.event_id = picked.event_id AND picked.status <> 'pending'
+             FROM picked WHERE w.provider = picked.provider AND w.event_id = picked.event_id AND picked.replayable
              RETURNING w.provider),
          audited AS (
              INSERT INTO inbox_audit (actor, action, reason, provider, event_id, from_status, attempts, failure_reason)
-             SELECT $3, $4, $5, provider, event_id, status, attempts, failure_reason FROM picked
-             WHERE status <> 'pending')
-         SELECT status, status <> 'pending' FROM picked",
+             SELECT $3, $4, $5, provider, event_id, status, attempts, failure_reason FROM picked WHERE replayable)
+         SELECT status, status = 'pending', replayable FROM picked",
     )
     .bind(provider)
     .bind(event_id)
@@ -623,8 +683,9 @@ pub async fn replay(pool: &PgPool, provider: &str, event_id: &str, by: &Requeue<
     .await?;
     Ok(match row {
         None => Replayed::NotFound,
-        Some((_, false)) => Replayed::AlreadyPending,
-        Some((from, true)) => Replayed::Requeued { from },
+        Some((_, true, _)) => Replayed::AlreadyPending,
+        Some((_, false, false)) => Replayed::WithoutPayload,
+        Some((from, false, true)) => Replayed::Requeued { from },
     })
 }
 

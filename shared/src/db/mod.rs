@@ -1,4 +1,4 @@
-//! The database: pools and connections, migrations, SQLSTATE classes, and one
+//! The database: pools and connections, the schema's migrations, SQLSTATE classes, and one
 //! module per table holding every statement on it.
 
 pub mod audit;
@@ -7,8 +7,9 @@ pub mod checkpoints;
 pub mod inbox;
 pub mod outbox;
 mod pooler;
+pub mod schema;
 
-pub use pooler::{migrate, query, query_as, query_scalar, Autocommit};
+pub use pooler::{query, query_as, query_scalar, Autocommit};
 
 use std::{
     ops::{Deref, DerefMut},
@@ -18,14 +19,10 @@ use std::{
 };
 
 use sqlx::{
-    migrate::Migrator,
     postgres::{PgConnectOptions, PgPoolOptions},
     Connection, PgConnection, PgPool,
 };
 use tokio::sync::{Semaphore, SemaphorePermit};
-
-/// The schema, embedded in every binary.
-pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
 
 /// A pool for everything but the claim (migrations, workers, operators' queries).
 pub fn pool(cfg: &DbConfig) -> Result<PgPool, sqlx::Error> {

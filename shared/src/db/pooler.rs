@@ -10,20 +10,17 @@
 //!   or, behind a pooler, between `BEGIN` and `COMMIT`, because sqlx parses and
 //!   executes it in two exchanges that a pooler may send to two servers.
 //! - Advisory locks are transaction-scoped (`pg_advisory_xact_lock`), and the
-//!   migrations run in one transaction ([`migrate`]).
+//!   migrations run in one transaction (`super::schema`).
 //! - No startup parameter is sent ([`super::DbConfig::behind_proxy`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::{future::BoxFuture, stream::BoxStream, StreamExt, TryStreamExt};
 use sqlx::{
-    migrate::{MigrateError, Migrator},
     postgres::{PgArguments, PgQueryResult, PgRow, PgStatement, PgTypeInfo},
     query::{Query, QueryAs, QueryScalar},
-    Acquire, Connection, Describe, Either, Execute, Executor, FromRow, PgPool, Postgres,
+    Acquire, Describe, Either, Execute, Executor, FromRow, Postgres,
 };
-
-use super::MIGRATOR;
 
 static UNNAMED: AtomicBool = AtomicBool::new(false);
 
@@ -122,45 +119,5 @@ where
         'c: 'e,
     {
         self.0.describe(sql)
-    }
-}
-
-/// Applies the pending migrations, all in one transaction on a connection of
-/// its own: all or nothing, serialised by a transaction-scoped advisory lock
-/// (the key `sqlx migrate` takes, so the two exclude each other).
-///
-/// A migration that cannot run in a transaction (`CREATE INDEX CONCURRENTLY`)
-/// fails here and says so; none does today.
-pub async fn migrate(pool: &PgPool) -> Result<(), MigrateError> {
-    let migrator = Migrator {
-        migrations: MIGRATOR.migrations.clone(),
-        ignore_missing: MIGRATOR.ignore_missing,
-        locking: false,
-        no_tx: MIGRATOR.no_tx,
-    };
-    let mut conn = pool.acquire().await?.detach();
-    let mut tx = Connection::begin(&mut conn).await?;
-    let database: String = query_scalar("SELECT current_database()").fetch_one(&mut *tx).await?;
-    query("SELECT pg_advisory_xact_lock($1)").bind(lock_id(&database)).execute(&mut *tx).await?;
-    migrator.run_direct(&mut *tx).await?;
-    // The migrator names its statements; behind a pooler the server session outlives this connection.
-    Executor::execute(&mut *tx, "DEALLOCATE ALL").await?;
-    tx.commit().await?;
-    conn.close().await?;
-    Ok(())
-}
-
-/// sqlx's migration lock key for a database.
-fn lock_id(database: &str) -> i64 {
-    const CRC: crc::Crc<u32> = crc::Crc::<u32>::new(&crc::CRC_32_ISO_HDLC);
-    0x3d32ad9e * i64::from(CRC.checksum(database.as_bytes()))
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_lock_id_is_sqlx_s() {
-        // zlib.crc32(b"postgres") is 0x156a8775 (Python's zlib, the same CRC-32), times sqlx's constant.
-        assert_eq!(super::lock_id("postgres"), 0x3d32ad9e * 0x156a_8775_i64);
     }
 }

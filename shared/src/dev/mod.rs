@@ -1,6 +1,184 @@
-//! The local tooling behind `inbox dev` and `inbox demo`: the HTTP server, a
-//! throwaway PostgreSQL, and the storm of signed deliveries with its checks.
+//! The local tooling: [`run`], the whole stack on one machine (what `inbox dev`
+//! and a team's own `dev` binary are), the HTTP server, a throwaway
+//! PostgreSQL, and the storm of signed deliveries with its checks (`inbox demo`).
 
 pub mod embedded_pg;
 pub mod server;
 pub mod storm;
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use tokio::net::TcpListener;
+
+use self::embedded_pg::EmbeddedPostgres;
+use crate::{
+    app::App,
+    config::{sinks_from_env, Secrets},
+    db,
+    process::worker::{Worker, WorkerConfig},
+    reconcile::Reconciler,
+    relay::{Relay, RelayConfig},
+    retention::{Pruner, RetentionConfig},
+    runtime::stage::Stage,
+    ReceiveConfig, Receiver,
+};
+
+/// Runs the whole stack locally with `app`'s handlers and migrations, until
+/// Ctrl-C or SIGTERM: `POST /webhooks/{provider}` on `host:port` (0 picks a
+/// free port; the `ready` line names it), the worker, the relay when a sink is
+/// set, prune hourly and reconcile every 15 minutes when configured, on
+/// `DATABASE_URL` or a throwaway PostgreSQL of its own (removed on exit).
+/// Without any webhook secret set it uses development secrets, and prints them.
+///
+/// A team's own `dev` binary is this one call:
+///
+/// ```no_run
+/// # async fn app() -> webhook_inbox::App { webhook_inbox::App::default() }
+/// #[tokio::main]
+/// async fn main() -> anyhow::Result<()> {
+///     webhook_inbox::dev::run(app().await, "127.0.0.1", 9000).await
+/// }
+/// ```
+pub async fn run(app: App, host: &str, port: u16) -> Result<()> {
+    crate::config::init_logging();
+    let host = host.to_string();
+    with_database(ReceiveConfig::from_env(16)?, |mut config| async move { serve(&app, &mut config, &host, port).await })
+        .await
+}
+
+/// Runs `f` on DATABASE_URL, or on an embedded throwaway PostgreSQL that is removed afterwards.
+pub async fn with_database<F, Fut>(mut config: ReceiveConfig, f: F) -> Result<()>
+where
+    F: FnOnce(ReceiveConfig) -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    let embedded = match &config.db.url {
+        Some(url) => {
+            println!("using DATABASE_URL {}", redact_url(url));
+            None
+        }
+        None => {
+            let pg = EmbeddedPostgres::start().await.context("starting the embedded PostgreSQL")?;
+            println!("embedded PostgreSQL at {} (data in {}; removed on exit)", pg.url(), pg.data_dir().display());
+            config.db.url = Some(pg.url());
+            Some(pg)
+        }
+    };
+    let result = f(config).await;
+    if let Some(pg) = embedded {
+        pg.destroy().await.context("stopping the embedded PostgreSQL")?;
+        println!("embedded PostgreSQL stopped");
+    }
+    result
+}
+
+async fn serve(app: &App, config: &mut ReceiveConfig, host: &str, port: u16) -> Result<()> {
+    let pool = db::pool(&config.db)?;
+    app.migrate(&pool).await.context("applying migrations")?;
+    if config.secrets.none_configured() {
+        config.secrets = Secrets::development();
+        print_development_secrets();
+    } else {
+        let live: Vec<&str> = config
+            .catalog
+            .entries()
+            .map(|e| e.provider)
+            .filter(|p| config.secrets.is_configured(*p))
+            .map(|p| p.as_str())
+            .collect();
+        println!("providers with a secret (each has a route; `inbox providers` for more): {}", live.join(", "));
+    }
+    let listener = TcpListener::bind((host, port)).await.with_context(|| format!("binding {host}:{port}"))?;
+    let receiver =
+        Arc::new(Receiver::new(db::Connections::new(&config.db)?, config).with_handlers(app.handlers().clone()));
+
+    // The same worker as the `process` function, and the relay when a sink is set, running continuously.
+    let (stop, stopped) = tokio::sync::watch::channel(());
+    let until_stopped = |mut stopped: tokio::sync::watch::Receiver<()>| async move {
+        let _ = stopped.changed().await;
+    };
+    let worker = Worker::new(pool.clone(), app.handlers().clone(), WorkerConfig::from_env()?);
+    let poll = worker.config().poll;
+    let worker = tokio::spawn({
+        let stopped = until_stopped(stopped.clone());
+        async move { worker.run_until(poll, stopped).await }
+    });
+    let mut stages = vec![worker];
+    let sinks = sinks_from_env().await?;
+    if sinks.is_empty() {
+        println!("no relay sink (RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL, RELAY_EVENT_BUS): outbox messages stay in transactional_outbox");
+    } else {
+        let relay = Relay::new(pool.clone(), sinks, RelayConfig::from_env()?);
+        let stopped = until_stopped(stopped.clone());
+        stages.push(tokio::spawn(async move { relay.run_until(poll, stopped).await }));
+    }
+    // Prune hourly and reconcile every 15 minutes, as the stack schedules them.
+    let pruner = Pruner::new(pool.clone(), RetentionConfig::from_env()?);
+    let stopped_prune = until_stopped(stopped.clone());
+    stages.push(tokio::spawn(async move { pruner.run_until(Duration::from_secs(3600), stopped_prune).await }));
+    let reconciler = Reconciler::from_env()?;
+    if reconciler.is_configured() {
+        let mut stopped = stopped.clone();
+        stages.push(tokio::spawn(async move {
+            loop {
+                let reconciled = reconciler.run_once(&pool, Instant::now() + Duration::from_secs(600)).await;
+                tracing::info!(?reconciled, "reconciled");
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(900)) => {}
+                    _ = stopped.changed() => return,
+                }
+            }
+        }));
+    }
+
+    println!("inbox dev ready: POST http://{}/webhooks/{{provider}}  (Ctrl-C stops)", listener.local_addr()?);
+    server::serve(listener, receiver, shutdown_signal()).await?;
+    println!("shutting down");
+    let _ = stop.send(());
+    for stage in stages {
+        let _ = stage.await;
+    }
+    Ok(())
+}
+
+fn print_development_secrets() {
+    println!("no webhook secrets set: using development secrets");
+    println!("  STRIPE_WEBHOOK_SECRET={}", crate::config::DEV_STRIPE);
+    println!("  SHOPIFY_WEBHOOK_SECRET={}", crate::config::DEV_SHOPIFY);
+    println!("  GITHUB_WEBHOOK_SECRET={}", crate::config::DEV_GITHUB);
+    println!("  STANDARD_WEBHOOK_SECRET={}", crate::config::DEV_STANDARD);
+    println!("  MARQETA_WEBHOOK_USERNAME={}", crate::config::DEV_MARQETA_USERNAME);
+    println!("  MARQETA_WEBHOOK_PASSWORD={}", crate::config::DEV_MARQETA_PASSWORD);
+}
+
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+/// Where a database URL points, without any credential (user:password@ or ?password=).
+pub fn redact_url(url: &str) -> String {
+    match url.parse::<sqlx::postgres::PgConnectOptions>() {
+        Ok(o) => format!("postgres://{}:{}/{}", o.get_host(), o.get_port(), o.get_database().unwrap_or("")),
+        Err(_) => "(an unparsable URL)".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn credentials_never_print() {
+        assert_eq!(redact_url("postgres://u:s3cret@h:5433/db"), "postgres://h:5433/db");
+        assert_eq!(redact_url("postgres://h/db?password=s3cret"), "postgres://h:5432/db");
+        assert!(!redact_url("not a url s3cret").contains("s3cret"));
+    }
+}

@@ -97,13 +97,14 @@ pub struct Receiver {
 }
 
 impl Receiver {
-    /// A receiver with the reference handlers for its inline providers.
+    /// A receiver with no handlers: its inline providers' events are left to
+    /// the worker (see [`Receiver::with_handlers`]).
     pub fn new(connections: Connections, config: &ReceiveConfig) -> Self {
         Receiver {
             connections,
             schemes: Schemes::new(&config.catalog, &config.secrets),
             max_body_bytes: config.max_body_bytes,
-            handlers: Handlers::reference(),
+            handlers: Handlers::new(),
             inline: config.inline_providers.clone(),
             process_queue: None,
         }
@@ -115,7 +116,7 @@ impl Receiver {
         self
     }
 
-    /// Your own handlers for inline mode, instead of the reference domain.
+    /// The handlers inline mode runs (`INBOX_INLINE_PROVIDERS`): the worker's own.
     pub fn with_handlers(mut self, handlers: Handlers) -> Self {
         self.handlers = handlers;
         self

@@ -11,13 +11,12 @@ use std::time::{Duration, Instant};
 use sqlx::{Acquire, PgPool, Postgres, Transaction};
 
 use crate::{
-    core::payload,
     core::provider::Provider,
     db::{
         self,
         inbox::{self, Finished, Status, Taken},
     },
-    process::handlers::{Event, Handler, HandlerError, Handlers, Outcome},
+    process::handlers::{erased::Prepared, erased::RawEvent, HandlerError, Handlers, Headers, Outcome},
     runtime::stage::{Pass, Stage, Tally},
 };
 
@@ -56,18 +55,18 @@ pub struct Counts {
     pub taken: usize,
     pub applied: usize,
     pub no_effect: usize,
-    /// Event types with no handler: done, with no effect.
-    pub no_handler: usize,
+    /// Event types no handler takes: `unhandled`, nothing ran.
+    pub unhandled: usize,
     pub retried: usize,
     pub failed: usize,
 }
 
 impl Counts {
-    /// `claimed`, `processed` (with an effect or without), `no_handler`, `retried`, `failed`.
+    /// `claimed`, `processed` (with an effect or without), `unhandled`, `retried`, `failed`.
     pub fn count_into(&self, m: &mut crate::runtime::metrics::Metrics) {
         m.count("claimed", self.taken as u64)
             .count("processed", (self.applied + self.no_effect) as u64)
-            .count("no_handler", self.no_handler as u64)
+            .count("unhandled", self.unhandled as u64)
             .count("retried", self.retried as u64)
             .count("failed", self.failed as u64);
     }
@@ -78,7 +77,7 @@ impl Tally for Counts {
         self.taken += o.taken;
         self.applied += o.applied;
         self.no_effect += o.no_effect;
-        self.no_handler += o.no_handler;
+        self.unhandled += o.unhandled;
         self.retried += o.retried;
         self.failed += o.failed;
     }
@@ -91,6 +90,8 @@ impl Tally for Counts {
 /// How one event ends this pass.
 enum Finish {
     Done,
+    /// No handler takes the event's type.
+    Unhandled,
     /// `counted`: false when the event lost to another transaction (40001, 40P01,
     /// 55P03): that says nothing about the event, so it spends no attempt.
     Retry {
@@ -209,6 +210,8 @@ impl Worker {
         let finished_as = |row: Taken, end: Finish| {
             let (status, delay, reason, counted) = match end {
                 Finish::Done => (Status::Done, None, None, !precounted),
+                // Nothing ran: no attempt spent.
+                Finish::Unhandled => (Status::Unhandled, None, None, false),
                 Finish::Retry { after, reason, counted } => {
                     (Status::Pending, Some(after), Some(reason), counted && !precounted)
                 }
@@ -224,7 +227,7 @@ impl Worker {
                 break; // left pending; its lock goes with the commit
             }
             match self.prepare(&row, &mut counts) {
-                Ok((handler, event)) => runs.push((handler.lock_key(&event), handler, event, row)),
+                Ok(prepared) => runs.push((prepared.lock_key(), prepared, row)),
                 Err(end) => {
                     counts.taken += 1;
                     finished.push(finished_as(row, end));
@@ -232,12 +235,12 @@ impl Worker {
             }
         }
         runs.sort_by(|a, b| a.0.cmp(&b.0));
-        for (_, handler, event, row) in runs {
+        for (_, prepared, row) in runs {
             if Instant::now() >= deadline {
                 break;
             }
             counts.taken += 1;
-            let end = self.apply(&mut tx, &row, handler, &event, &mut counts).await?;
+            let end = self.apply(&mut tx, &row, prepared.as_ref(), &mut counts).await?;
             finished.push(finished_as(row, end));
         }
         inbox::finish(&mut tx, &finished).await?;
@@ -245,34 +248,32 @@ impl Worker {
         Ok(counts)
     }
 
-    /// The event's handler and the event it is given, or how the event ends
-    /// without one (no handler: done; an unknown provider or an unusable payload: failed).
-    fn prepare(&self, row: &Taken, counts: &mut Counts) -> Result<(&dyn Handler, Event), Finish> {
+    /// The event, ready for its handler, or how the event ends without one (no
+    /// handler: unhandled; an unknown provider, or a payload that does not
+    /// decode as the handler's type: failed).
+    fn prepare(&self, row: &Taken, counts: &mut Counts) -> Result<Box<dyn Prepared + '_>, Finish> {
         let Ok(provider) = Provider::try_from(row.provider.as_str()) else {
             counts.failed += 1;
             return Err(Finish::Failed(format!("unknown provider {:?}", row.provider)));
         };
         let Some(handler) = self.handlers.get(provider, &row.event_type) else {
-            counts.no_handler += 1;
-            return Err(Finish::Done);
+            counts.unhandled += 1;
+            return Err(Finish::Unhandled);
         };
-        let payload = match row.payload.as_deref().map(payload::decode) {
-            Some(Ok(value)) => value,
-            Some(Err(unusable)) => {
-                counts.failed += 1;
-                tracing::warn!(provider = %row.provider, event_id = %row.event_id, reason = %unusable, "event failed");
-                return Err(Finish::Failed(unusable.0));
-            }
-            None => serde_json::Value::Null,
-        };
-        let event = Event {
+        let event = RawEvent {
             provider,
             event_id: row.event_id.clone(),
             event_type: row.event_type.clone(),
-            payload,
+            payload: row.payload.clone(),
             attempts: row.attempts,
+            received_at: RawEvent::received_at_micros(row.received_at_us),
+            headers: row.headers.as_ref().map(|h| Headers::from_json(&h.0)).unwrap_or_default(),
         };
-        Ok((handler, event))
+        handler.prepare(event).map_err(|unusable| {
+            counts.failed += 1;
+            tracing::warn!(provider = %row.provider, event_id = %row.event_id, reason = %unusable, "event failed");
+            Finish::Failed(unusable)
+        })
     }
 
     /// One event inside its own savepoint. `Err` only when the batch cannot go on
@@ -281,12 +282,11 @@ impl Worker {
         &self,
         tx: &mut Transaction<'static, Postgres>,
         row: &Taken,
-        handler: &dyn Handler,
-        event: &Event,
+        prepared: &dyn Prepared,
         counts: &mut Counts,
     ) -> Result<Finish, sqlx::Error> {
         let mut savepoint = tx.begin().await?;
-        match handler.handle(&mut savepoint, event).await {
+        match prepared.run(&mut savepoint).await {
             Ok(outcome) => {
                 savepoint.commit().await?;
                 match outcome {

@@ -7,14 +7,15 @@
 //! before the claim, so a concurrent duplicate delivery is told to come back
 //! (503) instead of queueing behind it on the primary key.
 
+use std::time::SystemTime;
+
 use sqlx::{Acquire, PgConnection};
 
 use crate::{
-    core::payload,
     db::{self, inbox as table},
     ingest::inbox::{self, BatchClaim, Claim, Claimed, Envelope},
     ingest::providers::{Events, InitialStatus, NewEvent},
-    process::handlers::{try_lock_event, Event, HandlerError, Handlers},
+    process::handlers::{erased::RawEvent, try_lock_event, HandlerError, Handlers, Headers},
 };
 
 pub(crate) async fn claim_and_apply(
@@ -45,28 +46,29 @@ pub(crate) async fn claim_and_apply(
         }
     };
     for e in new.into_iter().filter(|e| e.status == InitialStatus::Pending) {
-        // Types with no handler stay pending: the worker marks them done, and counts them.
+        // Types with no handler stay pending: the worker marks them unhandled, and counts them.
         let Some(handler) = handlers.get(env.provider, &e.event_type) else {
             continue;
         };
-        // Receive checked the payload with the same rules, so this fails only if the rules and
-        // the check ever part; then the row is failed here, never left for the worker to trip on.
-        let value = match e.payload.as_deref().map(payload::decode).transpose() {
-            Ok(value) => value.unwrap_or_default(),
-            Err(unusable) => {
-                table::mark_unusable(&mut tx, env.provider, &e.event_id, &unusable.0).await?;
-                continue;
-            }
-        };
-        let event = Event {
+        let event = RawEvent {
             provider: env.provider,
             event_id: e.event_id.clone(),
             event_type: e.event_type.clone(),
-            payload: value,
+            payload: e.payload.clone(),
             attempts: 0,
+            received_at: SystemTime::now(),
+            headers: Headers::from_json(env.headers),
+        };
+        // A payload that does not decode as the handler's type fails here, as the worker would fail it.
+        let prepared = match handler.prepare(event) {
+            Ok(prepared) => prepared,
+            Err(unusable) => {
+                table::mark_unusable(&mut tx, env.provider, &e.event_id, &unusable).await?;
+                continue;
+            }
         };
         let mut savepoint = tx.begin().await?;
-        match handler.handle(&mut savepoint, &event).await {
+        match prepared.run(&mut savepoint).await {
             Ok(_) => {
                 savepoint.commit().await?;
                 table::mark_done_inline(&mut tx, env.provider, &e.event_id).await?;

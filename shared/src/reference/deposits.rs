@@ -7,7 +7,7 @@ use sqlx::PgConnection;
 use super::{decimal, required};
 use crate::{
     db::outbox::{self, Message},
-    process::handlers::{Event, Handler, HandlerError, HandlerFuture, Outcome},
+    process::handlers::{Event, Handler, HandlerError, Outcome},
 };
 
 /// The event type receive gives a `transactions` item of type `gpa.credit`.
@@ -97,16 +97,16 @@ pub async fn credit(conn: &mut PgConnection, d: &Deposit) -> Result<Credit, Hand
 pub struct DepositHandler;
 
 impl Handler for DepositHandler {
-    fn handle<'a>(&'a self, conn: &'a mut PgConnection, event: &'a Event) -> HandlerFuture<'a> {
-        Box::pin(async move {
-            match Deposit::from_marqeta(&event.event_id, &event.payload)? {
-                None => Ok(Outcome::NoEffect),
-                Some(deposit) => match credit(conn, &deposit).await? {
-                    Credit::Credited(_) => Ok(Outcome::Applied),
-                    Credit::AlreadyCredited => Ok(Outcome::NoEffect),
-                },
-            }
-        })
+    type Payload = Value;
+
+    async fn handle(&self, conn: &mut PgConnection, event: &Event) -> Result<Outcome, HandlerError> {
+        match Deposit::from_marqeta(&event.event_id, &event.payload)? {
+            None => Ok(Outcome::NoEffect),
+            Some(deposit) => match credit(conn, &deposit).await? {
+                Credit::Credited(_) => Ok(Outcome::Applied),
+                Credit::AlreadyCredited => Ok(Outcome::NoEffect),
+            },
+        }
     }
 
     fn lock_key(&self, event: &Event) -> Option<String> {

@@ -7,7 +7,7 @@ use sqlx::PgConnection;
 use super::{required, text};
 use crate::{
     db::outbox::{self, Message},
-    process::handlers::{Event, Handler, HandlerError, HandlerFuture, Outcome},
+    process::handlers::{Event, Handler, HandlerError, Outcome},
 };
 
 pub const EVENT_TYPE: &str = "payment_intent.succeeded";
@@ -60,29 +60,29 @@ pub async fn insert(conn: &mut PgConnection, p: &Payment) -> Result<bool, sqlx::
 pub struct PaymentSucceededHandler;
 
 impl Handler for PaymentSucceededHandler {
-    fn handle<'a>(&'a self, conn: &'a mut PgConnection, event: &'a Event) -> HandlerFuture<'a> {
-        Box::pin(async move {
-            let payment = Payment::from_stripe(&event.event_id, &event.payload)?;
-            if !insert(conn, &payment).await? {
-                // A twin event (or a replay) finds the PaymentIntent recorded.
-                return Ok(Outcome::NoEffect);
-            }
-            let message = Message {
-                aggregate_type: "payment",
-                aggregate_id: &payment.payment_id,
-                message_key: format!("payment_succeeded:{}", payment.payment_id),
-                payload: json!({
-                    "event": "payment_succeeded",
-                    "payment_id": payment.payment_id,
-                    "amount": payment.amount,
-                    "currency": payment.currency,
-                    "customer_id": payment.customer_id,
-                    "stripe_event_id": payment.stripe_event_id,
-                }),
-            };
-            outbox::enqueue(conn, &message).await?;
-            Ok(Outcome::Applied)
-        })
+    type Payload = Value;
+
+    async fn handle(&self, conn: &mut PgConnection, event: &Event) -> Result<Outcome, HandlerError> {
+        let payment = Payment::from_stripe(&event.event_id, &event.payload)?;
+        if !insert(conn, &payment).await? {
+            // A twin event (or a replay) finds the PaymentIntent recorded.
+            return Ok(Outcome::NoEffect);
+        }
+        let message = Message {
+            aggregate_type: "payment",
+            aggregate_id: &payment.payment_id,
+            message_key: format!("payment_succeeded:{}", payment.payment_id),
+            payload: json!({
+                "event": "payment_succeeded",
+                "payment_id": payment.payment_id,
+                "amount": payment.amount,
+                "currency": payment.currency,
+                "customer_id": payment.customer_id,
+                "stripe_event_id": payment.stripe_event_id,
+            }),
+        };
+        outbox::enqueue(conn, &message).await?;
+        Ok(Outcome::Applied)
     }
 
     fn lock_key(&self, event: &Event) -> Option<String> {

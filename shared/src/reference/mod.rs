@@ -1,31 +1,45 @@
-//! The reference domain: working handlers, and the template to copy.
+//! The reference domain: the stock binaries' handlers and their tables.
 //!
 //! - `orders`: Shopify order snapshots, version-guarded upserts.
 //! - `payments`: Stripe `payment_intent.succeeded`, keyed by the PaymentIntent.
 //! - `deposits`: Marqeta `gpa.credit` completions, deltas applied once per token.
+//!
+//! Its tables come from its own migrations ([`MIGRATIONS`]), applied only where
+//! the domain is used: the stock binaries, `inbox dev`, the demo, the bench and
+//! the fault suite. A team's database never gets them.
 
 pub mod deposits;
 pub mod orders;
 pub mod payments;
 
+use sqlx::migrate::Migrator;
+
 use crate::{
+    app::App,
     core::provider::Provider,
     process::handlers::{HandlerError, Handlers},
 };
+
+/// The reference domain's tables (`shared/reference-migrations`), applied
+/// after the inbox's own as an application's migrations (in `_sqlx_migrations`).
+pub static MIGRATIONS: Migrator = sqlx::migrate!("./reference-migrations");
+
+/// The stock binaries' application: the reference handlers and their tables.
+pub fn app() -> App {
+    App::new(Handlers::reference()).with_migrations(&MIGRATIONS)
+}
 
 impl Handlers {
     /// The reference domain: Shopify orders, Stripe payments, Marqeta deposits.
     /// (Registered here, so the handler registry knows nothing of the domain.)
     pub fn reference() -> Self {
-        let mut h = Handlers::new();
-        for topic in orders::TOPICS {
-            h = h.on(Provider::SHOPIFY, topic, orders::OrderSnapshotHandler);
-        }
-        h.on(Provider::STRIPE, payments::EVENT_TYPE, payments::PaymentSucceededHandler).on(
-            Provider::MARQETA,
-            deposits::EVENT_TYPE,
-            deposits::DepositHandler,
-        )
+        let registered = orders::TOPICS
+            .iter()
+            .try_fold(Handlers::new(), |h, topic| h.on(Provider::SHOPIFY, topic, orders::OrderSnapshotHandler))
+            .and_then(|h| h.on(Provider::STRIPE, payments::EVENT_TYPE, payments::PaymentSucceededHandler))
+            .and_then(|h| h.on(Provider::MARQETA, deposits::EVENT_TYPE, deposits::DepositHandler));
+        // Each pair once, with a valid name: a test calls this.
+        registered.expect("the reference handlers are registered once each")
     }
 }
 
@@ -52,5 +66,13 @@ pub(crate) fn decimal(v: &serde_json::Value, path: &str) -> Result<String, Handl
         Ok(s)
     } else {
         Err(HandlerError::Permanent(format!("{path} is not a decimal amount: {s:?}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_reference_handlers_register() {
+        assert!(!super::Handlers::reference().is_empty());
     }
 }

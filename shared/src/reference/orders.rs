@@ -4,7 +4,7 @@ use serde_json::Value;
 use sqlx::PgConnection;
 
 use super::{decimal, required, text};
-use crate::process::handlers::{Event, Handler, HandlerError, HandlerFuture, Outcome};
+use crate::process::handlers::{Event, Handler, HandlerError, Outcome};
 
 /// The topics whose payload is a whole order.
 pub const TOPICS: [&str; 6] = [
@@ -119,13 +119,13 @@ const UPSERT_RETURNING_OLD: &str = upsert_returning!("(old.order_id IS NULL)");
 pub struct OrderSnapshotHandler;
 
 impl Handler for OrderSnapshotHandler {
-    fn handle<'a>(&'a self, conn: &'a mut PgConnection, event: &'a Event) -> HandlerFuture<'a> {
-        Box::pin(async move {
-            let order = OrderSnapshot::from_shopify(&event.payload)?;
-            let applied = upsert(conn, &order).await?;
-            tracing::debug!(order_id = %order.order_id, ?applied, "order snapshot");
-            Ok(if applied == Applied::Stale { Outcome::NoEffect } else { Outcome::Applied })
-        })
+    type Payload = Value;
+
+    async fn handle(&self, conn: &mut PgConnection, event: &Event) -> Result<Outcome, HandlerError> {
+        let order = OrderSnapshot::from_shopify(&event.payload)?;
+        let applied = upsert(conn, &order).await?;
+        tracing::debug!(order_id = %order.order_id, ?applied, "order snapshot");
+        Ok(if applied == Applied::Stale { Outcome::NoEffect } else { Outcome::Applied })
     }
 
     fn lock_key(&self, event: &Event) -> Option<String> {

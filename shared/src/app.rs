@@ -1,0 +1,47 @@
+//! What a team builds its binaries from: its handlers and its migrations.
+
+use sqlx::{migrate::Migrator, PgPool};
+
+use crate::{db::schema, process::handlers::Handlers};
+
+/// A team's application: the handlers its events run through, and the sqlx
+/// migrations of its own tables. Every stage's entry point takes one, so the
+/// `process` function, inline mode and `dev` run the same handlers, and the
+/// `migrate` function applies the same migrations.
+///
+/// The stock binaries are built from [`crate::reference::app`].
+#[derive(Clone, Default)]
+pub struct App {
+    handlers: Handlers,
+    migrations: Option<&'static Migrator>,
+}
+
+impl App {
+    /// An application with these handlers and no migrations of its own.
+    pub fn new(handlers: Handlers) -> Self {
+        App { handlers, migrations: None }
+    }
+
+    /// The application's own migrations (`sqlx::migrate!()`), applied after
+    /// the inbox's. They keep their history in sqlx's `_sqlx_migrations`, the
+    /// inbox in its own table, so neither refuses the other.
+    pub fn with_migrations(mut self, migrations: &'static Migrator) -> Self {
+        self.migrations = Some(migrations);
+        self
+    }
+
+    /// The handlers.
+    pub fn handlers(&self) -> &Handlers {
+        &self.handlers
+    }
+
+    /// Applies the inbox's pending migrations, then the application's, each
+    /// set in one transaction; returns the inbox's latest version.
+    pub async fn migrate(&self, pool: &PgPool) -> Result<i64, schema::MigrateError> {
+        let version = schema::migrate(pool).await?;
+        if let Some(app) = self.migrations {
+            schema::migrate_app(pool, app).await?;
+        }
+        Ok(version)
+    }
+}

@@ -1,0 +1,219 @@
+//! The schema: the inbox's migrations, with a history of their own, and an
+//! application's (a team's sqlx migrations), in sqlx's.
+//!
+//! The inbox records what it applied in `webhook_inbox_migrations`, never in
+//! `_sqlx_migrations`: a team's own sqlx migrator owns that table and refuses a
+//! version it does not know ("previously applied but is missing"), so the two
+//! could not share it in either order. Release 0.1.0 did record the inbox's
+//! migrations there; the first run of a later release moves those rows over
+//! (see [`migrate`]), without running anything again.
+//!
+//! Both run the way a transaction pooler allows (`super::pooler`): each set in
+//! one transaction (all or nothing), serialised by a transaction-scoped
+//! advisory lock on the key `sqlx migrate run` takes, so that the inbox's
+//! migrations, a team's and the sqlx CLI never interleave.
+
+use std::{collections::HashMap, time::Instant};
+
+use sqlx::{migrate::Migrator, Connection, Executor, PgConnection, PgPool};
+
+use super::{query, query_as, query_scalar};
+
+/// The inbox's own migrations (`shared/migrations`), embedded in every binary.
+pub static MIGRATIONS: Migrator = sqlx::migrate!("./migrations");
+
+/// Where the inbox records its applied migrations.
+pub const HISTORY_TABLE: &str = "webhook_inbox_migrations";
+
+/// Contents an inbox migration had in an earlier release, still accepted when
+/// its history is moved out of `_sqlx_migrations`: (version, SHA-384).
+/// 20261129000002 made the reference domain's tables in release 0.1.0; they
+/// are the reference domain's own migration now.
+const EARLIER_CHECKSUMS: [(i64, &str); 1] = [(
+    20261129000002,
+    "a191811eb9a52b60555955eaf6af3ec1f69bf5dadc922d87c417aa1f91ad3701d7f3eccbc149ffb866fa9db7cce15d6f",
+)];
+
+/// Why the schema could not be brought up to date. Nothing is applied then:
+/// each set of migrations is one transaction.
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    /// The database refused a statement, or could not be reached.
+    #[error("{0}")]
+    Database(#[from] sqlx::Error),
+    /// An inbox migration was applied with other contents than this release's.
+    #[error("inbox migration {0} was applied with other contents than this release's (its checksum differs)")]
+    Modified(i64),
+    /// The database holds an inbox migration this release does not know.
+    #[error("inbox migration {0} is applied but unknown to this release: the database was migrated by a newer webhook-inbox")]
+    Unknown(i64),
+    /// `_sqlx_migrations` says an inbox migration failed half-way.
+    #[error("inbox migration {0} is marked failed (success = false) in _sqlx_migrations: repair it by hand first")]
+    Dirty(i64),
+    /// The application's own migrations (sqlx's migrator) failed.
+    #[error("the application's migrations: {0}")]
+    App(#[from] sqlx::migrate::MigrateError),
+}
+
+/// Applies the inbox's pending migrations, all in one transaction, and
+/// returns the latest version.
+///
+/// On a database migrated by release 0.1.0 (the inbox's history in
+/// `_sqlx_migrations`), the first run moves the inbox's rows from there to
+/// [`HISTORY_TABLE`], in the same transaction, checked against this
+/// release's contents. Whatever else `_sqlx_migrations` holds (a team's
+/// history) is left as it is.
+pub async fn migrate(pool: &PgPool) -> Result<i64, MigrateError> {
+    let mut conn = pool.acquire().await?.detach();
+    let mut tx = Connection::begin(&mut conn).await?;
+    lock(&mut tx).await?;
+    query(
+        "CREATE TABLE IF NOT EXISTS webhook_inbox_migrations (
+             version        BIGINT      PRIMARY KEY,
+             description    TEXT        NOT NULL,
+             checksum       BYTEA       NOT NULL,
+             installed_on   TIMESTAMPTZ NOT NULL DEFAULT now(),
+             execution_time BIGINT      NOT NULL
+         )",
+    )
+    .execute(&mut *tx)
+    .await?;
+    adopt_sqlx_history(&mut tx).await?;
+
+    let applied: HashMap<i64, Vec<u8>> =
+        query_as::<(i64, Vec<u8>)>("SELECT version, checksum FROM webhook_inbox_migrations")
+            .fetch_all(&mut *tx)
+            .await?
+            .into_iter()
+            .collect();
+    if let Some(unknown) = applied.keys().find(|v| !MIGRATIONS.iter().any(|m| m.version == **v)) {
+        return Err(MigrateError::Unknown(*unknown));
+    }
+    for m in MIGRATIONS.iter() {
+        match applied.get(&m.version) {
+            Some(checksum) if *checksum == *m.checksum => continue,
+            Some(_) => return Err(MigrateError::Modified(m.version)),
+            None => {}
+        }
+        let started = Instant::now();
+        // Several statements in one simple-protocol exchange, as sqlx runs a migration.
+        Executor::execute(&mut *tx, m.sql.as_ref()).await?;
+        query(
+            "INSERT INTO webhook_inbox_migrations (version, description, checksum, execution_time)
+             VALUES ($1, $2, $3, $4)",
+        )
+        .bind(m.version)
+        .bind(m.description.as_ref())
+        .bind(m.checksum.as_ref())
+        .bind(started.elapsed().as_nanos() as i64)
+        .execute(&mut *tx)
+        .await?;
+        tracing::info!(version = m.version, description = %m.description, "inbox migration applied");
+    }
+    tx.commit().await?;
+    conn.close().await?;
+    Ok(latest())
+}
+
+/// The latest version of the inbox's migrations in this release.
+pub fn latest() -> i64 {
+    MIGRATIONS.iter().map(|m| m.version).max().unwrap_or(0)
+}
+
+/// Applies an application's pending sqlx migrations (a team's, or the
+/// reference domain's), in sqlx's own `_sqlx_migrations`, in one
+/// transaction under the same lock as [`migrate`].
+///
+/// A migration that cannot run in a transaction (`-- no-transaction`,
+/// `CREATE INDEX CONCURRENTLY`) fails here and says so.
+pub async fn migrate_app(pool: &PgPool, app: &Migrator) -> Result<(), MigrateError> {
+    let migrator = Migrator {
+        migrations: app.migrations.clone(),
+        ignore_missing: app.ignore_missing,
+        locking: false,
+        no_tx: app.no_tx,
+    };
+    let mut conn = pool.acquire().await?.detach();
+    let mut tx = Connection::begin(&mut conn).await?;
+    lock(&mut tx).await?;
+    migrator.run_direct(&mut *tx).await?;
+    // The migrator names its statements; behind a pooler the server session outlives this connection.
+    Executor::execute(&mut *tx, "DEALLOCATE ALL").await?;
+    tx.commit().await?;
+    conn.close().await?;
+    Ok(())
+}
+
+/// Waits for sqlx's migration lock, until the transaction ends.
+async fn lock(tx: &mut PgConnection) -> Result<(), sqlx::Error> {
+    let database: String = query_scalar("SELECT current_database()").fetch_one(&mut *tx).await?;
+    query("SELECT pg_advisory_xact_lock($1)").bind(lock_id(&database)).execute(&mut *tx).await?;
+    Ok(())
+}
+
+/// Moves the inbox's rows of a release 0.1.0 history out of `_sqlx_migrations`.
+async fn adopt_sqlx_history(tx: &mut PgConnection) -> Result<(), MigrateError> {
+    let exists: bool = query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL").fetch_one(&mut *tx).await?;
+    if !exists {
+        return Ok(());
+    }
+    let ours: Vec<i64> = MIGRATIONS.iter().map(|m| m.version).collect();
+    let rows: Vec<(i64, Vec<u8>, bool, i64)> = query_as(
+        "SELECT version, checksum, success, execution_time FROM _sqlx_migrations WHERE version = ANY($1)
+         ORDER BY version",
+    )
+    .bind(&ours)
+    .fetch_all(&mut *tx)
+    .await?;
+    for (version, checksum, success, execution_time) in &rows {
+        if !success {
+            return Err(MigrateError::Dirty(*version));
+        }
+        let m = MIGRATIONS.iter().find(|m| m.version == *version).expect("selected among ours");
+        let earlier = EARLIER_CHECKSUMS.iter().any(|(v, sum)| v == version && hex::encode(checksum) == *sum);
+        if *checksum != *m.checksum && !earlier {
+            return Err(MigrateError::Modified(*version));
+        }
+        // This release's checksum: the history says what this release would have applied. When it
+        // was applied, and how long it took, are the row's own.
+        query(
+            "INSERT INTO webhook_inbox_migrations (version, description, checksum, installed_on, execution_time)
+             SELECT $1, $2, $3, installed_on, $4 FROM _sqlx_migrations WHERE version = $1
+             ON CONFLICT (version) DO NOTHING",
+        )
+        .bind(version)
+        .bind(m.description.as_ref())
+        .bind(m.checksum.as_ref())
+        .bind(execution_time)
+        .execute(&mut *tx)
+        .await?;
+    }
+    if !rows.is_empty() {
+        query("DELETE FROM _sqlx_migrations WHERE version = ANY($1)").bind(&ours).execute(&mut *tx).await?;
+        tracing::info!(moved = rows.len(), "the inbox's migration history moved from _sqlx_migrations");
+    }
+    Ok(())
+}
+
+/// sqlx's migration lock key for a database.
+fn lock_id(database: &str) -> i64 {
+    const CRC: crc::Crc<u32> = crc::Crc::<u32>::new(&crc::CRC_32_ISO_HDLC);
+    0x3d32ad9e * i64::from(CRC.checksum(database.as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_lock_id_is_sqlx_s() {
+        // zlib.crc32(b"postgres") is 0x156a8775 (Python's zlib, the same CRC-32), times sqlx's constant.
+        assert_eq!(super::lock_id("postgres"), 0x3d32ad9e * 0x156a_8775_i64);
+    }
+
+    #[test]
+    fn every_earlier_checksum_names_a_migration_of_this_release_with_other_contents() {
+        for (version, sum) in super::EARLIER_CHECKSUMS {
+            let m = super::MIGRATIONS.iter().find(|m| m.version == version).expect("a migration of this release");
+            assert_ne!(hex::encode(&*m.checksum), sum, "{version}");
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! One entry point per Lambda function: each reads its configuration (Secrets
+//! Manager included), builds its pool once per instance, and serves
+//! invocations until the runtime stops it. A function's `main` is one call:
+//!
+//! ```no_run
+//! #[tokio::main]
+//! async fn main() -> Result<(), webhook_inbox::lambda::Error> {
+//!     webhook_inbox::lambda::process(webhook_inbox::reference::app()).await
+//! }
+//! ```
+//!
+//! `receive`, `process` and `migrate` take the application (its handlers for
+//! inline mode and the worker, its migrations); `relay`, `prune` and
+//! `reconcile` need none, so the stock binaries serve any application.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+pub use lambda_http::Error;
+use lambda_http::{
+    lambda_runtime::{self, service_fn, LambdaEvent},
+    Request,
+};
+
+use crate::{
+    app::App,
+    config::{self, DbConfig},
+    db,
+    ingest::notify::ProcessQueue,
+    process::{
+        self,
+        worker::{Worker, WorkerConfig},
+    },
+    retention::{Pruner, RetentionConfig},
+    runtime::{deadline, stage::Stage},
+    ReceiveConfig, Receiver,
+};
+
+/// `receive`: `POST /webhooks/{provider}` behind API Gateway (REST or HTTP
+/// API), a Function URL or an ALB; inline mode runs `app`'s handlers.
+pub async fn receive(app: App) -> Result<(), Error> {
+    config::init_logging();
+    // Built once per Lambda instance: one request at a time, so one connection, made on first use.
+    let env = config::Env::resolved().await?;
+    let config = ReceiveConfig::read(&env, 1)?;
+    let mut receiver = Receiver::new(db::Connections::new(&config.db)?, &config).with_handlers(app.handlers().clone());
+    if let Some(url) = &config.process_queue_url {
+        receiver = receiver.with_process_queue(ProcessQueue::connect(url).await);
+    }
+    let receiver = Arc::new(receiver);
+    lambda_http::run(lambda_http::service_fn(move |req: Request| {
+        let receiver = receiver.clone();
+        async move {
+            let (response, metrics) = receiver.handle_counted(req).await;
+            metrics.emit();
+            Ok::<_, Error>(response)
+        }
+    }))
+    .await
+}
+
+/// `process`: on an EventBridge schedule, drains pending events until the
+/// deadline less a margin; on SQS, processes the events the messages name and
+/// reports partial batch failures. `app`'s handlers apply them.
+pub async fn process(app: App) -> Result<(), Error> {
+    config::init_logging();
+    let env = config::Env::resolved().await?;
+    // One invocation at a time, one batch at a time: one connection.
+    let pool = db::pool(&DbConfig::read(&env, 1)?)?;
+    let margin = config::deadline_margin(&env)?;
+    let worker = Arc::new(Worker::new(pool, app.handlers().clone(), WorkerConfig::read(&env)?));
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
+        let worker = worker.clone();
+        async move {
+            let deadline = deadline::drain_until(event.context.deadline, margin);
+            let (result, metrics) = process::handle_counted(&worker, event.payload, deadline).await;
+            metrics.emit();
+            Ok::<_, Error>(result?)
+        }
+    }))
+    .await
+}
+
+/// `prune` (scheduled): retention in batches until done or the deadline less
+/// a margin. A retention shorter than a provider's redelivery window stops it
+/// at start-up, with the reason.
+pub async fn prune() -> Result<(), Error> {
+    config::init_logging();
+    let env = config::Env::resolved().await?;
+    let pruner = Pruner::new(db::pool(&DbConfig::read(&env, 1)?)?, RetentionConfig::read(&env)?);
+    let margin = config::deadline_margin(&env)?;
+    let pruner = &pruner;
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
+        let pruned = match pruner.run(deadline::drain_until(event.context.deadline, margin)).await {
+            Ok(pruned) => pruned,
+            Err(stopped) => {
+                stopped.tally.metrics().emit();
+                return Err(stopped.into());
+            }
+        };
+        pruned.metrics().emit();
+        tracing::info!(?pruned, "pruned");
+        Ok::<_, Error>(serde_json::to_value(pruned)?)
+    }))
+    .await
+}
+
+/// `relay` (scheduled): delivers outbox messages until a short batch or the
+/// deadline less a margin.
+#[cfg(feature = "relay")]
+pub async fn relay() -> Result<(), Error> {
+    use crate::{
+        config::SinkConfig,
+        relay::{Relay, RelayConfig},
+    };
+    config::init_logging();
+    let env = config::Env::resolved().await?;
+    let sinks = SinkConfig::read(&env)?.build().await?;
+    if sinks.is_empty() {
+        return Err("no sink configured: set RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL or RELAY_EVENT_BUS".into());
+    }
+    let relay = Relay::new(db::pool(&DbConfig::read(&env, 1)?)?, sinks, RelayConfig::read(&env)?);
+    let margin = config::deadline_margin(&env)?;
+    let relay = &relay;
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
+        let relayed = match relay.run(deadline::drain_until(event.context.deadline, margin)).await {
+            Ok(relayed) => relayed,
+            Err(stopped) => {
+                stopped.tally.metrics().emit();
+                return Err(stopped.into());
+            }
+        };
+        relayed.metrics().emit();
+        tracing::info!(?relayed, "relayed");
+        Ok::<_, Error>(serde_json::to_value(relayed)?)
+    }))
+    .await
+}
+
+/// `reconcile` (scheduled): fetches what providers never delivered.
+#[cfg(feature = "reconcile")]
+pub async fn reconcile() -> Result<(), Error> {
+    use crate::reconcile::Reconciler;
+    config::init_logging();
+    let env = config::Env::resolved().await?;
+    let reconciler = Reconciler::read(&env)?;
+    if !reconciler.is_configured() {
+        return Err("nothing to reconcile: set STRIPE_API_KEY, or SHOPIFY_SHOP_DOMAIN and SHOPIFY_ACCESS_TOKEN".into());
+    }
+    let pool = db::pool(&DbConfig::read(&env, 1)?)?;
+    let margin = config::deadline_margin(&env)?;
+    let (reconciler, pool) = (&reconciler, &pool);
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
+        let deadline = deadline::drain_until(event.context.deadline, margin);
+        let reconciled = reconciler.run_once(pool, deadline).await;
+        reconciled.metrics().iter().for_each(|m| m.emit());
+        if !reconciled.failed.is_empty() {
+            let failed: Vec<String> = reconciled.failed.iter().map(|(source, e)| format!("{source}: {e}")).collect();
+            return Err(Error::from(failed.join("; ")));
+        }
+        Ok::<_, Error>(serde_json::to_value(reconciled)?)
+    }))
+    .await
+}
+
+/// `migrate`: the CloudFormation custom resource that applies the inbox's
+/// migrations, then `app`'s, before the other functions take traffic.
+#[cfg(feature = "migrate")]
+pub async fn migrate(app: App) -> Result<(), Error> {
+    use std::time::Duration;
+
+    use aws_lambda_events::event::cloudformation::CloudFormationCustomResourceRequest;
+
+    config::init_logging();
+    let http = crate::core::http::http_client(Duration::from_secs(10))?;
+    // A configuration that cannot be read (a secret it may not read, say) is
+    // still answered, as a failure with the reason: CloudFormation would
+    // otherwise wait for an answer that never comes.
+    let pool =
+        async { Ok::<_, Error>(db::pool(&DbConfig::read(&config::Env::resolved().await?, 1)?)?) }.await.map_err(|e| {
+            tracing::error!(error = %e, "cannot start; every request is answered FAILED");
+            format!("cannot start: {e}")
+        });
+    let (pool, http, app) = (&pool, &http, &app);
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<CloudFormationCustomResourceRequest>| async move {
+        // Time to answer CloudFormation after the migrations stop.
+        let until = deadline::drain_until(event.context.deadline, Duration::from_secs(15));
+        let db = pool.as_ref().map_err(String::as_str);
+        Ok::<_, Error>(crate::migrate::on_custom_resource(app, event.payload, db, http, until).await?)
+    }))
+    .await
+}
