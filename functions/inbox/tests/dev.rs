@@ -163,6 +163,36 @@ fn inbox_dev_runs_on_an_embedded_postgres_and_takes_signed_deliveries() {
     assert_eq!(key, "payment_succeeded:pi_1");
     println!("outbox message at the sink {:?} after the 200", started.elapsed());
 
+    // A type no reference handler takes ends `unhandled`, not done: nothing ran for it, and
+    // one requeue by type would run a handler deployed later over it.
+    let unhandled = r#"{"id":"evt_dev_2","type":"customer.created","data":{"object":{"id":"cus_1"}}}"#;
+    assert_eq!(http(&addr, &signed_stripe_post(&addr, unhandled)).0, 200);
+    let status = runtime.block_on(async {
+        let pool = sqlx::PgPool::connect(&url).await.unwrap();
+        for _ in 0..250 {
+            let status: String = sqlx::query_scalar("SELECT status FROM webhook_inbox WHERE event_id = 'evt_dev_2'")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            if status != "pending" {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        "still pending after 5 s".into()
+    });
+    assert_eq!(status, "unhandled");
+    let inbox = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_inbox")).args(args).env("DATABASE_URL", &url).output().unwrap();
+        assert!(out.status.success(), "inbox {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let shown = inbox(&["show", "stripe", "evt_dev_2"]);
+    assert!(shown.contains("customer.created), unhandled"), "{shown}");
+    let dry = inbox(&["requeue", "--status", "unhandled", "--type", "customer.created", "--dry-run", "--json"]);
+    let dry: serde_json::Value = serde_json::from_str(&dry).unwrap();
+    assert_eq!(dry["matching"], 1, "{dry}");
+
     let forged = signed_stripe_post(&addr, body).replace("v1=", "v1=00");
     assert_eq!(http(&addr, &forged).0, 401);
     // Refused from the Content-Length alone: the body is never sent.
