@@ -315,11 +315,10 @@ pub fn parse_requeue_status(text: &str) -> Result<Status, String> {
 }
 
 pub async fn requeue(pool: &PgPool, filter: &Filter, by: &Requeue<'_>, dry_run: bool, out: &Output) -> Result<()> {
-    let started = inbox::now(pool).await?;
-    let found = inbox::count_matching(pool, filter).await?;
     let statuses: Vec<&str> = filter.statuses.iter().map(|s| s.as_str()).collect();
     let what = format!("{} event(s)", statuses.join(" or "));
     if dry_run {
+        let found = inbox::count_matching(pool, filter).await?;
         if out.json {
             print_json(
                 &json!({"matching": found.matching, "without_payload": found.without_payload, "requeued": 0, "dry_run": true}),
@@ -332,27 +331,26 @@ pub async fn requeue(pool: &PgPool, filter: &Filter, by: &Requeue<'_>, dry_run: 
         }
         return Ok(());
     }
-    let bar = progress((found.matching - found.without_payload).max(0) as u64, out);
-    let mut requeued = 0;
-    loop {
-        let n = inbox::requeue(pool, filter, by, BATCH, &started).await?;
-        requeued += n;
-        bar.inc(n);
-        if n < BATCH as u64 {
-            break;
-        }
-    }
+    let bar = progress(0, out);
+    let done = inbox::requeue_all(pool, filter, by, BATCH, |so_far| {
+        bar.set_length((so_far.matching - so_far.without_payload).max(0) as u64);
+        bar.set_position(so_far.requeued);
+    })
+    .await?;
     bar.finish_and_clear();
     if out.json {
         print_json(
-            &json!({"matching": found.matching, "without_payload": found.without_payload, "requeued": requeued, "dry_run": false}),
+            &json!({"matching": done.matching, "without_payload": done.without_payload, "requeued": done.requeued, "dry_run": false}),
         );
     } else {
-        println!("{requeued} {what} back to pending, attempts reset (audited as {:?} by {})", by.reason, by.actor);
-        if found.without_payload > 0 {
+        println!(
+            "{} {what} back to pending, attempts reset (audited as {:?} by {})",
+            done.requeued, by.reason, by.actor
+        );
+        if done.without_payload > 0 {
             println!(
                 "{} skipped: stored without a payload (their body was never usable; `inbox failed` shows why)",
-                found.without_payload
+                done.without_payload
             );
         }
     }

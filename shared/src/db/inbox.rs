@@ -603,7 +603,7 @@ pub struct Requeue<'a> {
 /// `ended_before` (a timestamp, the start of the whole requeue) fences the
 /// rows taken: an event requeued and processed again while the requeue goes
 /// on ends after it, and is not taken a second time.
-pub async fn requeue(
+async fn requeue(
     pool: &PgPool,
     filter: &Filter,
     by: &Requeue<'_>,
@@ -638,8 +638,44 @@ pub async fn requeue(
 }
 
 /// The database's clock, as text a later statement reads back as a timestamp.
-pub async fn now(pool: &PgPool) -> Result<String, sqlx::Error> {
+async fn now(pool: &PgPool) -> Result<String, sqlx::Error> {
     super::query_scalar("SELECT now()::text").fetch_one(super::Autocommit(pool)).await
+}
+
+/// What a whole requeue did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Requeued {
+    /// Events matching the filter when it started.
+    pub matching: i64,
+    /// Of those, stored without a payload: skipped.
+    pub without_payload: i64,
+    /// Put back to pending.
+    pub requeued: u64,
+}
+
+/// Puts every event `filter` selects back to pending, `batch` at a time (each
+/// [`requeue`] its own short statement), fenced at its start so that an event
+/// finished again meanwhile is not taken twice; `progress` hears the totals
+/// after each batch. This is how a handler deployed later is run over the events of its
+/// type that arrived before it (`Filter { statuses: vec![Status::Unhandled], .. }`).
+pub async fn requeue_all(
+    pool: &PgPool,
+    filter: &Filter,
+    by: &Requeue<'_>,
+    batch: i64,
+    mut progress: impl FnMut(&Requeued),
+) -> Result<Requeued, sqlx::Error> {
+    let started = now(pool).await?;
+    let found = count_matching(pool, filter).await?;
+    let mut done = Requeued { matching: found.matching, without_payload: found.without_payload, requeued: 0 };
+    loop {
+        let n = requeue(pool, filter, by, batch.max(1), &started).await?;
+        done.requeued += n;
+        progress(&done);
+        if n < batch.max(1) as u64 {
+            return Ok(done);
+        }
+    }
 }
 
 /// What replaying one event found.

@@ -1,0 +1,6 @@
+//! Lambda `migrate` with the team's handlers and migrations.
+
+#[tokio::main]
+async fn main() -> Result<(), webhook_inbox::lambda::Error> {
+    webhook_inbox::lambda::migrate(invoices::app()?).await
+}

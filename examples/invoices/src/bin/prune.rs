@@ -1,0 +1,6 @@
+//! Lambda `prune`: the same for every application.
+
+#[tokio::main]
+async fn main() -> Result<(), webhook_inbox::lambda::Error> {
+    webhook_inbox::lambda::prune().await
+}
