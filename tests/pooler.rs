@@ -22,6 +22,7 @@ use sqlx::{
     PgPool,
 };
 use webhook_inbox::{
+    config::Secret,
     config::{Catalog, DbConfig, Env},
     db,
     process::{handlers::Handlers, worker::Worker},
@@ -30,7 +31,7 @@ use webhook_inbox::{
     relay::{HttpSink, Relay, RelayConfig, Sink},
     retention::{Pruner, RetentionConfig},
     runtime::stage::Stage,
-    ReceiveConfig, Receiver, Secret,
+    ReceiveConfig, Receiver,
 };
 use wiremock::{matchers::method, Mock, MockServer, ResponseTemplate};
 

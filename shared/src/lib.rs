@@ -1,79 +1,136 @@
-//! Verified, deduplicated webhook ingestion into PostgreSQL.
+//! Verified, deduplicated webhook ingestion into PostgreSQL, and the
+//! foundation a team builds its own webhook effects on.
 //!
-//! Every Lambda function and the `inbox` binary share this crate. Its modules
-//! follow the pipeline, dependencies pointing one way, from leaf types to
-//! the functions:
+//! Providers deliver at least once. Receive verifies each delivery's signature
+//! over the raw bytes and claims its events with `INSERT ... ON CONFLICT DO
+//! NOTHING` (answering 200 only after the commit); the worker takes pending
+//! events with `FOR UPDATE SKIP LOCKED` and runs *your* handlers in the
+//! transaction that marks the event done and writes its outbox messages; the
+//! relay delivers those. An event no handler takes ends `unhandled`, and a
+//! handler deployed later is run over it with one requeue.
 //!
-//! - [`core`]: leaf types (providers, secrets, what a usable payload is),
-//!   backoff with `Retry-After`, the outbound HTTP client;
-//! - [`db`]: pools and SQLSTATE classes, and one module per table holding
-//!   every statement on it;
-//! - [`ingest`]: each provider's signing scheme, the receive handler, the
-//!   claim, inline mode;
-//! - [`process`]: the handler registry, the worker, the `process` triggers;
-//! - [`reference`]: the reference handlers (orders, payments, deposits);
-//! - [`relay`]: the relay and its HTTP and AWS sinks;
-//! - [`retention`], [`reconcile`]: the other scheduled stages; [`migrate`]:
-//!   the schema at deploy time (a CloudFormation custom resource);
-//! - [`config`]: the one reader of the environment, each stage's settings read
-//!   through an injectable lookup;
-//! - [`runtime`]: the Lambda deadline, the stage loops, tracing; [`dev`]:
-//!   `inbox dev`'s server and throwaway PostgreSQL.
+//! # Getting started
 //!
-//! Features keep each function's binary to what it uses. `service` is the
-//! database, receive, process, prune and the Lambda plumbing (Secrets Manager,
-//! SQS); `relay`, `reconcile` and `migrate` add their stage and what only it
-//! links (the outbound HTTP client, EventBridge); `dev` adds `inbox dev`'s
-//! server and throwaway PostgreSQL; `full`, the default, is all of them.
-//! Without `service` only `core`'s leaf types and `ingest::providers` remain:
-//! what the fuzz targets exercise, built in a minute.
+//! A handler is an async fn (or closure) of the transaction it runs in and the
+//! event, its payload decoded into your own type. An [`App`] holds the
+//! handlers (and, with [`App::with_migrations`], your tables' migrations); each
+//! Lambda function, and a local `dev` stack, is one call with it:
 //!
-//! # Glossary
-//! - **delivery**: one HTTP request from a provider (`ingest::providers::Delivery`);
-//!   it carries one event, or several (a Marqeta batch).
-//! - **event**: what a provider tells us, one row of `webhook_inbox`, keyed by
-//!   `(provider, event_id)`.
-//! - **claim**: the `INSERT ... ON CONFLICT DO NOTHING` that makes a delivery's
-//!   events rows exactly once; a claimed event is `new` or a `duplicate`.
-//! - **handler**: the business effect of one event type, run by the worker (or
-//!   inline) in the transaction that marks the event `done`.
-//! - **message**: a row of `transactional_outbox`, written by a handler, keyed by
-//!   its stable `message_key`.
-//! - **sink**: where the relay sends messages (HTTP, SQS, EventBridge); its
-//!   **reply** (`relay::SinkReply`) says delivered, retry, or rejected.
-//! - **stage**: process, relay, prune (`runtime::stage::Stage`): each a config,
-//!   a `run_once` returning its counts, and the shared loops bounded by a
-//!   deadline (`run`) or a shutdown (`run_until`). Reconcile is one pass
-//!   (`Reconciler::run_once`, each source on its own, one `Reconciled` report).
+//! ```no_run
+//! use serde::Deserialize;
+//! use webhook_inbox::{enqueue, query, App, Event, HandlerError, Handlers, Message, Outcome, PgConnection};
+//!
+//! /// What `invoice.paid` carries that this handler reads.
+//! #[derive(Deserialize)]
+//! struct InvoicePaid {
+//!     data: Data,
+//! }
+//! #[derive(Deserialize)]
+//! struct Data {
+//!     object: Invoice,
+//! }
+//! #[derive(Deserialize)]
+//! struct Invoice {
+//!     id: String,
+//! }
+//!
+//! async fn invoice_paid(conn: &mut PgConnection, event: &Event<InvoicePaid>) -> Result<Outcome, HandlerError> {
+//!     let id = &event.payload.data.object.id;
+//!     let paid = query("UPDATE invoices SET status = 'paid' WHERE invoice_id = $1 AND status <> 'paid'")
+//!         .bind(id)
+//!         .execute(&mut *conn)
+//!         .await?;
+//!     if paid.rows_affected() == 0 {
+//!         return Ok(Outcome::NoEffect); // a twin event, or a replay
+//!     }
+//!     let receipt = Message {
+//!         aggregate_type: "invoice",
+//!         aggregate_id: id,
+//!         message_key: format!("receipt:{id}"),
+//!         payload: serde_json::json!({ "send": "receipt", "invoice": id }),
+//!     };
+//!     enqueue(conn, &receipt).await?; // committed with the update, or not at all
+//!     Ok(Outcome::Applied)
+//! }
+//!
+//! fn app() -> Result<App, webhook_inbox::RegistrationError> {
+//!     Ok(App::new(Handlers::new().on("stripe", "invoice.paid", invoice_paid)?))
+//! }
+//!
+//! // The `process` Lambda function; `receive` and `migrate` are the same call.
+//! #[tokio::main]
+//! async fn main() -> Result<(), webhook_inbox::lambda::Error> {
+//!     webhook_inbox::lambda::process(app()?).await
+//! }
+//! ```
+//!
+//! `examples/invoices` in the repository is such an application, whole: its
+//! migrations, handlers, binaries and tests. The stock binaries are built from
+//! [`reference::app`].
+//!
+//! # What is public
+//!
+//! The items at this root, and the modules [`lambda`] (one entry point per
+//! function), [`dev`] (the local stack), [`ops`] (what the operator's commands
+//! do, from code), [`config`] (settings from the environment) and
+//! [`reference`](mod@reference) (the stock domain). The other modules are the stock binaries'
+//! and the integration tests' internals: hidden, and not part of the API.
+//!
+//! # Features
+//!
+//! `service` is the database, receive, process, prune and the Lambda plumbing
+//! (Secrets Manager, SQS); `relay`, `reconcile` and `migrate` add their stage
+//! and what only it links (the outbound HTTP client, EventBridge); `dev` adds
+//! the local stack; `full`, the default, is all of them. Without `service`
+//! only the providers' signing schemes remain (what the fuzz targets build).
+
+#![deny(missing_docs)]
 
 #[cfg(feature = "service")]
+#[doc(hidden)]
 pub mod app;
 #[cfg(feature = "service")]
 pub mod config;
+#[doc(hidden)]
 pub mod core;
 #[cfg(feature = "service")]
+#[doc(hidden)]
 pub mod db;
 #[cfg(feature = "dev")]
 pub mod dev;
+#[doc(hidden)]
 pub mod ingest;
 #[cfg(feature = "service")]
 pub mod lambda;
 #[cfg(feature = "migrate")]
+#[doc(hidden)]
 pub mod migrate;
 #[cfg(feature = "service")]
+#[doc(hidden)]
 pub mod process;
 #[cfg(feature = "reconcile")]
+#[doc(hidden)]
 pub mod reconcile;
 #[cfg(feature = "service")]
 pub mod reference;
 #[cfg(feature = "relay")]
+#[doc(hidden)]
 pub mod relay;
 #[cfg(feature = "service")]
+#[doc(hidden)]
 pub mod retention;
 #[cfg(feature = "service")]
+#[doc(hidden)]
 pub mod runtime;
 
-pub use crate::core::{provider::Provider, secret::Secret};
+/// What the operator's commands (`inbox requeue`, ...) do, from code: put
+/// events back to pending by status, provider, type, time and reason.
+#[cfg(feature = "service")]
+pub mod ops {
+    pub use crate::db::inbox::{count_matching, requeue_all, Filter, Matching, Requeue, Requeued, Since, Status};
+}
+
+pub use crate::core::provider::Provider;
 #[cfg(feature = "service")]
 pub use app::App;
 #[cfg(feature = "service")]
@@ -82,11 +139,17 @@ pub use config::ReceiveConfig;
 pub use db::{
     outbox::{enqueue, Message},
     query, query_as, query_scalar,
+    schema::MigrateError,
 };
 #[cfg(feature = "service")]
 pub use ingest::receive::Receiver;
 #[cfg(feature = "service")]
-pub use process::handlers::{Event, Handler, HandlerError, Handlers, Headers, IntoHandler, Outcome, RegistrationError};
+pub use process::{
+    handlers::{Event, Handler, HandlerError, Handlers, Headers, IntoHandler, Outcome, RegistrationError},
+    worker::{Counts, Worker, WorkerConfig},
+};
+#[cfg(feature = "service")]
+pub use runtime::stage::{Pass, Stage, Stopped, Tally};
 /// The JSON crate of [`Event`]'s default payload, `serde_json::Value`.
 pub use serde_json;
 /// The database crate: a handler's connection is [`PgConnection`].

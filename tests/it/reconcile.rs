@@ -5,10 +5,10 @@ use inbox_tests::later;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 use webhook_inbox::{
+    config::Secret,
     ingest::inbox::{self, Envelope},
     ingest::providers::{NewEvent, Provider},
     reconcile::{ReconcileConfig, ShopifyOrders, StripeEvents},
-    Secret,
 };
 use wiremock::{
     matchers::{header, method, path, query_param},

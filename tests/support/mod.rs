@@ -16,6 +16,7 @@ use serde_json::Value;
 use sha2::Sha256;
 use sqlx::{postgres::PgConnectOptions, PgPool};
 use webhook_inbox::{
+    config::Secret,
     config::{Catalog, DbConfig, MarqetaAuth, Secrets, DEFAULT_MAX_BODY_BYTES},
     db,
     ingest::{
@@ -26,7 +27,7 @@ use webhook_inbox::{
         handlers::Handlers,
         worker::{Worker, WorkerConfig},
     },
-    ReceiveConfig, Receiver, Secret,
+    ReceiveConfig, Receiver,
 };
 
 /// The inbox's migrations, then the reference domain's: the schema the stock

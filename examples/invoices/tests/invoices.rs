@@ -15,28 +15,29 @@ use sqlx::{
 };
 use webhook_inbox::{
     config::Env,
-    db::{
-        inbox::{requeue_all, Filter, Requeue, Status},
-        schema, Connections,
-    },
-    process::worker::{Worker, WorkerConfig},
-    runtime::stage::Stage,
+    ops::{requeue_all, Filter, Requeue, Status},
     serde_json::{json, Value},
-    App, Handlers, ReceiveConfig, Receiver,
+    App, Handlers, ReceiveConfig, Receiver, Stage, Worker, WorkerConfig,
 };
 
 const STRIPE_SECRET: &str = "whsec_invoices_test";
 const SHOPIFY_SECRET: &str = "shpss_invoices_test";
 
 fn receiver(options: &PgConnectOptions, app: &App) -> Receiver {
-    let env = Env::from_pairs(&[
-        ("DATABASE_URL", "unused: the test's connect options are used"),
+    let url = format!(
+        "postgres://{}@{}:{}/{}",
+        options.get_username(),
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap_or_default()
+    );
+    let pairs = [
+        ("DATABASE_URL", url.as_str()),
         ("STRIPE_WEBHOOK_SECRET", STRIPE_SECRET),
         ("SHOPIFY_WEBHOOK_SECRET", SHOPIFY_SECRET),
-        ("INBOX_DB_POOL_SIZE", "8"),
-    ]);
-    let config = ReceiveConfig::read(&env, 8).unwrap();
-    Receiver::new(Connections::from_options(options.clone(), &config.db), &config).with_handlers(app.handlers().clone())
+    ];
+    let config = ReceiveConfig::read(&Env::from_pairs(&pairs), 8).unwrap();
+    Receiver::from_config(&config).unwrap().with_handlers(app.handlers().clone())
 }
 
 fn worker(pool: &PgPool, app: &App) -> Worker {
@@ -254,10 +255,11 @@ async fn an_unknown_invoice_is_retried_and_an_underpaid_one_fails_at_once(
 async fn the_team_s_migrations_run_before_or_after_the_inbox_s(pool_options: PgPoolOptions, options: PgConnectOptions) {
     let pool = pool_options.connect_with(options.clone()).await.unwrap();
     // The team's own `sqlx migrate run` (or `MIGRATIONS.run`) first, then the inbox's...
+    let inbox_only = App::default();
     invoices::MIGRATIONS.run(&pool).await.unwrap();
-    schema::migrate(&pool).await.unwrap();
+    inbox_only.migrate(&pool).await.unwrap();
     // ...then the other way round, and both through the app: nothing pending, nothing refused.
-    schema::migrate(&pool).await.unwrap();
+    inbox_only.migrate(&pool).await.unwrap();
     invoices::MIGRATIONS.run(&pool).await.unwrap();
     invoices::app().unwrap().migrate(&pool).await.unwrap();
     let tables: Vec<String> = sqlx::query_scalar(

@@ -31,11 +31,13 @@ pub use relay::{sinks_from_env, SinkConfig};
 /// Reads one variable by name.
 type Lookup<'a> = Box<dyn Fn(&str) -> Option<String> + 'a>;
 
+/// Where every setting is read from: the process environment, or a lookup a test gives.
 pub struct Env<'a> {
     get: Lookup<'a>,
 }
 
 impl Env<'static> {
+    /// The process environment, as it is.
     pub fn process() -> Self {
         Env::from_lookup(|name| std::env::var(name).ok())
     }
@@ -54,6 +56,7 @@ impl Env<'static> {
 }
 
 impl<'a> Env<'a> {
+    /// Settings from `get`, which reads one variable by name.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String> + 'a) -> Self {
         Env { get: Box::new(get) }
     }
@@ -234,11 +237,17 @@ impl Secrets {
     }
 }
 
+/// `inbox dev`'s Stripe secret when none is set (and the others': never for a deployment).
 pub const DEV_STRIPE: &str = "whsec_dev_stripe_secret";
+/// `inbox dev`'s Shopify secret when none is set.
 pub const DEV_SHOPIFY: &str = "dev_shopify_secret";
+/// `inbox dev`'s GitHub secret when none is set.
 pub const DEV_GITHUB: &str = "dev_github_secret";
+/// `inbox dev`'s Standard Webhooks secret when none is set.
 pub const DEV_STANDARD: &str = "whsec_ZGV2X3N0YW5kYXJkX3dlYmhvb2tzX3NlY3JldA==";
+/// `inbox dev`'s Marqeta Basic username when none is set.
 pub const DEV_MARQETA_USERNAME: &str = "marqeta";
+/// `inbox dev`'s Marqeta Basic password when none is set.
 pub const DEV_MARQETA_PASSWORD: &str = "dev_marqeta_password";
 
 /// Standard Webhooks keys are base64 after an optional `whsec_` prefix.
@@ -256,6 +265,7 @@ impl DbConfig {
         Self::read(&Env::process(), default_pool)
     }
 
+    /// Reads these settings from `env` (the variables are named on each field).
     pub fn read(env: &Env, default_pool: u32) -> Result<Self, ConfigError> {
         Ok(DbConfig {
             url: env.var("DATABASE_URL"),
@@ -293,10 +303,14 @@ fn inline_providers(value: Option<&str>, catalog: &Catalog) -> Result<Vec<Provid
 }
 
 impl ReceiveConfig {
+    /// [`ReceiveConfig::read`] from the process environment.
     pub fn from_env(default_pool: u32) -> Result<Self, ConfigError> {
         Self::read(&Env::process(), default_pool)
     }
 
+    /// The database (`DATABASE_URL`, a pool of `default_pool` unless
+    /// `INBOX_DB_POOL_SIZE`), the providers and their secrets,
+    /// `INBOX_MAX_BODY_BYTES`, `INBOX_INLINE_PROVIDERS`, `INBOX_PROCESS_QUEUE_URL`.
     pub fn read(env: &Env, default_pool: u32) -> Result<Self, ConfigError> {
         let catalog = Catalog::read(env)?;
         Ok(ReceiveConfig {
@@ -316,6 +330,7 @@ impl WorkerConfig {
         Self::read(&Env::process())
     }
 
+    /// Reads these settings from `env` (the variables are named on each field).
     pub fn read(env: &Env) -> Result<Self, ConfigError> {
         let d = WorkerConfig::default();
         Ok(WorkerConfig {
@@ -356,6 +371,7 @@ impl RetentionConfig {
         Self::read(&Env::process())
     }
 
+    /// Reads these settings from `env` (the variables are named on each field).
     pub fn read(env: &Env) -> Result<Self, ConfigError> {
         let catalog = Catalog::read(env)?;
         let default_days: u32 = env.parse("INBOX_RETENTION_DAYS", 60)?;

@@ -12,6 +12,7 @@ impl RelayConfig {
         Self::read(&Env::process())
     }
 
+    /// Reads these settings from `env` (the variables are named on each field).
     pub fn read(env: &Env) -> Result<Self, ConfigError> {
         let d = RelayConfig::default();
         Ok(RelayConfig {
@@ -36,6 +37,7 @@ pub struct SinkConfig {
 }
 
 impl SinkConfig {
+    /// Reads these settings from `env` (the variables are named on each field).
     pub fn read(env: &Env) -> Result<Self, ConfigError> {
         let http = match env.var("RELAY_HTTP_URL") {
             Some(url) => Some((url, env.millis("RELAY_HTTP_TIMEOUT_MS", 10_000)?)),

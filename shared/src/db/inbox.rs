@@ -654,7 +654,7 @@ pub struct Requeued {
 }
 
 /// Puts every event `filter` selects back to pending, `batch` at a time (each
-/// [`requeue`] its own short statement), fenced at its start so that an event
+/// `requeue` its own short statement), fenced at its start so that an event
 /// finished again meanwhile is not taken twice; `progress` hears the totals
 /// after each batch. This is how a handler deployed later is run over the events of its
 /// type that arrived before it (`Filter { statuses: vec![Status::Unhandled], .. }`).

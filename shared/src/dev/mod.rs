@@ -2,8 +2,11 @@
 //! and a team's own `dev` binary are), the HTTP server, a throwaway
 //! PostgreSQL, and the storm of signed deliveries with its checks (`inbox demo`).
 
+#[doc(hidden)]
 pub mod embedded_pg;
+#[doc(hidden)]
 pub mod server;
+#[doc(hidden)]
 pub mod storm;
 
 use std::{
@@ -93,8 +96,7 @@ async fn serve(app: &App, config: &mut ReceiveConfig, host: &str, port: u16) -> 
         println!("providers with a secret (each has a route; `inbox providers` for more): {}", live.join(", "));
     }
     let listener = TcpListener::bind((host, port)).await.with_context(|| format!("binding {host}:{port}"))?;
-    let receiver =
-        Arc::new(Receiver::new(db::Connections::new(&config.db)?, config).with_handlers(app.handlers().clone()));
+    let receiver = Arc::new(Receiver::from_config(config)?.with_handlers(app.handlers().clone()));
 
     // The same worker as the `process` function, and the relay when a sink is set, running continuously.
     let (stop, stopped) = tokio::sync::watch::channel(());

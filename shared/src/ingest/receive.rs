@@ -110,6 +110,12 @@ impl Receiver {
         }
     }
 
+    /// A receiver on `config`'s database (`DATABASE_URL`), with no handlers;
+    /// its connections are made on first use.
+    pub fn from_config(config: &ReceiveConfig) -> Result<Self, sqlx::Error> {
+        Ok(Self::new(Connections::new(&config.db)?, config))
+    }
+
     /// Tells `process` of each new pending event, after the commit (see [`crate::ingest::notify`]).
     pub fn with_process_queue(mut self, queue: ProcessQueue) -> Self {
         self.process_queue = Some(queue);

@@ -1,7 +1,7 @@
 //! The worker: takes pending inbox rows with `FOR UPDATE SKIP LOCKED`, in
 //! receive order, and applies each one's handler inside one transaction per
 //! batch, a savepoint per event, in the order of the handlers' lock keys
-//! (receive order among equal keys; see [`Handler::lock_key`]). The row locks
+//! (receive order among equal keys; see [`crate::Handler::lock_key`]). The row locks
 //! are held until commit, so a worker that dies leaves nothing half-done: its
 //! transaction rolls back and the rows are simply pending again (no
 //! `processing` status, no lease, no reaper).
@@ -220,7 +220,7 @@ impl Worker {
             Finished { provider: row.provider, event_id: row.event_id, status, delay, reason, counted }
         };
         // Events no handler can run end at once; the others run in the order of
-        // their lock keys (see [`Handler::lock_key`]), receive order among equals.
+        // their lock keys (see [`crate::Handler::lock_key`]), receive order among equals.
         let mut runs = Vec::new();
         for row in rows {
             if Instant::now() >= deadline {

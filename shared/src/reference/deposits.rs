@@ -14,11 +14,15 @@ use crate::{
 pub const EVENT_TYPE: &str = "transactions:gpa.credit";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
+/// A completed Marqeta credit to an account.
 pub struct Deposit {
+    /// Marqeta's transaction token: the ledger's key, so a deposit is applied once.
     pub token: String,
+    /// The account credited (Marqeta's `user_token`).
     pub account_id: String,
     /// Decimal text.
     pub amount: String,
+    /// The inbox event that carried it.
     pub event_id: String,
 }
 
@@ -42,9 +46,11 @@ impl Deposit {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
+/// What crediting a deposit did.
 pub enum Credit {
     /// The new balance.
     Credited(String),
+    /// Its token is in the ledger already: nothing changed.
     AlreadyCredited,
 }
 
@@ -94,6 +100,7 @@ pub async fn credit(conn: &mut PgConnection, d: &Deposit) -> Result<Credit, Hand
     Ok(Credit::Credited(balance))
 }
 
+/// The handler of Marqeta `transactions:gpa.credit` items.
 pub struct DepositHandler;
 
 impl Handler for DepositHandler {

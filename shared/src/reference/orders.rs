@@ -17,9 +17,13 @@ pub const TOPICS: [&str; 6] = [
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
+/// A Shopify order as one snapshot carries it.
 pub struct OrderSnapshot {
+    /// Shopify's order id.
     pub order_id: String,
+    /// The customer's id, if the order has one.
     pub customer_id: Option<String>,
+    /// `financial_status`.
     pub status: String,
     /// Decimal text, e.g. `"49.99"`.
     pub total_amount: String,
@@ -43,7 +47,9 @@ impl OrderSnapshot {
 /// Which branch of the upsert ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Applied {
+    /// The order was new.
     Inserted,
+    /// A newer snapshot replaced the stored one.
     Updated,
     /// Older than (or as old as) the stored version: nothing written.
     Stale,
@@ -116,6 +122,7 @@ macro_rules! upsert_returning {
 const UPSERT_XMAX: &str = upsert_returning!("(xmax = 0)");
 const UPSERT_RETURNING_OLD: &str = upsert_returning!("(old.order_id IS NULL)");
 
+/// The handler of Shopify's whole-order topics ([`TOPICS`]).
 pub struct OrderSnapshotHandler;
 
 impl Handler for OrderSnapshotHandler {

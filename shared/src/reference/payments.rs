@@ -10,19 +10,26 @@ use crate::{
     process::handlers::{Event, Handler, HandlerError, Outcome},
 };
 
+/// The Stripe event type this handler takes.
 pub const EVENT_TYPE: &str = "payment_intent.succeeded";
 
+/// A succeeded PaymentIntent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Payment {
+    /// The PaymentIntent's id: the business key, so a twin event changes nothing.
     pub payment_id: String,
     /// Minor units, from `amount_received`.
     pub amount: i64,
+    /// ISO currency code, lower-case as Stripe sends it.
     pub currency: String,
+    /// The customer's id, if any (an id, or an expanded object's).
     pub customer_id: Option<String>,
+    /// The event that recorded it.
     pub stripe_event_id: String,
 }
 
 impl Payment {
+    /// From a `payment_intent.succeeded` event's payload.
     pub fn from_stripe(event_id: &str, p: &Value) -> Result<Self, HandlerError> {
         let pi = &p["data"]["object"];
         let amount = pi["amount_received"]
@@ -57,6 +64,7 @@ pub async fn insert(conn: &mut PgConnection, p: &Payment) -> Result<bool, sqlx::
     Ok(row.is_some())
 }
 
+/// The handler of Stripe `payment_intent.succeeded`.
 pub struct PaymentSucceededHandler;
 
 impl Handler for PaymentSucceededHandler {
