@@ -94,3 +94,25 @@ fn the_common_crate_has_no_import_cycle_between_its_top_level_modules() {
         }
     }
 }
+
+/// docs/build-your-own.md and the README quote the example application: each
+/// Rust block names a file of `examples/` (`// examples/invoices/...` on its
+/// first line) and is found in that file, line for line, so every snippet they
+/// show is compiled and tested code.
+#[test]
+fn the_build_your_own_page_quotes_the_example_as_it_is() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let read = |page: &str| std::fs::read_to_string(root.join(page)).unwrap();
+    let pages = read("docs/build-your-own.md") + &read("README.md");
+    let mut quoted = 0;
+    for block in pages.split("```rust\n").skip(1) {
+        let block = block.split("```").next().unwrap();
+        let (first, code) = block.split_once('\n').unwrap();
+        let file = first.strip_prefix("// ").unwrap_or_else(|| panic!("a Rust block that names no file: {first}"));
+        assert!(file.starts_with("examples/"), "{file}");
+        let text = std::fs::read_to_string(root.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert!(text.contains(code), "a snippet quotes {file}, which no longer reads:\n{code}");
+        quoted += 1;
+    }
+    assert!(quoted >= 7, "{quoted} blocks");
+}
