@@ -1,8 +1,11 @@
 //! Reconciliation: webhook delivery is not guaranteed, so fetch from the
-//! providers' APIs what never arrived. Stripe events go through the very same
-//! claim as webhooks (marked `source = 'reconcile'`); Shopify orders through the
-//! same version-guarded upsert. Checkpoints advance only after what was found
-//! has committed, so a run that dies is simply run again: nothing lands twice.
+//! providers' APIs what never arrived, through the very same claim as webhooks
+//! (marked `source = 'reconcile'`): Stripe's events under their own ids,
+//! Shopify's orders as `orders/updated` events keyed by the order and its
+//! `updated_at`, for the application's handlers to apply (the reference
+//! domain's version guard makes a snapshot it has already seen change
+//! nothing). Checkpoints advance only after what was found has committed, so a
+//! run that dies is simply run again: nothing lands twice.
 //!
 //! A run walks from its checkpoint to the present in windows
 //! (`RECONCILE_WINDOW_MINUTES`) and saves the checkpoint after each: a first
@@ -22,10 +25,9 @@ use crate::{
         http::{http_client, retry_after},
         secret::Secret,
     },
-    db::{self, checkpoints},
+    db::checkpoints,
     ingest::inbox::{self, Claim, Envelope},
-    ingest::providers::{body_digest_id, stripe::Stripe, Delivery, Events, NewEvent, Provider, Scheme},
-    reference::orders::{self, Applied, OrderSnapshot},
+    ingest::providers::{body_digest_id, stripe::Stripe, Delivery, Events, InitialStatus, NewEvent, Provider, Scheme},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -44,7 +46,7 @@ pub enum ReconcileError {
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Found {
     pub fetched: usize,
-    /// Stripe: events the inbox did not have. Shopify: orders inserted or updated.
+    /// Events the inbox did not have (Shopify: order snapshots), claimed.
     pub applied: usize,
     pub already_known: usize,
     /// Kept as `failed` rows with their reason (unusable, or refused by PostgreSQL).
@@ -267,18 +269,42 @@ struct OrderPage {
 /// An order that cannot be applied is kept in the inbox as `failed`, with its
 /// reason and its bytes, keyed by their digest (`source = 'reconcile'`): the
 /// page goes on, and the same order fetched again is a duplicate.
-async fn keep_failed_order(conn: &mut sqlx::PgConnection, order: &str, reason: &str) -> Result<(), sqlx::Error> {
-    tracing::warn!(%reason, "order from the Admin API kept as failed");
-    let headers = serde_json::json!({});
-    let env =
-        Envelope { provider: Provider::SHOPIFY, raw_body: order.as_bytes(), headers: &headers, secret_index: None };
-    let id = format!("reconcile:{}", body_digest_id(order.as_bytes()));
-    let payload = Some(order.to_string()).filter(|t| payload::storable(t));
-    inbox::claim_one(conn, &env, &NewEvent::unusable(id, ORDER_EVENT_TYPE, payload, reason)).await?;
-    Ok(())
+/// An order from the Admin API as an inbox event: `orders/updated`, the topic
+/// whose webhook carries the same object, keyed by the order and the version
+/// it is at (`reconcile:order:<id>:<updated_at>`), so the same snapshot is
+/// claimed once however many runs see it. One that cannot be used is kept as
+/// a `failed` row of its own, keyed by its digest.
+fn order_event(order: &str) -> NewEvent {
+    let unusable = |reason: String| {
+        let payload = Some(order.to_string()).filter(|t| payload::storable(t));
+        NewEvent::unusable(format!("reconcile:{}", body_digest_id(order.as_bytes())), ORDER_EVENT_TYPE, payload, reason)
+    };
+    let value = match payload::decode(order) {
+        Ok(value) => value,
+        Err(unusable_json) => return unusable(unusable_json.0),
+    };
+    let id = match &value["id"] {
+        serde_json::Value::Number(n) => Some(n.to_string()),
+        serde_json::Value::String(s) if !s.is_empty() => Some(s.clone()),
+        _ => None,
+    };
+    match (id, value["updated_at"].as_str()) {
+        (Some(id), Some(at)) if !payload::has_nul_escape(order) => {
+            let event = NewEvent::pending(format!("reconcile:order:{id}:{at}"), ORDER_TOPIC, order.to_string());
+            if event.event_id.chars().count() > crate::core::event::MAX_EVENT_ID_CHARS {
+                return unusable("malformed order: its id and updated_at are longer than an event id may be".into());
+            }
+            event
+        }
+        (Some(_), Some(_)) => unusable("malformed order: it holds \\u0000, which jsonb cannot store".into()),
+        _ => unusable("malformed order: no id or no updated_at".into()),
+    }
 }
 
-/// The `event_type` of an order reconcile could not apply.
+/// The `event_type` of an order reconcile found: Shopify's topic for the same object.
+pub const ORDER_TOPIC: &str = "orders/updated";
+
+/// The `event_type` of an order reconcile could not use.
 pub const ORDER_EVENT_TYPE: &str = "reconcile:order";
 
 impl ShopifyOrders {
@@ -311,8 +337,9 @@ impl ShopifyOrders {
     }
 
     /// Orders updated since the checkpoint, window by window and page by page
-    /// (`Link: rel="next"`), through the version-guarded upsert: a stale or
-    /// known order changes nothing. No page is asked for past `deadline`.
+    /// (`Link: rel="next"`), each claimed as an `orders/updated` event (see
+    /// [`ORDER_TOPIC`]): a snapshot claimed before is a duplicate. No page is
+    /// asked for past `deadline`.
     pub async fn reconcile(
         &self,
         pool: &PgPool,
@@ -363,27 +390,23 @@ impl ShopifyOrders {
             let page: OrderPage = serde_json::from_str(&text)
                 .map_err(|e| ReconcileError::Body { api: "Shopify", reason: e.to_string() })?;
             let mut conn = pool.acquire().await?;
+            let headers = serde_json::json!({});
             for raw in &page.orders {
                 found.fetched += 1;
-                let snapshot = payload::decode(raw.get())
-                    .map_err(|e| e.0)
-                    .and_then(|order| OrderSnapshot::from_shopify(&order).map_err(|e| format!("malformed order: {e}")));
-                let applied = match snapshot {
-                    Ok(snapshot) => match orders::upsert(&mut conn, &snapshot).await {
-                        Ok(applied) => Ok(applied),
-                        Err(e) if db::is_refused_value(&e) => Err(format!(
-                            "PostgreSQL refused the order (SQLSTATE {})",
-                            db::sqlstate(&e).unwrap_or_default()
-                        )),
-                        Err(e) => return Err(e.into()),
-                    },
-                    Err(reason) => Err(reason),
+                let order = raw.get();
+                let event = order_event(order);
+                let env = Envelope {
+                    provider: Provider::SHOPIFY,
+                    raw_body: order.as_bytes(),
+                    headers: &headers,
+                    secret_index: None,
                 };
-                match applied {
-                    Ok(Applied::Inserted | Applied::Updated) => found.applied += 1,
-                    Ok(Applied::Stale) => found.already_known += 1,
-                    Err(reason) => {
-                        keep_failed_order(&mut conn, raw.get(), &reason).await?;
+                let claim = inbox::claim_one(&mut conn, &env, &event).await?;
+                match (event.status, claim) {
+                    (InitialStatus::Pending, Claim::New) => found.applied += 1,
+                    (InitialStatus::Pending, Claim::Duplicate) => found.already_known += 1,
+                    (InitialStatus::Failed, _) => {
+                        tracing::warn!(reason = ?event.failure_reason, "order from the Admin API kept as failed");
                         found.failed += 1;
                     }
                 }

@@ -9,6 +9,7 @@ use webhook_inbox::{
     ingest::inbox::{self, Envelope},
     ingest::providers::{NewEvent, Provider},
     reconcile::{ReconcileConfig, ShopifyOrders, StripeEvents},
+    Handlers, Stage, Worker,
 };
 use wiremock::{
     matchers::{header, method, path, query_param},
@@ -192,8 +193,16 @@ fn order(id: u64, status: &str, updated_at: &str) -> Value {
     json!({"id": id, "customer": {"id": 42}, "financial_status": status, "total_price": "10.00", "updated_at": updated_at})
 }
 
+/// The reference handlers (`orders/updated` among them) over what reconcile claimed.
+async fn drain(pool: &PgPool) {
+    let worker = Worker::new(pool.clone(), Handlers::reference(), inbox_tests::fast_worker_config());
+    worker.run(later()).await.unwrap();
+}
+
+/// Each order is claimed as an `orders/updated` event, for the application's
+/// handlers; the reference domain's version guard then keeps the newest.
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
-async fn reconcile_feeds_shopify_orders_through_the_version_guard(pool: PgPool) {
+async fn reconcile_feeds_shopify_orders_to_the_handlers_as_orders_updated_events(pool: PgPool) {
     let server = MockServer::start().await;
     let next = format!("<{}/admin/api/2024-10/orders.json?page_info=p2&limit=250>; rel=\"next\"", server.uri());
     Mock::given(method("GET"))
@@ -223,7 +232,22 @@ async fn reconcile_feeds_shopify_orders_through_the_version_guard(pool: PgPool) 
 
     let api = ShopifyOrders::new(server.uri(), "2024-10", Secret::new("shpat_fake")).unwrap();
     let first = api.reconcile(&pool, &config(), later()).await.unwrap();
-    assert_eq!((first.fetched, first.applied, first.already_known), (3, 2, 1));
+    assert_eq!((first.fetched, first.applied, first.already_known), (3, 3, 0));
+    let events: Vec<(String, String, String)> =
+        sqlx::query_as("SELECT event_id, event_type, source FROM webhook_inbox ORDER BY event_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let event = |id: &str| (id.to_string(), "orders/updated".to_string(), "reconcile".to_string());
+    assert_eq!(
+        events,
+        [
+            event("reconcile:order:1:2026-11-29T09:00:00Z"),
+            event("reconcile:order:2:2026-11-29T08:00:00Z"),
+            event("reconcile:order:3:2026-11-29T10:00:00Z")
+        ]
+    );
+    drain(&pool).await;
     let statuses: Vec<(String, String)> =
         sqlx::query_as("SELECT order_id, status FROM orders ORDER BY order_id").fetch_all(&pool).await.unwrap();
     assert_eq!(statuses, [("1".into(), "paid".into()), ("2".into(), "refunded".into()), ("3".into(), "paid".into())]);
@@ -235,6 +259,8 @@ async fn reconcile_feeds_shopify_orders_through_the_version_guard(pool: PgPool) 
     .unwrap();
     let second = api.reconcile(&pool, &config(), later()).await.unwrap();
     assert_eq!((second.applied, second.already_known), (0, 3), "run twice, nothing twice");
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_inbox").fetch_one(&pool).await.unwrap();
+    assert_eq!(rows, 3);
     let last = server
         .received_requests()
         .await
@@ -287,6 +313,8 @@ async fn a_stripe_event_postgres_or_our_check_refuses_is_kept_failed_and_the_pag
     assert_eq!(checkpoints, 1, "the checkpoint moved");
 }
 
+/// An order without an id or `updated_at` is kept failed at once; one the
+/// handler cannot apply fails alone in the worker; the others flow.
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_shopify_order_that_cannot_be_applied_is_kept_failed_and_the_page_goes_on(pool: PgPool) {
     let server = MockServer::start().await;
@@ -303,7 +331,8 @@ async fn a_shopify_order_that_cannot_be_applied_is_kept_failed_and_the_page_goes
         .await;
     let api = ShopifyOrders::new(server.uri(), "2024-10", Secret::new("shpat_fake")).unwrap();
     let found = api.reconcile(&pool, &config(), later()).await.unwrap();
-    assert_eq!((found.fetched, found.applied, found.failed), (5, 2, 3));
+    assert_eq!((found.fetched, found.applied, found.failed), (5, 4, 1));
+    drain(&pool).await;
     let orders: Vec<String> =
         sqlx::query_scalar("SELECT order_id FROM orders ORDER BY 1").fetch_all(&pool).await.unwrap();
     assert_eq!(orders, ["1", "5"]);
@@ -313,16 +342,20 @@ async fn a_shopify_order_that_cannot_be_applied_is_kept_failed_and_the_page_goes
     .fetch_all(&pool)
     .await
     .unwrap();
-    assert_eq!(failed.len(), 3);
-    assert!(failed.iter().all(|(t, source, _)| t == "reconcile:order" && source == "reconcile"));
+    let types: Vec<&str> = failed.iter().map(|f| f.0.as_str()).collect();
+    assert_eq!(types, ["orders/updated", "orders/updated", "reconcile:order"]);
+    assert!(failed.iter().all(|(_, source, _)| source == "reconcile"));
     let reasons: Vec<&str> = failed.iter().map(|f| f.2.as_str()).collect();
-    assert!(reasons[0].contains("SQLSTATE 22003") && reasons[1].contains("SQLSTATE 22007"), "{reasons:?}");
-    assert!(reasons[2].contains("malformed order"), "{reasons:?}");
-    // Run again: the failed orders are duplicates, not new rows.
+    assert!(
+        reasons[0].contains("invalid input syntax") && reasons[1].contains("numeric field overflow"),
+        "{reasons:?}"
+    );
+    assert!(reasons[2].contains("malformed order: no id"), "{reasons:?}");
+    // Run again: every order is a duplicate, not a new row.
     let again = api.reconcile(&pool, &config(), later()).await.unwrap();
-    assert_eq!(again.failed, 3);
+    assert_eq!((again.applied, again.failed), (0, 1));
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_inbox").fetch_one(&pool).await.unwrap();
-    assert_eq!(rows, 3);
+    assert_eq!(rows, 5);
 }
 
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
