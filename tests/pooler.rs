@@ -26,10 +26,10 @@ use webhook_inbox::{
     config::{Catalog, DbConfig, Env},
     db,
     process::{handlers::Handlers, worker::Worker},
+    prune::{Pruner, RetentionConfig},
     reconcile::{ReconcileConfig, StripeEvents},
     reference,
     relay::{HttpSink, Relay, RelayConfig, Sink},
-    retention::{Pruner, RetentionConfig},
     runtime::stage::Stage,
     ReceiveConfig, Receiver,
 };

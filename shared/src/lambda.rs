@@ -32,7 +32,7 @@ use crate::{
         self,
         worker::{Worker, WorkerConfig},
     },
-    retention::{Pruner, RetentionConfig},
+    prune::{Pruner, RetentionConfig},
     runtime::{deadline, stage::Stage},
     ReceiveConfig, Receiver,
 };

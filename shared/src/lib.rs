@@ -108,6 +108,9 @@ pub mod migrate;
 #[cfg(feature = "service")]
 #[doc(hidden)]
 pub mod process;
+#[cfg(feature = "service")]
+#[doc(hidden)]
+pub mod prune;
 #[cfg(feature = "reconcile")]
 #[doc(hidden)]
 pub mod reconcile;
@@ -116,9 +119,6 @@ pub mod reference;
 #[cfg(feature = "relay")]
 #[doc(hidden)]
 pub mod relay;
-#[cfg(feature = "service")]
-#[doc(hidden)]
-pub mod retention;
 #[cfg(feature = "service")]
 #[doc(hidden)]
 pub mod runtime;

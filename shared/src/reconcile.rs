@@ -26,7 +26,7 @@ use crate::{
         secret::Secret,
     },
     db::checkpoints,
-    ingest::inbox::{self, Claim, Envelope},
+    ingest::claim::{self, Claim, Envelope},
     ingest::providers::{body_digest_id, stripe::Stripe, Delivery, Events, InitialStatus, NewEvent, Provider, Scheme},
 };
 
@@ -237,7 +237,7 @@ impl StripeEvents {
                     continue;
                 };
                 let env = Envelope { provider: Provider::STRIPE, raw_body: body, headers: &empty, secret_index: None };
-                match inbox::claim_one(&mut conn, &env, &event).await? {
+                match claim::claim_one(&mut conn, &env, &event).await? {
                     Claim::New => found.applied += 1,
                     Claim::Duplicate => found.already_known += 1,
                 }
@@ -401,7 +401,7 @@ impl ShopifyOrders {
                     headers: &headers,
                     secret_index: None,
                 };
-                let claim = inbox::claim_one(&mut conn, &env, &event).await?;
+                let claim = claim::claim_one(&mut conn, &env, &event).await?;
                 match (event.status, claim) {
                     (InitialStatus::Pending, Claim::New) => found.applied += 1,
                     (InitialStatus::Pending, Claim::Duplicate) => found.already_known += 1,

@@ -13,7 +13,7 @@ use sqlx::{
 };
 use webhook_inbox::{
     db,
-    ingest::inbox::{self, Claim, Claimed, Envelope},
+    ingest::claim::{self, Claim, Claimed, Envelope},
     ingest::providers::{Events, NewEvent, Provider},
     process::handlers::{Event, Handler, HandlerError, Handlers, Outcome},
     process::worker::{Worker, WorkerConfig},
@@ -158,7 +158,7 @@ async fn the_claim_falls_back_whatever_sqlstate_the_value_raises(_: PgPoolOption
             secret_index: Some(0),
         };
         let events = Events::Single(NewEvent::pending(id.into(), "push", payload.clone()));
-        let claimed = inbox::claim_delivery(&connections, &env, &events, None).await.unwrap();
+        let claimed = claim::claim_delivery(&connections, &env, &events, None).await.unwrap();
         assert_eq!(claimed, Claimed::Single(Claim::New), "{id}");
         let (status, why): (String, String) =
             sqlx::query_as("SELECT status, failure_reason FROM webhook_inbox WHERE event_id = $1")
@@ -175,8 +175,8 @@ async fn the_claim_falls_back_whatever_sqlstate_the_value_raises(_: PgPoolOption
         NewEvent::pending("t:ok".into(), "t", "{}".into()),
         NewEvent::pending("t:deep".into(), "t", nested(100_000)),
     ];
-    let claimed = inbox::claim_delivery(&connections, &env, &Events::Batch(items), None).await.unwrap();
-    assert_eq!(claimed, Claimed::Batch(inbox::BatchClaim { accepted: 2, duplicates: 0 }));
+    let claimed = claim::claim_delivery(&connections, &env, &Events::Batch(items), None).await.unwrap();
+    assert_eq!(claimed, Claimed::Batch(claim::BatchClaim { accepted: 2, duplicates: 0 }));
     let statuses: Vec<(String, String)> =
         sqlx::query_as("SELECT event_id, status FROM webhook_inbox WHERE provider = 'marqeta' ORDER BY 1")
             .fetch_all(&pool)
@@ -375,7 +375,7 @@ async fn any_stored_payload_ends_done_or_failed_and_never_stops_the_worker(_: Pg
             secret_index: Some(0),
         };
         let event = NewEvent::pending(format!("evt_u{i:03}"), "prop.test", unchecked.clone());
-        assert_eq!(inbox::claim_one(&mut conn, &env, &event).await.unwrap(), Claim::New);
+        assert_eq!(claim::claim_one(&mut conn, &env, &event).await.unwrap(), Claim::New);
     }
     let config = WorkerConfig {
         batch_size: 50,

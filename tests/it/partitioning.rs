@@ -12,7 +12,7 @@ use sqlx::{
 };
 use webhook_inbox::{
     db,
-    ingest::inbox::{self, Claim, Envelope},
+    ingest::claim::{self, Claim, Envelope},
     ingest::providers::{NewEvent, Provider},
     process::handlers::Handlers,
     process::worker::{Worker, WorkerConfig},
@@ -30,7 +30,7 @@ async fn the_hash_partitioned_inbox_refuses_every_duplicate_and_spreads_keys(_: 
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let headers = json!({});
     let env = Envelope { provider: Provider::STRIPE, raw_body: b"{}", headers: &headers, secret_index: Some(0) };
-    inbox::claim(&pool, &env, &event("before")).await.unwrap();
+    claim::claim(&pool, &env, &event("before")).await.unwrap();
     let indexes = |pool: PgPool| async move {
         let names: Vec<String> = sqlx::query_scalar(
             "SELECT indexname::text FROM pg_indexes WHERE tablename = 'webhook_inbox' ORDER BY indexname",
@@ -50,15 +50,15 @@ async fn the_hash_partitioned_inbox_refuses_every_duplicate_and_spreads_keys(_: 
         .unwrap();
     assert!(partitioned);
     assert_eq!(
-        inbox::claim(&pool, &env, &event("before")).await.unwrap(),
+        claim::claim(&pool, &env, &event("before")).await.unwrap(),
         Claim::Duplicate,
         "existing rows were moved"
     );
     for i in 0..200 {
-        assert_eq!(inbox::claim(&pool, &env, &event(&format!("evt_{i}"))).await.unwrap(), Claim::New);
+        assert_eq!(claim::claim(&pool, &env, &event(&format!("evt_{i}"))).await.unwrap(), Claim::New);
     }
     for i in 0..200 {
-        assert_eq!(inbox::claim(&pool, &env, &event(&format!("evt_{i}"))).await.unwrap(), Claim::Duplicate);
+        assert_eq!(claim::claim(&pool, &env, &event(&format!("evt_{i}"))).await.unwrap(), Claim::Duplicate);
     }
     let (rows, partitions): (i64, i64) =
         sqlx::query_as("SELECT count(*), count(DISTINCT tableoid) FROM webhook_inbox").fetch_one(&pool).await.unwrap();

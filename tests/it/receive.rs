@@ -14,7 +14,7 @@ use tokio::sync::Barrier;
 use webhook_inbox::{
     db,
     dev::embedded_pg::EmbeddedPostgres,
-    ingest::inbox::{self, Claim, Envelope},
+    ingest::claim::{self, Claim, Envelope},
     ingest::providers::{NewEvent, Provider},
     Receiver,
 };
@@ -462,11 +462,11 @@ async fn claim_behind_open_insert(
 ) -> (sqlx::Transaction<'static, sqlx::Postgres>, tokio::task::JoinHandle<Claim>) {
     let headers = json!({});
     let mut tx = pool.begin().await.unwrap();
-    inbox::claim(&mut *tx, &envelope(&headers), &event(id)).await.unwrap();
+    claim::claim(&mut *tx, &envelope(&headers), &event(id)).await.unwrap();
     let p = pool.clone();
     let waiter = tokio::spawn(async move {
         let headers = json!({});
-        inbox::claim(&p, &envelope(&headers), &event(id)).await.unwrap()
+        claim::claim(&p, &envelope(&headers), &event(id)).await.unwrap()
     });
     // The second claim must be waiting on the first transaction's key, not finished.
     let waiting = eventually(|| async { lock_waiters(pool).await == 1 }).await;
@@ -501,7 +501,7 @@ async fn a_claim_stuck_behind_a_lock_past_lock_timeout_answers_503(_: PgPoolOpti
     let headers = json!({});
     let mut tx = pool.begin().await.unwrap();
     let held = NewEvent::pending("evt_locked".into(), "x", "{}".into());
-    inbox::claim(&mut *tx, &envelope(&headers), &held).await.unwrap();
+    claim::claim(&mut *tx, &envelope(&headers), &held).await.unwrap();
     let (status, body) = post(&r, "stripe", &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))], &body).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert!(!body.to_string().contains("lock"), "no database text reaches the caller: {body}");
@@ -522,10 +522,10 @@ async fn under_repeatable_read_the_claim_fails_with_40001(_: PgPoolOptions, opts
     assert_eq!(isolation, "repeatable read");
     let headers = json!({});
     let mut tx = pool.begin().await.unwrap();
-    inbox::claim(&mut *tx, &envelope(&headers), &event("evt_rr")).await.unwrap();
+    claim::claim(&mut *tx, &envelope(&headers), &event("evt_rr")).await.unwrap();
     let waiter = tokio::spawn(async move {
         let headers = json!({});
-        inbox::claim(&rr, &envelope(&headers), &event("evt_rr")).await
+        claim::claim(&rr, &envelope(&headers), &event("evt_rr")).await
     });
     assert!(eventually(|| async { lock_waiters(&pool).await == 1 }).await);
     tx.commit().await.unwrap();
@@ -541,7 +541,7 @@ async fn under_repeatable_read_the_receivers_retry_answers_duplicate(_: PgPoolOp
     let headers = json!({});
     let mut tx = pool.begin().await.unwrap();
     let held = NewEvent::pending("evt_rr".into(), "x", "{}".into());
-    inbox::claim(&mut *tx, &envelope(&headers), &held).await.unwrap();
+    claim::claim(&mut *tx, &envelope(&headers), &held).await.unwrap();
     let sig = stripe_header(STRIPE[0], &body);
     let delivery = {
         let r = r.clone();
@@ -619,7 +619,7 @@ async fn concurrent_overlapping_batches_neither_deadlock_nor_double_claim(_: PgP
                 let env =
                     Envelope { provider: Provider::MARQETA, raw_body: b"{}", headers: &headers, secret_index: Some(0) };
                 barrier.wait().await;
-                inbox::claim_batch(&mut *conn, &env, &events).await
+                claim::claim_batch(&mut *conn, &env, &events).await
             })
         })
         .collect();

@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 use sqlx::PgPool;
 use webhook_inbox::{
     config::Secret,
-    ingest::inbox::{self, Envelope},
+    ingest::claim::{self, Envelope},
     ingest::providers::{NewEvent, Provider},
     reconcile::{ReconcileConfig, ShopifyOrders, StripeEvents},
     Handlers, Stage, Worker,
@@ -62,7 +62,7 @@ async fn reconcile_claims_exactly_the_missing_stripe_events_and_nothing_twice(po
     let headers = json!({});
     let env =
         Envelope { provider: Provider::STRIPE, raw_body: webhook.as_bytes(), headers: &headers, secret_index: Some(0) };
-    inbox::claim(&pool, &env, &NewEvent::pending("evt_2".into(), "payment_intent.succeeded", webhook.clone()))
+    claim::claim(&pool, &env, &NewEvent::pending("evt_2".into(), "payment_intent.succeeded", webhook.clone()))
         .await
         .unwrap();
 

@@ -19,9 +19,9 @@ use sqlx::{
 };
 use webhook_inbox::{
     config::Catalog,
-    ingest::inbox::{self, Envelope},
+    ingest::claim::{self, Envelope},
     ingest::providers::{NewEvent, Provider},
-    retention::{Pruner, RetentionConfig},
+    prune::{Pruner, RetentionConfig},
     runtime::stage::Stage,
 };
 
@@ -41,7 +41,7 @@ fn retention(batch_size: i64) -> RetentionConfig {
 async fn row(pool: &PgPool, provider: Provider, id: &str, status: &str, days: i32) {
     let headers = json!({});
     let env = Envelope { provider, raw_body: b"{}", headers: &headers, secret_index: Some(0) };
-    inbox::claim(pool, &env, &NewEvent::pending(id.into(), "t", "{}".into())).await.unwrap();
+    claim::claim(pool, &env, &NewEvent::pending(id.into(), "t", "{}".into())).await.unwrap();
     sqlx::query(
         "UPDATE webhook_inbox SET status = $3, received_at = now() - make_interval(days => $4),
                 processed_at = CASE WHEN $3 = 'done' THEN now() END,
@@ -205,7 +205,7 @@ async fn batch_bodies_go_once_no_row_points_at_them_and_no_delivery_brought_them
     let items = [NewEvent::pending("transactions:t1".into(), "transactions", "{}".into())];
     for body in [&b"kept: a row points at it"[..], b"orphan, old", b"orphan, seen an hour ago"] {
         let env = Envelope { provider: Provider::MARQETA, raw_body: body, headers: &headers, secret_index: Some(0) };
-        inbox::claim_batch(&pool, &env, &items).await.unwrap();
+        claim::claim_batch(&pool, &env, &items).await.unwrap();
     }
     // Only the first body's claim made a row; the others' items were duplicates.
     sqlx::query("UPDATE webhook_bodies SET last_seen_at = now() - interval '2 days' WHERE raw_body <> 'orphan, seen an hour ago'")

@@ -20,7 +20,7 @@ use webhook_inbox::{
     config::{Catalog, DbConfig, MarqetaAuth, Secrets, DEFAULT_MAX_BODY_BYTES},
     db,
     ingest::{
-        inbox::{self, Claim, Envelope},
+        claim::{self, Claim, Envelope},
         providers::{NewEvent, Provider},
     },
     process::{
@@ -225,7 +225,7 @@ pub async fn store(pool: &PgPool, provider: Provider, event_id: &str, event_type
     let headers = serde_json::json!({});
     let env = Envelope { provider, raw_body: payload.as_bytes(), headers: &headers, secret_index: Some(0) };
     let event = NewEvent::pending(event_id.into(), event_type, payload.into());
-    assert_eq!(inbox::claim(pool, &env, &event).await.unwrap(), Claim::New, "{event_id} is new");
+    assert_eq!(claim::claim(pool, &env, &event).await.unwrap(), Claim::New, "{event_id} is new");
 }
 
 /// Polls until `f` is true or 10 s pass.

@@ -9,13 +9,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use webhook_inbox::{
-    config::sinks_from_env,
     config::{self, DbConfig},
     db::{self, inbox},
     dev,
+    prune::{Pruner, RetentionConfig},
     reconcile::Reconciler,
     relay::{Relay, RelayConfig},
-    retention::{Pruner, RetentionConfig},
     runtime::stage::Stage,
     ReceiveConfig,
 };
@@ -227,12 +226,13 @@ async fn main() -> Result<()> {
                 once,
                 "inbox relay runs one pass of the relay function: pass --once (`inbox dev` relays continuously)"
             );
-            let sinks = sinks_from_env().await?;
+            let env = config::Env::resolved().await?;
+            let sinks = config::SinkConfig::read(&env)?.build().await?;
             anyhow::ensure!(
                 !sinks.is_empty(),
                 "no sink configured: set RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL or RELAY_EVENT_BUS"
             );
-            let relay = Relay::new(database()?, sinks, RelayConfig::from_env()?);
+            let relay = Relay::new(database(&env)?, sinks, RelayConfig::read(&env)?);
             let r = relay.run(one_pass_deadline()).await?;
             println!(
                 "relayed: {} leased, {} sent, {} to retry, {} dead, {} released unstarted",
@@ -245,8 +245,9 @@ async fn main() -> Result<()> {
                 once,
                 "inbox reconcile runs one pass of the reconcile function: pass --once (schedule it for more)"
             );
-            let pool = database()?;
-            let reconciler = Reconciler::from_env()?;
+            let env = config::Env::resolved().await?;
+            let pool = database(&env)?;
+            let reconciler = Reconciler::read(&env)?;
             anyhow::ensure!(
                 reconciler.is_configured(),
                 "nothing to reconcile: set STRIPE_API_KEY, or SHOPIFY_SHOP_DOMAIN and SHOPIFY_ACCESS_TOKEN"
@@ -273,7 +274,8 @@ async fn main() -> Result<()> {
                 once,
                 "inbox prune runs one pass of the prune function: pass --once (schedule it for more)"
             );
-            let pruner = Pruner::new(database()?, RetentionConfig::from_env()?);
+            let env = config::Env::resolved().await?;
+            let pruner = Pruner::new(database(&env)?, RetentionConfig::read(&env)?);
             let pruned = pruner.run(one_pass_deadline()).await?;
             println!(
                 "pruned: {} done inbox rows, {} failed inbox rows, {} sent outbox messages, {} batch bodies",
@@ -337,7 +339,7 @@ async fn main() -> Result<()> {
             }
         }
         Command::Migrate => {
-            let config = DbConfig::from_env(1)?;
+            let config = DbConfig::read(&config::Env::resolved().await?, 1)?;
             let url = config.url.clone().context("DATABASE_URL is not set")?;
             let version = db::schema::migrate(&db::pool(&config)?).await.context("applying migrations")?;
             println!("the inbox's migrations applied to {} (version {version})", dev::redact_url(&url));
@@ -347,8 +349,8 @@ async fn main() -> Result<()> {
 }
 
 /// A one-connection pool on DATABASE_URL, for the one-pass commands.
-fn database() -> Result<sqlx::PgPool> {
-    let config = DbConfig::from_env(1)?;
+fn database(env: &config::Env) -> Result<sqlx::PgPool> {
+    let config = DbConfig::read(env, 1)?;
     anyhow::ensure!(config.url.is_some(), "DATABASE_URL is not set");
     Ok(db::pool(&config)?)
 }

@@ -7,11 +7,8 @@ use std::{
     net::TcpStream,
     process::{Command, Stdio},
     sync::mpsc,
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::Duration,
 };
-
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
 
 /// One HTTP/1.1 exchange; returns the status code and the body.
 fn http(addr: &str, request: &str) -> (u16, String) {
@@ -26,10 +23,8 @@ fn http(addr: &str, request: &str) -> (u16, String) {
 }
 
 fn signed_stripe_post(addr: &str, body: &str) -> String {
-    let t = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
-    let mut mac = Hmac::<Sha256>::new_from_slice(b"whsec_dev_stripe_secret").unwrap();
-    mac.update(format!("{t}.{body}").as_bytes());
-    let sig = hex::encode(mac.finalize().into_bytes());
+    let t = inbox_tests::now();
+    let sig = inbox_tests::stripe_v1("whsec_dev_stripe_secret", t, body.as_bytes());
     format!(
         "POST /webhooks/stripe HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nStripe-Signature: t={t},v1={sig}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()

@@ -27,7 +27,7 @@ use webhook_inbox::{
         embedded_pg::EmbeddedPostgres,
         storm::{self, Consumer, Delivery, Rng},
     },
-    retention::{Pruner, RetentionConfig},
+    prune::{Pruner, RetentionConfig},
     runtime::stage::Stage,
 };
 

@@ -4,9 +4,7 @@
 
 use std::process::{Command, Output};
 
-use hmac::{Hmac, Mac};
 use serde_json::{json, Value};
-use sha2::Sha256;
 use sqlx::{
     postgres::{PgConnectOptions, PgPoolOptions},
     PgPool,
@@ -132,9 +130,7 @@ async fn failed_lists_reasons_filtered_by_provider_and_time(pool_options: PgPool
 }
 
 fn stripe_signature(secret: &str, t: i64, body: &str) -> String {
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).unwrap();
-    mac.update(format!("{t}.{body}").as_bytes());
-    format!("t={t},v1={}", hex::encode(mac.finalize().into_bytes()))
+    format!("t={t},v1={}", inbox_tests::stripe_v1(secret, t, body.as_bytes()))
 }
 
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]

@@ -21,7 +21,7 @@ pub use crate::core::secret::{MarqetaAuth, Secret, Secrets};
 pub use crate::db::DbConfig;
 pub use crate::ingest::providers::catalog::{Catalog, Kind};
 use crate::{
-    core::provider::Provider, process::worker::WorkerConfig, retention::RetentionConfig,
+    core::provider::Provider, process::worker::WorkerConfig, prune::RetentionConfig,
     runtime::deadline::DEFAULT_DEADLINE_MARGIN,
 };
 #[cfg(feature = "relay")]
@@ -83,6 +83,19 @@ impl<'a> Env<'a> {
             Some(v) => v.parse().map_err(|_| invalid(name, format!("{v:?} is not a valid number"))),
             None => Ok(default),
         }
+    }
+
+    /// A count that must be at least 1 (a batch size, a number of attempts),
+    /// or `default` when unset: 0 is refused, never raised quietly.
+    pub fn positive<T>(&self, name: &'static str, default: T) -> Result<T, ConfigError>
+    where
+        T: std::str::FromStr + PartialOrd + From<u8>,
+    {
+        let value = self.parse(name, default)?;
+        if value < T::from(1) {
+            return Err(invalid(name, "must be at least 1"));
+        }
+        Ok(value)
     }
 
     fn millis(&self, name: &'static str, default: u64) -> Result<Duration, ConfigError> {
@@ -276,7 +289,11 @@ impl DbConfig {
             idle_in_transaction_timeout: env.millis("INBOX_IDLE_IN_TRANSACTION_TIMEOUT_MS", 10_000)?,
             behind_proxy: match env.var("INBOX_DB_POOLER").as_deref() {
                 None | Some("none") => false,
-                Some("proxy") => true,
+                // Set once, here: every statement of this process is then unnamed (see `db::query`).
+                Some("proxy") => {
+                    crate::db::set_behind_pooler();
+                    true
+                }
                 Some(other) => {
                     return Err(invalid("INBOX_DB_POOLER", format!("{other:?} is neither \"none\" nor \"proxy\"")))
                 }
@@ -334,8 +351,8 @@ impl WorkerConfig {
     pub fn read(env: &Env) -> Result<Self, ConfigError> {
         let d = WorkerConfig::default();
         Ok(WorkerConfig {
-            batch_size: env.parse("INBOX_BATCH_SIZE", d.batch_size)?.max(1),
-            max_attempts: env.parse("INBOX_MAX_ATTEMPTS", d.max_attempts)?.max(1),
+            batch_size: env.positive("INBOX_BATCH_SIZE", d.batch_size)?,
+            max_attempts: env.positive("INBOX_MAX_ATTEMPTS", d.max_attempts)?,
             retry_base: env.millis("INBOX_RETRY_BASE_MS", d.retry_base.as_millis() as u64)?,
             poll: env.millis("INBOX_POLL_MS", d.poll.as_millis() as u64)?,
         })
@@ -389,7 +406,7 @@ impl RetentionConfig {
             done_days,
             failed_days: env.parse("INBOX_FAILED_RETENTION_DAYS", 180)?,
             outbox_days: env.parse("OUTBOX_RETENTION_DAYS", 7)?,
-            batch_size: env.parse("INBOX_PRUNE_BATCH", 1000i64)?.max(1),
+            batch_size: env.positive("INBOX_PRUNE_BATCH", 1000i64)?,
         };
         config.validate()?;
         Ok(config)
@@ -646,6 +663,18 @@ mod tests {
         let tight = [("INBOX_DEADLINE_MARGIN_MS", "5000")];
         let err = deadline_margin(&Env::from_pairs(&tight)).unwrap_err().to_string();
         assert!(err.contains("not above INBOX_STATEMENT_TIMEOUT_MS (5000 ms)"), "{err}");
+        for var in
+            ["INBOX_BATCH_SIZE", "INBOX_MAX_ATTEMPTS", "INBOX_PRUNE_BATCH", "RELAY_BATCH_SIZE", "RELAY_CONCURRENCY"]
+        {
+            let pairs = [(var, "0")];
+            let env = Env::from_pairs(&pairs);
+            let err = match var {
+                "INBOX_PRUNE_BATCH" => RetentionConfig::read(&env).unwrap_err(),
+                v if v.starts_with("RELAY") => RelayConfig::read(&env).unwrap_err(),
+                _ => WorkerConfig::read(&env).unwrap_err(),
+            };
+            assert_eq!(err.to_string(), format!("{var}: must be at least 1"), "0 is refused, not raised");
+        }
         let short = [("INBOX_RETENTION_DAYS", "2")];
         assert!(RetentionConfig::read(&Env::from_pairs(&short)).unwrap_err().to_string().contains("redelivery window"));
     }

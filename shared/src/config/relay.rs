@@ -16,9 +16,9 @@ impl RelayConfig {
     pub fn read(env: &Env) -> Result<Self, ConfigError> {
         let d = RelayConfig::default();
         Ok(RelayConfig {
-            batch_size: env.parse("RELAY_BATCH_SIZE", d.batch_size)?.max(1),
-            concurrency: env.parse("RELAY_CONCURRENCY", d.concurrency)?.max(1),
-            max_attempts: env.parse("RELAY_MAX_ATTEMPTS", d.max_attempts)?.max(1),
+            batch_size: env.positive("RELAY_BATCH_SIZE", d.batch_size)?,
+            concurrency: env.positive("RELAY_CONCURRENCY", d.concurrency)?,
+            max_attempts: env.positive("RELAY_MAX_ATTEMPTS", d.max_attempts)?,
             retry_base: env.millis("RELAY_RETRY_BASE_MS", d.retry_base.as_millis() as u64)?,
             lease: env.millis("RELAY_LEASE_MS", d.lease.as_millis() as u64)?,
         })

@@ -9,7 +9,7 @@ pub mod outbox;
 mod pooler;
 pub mod schema;
 
-pub use pooler::{query, query_as, query_scalar, Autocommit};
+pub use pooler::{query, query_as, query_scalar, set_behind_pooler, Autocommit};
 
 use std::{
     ops::{Deref, DerefMut},
@@ -50,7 +50,6 @@ fn with_timeouts(options: PgConnectOptions, cfg: &DbConfig) -> PgConnectOptions 
     let ms = |d: Duration| d.as_millis().to_string();
     let options = options.application_name("webhook-inbox");
     if cfg.behind_proxy {
-        pooler::set_behind_pooler();
         // sqlx sends extra_float_digits at startup unless told not to; PgBouncer refuses it.
         return options.extra_float_digits(None);
     }

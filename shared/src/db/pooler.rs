@@ -24,10 +24,10 @@ use sqlx::{
 
 static UNNAMED: AtomicBool = AtomicBool::new(false);
 
-/// Set once a pool or a connection set is built behind a pooler: a process
-/// talks to one database, through a pooler or not (and the statements of a
-/// process that does both are simply unnamed everywhere).
-pub(super) fn set_behind_pooler() {
+/// Set once, where the database configuration is read (`INBOX_DB_POOLER=proxy`):
+/// a process talks to one database, through a pooler or not (and the
+/// statements of a process that does both are simply unnamed everywhere).
+pub fn set_behind_pooler() {
     UNNAMED.store(true, Ordering::Relaxed);
 }
 

@@ -23,9 +23,9 @@ use crate::{
     config::{sinks_from_env, Secrets},
     db,
     process::worker::{Worker, WorkerConfig},
+    prune::{Pruner, RetentionConfig},
     reconcile::Reconciler,
     relay::{Relay, RelayConfig},
-    retention::{Pruner, RetentionConfig},
     runtime::stage::Stage,
     ReceiveConfig, Receiver,
 };
@@ -163,6 +163,17 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
+}
+
+/// A `Stripe-Signature` header as Stripe signs: `t=<t>,v1=<hex HMAC-SHA256
+/// of "t.body" keyed by the whole secret>`, for sending signed deliveries to a
+/// local stack (the demo's storm, the bench).
+pub fn stripe_signature(secret: &str, t: u64, body: &[u8]) -> String {
+    use hmac::{Hmac, Mac};
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).expect("any key length");
+    mac.update(format!("{t}.").as_bytes());
+    mac.update(body);
+    format!("t={t},v1={}", hex::encode(mac.finalize().into_bytes()))
 }
 
 /// Where a database URL points, without any credential (user:password@ or ?password=).

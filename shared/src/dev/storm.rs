@@ -76,10 +76,7 @@ fn now() -> u64 {
 }
 
 fn stripe(body: String, secret: &str) -> Delivery {
-    let t = now();
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("any key length");
-    mac.update(format!("{t}.{body}").as_bytes());
-    let sig = format!("t={t},v1={}", hex::encode(mac.finalize().into_bytes()));
+    let sig = super::stripe_signature(secret, now(), body.as_bytes());
     Delivery { provider: "stripe", headers: vec![("stripe-signature", sig)], body, forged: secret != DEV_STRIPE }
 }
 

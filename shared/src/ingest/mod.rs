@@ -4,7 +4,7 @@
 pub mod providers;
 
 #[cfg(feature = "service")]
-pub mod inbox;
+pub mod claim;
 #[cfg(feature = "service")]
 pub mod notify;
 #[cfg(feature = "service")]

@@ -13,7 +13,7 @@ use serde_json::json;
 use crate::{
     core::secret::Secrets,
     db::{Connections, DbConfig},
-    ingest::inbox::{self, BatchClaim, Claim, Claimed, Envelope},
+    ingest::claim::{self, BatchClaim, Claim, Claimed, Envelope},
     ingest::providers::catalog::Catalog,
     ingest::{
         notify::ProcessQueue,
@@ -204,7 +204,7 @@ impl Receiver {
             secret_index: Some(i16::try_from(verified.secret_index).unwrap_or(i16::MAX)),
         };
         let inline = self.inline.contains(&provider).then_some(&self.handlers);
-        let claimed = inbox::claim_delivery(&self.connections, &envelope, &events, inline).await.map_err(|e| {
+        let claimed = claim::claim_delivery(&self.connections, &envelope, &events, inline).await.map_err(|e| {
             tracing::error!(%provider, error = %e, "claim failed; answering 503");
             ReceiveError::Unavailable(e)
         })?;

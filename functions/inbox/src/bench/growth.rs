@@ -16,7 +16,7 @@ use sqlx::{postgres::PgConnectOptions, Connection, PgConnection, PgPool};
 use webhook_inbox::{
     db::{self, DbConfig},
     ingest::{
-        inbox::{claim, Claim, Envelope},
+        claim::{claim, Claim, Envelope},
         providers::NewEvent,
     },
     Provider, ReceiveConfig,

@@ -23,10 +23,8 @@ use std::{
 use anyhow::{bail, ensure, Context, Result};
 use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
 use bytes::Bytes;
-use hmac::{Hmac, Mac};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use sha2::Sha256;
 use sqlx::PgPool;
 use tokio::net::{TcpListener, TcpStream};
 use webhook_inbox::{
@@ -141,9 +139,7 @@ fn body(id: &str) -> String {
 }
 
 fn signature(t: u64, body: &str) -> String {
-    let mut mac = Hmac::<Sha256>::new_from_slice(DEV_STRIPE.as_bytes()).expect("any key length");
-    mac.update(format!("{t}.{body}").as_bytes());
-    format!("t={t},v1={}", hex::encode(mac.finalize().into_bytes()))
+    webhook_inbox::dev::stripe_signature(DEV_STRIPE, t, body.as_bytes())
 }
 
 /// pgbench's side: the claim's INSERT, once per new delivery, and sent again

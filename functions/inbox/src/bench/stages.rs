@@ -22,8 +22,8 @@ use tokio::net::TcpListener;
 use webhook_inbox::{
     config::{Catalog, Secret, Secrets, DEV_STRIPE},
     ingest::providers::{declared::STRIPE_AS_DATA, Delivery, Provider, Schemes},
+    prune::{Pruner, RetentionConfig},
     relay::{http::HttpSink, Relay, RelayConfig, Sink},
-    retention::{Pruner, RetentionConfig},
     ReceiveConfig,
 };
 

@@ -13,7 +13,7 @@ use sqlx::{Acquire, PgConnection};
 
 use crate::{
     db::{self, inbox as table},
-    ingest::inbox::{self, BatchClaim, Claim, Claimed, Envelope},
+    ingest::claim::{self, BatchClaim, Claim, Claimed, Envelope},
     ingest::providers::{Events, InitialStatus, NewEvent},
     process::handlers::{erased::RawEvent, try_lock_event, HandlerError, Handlers, Headers},
 };
@@ -35,13 +35,13 @@ pub(crate) async fn claim_and_apply(
     }
     let (claimed, new): (Claimed, Vec<&NewEvent>) = match events {
         Events::Single(e) => {
-            let claim = inbox::claim(&mut *tx, env, e).await?;
+            let claim = claim::claim(&mut *tx, env, e).await?;
             (Claimed::Single(claim), if claim == Claim::New { vec![e] } else { vec![] })
         }
         Events::Batch(items) => {
-            let ids = inbox::claim_batch_new_ids(&mut *tx, env, items).await?;
+            let ids = claim::claim_batch_new_ids(&mut *tx, env, items).await?;
             let new: Vec<&NewEvent> =
-                inbox::sorted_unique(items).into_iter().filter(|e| ids.contains(&e.event_id)).collect();
+                claim::sorted_unique(items).into_iter().filter(|e| ids.contains(&e.event_id)).collect();
             (Claimed::Batch(BatchClaim { accepted: new.len(), duplicates: items.len() - new.len() }), new)
         }
     };
