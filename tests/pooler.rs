@@ -88,7 +88,7 @@ async fn every_stage(pool_options: PgPoolOptions, opts: PgConnectOptions, mode: 
         result.unwrap_or_else(|e| panic!("{e}; pgbouncer log:\n{}", bouncer.log()));
     }
     let applied: (i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM webhook_inbox_migrations), (SELECT count(*) FROM _sqlx_migrations WHERE success)",
+        "SELECT (SELECT count(*) FROM webhook_inbox_migrations), (SELECT count(*) FROM webhook_inbox_reference_migrations)",
     )
     .fetch_one(&direct)
     .await

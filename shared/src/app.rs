@@ -14,12 +14,14 @@ use crate::{db::schema, process::handlers::Handlers};
 pub struct App {
     handlers: Handlers,
     migrations: Option<&'static Migrator>,
+    /// The crate's own tables beyond the inbox's (the reference domain's), and their history table.
+    pub(crate) own_tables: Option<(&'static Migrator, &'static str)>,
 }
 
 impl App {
     /// An application with these handlers and no migrations of its own.
     pub fn new(handlers: Handlers) -> Self {
-        App { handlers, migrations: None }
+        App { handlers, migrations: None, own_tables: None }
     }
 
     /// The application's own migrations (`sqlx::migrate!()`), applied after
@@ -39,6 +41,9 @@ impl App {
     /// set in one transaction; returns the inbox's latest version.
     pub async fn migrate(&self, pool: &PgPool) -> Result<i64, schema::MigrateError> {
         let version = schema::migrate(pool).await?;
+        if let Some((set, table)) = self.own_tables {
+            schema::migrate_own(pool, set, table).await?;
+        }
         if let Some(app) = self.migrations {
             schema::migrate_app(pool, app).await?;
         }

@@ -107,6 +107,7 @@ impl RetentionConfig {
 /// What a pass deleted.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Pruned {
+    /// Done and unhandled inbox rows.
     pub done: u64,
     pub failed: u64,
     pub outbox: u64,

@@ -210,3 +210,28 @@ fn a_second_handler_for_one_provider_and_type_is_refused_at_start_up() {
     assert!(matches!(Handlers::new().on("Stripe", "x", noop), Err(RegistrationError::InvalidProvider(_))));
     assert!(matches!(Handlers::new().on("stripe", "", noop), Err(RegistrationError::EmptyEventType(_))));
 }
+
+/// `ops::requeue_all` from code: pending events are queued already, and a
+/// filter that names them neither takes them nor loops over them.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn requeue_all_never_takes_pending_events(pool: PgPool) {
+    use webhook_inbox::ops::{requeue_all, Filter, Requeue, Status};
+    for i in 0..30 {
+        store(&pool, Provider::STANDARD, &format!("p{i}"), "x", "{}").await;
+    }
+    sqlx::query("UPDATE webhook_inbox SET attempts = 2, next_attempt_at = now() + interval '1 hour'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let filter = Filter { statuses: vec![Status::Pending, Status::Unhandled], ..Filter::default() };
+    let by = Requeue { actor: "test", action: "requeue", reason: "pending named by mistake" };
+    let done = requeue_all(&pool, &filter, &by, 10, |_| {}).await.unwrap();
+    assert_eq!((done.matching, done.requeued, done.held), (0, 0, 0));
+    let untouched: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM webhook_inbox WHERE attempts = 2 AND next_attempt_at > now() + interval '50 minutes'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(untouched, 30, "their backoff and attempts stay");
+}

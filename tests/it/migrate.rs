@@ -62,9 +62,22 @@ async fn applied(pool: &PgPool) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM webhook_inbox_migrations").fetch_one(pool).await.unwrap()
 }
 
-/// The versions sqlx's own history holds (a team's, or the reference domain's).
+/// The versions sqlx's own history holds (a team's); none when it has no such table.
 async fn sqlx_history(pool: &PgPool) -> Vec<i64> {
+    let exists: bool =
+        sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL").fetch_one(pool).await.unwrap();
+    if !exists {
+        return vec![];
+    }
     sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success ORDER BY version")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+/// The reference domain's applied migrations, from its own history.
+async fn reference_history(pool: &PgPool) -> Vec<i64> {
+    sqlx::query_scalar("SELECT version FROM webhook_inbox_reference_migrations ORDER BY version")
         .fetch_all(pool)
         .await
         .unwrap()
@@ -100,7 +113,12 @@ async fn create_applies_the_schema_and_update_is_a_no_op(pool_options: PgPoolOpt
     .unwrap();
     assert_eq!(tables, 2);
     assert_eq!(applied(&pool).await, MIGRATIONS.iter().count() as i64);
-    assert_eq!(sqlx_history(&pool).await, versions(&reference::MIGRATIONS), "the application's, after the inbox's");
+    assert_eq!(
+        reference_history(&pool).await,
+        versions(&reference::MIGRATIONS),
+        "the stock domain's, after the inbox's"
+    );
+    assert_eq!(sqlx_history(&pool).await, Vec::<i64>::new(), "sqlx's history is left to a team");
 
     assert_eq!(run("Update", &pool, &cfn).await, Status::Success);
     assert_eq!(applied(&pool).await, MIGRATIONS.iter().count() as i64, "nothing applied twice");
@@ -196,6 +214,12 @@ async fn a_team_s_sqlx_migrations_and_the_inbox_s_run_in_either_order(
     assert_eq!(applied(&pool).await, MIGRATIONS.iter().count() as i64);
     let invoices: i64 = sqlx::query_scalar("SELECT count(*) FROM invoices").fetch_one(&pool).await.unwrap();
     assert_eq!(invoices, 0);
+
+    // Even the stock binaries run on it (a team's database once deployed with them, or `inbox dev`
+    // pointed at it): their reference domain keeps its history to itself, and the team's still runs.
+    reference::app().migrate(&pool).await.unwrap();
+    TEAM.run(&pool).await.unwrap();
+    assert_eq!(sqlx_history(&pool).await, versions(&TEAM));
 }
 
 /// A pool whose sessions work in a schema of their own (created empty).
@@ -282,7 +306,8 @@ async fn a_stock_database_of_release_0_1_0_keeps_its_reference_tables(
     app.migrate(&pool).await.unwrap();
     app.migrate(&pool).await.unwrap();
     assert_eq!(applied(&pool).await, MIGRATIONS.iter().count() as i64);
-    assert_eq!(sqlx_history(&pool).await, versions(&reference::MIGRATIONS));
+    assert_eq!(reference_history(&pool).await, versions(&reference::MIGRATIONS));
+    assert_eq!(sqlx_history(&pool).await, Vec::<i64>::new(), "release 0.1.0's rows moved out, nothing added");
     let balance: String = sqlx::query_scalar("SELECT balance::text FROM accounts WHERE account_id = 'acct_kept'")
         .fetch_one(&pool)
         .await

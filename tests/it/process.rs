@@ -692,6 +692,10 @@ async fn an_event_that_kills_its_connection_fails_after_its_attempts_and_blocks_
         )
         .await;
     }
+    // Behind the killer, in careful mode too: types no handler takes.
+    for i in 0..5 {
+        stored(&pool, Provider::STRIPE, &format!("evt_other_{i}"), "customer.created", json!({})).await;
+    }
     let started = Instant::now();
     loop {
         let _ = w.run(later()).await; // the killer's batches fail; that is the point
@@ -715,6 +719,9 @@ async fn an_event_that_kills_its_connection_fails_after_its_attempts_and_blocks_
     .await
     .unwrap();
     assert_eq!(counts, (20, 20), "the others were applied once each");
+    let unhandled: i64 =
+        scalar(&pool, "SELECT count(*) FROM webhook_inbox WHERE status = 'unhandled' AND attempts = 0").await;
+    assert_eq!(unhandled, 5, "nothing ran for them: no attempt spent, careful mode or not");
 }
 
 // ---------- receive tells process (INBOX_PROCESS_QUEUE_URL) ----------

@@ -278,7 +278,7 @@ async fn main() -> Result<()> {
             let pruner = Pruner::new(database(&env)?, RetentionConfig::read(&env)?);
             let pruned = pruner.run(one_pass_deadline()).await?;
             println!(
-                "pruned: {} done inbox rows, {} failed inbox rows, {} sent outbox messages, {} batch bodies",
+                "pruned: {} done or unhandled inbox rows, {} failed inbox rows, {} sent outbox messages, {} batch bodies",
                 pruned.done, pruned.failed, pruned.outbox, pruned.bodies
             );
             Ok(())

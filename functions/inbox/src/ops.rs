@@ -339,14 +339,20 @@ pub async fn requeue(pool: &PgPool, filter: &Filter, by: &Requeue<'_>, dry_run: 
     .await?;
     bar.finish_and_clear();
     if out.json {
-        print_json(
-            &json!({"matching": done.matching, "without_payload": done.without_payload, "requeued": done.requeued, "dry_run": false}),
-        );
+        let mut report = serde_json::to_value(done)?;
+        report["dry_run"] = false.into();
+        print_json(&report);
     } else {
         println!(
             "{} {what} back to pending, attempts reset (audited as {:?} by {})",
             done.requeued, by.reason, by.actor
         );
+        if done.held > 0 {
+            println!(
+                "{} left where they were: another transaction held them (a worker, prune) or they changed meanwhile; run the same requeue again",
+                done.held
+            );
+        }
         if done.without_payload > 0 {
             println!(
                 "{} skipped: stored without a payload (their body was never usable; `inbox failed` shows why)",

@@ -224,7 +224,7 @@ async fn requeue_moves_thousands_in_batches_and_only_what_matches(pool_options: 
 
     let done =
         json_of(&url, &["requeue", "--failed", "--provider", "marqeta", "--reason-like", "account missing%", "--json"]);
-    assert_eq!(done, json!({"matching": 1200, "without_payload": 0, "requeued": 1200, "dry_run": false}));
+    assert_eq!(done, json!({"matching": 1200, "without_payload": 0, "requeued": 1200, "held": 0, "dry_run": false}));
     let by_status: Vec<(String, String, i64)> =
         sqlx::query_as("SELECT provider, status, count(*) FROM webhook_inbox GROUP BY 1, 2 ORDER BY 1, 2")
             .fetch_all(&pool)
@@ -385,7 +385,7 @@ async fn requeue_by_type_runs_a_handler_added_later_over_every_event_it_missed(
     let dry = json_of(&url, &[&args[..], &["--dry-run"]].concat());
     assert_eq!(dry, json!({"matching": 1101, "without_payload": 1, "requeued": 0, "dry_run": true}));
     let done = json_of(&url, &args);
-    assert_eq!(done, json!({"matching": 1101, "without_payload": 1, "requeued": 1100, "dry_run": false}));
+    assert_eq!(done, json!({"matching": 1101, "without_payload": 1, "requeued": 1100, "held": 0, "dry_run": false}));
     let after = Worker::new(
         pool.clone(),
         Handlers::new().on("stripe", "invoice.paid", email_receipt).unwrap(),
@@ -405,7 +405,7 @@ async fn requeue_by_type_runs_a_handler_added_later_over_every_event_it_missed(
     assert_eq!(state, (1100, 1100, "unhandled".into(), "failed".into()));
     // Nothing left to take: a second run finds what the first left, and changes nothing.
     let again = json_of(&url, &["requeue", "--status", "unhandled", "--type", "invoice.paid", "--json"]);
-    assert_eq!(again, json!({"matching": 0, "without_payload": 0, "requeued": 0, "dry_run": false}));
+    assert_eq!(again, json!({"matching": 0, "without_payload": 0, "requeued": 0, "held": 0, "dry_run": false}));
 }
 
 /// Requeueing done events while a worker runs: each is taken once, however

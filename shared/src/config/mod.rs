@@ -25,7 +25,7 @@ use crate::{
     runtime::deadline::DEFAULT_DEADLINE_MARGIN,
 };
 #[cfg(feature = "relay")]
-pub use relay::{sinks_from_env, SinkConfig};
+pub use relay::SinkConfig;
 
 /// Where settings come from: the process environment, or a lookup a test gives.
 /// Reads one variable by name.
@@ -274,11 +274,6 @@ impl DbConfig {
     /// `INBOX_*_TIMEOUT_MS` variables (acquire 2000, lock 2000, statement 5000,
     /// idle in transaction 10000), and `INBOX_DB_POOLER` (`none`, or `proxy`
     /// behind PgBouncer or RDS Proxy: no startup parameters).
-    pub fn from_env(default_pool: u32) -> Result<Self, ConfigError> {
-        Self::read(&Env::process(), default_pool)
-    }
-
-    /// Reads these settings from `env` (the variables are named on each field).
     pub fn read(env: &Env, default_pool: u32) -> Result<Self, ConfigError> {
         Ok(DbConfig {
             url: env.var("DATABASE_URL"),
@@ -343,11 +338,6 @@ impl ReceiveConfig {
 
 impl WorkerConfig {
     /// `INBOX_BATCH_SIZE` (100), `INBOX_MAX_ATTEMPTS` (10), `INBOX_RETRY_BASE_MS` (1000), `INBOX_POLL_MS` (200).
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::read(&Env::process())
-    }
-
-    /// Reads these settings from `env` (the variables are named on each field).
     pub fn read(env: &Env) -> Result<Self, ConfigError> {
         let d = WorkerConfig::default();
         Ok(WorkerConfig {
@@ -384,11 +374,6 @@ impl RetentionConfig {
     /// `INBOX_FAILED_RETENTION_DAYS` (180), `OUTBOX_RETENTION_DAYS` (7),
     /// `INBOX_PRUNE_BATCH` (1000); a retention not longer than a provider's
     /// redelivery window is refused, with the reason.
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::read(&Env::process())
-    }
-
-    /// Reads these settings from `env` (the variables are named on each field).
     pub fn read(env: &Env) -> Result<Self, ConfigError> {
         let catalog = Catalog::read(env)?;
         let default_days: u32 = env.parse("INBOX_RETENTION_DAYS", 60)?;

@@ -48,11 +48,6 @@ impl ShopifyOrders {
 }
 
 impl Reconciler {
-    /// [`Self::read`] from the process environment.
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::read(&Env::process())
-    }
-
     /// Reads these settings from `env` (the variables are named on each field).
     pub fn read(env: &Env) -> Result<Self, ConfigError> {
         Ok(Reconciler::new(StripeEvents::read(env)?, ShopifyOrders::read(env)?, ReconcileConfig::read(env)?))

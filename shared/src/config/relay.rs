@@ -8,11 +8,6 @@ use crate::relay::{aws, HttpSink, RelayConfig, Sink};
 impl RelayConfig {
     /// `RELAY_BATCH_SIZE` (100), `RELAY_CONCURRENCY` (8), `RELAY_MAX_ATTEMPTS` (10),
     /// `RELAY_RETRY_BASE_MS` (1000), `RELAY_LEASE_MS` (300000).
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::read(&Env::process())
-    }
-
-    /// Reads these settings from `env` (the variables are named on each field).
     pub fn read(env: &Env) -> Result<Self, ConfigError> {
         let d = RelayConfig::default();
         Ok(RelayConfig {
@@ -63,9 +58,4 @@ impl SinkConfig {
         }
         Ok(sinks)
     }
-}
-
-/// The sinks `RELAY_HTTP_URL`, `RELAY_SQS_QUEUE_URL` and `RELAY_EVENT_BUS` name.
-pub async fn sinks_from_env() -> Result<Vec<Arc<dyn Sink>>, ConfigError> {
-    SinkConfig::read(&Env::process())?.build().await
 }

@@ -11,19 +11,26 @@ use std::{collections::HashSet, fmt, sync::Mutex};
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Provider(&'static str);
 
+/// The longest provider name.
 pub const MAX_NAME_CHARS: usize = 64;
 
 impl Provider {
+    /// Stripe (`Stripe-Signature`).
     pub const STRIPE: Provider = Provider("stripe");
+    /// Shopify (`X-Shopify-Hmac-Sha256`).
     pub const SHOPIFY: Provider = Provider("shopify");
+    /// Marqeta (Basic auth, optionally `X-Marqeta-Signature`).
     pub const MARQETA: Provider = Provider("marqeta");
+    /// GitHub (`X-Hub-Signature-256`).
     pub const GITHUB: Provider = Provider("github");
+    /// Standard Webhooks and Svix senders (`webhook-signature`).
     pub const STANDARD: Provider = Provider("standard");
 
     /// The providers with code of their own.
     pub const CODED: [Provider; 5] =
         [Provider::STRIPE, Provider::SHOPIFY, Provider::MARQETA, Provider::GITHUB, Provider::STANDARD];
 
+    /// The name, as in `/webhooks/{provider}` and the `provider` column.
     pub fn as_str(self) -> &'static str {
         self.0
     }
@@ -85,6 +92,7 @@ impl TryFrom<&str> for Provider {
 
 #[derive(Debug, thiserror::Error)]
 #[error("not a provider name (1 to 64 lower-case letters, digits, '-' or '_')")]
+/// Not a provider name.
 pub struct InvalidName;
 
 #[cfg(test)]

@@ -24,6 +24,7 @@ pub enum Status {
 }
 
 impl Status {
+    /// The name in the `status` column.
     pub fn as_str(self) -> &'static str {
         match self {
             Status::Pending => "pending",
@@ -270,8 +271,10 @@ pub(crate) struct Finished {
     /// For `Pending`: how long until the next attempt.
     pub delay: Option<Duration>,
     pub reason: Option<String>,
-    /// Whether this pass counts as one of the event's attempts.
-    pub counted: bool,
+    /// What this pass adds to the event's attempts: 1 for an attempt, 0
+    /// for none, -1 to undo the attempt careful mode counted before an
+    /// event that no handler takes (nothing ran).
+    pub attempts: i32,
 }
 
 /// Every outcome of a batch in one statement.
@@ -281,16 +284,16 @@ pub(crate) async fn finish(conn: &mut PgConnection, rows: &[Finished]) -> Result
     }
     let col = |f: fn(&Finished) -> Option<&str>| rows.iter().map(f).collect::<Vec<_>>();
     let delays: Vec<Option<i64>> = rows.iter().map(|r| r.delay.map(|d| d.as_millis() as i64)).collect();
-    let counted: Vec<bool> = rows.iter().map(|r| r.counted).collect();
+    let attempts: Vec<i32> = rows.iter().map(|r| r.attempts).collect();
     super::query(
         "UPDATE webhook_inbox AS w
          SET status = u.status,
-             attempts = w.attempts + CASE WHEN u.counted THEN 1 ELSE 0 END,
-             processed_at = CASE WHEN u.status IN ('done', 'failed', 'unhandled') THEN now() END,
+             attempts = w.attempts + u.attempts,
+             processed_at = CASE WHEN u.status IN ('done', 'failed', 'unhandled') THEN statement_timestamp() END,
              next_attempt_at = now() + u.delay_ms * interval '1 millisecond',
              failure_reason = u.reason
-         FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::bool[])
-              AS u (provider, event_id, status, delay_ms, reason, counted)
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::int4[])
+              AS u (provider, event_id, status, delay_ms, reason, attempts)
          WHERE w.provider = u.provider AND w.event_id = u.event_id",
     )
     .bind(col(|r| Some(&r.provider)))
@@ -298,7 +301,7 @@ pub(crate) async fn finish(conn: &mut PgConnection, rows: &[Finished]) -> Result
     .bind(col(|r| Some(r.status.as_str())))
     .bind(&delays)
     .bind(col(|r| r.reason.as_deref()))
-    .bind(&counted)
+    .bind(&attempts)
     .execute(conn)
     .await?;
     Ok(())
@@ -480,11 +483,14 @@ pub struct SecretUse {
     pub last_received_at: String,
 }
 
-/// Which events an operator means: the filters of `inbox failed` and `inbox requeue`.
+/// Which events an operator means: the filters of `inbox failed` and `inbox
+/// requeue`. Every field narrows the selection; `statuses` is required (an
+/// empty list selects nothing).
 #[derive(Debug, Clone, Default)]
 pub struct Filter {
     /// Events in one of these statuses.
     pub statuses: Vec<Status>,
+    /// Of this provider only (its name, as in `/webhooks/{provider}`).
     pub provider: Option<String>,
     /// Exactly this event type.
     pub event_type: Option<String>,
@@ -496,10 +502,13 @@ pub struct Filter {
     pub reason_like: Option<String>,
 }
 
-/// A point in time: so long ago, or a timestamp PostgreSQL parses.
+/// A point in time: so long ago, or a timestamp PostgreSQL parses (a bad one
+/// is PostgreSQL's error, when the query runs).
 #[derive(Debug, Clone)]
 pub enum Since {
+    /// This long before now, by the database's clock.
     Ago(Duration),
+    /// A timestamp, e.g. `2026-11-30 08:00Z`.
     At(String),
 }
 
@@ -573,15 +582,18 @@ pub async fn list_failed(pool: &PgPool, filter: &Filter, limit: i64) -> Result<V
 /// those stored without a payload (a body that was never usable), which it skips.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]
 pub struct Matching {
+    /// Events the filter selects (pending ones aside).
     pub matching: i64,
+    /// Of those, stored without a payload (a body never usable): a requeue skips them.
     pub without_payload: i64,
 }
 
-/// How many events match `filter`, and how many of them have no payload.
+/// How many events match `filter` (pending ones aside: a requeue never takes
+/// them), and how many of them have no payload.
 pub async fn count_matching(pool: &PgPool, filter: &Filter) -> Result<Matching, sqlx::Error> {
     let sql = format!(
         "SELECT count(*) AS matching, count(*) FILTER (WHERE payload IS NULL) AS without_payload
-         FROM webhook_inbox WHERE {FILTER_WHERE}"
+         FROM webhook_inbox WHERE {FILTER_WHERE} AND status <> 'pending'"
     );
     bind_filter!(super::query_as(&sql), filter).fetch_one(super::Autocommit(pool)).await
 }
@@ -589,8 +601,11 @@ pub async fn count_matching(pool: &PgPool, filter: &Filter) -> Result<Matching, 
 /// Who puts events back, and why: kept in `inbox_audit` with each event's state before.
 #[derive(Debug, Clone)]
 pub struct Requeue<'a> {
+    /// Who (`INBOX_OPERATOR` for the CLI, else the login name).
     pub actor: &'a str,
+    /// What: `requeue`, `replay`, or your own word.
     pub action: &'a str,
+    /// Why, in the operator's words.
     pub reason: &'a str,
 }
 
@@ -600,21 +615,23 @@ pub struct Requeue<'a> {
 /// in one statement: a short transaction of its own. Returns how many; call it
 /// again until it returns less than `limit`.
 ///
-/// `ended_before` (a timestamp, the start of the whole requeue) fences the
-/// rows taken: an event requeued and processed again while the requeue goes
-/// on ends after it, and is not taken a second time.
+/// `ended_before` (the start of the whole requeue, in microseconds since the
+/// Unix epoch) fences the rows taken: an event requeued and processed again
+/// while the requeue goes on ends after it (the worker stamps `processed_at`
+/// with its statement's time), and is not taken a second time. Pending events
+/// are never taken: they are queued already.
 async fn requeue(
     pool: &PgPool,
     filter: &Filter,
     by: &Requeue<'_>,
     limit: i64,
-    ended_before: &str,
+    ended_before: i64,
 ) -> Result<u64, sqlx::Error> {
     let sql = format!(
         "WITH picked AS (
              SELECT provider, event_id, status, attempts, failure_reason FROM webhook_inbox
-             WHERE {FILTER_WHERE} AND payload IS NOT NULL
-               AND coalesce(processed_at, received_at) < $13::timestamptz
+             WHERE {FILTER_WHERE} AND status <> 'pending' AND payload IS NOT NULL
+               AND coalesce(processed_at, received_at) < to_timestamp($13::float8 / 1000000)
              ORDER BY received_at, event_id LIMIT $9 FOR UPDATE SKIP LOCKED),
          requeued AS (
              UPDATE webhook_inbox AS w
@@ -637,9 +654,11 @@ async fn requeue(
     Ok(n as u64)
 }
 
-/// The database's clock, as text a later statement reads back as a timestamp.
-async fn now(pool: &PgPool) -> Result<String, sqlx::Error> {
-    super::query_scalar("SELECT now()::text").fetch_one(super::Autocommit(pool)).await
+/// The database's clock, in microseconds since the Unix epoch.
+async fn now_micros(pool: &PgPool) -> Result<i64, sqlx::Error> {
+    super::query_scalar("SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint")
+        .fetch_one(super::Autocommit(pool))
+        .await
 }
 
 /// What a whole requeue did.
@@ -651,12 +670,17 @@ pub struct Requeued {
     pub without_payload: i64,
     /// Put back to pending.
     pub requeued: u64,
+    /// Matching, with a payload, and left where they were: another
+    /// transaction held them (a worker, prune) when their batch came. Run
+    /// the requeue again for them.
+    pub held: i64,
 }
 
 /// Puts every event `filter` selects back to pending, `batch` at a time (each
-/// `requeue` its own short statement), fenced at its start so that an event
+/// `requeue` its own short statement, skipping rows another transaction
+/// holds), until a batch finds nothing, fenced at its start so that an event
 /// finished again meanwhile is not taken twice; `progress` hears the totals
-/// after each batch. This is how a handler deployed later is run over the events of its
+/// after each batch. Pending events are never taken. This is how a handler deployed later is run over the events of its
 /// type that arrived before it (`Filter { statuses: vec![Status::Unhandled], .. }`).
 pub async fn requeue_all(
     pool: &PgPool,
@@ -665,14 +689,15 @@ pub async fn requeue_all(
     batch: i64,
     mut progress: impl FnMut(&Requeued),
 ) -> Result<Requeued, sqlx::Error> {
-    let started = now(pool).await?;
+    let started = now_micros(pool).await?;
     let found = count_matching(pool, filter).await?;
-    let mut done = Requeued { matching: found.matching, without_payload: found.without_payload, requeued: 0 };
+    let mut done = Requeued { matching: found.matching, without_payload: found.without_payload, requeued: 0, held: 0 };
     loop {
-        let n = requeue(pool, filter, by, batch.max(1), &started).await?;
+        let n = requeue(pool, filter, by, batch.max(1), started).await?;
         done.requeued += n;
         progress(&done);
-        if n < batch.max(1) as u64 {
+        if n == 0 {
+            done.held = (found.matching - found.without_payload - done.requeued as i64).max(0);
             return Ok(done);
         }
     }

@@ -7,9 +7,15 @@ use sqlx::{types::Json, PgConnection, PgExecutor};
 /// same key and consumers can deduplicate on it.
 #[derive(Debug, Clone)]
 pub struct Message<'a> {
+    /// What the message is about (`invoice`, `payment`), for its consumers and the relay's routing.
     pub aggregate_type: &'a str,
+    /// Which one (the invoice's id).
     pub aggregate_id: &'a str,
+    /// Stable, derived from the business key (`receipt:in_123`): a twin event
+    /// or a replay finds it written, and consumers deduplicate on it (the
+    /// relay sends it as the `Idempotency-Key`).
     pub message_key: String,
+    /// What the consumer gets.
     pub payload: serde_json::Value,
 }
 

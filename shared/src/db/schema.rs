@@ -1,7 +1,8 @@
 //! The schema: the inbox's migrations, with a history of their own, and an
 //! application's (a team's sqlx migrations), in sqlx's.
 //!
-//! The inbox records what it applied in `webhook_inbox_migrations`, never in
+//! The inbox records what it applied in `webhook_inbox_migrations` (and the
+//! reference domain in `webhook_inbox_reference_migrations`), never in
 //! `_sqlx_migrations`: a team's own sqlx migrator owns that table and refuses a
 //! version it does not know ("previously applied but is missing"), so the two
 //! could not share it in either order. Release 0.1.0 did record the inbox's
@@ -42,10 +43,12 @@ pub enum MigrateError {
     #[error("{0}")]
     Database(#[from] sqlx::Error),
     /// An inbox migration was applied with other contents than this release's.
-    #[error("inbox migration {0} was applied with other contents than this release's (its checksum differs)")]
+    #[error(
+        "migration {0} of webhook-inbox was applied with other contents than this release's (its checksum differs)"
+    )]
     Modified(i64),
-    /// The database holds an inbox migration this release does not know.
-    #[error("inbox migration {0} is applied but unknown to this release: the database was migrated by a newer webhook-inbox")]
+    /// The database holds a migration of this crate that this release does not know.
+    #[error("migration {0} of webhook-inbox is applied but unknown to this release: the database was migrated by a newer webhook-inbox")]
     Unknown(i64),
     /// `_sqlx_migrations` says an inbox migration failed half-way.
     #[error("inbox migration {0} is marked failed (success = false) in _sqlx_migrations: repair it by hand first")]
@@ -64,32 +67,41 @@ pub enum MigrateError {
 /// release's contents. Whatever else `_sqlx_migrations` holds (a team's
 /// history) is left as it is.
 pub async fn migrate(pool: &PgPool) -> Result<i64, MigrateError> {
+    migrate_own(pool, &MIGRATIONS, HISTORY_TABLE).await?;
+    Ok(latest())
+}
+
+/// Applies a set of the crate's own migrations (the inbox's, or the
+/// reference domain's), in one transaction, recorded in `table`, never in
+/// `_sqlx_migrations`: so no set of ours is in a team's way.
+pub(crate) async fn migrate_own(pool: &PgPool, set: &Migrator, table: &'static str) -> Result<(), MigrateError> {
     let mut conn = pool.acquire().await?.detach();
     let mut tx = Connection::begin(&mut conn).await?;
     lock(&mut tx).await?;
-    query(
-        "CREATE TABLE IF NOT EXISTS webhook_inbox_migrations (
+    query(&format!(
+        "CREATE TABLE IF NOT EXISTS {table} (
              version        BIGINT      PRIMARY KEY,
              description    TEXT        NOT NULL,
              checksum       BYTEA       NOT NULL,
              installed_on   TIMESTAMPTZ NOT NULL DEFAULT now(),
              execution_time BIGINT      NOT NULL
-         )",
-    )
+         )"
+    ))
     .execute(&mut *tx)
     .await?;
-    adopt_sqlx_history(&mut tx).await?;
+    if table == HISTORY_TABLE {
+        adopt_sqlx_history(&mut tx).await?;
+    }
 
-    let applied: HashMap<i64, Vec<u8>> =
-        query_as::<(i64, Vec<u8>)>("SELECT version, checksum FROM webhook_inbox_migrations")
-            .fetch_all(&mut *tx)
-            .await?
-            .into_iter()
-            .collect();
-    if let Some(unknown) = applied.keys().find(|v| !MIGRATIONS.iter().any(|m| m.version == **v)) {
+    let applied: HashMap<i64, Vec<u8>> = query_as::<(i64, Vec<u8>)>(&format!("SELECT version, checksum FROM {table}"))
+        .fetch_all(&mut *tx)
+        .await?
+        .into_iter()
+        .collect();
+    if let Some(unknown) = applied.keys().find(|v| !set.iter().any(|m| m.version == **v)) {
         return Err(MigrateError::Unknown(*unknown));
     }
-    for m in MIGRATIONS.iter() {
+    for m in set.iter() {
         match applied.get(&m.version) {
             Some(checksum) if *checksum == *m.checksum => continue,
             Some(_) => return Err(MigrateError::Modified(m.version)),
@@ -98,21 +110,18 @@ pub async fn migrate(pool: &PgPool) -> Result<i64, MigrateError> {
         let started = Instant::now();
         // Several statements in one simple-protocol exchange, as sqlx runs a migration.
         Executor::execute(&mut *tx, m.sql.as_ref()).await?;
-        query(
-            "INSERT INTO webhook_inbox_migrations (version, description, checksum, execution_time)
-             VALUES ($1, $2, $3, $4)",
-        )
-        .bind(m.version)
-        .bind(m.description.as_ref())
-        .bind(m.checksum.as_ref())
-        .bind(started.elapsed().as_nanos() as i64)
-        .execute(&mut *tx)
-        .await?;
-        tracing::info!(version = m.version, description = %m.description, "inbox migration applied");
+        query(&format!("INSERT INTO {table} (version, description, checksum, execution_time) VALUES ($1, $2, $3, $4)"))
+            .bind(m.version)
+            .bind(m.description.as_ref())
+            .bind(m.checksum.as_ref())
+            .bind(started.elapsed().as_nanos() as i64)
+            .execute(&mut *tx)
+            .await?;
+        tracing::info!(version = m.version, description = %m.description, history = table, "migration applied");
     }
     tx.commit().await?;
     conn.close().await?;
-    Ok(latest())
+    Ok(())
 }
 
 /// The latest version of the inbox's migrations in this release.
@@ -120,9 +129,8 @@ pub fn latest() -> i64 {
     MIGRATIONS.iter().map(|m| m.version).max().unwrap_or(0)
 }
 
-/// Applies an application's pending sqlx migrations (a team's, or the
-/// reference domain's), in sqlx's own `_sqlx_migrations`, in one
-/// transaction under the same lock as [`migrate`].
+/// Applies an application's pending sqlx migrations (a team's), in sqlx's
+/// own `_sqlx_migrations`, in one transaction under the same lock as [`migrate`].
 ///
 /// A migration that cannot run in a transaction (`-- no-transaction`,
 /// `CREATE INDEX CONCURRENTLY`) fails here and says so.

@@ -20,7 +20,7 @@ use tokio::net::TcpListener;
 use self::embedded_pg::EmbeddedPostgres;
 use crate::{
     app::App,
-    config::{sinks_from_env, Secrets},
+    config::{Env, Secrets, SinkConfig},
     db,
     process::worker::{Worker, WorkerConfig},
     prune::{Pruner, RetentionConfig},
@@ -49,8 +49,12 @@ use crate::{
 pub async fn run(app: App, host: &str, port: u16) -> Result<()> {
     crate::config::init_logging();
     let host = host.to_string();
-    with_database(ReceiveConfig::from_env(16)?, |mut config| async move { serve(&app, &mut config, &host, port).await })
-        .await
+    // Read as the functions read it (Secrets Manager's `*_ARN` included), once.
+    let env = Env::resolved().await?;
+    with_database(ReceiveConfig::read(&env, 16)?, |mut config| async move {
+        serve(&app, &env, &mut config, &host, port).await
+    })
+    .await
 }
 
 /// Runs `f` on DATABASE_URL, or on an embedded throwaway PostgreSQL that is removed afterwards.
@@ -79,7 +83,7 @@ where
     result
 }
 
-async fn serve(app: &App, config: &mut ReceiveConfig, host: &str, port: u16) -> Result<()> {
+async fn serve(app: &App, env: &Env<'_>, config: &mut ReceiveConfig, host: &str, port: u16) -> Result<()> {
     let pool = db::pool(&config.db)?;
     app.migrate(&pool).await.context("applying migrations")?;
     if config.secrets.none_configured() {
@@ -103,26 +107,26 @@ async fn serve(app: &App, config: &mut ReceiveConfig, host: &str, port: u16) -> 
     let until_stopped = |mut stopped: tokio::sync::watch::Receiver<()>| async move {
         let _ = stopped.changed().await;
     };
-    let worker = Worker::new(pool.clone(), app.handlers().clone(), WorkerConfig::from_env()?);
+    let worker = Worker::new(pool.clone(), app.handlers().clone(), WorkerConfig::read(env)?);
     let poll = worker.config().poll;
     let worker = tokio::spawn({
         let stopped = until_stopped(stopped.clone());
         async move { worker.run_until(poll, stopped).await }
     });
     let mut stages = vec![worker];
-    let sinks = sinks_from_env().await?;
+    let sinks = SinkConfig::read(env)?.build().await?;
     if sinks.is_empty() {
         println!("no relay sink (RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL, RELAY_EVENT_BUS): outbox messages stay in transactional_outbox");
     } else {
-        let relay = Relay::new(pool.clone(), sinks, RelayConfig::from_env()?);
+        let relay = Relay::new(pool.clone(), sinks, RelayConfig::read(env)?);
         let stopped = until_stopped(stopped.clone());
         stages.push(tokio::spawn(async move { relay.run_until(poll, stopped).await }));
     }
     // Prune hourly and reconcile every 15 minutes, as the stack schedules them.
-    let pruner = Pruner::new(pool.clone(), RetentionConfig::from_env()?);
+    let pruner = Pruner::new(pool.clone(), RetentionConfig::read(env)?);
     let stopped_prune = until_stopped(stopped.clone());
     stages.push(tokio::spawn(async move { pruner.run_until(Duration::from_secs(3600), stopped_prune).await }));
-    let reconciler = Reconciler::from_env()?;
+    let reconciler = Reconciler::read(env)?;
     if reconciler.is_configured() {
         let mut stopped = stopped.clone();
         stages.push(tokio::spawn(async move {

@@ -26,9 +26,11 @@ use crate::{
 /// Everything the receive handler needs.
 #[derive(Clone, Debug)]
 pub struct ReceiveConfig {
+    /// The database.
     pub db: DbConfig,
     /// Every provider known here (built in, or declared by `INBOX_PROVIDERS_FILE`).
     pub catalog: Catalog,
+    /// Each provider's secrets (a route exists only for a provider with one).
     pub secrets: Secrets,
     /// `INBOX_MAX_BODY_BYTES`, default 1 MiB: larger bodies get 413 before any hashing.
     pub max_body_bytes: usize,
@@ -45,6 +47,7 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
 /// What a verified delivery came to.
 #[derive(Debug)]
 pub enum Received {
+    /// Its events, claimed (new, duplicates, or a batch's counts).
     Claimed(Claimed),
     /// A handshake (the provider checking the endpoint) or an unsigned ping, answered and not stored.
     Challenge(Challenged),
@@ -53,25 +56,34 @@ pub enum Received {
 /// Why a delivery was not accepted; each maps to one HTTP status.
 #[derive(Debug, thiserror::Error)]
 pub enum ReceiveError {
+    /// Not `/webhooks/{provider}` (404).
     #[error("no such route: POST /webhooks/{{provider}}")]
     NoRoute,
+    /// No provider of that name (404).
     #[error("unknown provider {0:?}")]
     UnknownProvider(String),
+    /// A known provider without a secret here (404).
     #[error("provider {0} has no secret configured, so it has no endpoint")]
     NotConfigured(Provider),
+    /// Not a POST (405).
     #[error("method not allowed: use POST")]
     MethodNotAllowed,
+    /// Over `INBOX_MAX_BODY_BYTES` (413).
     #[error("body is larger than the {0} byte limit")]
     TooLarge(usize),
+    /// The signature (or credentials, or timestamp) does not hold (401).
     #[error("{0}")]
     Unauthorized(Rejected),
+    /// The claim could not commit (503): nothing was stored.
     #[error("the inbox is unavailable; nothing was stored, retry later")]
     Unavailable(#[source] sqlx::Error),
+    /// Inline mode, an exclusive handler busy with this very event (503).
     #[error("another delivery of this event is being processed; nothing was stored, retry later")]
     Busy,
 }
 
 impl ReceiveError {
+    /// The HTTP status it is answered with.
     pub fn status_code(&self) -> StatusCode {
         match self {
             ReceiveError::NoRoute | ReceiveError::UnknownProvider(_) | ReceiveError::NotConfigured(_) => {
@@ -85,6 +97,8 @@ impl ReceiveError {
     }
 }
 
+/// The receive handler: one per process (per Lambda instance), its
+/// connections made on first use.
 pub struct Receiver {
     connections: Connections,
     schemes: Schemes,
@@ -128,6 +142,7 @@ impl Receiver {
         self
     }
 
+    /// `INBOX_MAX_BODY_BYTES`: a server refuses a larger body before reading it.
     pub fn max_body_bytes(&self) -> usize {
         self.max_body_bytes
     }
@@ -300,6 +315,7 @@ fn kept_headers(headers: &HeaderMap, names: &[&str]) -> serde_json::Value {
     serde_json::Value::Object(map)
 }
 
+/// The HTTP answer to what a delivery came to.
 pub fn respond(result: Result<Received, ReceiveError>) -> Response<Body> {
     let claimed = match result {
         Ok(Received::Challenge(answer)) => {

@@ -66,6 +66,14 @@ impl Headers {
     }
 }
 
+/// Headers by name and value (names lower-cased), as a test builds an
+/// [`Event`] to call a handler with.
+impl<N: Into<String>, V: Into<String>> FromIterator<(N, V)> for Headers {
+    fn from_iter<I: IntoIterator<Item = (N, V)>>(pairs: I) -> Self {
+        Headers(pairs.into_iter().map(|(n, v)| (n.into().to_ascii_lowercase(), v.into())).collect())
+    }
+}
+
 /// What a handler did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {

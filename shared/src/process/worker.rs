@@ -20,6 +20,7 @@ use crate::{
     runtime::stage::{Pass, Stage, Tally},
 };
 
+/// The worker's settings (`WorkerConfig::read` takes them from the environment).
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
     /// `INBOX_BATCH_SIZE`, default 100: events per transaction.
@@ -44,6 +45,8 @@ impl Default for WorkerConfig {
 }
 
 impl WorkerConfig {
+    /// How long a transient failure waits before its next attempt: the base
+    /// doubled per attempt made, with jitter, capped at an hour.
     pub fn backoff(&self, attempts_before: i32) -> Duration {
         crate::core::backoff::backoff(self.retry_base, attempts_before)
     }
@@ -52,12 +55,17 @@ impl WorkerConfig {
 /// What a pass did, event by event.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Counts {
+    /// Events taken from the queue.
     pub taken: usize,
+    /// Applied by their handler with an effect ([`crate::Outcome::Applied`]).
     pub applied: usize,
+    /// Applied by their handler without one ([`crate::Outcome::NoEffect`]).
     pub no_effect: usize,
     /// Event types no handler takes: `unhandled`, nothing ran.
     pub unhandled: usize,
+    /// Left pending for a later attempt (a transient failure, contention).
     pub retried: usize,
+    /// Failed for good, with the reason on the row.
     pub failed: usize,
 }
 
@@ -112,6 +120,9 @@ impl Stage for Worker {
     }
 }
 
+/// The worker: takes due pending events with `FOR UPDATE SKIP LOCKED` and
+/// applies their handlers, a batch per transaction. As a [`crate::Stage`] it
+/// drains until a deadline (`run`) or runs until a shutdown (`run_until`).
 pub struct Worker {
     pool: PgPool,
     handlers: Handlers,
@@ -124,15 +135,18 @@ pub struct Worker {
 }
 
 impl Worker {
+    /// A worker on `pool` with these handlers.
     pub fn new(pool: PgPool, handlers: Handlers, config: WorkerConfig) -> Self {
         let handled = handlers.keys();
         Worker { pool, handlers, handled, config, careful: std::sync::atomic::AtomicBool::new(false) }
     }
 
+    /// Its settings.
     pub fn config(&self) -> &WorkerConfig {
         &self.config
     }
 
+    /// Its pool.
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
@@ -208,16 +222,17 @@ impl Worker {
         let mut counts = Counts::default();
         let mut finished = Vec::with_capacity(rows.len());
         let finished_as = |row: Taken, end: Finish| {
-            let (status, delay, reason, counted) = match end {
-                Finish::Done => (Status::Done, None, None, !precounted),
-                // Nothing ran: no attempt spent.
-                Finish::Unhandled => (Status::Unhandled, None, None, false),
-                Finish::Retry { after, reason, counted } => {
-                    (Status::Pending, Some(after), Some(reason), counted && !precounted)
+            let counted = |yes: bool| i32::from(yes && !precounted);
+            let (status, delay, reason, attempts) = match end {
+                Finish::Done => (Status::Done, None, None, counted(true)),
+                // Nothing ran: no attempt spent (and careful mode's, counted before, undone).
+                Finish::Unhandled => (Status::Unhandled, None, None, -i32::from(precounted)),
+                Finish::Retry { after, reason, counted: counted_attempt } => {
+                    (Status::Pending, Some(after), Some(reason), counted(counted_attempt))
                 }
-                Finish::Failed(reason) => (Status::Failed, None, Some(reason), !precounted),
+                Finish::Failed(reason) => (Status::Failed, None, Some(reason), counted(true)),
             };
-            Finished { provider: row.provider, event_id: row.event_id, status, delay, reason, counted }
+            Finished { provider: row.provider, event_id: row.event_id, status, delay, reason, attempts }
         };
         // Events no handler can run end at once; the others run in the order of
         // their lock keys (see [`crate::Handler::lock_key`]), receive order among equals.

@@ -21,12 +21,18 @@ use crate::{
 };
 
 /// The reference domain's tables (`shared/reference-migrations`), applied
-/// after the inbox's own as an application's migrations (in `_sqlx_migrations`).
+/// after the inbox's, their history in [`HISTORY_TABLE`]: never in
+/// `_sqlx_migrations`, where a team's migrator would refuse them.
 pub static MIGRATIONS: Migrator = sqlx::migrate!("./reference-migrations");
+
+/// Where the reference domain records its applied migrations.
+pub const HISTORY_TABLE: &str = "webhook_inbox_reference_migrations";
 
 /// The stock binaries' application: the reference handlers and their tables.
 pub fn app() -> App {
-    App::new(Handlers::reference()).with_migrations(&MIGRATIONS)
+    let mut app = App::new(Handlers::reference());
+    app.own_tables = Some((&MIGRATIONS, HISTORY_TABLE));
+    app
 }
 
 impl Handlers {

@@ -12,6 +12,7 @@ use std::{
 
 /// The counts of a pass, added up over a run.
 pub trait Tally: Default + Copy + Debug + Send + Sync + serde::Serialize + 'static {
+    /// Adds another pass's counts to these.
     fn add(&mut self, other: &Self);
     /// Nothing was done (nothing is logged for the pass).
     fn is_empty(&self) -> bool;
@@ -20,11 +21,15 @@ pub trait Tally: Default + Copy + Debug + Send + Sync + serde::Serialize + 'stat
 /// What one batch did, and whether more work may be waiting (a full batch).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Pass<T> {
+    /// The batch's counts.
     pub tally: T,
+    /// A full batch: more may be waiting.
     pub more: bool,
 }
 
+/// A batch stage: the worker, the relay, prune.
 pub trait Stage: Send + Sync {
+    /// Its counts.
     type Tally: Tally;
     /// The stage in logs.
     const NAME: &'static str;
@@ -55,7 +60,9 @@ pub trait Stage: Send + Sync {
 #[derive(Debug, thiserror::Error)]
 #[error("stopped on a database error after {tally:?}: {source}")]
 pub struct Stopped<T: Debug> {
+    /// The counts of the batches that committed.
     pub tally: T,
+    /// The database's error.
     #[source]
     pub source: sqlx::Error,
 }

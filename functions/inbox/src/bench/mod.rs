@@ -711,7 +711,7 @@ impl Report {
              keeps `synchronous_commit` on. pgbench runs the claim's INSERT (prepared) with the same body, \
              the same concurrency, and each delivery twice for the duplicate runs.\n\
              - Process: {} pending events per round drained by {} workers (batches of {}), with no handler \
-             (events no handler takes: done without effect) and with the reference handlers (a third each \
+             (events no handler takes: unhandled, without effect) and with the reference handlers (a third each \
              of Stripe payments, Shopify order snapshots and Marqeta deposits to one account per ten \
              deposits, each with its effect and its outbox message); against graphile-worker {GRAPHILE_WORKER} (npm) draining as many no-op jobs \
              carrying the same payload, two processes of 24 concurrent jobs, `localQueue` 500, \

@@ -105,7 +105,7 @@ impl Bench {
         // The configured retention (INBOX_RETENTION_DAYS, ...): the bench's old rows
         // are older than any retention allows, and nothing else is pruned that
         // the prune function would not prune.
-        let retention = RetentionConfig::from_env()?;
+        let retention = RetentionConfig::read(&webhook_inbox::config::Env::process())?;
         // Enough old rows for the prune to run through most of the receive window.
         let old_rows = self.events * 10;
         let mut rows = Figure::new(format!("prune, {old_rows} old rows, while receive runs"), "rows/s");
