@@ -6,12 +6,11 @@ use http::HeaderMap;
 use libfuzzer_sys::fuzz_target;
 use webhook_inbox::{
     core::payload,
-    core::secret::MarqetaAuth,
+    core::secret::{MarqetaAuth, Secret},
     ingest::providers::{
         marqeta::{Marqeta, MAX_BATCH_ITEMS},
         Delivery, Events, InitialStatus, Scheme, MAX_EVENT_ID_CHARS,
     },
-    Secret,
 };
 
 fuzz_target!(|body: &[u8]| {

@@ -8,12 +8,11 @@ use std::sync::OnceLock;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use libfuzzer_sys::fuzz_target;
 use webhook_inbox::{
-    core::secret::{MarqetaAuth, Secrets},
+    core::secret::{MarqetaAuth, Secret, Secrets},
     ingest::providers::{
         catalog::{Catalog, Kind},
         Delivery, Schemes,
     },
-    Secret,
 };
 
 /// The coded schemes' header names; the declared ones' are added from the catalog.
