@@ -50,6 +50,9 @@ fn with_timeouts(options: PgConnectOptions, cfg: &DbConfig) -> PgConnectOptions 
     let ms = |d: Duration| d.as_millis().to_string();
     let options = options.application_name("webhook-inbox");
     if cfg.behind_proxy {
+        // Set where the configuration is read (`DbConfig::read`); again here for
+        // a configuration built in code, which would otherwise name its statements.
+        pooler::set_behind_pooler();
         // sqlx sends extra_float_digits at startup unless told not to; PgBouncer refuses it.
         return options.extra_float_digits(None);
     }
@@ -216,11 +219,17 @@ pub fn retry_after(err: &sqlx::Error, attempt: u32) -> Option<Duration> {
 /// Database settings: a small pool, connected lazily, with timeouts on every session.
 #[derive(Clone, Debug)]
 pub struct DbConfig {
+    /// `DATABASE_URL` (its credentials from `DATABASE_SECRET_ARN` on Lambda).
     pub url: Option<String>,
+    /// `INBOX_DB_POOL_SIZE`: connections at most.
     pub pool_size: u32,
+    /// `INBOX_DB_ACQUIRE_TIMEOUT_MS`: the longest wait for a connection.
     pub acquire_timeout: Duration,
+    /// `INBOX_LOCK_TIMEOUT_MS`: every session's `lock_timeout`.
     pub lock_timeout: Duration,
+    /// `INBOX_STATEMENT_TIMEOUT_MS`: every session's `statement_timeout`.
     pub statement_timeout: Duration,
+    /// `INBOX_IDLE_IN_TRANSACTION_TIMEOUT_MS`: every session's `idle_in_transaction_session_timeout`.
     pub idle_in_transaction_timeout: Duration,
     /// Behind a proxy that refuses startup parameters (PgBouncer) or pins the
     /// session on them (RDS Proxy): none is sent, and the timeouts come from the
@@ -229,6 +238,8 @@ pub struct DbConfig {
 }
 
 impl DbConfig {
+    /// `url` with the defaults: 4 connections, timeouts of 2 s (acquire,
+    /// lock), 5 s (statement) and 10 s (idle in transaction), no pooler.
     pub fn with_url(url: impl Into<String>) -> Self {
         DbConfig {
             url: Some(url.into()),
