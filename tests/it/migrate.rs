@@ -96,8 +96,55 @@ fn versions(m: &sqlx::migrate::Migrator) -> Vec<i64> {
 
 /// A team's own sqlx migrations: one dated before the inbox's, one after.
 static TEAM: sqlx::migrate::Migrator = sqlx::migrate!("./data/team-migrations");
-/// The migrations as release 0.1.0 shipped them, applied as it applied them.
-static RELEASE_0_1_0: sqlx::migrate::Migrator = sqlx::migrate!("./data/release-0.1.0-migrations");
+/// The migrations as release 0.1.0 shipped them, applied as it applied them:
+/// this release's files up to its last, except the one it changed since
+/// (release 0.1.0's copy in tests/data), each pinned by 0.1.0's checksum.
+static RELEASE_0_1_0: std::sync::LazyLock<sqlx::migrate::Migrator> = std::sync::LazyLock::new(|| {
+    use sqlx::migrate::{Migration, MigrationType, Migrator};
+    const PROCESS: &str = include_str!("../data/release-0.1.0-migrations/20261129000002_process.sql");
+    // sha384sum of each file as release 0.1.0 shipped it.
+    const SHIPPED: [(i64, &str); 7] = [
+        (
+            20261129000001,
+            "040dd4d1ce54f0b7e65062a84ad15e228b264f891703ebd827d6aab5187d760aff3ca8299ba1e7cded12a8330b7ea8b3",
+        ),
+        (
+            20261129000002,
+            "a191811eb9a52b60555955eaf6af3ec1f69bf5dadc922d87c417aa1f91ad3701d7f3eccbc149ffb866fa9db7cce15d6f",
+        ),
+        (
+            20261129000003,
+            "c0aade060fabb86f4fdd601f2490346c1f7ca88e2f2a89075f126c1b3cb46cc11bee196cf459f6483ae041023a0a7243",
+        ),
+        (
+            20261129000004,
+            "5c5cbe787abc527a6df486e047db7d93fe0cd43f89c2dcc4947b3d6c4785ed219a210c74a08df1ebef7f4638a40b933b",
+        ),
+        (
+            20261129000005,
+            "00cbc57573b79f6be2a5c4143ce4329e051f3bb70d7991f6c6cfb41be6816b070335916544ff4b7b7de8a6cb7d4ccfc9",
+        ),
+        (
+            20261130000001,
+            "6776bec2ac11f244fd5bdf983888adb8e2a4d1ab8620b8313b50072c74eb9990d050710dc29f05c37434ede30561c269",
+        ),
+        (
+            20261201000001,
+            "5f8370800b3dd34621bcd18ef9f50738299f3a5f2d3524e9dec7e1236e5bc90fd792129a2126441a92d4731d84293e3e",
+        ),
+    ];
+    let migrations: Vec<Migration> = SHIPPED
+        .iter()
+        .map(|(version, sum)| {
+            let now = MIGRATIONS.iter().find(|m| m.version == *version).expect("still a migration of ours");
+            let sql = if *version == 20261129000002 { PROCESS.into() } else { now.sql.clone() };
+            let m = Migration::new(*version, now.description.clone(), MigrationType::Simple, sql, false);
+            assert_eq!(hex::encode(&*m.checksum), *sum, "migration {version} is not as release 0.1.0 shipped it");
+            m
+        })
+        .collect();
+    Migrator { migrations: migrations.into(), ..Migrator::DEFAULT }
+});
 
 #[sqlx::test(migrations = false)]
 async fn create_applies_the_schema_and_update_is_a_no_op(pool_options: PgPoolOptions, options: PgConnectOptions) {
