@@ -1,8 +1,10 @@
 //! What a team builds its binaries from: its handlers and its migrations.
 
+use std::sync::Arc;
+
 use sqlx::{migrate::Migrator, PgPool};
 
-use crate::{db::schema, process::handlers::Handlers};
+use crate::{db::schema, ingest::providers::Scheme, process::handlers::Handlers};
 
 /// A team's application: the handlers its events run through, and the sqlx
 /// migrations of its own tables. Every stage's entry point takes one, so the
@@ -14,6 +16,7 @@ use crate::{db::schema, process::handlers::Handlers};
 pub struct App {
     handlers: Handlers,
     migrations: Option<&'static Migrator>,
+    schemes: Vec<Arc<dyn Scheme>>,
     /// The crate's own tables beyond the inbox's (the reference domain's), and their history table.
     pub(crate) own_tables: Option<(&'static Migrator, &'static str)>,
 }
@@ -21,7 +24,7 @@ pub struct App {
 impl App {
     /// An application with these handlers and no migrations of its own.
     pub fn new(handlers: Handlers) -> Self {
-        App { handlers, migrations: None, own_tables: None }
+        App { handlers, migrations: None, schemes: Vec::new(), own_tables: None }
     }
 
     /// The application's own migrations (`sqlx::migrate!()`), applied after
@@ -32,9 +35,23 @@ impl App {
         self
     }
 
+    /// A provider's signing contract in code ([`crate::schemes`]), for a
+    /// provider neither built in nor declarable as data, with the secrets it
+    /// was given: `POST /webhooks/{name}` verifies by it. A scheme of a name
+    /// the inbox already knows replaces the built-in one.
+    pub fn with_scheme(mut self, scheme: impl Scheme + 'static) -> Self {
+        self.schemes.push(Arc::new(scheme));
+        self
+    }
+
     /// The handlers.
     pub fn handlers(&self) -> &Handlers {
         &self.handlers
+    }
+
+    /// The schemes added with [`App::with_scheme`].
+    pub(crate) fn schemes(&self) -> &[Arc<dyn Scheme>] {
+        &self.schemes
     }
 
     /// Applies the inbox's pending migrations, then the application's, each

@@ -44,7 +44,7 @@ pub async fn receive(app: App) -> Result<(), Error> {
     // Built once per Lambda instance: one request at a time, so one connection, made on first use.
     let env = config::Env::resolved().await?;
     let config = ReceiveConfig::read(&env, 1)?;
-    let mut receiver = Receiver::from_config(&config)?.with_handlers(app.handlers().clone());
+    let mut receiver = Receiver::from_config(&config)?.with_app(&app);
     if let Some(url) = &config.process_queue_url {
         receiver = receiver.with_process_queue(ProcessQueue::connect(url).await);
     }

@@ -130,6 +130,17 @@ pub mod ops {
     pub use crate::db::inbox::{count_matching, requeue_all, Filter, Matching, Requeue, Requeued, Since, Status};
 }
 
+/// A provider's signing contract in code, for a provider that is neither
+/// built in nor declarable as data: implement [`Scheme`](schemes::Scheme) and
+/// add it with [`App::with_scheme`]. It verifies the raw bytes first
+/// ([`Scheme::verify`](schemes::Scheme::verify), saying why it refuses as a
+/// [`Rejected`](schemes::Rejected) of a [`RejectionKind`](schemes::RejectionKind)),
+/// then turns them into events ([`NewEvent::from_json`](schemes::NewEvent::from_json)).
+pub mod schemes {
+    pub use crate::core::event::{InitialStatus, NewEvent};
+    pub use crate::ingest::providers::{Challenged, Delivery, Events, Rejected, RejectionKind, Scheme, Verified};
+}
+
 pub use crate::core::provider::Provider;
 #[cfg(feature = "service")]
 pub use app::App;

@@ -838,3 +838,89 @@ async fn a_connection_killed_between_deliveries_is_replaced_without_a_503(_: PgP
     assert_eq!((status, answer), (StatusCode::OK, json!({"status": "accepted"})));
     assert_eq!(count(&pool).await, 3);
 }
+
+// ---------- a team's own scheme ----------
+
+/// A provider the inbox does not know, as a team would write its scheme from
+/// the public API only: `X-Acme-Signature: <hex HMAC-SHA256(secret, body)>`,
+/// the event's id and type in the signed body.
+struct Acme {
+    secret: Vec<u8>,
+}
+
+impl webhook_inbox::schemes::Scheme for Acme {
+    fn provider(&self) -> Provider {
+        Provider::try_from("acme").unwrap()
+    }
+
+    fn verify(
+        &self,
+        d: &webhook_inbox::schemes::Delivery<'_>,
+    ) -> Result<webhook_inbox::schemes::Verified, webhook_inbox::schemes::Rejected> {
+        use hmac::Mac;
+        use webhook_inbox::schemes::{Rejected, Verified};
+        let sent = d.headers.get("x-acme-signature").ok_or_else(|| Rejected::missing("missing X-Acme-Signature"))?;
+        let sent = hex::decode(sent.as_bytes()).map_err(|_| Rejected::malformed("X-Acme-Signature is not hex"))?;
+        let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(&self.secret).unwrap();
+        mac.update(d.body);
+        mac.verify_slice(&sent).map(|()| Verified { secret_index: 0 }).map_err(|_| Rejected::no_match("no match"))
+    }
+
+    fn events(&self, d: &webhook_inbox::schemes::Delivery<'_>) -> webhook_inbox::schemes::Events {
+        let json: Option<Value> = serde_json::from_slice(d.body).ok();
+        let field = |name: &str| json.as_ref().and_then(|j| j[name].as_str()).map(str::to_string);
+        let kind = field("kind").unwrap_or_else(|| "unknown".into());
+        webhook_inbox::schemes::Events::Single(webhook_inbox::schemes::NewEvent::from_json(d.body, field("id"), &kind))
+    }
+
+    fn kept_headers(&self) -> std::borrow::Cow<'_, [&str]> {
+        std::borrow::Cow::Borrowed(&["x-acme-signature"])
+    }
+}
+
+fn acme_signature(body: &[u8]) -> String {
+    hex::encode(hmac::<hmac::Hmac<sha2::Sha256>>(b"acme-secret", &[body]))
+}
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn a_scheme_of_the_teams_own_gets_a_route_and_claims_through_the_same_path(
+    _: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    use webhook_inbox::{
+        schemes::{Delivery, RejectionKind, Scheme},
+        App, Handlers,
+    };
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let cfg = config(secrets(false));
+    let app = App::new(Handlers::new()).with_scheme(Acme { secret: b"acme-secret".to_vec() });
+    let r = Receiver::new(db::Connections::from_options(opts, &cfg.db), &cfg).with_app(&app);
+
+    let body = br#"{"id":"acme_1","kind":"thing.made"}"#;
+    let (status, answer) = post(&r, "acme", &[("X-Acme-Signature", &acme_signature(body))], body).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let (status, _) = post(&r, "acme", &[("X-Acme-Signature", &acme_signature(body))], body).await;
+    assert_eq!(status, StatusCode::OK, "a redelivery is a duplicate");
+    let (status, answer) = post(&r, "acme", &[("X-Acme-Signature", &acme_signature(b"{}"))], body).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{answer}");
+    // A body `jsonb` refuses, validly signed: kept as `failed`, never a 503 the provider retries for ever.
+    let nul = br#"{"id":"acme_2","kind":"thing.made","note":"\u0000"}"#;
+    let (status, answer) = post(&r, "acme", &[("X-Acme-Signature", &acme_signature(nul))], nul).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let rows: Vec<(String, String, String, String)> =
+        sqlx::query_as("SELECT provider, event_id, event_type, status FROM webhook_inbox ORDER BY event_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let rows: Vec<(&str, &str, &str, &str)> =
+        rows.iter().map(|(p, i, t, s)| (p.as_str(), i.as_str(), t.as_str(), s.as_str())).collect();
+    assert_eq!(rows, [("acme", "acme_1", "thing.made", "pending"), ("acme", "acme_2", "thing.made", "failed")]);
+
+    // The stock providers are still there, and the team's refusals are matchable.
+    let stripe = stripe_body("evt_beside_acme");
+    let (status, _) = post(&r, "stripe", &[("Stripe-Signature", &stripe_header(STRIPE[0], &stripe))], &stripe).await;
+    assert_eq!(status, StatusCode::OK);
+    let headers = http::HeaderMap::new();
+    let refused = Acme { secret: vec![1] }.verify(&Delivery { headers: &headers, body, now: now() }).unwrap_err();
+    assert_eq!(refused.kind(), RejectionKind::Missing);
+}

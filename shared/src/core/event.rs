@@ -3,12 +3,14 @@
 /// How a stored event starts its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum InitialStatus {
+    /// Usable: for the handlers.
     Pending,
     /// Validly signed but unusable: kept with its reason, never retried.
     Failed,
 }
 
 impl InitialStatus {
+    /// Its `status` in `webhook_inbox`.
     pub fn as_str(self) -> &'static str {
         match self {
             InitialStatus::Pending => "pending",
@@ -20,18 +22,34 @@ impl InitialStatus {
 /// One row to claim in `webhook_inbox`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NewEvent {
+    /// The provider's id of the event, which deduplicates it (`event_id`).
     pub event_id: String,
+    /// Its type, which chooses the handler (`event_type`).
     pub event_type: String,
     /// JSON text valid for `jsonb`; `None` when the body cannot be `jsonb`.
     pub payload: Option<String>,
+    /// How it starts.
     pub status: InitialStatus,
+    /// Why it is `failed` from the start.
     pub failure_reason: Option<String>,
 }
 
+/// The longest usable event id.
 pub const MAX_EVENT_ID_CHARS: usize = 255;
+/// Event types are cut to this length.
 pub const MAX_EVENT_TYPE_CHARS: usize = 128;
 
 impl NewEvent {
+    /// The event of a verified body, `id` being its id as read from the
+    /// signed bytes (or a header): `pending` when the body is JSON that
+    /// PostgreSQL's `jsonb` takes and the id is usable (1 to 255 printable
+    /// characters), else `failed` with the reason, keyed by the body's digest
+    /// when the id is not usable. The constructor for a scheme of your own.
+    pub fn from_json(body: &[u8], id: Option<String>, event_type: &str) -> Self {
+        crate::ingest::providers::event_from(body, id, event_type, crate::ingest::providers::parse_json(body))
+    }
+
+    /// A usable event; `payload` must be JSON text that `jsonb` takes (see [`NewEvent::from_json`]).
     pub fn pending(event_id: String, event_type: &str, payload: String) -> Self {
         NewEvent {
             event_id,

@@ -100,7 +100,7 @@ async fn serve(app: &App, env: &Env<'_>, config: &mut ReceiveConfig, host: &str,
         println!("providers with a secret (each has a route; `inbox providers` for more): {}", live.join(", "));
     }
     let listener = TcpListener::bind((host, port)).await.with_context(|| format!("binding {host}:{port}"))?;
-    let receiver = Arc::new(Receiver::from_config(config)?.with_handlers(app.handlers().clone()));
+    let receiver = Arc::new(Receiver::from_config(config)?.with_app(app));
 
     // The same worker as the `process` function, and the relay when a sink is set, running continuously.
     let (stop, stopped) = tokio::sync::watch::channel(());

@@ -11,13 +11,16 @@ use lambda_http::{Body, RequestExt};
 use serde_json::json;
 
 use crate::{
+    app::App,
     core::secret::Secrets,
     db::{Connections, DbConfig},
     ingest::claim::{self, BatchClaim, Claim, Claimed, Envelope},
     ingest::providers::catalog::Catalog,
     ingest::{
         notify::ProcessQueue,
-        providers::{Challenged, Delivery, Events, InitialStatus, NewEvent, Provider, Rejected, Schemes},
+        providers::{
+            Challenged, Delivery, Events, InitialStatus, NewEvent, Provider, Rejected, RejectionKind, Schemes,
+        },
     },
     process::handlers::Handlers,
     runtime::metrics::Metrics,
@@ -142,6 +145,12 @@ impl Receiver {
         self
     }
 
+    /// `app`'s handlers (for inline mode) and its own schemes ([`App::with_scheme`]).
+    pub fn with_app(mut self, app: &App) -> Self {
+        self.schemes.add(app.schemes());
+        self.with_handlers(app.handlers().clone())
+    }
+
     /// `INBOX_MAX_BODY_BYTES`: a server refuses a larger body before reading it.
     pub fn max_body_bytes(&self) -> usize {
         self.max_body_bytes
@@ -163,7 +172,9 @@ impl Receiver {
             .receive(req.method(), provider.as_deref(), req.headers(), req.body().as_ref(), &mut stored_failed)
             .await;
         // The dimension is one of ours, never a caller's string.
-        let known = provider.as_deref().and_then(|p| self.schemes.catalog().find(p)).map(|e| e.provider);
+        let known = provider.as_deref().and_then(|p| {
+            self.schemes.find(p).map(|s| s.provider()).or_else(|| self.schemes.catalog().find(p).map(|e| e.provider))
+        });
         let mut metrics = Metrics::new("receive").for_provider(known.map_or("unknown", |p| p.as_str()));
         count(&mut metrics, &result, stored_failed);
         (respond(result), metrics)
@@ -276,7 +287,7 @@ fn count(metrics: &mut Metrics, result: &Result<Received, ReceiveError>, stored_
         Ok(Received::Claimed(Claimed::Single(Claim::Duplicate))) => "duplicate",
         Ok(Received::Challenge(_)) => "challenged",
         Ok(Received::Claimed(Claimed::Busy)) | Err(ReceiveError::Busy | ReceiveError::Unavailable(_)) => "unavailable",
-        Err(ReceiveError::Unauthorized(r)) if r.stale => "rejected_timestamp",
+        Err(ReceiveError::Unauthorized(r)) if r.kind() == RejectionKind::Stale => "rejected_timestamp",
         Err(ReceiveError::Unauthorized(_)) => "rejected_signature",
         Err(ReceiveError::TooLarge(_)) => "rejected_size",
         Err(ReceiveError::NoRoute | ReceiveError::UnknownProvider(_) | ReceiveError::NotConfigured(_)) => {

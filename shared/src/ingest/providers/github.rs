@@ -32,18 +32,18 @@ impl Scheme for Github {
 
     fn verify(&self, d: &Delivery<'_>) -> Result<Verified, Rejected> {
         if header_values(d.headers, SIGNATURE).all(str::is_empty) {
-            return Err(Rejected::new("missing X-Hub-Signature-256 header"));
+            return Err(Rejected::missing("missing X-Hub-Signature-256 header"));
         }
         let candidates: Vec<Vec<u8>> = header_values(d.headers, SIGNATURE)
             .filter_map(|v| v.strip_prefix("sha256="))
             .filter_map(|hex| hex::decode(hex).ok())
             .collect();
         if candidates.iter().all(Vec::is_empty) {
-            return Err(Rejected::new("X-Hub-Signature-256 is not of the form sha256=<hex>"));
+            return Err(Rejected::malformed("X-Hub-Signature-256 is not of the form sha256=<hex>"));
         }
         first_matching::<Hmac<Sha256>>(&self.secrets, &[d.body], &candidates)
             .map(|secret_index| Verified { secret_index })
-            .ok_or_else(|| Rejected::new("X-Hub-Signature-256 does not match a configured secret"))
+            .ok_or_else(|| Rejected::no_match("X-Hub-Signature-256 does not match a configured secret"))
     }
 
     fn events(&self, d: &Delivery<'_>) -> Events {

@@ -44,28 +44,32 @@ fn ct_eq(a: &[u8], b: &[u8]) -> bool {
 impl Marqeta {
     /// The index of the password that matched.
     fn check_basic(&self, d: &Delivery<'_>) -> Result<usize, Rejected> {
-        let value = header(d.headers, "authorization").ok_or_else(|| Rejected::new("missing Basic authorization"))?;
+        let value =
+            header(d.headers, "authorization").ok_or_else(|| Rejected::missing("missing Basic authorization"))?;
         let encoded = value
             .split_once(' ')
             .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("basic"))
             .map(|(_, credentials)| credentials)
-            .ok_or_else(|| Rejected::new("Authorization is not Basic"))?;
-        let decoded = B64.decode(encoded.trim()).map_err(|_| Rejected::new("Basic credentials are not base64"))?;
-        let colon =
-            decoded.iter().position(|b| *b == b':').ok_or_else(|| Rejected::new("Basic credentials have no colon"))?;
+            .ok_or_else(|| Rejected::malformed("Authorization is not Basic"))?;
+        let decoded =
+            B64.decode(encoded.trim()).map_err(|_| Rejected::malformed("Basic credentials are not base64"))?;
+        let colon = decoded
+            .iter()
+            .position(|b| *b == b':')
+            .ok_or_else(|| Rejected::malformed("Basic credentials have no colon"))?;
         let (user, password) = (&decoded[..colon], &decoded[colon + 1..]);
         let user_ok = ct_eq(user, self.auth.username.expose());
         // Every password is compared, so timing does not tell which one is in use.
         let matched = self.auth.passwords.iter().map(|p| ct_eq(password, p.expose())).collect::<Vec<_>>();
         match matched.iter().position(|m| *m) {
             Some(index) if user_ok => Ok(index),
-            _ => Err(Rejected::new("wrong Basic username or password")),
+            _ => Err(Rejected::no_match("wrong Basic username or password")),
         }
     }
 
     fn check_signature(&self, d: &Delivery<'_>) -> Result<usize, Rejected> {
         if header_values(d.headers, SIGNATURE).all(str::is_empty) {
-            return Err(Rejected::new(
+            return Err(Rejected::missing(
                 "missing X-Marqeta-Signature header (required while MARQETA_WEBHOOK_SECRET is set)",
             ));
         }
@@ -74,7 +78,7 @@ impl Marqeta {
         let secrets: &[Secret] = &self.auth.signing_secrets;
         first_matching::<Hmac<Sha256>>(secrets, &[d.body], &sha256)
             .or_else(|| first_matching::<Hmac<Sha1>>(secrets, &[d.body], &sha1))
-            .ok_or_else(|| Rejected::new("X-Marqeta-Signature does not match a configured secret"))
+            .ok_or_else(|| Rejected::no_match("X-Marqeta-Signature does not match a configured secret"))
     }
 }
 

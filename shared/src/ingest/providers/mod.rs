@@ -5,7 +5,7 @@
 //! A scheme first verifies the raw bytes ([`Scheme::verify`]), and only then
 //! parses them into the events to claim ([`Scheme::events`]).
 
-use std::{borrow::Cow, fmt};
+use std::{borrow::Cow, fmt, sync::Arc};
 
 pub use crate::core::{
     event::{InitialStatus, NewEvent, MAX_EVENT_ID_CHARS, MAX_EVENT_TYPE_CHARS},
@@ -33,7 +33,9 @@ pub mod stripe;
 /// A delivery as received: headers and the exact bytes, after API Gateway's base64 decoding.
 #[derive(Clone, Copy)]
 pub struct Delivery<'a> {
+    /// The request's headers, repeated ones included.
     pub headers: &'a HeaderMap,
+    /// The body's exact bytes: what the provider signed.
     pub body: &'a [u8],
     /// Unix seconds, for the schemes that sign a timestamp.
     pub now: i64,
@@ -42,25 +44,72 @@ pub struct Delivery<'a> {
 /// Proof that a delivery is authentic: which configured secret matched (by index, never the secret).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Verified {
+    /// The position of the secret that verified, in the list the scheme was given.
     pub secret_index: usize,
 }
 
-/// Why a delivery was refused, in words safe to send back (never a secret or an expected signature).
+/// Why a delivery was refused: a [`RejectionKind`] to match on, and words
+/// safe to send back (never a secret or an expected signature).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rejected {
+    kind: RejectionKind,
     reason: Cow<'static, str>,
-    /// Signed, but outside the timestamp tolerance: a replay, or a clock off.
-    pub stale: bool,
+}
+
+/// What kind of refusal a [`Rejected`] is (each is answered 401).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RejectionKind {
+    /// The signature header (or the credentials, or another header the
+    /// contract signs) is absent.
+    Missing,
+    /// Present, but not of the contract's form: not hex or base64, a timestamp
+    /// that is not a number, a list without the signature's key, ...
+    Malformed,
+    /// Signed, but the signed timestamp is outside the tolerance: a replay,
+    /// or a clock off.
+    Stale,
+    /// Well formed, but no configured secret verifies it (or the credentials
+    /// are wrong).
+    NoMatch,
+    /// No secret is configured for the provider, so nothing can verify.
+    Unconfigured,
 }
 
 impl Rejected {
-    pub fn new(reason: impl Into<Cow<'static, str>>) -> Self {
-        Rejected { reason: reason.into(), stale: false }
+    /// A refusal of this kind, for this reason.
+    pub fn new(kind: RejectionKind, reason: impl Into<Cow<'static, str>>) -> Self {
+        Rejected { kind, reason: reason.into() }
     }
 
-    /// A timestamp outside the tolerance.
+    /// [`RejectionKind::Missing`].
+    pub fn missing(reason: impl Into<Cow<'static, str>>) -> Self {
+        Rejected::new(RejectionKind::Missing, reason)
+    }
+
+    /// [`RejectionKind::Malformed`].
+    pub fn malformed(reason: impl Into<Cow<'static, str>>) -> Self {
+        Rejected::new(RejectionKind::Malformed, reason)
+    }
+
+    /// [`RejectionKind::Stale`].
     pub fn stale(reason: impl Into<Cow<'static, str>>) -> Self {
-        Rejected { reason: reason.into(), stale: true }
+        Rejected::new(RejectionKind::Stale, reason)
+    }
+
+    /// [`RejectionKind::NoMatch`].
+    pub fn no_match(reason: impl Into<Cow<'static, str>>) -> Self {
+        Rejected::new(RejectionKind::NoMatch, reason)
+    }
+
+    /// What kind of refusal it is.
+    pub fn kind(&self) -> RejectionKind {
+        self.kind
+    }
+
+    /// The reason, as answered.
+    pub fn reason(&self) -> &str {
+        &self.reason
     }
 }
 
@@ -73,6 +122,7 @@ impl fmt::Display for Rejected {
 /// What a verified delivery turns into.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Events {
+    /// The delivery is one event.
     Single(NewEvent),
     /// Marqeta: one row per item, answered with counts (a ping is an empty batch).
     Batch(Vec<NewEvent>),
@@ -80,6 +130,7 @@ pub enum Events {
 
 /// A provider's signing and delivery contract.
 pub trait Scheme: Send + Sync {
+    /// The provider it verifies for: its route is `POST /webhooks/{provider}`.
     fn provider(&self) -> Provider;
     /// Checks the signature over the raw bytes, in constant time, before anything is parsed.
     fn verify(&self, delivery: &Delivery<'_>) -> Result<Verified, Rejected>;
@@ -102,38 +153,40 @@ pub trait Scheme: Send + Sync {
 /// What a handshake is answered, with `200`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Challenged {
+    /// The answer's `Content-Type`.
     pub content_type: &'static str,
+    /// The answer's body.
     pub body: String,
 }
 
 /// The configured schemes; a provider with no secret has none, so no unauthenticated endpoint exists.
 pub struct Schemes {
-    schemes: Vec<Box<dyn Scheme>>,
+    schemes: Vec<Arc<dyn Scheme>>,
     catalog: catalog::Catalog,
 }
 
 impl Schemes {
     pub fn new(catalog: &catalog::Catalog, secrets: &Secrets) -> Self {
-        let mut v: Vec<Box<dyn Scheme>> = Vec::new();
+        let mut v: Vec<Arc<dyn Scheme>> = Vec::new();
         if !secrets.stripe.is_empty() {
-            v.push(Box::new(stripe::Stripe::new(secrets.stripe.clone())));
+            v.push(Arc::new(stripe::Stripe::new(secrets.stripe.clone())));
         }
         if !secrets.shopify.is_empty() {
-            v.push(Box::new(shopify::Shopify::new(secrets.shopify.clone())));
+            v.push(Arc::new(shopify::Shopify::new(secrets.shopify.clone())));
         }
         if let Some(auth) = &secrets.marqeta {
-            v.push(Box::new(marqeta::Marqeta::new(auth.clone())));
+            v.push(Arc::new(marqeta::Marqeta::new(auth.clone())));
         }
         if !secrets.github.is_empty() {
-            v.push(Box::new(github::Github::new(secrets.github.clone())));
+            v.push(Arc::new(github::Github::new(secrets.github.clone())));
         }
         if !secrets.standard.is_empty() {
-            v.push(Box::new(standard::Standard::new(secrets.standard.clone())));
+            v.push(Arc::new(standard::Standard::new(secrets.standard.clone())));
         }
         for (provider, keys) in secrets.declared.iter().filter(|(_, keys)| !keys.is_empty()) {
             match catalog.get(*provider).map(|e| &e.kind) {
-                Some(catalog::Kind::Standard) => v.push(Box::new(standard::Standard::named(*provider, keys.clone()))),
-                Some(catalog::Kind::Declared(rules)) => v.push(Box::new(declared::Declared::new(
+                Some(catalog::Kind::Standard) => v.push(Arc::new(standard::Standard::named(*provider, keys.clone()))),
+                Some(catalog::Kind::Declared(rules)) => v.push(Arc::new(declared::Declared::new(
                     *provider,
                     (**rules).clone(),
                     keys.clone(),
@@ -143,6 +196,12 @@ impl Schemes {
             }
         }
         Schemes { schemes: v, catalog: catalog.clone() }
+    }
+
+    /// Schemes of a team's own ([`crate::App::with_scheme`]), found before
+    /// the built-in ones.
+    pub fn add(&mut self, schemes: &[Arc<dyn Scheme>]) {
+        self.schemes.splice(0..0, schemes.iter().cloned());
     }
 
     pub fn get(&self, provider: Provider) -> Option<&dyn Scheme> {
@@ -170,7 +229,9 @@ pub fn verify_stored(
     body: &[u8],
     received_epoch: i64,
 ) -> Result<Verified, Rejected> {
-    let scheme = schemes.get(provider).ok_or_else(|| Rejected::new("no secret is configured for the provider"))?;
+    let scheme = schemes
+        .get(provider)
+        .ok_or_else(|| Rejected::new(RejectionKind::Unconfigured, "no secret is configured for the provider"))?;
     let mut map = HeaderMap::new();
     for (name, value) in headers.as_object().into_iter().flatten() {
         let name = http::HeaderName::from_bytes(name.as_bytes());
@@ -307,6 +368,52 @@ pub(crate) mod test_support {
 
 #[cfg(test)]
 mod tests {
+    use super::{test_support::*, *};
+
+    /// Each coded scheme says why, as a kind: no header, a header of the wrong
+    /// form, and a well-formed signature under another secret.
+    #[test]
+    fn the_coded_schemes_refuse_by_kind() {
+        let secret = || vec![Secret::new(&b"right"[..])];
+        let schemes: Vec<(Box<dyn Scheme>, &str)> = vec![
+            (Box::new(stripe::Stripe::new(secret())), "stripe-signature"),
+            (Box::new(shopify::Shopify::new(secret())), "x-shopify-hmac-sha256"),
+            (Box::new(github::Github::new(secret())), "x-hub-signature-256"),
+        ];
+        let body = br#"{"id":"evt_1","type":"x"}"#;
+        let wrong = |name: &str| -> String {
+            let mac = |parts: &[&[u8]]| {
+                let mut m = hmac::Hmac::<Sha256>::new_from_slice(b"wrong").unwrap();
+                parts.iter().for_each(|p| m.update(p));
+                m.finalize().into_bytes().to_vec()
+            };
+            match name {
+                "stripe-signature" => {
+                    let t = now().to_string();
+                    format!("t={t},v1={}", hex::encode(mac(&[t.as_bytes(), b".", body])))
+                }
+                "x-shopify-hmac-sha256" => {
+                    use base64::Engine as _;
+                    base64::engine::general_purpose::STANDARD.encode(mac(&[body]))
+                }
+                _ => format!("sha256={}", hex::encode(mac(&[body]))),
+            }
+        };
+        for (scheme, name) in &schemes {
+            let kind = |h: &[(&str, &str)]| {
+                let h = headers(h);
+                scheme.verify(&Delivery { headers: &h, body, now: now() }).unwrap_err().kind()
+            };
+            assert_eq!(kind(&[]), RejectionKind::Missing, "{name}");
+            assert_eq!(kind(&[(name, "%%not a signature%%")]), RejectionKind::Malformed, "{name}");
+            assert_eq!(kind(&[(name, &wrong(name))]), RejectionKind::NoMatch, "{name}");
+        }
+        let standard = standard::Standard::new(secret());
+        let h = headers(&[("webhook-id", "msg_1"), ("webhook-timestamp", "1"), ("webhook-signature", "v1,AAAA")]);
+        let stale = standard.verify(&Delivery { headers: &h, body, now: now() }).unwrap_err();
+        assert_eq!(stale.kind(), RejectionKind::Stale, "{stale}");
+    }
+
     #[test]
     fn event_types_are_cut_at_128_characters_on_a_char_boundary() {
         let long = "é".repeat(200);

@@ -35,11 +35,14 @@ impl Scheme for Shopify {
         let candidates: Vec<Vec<u8>> =
             header_values(d.headers, HMAC_HEADER).filter_map(|v| B64.decode(v).ok()).collect();
         if header_values(d.headers, HMAC_HEADER).all(str::is_empty) {
-            return Err(Rejected::new("missing X-Shopify-Hmac-Sha256 header"));
+            return Err(Rejected::missing("missing X-Shopify-Hmac-Sha256 header"));
+        }
+        if candidates.iter().all(Vec::is_empty) {
+            return Err(Rejected::malformed("X-Shopify-Hmac-Sha256 holds no base64 signature"));
         }
         first_matching::<Hmac<Sha256>>(&self.secrets, &[d.body], &candidates)
             .map(|secret_index| Verified { secret_index })
-            .ok_or_else(|| Rejected::new("X-Shopify-Hmac-Sha256 does not match a configured secret"))
+            .ok_or_else(|| Rejected::no_match("X-Shopify-Hmac-Sha256 does not match a configured secret"))
     }
 
     fn events(&self, d: &Delivery<'_>) -> Events {

@@ -63,12 +63,12 @@ impl Scheme for Standard {
 
     fn verify(&self, d: &Delivery<'_>) -> Result<Verified, Rejected> {
         let h = headers(d);
-        let id = h.id.ok_or_else(|| Rejected::new("missing webhook-id header"))?;
-        let t = h.timestamp.ok_or_else(|| Rejected::new("missing webhook-timestamp header"))?;
+        let id = h.id.ok_or_else(|| Rejected::missing("missing webhook-id header"))?;
+        let t = h.timestamp.ok_or_else(|| Rejected::missing("missing webhook-timestamp header"))?;
         if h.signature.is_empty() {
-            return Err(Rejected::new("missing webhook-signature header"));
+            return Err(Rejected::missing("missing webhook-signature header"));
         }
-        let ts: i64 = t.parse().map_err(|_| Rejected::new("webhook-timestamp is not a number"))?;
+        let ts: i64 = t.parse().map_err(|_| Rejected::malformed("webhook-timestamp is not a number"))?;
         if d.now.abs_diff(ts) > TOLERANCE_SECS as u64 {
             return Err(Rejected::stale("webhook-timestamp is outside the 300 s tolerance"));
         }
@@ -81,11 +81,11 @@ impl Scheme for Standard {
             .filter(|sig| !sig.is_empty())
             .collect();
         if candidates.is_empty() {
-            return Err(Rejected::new("webhook-signature has no v1 signature"));
+            return Err(Rejected::malformed("webhook-signature has no v1 signature"));
         }
         first_matching::<Hmac<Sha256>>(&self.secrets, &[id.as_bytes(), b".", t.as_bytes(), b".", d.body], &candidates)
             .map(|secret_index| Verified { secret_index })
-            .ok_or_else(|| Rejected::new("no v1 signature in webhook-signature matches a configured secret"))
+            .ok_or_else(|| Rejected::no_match("no v1 signature in webhook-signature matches a configured secret"))
     }
 
     fn events(&self, d: &Delivery<'_>) -> Events {

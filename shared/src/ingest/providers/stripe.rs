@@ -48,7 +48,7 @@ impl Scheme for Stripe {
     }
 
     fn verify(&self, d: &Delivery<'_>) -> Result<Verified, Rejected> {
-        let mut reason = Rejected::new("missing Stripe-Signature header");
+        let mut reason = Rejected::missing("missing Stripe-Signature header");
         // A repeated header is read value by value: any that verifies is enough.
         for value in header_values(d.headers, HEADER) {
             match self.verify_one(value, d) {
@@ -76,26 +76,26 @@ impl Scheme for Stripe {
 impl Stripe {
     fn verify_one(&self, value: &str, d: &Delivery<'_>) -> Result<Verified, Rejected> {
         let h = parse(value);
-        let t = h.timestamp.ok_or_else(|| Rejected::new("Stripe-Signature has no t= timestamp"))?;
-        let ts: i64 = t.parse().map_err(|_| Rejected::new("Stripe-Signature timestamp is not a number"))?;
+        let t = h.timestamp.ok_or_else(|| Rejected::malformed("Stripe-Signature has no t= timestamp"))?;
+        let ts: i64 = t.parse().map_err(|_| Rejected::malformed("Stripe-Signature timestamp is not a number"))?;
         if d.now.abs_diff(ts) > TOLERANCE_SECS as u64 {
             return Err(Rejected::stale("Stripe-Signature timestamp is outside the 300 s tolerance"));
         }
         let candidates: Vec<Vec<u8>> =
             h.v1.iter().filter_map(|s| hex::decode(s).ok()).filter(|s| !s.is_empty()).collect();
         if candidates.is_empty() {
-            return Err(Rejected::new("Stripe-Signature has no v1 signature (v0 is not accepted)"));
+            return Err(Rejected::malformed("Stripe-Signature has no v1 signature (v0 is not accepted)"));
         }
         first_matching::<Hmac<Sha256>>(&self.secrets, &[t.as_bytes(), b".", d.body], &candidates)
             .map(|secret_index| Verified { secret_index })
-            .ok_or_else(|| Rejected::new("no v1 signature in Stripe-Signature matches a configured secret"))
+            .ok_or_else(|| Rejected::no_match("no v1 signature in Stripe-Signature matches a configured secret"))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ingest::providers::{test_support::*, InitialStatus, NewEvent};
+    use crate::ingest::providers::{test_support::*, InitialStatus, NewEvent, RejectionKind};
     use hmac::Mac;
 
     const BODY: &[u8] = br#"{"id":"evt_1","type":"payment_intent.succeeded","data":{}}"#;
@@ -152,7 +152,7 @@ mod tests {
     fn timestamps_beyond_300_seconds_either_way_are_refused() {
         for t in [now() - 330, now() + 330] {
             let err = check(&format!("t={t},v1={}", sign("whsec_old", t, BODY))).unwrap_err();
-            assert!(err.stale && err.to_string().contains("tolerance"), "{err}");
+            assert!(err.kind() == RejectionKind::Stale && err.to_string().contains("tolerance"), "{err}");
         }
         let t = now() - 290;
         assert!(check(&format!("t={t},v1={}", sign("whsec_old", t, BODY))).is_ok());
@@ -162,7 +162,7 @@ mod tests {
     fn extreme_timestamps_are_refused_without_overflow() {
         for t in [i64::MIN, i64::MAX, 0] {
             let err = check(&format!("t={t},v1={}", "00".repeat(32))).unwrap_err();
-            assert!(err.stale && err.to_string().contains("tolerance"), "{t}: {err}");
+            assert!(err.kind() == RejectionKind::Stale && err.to_string().contains("tolerance"), "{t}: {err}");
         }
     }
 

@@ -318,7 +318,7 @@ event_type = "{json:/type}""#,
                 assert_eq!(a, b, "{name}, {label}: the same secret matched");
             }
             if let (Err(a), Err(b)) = (&a, &b) {
-                assert_eq!(a.stale, b.stale, "{name}, {label}: {a} / {b}");
+                assert_eq!(a.kind(), b.kind(), "{name}, {label}: {a} / {b}");
             }
             let (ea, eb) = (single(coded.events(&d)), single(decl.events(&d)));
             assert_eq!(
