@@ -72,8 +72,9 @@
 //!
 //! The items at this root, and the modules [`lambda`] (one entry point per
 //! function), [`dev`] (the local stack), [`ops`] (what the operator's commands
-//! do, from code), [`config`] (settings from the environment) and
-//! [`reference`](mod@reference) (the stock domain). The other modules are the stock binaries'
+//! do, from code), [`config`] (settings from the environment), [`schemes`]
+//! (a provider's signing contract of your own) and [`reference`](mod@reference)
+//! (the stock domain). The other modules are the stock binaries'
 //! and the integration tests' internals: hidden, and not part of the API.
 //!
 //! # Features
@@ -136,6 +137,58 @@ pub mod ops {
 /// ([`Scheme::verify`](schemes::Scheme::verify), saying why it refuses as a
 /// [`Rejected`](schemes::Rejected) of a [`RejectionKind`](schemes::RejectionKind)),
 /// then turns them into events ([`NewEvent::from_json`](schemes::NewEvent::from_json)).
+///
+/// ```
+/// use std::borrow::Cow;
+///
+/// use hmac::{Hmac, Mac};
+/// use sha2::Sha256;
+/// use webhook_inbox::schemes::{Delivery, Events, NewEvent, Rejected, RejectionKind, Scheme, Verified};
+/// use webhook_inbox::{App, Handlers, Provider};
+///
+/// /// `X-Acme-Signature: <hex HMAC-SHA256(secret, body)>`; the id and type in the signed body.
+/// struct Acme {
+///     secret: Vec<u8>,
+/// }
+///
+/// impl Scheme for Acme {
+///     fn provider(&self) -> Provider {
+///         Provider::try_from("acme").expect("a valid name")
+///     }
+///
+///     fn verify(&self, d: &Delivery<'_>) -> Result<Verified, Rejected> {
+///         let sent = d.headers.get("x-acme-signature").ok_or_else(|| Rejected::missing("missing X-Acme-Signature"))?;
+///         let sent = hex::decode(sent.as_bytes()).map_err(|_| Rejected::malformed("X-Acme-Signature is not hex"))?;
+///         let mut mac = Hmac::<Sha256>::new_from_slice(&self.secret).expect("any key length");
+///         mac.update(d.body);
+///         mac.verify_slice(&sent) // in constant time
+///             .map(|()| Verified { secret_index: 0 })
+///             .map_err(|_| Rejected::no_match("X-Acme-Signature does not match"))
+///     }
+///
+///     fn events(&self, d: &Delivery<'_>) -> Events {
+///         let json: Option<serde_json::Value> = serde_json::from_slice(d.body).ok();
+///         let field = |name: &str| json.as_ref().and_then(|j| j[name].as_str()).map(str::to_string);
+///         let kind = field("type").unwrap_or_else(|| "unknown".into());
+///         // Pending when usable, else kept as `failed` with the reason.
+///         Events::Single(NewEvent::from_json(d.body, field("id"), &kind))
+///     }
+///
+///     fn kept_headers(&self) -> Cow<'_, [&str]> {
+///         Cow::Borrowed(&["x-acme-signature"])
+///     }
+/// }
+///
+/// let secret = std::env::var("ACME_WEBHOOK_SECRET").unwrap_or_else(|_| "acme-secret".into());
+/// let acme = Acme { secret: secret.into_bytes() };
+/// let headers = http::HeaderMap::new();
+/// let unsigned = Delivery { headers: &headers, body: b"{}", now: 0 };
+/// assert_eq!(acme.verify(&unsigned).unwrap_err().kind(), RejectionKind::Missing);
+///
+/// // `POST /webhooks/acme`, in every stage built from this app.
+/// let app = App::new(Handlers::new()).with_scheme(acme);
+/// # drop(app);
+/// ```
 pub mod schemes {
     pub use crate::core::event::{InitialStatus, NewEvent};
     pub use crate::ingest::providers::{Challenged, Delivery, Events, Rejected, RejectionKind, Scheme, Verified};
