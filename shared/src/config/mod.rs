@@ -632,6 +632,33 @@ mod tests {
         std::fs::remove_file(path).unwrap();
     }
 
+    /// HMAC takes a key of any length, the empty one included: a bare prefix
+    /// in a rotation list would verify `HMAC(key = "")`, which anyone can compute.
+    #[test]
+    fn an_empty_key_is_refused_on_every_decoding_path() {
+        let prefixed = "[acme]\nsignature = { header = \"X-Acme-Signature\" }\nencoding = \"hex\"\nsigned = \"{body}\"\nsecret = { prefix = \"whsec_\" }\nredelivery_days = 1\n";
+        let b64 = "[acme]\nsignature = { header = \"X-Acme-Signature\" }\nencoding = \"hex\"\nsigned = \"{body}\"\nsecret = { prefix = \"whsec_\", encoding = \"base64\" }\nredelivery_days = 1\n";
+        for (pairs, expected) in [
+            (
+                vec![("INBOX_PROVIDERS", prefixed), ("ACME_WEBHOOK_SECRET", "whsec_a2V5, whsec_")],
+                "ACME_WEBHOOK_SECRET: secret #2 is empty",
+            ),
+            (vec![("INBOX_PROVIDERS", b64), ("ACME_WEBHOOK_SECRET", "whsec_")], "ACME_WEBHOOK_SECRET: secret #1 is"),
+            (vec![("STANDARD_WEBHOOK_SECRET", "whsec_")], "STANDARD_WEBHOOK_SECRET: secret #1 is"),
+            (vec![("CLERK_WEBHOOK_SECRET", "whsec_")], "CLERK_WEBHOOK_SECRET: secret #1 is"),
+        ] {
+            let err = ReceiveConfig::read(&Env::from_pairs(&pairs), 1).map(|_| ()).unwrap_err().to_string();
+            assert!(err.starts_with(expected), "{pairs:?}: {err}");
+        }
+        // A scheme given an empty key in code (not through the environment) matches nothing with it.
+        let empty = [Secret::new(Vec::new())];
+        let mac = crate::ingest::providers::test_hmac(b"", b"body");
+        assert_eq!(
+            crate::ingest::providers::first_matching::<hmac::Hmac<sha2::Sha256>>(&empty, &[b"body"], &[mac]),
+            None
+        );
+    }
+
     #[test]
     fn a_value_that_does_not_parse_names_its_variable() {
         for var in ["INBOX_BATCH_SIZE", "RELAY_LEASE_MS", "INBOX_RETENTION_DAYS_MARQETA", "INBOX_DB_POOL_SIZE"] {

@@ -256,7 +256,8 @@ pub(crate) fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> 
 }
 
 /// The index of the first secret whose HMAC over `message` equals any candidate
-/// signature, compared in constant time. Empty candidates never match.
+/// signature, compared in constant time. Empty candidates, and empty keys
+/// (which anyone can sign with), never match.
 pub(crate) fn first_matching<M>(secrets: &[Secret], message: &[&[u8]], candidates: &[Vec<u8>]) -> Option<usize>
 where
     M: Mac + hmac::digest::KeyInit + Clone,
@@ -266,6 +267,9 @@ where
         return None;
     }
     secrets.iter().position(|secret| {
+        if secret.expose().is_empty() {
+            return false;
+        }
         let mut mac = <M as Mac>::new_from_slice(secret.expose()).expect("HMAC takes keys of any length");
         for part in message {
             mac.update(part);
@@ -347,6 +351,14 @@ pub(crate) fn event_from(
         ),
         (id, Err(reason)) => NewEvent::unusable(id.unwrap_or_else(|| body_digest_id(body)), event_type, None, reason),
     }
+}
+
+/// The HMAC-SHA256 of `message` under `key`, for tests.
+#[cfg(test)]
+pub(crate) fn test_hmac(key: &[u8], message: &[u8]) -> Vec<u8> {
+    let mut mac = <hmac::Hmac<Sha256> as Mac>::new_from_slice(key).unwrap();
+    mac.update(message);
+    mac.finalize().into_bytes().to_vec()
 }
 
 #[cfg(test)]

@@ -286,6 +286,11 @@ impl Rules {
             Some(p) => s.strip_prefix(p.as_str()).unwrap_or(s),
             None => s,
         };
+        if s.is_empty() {
+            // HMAC takes the empty key too, and anyone can sign with it.
+            let after = self.secret_prefix.as_deref().map(|p| format!(" after the {p} prefix")).unwrap_or_default();
+            return Err(format!("is empty{after}"));
+        }
         if !self.secret_base64 {
             return Ok(Secret::new(s.as_bytes()));
         }
