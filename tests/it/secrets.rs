@@ -96,3 +96,51 @@ async fn mistakes_name_the_variable_and_never_the_value() {
         }
     }
 }
+
+/// A response the SDK cannot read (a 200 with a bad `CreatedDate`, a 500 with
+/// a body) is named by its status only: the SDK's own error text carries the
+/// raw response, and with it the `SecretString`.
+#[tokio::test]
+async fn an_unreadable_response_is_reported_without_its_body() {
+    use wiremock::{matchers::method, Mock, MockServer, ResponseTemplate};
+    const LEAKED: &str = "whsec_in_a_response_the_sdk_cannot_read";
+    for (status, body) in [
+        (
+            200,
+            format!(
+                r#"{{"ARN":"arn:aws:secretsmanager:us-east-1:1:secret:s","Name":"s","SecretString":"{LEAKED}","CreatedDate":"not a date"}}"#
+            ),
+        ),
+        (500, format!(r#"{{"SecretString":"{LEAKED}"}}"#)),
+        (200, format!("<html>{LEAKED}")),
+    ] {
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .respond_with(
+                ResponseTemplate::new(status)
+                    .insert_header("content-type", "application/x-amz-json-1.1")
+                    .set_body_string(body),
+            )
+            .mount(&server)
+            .await;
+        for (k, v) in
+            [("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_REGION", "us-east-1")]
+        {
+            std::env::set_var(k, v);
+        }
+        let aws = webhook_inbox::core::aws::config(Some(&server.uri())).await;
+        let sm = Client::from_conf(
+            aws_sdk_secretsmanager::config::Builder::from(&aws)
+                .retry_config(aws_config::retry::RetryConfig::disabled())
+                .build(),
+        );
+        let pairs = [("STRIPE_WEBHOOK_SECRET_ARN", "arn:aws:secretsmanager:us-east-1:1:secret:s")];
+        let err = match secrets_manager::resolve(Env::from_pairs(&pairs), &sm).await {
+            Ok(_) => panic!("{status}: resolved"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.starts_with("STRIPE_WEBHOOK_SECRET_ARN: cannot read secret"), "{status}: {err}");
+        assert!(!err.contains(LEAKED), "{status}: {err}");
+        assert!(err.contains(&status.to_string()), "{status}: the status is named: {err}");
+    }
+}

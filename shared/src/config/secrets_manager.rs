@@ -26,7 +26,11 @@
 
 use std::collections::HashMap;
 
-use aws_sdk_secretsmanager::Client;
+use aws_sdk_secretsmanager::{
+    config::http::HttpResponse,
+    error::{DisplayErrorContext, ProvideErrorMetadata, SdkError},
+    Client,
+};
 use serde_json::Value;
 
 use super::{invalid, ConfigError, Env};
@@ -89,12 +93,45 @@ pub async fn resolve<'a>(env: Env<'a>, client: &Client) -> Result<Env<'a>, Confi
 }
 
 async fn fetch(client: &Client, var: &'static str, arn: &str) -> Result<String, ConfigError> {
-    let out = client.get_secret_value().secret_id(arn).send().await.map_err(|e| {
-        // The SDK's error says what failed (access denied, not found, no route), never the value.
-        invalid(var, format!("cannot read secret {arn}: {}", aws_sdk_secretsmanager::error::DisplayErrorContext(e)))
-    })?;
+    let out = client
+        .get_secret_value()
+        .secret_id(arn)
+        .send()
+        .await
+        .map_err(|e| invalid(var, format!("cannot read secret {arn}: {}", describe(&e))))?;
     out.secret_string
         .ok_or_else(|| invalid(var, format!("secret {arn} has no SecretString (binary secrets are not supported)")))
+}
+
+/// What failed, in words that carry no response body: the SDK's own text
+/// quotes the raw response, which for a `GetSecretValue` answer it could not
+/// read (a malformed 200) is the secret itself.
+fn describe<E: ProvideErrorMetadata>(e: &SdkError<E, HttpResponse>) -> String {
+    let answered = |status: u16| format!("an answer it could not read (HTTP {status})");
+    match e {
+        SdkError::ServiceError(s) => {
+            let status = s.raw().status().as_u16();
+            match (s.err().code(), s.err().message()) {
+                // A modelled error: AWS's code and message (not found, access denied, ...).
+                (Some(code), Some(message)) => {
+                    let message: String =
+                        message.chars().take(300).map(|c| if c.is_control() { ' ' } else { c }).collect();
+                    format!("{code} (HTTP {status}): {message}")
+                }
+                (Some(code), None) => format!("{code} (HTTP {status})"),
+                (None, _) => answered(status),
+            }
+        }
+        SdkError::ResponseError(r) => answered(r.raw().status().as_u16()),
+        SdkError::TimeoutError(_) => "timed out".into(),
+        SdkError::DispatchFailure(d) => match d.as_connector_error() {
+            // The connection's own error (refused, DNS, TLS): no response was read.
+            Some(c) => format!("cannot connect: {}", DisplayErrorContext(c)),
+            None => "cannot send the request".into(),
+        },
+        SdkError::ConstructionFailure(_) => "the request cannot be built (check AWS_REGION)".into(),
+        _ => "failed".into(),
+    }
 }
 
 /// The plain variables one secret sets: its text, or its JSON object's keys.
