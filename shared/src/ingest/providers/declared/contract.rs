@@ -58,7 +58,8 @@ pub enum Parse {
 pub struct TimestampRule {
     pub from: Source,
     pub format: TimeFormat,
-    pub tolerance_secs: Option<u64>,
+    /// Seconds either side of now.
+    pub tolerance_secs: u64,
 }
 
 /// A declared provider's whole contract, checked.
@@ -196,7 +197,12 @@ impl Rules {
                     "rfc3339" => TimeFormat::Rfc3339,
                     other => return Err(format!("timestamp.format {other:?} is not one of unix, unix-ms, rfc3339")),
                 };
-                Some(TimestampRule { from, format, tolerance_secs: t.tolerance_secs })
+                // A signed timestamp whose age nobody checks bounds no replay.
+                let tolerance_secs = t.tolerance_secs.filter(|s| *s > 0).ok_or(
+                    "timestamp.tolerance_secs is missing: how many seconds either side of now a signed timestamp may be \
+                     (300 is usual; what the provider documents, else a little more than its retries take to re-sign)",
+                )?;
+                Some(TimestampRule { from, format, tolerance_secs })
             }
         };
         if timestamp.is_none() && signed.sources().any(|s| *s == Source::Timestamp) {

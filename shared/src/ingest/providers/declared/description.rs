@@ -111,7 +111,7 @@ pub struct TimestampDescription {
     pub from: String,
     /// `unix` (seconds, the default), `unix-ms` or `rfc3339`.
     pub format: Option<String>,
-    /// Seconds either side of now; none: the timestamp is signed but its age is not checked.
+    /// Seconds either side of now (required, and not 0).
     pub tolerance_secs: Option<u64>,
 }
 

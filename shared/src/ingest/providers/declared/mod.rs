@@ -149,10 +149,9 @@ impl Declared {
         let text = text.ok_or_else(|| Rejected::missing(format!("missing timestamp ({what})")))?;
         let seconds = parse_time(&text, t.format)
             .ok_or_else(|| Rejected::malformed(format!("timestamp ({what}) is not {}", format_name(t.format))))?;
-        if let Some(tolerance) = t.tolerance_secs {
-            if d.now.abs_diff(seconds) > tolerance {
-                return Err(Rejected::stale(format!("timestamp ({what}) is outside the {tolerance} s tolerance")));
-            }
+        let tolerance = t.tolerance_secs;
+        if d.now.abs_diff(seconds) > tolerance {
+            return Err(Rejected::stale(format!("timestamp ({what}) is outside the {tolerance} s tolerance")));
         }
         Ok(text)
     }

@@ -6,7 +6,7 @@ use crate::ingest::providers::{
     standard::Standard,
     stripe::Stripe,
     test_support::{headers, now},
-    InitialStatus,
+    InitialStatus, RejectionKind,
 };
 
 fn rules(toml_text: &str) -> Result<Rules, String> {
@@ -399,6 +399,16 @@ fn ids_fall_back_in_order_and_to_the_body_digest() {
 }
 
 #[test]
+fn a_signed_timestamp_without_a_tolerance_is_refused_at_start_up() {
+    let base = "signature = { header = \"X\" }\nencoding = \"hex\"\nsigned = \"{timestamp}.{body}\"\n";
+    for timestamp in ["{ from = \"{header:X-T}\" }", "{ from = \"{header:X-T}\", tolerance_secs = 0 }"] {
+        let err = rules(&format!("{base}timestamp = {timestamp}\n")).unwrap_err();
+        assert!(err.starts_with("timestamp.tolerance_secs is missing"), "{timestamp}: {err}");
+    }
+    assert!(rules(&format!("{base}timestamp = {{ from = \"{{header:X-T}}\", tolerance_secs = 300 }}\n")).is_ok());
+}
+
+#[test]
 fn timestamps_are_checked_where_the_contract_says() {
     // Linear: milliseconds inside the signed body, 60 s either way.
     let s = scheme(builtin("linear"), &["k"], None);
@@ -526,6 +536,23 @@ fn an_ecdsa_contract_verifies_with_the_providers_public_key() {
         ]);
         let result = s.verify(&delivery(&h, sent));
         assert_eq!(result.clone().ok(), ok.then_some(Verified { secret_index: 1 }), "{what}: {result:?}");
+    }
+    // The timestamp is signed, and its age is checked: a captured delivery of
+    // 2023 does not verify, nor one whose digits moved between the header and
+    // the body (signed is timestamp + body, with no separator).
+    let old = "1700000000";
+    let moved = format!("{}{}", &t[..t.len() - 1], "");
+    let moved_body = [&t.as_bytes()[t.len() - 1..], &body[..]].concat();
+    for (what, ts, sent) in
+        [("a 2023 timestamp", old, body.to_vec()), ("a digit moved into the body", moved.as_str(), moved_body)]
+    {
+        let signed: Signature = signing.sign(&[ts.as_bytes(), &sent].concat());
+        let h = headers(&[
+            ("x-twilio-email-event-webhook-signature", &B64.encode(signed.to_der().as_bytes())),
+            ("x-twilio-email-event-webhook-timestamp", ts),
+        ]);
+        let refused = s.verify(&delivery(&h, &sent)).unwrap_err();
+        assert_eq!(refused.kind(), RejectionKind::Stale, "{what}: {refused}");
     }
     let Events::Batch(events) = s.events(&delivery(&headers(&[]), body)) else { panic!("a batch") };
     assert_eq!((events[1].event_id.as_str(), events[1].event_type.as_str()), ("sg2", "open"));
