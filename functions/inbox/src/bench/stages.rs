@@ -79,6 +79,57 @@ impl Bench {
         }
         report.sections.push(("Verification, in process".into(), figures));
         report.checks.push(ratio);
+
+        // A stranger's unsigned 1 MiB Twilio form under 16 signature headers:
+        // the signed bytes (the sorted form) are built once per delivery and
+        // 16 candidates tried in all, so it costs what one header does.
+        let twilio = Provider::try_from("twilio")?;
+        let url = |p: Provider| (p == twilio).then(|| "https://bench.example/webhooks/twilio".to_string());
+        let catalog = Catalog::with_file(None, url).map_err(anyhow::Error::msg)?;
+        let mut secrets = Secrets::default();
+        secrets.declared.insert(twilio, vec![Secret::new("bench-twilio-token")]);
+        let schemes = Schemes::new(&catalog, &secrets);
+        let scheme = schemes.get(twilio).context("configured above")?;
+        let form: String = (0..16_000).map(|i| format!("Field{i:05}=value-{i:0>48}&")).collect();
+        let mut headers = [http::HeaderMap::new(), http::HeaderMap::new()];
+        headers[0].append("x-twilio-signature", "bm90IGEgc2lnbmF0dXJlIG9mIHRoaXMgZm9ybQ==".parse()?);
+        for _ in 0..16 {
+            headers[1].append("x-twilio-signature", "bm90IGEgc2lnbmF0dXJlIG9mIHRoaXMgZm9ybQ==".parse()?);
+        }
+        for h in &mut headers {
+            h.insert("content-type", "application/x-www-form-urlencoded".parse()?);
+        }
+        let sides = ["one signature header", "16 signature headers"];
+        let mut figures: Vec<Figure> = sides
+            .iter()
+            .map(|side| {
+                Figure::new(format!("verify, unsigned {} KiB Twilio form, {side}", form.len() / 1024), "deliveries/s")
+            })
+            .collect();
+        let mut cost = Check::at_most("16 signature headers / one, time per refused delivery", 2.0);
+        for round in 1..=self.rounds {
+            let mut rates = [0.0; 2];
+            for (i, h) in headers.iter().enumerate() {
+                let d = Delivery { headers: h, body: form.as_bytes(), now: now as i64 };
+                ensure!(scheme.verify(&d).is_err(), "the bench's Twilio form is not signed");
+                let (started, mut n) = (Instant::now(), 0u64);
+                while started.elapsed() < Duration::from_secs(self.seconds) {
+                    std::hint::black_box(scheme.verify(std::hint::black_box(&d)).is_err());
+                    n += 1;
+                }
+                rates[i] = n as f64 / started.elapsed().as_secs_f64();
+                figures[i].values.push(rates[i]);
+            }
+            println!(
+                "unsigned Twilio form, round {round}: one header {:.0}/s | 16 headers {:.0}/s | cost {:.2}x",
+                rates[0],
+                rates[1],
+                rates[0] / rates[1]
+            );
+            cost.values.push(rates[0] / rates[1]);
+        }
+        report.sections.push(("Verification, a stranger's large unsigned form".into(), figures));
+        report.checks.push(cost);
         Ok(())
     }
 

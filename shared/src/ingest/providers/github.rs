@@ -7,7 +7,7 @@ use sha2::Sha256;
 
 use super::{
     first_matching, header, header_values, parse_json, parse_json_text, single_event, Delivery, Events, Provider,
-    Rejected, Scheme, Verified,
+    Rejected, Scheme, Verified, MAX_SIGNATURES,
 };
 use crate::core::secret::Secret;
 
@@ -37,6 +37,7 @@ impl Scheme for Github {
         let candidates: Vec<Vec<u8>> = header_values(d.headers, SIGNATURE)
             .filter_map(|v| v.strip_prefix("sha256="))
             .filter_map(|hex| hex::decode(hex).ok())
+            .take(MAX_SIGNATURES)
             .collect();
         if candidates.iter().all(Vec::is_empty) {
             return Err(Rejected::malformed("X-Hub-Signature-256 is not of the form sha256=<hex>"));

@@ -13,7 +13,7 @@ use subtle::ConstantTimeEq;
 
 use super::{
     body_digest_id, event_from, first_matching, header, header_values, parse_json_text, Delivery, Events, NewEvent,
-    Provider, Rejected, Scheme, Verified,
+    Provider, Rejected, Scheme, Verified, MAX_SIGNATURES,
 };
 use crate::core::{
     payload::storable,
@@ -73,7 +73,8 @@ impl Marqeta {
                 "missing X-Marqeta-Signature header (required while MARQETA_WEBHOOK_SECRET is set)",
             ));
         }
-        let sigs: Vec<Vec<u8>> = header_values(d.headers, SIGNATURE).filter_map(|v| hex::decode(v).ok()).collect();
+        let sigs: Vec<Vec<u8>> =
+            header_values(d.headers, SIGNATURE).filter_map(|v| hex::decode(v).ok()).take(MAX_SIGNATURES).collect();
         let (sha256, sha1): (Vec<Vec<u8>>, Vec<Vec<u8>>) = sigs.into_iter().partition(|s| s.len() == 32);
         let secrets: &[Secret] = &self.auth.signing_secrets;
         first_matching::<Hmac<Sha256>>(secrets, &[d.body], &sha256)

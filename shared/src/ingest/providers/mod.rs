@@ -30,6 +30,11 @@ pub mod shopify;
 pub mod standard;
 pub mod stripe;
 
+/// Signatures tried per delivery, in all (across header values and list
+/// items): a sender rotating keys sends two or three; a stranger's thousands
+/// cost no more.
+pub const MAX_SIGNATURES: usize = 16;
+
 /// A delivery as received: headers and the exact bytes, after API Gateway's base64 decoding.
 #[derive(Clone, Copy)]
 pub struct Delivery<'a> {

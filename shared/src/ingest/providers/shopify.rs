@@ -8,7 +8,7 @@ use sha2::Sha256;
 
 use super::{
     first_matching, header, header_values, parse_json, single_event, Delivery, Events, Provider, Rejected, Scheme,
-    Verified,
+    Verified, MAX_SIGNATURES,
 };
 use crate::core::secret::Secret;
 
@@ -33,7 +33,7 @@ impl Scheme for Shopify {
 
     fn verify(&self, d: &Delivery<'_>) -> Result<Verified, Rejected> {
         let candidates: Vec<Vec<u8>> =
-            header_values(d.headers, HMAC_HEADER).filter_map(|v| B64.decode(v).ok()).collect();
+            header_values(d.headers, HMAC_HEADER).filter_map(|v| B64.decode(v).ok()).take(MAX_SIGNATURES).collect();
         if header_values(d.headers, HMAC_HEADER).all(str::is_empty) {
             return Err(Rejected::missing("missing X-Shopify-Hmac-Sha256 header"));
         }

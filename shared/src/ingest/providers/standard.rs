@@ -7,7 +7,10 @@ use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
 use hmac::Hmac;
 use sha2::Sha256;
 
-use super::{first_matching, header, parse_json, single_event, Delivery, Events, Provider, Rejected, Scheme, Verified};
+use super::{
+    first_matching, header, parse_json, single_event, Delivery, Events, Provider, Rejected, Scheme, Verified,
+    MAX_SIGNATURES,
+};
 use crate::core::secret::Secret;
 
 /// Seconds between `webhook-timestamp` and now, in both directions.
@@ -79,6 +82,7 @@ impl Scheme for Standard {
             .filter_map(|s| s.strip_prefix("v1,"))
             .filter_map(|b64| B64.decode(b64).ok())
             .filter(|sig| !sig.is_empty())
+            .take(MAX_SIGNATURES)
             .collect();
         if candidates.is_empty() {
             return Err(Rejected::malformed("webhook-signature has no v1 signature"));

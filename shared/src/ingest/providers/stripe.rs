@@ -7,6 +7,7 @@ use sha2::Sha256;
 
 use super::{
     first_matching, header_values, parse_json, single_event, Delivery, Events, Provider, Rejected, Scheme, Verified,
+    MAX_SIGNATURES,
 };
 use crate::core::secret::Secret;
 
@@ -49,14 +50,36 @@ impl Scheme for Stripe {
 
     fn verify(&self, d: &Delivery<'_>) -> Result<Verified, Rejected> {
         let mut reason = Rejected::missing("missing Stripe-Signature header");
-        // A repeated header is read value by value: any that verifies is enough.
-        for value in header_values(d.headers, HEADER) {
-            match self.verify_one(value, d) {
-                Ok(v) => return Ok(v),
+        // A repeated header is read value by value, any that verifies being
+        // enough; at most MAX_SIGNATURES candidates in all, grouped by timestamp.
+        let mut groups: Vec<(&str, Vec<Vec<u8>>)> = Vec::new();
+        let mut tried = 0;
+        for value in header_values(d.headers, HEADER).take(MAX_SIGNATURES) {
+            match self.candidates(value, d) {
+                Ok((t, mut candidates)) => {
+                    candidates.truncate(MAX_SIGNATURES - tried);
+                    tried += candidates.len();
+                    match groups.iter_mut().find(|(seen, _)| *seen == t) {
+                        Some((_, group)) => group.extend(candidates),
+                        None => groups.push((t, candidates)),
+                    }
+                }
                 Err(r) => reason = r,
             }
+            if tried == MAX_SIGNATURES {
+                break;
+            }
         }
-        Err(reason)
+        if groups.is_empty() {
+            return Err(reason);
+        }
+        groups
+            .iter()
+            .find_map(|(t, candidates)| {
+                first_matching::<Hmac<Sha256>>(&self.secrets, &[t.as_bytes(), b".", d.body], candidates)
+            })
+            .map(|secret_index| Verified { secret_index })
+            .ok_or_else(|| Rejected::no_match("no v1 signature in Stripe-Signature matches a configured secret"))
     }
 
     fn events(&self, d: &Delivery<'_>) -> Events {
@@ -74,7 +97,8 @@ impl Scheme for Stripe {
 }
 
 impl Stripe {
-    fn verify_one(&self, value: &str, d: &Delivery<'_>) -> Result<Verified, Rejected> {
+    /// One header value's timestamp (checked for age) and its v1 signatures.
+    fn candidates<'a>(&self, value: &'a str, d: &Delivery<'_>) -> Result<(&'a str, Vec<Vec<u8>>), Rejected> {
         let h = parse(value);
         let t = h.timestamp.ok_or_else(|| Rejected::malformed("Stripe-Signature has no t= timestamp"))?;
         let ts: i64 = t.parse().map_err(|_| Rejected::malformed("Stripe-Signature timestamp is not a number"))?;
@@ -82,13 +106,11 @@ impl Stripe {
             return Err(Rejected::stale("Stripe-Signature timestamp is outside the 300 s tolerance"));
         }
         let candidates: Vec<Vec<u8>> =
-            h.v1.iter().filter_map(|s| hex::decode(s).ok()).filter(|s| !s.is_empty()).collect();
+            h.v1.iter().filter_map(|s| hex::decode(s).ok()).filter(|s| !s.is_empty()).take(MAX_SIGNATURES).collect();
         if candidates.is_empty() {
             return Err(Rejected::malformed("Stripe-Signature has no v1 signature (v0 is not accepted)"));
         }
-        first_matching::<Hmac<Sha256>>(&self.secrets, &[t.as_bytes(), b".", d.body], &candidates)
-            .map(|secret_index| Verified { secret_index })
-            .ok_or_else(|| Rejected::no_match("no v1 signature in Stripe-Signature matches a configured secret"))
+        Ok((t, candidates))
     }
 }
 
@@ -131,6 +153,18 @@ mod tests {
         // The matching one first, a stale one last: a parser that keeps only the last v1 fails here.
         let h = format!("t={t},v1={},v1={}", sign("whsec_old", t, BODY), "ab".repeat(32));
         assert_eq!(check(&h), Ok(Verified { secret_index: 0 }));
+    }
+
+    #[test]
+    fn at_most_sixteen_signatures_are_tried_across_repeated_headers() {
+        let t = now();
+        let valid = format!("t={t},v1={}", sign("whsec_new", t, BODY));
+        for (bogus, ok) in [(15, true), (16, false)] {
+            let first = format!("t={t},{}", vec![format!("v1={}", "ab".repeat(32)); bogus].join(","));
+            let h = headers(&[("Stripe-Signature", &first), ("Stripe-Signature", &valid)]);
+            let result = stripe().verify(&Delivery { headers: &h, body: BODY, now: t });
+            assert_eq!(result.is_ok(), ok, "the valid one after {bogus} others: {result:?}");
+        }
     }
 
     #[test]

@@ -26,7 +26,7 @@ use sha2::{Sha256, Sha512};
 
 use super::{
     body_digest_id, event_from, first_matching, header, header_values, parse_json, parse_json_text, Challenged,
-    Delivery, Events, Json, NewEvent, Provider, Rejected, Scheme, Verified,
+    Delivery, Events, Json, NewEvent, Provider, Rejected, Scheme, Verified, MAX_SIGNATURES,
 };
 use crate::core::{payload::storable, secret::Secret};
 
@@ -59,10 +59,6 @@ event_id = "{json:/id}"
 event_type = "{json:/type}"
 "#;
 
-/// Signatures tried per delivery (across header values and list items): a
-/// sender rotating keys sends two or three; a stranger's thousands cost no more.
-pub const MAX_SIGNATURES: usize = 16;
-
 /// The largest body a ping may have: a handful of short fields.
 const MAX_PING_BYTES: usize = 1024;
 
@@ -80,10 +76,10 @@ impl Declared {
         Declared { provider, rules, secrets, url, kept }
     }
 
-    /// One value of a signature header: its candidate signatures and its list items.
-    fn verify_value<'a>(&self, value: &'a str, d: &Delivery<'a>) -> Result<Verified, Rejected> {
+    /// One value of a signature header: its signed timestamp's text (checked
+    /// for age) and its candidate signatures, decoded.
+    fn candidates<'a>(&self, value: &'a str, d: &Delivery<'a>) -> Result<(Cow<'a, str>, Vec<Vec<u8>>), Rejected> {
         let r = &self.rules;
-        let name = &r.headers[0];
         let (raw, list): (Vec<&str>, Vec<(&str, &str)>) = match &r.parse {
             Parse::Plain { prefix: Some(p) } => (value.strip_prefix(p.as_str()).into_iter().collect(), vec![]),
             Parse::Plain { prefix: None } => (vec![value], vec![]),
@@ -98,8 +94,8 @@ impl Declared {
         };
         // The timestamp first, as the providers' own verifiers do: a stale delivery is told so.
         let timestamp = match &r.timestamp {
-            None => None,
-            Some(t) => Some(self.timestamp(t, d, &list)?),
+            None => Cow::Borrowed(""),
+            Some(t) => self.timestamp(t, d, &list)?,
         };
         let candidates: Vec<Vec<u8>> = raw
             .iter()
@@ -112,22 +108,13 @@ impl Declared {
             .collect();
         if candidates.is_empty() {
             return Err(Rejected::malformed(format!(
-                "{name} holds no {} signature{}",
+                "{} holds no {} signature{}",
+                r.headers[0],
                 encoding_name(r.encoding),
                 form_hint(&r.parse)
             )));
         }
-        let message = r.message(d, self.url.as_deref(), timestamp.as_deref().unwrap_or_default())?;
-        let message: Vec<&[u8]> = message.iter().map(|m| m.as_ref()).collect();
-        let matched = match r.algorithm {
-            Algorithm::Sha1 => first_matching::<Hmac<Sha1>>(&self.secrets, &message, &candidates),
-            Algorithm::Sha256 => first_matching::<Hmac<Sha256>>(&self.secrets, &message, &candidates),
-            Algorithm::Sha512 => first_matching::<Hmac<Sha512>>(&self.secrets, &message, &candidates),
-            Algorithm::EcdsaP256Sha256 => ecdsa_matching(&self.secrets, &message, &candidates),
-        };
-        matched
-            .map(|secret_index| Verified { secret_index })
-            .ok_or_else(|| Rejected::no_match(format!("{name} does not match a configured secret")))
+        Ok((timestamp, candidates))
     }
 
     /// The timestamp's text as sent (what is signed), once its age is checked.
@@ -208,16 +195,56 @@ impl Scheme for Declared {
     }
 
     fn verify(&self, d: &Delivery<'_>) -> Result<Verified, Rejected> {
-        let mut reason = None;
-        // Each value on its own (a repeated header, or DocuSign's one header per key): any that verifies is enough.
-        let values = self.rules.headers.iter().flat_map(|name| header_values(d.headers, name));
-        for value in values.filter(|v| !v.is_empty()).take(MAX_SIGNATURES) {
-            match self.verify_value(value, d) {
-                Ok(v) => return Ok(v),
+        let r = &self.rules;
+        // Every value (a repeated header, or DocuSign's one header per key) and
+        // every item of its list: at most MAX_SIGNATURES candidates in all,
+        // grouped by the timestamp each is signed with.
+        let mut groups: Vec<(Cow<'_, str>, Vec<Vec<u8>>)> = Vec::new();
+        let (mut tried, mut reason) = (0, None);
+        let values = r.headers.iter().flat_map(|name| header_values(d.headers, name)).filter(|v| !v.is_empty());
+        for value in values.take(MAX_SIGNATURES) {
+            match self.candidates(value, d) {
+                Ok((timestamp, mut candidates)) => {
+                    candidates.truncate(MAX_SIGNATURES - tried);
+                    tried += candidates.len();
+                    match groups.iter_mut().find(|(t, _)| *t == timestamp) {
+                        Some((_, group)) => group.extend(candidates),
+                        None => groups.push((timestamp, candidates)),
+                    }
+                }
                 Err(r) => reason = Some(r),
             }
+            if tried == MAX_SIGNATURES {
+                break;
+            }
         }
-        Err(reason.unwrap_or_else(|| Rejected::missing(format!("missing {} header", self.rules.headers.join(" or ")))))
+        if groups.is_empty() {
+            return Err(
+                reason.unwrap_or_else(|| Rejected::missing(format!("missing {} header", r.headers.join(" or "))))
+            );
+        }
+        // The signed bytes are built once (a sorted 1 MiB form is no small thing), the timestamp set per group.
+        let message = r.message(d, self.url.as_deref(), "")?;
+        for (timestamp, candidates) in &groups {
+            let parts: Vec<&[u8]> = message
+                .iter()
+                .zip(&r.signed.0)
+                .map(|(bytes, part)| match part {
+                    Part::Source(Source::Timestamp) => timestamp.as_bytes(),
+                    _ => bytes.as_ref(),
+                })
+                .collect();
+            let matched = match r.algorithm {
+                Algorithm::Sha1 => first_matching::<Hmac<Sha1>>(&self.secrets, &parts, candidates),
+                Algorithm::Sha256 => first_matching::<Hmac<Sha256>>(&self.secrets, &parts, candidates),
+                Algorithm::Sha512 => first_matching::<Hmac<Sha512>>(&self.secrets, &parts, candidates),
+                Algorithm::EcdsaP256Sha256 => ecdsa_matching(&self.secrets, &parts, candidates),
+            };
+            if let Some(secret_index) = matched {
+                return Ok(Verified { secret_index });
+            }
+        }
+        Err(Rejected::no_match(format!("{} does not match a configured secret", r.headers[0])))
     }
 
     fn events(&self, d: &Delivery<'_>) -> Events {

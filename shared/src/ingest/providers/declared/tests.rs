@@ -576,6 +576,14 @@ fn thousands_of_signatures_cost_no_more_than_sixteen() {
     let last = format!("t={t},{bogus},v1={v1}");
     let refused = s.verify(&delivery(&headers(&[("calendly-webhook-signature", &last)]), body));
     assert!(refused.is_err(), "past the first {MAX_SIGNATURES}, signatures are not tried");
+    // The bound is on all the candidates together, not per header value: 16
+    // header values of 16 items each would otherwise be 256 tries.
+    let bogus_16 = format!("t={t},{}", vec!["v1=00"; 16].join(","));
+    let bogus_15 = format!("t={t},{}", vec!["v1=00"; 15].join(","));
+    for (first, ok) in [(&bogus_15, true), (&bogus_16, false)] {
+        let h = headers(&[("calendly-webhook-signature", first), ("calendly-webhook-signature", &valid)]);
+        assert_eq!(s.verify(&delivery(&h, body)).is_ok(), ok, "the valid one after {first}");
+    }
     // Thousands of header values: the same bound.
     let mut many: Vec<(&str, &str)> = vec![("x-cc-webhook-signature", "00"); 5_000];
     let sig = builtin("coinbase").sign(b"k", &delivery(&headers(&[]), body), None, None).unwrap();
