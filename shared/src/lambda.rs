@@ -182,12 +182,13 @@ pub async fn migrate(app: App) -> Result<(), Error> {
             tracing::error!(error = %e, "cannot start; every request is answered FAILED");
             format!("cannot start: {e}")
         });
-    let (pool, http, app) = (&pool, &http, &app);
+    let urls = crate::migrate::ResponseUrls::read(&config::Env::process());
+    let (pool, http, app, urls) = (&pool, &http, &app, &urls);
     lambda_runtime::run(service_fn(move |event: LambdaEvent<CloudFormationCustomResourceRequest>| async move {
         // Time to answer CloudFormation after the migrations stop.
         let until = deadline::drain_until(event.context.deadline, Duration::from_secs(15));
         let db = pool.as_ref().map_err(String::as_str);
-        Ok::<_, Error>(crate::migrate::on_custom_resource(app, event.payload, db, http, until).await?)
+        Ok::<_, Error>(crate::migrate::on_custom_resource(app, event.payload, db, http, urls, until).await?)
     }))
     .await
 }

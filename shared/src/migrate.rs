@@ -16,15 +16,83 @@ use aws_lambda_events::event::cloudformation::{
     CloudFormationCustomResourceResponseStatus as Status,
 };
 use sqlx::PgPool;
+use url::Url;
 
-use crate::app::App;
+use crate::{app::App, config::Env};
 
 /// The one physical id: updates never replace the resource (a replacement
 /// would send a Delete for the old one).
 pub const PHYSICAL_ID: &str = "webhook-inbox-migrations";
 
+/// Where an answer may go: CloudFormation's pre-signed S3 URLs (https, an S3
+/// host of the function's region, or S3's global host), or the S3 endpoint
+/// `AWS_ENDPOINT_URL_S3` names (an emulator's). A request whose `ResponseURL`
+/// is anything else did not come from CloudFormation: it is not acted on, and
+/// nothing is sent to that URL.
+#[derive(Clone, Debug)]
+pub struct ResponseUrls {
+    region: String,
+    endpoint: Option<Url>,
+}
+
+/// Why a request was not answered.
+#[derive(Debug, thiserror::Error)]
+pub enum AnswerError {
+    /// Its `ResponseURL` is not CloudFormation's: nothing was done or sent.
+    #[error("ResponseURL {0}: not acted on, and not answered")]
+    Refused(String),
+    /// The answer could not be delivered, three times.
+    #[error("the answer could not be delivered: {0}")]
+    Undelivered(#[from] reqwest::Error),
+}
+
+impl ResponseUrls {
+    /// `AWS_REGION` (which Lambda sets) and `AWS_ENDPOINT_URL_S3`.
+    pub fn read(env: &Env) -> Self {
+        let endpoint = env.var("AWS_ENDPOINT_URL_S3").and_then(|u| Url::parse(&u).ok());
+        ResponseUrls::new(&env.var("AWS_REGION").unwrap_or_default(), endpoint)
+    }
+
+    /// The S3 hosts of `region`, and `endpoint`'s origin when given.
+    pub fn new(region: &str, endpoint: Option<Url>) -> Self {
+        ResponseUrls { region: region.to_ascii_lowercase(), endpoint }
+    }
+
+    /// Whether an answer may be sent to `url`; the reason names the host, never the URL (a credential).
+    pub fn check(&self, url: &str) -> Result<(), String> {
+        let url = Url::parse(url).map_err(|_| "is not a URL".to_string())?;
+        let host = url.host_str().unwrap_or_default().to_ascii_lowercase();
+        if let Some(e) = &self.endpoint {
+            if url.origin() == e.origin() {
+                return Ok(());
+            }
+        }
+        if url.scheme() != "https" || !url.username().is_empty() || url.password().is_some() {
+            return Err(format!("is not an https URL without credentials (host {host:?})"));
+        }
+        if url.port().is_some_and(|p| p != 443) {
+            return Err(format!("names a port (host {host:?})"));
+        }
+        let suffix = if self.region.starts_with("cn-") { "amazonaws.com.cn" } else { "amazonaws.com" };
+        let r = &self.region;
+        let s3 = [format!("s3.{r}.{suffix}"), format!("s3-{r}.{suffix}"), format!("s3.dualstack.{r}.{suffix}")];
+        let global = "s3.amazonaws.com".to_string();
+        let hosts = s3.iter().filter(|_| !r.is_empty()).chain(std::iter::once(&global));
+        let hosts: Vec<&String> = hosts.collect();
+        if hosts.iter().any(|h| host == **h || host.strip_suffix(h.as_str()).is_some_and(|b| b.ends_with('.'))) {
+            Ok(())
+        } else {
+            Err(format!(
+                "host {host:?} is not S3's in {}",
+                if r.is_empty() { "any region (AWS_REGION is unset)" } else { r }
+            ))
+        }
+    }
+}
+
 /// Whatever the request, CloudFormation gets an answer (the status returned);
-/// the error is returned only when even the answer could not be delivered.
+/// the error is returned only when even the answer could not be delivered, or
+/// the request's `ResponseURL` is not CloudFormation's (see [`ResponseUrls`]).
 /// `db` is the pool, or why the function could not make one (its
 /// configuration): then Create and Update fail with that reason, and Delete
 /// still succeeds, so that a stack with a broken secret can be deleted.
@@ -33,8 +101,9 @@ pub async fn on_custom_resource(
     request: Request,
     db: Result<&PgPool, &str>,
     http: &reqwest::Client,
+    urls: &ResponseUrls,
     deadline: Instant,
-) -> Result<Status, reqwest::Error> {
+) -> Result<Status, AnswerError> {
     let (kind, response_url, stack_id, request_id, logical_id) = match request {
         Request::Create(r) => ("Create", r.response_url, r.stack_id, r.request_id, r.logical_resource_id),
         Request::Update(r) => ("Update", r.response_url, r.stack_id, r.request_id, r.logical_resource_id),
@@ -42,6 +111,10 @@ pub async fn on_custom_resource(
         // Unreachable: a request of another type does not deserialize into `Request`.
         _ => return Ok(Status::Failed),
     };
+    if let Err(reason) = urls.check(&response_url) {
+        tracing::error!(kind, %reason, "a request whose ResponseURL is not CloudFormation's: not acted on");
+        return Err(AnswerError::Refused(reason));
+    }
     let outcome = match (kind, db) {
         ("Delete", _) => Ok(None),
         (_, Err(reason)) => Err(reason.to_string()),

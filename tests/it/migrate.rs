@@ -38,6 +38,11 @@ fn request(kind: &str, cfn: &MockServer) -> Request {
     serde_json::from_value(event).expect("the fixture is a custom resource request")
 }
 
+/// The stand-in's origin, as `AWS_ENDPOINT_URL_S3` names an emulator's.
+fn stand_in(cfn: &MockServer) -> migrate::ResponseUrls {
+    migrate::ResponseUrls::new("us-east-1", Some(cfn.uri().parse().unwrap()))
+}
+
 /// What CloudFormation received, in order.
 async fn answers(cfn: &MockServer) -> Vec<Value> {
     let requests = cfn.received_requests().await.unwrap();
@@ -54,7 +59,9 @@ async fn run(kind: &str, pool: &PgPool, cfn: &MockServer) -> Status {
 async fn run_app(app: &App, kind: &str, pool: &PgPool, cfn: &MockServer) -> Status {
     let http = http_client(Duration::from_secs(5)).unwrap();
     let until = Instant::now() + Duration::from_secs(60);
-    migrate::on_custom_resource(app, request(kind, cfn), Ok(pool), &http, until).await.expect("answered")
+    migrate::on_custom_resource(app, request(kind, cfn), Ok(pool), &http, &stand_in(cfn), until)
+        .await
+        .expect("answered")
 }
 
 /// The inbox's applied migrations, from its own history.
@@ -417,11 +424,68 @@ async fn an_answer_cloudformation_does_not_take_is_an_error() {
     Mock::given(method("PUT")).respond_with(ResponseTemplate::new(403)).mount(&cfn).await;
     let http = http_client(Duration::from_secs(5)).unwrap();
     let until = Instant::now() + Duration::from_secs(60);
-    let err = migrate::on_custom_resource(&App::default(), request("Delete", &cfn), Ok(&unreachable()), &http, until)
-        .await
-        .unwrap_err();
+    let err = migrate::on_custom_resource(
+        &App::default(),
+        request("Delete", &cfn),
+        Ok(&unreachable()),
+        &http,
+        &stand_in(&cfn),
+        until,
+    )
+    .await
+    .unwrap_err();
     assert!(!err.to_string().contains("presigned"), "the URL is a credential: {err}");
     assert_eq!(cfn.received_requests().await.unwrap().len(), 3, "tried three times");
+}
+
+/// Only CloudFormation's pre-signed S3 URLs are answered: a request naming any
+/// other (an invocation by someone else, pointing the answer at an internal
+/// host) is not acted on, and nothing is sent there.
+#[tokio::test]
+async fn a_response_url_that_is_not_cloudformations_is_neither_acted_on_nor_answered() {
+    let urls = migrate::ResponseUrls::new("eu-west-1", None);
+    for ok in [
+        "https://cloudformation-custom-resource-response-euwest1.s3.eu-west-1.amazonaws.com/arn%3A/x?X-Amz-Signature=s",
+        "https://cloudformation-custom-resource-response-euwest1.s3-eu-west-1.amazonaws.com/x",
+        "https://cloudformation-custom-resource-response-useast1.s3.amazonaws.com/x",
+        "https://S3.EU-WEST-1.AMAZONAWS.COM/bucket/x",
+    ] {
+        assert_eq!(urls.check(ok), Ok(()), "{ok}");
+    }
+    for bad in [
+        "http://cloudformation-custom-resource-response-euwest1.s3.eu-west-1.amazonaws.com/x",
+        "https://cloudformation-custom-resource-response-euwest1.s3.us-east-2.amazonaws.com/x",
+        "https://s3.eu-west-1.amazonaws.com.attacker.example/x",
+        "https://evils3.eu-west-1.amazonaws.com/x",
+        "https://169.254.169.254/latest/meta-data/",
+        "https://user:pw@s3.eu-west-1.amazonaws.com/x",
+        "https://s3.eu-west-1.amazonaws.com:8443/x",
+        "not a url",
+    ] {
+        assert!(urls.check(bad).is_err(), "{bad}");
+    }
+    assert_eq!(
+        migrate::ResponseUrls::new("cn-north-1", None).check("https://b.s3.cn-north-1.amazonaws.com.cn/x"),
+        Ok(())
+    );
+
+    let cfn = cloudformation().await;
+    let http = http_client(Duration::from_secs(5)).unwrap();
+    let until = Instant::now() + Duration::from_secs(60);
+    let elsewhere = migrate::ResponseUrls::new("us-east-1", None);
+    let err = migrate::on_custom_resource(
+        &App::default(),
+        request("Create", &cfn),
+        Ok(&unreachable()),
+        &http,
+        &elsewhere,
+        until,
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, migrate::AnswerError::Refused(_)), "{err}");
+    assert!(err.to_string().contains("127.0.0.1") && !err.to_string().contains("presigned"), "{err}");
+    assert!(cfn.received_requests().await.unwrap().is_empty(), "nothing sent");
 }
 
 #[tokio::test]
@@ -431,9 +495,10 @@ async fn a_function_that_could_not_start_fails_create_and_update_with_the_reason
     let until = Instant::now() + Duration::from_secs(60);
     let why = "cannot start: DATABASE_SECRET_ARN: cannot read secret arn:aws:secretsmanager:us-east-1:123456789012:secret:db-AbCdEf: AccessDeniedException";
     for (kind, expected) in [("Create", Status::Failed), ("Update", Status::Failed), ("Delete", Status::Success)] {
-        let status = migrate::on_custom_resource(&App::default(), request(kind, &cfn), Err(why), &http, until)
-            .await
-            .expect("answered");
+        let status =
+            migrate::on_custom_resource(&App::default(), request(kind, &cfn), Err(why), &http, &stand_in(&cfn), until)
+                .await
+                .expect("answered");
         assert_eq!(status, expected, "{kind}");
     }
     let answers = answers(&cfn).await;

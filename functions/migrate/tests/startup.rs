@@ -26,6 +26,7 @@ async fn a_secret_it_cannot_read_is_answered_failed_with_the_variable_and_arn() 
         ("AWS_ACCESS_KEY_ID", "testing".into()),
         ("AWS_SECRET_ACCESS_KEY", "testing".into()),
         ("AWS_REGION", "us-east-1".into()),
+        ("AWS_ENDPOINT_URL_S3", cfn.uri()),
     ];
     let child = spawn_function(env!("CARGO_BIN_EXE_migrate"), "migrate", &api, &vars);
     // The invocation's own result comes just after the answer to CloudFormation.
