@@ -924,3 +924,55 @@ async fn a_scheme_of_the_teams_own_gets_a_route_and_claims_through_the_same_path
     let refused = Acme { secret: vec![1] }.verify(&Delivery { headers: &headers, body, now: now() }).unwrap_err();
     assert_eq!(refused.kind(), RejectionKind::Missing);
 }
+
+// ---------- what `inbox show` re-verifies ----------
+
+/// A signature header sent twice (a stale signature and a good one, as a
+/// sender mid-rotation may) verified at receive; the kept headers must
+/// re-verify the same way, each value on its own, not as one joined value.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn a_repeated_signature_header_re_verifies_as_receive_read_it(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let cfg = config(secrets(false));
+    let r = Receiver::new(db::Connections::from_options(opts, &cfg.db), &cfg);
+    let schemes = webhook_inbox::ingest::providers::Schemes::new(&cfg.catalog, &cfg.secrets);
+    let github = br#"{"action":"opened","number":1}"#;
+    let stripe = stripe_body("evt_repeated");
+    let cases: [(&str, &str, Vec<(&str, String)>, &[u8]); 2] = [
+        (
+            "github",
+            "gh-repeated",
+            vec![
+                ("X-Hub-Signature-256", format!("sha256={}", "00".repeat(32))),
+                ("X-Hub-Signature-256", github_signature(GITHUB[1], github)),
+                ("X-GitHub-Delivery", "gh-repeated".into()),
+                ("X-GitHub-Event", "issues".into()),
+            ],
+            github,
+        ),
+        (
+            "stripe",
+            "evt_repeated",
+            vec![
+                ("Stripe-Signature", format!("t={},v1={}", now(), "00".repeat(32))),
+                ("Stripe-Signature", stripe_header(STRIPE[0], &stripe)),
+            ],
+            &stripe,
+        ),
+    ];
+    for (provider, id, headers, body) in cases {
+        let pairs: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let (status, answer) = post(&r, provider, &pairs, body).await;
+        assert_eq!(status, StatusCode::OK, "{provider}: {answer}");
+        let (kept, raw, epoch): (Value, Vec<u8>, i64) = sqlx::query_as(
+            "SELECT headers, raw_body, extract(epoch FROM received_at)::bigint FROM webhook_inbox WHERE event_id = $1",
+        )
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        let p = Provider::try_from(provider).unwrap();
+        let verified = webhook_inbox::ingest::providers::verify_stored(&schemes, p, &kept, &raw, epoch);
+        assert!(verified.is_ok(), "{provider}: {verified:?} from {kept}");
+    }
+}

@@ -314,13 +314,22 @@ fn provider_of(req: &Request<Body>) -> Option<String> {
 }
 
 /// The headers a scheme keeps, lower-cased, repeated values joined with ", ".
+/// The kept headers as a JSON object: a header's value as a string, or a
+/// repeated header's values as an array, in order (so that `inbox show`
+/// re-verifies each value on its own, as receive read them).
 fn kept_headers(headers: &HeaderMap, names: &[&str]) -> serde_json::Value {
     let mut map = serde_json::Map::new();
     for name in names {
-        let values: Vec<String> =
-            headers.get_all(*name).iter().map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()).collect();
-        if !values.is_empty() {
-            map.insert((*name).to_string(), values.join(", ").into());
+        let mut values: Vec<serde_json::Value> =
+            headers.get_all(*name).iter().map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned().into()).collect();
+        match values.len() {
+            0 => {}
+            1 => {
+                map.insert((*name).to_string(), values.remove(0));
+            }
+            _ => {
+                map.insert((*name).to_string(), values.into());
+            }
         }
     }
     serde_json::Value::Object(map)

@@ -59,10 +59,18 @@ impl Headers {
         self.0.iter().map(|(n, v)| (n.as_str(), v.as_str()))
     }
 
-    /// From the stored JSON object of string values; anything else is left out.
+    /// From the stored JSON object: a string, or a repeated header's array of
+    /// strings (joined with `, `); anything else is left out.
     pub(crate) fn from_json(value: &serde_json::Value) -> Self {
         let fields = value.as_object().into_iter().flatten();
-        Headers(fields.filter_map(|(n, v)| Some((n.clone(), v.as_str()?.to_string()))).collect())
+        let text = |v: &serde_json::Value| match v {
+            serde_json::Value::String(s) => Some(s.clone()),
+            serde_json::Value::Array(items) => {
+                Some(items.iter().filter_map(serde_json::Value::as_str).collect::<Vec<_>>().join(", "))
+            }
+            _ => None,
+        };
+        Headers(fields.filter_map(|(n, v)| Some((n.clone(), text(v)?))).collect())
     }
 }
 

@@ -237,15 +237,26 @@ pub fn verify_stored(
     let scheme = schemes
         .get(provider)
         .ok_or_else(|| Rejected::new(RejectionKind::Unconfigured, "no secret is configured for the provider"))?;
-    let mut map = HeaderMap::new();
-    for (name, value) in headers.as_object().into_iter().flatten() {
-        let name = http::HeaderName::from_bytes(name.as_bytes());
-        let value = value.as_str().map(http::HeaderValue::from_str);
-        if let (Ok(name), Some(Ok(value))) = (name, value) {
-            map.append(name, value);
+    // A repeated header is kept as an array of its values (rows stored before
+    // that hold them joined with ", ": those are also tried split).
+    let kept = |split: bool| {
+        let mut map = HeaderMap::new();
+        for (name, value) in headers.as_object().into_iter().flatten() {
+            let Ok(name) = http::HeaderName::from_bytes(name.as_bytes()) else { continue };
+            let values: Vec<&str> = match value {
+                serde_json::Value::String(s) if split => s.split(", ").collect(),
+                serde_json::Value::String(s) => vec![s],
+                serde_json::Value::Array(items) => items.iter().filter_map(serde_json::Value::as_str).collect(),
+                _ => vec![],
+            };
+            for value in values.into_iter().filter_map(|v| http::HeaderValue::from_str(v).ok()) {
+                map.append(name.clone(), value);
+            }
         }
-    }
-    scheme.verify(&Delivery { headers: &map, body, now: received_epoch })
+        map
+    };
+    let verify = |map: &HeaderMap| scheme.verify(&Delivery { headers: map, body, now: received_epoch });
+    verify(&kept(false)).or_else(|refused| verify(&kept(true)).map_err(|_| refused))
 }
 
 // ---- helpers shared by the schemes ----
