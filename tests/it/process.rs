@@ -214,6 +214,59 @@ impl Handler for Poison {
     }
 }
 
+/// Fails quoting a payload value, as a handler's "no account for {user_token}" does.
+struct QuotesToken;
+
+impl Handler for QuotesToken {
+    type Payload = Value;
+    async fn handle(&self, _: &mut PgConnection, event: &Event) -> Result<Outcome, HandlerError> {
+        let token = event.payload["user_token"].as_str().unwrap_or_default();
+        Err(HandlerError::permanent(format!("no account for {token}")))
+    }
+}
+
+/// A log line's bytes, as a test's subscriber writes them.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A stranger's value that reaches a handler's error is logged escaped, in the
+/// plain format and in JSON (Lambda's): no terminal escape, forged line, C1
+/// control or bidi override reaches the log raw.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn a_hostile_value_in_a_handler_error_is_logged_escaped(pool: PgPool) {
+    let hostile = "\u{1b}[2J\u{1b}]0;pwned\u{7}\r\n2026-12-01T00:00:00Z  INFO forged\u{9b}31m\u{202e}gnp.exe";
+    let unsafe_char =
+        |c: char| c != '\n' && (c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'));
+    let w = worker(&pool, Handlers::new().on(Provider::MARQETA, "transaction.authorization", QuotesToken).unwrap());
+    for json in [false, true] {
+        let id = format!("mq_hostile_{json}");
+        stored(&pool, Provider::MARQETA, &id, "transaction.authorization", json!({"user_token": hostile})).await;
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let builder = tracing_subscriber::fmt().with_ansi(false).with_writer(move || writer.clone());
+        let _guard = if json {
+            tracing::subscriber::set_default(builder.json().finish())
+        } else {
+            tracing::subscriber::set_default(builder.finish())
+        };
+        assert_eq!(w.run_once(later()).await.unwrap().failed, 1);
+        let logged = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        assert!(logged.contains("no account for"), "the failure is logged: {logged}");
+        assert!(!logged.chars().any(unsafe_char), "json {json}: raw controls in the log: {logged:?}");
+        assert_eq!(logged.lines().count(), 1, "json {json}: one line, none forged: {logged}");
+    }
+}
+
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_poison_event_fails_after_its_attempts_while_a_thousand_others_are_done(pool: PgPool) {
     let w = worker(&pool, Handlers::new().on(Provider::STANDARD, "poison", Poison).unwrap());

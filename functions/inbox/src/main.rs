@@ -1,5 +1,16 @@
 //! `inbox`: the local and operator's binary.
 
+/// `println!` for a person: the whole line escaped ([`webhook_inbox::core::text`]),
+/// so that nothing stored reaches the terminal raw. Every human line goes through it.
+macro_rules! say {
+    () => {
+        println!()
+    };
+    ($($arg:tt)*) => {
+        println!("{}", webhook_inbox::core::text::escape(&format!($($arg)*)))
+    };
+}
+
 mod bench;
 mod demo;
 mod ops;
@@ -234,9 +245,13 @@ async fn main() -> Result<()> {
             );
             let relay = Relay::new(database(&env)?, sinks, RelayConfig::read(&env)?);
             let r = relay.run(one_pass_deadline()).await?;
-            println!(
+            say!(
                 "relayed: {} leased, {} sent, {} to retry, {} dead, {} released unstarted",
-                r.leased, r.sent, r.retried, r.dead, r.released
+                r.leased,
+                r.sent,
+                r.retried,
+                r.dead,
+                r.released
             );
             Ok(())
         }
@@ -254,7 +269,7 @@ async fn main() -> Result<()> {
             );
             let reconciled = reconciler.run_once(&pool, one_pass_deadline()).await;
             for (source, f) in &reconciled.sources {
-                println!(
+                say!(
                     "{source}: {} fetched, {} new, {} already known, {} kept as failed{}",
                     f.fetched,
                     f.applied,
@@ -264,7 +279,7 @@ async fn main() -> Result<()> {
                 );
             }
             for (source, e) in &reconciled.failed {
-                println!("{source}: failed: {e}");
+                say!("{source}: failed: {e}");
             }
             anyhow::ensure!(reconciled.failed.is_empty(), "{} reconciliation(s) failed", reconciled.failed.len());
             Ok(())
@@ -277,7 +292,7 @@ async fn main() -> Result<()> {
             let env = config::Env::resolved().await?;
             let pruner = Pruner::new(database(&env)?, RetentionConfig::read(&env)?);
             let pruned = pruner.run(one_pass_deadline()).await?;
-            println!(
+            say!(
                 "pruned: {} done or unhandled inbox rows, {} failed inbox rows, {} sent outbox messages, {} batch bodies",
                 pruned.done, pruned.failed, pruned.outbox, pruned.bodies
             );
@@ -342,7 +357,7 @@ async fn main() -> Result<()> {
             let config = DbConfig::read(&config::Env::resolved().await?, 1)?;
             let url = config.url.clone().context("DATABASE_URL is not set")?;
             let version = db::schema::migrate(&db::pool(&config)?).await.context("applying migrations")?;
-            println!("the inbox's migrations applied to {} (version {version})", dev::redact_url(&url));
+            say!("the inbox's migrations applied to {} (version {version})", dev::redact_url(&url));
             Ok(())
         }
     }

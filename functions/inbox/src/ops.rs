@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use sqlx::PgPool;
 use webhook_inbox::{
     config::{Catalog, Env, Kind, Secrets},
+    core::text,
     db::{
         self, audit,
         inbox::{self, Filter, Replayed, Requeue, Since, Status},
@@ -95,16 +96,16 @@ pub async fn stats(pool: &PgPool, out: &Output) -> Result<()> {
     }
     let rows: Vec<Vec<String>> = counts.iter().map(|(p, s, n)| vec![p.clone(), s.clone(), n.to_string()]).collect();
     print_table(&["provider", "status", "events"], &rows);
-    println!();
-    println!(
+    say!();
+    say!(
         "pending: {} (oldest {})   failed in the last hour: {}",
         gauges.pending,
         age(gauges.oldest_pending_ms),
         gauges.failed_last_hour
     );
-    println!("outbox: {} waiting (oldest {}), {} dead", outbox.backlog, age(outbox.oldest_backlog_ms), outbox.dead);
-    println!();
-    println!("which secret verified deliveries in the last 7 days (index in the comma-separated list):");
+    say!("outbox: {} waiting (oldest {}), {} dead", outbox.backlog, age(outbox.oldest_backlog_ms), outbox.dead);
+    say!();
+    say!("which secret verified deliveries in the last 7 days (index in the comma-separated list):");
     let rows: Vec<Vec<String>> = secrets
         .iter()
         .map(|s| {
@@ -140,7 +141,7 @@ pub async fn failed(pool: &PgPool, filter: &Filter, limit: i64, out: &Output) ->
         })
         .collect();
     print_table(&["provider", "event_id", "type", "attempts", "failed at", "reason"], &rows);
-    println!("{} shown (--limit {limit})", events.len());
+    say!("{} shown (--limit {limit})", events.len());
     Ok(())
 }
 
@@ -161,29 +162,34 @@ pub async fn show(pool: &PgPool, env: &Env<'_>, provider: &str, event_id: &str, 
         }));
         return Ok(());
     }
-    println!("{} {} ({}), {}, from {}", event.provider, event.event_id, event.event_type, event.status, event.source);
-    println!("received {}; processed {}", event.received_at, event.processed_at.as_deref().unwrap_or("-"));
-    println!("attempts {}; next attempt {}", event.attempts, event.next_attempt_at.as_deref().unwrap_or("-"));
+    say!("{} {} ({}), {}, from {}", event.provider, event.event_id, event.event_type, event.status, event.source);
+    say!("received {}; processed {}", event.received_at, event.processed_at.as_deref().unwrap_or("-"));
+    say!("attempts {}; next attempt {}", event.attempts, event.next_attempt_at.as_deref().unwrap_or("-"));
     if let Some(reason) = &event.failure_reason {
-        println!("failure: {reason}");
+        say!("failure: {reason}");
     }
     if event.status == Status::Unhandled.as_str() {
-        println!(
+        say!(
             "unhandled: no handler took {:?} when it was processed; once one is deployed: inbox requeue --status unhandled --provider {} --type {:?}",
             event.event_type, event.provider, event.event_type
         );
     }
-    println!("verification: {verification}");
-    println!("headers: {}", event.headers.0);
+    say!("verification: {verification}");
+    say!("headers: {}", event.headers.0);
     match &event.payload {
-        Some(p) => println!("payload: {}", serde_json::to_string_pretty(&p.0)?),
-        None => println!("payload: none stored ({} raw bytes kept)", event.raw_body.len()),
+        Some(p) => {
+            // Line by line: the pretty JSON's own line breaks kept, what is in its strings escaped.
+            for (i, line) in serde_json::to_string_pretty(&p.0)?.lines().enumerate() {
+                say!("{}{line}", if i == 0 { "payload: " } else { "" });
+            }
+        }
+        None => say!("payload: none stored ({} raw bytes kept)", event.raw_body.len()),
     }
     if history.is_empty() {
-        println!("history: never requeued");
+        say!("history: never requeued");
     }
     for h in &history {
-        println!(
+        say!(
             "history: {} {} by {}: {:?} (was {}, {} attempts{})",
             h.at,
             h.action,
@@ -244,7 +250,7 @@ pub fn providers(env: &Env<'_>, base_url: &str, all: bool, out: &Output) -> Resu
         return Ok(());
     }
     if rows.is_empty() {
-        println!(
+        say!(
             "no provider has a secret here (`inbox dev` would use its development secrets; --all lists every provider)"
         );
         return Ok(());
@@ -297,10 +303,7 @@ pub async fn replay(pool: &PgPool, provider: &str, event_id: &str, by: &Requeue<
     if out.json {
         print_json(&json!({"provider": provider, "event_id": event_id, "requeued_from": from}));
     } else {
-        println!(
-            "{provider} {event_id}: {from} -> pending, attempts reset (audited as {:?} by {})",
-            by.reason, by.actor
-        );
+        say!("{provider} {event_id}: {from} -> pending, attempts reset (audited as {:?} by {})", by.reason, by.actor);
     }
     Ok(())
 }
@@ -324,9 +327,10 @@ pub async fn requeue(pool: &PgPool, filter: &Filter, by: &Requeue<'_>, dry_run: 
                 &json!({"matching": found.matching, "without_payload": found.without_payload, "requeued": 0, "dry_run": true}),
             );
         } else {
-            println!(
+            say!(
                 "{} {what} match, {} of them without a payload (skipped); nothing changed (--dry-run)",
-                found.matching, found.without_payload
+                found.matching,
+                found.without_payload
             );
         }
         return Ok(());
@@ -343,18 +347,15 @@ pub async fn requeue(pool: &PgPool, filter: &Filter, by: &Requeue<'_>, dry_run: 
         report["dry_run"] = false.into();
         print_json(&report);
     } else {
-        println!(
-            "{} {what} back to pending, attempts reset (audited as {:?} by {})",
-            done.requeued, by.reason, by.actor
-        );
+        say!("{} {what} back to pending, attempts reset (audited as {:?} by {})", done.requeued, by.reason, by.actor);
         if done.held > 0 {
-            println!(
+            say!(
                 "{} left where they were: another transaction held them (a worker, prune) or they changed meanwhile; run the same requeue again",
                 done.held
             );
         }
         if done.without_payload > 0 {
-            println!(
+            say!(
                 "{} skipped: stored without a payload (their body was never usable; `inbox failed` shows why)",
                 done.without_payload
             );
@@ -384,7 +385,7 @@ pub async fn outbox_list(pool: &PgPool, dead: bool, limit: i64, out: &Output) ->
         .collect();
     let when = if dead { "dead at" } else { "next attempt" };
     print_table(&["id", "message_key", "attempts", "created", when, "last error"], &rows);
-    println!("{} {} shown (--limit {limit})", messages.len(), if dead { "dead" } else { "waiting" });
+    say!("{} {} shown (--limit {limit})", messages.len(), if dead { "dead" } else { "waiting" });
     Ok(())
 }
 
@@ -411,7 +412,7 @@ pub async fn outbox_retry(pool: &PgPool, id: Option<i64>, dead: bool, out: &Outp
     if out.json {
         print_json(&json!({"retried": retried}));
     } else {
-        println!("{retried} outbox message(s) due now, attempts reset");
+        say!("{retried} outbox message(s) due now, attempts reset");
     }
     Ok(())
 }
@@ -438,13 +439,13 @@ fn age(ms: f64) -> String {
 }
 
 fn print_json(v: &Value) {
-    println!("{}", serde_json::to_string_pretty(v).expect("JSON prints"));
+    println!("{}", text::escape_json(&serde_json::to_string_pretty(v).expect("JSON prints")));
 }
 
 /// Left-aligned columns, each as wide as its widest cell (cells are cut at 80 characters).
 fn print_table(head: &[&str], rows: &[Vec<String>]) {
     let cut = |s: &str| -> String {
-        let s = s.replace('\n', " ");
+        let s = text::escape(s).into_owned(); // before the widths: an escape is wider than its character
         if s.chars().count() > 80 {
             format!("{}...", s.chars().take(77).collect::<String>())
         } else {
@@ -457,14 +458,14 @@ fn print_table(head: &[&str], rows: &[Vec<String>]) {
         .collect();
     let line = |cells: Vec<&str>| {
         let padded: Vec<String> = cells.iter().zip(&widths).map(|(c, w)| format!("{c:w$}")).collect();
-        println!("{}", padded.join("  ").trim_end());
+        say!("{}", padded.join("  ").trim_end());
     };
     line(head.to_vec());
     for r in &rows {
         line(r.iter().map(String::as_str).collect());
     }
     if rows.is_empty() {
-        println!("(none)");
+        say!("(none)");
     }
 }
 

@@ -129,6 +129,49 @@ async fn failed_lists_reasons_filtered_by_provider_and_time(pool_options: PgPool
     assert!(fails(Some(&url), &["failed", "--since", "last tuesday"]).contains("neither a duration"));
 }
 
+/// What a stranger can put in stored text (a payload value that reached a
+/// handler's error, an id, a header): terminal escapes, a forged line, C1's
+/// one-byte CSI, and bidi overrides.
+const HOSTILE: &str =
+    "user_token \u{1b}[2J\u{1b}]0;pwned\u{7}\r\n2026-12-01 INFO forged\u{9b}31m\u{202e}txt.exe\u{2066}";
+
+fn is_unsafe(c: char) -> bool {
+    c != '\n'
+        && (c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{200e}' | '\u{200f}'))
+}
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn stored_text_reaches_the_terminal_escaped(pool_options: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = pool_options.connect_with(opts.clone()).await.unwrap();
+    let url = url_of(&opts);
+    let id = "mq_\u{202e}1";
+    row(&pool, "marqeta", id, "failed", Some(&format!("attempt 1: no account for {HOSTILE}")), "1 minute").await;
+    sqlx::query("UPDATE webhook_inbox SET payload = $1, headers = $2, event_type = $3")
+        .bind(json!({"user_token": HOSTILE}))
+        .bind(json!({"x-note": HOSTILE}))
+        .bind(format!("t.\u{202e}{}", "x"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    for args in [vec!["failed"], vec!["show", "marqeta", id], vec!["stats"]] {
+        let printed = ok(&url, &args, &[]);
+        assert!(!printed.chars().any(is_unsafe), "inbox {args:?} printed raw controls:\n{printed:?}");
+    }
+    let shown = ok(&url, &["show", "marqeta", id], &[]);
+    assert!(shown.contains("\\u{1b}[2J") && shown.contains("\\u{202e}"), "escaped, not dropped: {shown}");
+    for args in [vec!["failed", "--json"], vec!["show", "marqeta", id, "--json"]] {
+        let printed = ok(&url, &args, &[]);
+        assert!(!printed.chars().any(is_unsafe), "inbox {args:?} printed raw controls:\n{printed:?}");
+        let value: Value = serde_json::from_str(&printed).unwrap();
+        let reason = if args[0] == "failed" { &value[0]["failure_reason"] } else { &value["failure_reason"] };
+        assert_eq!(
+            reason.as_str().unwrap(),
+            format!("attempt 1: no account for {HOSTILE}"),
+            "the same text, read back"
+        );
+    }
+}
+
 fn stripe_signature(secret: &str, t: i64, body: &str) -> String {
     format!("t={t},v1={}", inbox_tests::stripe_v1(secret, t, body.as_bytes()))
 }

@@ -6,6 +6,7 @@ pub mod event;
 pub mod payload;
 pub mod provider;
 pub mod secret;
+pub mod text;
 
 #[cfg(feature = "service")]
 pub mod aws;

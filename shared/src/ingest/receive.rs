@@ -4,6 +4,7 @@
 //! The same [`Receiver::handle`] serves API Gateway REST (payload 1.0), HTTP API
 //! (2.0), Function URLs and ALB through `lambda_http`, and `inbox dev` over HTTP.
 
+use crate::core::text::Escaped;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
@@ -210,7 +211,7 @@ impl Receiver {
             return Ok(Received::Challenge(answer));
         }
         let verified = scheme.verify(&delivery).map_err(|reason| {
-            tracing::warn!(%provider, %reason, "delivery refused");
+            tracing::warn!(%provider, reason = %Escaped(&reason), "delivery refused");
             ReceiveError::Unauthorized(reason)
         })?;
         if let Some(answer) = scheme.challenge(&delivery, verified) {

@@ -6,6 +6,7 @@
 //! transaction rolls back and the rows are simply pending again (no
 //! `processing` status, no lease, no reaper).
 
+use crate::core::text::Escaped;
 use std::time::{Duration, Instant};
 
 use sqlx::{Acquire, PgPool, Postgres, Transaction};
@@ -198,7 +199,7 @@ impl Worker {
 
     async fn give_up(&self, row: &Taken) -> Result<Counts, sqlx::Error> {
         let reason = format!("attempt {}: processing lost its connection every time; given up", row.attempts);
-        tracing::warn!(provider = %row.provider, event_id = %row.event_id, %reason, "event failed");
+        tracing::warn!(provider = %row.provider, event_id = %Escaped(&row.event_id), reason = %Escaped(&reason), "event failed");
         inbox::give_up(&self.pool, &row.provider, &row.event_id, &reason).await?;
         Ok(Counts { taken: 1, failed: 1, ..Counts::default() })
     }
@@ -286,7 +287,7 @@ impl Worker {
         };
         handler.prepare(event).map_err(|unusable| {
             counts.failed += 1;
-            tracing::warn!(provider = %row.provider, event_id = %row.event_id, reason = %unusable, "event failed");
+            tracing::warn!(provider = %row.provider, event_id = %Escaped(&row.event_id), reason = %Escaped(&unusable), "event failed");
             Finish::Failed(unusable)
         })
     }
@@ -328,11 +329,11 @@ impl Worker {
         let reason = format!("attempt {attempts}: {err}");
         if err.is_transient() && attempts < self.config.max_attempts {
             counts.retried += 1;
-            tracing::info!(provider = %row.provider, event_id = %row.event_id, %reason, "retrying later");
+            tracing::info!(provider = %row.provider, event_id = %Escaped(&row.event_id), reason = %Escaped(&reason), "retrying later");
             Finish::Retry { after: self.config.backoff(row.attempts), reason, counted: true }
         } else {
             counts.failed += 1;
-            tracing::warn!(provider = %row.provider, event_id = %row.event_id, %reason, "event failed");
+            tracing::warn!(provider = %row.provider, event_id = %Escaped(&row.event_id), reason = %Escaped(&reason), "event failed");
             Finish::Failed(reason)
         }
     }

@@ -2,6 +2,7 @@
 //! under its stable `message_key`. A crash between publishing and marking
 //! re-sends the message with the same key, so consumers deduplicate on it.
 
+use crate::core::text::Escaped;
 use std::{
     future::Future,
     pin::Pin,
@@ -208,7 +209,7 @@ impl Relay {
             }
             for (i, result) in idx.into_iter().zip(sink.deliver_all(&pending).await) {
                 if result != SinkReply::Delivered {
-                    tracing::info!(sink = sink.name(), message_key = %chunk[i].message_key, ?result, "not delivered");
+                    tracing::info!(sink = sink.name(), message_key = %Escaped(&chunk[i].message_key), ?result, "not delivered");
                     outcomes[i] = result;
                 }
             }

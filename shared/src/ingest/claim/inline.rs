@@ -7,6 +7,7 @@
 //! before the claim, so a concurrent duplicate delivery is told to come back
 //! (503) instead of queueing behind it on the primary key.
 
+use crate::core::text::Escaped;
 use std::time::SystemTime;
 
 use sqlx::{Acquire, PgConnection};
@@ -76,7 +77,7 @@ pub(crate) async fn claim_and_apply(
             Err(HandlerError::Database(err)) if db::is_connection_lost(&err) => return Err(err),
             Err(err) => {
                 savepoint.rollback().await?;
-                tracing::info!(provider = %env.provider, event_id = %e.event_id, error = %err, "inline handler failed; left pending for the worker");
+                tracing::info!(provider = %env.provider, event_id = %Escaped(&e.event_id), error = %Escaped(&err), "inline handler failed; left pending for the worker");
                 table::note_inline_failure(&mut tx, env.provider, &e.event_id, &format!("attempt 1 (inline): {err}"))
                     .await?;
             }

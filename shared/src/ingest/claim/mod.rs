@@ -2,6 +2,7 @@
 //! exactly once (the statements are in [`crate::db::inbox`]), with the retries
 //! and the fallbacks that make every signed delivery a row.
 
+use crate::core::text::Escaped;
 use sqlx::{PgConnection, PgExecutor};
 
 mod inline;
@@ -191,7 +192,7 @@ async fn claim_one_as(
                 "PostgreSQL refused the payload as jsonb (SQLSTATE {})",
                 db::sqlstate(&err).unwrap_or_default()
             );
-            tracing::warn!(provider = %env.provider, event_id = %e.event_id, %reason, "storing the event as failed, without its payload");
+            tracing::warn!(provider = %env.provider, event_id = %Escaped(&e.event_id), reason = %Escaped(&reason), "storing the event as failed, without its payload");
             let fallback = NewEvent::unusable(e.event_id.clone(), &e.event_type, None, reason);
             retrying!(claim_as(db::Autocommit(&mut *conn), env, &fallback, body))
         }
