@@ -87,7 +87,7 @@ enum Command {
     },
     /// Failed events with their reasons, the most recent first.
     Failed {
-        #[arg(long)]
+        #[arg(long, value_parser = ops::provider_name)]
         provider: Option<String>,
         /// Failed at or after: 30m, 2h, 7d, or a timestamp.
         #[arg(long, value_parser = ops::parse_since)]
@@ -100,6 +100,7 @@ enum Command {
     /// One event: headers, payload, attempts, history, and whether its stored
     /// bytes still verify against the secrets configured here.
     Show {
+        #[arg(value_parser = ops::provider_name)]
         provider: String,
         event_id: String,
         #[command(flatten)]
@@ -107,6 +108,7 @@ enum Command {
     },
     /// Put one event (done or failed) back to pending, attempts reset; audited.
     Replay {
+        #[arg(value_parser = ops::provider_name)]
         provider: String,
         event_id: String,
         /// Why, for the audit record.
@@ -125,7 +127,7 @@ enum Command {
         /// The same as --status failed.
         #[arg(long)]
         failed: bool,
-        #[arg(long)]
+        #[arg(long, value_parser = ops::provider_name)]
         provider: Option<String>,
         /// Exactly this event type (e.g. invoice.paid).
         #[arg(long = "type")]
@@ -200,10 +202,22 @@ enum Command {
     },
 }
 
+/// An error is one line (with its causes) on stderr and exit status 1: an
+/// operator's mistake is not a crash, so no backtrace, whatever `RUST_BACKTRACE` says.
 #[tokio::main]
-async fn main() -> Result<()> {
+async fn main() -> std::process::ExitCode {
     config::init_logging();
-    match Cli::parse().command {
+    match run(Cli::parse()).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", webhook_inbox::core::text::escape(&format!("{e:#}")));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    match cli.command {
         Command::Dev { port, host } => dev::run(webhook_inbox::reference::app(), &host, port).await,
         Command::Bench { seconds, rounds, concurrency, events, workers, growth_rows, only, out, smoke } => {
             let bench = if smoke {

@@ -49,8 +49,31 @@ pub async fn connect(pool: PgPool, where_: &str) -> Result<PgPool> {
         Err(e) if db::sqlstate(&e).as_deref() == Some("42P01") => {
             bail!("{where_} has no inbox tables: run `inbox migrate` first")
         }
+        // The pool only says it timed out: one connection of its own says why (refused, no such host, ...).
+        Err(sqlx::Error::PoolTimedOut) => {
+            let why = match sqlx::ConnectOptions::connect(&*pool.connect_options()).await {
+                Err(e) => e.to_string(),
+                Ok(_) => "no connection came free in time".into(),
+            };
+            bail!("cannot reach the database at {where_}: {why}")
+        }
         Err(e) => Err(e).with_context(|| format!("cannot reach the database at {where_}")),
     }
+}
+
+/// A filter's `--since` and `--until` timestamps as PostgreSQL reads them, or which one it cannot read.
+async fn check_times(pool: &PgPool, filter: &Filter) -> Result<()> {
+    for (flag, time) in [("--since", &filter.since), ("--until", &filter.until)] {
+        if let Some(Since::At(text)) = time {
+            if let Err(e) = sqlx::query("SELECT $1::timestamptz").bind(text).execute(pool).await {
+                match e.as_database_error() {
+                    Some(d) => bail!("{flag} {text:?} is not a timestamp PostgreSQL reads: {}", d.message()),
+                    None => return Err(e.into()),
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `30s`, `15m`, `2h`, `7d`, or a timestamp PostgreSQL reads (`2026-11-30 08:00Z`).
@@ -73,9 +96,19 @@ pub fn parse_since(text: &str) -> Result<Since, String> {
         .ok_or_else(|| format!("{text:?} is too far back"))
 }
 
-/// Who is acting, for the audit record: `INBOX_OPERATOR`, else the login name.
+/// Who is acting, for the audit record: `INBOX_OPERATOR`, else the login
+/// name, else (a container sets none) the user id and the host.
 pub fn operator(env: &Env<'_>) -> String {
-    env.var("INBOX_OPERATOR").or_else(|| env.var("USER")).or_else(|| env.var("LOGNAME")).unwrap_or("unknown".into())
+    env.var("INBOX_OPERATOR").or_else(|| env.var("USER")).or_else(|| env.var("LOGNAME")).unwrap_or_else(|| {
+        use std::os::unix::fs::MetadataExt;
+        let uid = std::fs::metadata("/proc/self").map(|m| m.uid().to_string()).unwrap_or_else(|_| "?".into());
+        let host = env
+            .var("HOSTNAME")
+            .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|h| h.trim().to_string()))
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "an unnamed host".into());
+        format!("uid {uid} on {host}")
+    })
 }
 
 pub async fn stats(pool: &PgPool, out: &Output) -> Result<()> {
@@ -86,10 +119,19 @@ pub async fn stats(pool: &PgPool, out: &Output) -> Result<()> {
     if out.json {
         let counts: Vec<Value> =
             counts.iter().map(|(p, s, n)| json!({"provider": p, "status": s, "count": n})).collect();
+        // No age when nothing waits: null, as the table's "-", not 0.
+        let mut inbox_gauges = serde_json::to_value(&gauges)?;
+        if gauges.pending == 0 {
+            inbox_gauges["oldest_pending_ms"] = Value::Null;
+        }
+        let mut outbox_gauges = serde_json::to_value(&outbox)?;
+        if outbox.backlog == 0 {
+            outbox_gauges["oldest_backlog_ms"] = Value::Null;
+        }
         print_json(&json!({
             "events": counts,
-            "inbox": gauges,
-            "outbox": outbox,
+            "inbox": inbox_gauges,
+            "outbox": outbox_gauges,
             "secrets_last_7_days": secrets,
         }));
         return Ok(());
@@ -122,6 +164,7 @@ pub async fn stats(pool: &PgPool, out: &Output) -> Result<()> {
 }
 
 pub async fn failed(pool: &PgPool, filter: &Filter, limit: i64, out: &Output) -> Result<()> {
+    check_times(pool, filter).await?;
     let events = inbox::list_failed(pool, filter, limit).await?;
     if out.json {
         print_json(&json!(events));
@@ -279,6 +322,14 @@ fn reverify(env: &Env<'_>, event: &inbox::StoredEvent) -> String {
     };
     let schemes = Schemes::new(&catalog, &secrets);
     if schemes.get(provider).is_none() {
+        // No secret at all here: perhaps `inbox dev`'s database, signed with its development secrets.
+        // Said only when they verify: a stored delivery is never judged by secrets it was not meant for.
+        if secrets.none_configured() {
+            let development = Schemes::new(&catalog, &Secrets::development());
+            if verify_stored(&development, provider, &event.headers.0, &event.raw_body, event.received_epoch).is_ok() {
+                return format!("verifies with inbox dev's development {provider} secret (none is configured here)");
+            }
+        }
         return format!("not checked: no {provider} secret is configured here");
     }
     match verify_stored(&schemes, provider, &event.headers.0, &event.raw_body, event.received_epoch) {
@@ -308,6 +359,15 @@ pub async fn replay(pool: &PgPool, provider: &str, event_id: &str, by: &Requeue<
     Ok(())
 }
 
+/// A provider as typed (`Stripe`, ` stripe `): its name, lower-cased, so that
+/// it matches the stored rows; a name no provider can have is refused.
+pub fn provider_name(text: &str) -> Result<String, String> {
+    let name = text.trim().to_ascii_lowercase();
+    Provider::try_from(name.as_str())
+        .map(|p| p.as_str().to_string())
+        .map_err(|_| "is not a provider name (letters, digits, - and _; `inbox providers --all` lists them)".into())
+}
+
 /// `--status`: the statuses `requeue` takes (never `pending`: those are queued already).
 pub fn parse_requeue_status(text: &str) -> Result<Status, String> {
     match Status::parse(text) {
@@ -318,6 +378,7 @@ pub fn parse_requeue_status(text: &str) -> Result<Status, String> {
 }
 
 pub async fn requeue(pool: &PgPool, filter: &Filter, by: &Requeue<'_>, dry_run: bool, out: &Output) -> Result<()> {
+    check_times(pool, filter).await?;
     let statuses: Vec<&str> = filter.statuses.iter().map(|s| s.as_str()).collect();
     let what = format!("{} event(s)", statuses.join(" or "));
     if dry_run {

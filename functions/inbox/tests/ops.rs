@@ -341,9 +341,65 @@ async fn a_missing_unreachable_or_empty_database_is_named(_: PgPoolOptions, opts
     let nowhere = format!("postgres://postgres:pw-not-shown@127.0.0.1:{port}/inbox");
     let err = fails(Some(&nowhere), &["stats"]);
     assert!(err.contains("cannot reach the database at postgres://127.0.0.1"), "{err}");
+    assert!(err.contains("refused"), "the cause, not only that the pool timed out: {err}");
     assert!(!err.contains("pw-not-shown"), "{err}");
     let err = fails(Some(&url_of(&opts)), &["failed"]);
     assert!(err.contains("has no inbox tables: run `inbox migrate` first"), "{err}");
+}
+
+/// The mistakes a user trips on, each named for what it is: the variable, the
+/// flag, the cause; no backtrace for an ordinary error, no colour in a log
+/// that is not a terminal, no "unknown" actor, no 0 for an age that is none.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn configuration_and_input_mistakes_are_named(pool_options: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = pool_options.connect_with(opts.clone()).await.unwrap();
+    let url = url_of(&opts);
+    for (database_url, says) in [
+        ("x", "DATABASE_URL: is not a URL"),
+        ("mysql://root@127.0.0.1:3306/test", "DATABASE_URL: is a mysql: URL, not PostgreSQL's"),
+    ] {
+        let err = fails(Some(database_url), &["stats"]);
+        assert!(err.contains(says), "{database_url}: {err}");
+    }
+    let out =
+        inbox(None, &["relay", "--once"], &[("DATABASE_URL", url.as_str()), ("RELAY_HTTP_URL", "hooks.example.com/x")]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("RELAY_HTTP_URL: is not a URL"), "{err}");
+
+    let out = inbox(Some(&url), &["show", "stripe", "evt_none"], &[("RUST_BACKTRACE", "1")]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no event \"evt_none\" from provider \"stripe\""), "{err}");
+    assert!(!err.to_lowercase().contains("backtrace"), "an ordinary error is no crash: {err}");
+
+    let err = fails(Some(&url), &["failed", "--since", "2026-13-45 99:99"]);
+    assert!(err.contains("--since \"2026-13-45 99:99\" is not a timestamp PostgreSQL reads"), "{err}");
+
+    row(&pool, "stripe", "evt_cased", "failed", Some("r"), "1 minute").await;
+    let listed = json_of(&url, &["failed", "--provider", "Stripe", "--json"]);
+    assert_eq!(listed.as_array().unwrap().len(), 1, "--provider Stripe is stripe: {listed}");
+    assert!(fails(Some(&url), &["failed", "--provider", "str ipe"]).contains("is not a provider name"));
+
+    let stats = json_of(&url, &["stats", "--json"]);
+    assert_eq!(stats["inbox"]["oldest_pending_ms"], Value::Null, "nothing pending: no age, not 0");
+    assert_eq!(stats["outbox"]["oldest_backlog_ms"], Value::Null);
+
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_inbox"));
+    cmd.args(["replay", "stripe", "evt_cased"]).env("DATABASE_URL", &url).env("RUST_LOG", "info");
+    let out = cmd.env_remove("USER").env_remove("LOGNAME").env_remove("INBOX_OPERATOR").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let actor: String = sqlx::query_scalar("SELECT actor FROM inbox_audit").fetch_one(&pool).await.unwrap();
+    assert!(actor.starts_with("uid "), "who acted, without USER: {actor}");
+
+    // Logs to a pipe (or a file) carry no colour codes: `migrate` on an empty database logs each migration.
+    let test_db = opts.get_database().unwrap();
+    let fresh = format!("fresh_{}", &test_db[test_db.len().saturating_sub(24)..]).to_lowercase();
+    sqlx::query(&format!("CREATE DATABASE \"{fresh}\"")).execute(&pool).await.unwrap();
+    let fresh_url = format!("postgres://postgres@{}:{}/{fresh}", opts.get_host(), opts.get_port());
+    let out = inbox(Some(&fresh_url), &["migrate"], &[("RUST_LOG", "info")]);
+    let logs = String::from_utf8_lossy(&out.stderr);
+    sqlx::query(&format!("DROP DATABASE \"{fresh}\"")).execute(&pool).await.unwrap();
+    assert!(out.status.success() && logs.contains("migration applied"), "{logs}");
+    assert!(!logs.contains('\u{1b}'), "{logs:?}");
 }
 
 /// `inbox providers`: what has a secret here, the URL to give each (a signed URL as configured),

@@ -275,8 +275,27 @@ impl DbConfig {
     /// idle in transaction 10000), and `INBOX_DB_POOLER` (`none`, or `proxy`
     /// behind PgBouncer or RDS Proxy: no startup parameters).
     pub fn read(env: &Env, default_pool: u32) -> Result<Self, ConfigError> {
+        let url = env.var("DATABASE_URL");
+        if let Some(url) = &url {
+            // Checked here, so that a mistake names the variable (and never shows the password).
+            match url::Url::parse(url) {
+                Ok(u) if matches!(u.scheme(), "postgres" | "postgresql") => {}
+                Ok(u) => {
+                    return Err(invalid(
+                        "DATABASE_URL",
+                        format!("is a {}: URL, not PostgreSQL's (postgres://user@host:5432/database)", u.scheme()),
+                    ))
+                }
+                Err(e) => {
+                    return Err(invalid(
+                        "DATABASE_URL",
+                        format!("is not a URL ({e}); expected postgres://user@host:5432/database"),
+                    ))
+                }
+            }
+        }
         Ok(DbConfig {
-            url: env.var("DATABASE_URL"),
+            url,
             pool_size: env.parse("INBOX_DB_POOL_SIZE", default_pool)?,
             acquire_timeout: env.millis("INBOX_DB_ACQUIRE_TIMEOUT_MS", 2000)?,
             lock_timeout: env.millis("INBOX_LOCK_TIMEOUT_MS", 2000)?,

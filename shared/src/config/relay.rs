@@ -2,7 +2,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use super::{ConfigError, Env};
+use super::{invalid, ConfigError, Env};
 use crate::relay::{aws, HttpSink, RelayConfig, Sink};
 
 impl RelayConfig {
@@ -35,7 +35,14 @@ impl SinkConfig {
     /// Reads these settings from `env` (the variables are named on each field).
     pub fn read(env: &Env) -> Result<Self, ConfigError> {
         let http = match env.var("RELAY_HTTP_URL") {
-            Some(url) => Some((url, env.millis("RELAY_HTTP_TIMEOUT_MS", 10_000)?)),
+            Some(url) => {
+                match url::Url::parse(&url) {
+                    Ok(u) if matches!(u.scheme(), "http" | "https") && u.host_str().is_some() => {}
+                    Ok(_) => return Err(invalid("RELAY_HTTP_URL", "is not an http:// or https:// URL with a host")),
+                    Err(e) => return Err(invalid("RELAY_HTTP_URL", format!("is not a URL ({e})"))),
+                }
+                Some((url, env.millis("RELAY_HTTP_TIMEOUT_MS", 10_000)?))
+            }
             None => None,
         };
         Ok(SinkConfig { http, sqs_queue_url: env.var("RELAY_SQS_QUEUE_URL"), event_bus: env.var("RELAY_EVENT_BUS") })

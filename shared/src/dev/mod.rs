@@ -71,6 +71,10 @@ where
         None => {
             let pg = EmbeddedPostgres::start().await.context("starting the embedded PostgreSQL")?;
             println!("embedded PostgreSQL at {} (data in {}; removed on exit)", pg.url(), pg.data_dir().display());
+            println!(
+                "the operator's commands against it (inbox stats, failed, show, requeue): export DATABASE_URL={}",
+                pg.url()
+            );
             config.db.url = Some(pg.url());
             Some(pg)
         }

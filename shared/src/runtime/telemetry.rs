@@ -39,7 +39,9 @@ pub fn init(rust_log: Option<&str>, json: bool) {
     let layer = if json {
         fmt::layer().json().without_time().with_target(false).boxed()
     } else {
-        fmt::layer().with_writer(std::io::stderr).with_target(false).boxed()
+        // Colours only on a terminal: a log written to a file or a pipe stays plain text.
+        let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+        fmt::layer().with_writer(std::io::stderr).with_ansi(ansi).with_target(false).boxed()
     };
     let _ = tracing_subscriber::registry().with(layer.with_filter(filter(rust_log))).try_init();
 }
