@@ -938,7 +938,8 @@ async fn a_repeated_signature_header_re_verifies_as_receive_read_it(_: PgPoolOpt
     let schemes = webhook_inbox::ingest::providers::Schemes::new(&cfg.catalog, &cfg.secrets);
     let github = br#"{"action":"opened","number":1}"#;
     let stripe = stripe_body("evt_repeated");
-    let cases: [(&str, &str, Vec<(&str, String)>, &[u8]); 2] = [
+    type Case<'a> = (&'a str, &'a str, Vec<(&'a str, String)>, &'a [u8]);
+    let cases: [Case<'_>; 2] = [
         (
             "github",
             "gh-repeated",

@@ -120,11 +120,11 @@ pub async fn stats(pool: &PgPool, out: &Output) -> Result<()> {
         let counts: Vec<Value> =
             counts.iter().map(|(p, s, n)| json!({"provider": p, "status": s, "count": n})).collect();
         // No age when nothing waits: null, as the table's "-", not 0.
-        let mut inbox_gauges = serde_json::to_value(&gauges)?;
+        let mut inbox_gauges = serde_json::to_value(gauges)?;
         if gauges.pending == 0 {
             inbox_gauges["oldest_pending_ms"] = Value::Null;
         }
-        let mut outbox_gauges = serde_json::to_value(&outbox)?;
+        let mut outbox_gauges = serde_json::to_value(outbox)?;
         if outbox.backlog == 0 {
             outbox_gauges["oldest_backlog_ms"] = Value::Null;
         }
