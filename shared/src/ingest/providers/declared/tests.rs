@@ -438,6 +438,29 @@ fn timestamps_are_checked_where_the_contract_says() {
     }
 }
 
+/// What identifies an event comes from the signed bytes where the provider
+/// puts it there: a captured Twitch notification sent again with another
+/// (unsigned) Subscription-Type header keeps its own type.
+#[test]
+fn an_unsigned_header_does_not_change_what_the_signed_body_says() {
+    let r = builtin("twitch");
+    let s = scheme(r.clone(), &["k"], None);
+    let body = br#"{"subscription":{"type":"channel.follow"},"event":{"user_id":"1"}}"#;
+    let t = "2026-12-01T00:00:00Z".to_string();
+    let at = parse_time(&t, TimeFormat::Rfc3339).unwrap();
+    let base = [("twitch-eventsub-message-id", "m1"), ("twitch-eventsub-message-timestamp", t.as_str())];
+    let sig = r.sign(b"k", &delivery(&headers(&base), body), None, Some(&t)).unwrap();
+    let mut h = base.to_vec();
+    h.extend([
+        ("twitch-eventsub-message-signature", sig.as_str()),
+        ("twitch-eventsub-subscription-type", "channel.ban"),
+    ]);
+    let h = headers(&h);
+    let d = Delivery { headers: &h, body, now: at };
+    assert!(s.verify(&d).is_ok());
+    assert_eq!(single(s.events(&d)).event_type, "channel.follow");
+}
+
 #[test]
 fn a_challenge_is_checked_like_the_rest() {
     let base = "signature = { header = \"X\" }\nencoding = \"hex\"\nsigned = \"{body}\"\n";
