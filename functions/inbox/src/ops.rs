@@ -282,9 +282,16 @@ pub fn providers(env: &Env<'_>, base_url: &str, all: bool, out: &Output) -> Resu
                 }
                 .into(),
             };
+            // What identifies an event and is not signed: a captured delivery sent again could change it.
+            let unsigned: Vec<String> = match &e.kind {
+                Kind::Declared(r) => r.unsigned_identity(),
+                Kind::Coded if p == Provider::SHOPIFY => vec!["X-Shopify-Webhook-Id".into(), "X-Shopify-Topic".into()],
+                Kind::Coded if p == Provider::GITHUB => vec!["X-GitHub-Delivery".into(), "X-GitHub-Event".into()],
+                Kind::Standard | Kind::Coded => vec![],
+            };
             json!({
                 "provider": p.as_str(), "url": url, "secrets": secrets.count(p), "contract": contract,
-                "signature": signature, "redelivery_days": e.redelivery_days,
+                "signature": signature, "unsigned_identity": unsigned, "redelivery_days": e.redelivery_days,
             })
         })
         .collect();
@@ -300,11 +307,14 @@ pub fn providers(env: &Env<'_>, base_url: &str, all: bool, out: &Output) -> Resu
     }
     let cell = |r: &Value, k: &str| match &r[k] {
         Value::String(s) => s.clone(),
+        Value::Array(items) if items.is_empty() => "-".into(),
+        Value::Array(items) => items.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(", "),
         other => other.to_string(),
     };
-    let keys = ["provider", "url", "secrets", "contract", "signature", "redelivery_days"];
+    let keys = ["provider", "url", "secrets", "contract", "signature", "unsigned_identity", "redelivery_days"];
     let table: Vec<Vec<String>> = rows.iter().map(|r| keys.iter().map(|k| cell(r, k)).collect()).collect();
-    print_table(&["provider", "url", "secrets", "contract", "signature header", "redelivery days"], &table);
+    let head = ["provider", "url", "secrets", "contract", "signature header", "id or type unsigned", "redelivery days"];
+    print_table(&head, &table);
     Ok(())
 }
 

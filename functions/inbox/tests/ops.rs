@@ -422,9 +422,25 @@ fn providers_lists_the_configured_ones_with_their_urls() {
     assert_eq!(
         rows[0],
         json!({"provider": "acme", "url": "https://hooks.example.com/prod/webhooks/acme", "secrets": 2,
-               "contract": "providers file", "signature": "X-Acme-Signature", "redelivery_days": 4})
+               "contract": "providers file", "signature": "X-Acme-Signature", "unsigned_identity": [],
+               "redelivery_days": 4})
     );
     assert_eq!(rows[2]["url"], "https://hooks.example.com/prod/webhooks/twilio");
+    // Per provider, what identifies an event without being signed.
+    let out = inbox(None, &["providers", "--all", "--json"], &[]);
+    let all: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let unsigned = |name: &str| {
+        all.as_array().unwrap().iter().find(|r| r["provider"] == name).unwrap()["unsigned_identity"].clone()
+    };
+    assert_eq!(unsigned("stripe"), json!([]));
+    assert_eq!(
+        unsigned("twitch"),
+        json!(["Twitch-Eventsub-Message-Type"]),
+        "its id is signed; only a type's fallback is not"
+    );
+    assert_eq!(unsigned("github"), json!(["X-GitHub-Delivery", "X-GitHub-Event"]));
+    assert_eq!(unsigned("razorpay"), json!(["X-Razorpay-Event-Id"]));
+    assert_eq!(unsigned("woocommerce"), json!(["X-WC-Webhook-ID", "X-WC-Webhook-Topic"]));
     let out = inbox(None, &["providers", "--all"], &[]);
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(table.contains("HUBSPOT_WEBHOOK_URL (not set; it is signed)") && table.lines().count() == 28, "{table}");

@@ -272,6 +272,28 @@ impl Rules {
         })
     }
 
+    /// The headers the event's id or type is read from that the signature does
+    /// not cover: what a captured delivery sent again could change.
+    pub fn unsigned_identity(&self) -> Vec<String> {
+        let signed: Vec<String> = self
+            .signed
+            .sources()
+            .filter_map(|s| match s {
+                Source::Header(h) => Some(h.to_ascii_lowercase()),
+                _ => None,
+            })
+            .collect();
+        let mut unsigned: Vec<String> = Vec::new();
+        for s in self.event_id.iter().chain(&self.event_type).flat_map(Template::sources) {
+            if let Source::Header(h) = s {
+                if !signed.contains(&h.to_ascii_lowercase()) && !unsigned.iter().any(|u| u.eq_ignore_ascii_case(h)) {
+                    unsigned.push(h.clone());
+                }
+            }
+        }
+        unsigned
+    }
+
     /// Whether the signed bytes include the public URL (`<NAME>_WEBHOOK_URL`).
     pub fn needs_url(&self) -> bool {
         self.signed.sources().any(|s| *s == Source::Url)
