@@ -250,3 +250,60 @@ fn inbox_bench_smoke_runs_every_comparison_and_writes_the_report() {
         assert!(doc.contains(part), "{part} missing from the report:\n{doc}");
     }
 }
+
+/// Out of descriptors (`ulimit -n 64`, more connections than that): `inbox
+/// dev` backs off between failed accepts instead of spinning on them, and
+/// serves again once the connections close.
+#[test]
+fn out_of_descriptors_it_backs_off_and_recovers() {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let base = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let name = format!("dev_descriptors_{}", std::process::id());
+    let admin = runtime.block_on(sqlx::PgPool::connect(&base)).unwrap();
+    runtime.block_on(sqlx::query(&format!("CREATE DATABASE {name}")).execute(&admin)).unwrap();
+    let url = format!("{}/{name}", base.rsplit_once('/').unwrap().0);
+
+    let script = format!("ulimit -n 64 && exec {} dev --port 0", env!("CARGO_BIN_EXE_inbox"));
+    let child = Command::new("sh")
+        .args(["-c", &script])
+        .env_clear()
+        .envs([("PATH", std::env::var("PATH").unwrap_or_default()), ("RUST_LOG", "warn".into())])
+        .env("DATABASE_URL", &url)
+        .env("INBOX_DB_POOL_SIZE", "4")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut child = KillOnDrop(child);
+    let (warnings_tx, warnings) = mpsc::channel();
+    let stderr = child.0.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = warnings_tx.send(line);
+        }
+    });
+    let stdout = BufReader::new(child.0.stdout.take().unwrap());
+    let mut lines = stdout.lines().map_while(Result::ok);
+    let addr = lines
+        .find(|l| l.contains("ready"))
+        .and_then(|l| l.split_whitespace().find(|w| w.starts_with("http://")).map(str::to_string))
+        .expect("inbox dev says ready")
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+
+    let held: Vec<TcpStream> = (0..100).filter_map(|_| TcpStream::connect(&addr).ok()).collect();
+    std::thread::sleep(Duration::from_secs(3));
+    let failed: Vec<String> = warnings.try_iter().filter(|l| l.contains("accept failed")).collect();
+    assert!(!failed.is_empty(), "the descriptors ran out: the test tests nothing otherwise");
+    assert!(failed.len() <= 20, "{} accept failures logged in 3 s: it spins", failed.len());
+    drop(held);
+    std::thread::sleep(Duration::from_millis(1500));
+    let body = r#"{"id":"evt_after_emfile","type":"payment_intent.succeeded","data":{"object":{"id":"pi_e"}}}"#;
+    assert_eq!(http(&addr, &signed_stripe_post(&addr, body)).0, 200, "it serves again");
+
+    drop(child);
+    runtime.block_on(sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)")).execute(&admin)).unwrap();
+}

@@ -8,7 +8,7 @@ use http::{header::CONTENT_LENGTH, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::{body::Incoming, server::conn::http1, service::service_fn};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::TcpListener;
+use tokio::{net::TcpListener, sync::Semaphore};
 
 use crate::ingest::receive::{respond, ReceiveError, Receiver};
 
@@ -20,6 +20,15 @@ pub struct Timeouts {
     pub header: Duration,
     pub body: Duration,
 }
+
+/// Connections served at once; past it, new ones wait in the listener's
+/// backlog rather than take a descriptor each.
+pub const MAX_CONNECTIONS: usize = 1024;
+
+/// Request bodies read at once, in bytes: each in full before it is verified,
+/// so this bounds what slow bodies can hold (the rest wait their turn, within
+/// their body timeout), whatever the number of connections.
+pub const MAX_BODY_BYTES_IN_FLIGHT: usize = 64 * 1024 * 1024;
 
 impl Default for Timeouts {
     fn default() -> Self {
@@ -44,23 +53,39 @@ pub async fn serve_with(
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     tokio::pin!(shutdown);
+    let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let bodies = Arc::new(Semaphore::new(MAX_BODY_BYTES_IN_FLIGHT / 1024));
+    let mut backoff = Duration::ZERO;
     loop {
+        let slot = tokio::select! {
+            slot = connections.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
+            () = &mut shutdown => return Ok(()),
+        };
         let (stream, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok(conn) => conn,
+                Ok(conn) => {
+                    backoff = Duration::ZERO;
+                    conn
+                }
                 Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    continue;
+                    // Out of descriptors (EMFILE), say: wait before trying again, rather than spin.
+                    backoff = (backoff * 2).clamp(Duration::from_millis(10), Duration::from_secs(1));
+                    tracing::warn!(error = %e, retry_in = ?backoff, "accept failed");
+                    tokio::select! {
+                        () = tokio::time::sleep(backoff) => continue,
+                        () = &mut shutdown => return Ok(()),
+                    }
                 }
             },
             () = &mut shutdown => return Ok(()),
         };
         let _ = stream.set_nodelay(true);
-        let receiver = receiver.clone();
+        let (receiver, bodies) = (receiver.clone(), bodies.clone());
         tokio::spawn(async move {
+            let _slot = slot; // given back when the connection ends
             let service = service_fn(move |req| {
-                let receiver = receiver.clone();
-                async move { Ok::<_, Infallible>(handle(&receiver, req, timeouts.body).await) }
+                let (receiver, bodies) = (receiver.clone(), bodies.clone());
+                async move { Ok::<_, Infallible>(handle(&receiver, &bodies, req, timeouts.body).await) }
             });
             if let Err(e) = http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -74,7 +99,12 @@ pub async fn serve_with(
     }
 }
 
-async fn handle(receiver: &Receiver, req: Request<Incoming>, body_timeout: Duration) -> Response<Full<Bytes>> {
+async fn handle(
+    receiver: &Receiver,
+    bodies: &Semaphore,
+    req: Request<Incoming>,
+    body_timeout: Duration,
+) -> Response<Full<Bytes>> {
     let limit = receiver.max_body_bytes();
     let (parts, body) = req.into_parts();
     let declared = parts.headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
@@ -82,13 +112,22 @@ async fn handle(receiver: &Receiver, req: Request<Incoming>, body_timeout: Durat
     let response = if declared.is_some_and(|n| n > limit as u64) {
         respond(Err(ReceiveError::TooLarge(limit)))
     } else {
-        match tokio::time::timeout(body_timeout, Limited::new(body, limit).collect()).await {
-            Ok(Ok(collected)) => {
+        // Its share of the bodies in flight (its declared size, else the limit), then the body itself.
+        let kib = (declared.map_or(limit, |n| n as usize).div_ceil(1024)).clamp(1, MAX_BODY_BYTES_IN_FLIGHT / 1024);
+        let read = async {
+            let share = bodies.acquire_many(kib as u32).await.expect("the semaphore is never closed");
+            (share, Limited::new(body, limit).collect().await)
+        };
+        match tokio::time::timeout(body_timeout, read).await {
+            // The share is held until the answer: the body is in memory until then.
+            Ok((_share, Ok(collected))) => {
                 let body = lambda_http::Body::from(Vec::from(collected.to_bytes()));
                 receiver.handle(Request::from_parts(parts, body)).await
             }
-            Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => respond(Err(ReceiveError::TooLarge(limit))),
-            Ok(Err(e)) => {
+            Ok((_, Err(e))) if e.downcast_ref::<LengthLimitError>().is_some() => {
+                respond(Err(ReceiveError::TooLarge(limit)))
+            }
+            Ok((_, Err(e))) => {
                 tracing::debug!(error = %e, "reading the body failed");
                 error(StatusCode::BAD_REQUEST, "could not read the request body")
             }
