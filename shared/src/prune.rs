@@ -113,17 +113,20 @@ pub struct Pruned {
     pub outbox: u64,
     /// Batch bodies (`webhook_bodies`) no row points at any more.
     pub bodies: u64,
+    /// Replay guards (`webhook_replay_guard`) whose row is gone.
+    pub guards: u64,
     /// DELETE statements run, each its own short transaction.
     pub statements: u64,
 }
 
 impl Pruned {
-    /// The `prune` function's metrics: `pruned` (inbox rows), `pruned_outbox`, `pruned_bodies`.
+    /// The `prune` function's metrics: `pruned` (inbox rows), `pruned_outbox`, `pruned_bodies`, `pruned_guards`.
     pub fn metrics(&self) -> crate::runtime::metrics::Metrics {
         let mut m = crate::runtime::metrics::Metrics::new("prune");
         m.count("pruned", self.done + self.failed)
             .count("pruned_outbox", self.outbox)
-            .count("pruned_bodies", self.bodies);
+            .count("pruned_bodies", self.bodies)
+            .count("pruned_guards", self.guards);
         m
     }
 }
@@ -134,11 +137,12 @@ impl Tally for Pruned {
         self.failed += p.failed;
         self.outbox += p.outbox;
         self.bodies += p.bodies;
+        self.guards += p.guards;
         self.statements += p.statements;
     }
 
     fn is_empty(&self) -> bool {
-        self.done + self.failed + self.outbox + self.bodies == 0
+        self.done + self.failed + self.outbox + self.bodies + self.guards == 0
     }
 }
 
@@ -187,8 +191,9 @@ impl Pruner {
         .await?;
         pruned.outbox = outbox::delete_sent_before(db::Autocommit(&self.pool), self.config.outbox_days, limit).await?;
         pruned.bodies = bodies::delete_orphans(db::Autocommit(&self.pool), limit).await?;
-        pruned.statements += 3;
-        short &= (pruned.failed as i64) < limit && (pruned.outbox as i64) < limit && (pruned.bodies as i64) < limit;
+        pruned.guards = bodies::delete_orphan_guards(db::Autocommit(&self.pool), limit).await?;
+        pruned.statements += 4;
+        short &= [pruned.failed, pruned.outbox, pruned.bodies, pruned.guards].iter().all(|n| (*n as i64) < limit);
         Ok((pruned, short))
     }
 }

@@ -236,10 +236,16 @@ impl StripeEvents {
                 let Events::Single(event) = parser.events(&Delivery { headers: &headers, body, now: 0 }) else {
                     continue;
                 };
-                let env = Envelope { provider: Provider::STRIPE, raw_body: body, headers: &empty, secret_index: None };
+                let env = Envelope {
+                    provider: Provider::STRIPE,
+                    raw_body: body,
+                    headers: &empty,
+                    secret_index: None,
+                    replay_guard: false,
+                };
                 match claim::claim_one(&mut conn, &env, &event).await? {
                     Claim::New => found.applied += 1,
-                    Claim::Duplicate => found.already_known += 1,
+                    Claim::Duplicate | Claim::Replay => found.already_known += 1,
                 }
                 found.fetched += 1;
             }
@@ -400,11 +406,12 @@ impl ShopifyOrders {
                     raw_body: order.as_bytes(),
                     headers: &headers,
                     secret_index: None,
+                    replay_guard: false,
                 };
                 let claim = claim::claim_one(&mut conn, &env, &event).await?;
                 match (event.status, claim) {
                     (InitialStatus::Pending, Claim::New) => found.applied += 1,
-                    (InitialStatus::Pending, Claim::Duplicate) => found.already_known += 1,
+                    (InitialStatus::Pending, Claim::Duplicate | Claim::Replay) => found.already_known += 1,
                     (InitialStatus::Failed, _) => {
                         tracing::warn!(reason = ?event.failure_reason, "order from the Admin API kept as failed");
                         found.failed += 1;

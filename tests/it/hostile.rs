@@ -156,6 +156,7 @@ async fn the_claim_falls_back_whatever_sqlstate_the_value_raises(_: PgPoolOption
             raw_body: payload.as_bytes(),
             headers: &headers,
             secret_index: Some(0),
+            replay_guard: false,
         };
         let events = Events::Single(NewEvent::pending(id.into(), "push", payload.clone()));
         let claimed = claim::claim_delivery(&connections, &env, &events, None).await.unwrap();
@@ -170,7 +171,13 @@ async fn the_claim_falls_back_whatever_sqlstate_the_value_raises(_: PgPoolOption
         assert!(why.contains(sqlstate), "{id}: {why}");
     }
     // A batch whose one item PostgreSQL refuses: the others are stored as they are.
-    let env = Envelope { provider: Provider::MARQETA, raw_body: b"batch", headers: &headers, secret_index: Some(0) };
+    let env = Envelope {
+        provider: Provider::MARQETA,
+        raw_body: b"batch",
+        headers: &headers,
+        secret_index: Some(0),
+        replay_guard: false,
+    };
     let items = vec![
         NewEvent::pending("t:ok".into(), "t", "{}".into()),
         NewEvent::pending("t:deep".into(), "t", nested(100_000)),
@@ -373,6 +380,7 @@ async fn any_stored_payload_ends_done_or_failed_and_never_stops_the_worker(_: Pg
             raw_body: unchecked.as_bytes(),
             headers: &headers,
             secret_index: Some(0),
+            replay_guard: false,
         };
         let event = NewEvent::pending(format!("evt_u{i:03}"), "prop.test", unchecked.clone());
         assert_eq!(claim::claim_one(&mut conn, &env, &event).await.unwrap(), Claim::New);

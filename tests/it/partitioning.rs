@@ -29,7 +29,13 @@ fn event(id: &str) -> NewEvent {
 async fn the_hash_partitioned_inbox_refuses_every_duplicate_and_spreads_keys(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let headers = json!({});
-    let env = Envelope { provider: Provider::STRIPE, raw_body: b"{}", headers: &headers, secret_index: Some(0) };
+    let env = Envelope {
+        provider: Provider::STRIPE,
+        raw_body: b"{}",
+        headers: &headers,
+        secret_index: Some(0),
+        replay_guard: false,
+    };
     claim::claim(&pool, &env, &event("before")).await.unwrap();
     let indexes = |pool: PgPool| async move {
         let names: Vec<String> = sqlx::query_scalar(

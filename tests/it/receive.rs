@@ -441,7 +441,7 @@ fn event(id: &str) -> NewEvent {
 }
 
 fn envelope(headers: &Value) -> Envelope<'_> {
-    Envelope { provider: Provider::STRIPE, raw_body: b"{}", headers, secret_index: Some(0) }
+    Envelope { provider: Provider::STRIPE, raw_body: b"{}", headers, secret_index: Some(0), replay_guard: false }
 }
 
 /// Claims of this test's database waiting on a lock.
@@ -616,8 +616,13 @@ async fn concurrent_overlapping_batches_neither_deadlock_nor_double_claim(_: PgP
             tokio::spawn(async move {
                 let mut conn = pool.acquire().await.unwrap();
                 let headers = json!({});
-                let env =
-                    Envelope { provider: Provider::MARQETA, raw_body: b"{}", headers: &headers, secret_index: Some(0) };
+                let env = Envelope {
+                    provider: Provider::MARQETA,
+                    raw_body: b"{}",
+                    headers: &headers,
+                    secret_index: Some(0),
+                    replay_guard: false,
+                };
                 barrier.wait().await;
                 claim::claim_batch(&mut *conn, &env, &events).await
             })
@@ -976,4 +981,165 @@ async fn a_repeated_signature_header_re_verifies_as_receive_read_it(_: PgPoolOpt
         let verified = webhook_inbox::ingest::providers::verify_stored(&schemes, p, &kept, &raw, epoch);
         assert!(verified.is_ok(), "{provider}: {verified:?} from {kept}");
     }
+}
+
+// ---------- a captured delivery sent again under another id ----------
+
+/// A receiver for the providers whose event id (or type) is an unsigned
+/// header, with their secrets; and a signer for the declared ones.
+fn guarded_receiver(opts: PgConnectOptions) -> (Receiver, webhook_inbox::ReceiveConfig) {
+    let pairs = [
+        ("GITHUB_WEBHOOK_SECRET", GITHUB[0]),
+        ("SHOPIFY_WEBHOOK_SECRET", SHOPIFY[0]),
+        ("RAZORPAY_WEBHOOK_SECRET", "razorpay-secret"),
+        ("WOOCOMMERCE_WEBHOOK_SECRET", "woo-secret"),
+        ("TWILIO_WEBHOOK_SECRET", "twilio-token"),
+        ("TWILIO_WEBHOOK_URL", "https://hooks.example.com/webhooks/twilio"),
+    ];
+    let cfg = webhook_inbox::ReceiveConfig::read(&webhook_inbox::config::Env::from_pairs(&pairs), 4).unwrap();
+    (Receiver::new(db::Connections::from_options(opts, &cfg.db), &cfg), cfg)
+}
+
+fn declared_signature(
+    cfg: &webhook_inbox::ReceiveConfig,
+    provider: &str,
+    key: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (String, String) {
+    let p = Provider::try_from(provider).unwrap();
+    let webhook_inbox::config::Kind::Declared(rules) = &cfg.catalog.get(p).unwrap().kind else { panic!("{provider}") };
+    let h = http::HeaderMap::from_iter(
+        headers.iter().map(|(k, v)| (http::HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap())),
+    );
+    let d = webhook_inbox::schemes::Delivery { headers: &h, body, now: 0 };
+    (rules.headers[0].clone(), rules.sign(key.as_bytes(), &d, cfg.catalog.url(p), None).unwrap())
+}
+
+/// Where the id or type is read from a header the signature does not cover,
+/// and nothing signed is dated, one signed body sent again under another id
+/// (and another type) is a duplicate, counted as a suspected replay, and a
+/// true redelivery is a plain duplicate.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn a_signed_body_sent_again_under_another_unsigned_id_is_a_duplicate(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let (r, cfg) = guarded_receiver(opts);
+    let github = br#"{"action":"opened","issue":{"id":1}}"#.to_vec();
+    let shopify = br#"{"id":820982911946154508,"updated_at":"2026-12-01T10:00:00Z"}"#.to_vec();
+    let razorpay = br#"{"entity":"event","event":"payment.captured","created_at":1767225600}"#.to_vec();
+    let woo = br#"{"id":42,"status":"processing"}"#.to_vec();
+    let twilio = b"MessageSid=SM1&MessageStatus=delivered".to_vec();
+    let form = ("Content-Type", "application/x-www-form-urlencoded");
+    let (rz_name, rz_sig) = declared_signature(&cfg, "razorpay", "razorpay-secret", &[], &razorpay);
+    let (wc_name, wc_sig) = declared_signature(&cfg, "woocommerce", "woo-secret", &[], &woo);
+    let (tw_name, tw_sig) = declared_signature(&cfg, "twilio", "twilio-token", &[form], &twilio);
+    let gh_sig = github_signature(GITHUB[0], &github);
+    let sh_sig = shopify_hmac(SHOPIFY[0], &shopify);
+    let cases: Vec<(&str, &[u8], Vec<(&str, &str)>, Vec<(&str, &str)>)> = vec![
+        (
+            "github",
+            &github,
+            vec![("X-Hub-Signature-256", &gh_sig), ("X-GitHub-Delivery", "d-1"), ("X-GitHub-Event", "issues")],
+            vec![("X-Hub-Signature-256", &gh_sig), ("X-GitHub-Delivery", "d-2"), ("X-GitHub-Event", "delete")],
+        ),
+        (
+            "shopify",
+            &shopify,
+            vec![
+                ("X-Shopify-Hmac-Sha256", &sh_sig),
+                ("X-Shopify-Webhook-Id", "w-1"),
+                ("X-Shopify-Topic", "orders/updated"),
+            ],
+            vec![
+                ("X-Shopify-Hmac-Sha256", &sh_sig),
+                ("X-Shopify-Webhook-Id", "w-2"),
+                ("X-Shopify-Topic", "orders/cancelled"),
+            ],
+        ),
+        (
+            "razorpay",
+            &razorpay,
+            vec![(&rz_name, &rz_sig), ("X-Razorpay-Event-Id", "e-1")],
+            vec![(&rz_name, &rz_sig), ("X-Razorpay-Event-Id", "e-2")],
+        ),
+        (
+            "woocommerce",
+            &woo,
+            vec![(&wc_name, &wc_sig), ("X-WC-Webhook-ID", "7"), ("X-WC-Webhook-Topic", "order.updated")],
+            vec![(&wc_name, &wc_sig), ("X-WC-Webhook-ID", "8"), ("X-WC-Webhook-Topic", "order.deleted")],
+        ),
+        (
+            "twilio",
+            &twilio,
+            vec![(&tw_name, &tw_sig), form, ("I-Twilio-Idempotency-Token", "t-1")],
+            vec![(&tw_name, &tw_sig), form, ("I-Twilio-Idempotency-Token", "t-2")],
+        ),
+    ];
+    for (provider, body, original, replayed) in cases {
+        let (status, answer) = post(&r, provider, &original, body).await;
+        assert_eq!((status, answer), (StatusCode::OK, json!({"status": "accepted"})), "{provider}");
+        let (response, metrics) = r.handle_counted(request(provider, &replayed, body)).await;
+        assert_eq!(response.status(), StatusCode::OK, "{provider}");
+        assert_eq!(response.body().as_ref(), br#"{"status":"duplicate"}"#, "{provider}: answered as any duplicate");
+        let line = metrics.document(0);
+        assert_eq!(
+            (line["suspected_replay"].as_f64(), line["duplicate"].as_f64()),
+            (Some(1.0), Some(1.0)),
+            "{provider}: {line}"
+        );
+        let (_, metrics) = r.handle_counted(request(provider, &original, body)).await;
+        let line = metrics.document(0);
+        assert_eq!(
+            (line["duplicate"].as_f64(), line.get("suspected_replay")),
+            (Some(1.0), None),
+            "{provider}: a true redelivery"
+        );
+        let rows: Vec<(String, String)> =
+            sqlx::query_as("SELECT event_id, event_type FROM webhook_inbox WHERE provider = $1")
+                .bind(provider)
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        assert_eq!(rows.len(), 1, "{provider}: {rows:?}");
+    }
+    // Another body is another event, whatever its id.
+    let other = br#"{"action":"closed","issue":{"id":1}}"#;
+    let sig = github_signature(GITHUB[0], other);
+    let headers = [("X-Hub-Signature-256", sig.as_str()), ("X-GitHub-Delivery", "d-3"), ("X-GitHub-Event", "issues")];
+    assert_eq!(post(&r, "github", &headers, other).await.1, json!({"status": "accepted"}));
+}
+
+/// Sixteen copies of one signed body at once, each under its own delivery id:
+/// one event.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn concurrent_replays_under_sixteen_ids_make_one_event(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let (r, _) = guarded_receiver(opts);
+    let r = Arc::new(r);
+    let body = br#"{"action":"created","comment":{"id":99}}"#;
+    let sig = github_signature(GITHUB[0], body);
+    let barrier = Arc::new(Barrier::new(16));
+    let tasks: Vec<_> = (0..16)
+        .map(|i| {
+            let (r, barrier, sig) = (r.clone(), barrier.clone(), sig.clone());
+            tokio::spawn(async move {
+                let id = format!("d-{i}");
+                let headers = [
+                    ("X-Hub-Signature-256", sig.as_str()),
+                    ("X-GitHub-Delivery", id.as_str()),
+                    ("X-GitHub-Event", "issue_comment"),
+                ];
+                barrier.wait().await;
+                post(&r, "github", &headers, body).await
+            })
+        })
+        .collect();
+    let mut accepted = 0;
+    for t in tasks {
+        let (status, answer) = t.await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        accepted += usize::from(answer == json!({"status": "accepted"}));
+    }
+    assert_eq!(accepted, 1);
+    assert_eq!(count(&pool).await, 1);
 }

@@ -60,8 +60,13 @@ async fn reconcile_claims_exactly_the_missing_stripe_events_and_nothing_twice(po
     // evt_2 did arrive as a webhook.
     let webhook = stripe_event(2).to_string();
     let headers = json!({});
-    let env =
-        Envelope { provider: Provider::STRIPE, raw_body: webhook.as_bytes(), headers: &headers, secret_index: Some(0) };
+    let env = Envelope {
+        provider: Provider::STRIPE,
+        raw_body: webhook.as_bytes(),
+        headers: &headers,
+        secret_index: Some(0),
+        replay_guard: false,
+    };
     claim::claim(&pool, &env, &NewEvent::pending("evt_2".into(), "payment_intent.succeeded", webhook.clone()))
         .await
         .unwrap();

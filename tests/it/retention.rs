@@ -40,7 +40,7 @@ fn retention(batch_size: i64) -> RetentionConfig {
 /// An inbox row of `status`, received `days` ago.
 async fn row(pool: &PgPool, provider: Provider, id: &str, status: &str, days: i32) {
     let headers = json!({});
-    let env = Envelope { provider, raw_body: b"{}", headers: &headers, secret_index: Some(0) };
+    let env = Envelope { provider, raw_body: b"{}", headers: &headers, secret_index: Some(0), replay_guard: false };
     claim::claim(pool, &env, &NewEvent::pending(id.into(), "t", "{}".into())).await.unwrap();
     sqlx::query(
         "UPDATE webhook_inbox SET status = $3, received_at = now() - make_interval(days => $4),
@@ -204,7 +204,13 @@ async fn batch_bodies_go_once_no_row_points_at_them_and_no_delivery_brought_them
     let headers = json!({});
     let items = [NewEvent::pending("transactions:t1".into(), "transactions", "{}".into())];
     for body in [&b"kept: a row points at it"[..], b"orphan, old", b"orphan, seen an hour ago"] {
-        let env = Envelope { provider: Provider::MARQETA, raw_body: body, headers: &headers, secret_index: Some(0) };
+        let env = Envelope {
+            provider: Provider::MARQETA,
+            raw_body: body,
+            headers: &headers,
+            secret_index: Some(0),
+            replay_guard: false,
+        };
         claim::claim_batch(&pool, &env, &items).await.unwrap();
     }
     // Only the first body's claim made a row; the others' items were duplicates.
@@ -222,4 +228,35 @@ async fn batch_bodies_go_once_no_row_points_at_them_and_no_delivery_brought_them
     let left: Vec<Vec<u8>> =
         sqlx::query_scalar("SELECT raw_body FROM webhook_bodies ORDER BY raw_body").fetch_all(&pool).await.unwrap();
     assert_eq!(left, [b"kept: a row points at it".to_vec(), b"orphan, seen an hour ago".to_vec()]);
+}
+
+/// A replay guard is kept while the row it was claimed for is: once retention
+/// deletes that row (the provider can no longer redeliver it), its digest goes too.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn a_replay_guard_goes_with_its_row(pool: PgPool) {
+    let headers = json!({});
+    for (id, body) in [("old", &b"old body"[..]), ("recent", b"recent body")] {
+        let env = Envelope {
+            provider: Provider::GITHUB,
+            raw_body: body,
+            headers: &headers,
+            secret_index: Some(0),
+            replay_guard: true,
+        };
+        claim::claim(&pool, &env, &NewEvent::pending(id.into(), "push", "{}".into())).await.unwrap();
+    }
+    sqlx::query(
+        "UPDATE webhook_inbox SET status = 'done', processed_at = now(), received_at = now() - interval '400 days'
+         WHERE event_id = 'old'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE webhook_replay_guard SET seen_at = now() - interval '400 days'").execute(&pool).await.unwrap();
+    let pruned =
+        Pruner::new(pool.clone(), retention(1000)).run(Instant::now() + Duration::from_secs(30)).await.unwrap();
+    assert_eq!((pruned.done, pruned.guards), (1, 1));
+    let left: Vec<String> =
+        sqlx::query_scalar("SELECT event_id FROM webhook_replay_guard").fetch_all(&pool).await.unwrap();
+    assert_eq!(left, ["recent"], "the recent row's digest stays, however old its guard");
 }

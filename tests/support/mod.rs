@@ -223,7 +223,13 @@ pub fn fast_worker_config() -> WorkerConfig {
 /// receive-side check): as receive would, or as a row written before a check existed.
 pub async fn store(pool: &PgPool, provider: Provider, event_id: &str, event_type: &str, payload: &str) {
     let headers = serde_json::json!({});
-    let env = Envelope { provider, raw_body: payload.as_bytes(), headers: &headers, secret_index: Some(0) };
+    let env = Envelope {
+        provider,
+        raw_body: payload.as_bytes(),
+        headers: &headers,
+        secret_index: Some(0),
+        replay_guard: false,
+    };
     let event = NewEvent::pending(event_id.into(), event_type, payload.into());
     assert_eq!(claim::claim(pool, &env, &event).await.unwrap(), Claim::New, "{event_id} is new");
 }

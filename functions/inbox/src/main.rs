@@ -307,8 +307,8 @@ async fn run(cli: Cli) -> Result<()> {
             let pruner = Pruner::new(database(&env)?, RetentionConfig::read(&env)?);
             let pruned = pruner.run(one_pass_deadline()).await?;
             say!(
-                "pruned: {} done or unhandled inbox rows, {} failed inbox rows, {} sent outbox messages, {} batch bodies",
-                pruned.done, pruned.failed, pruned.outbox, pruned.bodies
+                "pruned: {} done or unhandled inbox rows, {} failed inbox rows, {} sent outbox messages, {} batch bodies, {} replay guards",
+                pruned.done, pruned.failed, pruned.outbox, pruned.bodies, pruned.guards
             );
             Ok(())
         }

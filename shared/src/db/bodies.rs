@@ -21,3 +21,22 @@ pub async fn delete_orphans<'e>(ex: impl PgExecutor<'e>, limit: i64) -> Result<u
     .await?;
     Ok(done.rows_affected())
 }
+
+/// Deletes up to `limit` replay guards (`webhook_replay_guard`) whose inbox
+/// row retention has deleted, a day old at least: a digest is remembered as
+/// long as the key it was claimed under.
+pub async fn delete_orphan_guards<'e>(ex: impl PgExecutor<'e>, limit: i64) -> Result<u64, sqlx::Error> {
+    let done = super::query(
+        "DELETE FROM webhook_replay_guard
+         WHERE (provider, sha256) IN (
+             SELECT g.provider, g.sha256 FROM webhook_replay_guard AS g
+             WHERE g.seen_at < now() - interval '1 day'
+               AND NOT EXISTS (SELECT 1 FROM webhook_inbox AS w WHERE w.provider = g.provider AND w.event_id = g.event_id)
+             LIMIT $1
+             FOR UPDATE SKIP LOCKED)",
+    )
+    .bind(limit)
+    .execute(ex)
+    .await?;
+    Ok(done.rows_affected())
+}

@@ -49,6 +49,9 @@ pub struct Envelope<'a> {
     /// Which configured secret verified the delivery; `None` for an event that
     /// reconcile fetched from the provider's API (stored with `source = 'reconcile'`).
     pub secret_index: Option<i16>,
+    /// Whether the signed bytes are deduplicated too (`webhook_replay_guard`):
+    /// for a scheme whose id is not signed ([`crate::schemes::Scheme::guards_replays`]).
+    pub replay_guard: bool,
 }
 
 /// Where a row's raw bytes go.
@@ -66,6 +69,35 @@ INSERT INTO webhook_inbox
 VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, CASE WHEN $9 IS NULL THEN 'reconcile' ELSE 'webhook' END)
 ON CONFLICT (provider, event_id) DO NOTHING
 RETURNING event_id";
+
+/// [`INSERT`], and the signed bytes' digest claimed in `webhook_replay_guard`
+/// in the same statement: a digest already there (under any id) inserts
+/// nothing. Its second column is the id the digest was first claimed under,
+/// when it was (the guard's own insert is not visible to the statement).
+const INSERT_GUARDED: &str = "\
+WITH guard AS (
+    INSERT INTO webhook_replay_guard (provider, sha256, event_id) VALUES ($1, sha256($7::bytea), $2)
+    ON CONFLICT (provider, sha256) DO NOTHING
+    RETURNING 1),
+inserted AS (
+    INSERT INTO webhook_inbox
+        (provider, event_id, event_type, payload, status, failure_reason, raw_body, headers, secret_index, source)
+    SELECT $1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, CASE WHEN $9::smallint IS NULL THEN 'reconcile' ELSE 'webhook' END
+    WHERE EXISTS (SELECT 1 FROM guard)
+    ON CONFLICT (provider, event_id) DO NOTHING
+    RETURNING event_id)
+SELECT (SELECT event_id FROM inserted),
+       (SELECT event_id FROM webhook_replay_guard WHERE provider = $1 AND sha256 = sha256($7::bytea))";
+
+/// What one insert came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Inserted {
+    New,
+    /// Its key was there already.
+    Duplicate,
+    /// Its signed bytes were claimed already, under another id: a captured delivery sent again.
+    Replay,
+}
 
 /// The body of a delivery with several events, stored once; the upsert also
 /// locks that row until commit, so retention cannot delete a body that a new
@@ -106,13 +138,32 @@ ON CONFLICT (provider, event_id) DO NOTHING
 RETURNING event_id"
 );
 
-/// Inserts one event unless its key exists; true when inserted.
+/// Inserts one event unless its key exists (or, guarded, its signed bytes were claimed).
 pub(crate) async fn insert<'e>(
     ex: impl PgExecutor<'e>,
     env: &Envelope<'_>,
     e: &NewEvent,
     body: Body,
-) -> Result<bool, sqlx::Error> {
+) -> Result<Inserted, sqlx::Error> {
+    if env.replay_guard && body == Body::InRow {
+        let (inserted, first): (Option<String>, Option<String>) = super::query_as(INSERT_GUARDED)
+            .bind(env.provider.as_str())
+            .bind(&e.event_id)
+            .bind(&e.event_type)
+            .bind(e.payload.as_deref())
+            .bind(e.status.as_str())
+            .bind(e.failure_reason.as_deref())
+            .bind(env.raw_body)
+            .bind(Json(env.headers))
+            .bind(env.secret_index)
+            .fetch_one(ex)
+            .await?;
+        return Ok(match (inserted, first) {
+            (Some(_), _) => Inserted::New,
+            (None, Some(first)) if first != e.event_id => Inserted::Replay,
+            (None, _) => Inserted::Duplicate,
+        });
+    }
     let sql = match body {
         Body::InRow => INSERT,
         Body::Shared => INSERT_ITEM,
@@ -129,7 +180,7 @@ pub(crate) async fn insert<'e>(
         .bind(env.secret_index)
         .fetch_optional(ex)
         .await?;
-    Ok(row.is_some())
+    Ok(if row.is_some() { Inserted::New } else { Inserted::Duplicate })
 }
 
 /// Inserts events with distinct keys, sorted, in one statement; the ids inserted.

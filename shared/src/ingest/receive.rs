@@ -229,6 +229,7 @@ impl Receiver {
             raw_body: body,
             headers: &headers,
             secret_index: Some(i16::try_from(verified.secret_index).unwrap_or(i16::MAX)),
+            replay_guard: scheme.guards_replays(),
         };
         let inline = self.inline.contains(&provider).then_some(&self.handlers);
         let claimed = claim::claim_delivery(&self.connections, &envelope, &events, inline).await.map_err(|e| {
@@ -286,6 +287,10 @@ fn count(metrics: &mut Metrics, result: &Result<Received, ReceiveError>, stored_
         }
         Ok(Received::Claimed(Claimed::Single(Claim::New))) => "received",
         Ok(Received::Claimed(Claimed::Single(Claim::Duplicate))) => "duplicate",
+        Ok(Received::Claimed(Claimed::Single(Claim::Replay))) => {
+            metrics.count("duplicate", 1);
+            "suspected_replay"
+        }
         Ok(Received::Challenge(_)) => "challenged",
         Ok(Received::Claimed(Claimed::Busy)) | Err(ReceiveError::Busy | ReceiveError::Unavailable(_)) => "unavailable",
         Err(ReceiveError::Unauthorized(r)) if r.kind() == RejectionKind::Stale => "rejected_timestamp",
@@ -349,7 +354,8 @@ pub fn respond(result: Result<Received, ReceiveError>) -> Response<Body> {
     };
     let (status, body) = match &claimed {
         Ok(Claimed::Single(Claim::New)) => (StatusCode::OK, json!({"status": "accepted"})),
-        Ok(Claimed::Single(Claim::Duplicate)) => (StatusCode::OK, json!({"status": "duplicate"})),
+        // A replay is answered as any duplicate: the sender learns nothing.
+        Ok(Claimed::Single(Claim::Duplicate | Claim::Replay)) => (StatusCode::OK, json!({"status": "duplicate"})),
         Ok(Claimed::Batch(BatchClaim { accepted, duplicates })) => {
             (StatusCode::OK, json!({"accepted": accepted, "duplicates": duplicates}))
         }

@@ -190,8 +190,13 @@ async fn claim_times(url: &str, schema: &str, round: usize, n: usize) -> Result<
     for i in 0..n {
         let id = format!("bench-claim-{round}-{i}");
         let raw = body(&id);
-        let env =
-            Envelope { provider: Provider::STRIPE, raw_body: raw.as_bytes(), headers: &headers, secret_index: Some(0) };
+        let env = Envelope {
+            provider: Provider::STRIPE,
+            raw_body: raw.as_bytes(),
+            headers: &headers,
+            secret_index: Some(0),
+            replay_guard: false,
+        };
         let event = NewEvent::pending(id, "payment_intent.succeeded", raw.clone());
         let started = Instant::now();
         let claimed = claim(&mut conn, &env, &event).await?;

@@ -11,7 +11,7 @@ pub use crate::db::inbox::Envelope;
 use crate::{
     db::{
         self,
-        inbox::{insert, insert_batch, Body},
+        inbox::{insert, insert_batch, Body, Inserted},
     },
     ingest::providers::{Events, NewEvent},
     process::handlers::Handlers,
@@ -21,6 +21,10 @@ use crate::{
 pub enum Claim {
     New,
     Duplicate,
+    /// A duplicate of signed bytes already claimed under another id (a
+    /// guarded scheme's, see [`Envelope::replay_guard`]): answered as a
+    /// duplicate, counted as a suspected replay.
+    Replay,
 }
 
 /// A batch's result: rows inserted, and items already known (before or inside the batch).
@@ -41,7 +45,11 @@ async fn claim_as<'e>(
     e: &NewEvent,
     body: Body,
 ) -> Result<Claim, sqlx::Error> {
-    Ok(if insert(ex, env, e, body).await? { Claim::New } else { Claim::Duplicate })
+    Ok(match insert(ex, env, e, body).await? {
+        Inserted::New => Claim::New,
+        Inserted::Duplicate => Claim::Duplicate,
+        Inserted::Replay => Claim::Replay,
+    })
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -164,7 +172,7 @@ async fn claim_events(conn: &mut PgConnection, env: &Envelope<'_>, events: &Even
                 for e in sorted_unique(items) {
                     match claim_one_as(conn, env, e, Body::Shared).await? {
                         Claim::New => out.accepted += 1,
-                        Claim::Duplicate => out.duplicates += 1,
+                        Claim::Duplicate | Claim::Replay => out.duplicates += 1,
                     }
                 }
                 Ok(Claimed::Batch(out))

@@ -68,6 +68,11 @@ impl Scheme for Github {
         single_event(d.body, header(d.headers, DELIVERY).map(str::to_string), &event_type, json)
     }
 
+    /// X-GitHub-Delivery and X-GitHub-Event are not signed, and nothing signed is dated.
+    fn guards_replays(&self) -> bool {
+        true
+    }
+
     fn kept_headers(&self) -> Cow<'_, [&str]> {
         Cow::Borrowed(&[
             DELIVERY,

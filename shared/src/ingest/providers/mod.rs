@@ -143,6 +143,15 @@ pub trait Scheme: Send + Sync {
     fn events(&self, delivery: &Delivery<'_>) -> Events;
     /// Lower-case names of the headers kept with each row (identity, sequencing, signature).
     fn kept_headers(&self) -> Cow<'_, [&str]>;
+    /// Whether the event's id (or type) is read from something the signature
+    /// does not cover, with no signed timestamp to bound a replay: then the
+    /// signed bytes are deduplicated too, so that a captured delivery sent
+    /// again under another id is a duplicate (a suspected replay), not a new
+    /// event. Distinct events of such a provider never carry identical
+    /// signed bytes (each is its own object's state, or has its own id in it).
+    fn guards_replays(&self) -> bool {
+        false
+    }
     /// The answer to a verified handshake (the provider checking the endpoint), which is no event.
     fn challenge(&self, _delivery: &Delivery<'_>, _verified: Verified) -> Option<Challenged> {
         None

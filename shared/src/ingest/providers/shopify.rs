@@ -51,6 +51,11 @@ impl Scheme for Shopify {
         single_event(d.body, id, topic, parse_json(d.body))
     }
 
+    /// X-Shopify-Webhook-Id and X-Shopify-Topic are not signed, and nothing signed is dated.
+    fn guards_replays(&self) -> bool {
+        true
+    }
+
     fn kept_headers(&self) -> Cow<'_, [&str]> {
         Cow::Borrowed(&[
             WEBHOOK_ID,

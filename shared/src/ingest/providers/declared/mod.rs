@@ -68,12 +68,15 @@ pub struct Declared {
     secrets: Vec<Secret>,
     url: Option<String>,
     kept: Vec<String>,
+    /// An id or type read from an unsigned header, and no signed timestamp.
+    guarded: bool,
 }
 
 impl Declared {
     pub fn new(provider: Provider, rules: Rules, secrets: Vec<Secret>, url: Option<String>) -> Self {
         let kept = rules.kept_headers();
-        Declared { provider, rules, secrets, url, kept }
+        let guarded = !rules.unsigned_identity().is_empty() && rules.timestamp.is_none();
+        Declared { provider, rules, secrets, url, kept, guarded }
     }
 
     /// One value of a signature header: its signed timestamp's text (checked
@@ -297,6 +300,10 @@ impl Scheme for Declared {
                 })
                 .collect(),
         )
+    }
+
+    fn guards_replays(&self) -> bool {
+        self.guarded
     }
 
     fn kept_headers(&self) -> Cow<'_, [&str]> {
