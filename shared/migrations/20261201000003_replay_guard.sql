@@ -1,9 +1,10 @@
 -- A provider whose event id (or type) is read from a header its signature does
 -- not cover, with no signed timestamp to bound a replay (Shopify's webhook id,
 -- GitHub's delivery id, Razorpay, WooCommerce, Twilio), is also deduplicated on
--- the signed bytes: a captured delivery sent again under another id finds its
--- digest here and is a duplicate (counted as a suspected replay), not a new
--- event. A row is kept while the inbox row it names is (see `prune`).
+-- the signed bytes, with the event's type (one body may come under several
+-- topics): a captured delivery sent again under another id finds its digest
+-- here and is a duplicate (counted as a suspected replay), not a new event.
+-- A row is kept while the inbox row it names is (see `prune`).
 CREATE TABLE webhook_replay_guard (
     provider TEXT NOT NULL,
     sha256   BYTEA NOT NULL,

@@ -1018,8 +1018,9 @@ fn declared_signature(
 
 /// Where the id or type is read from a header the signature does not cover,
 /// and nothing signed is dated, one signed body sent again under another id
-/// (and another type) is a duplicate, counted as a suspected replay, and a
-/// true redelivery is a plain duplicate.
+/// is a duplicate, counted as a suspected replay, and a true redelivery is a
+/// plain duplicate. Under another type it is another event: Shopify sends one
+/// order's body under several topics.
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_signed_body_sent_again_under_another_unsigned_id_is_a_duplicate(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
@@ -1040,7 +1041,7 @@ async fn a_signed_body_sent_again_under_another_unsigned_id_is_a_duplicate(_: Pg
             "github",
             &github,
             vec![("X-Hub-Signature-256", &gh_sig), ("X-GitHub-Delivery", "d-1"), ("X-GitHub-Event", "issues")],
-            vec![("X-Hub-Signature-256", &gh_sig), ("X-GitHub-Delivery", "d-2"), ("X-GitHub-Event", "delete")],
+            vec![("X-Hub-Signature-256", &gh_sig), ("X-GitHub-Delivery", "d-2"), ("X-GitHub-Event", "issues")],
         ),
         (
             "shopify",
@@ -1053,7 +1054,7 @@ async fn a_signed_body_sent_again_under_another_unsigned_id_is_a_duplicate(_: Pg
             vec![
                 ("X-Shopify-Hmac-Sha256", &sh_sig),
                 ("X-Shopify-Webhook-Id", "w-2"),
-                ("X-Shopify-Topic", "orders/cancelled"),
+                ("X-Shopify-Topic", "orders/updated"),
             ],
         ),
         (
@@ -1066,7 +1067,7 @@ async fn a_signed_body_sent_again_under_another_unsigned_id_is_a_duplicate(_: Pg
             "woocommerce",
             &woo,
             vec![(&wc_name, &wc_sig), ("X-WC-Webhook-ID", "7"), ("X-WC-Webhook-Topic", "order.updated")],
-            vec![(&wc_name, &wc_sig), ("X-WC-Webhook-ID", "8"), ("X-WC-Webhook-Topic", "order.deleted")],
+            vec![(&wc_name, &wc_sig), ("X-WC-Webhook-ID", "8"), ("X-WC-Webhook-Topic", "order.updated")],
         ),
         (
             "twilio",
@@ -1102,6 +1103,13 @@ async fn a_signed_body_sent_again_under_another_unsigned_id_is_a_duplicate(_: Pg
                 .unwrap();
         assert_eq!(rows.len(), 1, "{provider}: {rows:?}");
     }
+    // The same body under another topic is that topic's event (Shopify's orders/paid beside orders/updated).
+    let paid = [
+        ("X-Shopify-Hmac-Sha256", sh_sig.as_str()),
+        ("X-Shopify-Webhook-Id", "w-3"),
+        ("X-Shopify-Topic", "orders/paid"),
+    ];
+    assert_eq!(post(&r, "shopify", &paid, &shopify).await.1, json!({"status": "accepted"}));
     // Another body is another event, whatever its id.
     let other = br#"{"action":"closed","issue":{"id":1}}"#;
     let sig = github_signature(GITHUB[0], other);

@@ -70,13 +70,17 @@ VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, CASE WHEN $9 IS NULL THEN 're
 ON CONFLICT (provider, event_id) DO NOTHING
 RETURNING event_id";
 
-/// [`INSERT`], and the signed bytes' digest claimed in `webhook_replay_guard`
-/// in the same statement: a digest already there (under any id) inserts
-/// nothing. Its second column is the id the digest was first claimed under,
-/// when it was (the guard's own insert is not visible to the statement).
+/// [`INSERT`], and the digest of the event's type and signed bytes claimed in
+/// `webhook_replay_guard` in the same statement: a digest already there
+/// (under any id) inserts nothing. The type is in it because a provider may
+/// send one body under several topics (Shopify's `orders/paid` and
+/// `orders/updated`), each an event of its own. Its second column is the id
+/// the digest was first claimed under, when it was (the guard's own insert is
+/// not visible to the statement).
 const INSERT_GUARDED: &str = "\
 WITH guard AS (
-    INSERT INTO webhook_replay_guard (provider, sha256, event_id) VALUES ($1, sha256($7::bytea), $2)
+    INSERT INTO webhook_replay_guard (provider, sha256, event_id)
+    VALUES ($1, sha256(convert_to($3, 'UTF8') || '\\x00'::bytea || $7::bytea), $2)
     ON CONFLICT (provider, sha256) DO NOTHING
     RETURNING 1),
 inserted AS (
@@ -87,7 +91,8 @@ inserted AS (
     ON CONFLICT (provider, event_id) DO NOTHING
     RETURNING event_id)
 SELECT (SELECT event_id FROM inserted),
-       (SELECT event_id FROM webhook_replay_guard WHERE provider = $1 AND sha256 = sha256($7::bytea))";
+       (SELECT event_id FROM webhook_replay_guard
+        WHERE provider = $1 AND sha256 = sha256(convert_to($3, 'UTF8') || '\\x00'::bytea || $7::bytea))";
 
 /// What one insert came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -145,10 +145,10 @@ pub trait Scheme: Send + Sync {
     fn kept_headers(&self) -> Cow<'_, [&str]>;
     /// Whether the event's id (or type) is read from something the signature
     /// does not cover, with no signed timestamp to bound a replay: then the
-    /// signed bytes are deduplicated too, so that a captured delivery sent
+    /// signed bytes are deduplicated too (with the event's type: one body
+    /// may come under several topics), so that a captured delivery sent
     /// again under another id is a duplicate (a suspected replay), not a new
-    /// event. Distinct events of such a provider never carry identical
-    /// signed bytes (each is its own object's state, or has its own id in it).
+    /// event.
     fn guards_replays(&self) -> bool {
         false
     }
