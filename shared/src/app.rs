@@ -4,7 +4,11 @@ use std::sync::Arc;
 
 use sqlx::{migrate::Migrator, PgPool};
 
-use crate::{db::schema, ingest::providers::Scheme, process::handlers::Handlers};
+use crate::{
+    db::schema,
+    ingest::{providers::Scheme, receive::Receiver},
+    process::handlers::Handlers,
+};
 
 /// A team's application: the handlers its events run through, and the sqlx
 /// migrations of its own tables. Every stage's entry point takes one, so the
@@ -49,11 +53,6 @@ impl App {
         &self.handlers
     }
 
-    /// The schemes added with [`App::with_scheme`].
-    pub(crate) fn schemes(&self) -> &[Arc<dyn Scheme>] {
-        &self.schemes
-    }
-
     /// Applies the inbox's pending migrations, then the application's, each
     /// set in one transaction; returns the inbox's latest version.
     pub async fn migrate(&self, pool: &PgPool) -> Result<i64, schema::MigrateError> {
@@ -65,5 +64,12 @@ impl App {
             schema::migrate_app(pool, app).await?;
         }
         Ok(version)
+    }
+}
+
+impl Receiver {
+    /// `app`'s handlers (for inline mode) and its own schemes ([`App::with_scheme`]).
+    pub fn with_app(self, app: &App) -> Self {
+        self.with_schemes(&app.schemes).with_handlers(app.handlers.clone())
     }
 }

@@ -40,16 +40,7 @@ pub const MAX_EVENT_ID_CHARS: usize = 255;
 pub const MAX_EVENT_TYPE_CHARS: usize = 128;
 
 impl NewEvent {
-    /// The event of a verified body, `id` being its id as read from the
-    /// signed bytes (or a header): `pending` when the body is JSON that
-    /// PostgreSQL's `jsonb` takes and the id is usable (1 to 255 printable
-    /// characters), else `failed` with the reason, keyed by the body's digest
-    /// when the id is not usable. The constructor for a scheme of your own.
-    pub fn from_json(body: &[u8], id: Option<String>, event_type: &str) -> Self {
-        crate::ingest::providers::event_from(body, id, event_type, crate::ingest::providers::parse_json(body))
-    }
-
-    /// A usable event; `payload` must be JSON text that `jsonb` takes (see [`NewEvent::from_json`]).
+    /// A usable event; `payload` must be JSON text that `jsonb` takes (see `NewEvent::from_json`).
     pub fn pending(event_id: String, event_type: &str, payload: String) -> Self {
         NewEvent {
             event_id,

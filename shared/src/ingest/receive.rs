@@ -12,7 +12,6 @@ use lambda_http::{Body, RequestExt};
 use serde_json::json;
 
 use crate::{
-    app::App,
     core::secret::Secrets,
     db::{Connections, DbConfig},
     ingest::claim::{self, BatchClaim, Claim, Claimed, Envelope},
@@ -146,10 +145,10 @@ impl Receiver {
         self
     }
 
-    /// `app`'s handlers (for inline mode) and its own schemes ([`App::with_scheme`]).
-    pub fn with_app(mut self, app: &App) -> Self {
-        self.schemes.add(app.schemes());
-        self.with_handlers(app.handlers().clone())
+    /// Schemes of a team's own, found before the built-in ones (see `Receiver::with_app`).
+    pub(crate) fn with_schemes(mut self, schemes: &[std::sync::Arc<dyn crate::ingest::providers::Scheme>]) -> Self {
+        self.schemes.add(schemes);
+        self
     }
 
     /// `INBOX_MAX_BODY_BYTES`: a server refuses a larger body before reading it.

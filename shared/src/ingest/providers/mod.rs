@@ -353,6 +353,17 @@ pub(crate) fn single_event(
     Events::Single(event_from(body, id, event_type, json))
 }
 
+impl NewEvent {
+    /// The event of a verified body, `id` being its id as read from the
+    /// signed bytes (or a header): `pending` when the body is JSON that
+    /// PostgreSQL's `jsonb` takes and the id is usable (1 to 255 printable
+    /// characters), else `failed` with the reason, keyed by the body's digest
+    /// when the id is not usable. The constructor for a scheme of your own.
+    pub fn from_json(body: &[u8], id: Option<String>, event_type: &str) -> Self {
+        event_from(body, id, event_type, parse_json(body))
+    }
+}
+
 /// An event from its bytes, its id (if one could be read) and its JSON: `pending`
 /// when usable, else `failed` with the reason, keyed by the bytes' digest when
 /// there is no usable id.
