@@ -241,6 +241,7 @@ impl StripeEvents {
                     raw_body: body,
                     headers: &empty,
                     secret_index: None,
+                    secret_fingerprint: None,
                     replay_guard: false,
                 };
                 match claim::claim_one(&mut conn, &env, &event).await? {
@@ -406,6 +407,7 @@ impl ShopifyOrders {
                     raw_body: order.as_bytes(),
                     headers: &headers,
                     secret_index: None,
+                    secret_fingerprint: None,
                     replay_guard: false,
                 };
                 let claim = claim::claim_one(&mut conn, &env, &event).await?;

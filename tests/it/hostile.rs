@@ -156,6 +156,7 @@ async fn the_claim_falls_back_whatever_sqlstate_the_value_raises(_: PgPoolOption
             raw_body: payload.as_bytes(),
             headers: &headers,
             secret_index: Some(0),
+            secret_fingerprint: None,
             replay_guard: false,
         };
         let events = Events::Single(NewEvent::pending(id.into(), "push", payload.clone()));
@@ -176,6 +177,7 @@ async fn the_claim_falls_back_whatever_sqlstate_the_value_raises(_: PgPoolOption
         raw_body: b"batch",
         headers: &headers,
         secret_index: Some(0),
+        secret_fingerprint: None,
         replay_guard: false,
     };
     let items = vec![
@@ -380,6 +382,7 @@ async fn any_stored_payload_ends_done_or_failed_and_never_stops_the_worker(_: Pg
             raw_body: unchecked.as_bytes(),
             headers: &headers,
             secret_index: Some(0),
+            secret_fingerprint: None,
             replay_guard: false,
         };
         let event = NewEvent::pending(format!("evt_u{i:03}"), "prop.test", unchecked.clone());

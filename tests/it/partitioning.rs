@@ -34,6 +34,7 @@ async fn the_hash_partitioned_inbox_refuses_every_duplicate_and_spreads_keys(_: 
         raw_body: b"{}",
         headers: &headers,
         secret_index: Some(0),
+        secret_fingerprint: None,
         replay_guard: false,
     };
     claim::claim(&pool, &env, &event("before")).await.unwrap();

@@ -441,7 +441,14 @@ fn event(id: &str) -> NewEvent {
 }
 
 fn envelope(headers: &Value) -> Envelope<'_> {
-    Envelope { provider: Provider::STRIPE, raw_body: b"{}", headers, secret_index: Some(0), replay_guard: false }
+    Envelope {
+        provider: Provider::STRIPE,
+        raw_body: b"{}",
+        headers,
+        secret_index: Some(0),
+        secret_fingerprint: None,
+        replay_guard: false,
+    }
 }
 
 /// Claims of this test's database waiting on a lock.
@@ -621,6 +628,7 @@ async fn concurrent_overlapping_batches_neither_deadlock_nor_double_claim(_: PgP
                     raw_body: b"{}",
                     headers: &headers,
                     secret_index: Some(0),
+                    secret_fingerprint: None,
                     replay_guard: false,
                 };
                 barrier.wait().await;
@@ -1150,4 +1158,28 @@ async fn concurrent_replays_under_sixteen_ids_make_one_event(_: PgPoolOptions, o
     }
     assert_eq!(accepted, 1);
     assert_eq!(count(&pool).await, 1);
+}
+
+/// Receive records which secret verified a delivery by its fingerprint (the
+/// position in the list is kept too, but a rotation may reorder the list).
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn the_secret_that_verified_is_recorded_by_fingerprint(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let app = TestApp::spawn(opts, secrets(false)).await;
+    for (id, secret) in [("evt_fp_old", STRIPE[0]), ("evt_fp_new", STRIPE[1])] {
+        let body = stripe_body(id);
+        let (status, _) = app.post("stripe", &[("Stripe-Signature", &stripe_header(secret, &body))], &body).await;
+        assert_eq!(status, StatusCode::OK);
+        let (index, fingerprint): (i16, Option<String>) =
+            sqlx::query_as("SELECT secret_index, secret_fingerprint FROM webhook_inbox WHERE event_id = $1")
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        let expected = webhook_inbox::config::Secret::new(secret).fingerprint();
+        assert_eq!(
+            (index, fingerprint.as_deref()),
+            (STRIPE.iter().position(|s| *s == secret).unwrap() as i16, Some(expected.as_str()))
+        );
+    }
 }

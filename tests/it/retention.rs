@@ -40,7 +40,14 @@ fn retention(batch_size: i64) -> RetentionConfig {
 /// An inbox row of `status`, received `days` ago.
 async fn row(pool: &PgPool, provider: Provider, id: &str, status: &str, days: i32) {
     let headers = json!({});
-    let env = Envelope { provider, raw_body: b"{}", headers: &headers, secret_index: Some(0), replay_guard: false };
+    let env = Envelope {
+        provider,
+        raw_body: b"{}",
+        headers: &headers,
+        secret_index: Some(0),
+        secret_fingerprint: None,
+        replay_guard: false,
+    };
     claim::claim(pool, &env, &NewEvent::pending(id.into(), "t", "{}".into())).await.unwrap();
     sqlx::query(
         "UPDATE webhook_inbox SET status = $3, received_at = now() - make_interval(days => $4),
@@ -209,6 +216,7 @@ async fn batch_bodies_go_once_no_row_points_at_them_and_no_delivery_brought_them
             raw_body: body,
             headers: &headers,
             secret_index: Some(0),
+            secret_fingerprint: None,
             replay_guard: false,
         };
         claim::claim_batch(&pool, &env, &items).await.unwrap();
@@ -241,6 +249,7 @@ async fn a_replay_guard_goes_with_its_row(pool: PgPool) {
             raw_body: body,
             headers: &headers,
             secret_index: Some(0),
+            secret_fingerprint: None,
             replay_guard: true,
         };
         claim::claim(&pool, &env, &NewEvent::pending(id.into(), "push", "{}".into())).await.unwrap();

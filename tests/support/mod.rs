@@ -228,6 +228,7 @@ pub async fn store(pool: &PgPool, provider: Provider, event_id: &str, event_type
         raw_body: payload.as_bytes(),
         headers: &headers,
         secret_index: Some(0),
+        secret_fingerprint: None,
         replay_guard: false,
     };
     let event = NewEvent::pending(event_id.into(), event_type, payload.into());

@@ -323,7 +323,7 @@ async fn run(cli: Cli) -> Result<()> {
             anyhow::ensure!(ok, "an invariant does not hold (see above)");
             Ok(())
         }
-        Command::Stats { out } => ops::stats(&operator_db().await?, &out).await,
+        Command::Stats { out } => ops::stats(&operator_db().await?, &config::Env::resolved().await?, &out).await,
         Command::Providers { base_url, all, out } => {
             ops::providers(&config::Env::resolved().await?, &base_url, all, &out)
         }

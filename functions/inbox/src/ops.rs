@@ -111,11 +111,17 @@ pub fn operator(env: &Env<'_>) -> String {
     })
 }
 
-pub async fn stats(pool: &PgPool, out: &Output) -> Result<()> {
+pub async fn stats(pool: &PgPool, env: &Env<'_>, out: &Output) -> Result<()> {
     let counts = inbox::counts_by_status(pool).await?;
     let gauges = inbox::gauges(db::Autocommit(pool)).await?;
     let outbox = outbox::gauges(db::Autocommit(pool)).await?;
     let secrets = inbox::secret_usage(pool, Duration::from_secs(7 * 86_400)).await?;
+    // Where each fingerprint is in the lists configured here (none, in a shell without the secrets).
+    let configured = Catalog::read(env).and_then(|c| Secrets::read(env, &c)).ok();
+    let position = |s: &inbox::SecretUse| -> Option<usize> {
+        let (provider, fingerprint) = (Provider::try_from(s.provider.as_str()).ok()?, s.secret_fingerprint.as_deref()?);
+        configured.as_ref()?.fingerprints(provider).iter().position(|f| f == fingerprint).map(|i| i + 1)
+    };
     if out.json {
         let counts: Vec<Value> =
             counts.iter().map(|(p, s, n)| json!({"provider": p, "status": s, "count": n})).collect();
@@ -132,7 +138,11 @@ pub async fn stats(pool: &PgPool, out: &Output) -> Result<()> {
             "events": counts,
             "inbox": inbox_gauges,
             "outbox": outbox_gauges,
-            "secrets_last_7_days": secrets,
+            "secrets_last_7_days": secrets.iter().map(|s| {
+                let mut v = serde_json::to_value(s).expect("a row serializes");
+                v["configured_as"] = position(s).map_or(Value::Null, |p| p.into());
+                v
+            }).collect::<Vec<_>>(),
         }));
         return Ok(());
     }
@@ -147,16 +157,18 @@ pub async fn stats(pool: &PgPool, out: &Output) -> Result<()> {
     );
     say!("outbox: {} waiting (oldest {}), {} dead", outbox.backlog, age(outbox.oldest_backlog_ms), outbox.dead);
     say!();
-    say!("which secret verified deliveries in the last 7 days (index in the comma-separated list):");
+    say!("which secret verified deliveries in the last 7 days (by fingerprint; `inbox providers --json` lists those configured):");
     let rows: Vec<Vec<String>> = secrets
         .iter()
         .map(|s| {
-            vec![
-                s.provider.clone(),
-                format!("#{}", s.secret_index + 1),
-                s.deliveries.to_string(),
-                s.last_received_at.clone(),
-            ]
+            let secret = match (&s.secret_fingerprint, position(s), s.secret_index) {
+                (Some(f), Some(p), _) => format!("{f} (#{p} here)"),
+                (Some(f), None, _) if configured.is_some() => format!("{f} (not configured here)"),
+                (Some(f), None, _) => f.clone(),
+                (None, _, Some(i)) => format!("#{} then (stored before fingerprints)", i + 1),
+                (None, _, None) => "-".into(),
+            };
+            vec![s.provider.clone(), secret, s.deliveries.to_string(), s.last_received_at.clone()]
         })
         .collect();
     print_table(&["provider", "secret", "deliveries", "last"], &rows);
@@ -200,7 +212,8 @@ pub async fn show(pool: &PgPool, env: &Env<'_>, provider: &str, event_id: &str, 
             "status": event.status, "source": event.source, "attempts": event.attempts,
             "received_at": event.received_at, "processed_at": event.processed_at,
             "next_attempt_at": event.next_attempt_at, "failure_reason": event.failure_reason,
-            "secret_index": event.secret_index, "headers": event.headers.0, "payload": event.payload.map(|p| p.0),
+            "secret_index": event.secret_index, "secret_fingerprint": event.secret_fingerprint,
+            "headers": event.headers.0, "payload": event.payload.map(|p| p.0),
             "raw_body_bytes": event.raw_body.len(), "verification": verification, "history": history,
         }));
         return Ok(());
@@ -216,6 +229,9 @@ pub async fn show(pool: &PgPool, env: &Env<'_>, provider: &str, event_id: &str, 
             "unhandled: no handler took {:?} when it was processed; once one is deployed: inbox requeue --status unhandled --provider {} --type {:?}",
             event.event_type, event.provider, event.event_type
         );
+    }
+    if let Some(f) = &event.secret_fingerprint {
+        say!("verified at receive by the secret {f}");
     }
     say!("verification: {verification}");
     say!("headers: {}", event.headers.0);
@@ -290,7 +306,8 @@ pub fn providers(env: &Env<'_>, base_url: &str, all: bool, out: &Output) -> Resu
                 Kind::Standard | Kind::Coded => vec![],
             };
             json!({
-                "provider": p.as_str(), "url": url, "secrets": secrets.count(p), "contract": contract,
+                "provider": p.as_str(), "url": url, "secrets": secrets.count(p),
+                "secret_fingerprints": secrets.fingerprints(p), "contract": contract,
                 "signature": signature, "unsigned_identity": unsigned, "redelivery_days": e.redelivery_days,
             })
         })
@@ -343,7 +360,10 @@ fn reverify(env: &Env<'_>, event: &inbox::StoredEvent) -> String {
         return format!("not checked: no {provider} secret is configured here");
     }
     match verify_stored(&schemes, provider, &event.headers.0, &event.raw_body, event.received_epoch) {
-        Ok(v) => format!("verifies with {provider} secret #{}", v.secret_index + 1),
+        Ok(v) => {
+            let fingerprint = secrets.fingerprints(provider).get(v.secret_index).cloned().unwrap_or_default();
+            format!("verifies with {provider} secret #{} ({fingerprint})", v.secret_index + 1)
+        }
         Err(reason) if provider == Provider::MARQETA => {
             format!("not verified: {reason} (Basic credentials are never stored; only X-Marqeta-Signature can be re-checked)")
         }

@@ -99,7 +99,7 @@ async fn stats_counts_by_provider_and_status_and_names_the_secrets_in_use(
         .filter(|s| s["provider"] == "stripe")
         .map(|s| (s["secret_index"].as_i64().unwrap(), s["deliveries"].as_i64().unwrap()))
         .collect();
-    assert_eq!(stripe_secrets, [(0, 1), (1, 1)]);
+    assert_eq!(stripe_secrets, [(1, 1), (0, 1)], "rows stored before fingerprints, by position, the latest first");
 
     let table = ok(&url, &["stats"], &[]);
     assert!(
@@ -127,6 +127,62 @@ async fn failed_lists_reasons_filtered_by_provider_and_time(pool_options: PgPool
     let table = ok(&url, &["failed", "--provider", "stripe"], &[]);
     assert!(table.contains("evt_f") && table.contains("attempt 10: handler error"), "{table}");
     assert!(fails(Some(&url), &["failed", "--since", "last tuesday"]).contains("neither a duration"));
+}
+
+/// Rotation statistics credit the secret that verified, by fingerprint,
+/// whatever order the list is configured in now: after `new,old` becomes
+/// `old,new`, the old secret's deliveries still count for the old secret, and
+/// one no longer configured is named so, ready to be retired.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn secret_use_is_counted_by_fingerprint_whatever_the_order_of_the_list(
+    pool_options: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    use webhook_inbox::config::Secret;
+    let pool = pool_options.connect_with(opts.clone()).await.unwrap();
+    let url = url_of(&opts);
+    let fp = |s: &str| Secret::new(s).fingerprint();
+    for (id, secret, index) in
+        [("evt_a", "whsec_old", 1), ("evt_b", "whsec_old", 1), ("evt_c", "whsec_new", 0), ("evt_d", "whsec_gone", 0)]
+    {
+        row(&pool, "stripe", id, "done", None, "1 minute").await;
+        sqlx::query("UPDATE webhook_inbox SET secret_fingerprint = $2, secret_index = $3 WHERE event_id = $1")
+            .bind(id)
+            .bind(fp(secret))
+            .bind(index as i16)
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    assert_ne!(fp("whsec_old"), fp("whsec_new"));
+    assert!(!fp("whsec_old").contains("whsec"), "a fingerprint shows nothing of the secret");
+    for (list, old_at, new_at) in [("whsec_new,whsec_old", 2, 1), ("whsec_old,whsec_new", 1, 2)] {
+        let out = inbox(Some(&url), &["stats", "--json"], &[("STRIPE_WEBHOOK_SECRET", list)]);
+        let stats: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let by_fingerprint = |f: String| {
+            stats["secrets_last_7_days"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|s| s["secret_fingerprint"] == f.as_str())
+                .cloned()
+                .unwrap()
+        };
+        let old = by_fingerprint(fp("whsec_old"));
+        assert_eq!(
+            (old["deliveries"].as_i64(), old["configured_as"].as_i64()),
+            (Some(2), Some(old_at)),
+            "{list}: {old}"
+        );
+        assert_eq!(by_fingerprint(fp("whsec_new"))["configured_as"].as_i64(), Some(new_at), "{list}");
+        assert_eq!(by_fingerprint(fp("whsec_gone"))["configured_as"], Value::Null, "{list}");
+    }
+    let table = ok(&url, &["stats"], &[("STRIPE_WEBHOOK_SECRET", "whsec_new,whsec_old")]);
+    assert!(table.contains(&format!("{} (not configured here)", fp("whsec_gone"))), "{table}");
+    assert!(table.contains(&format!("{} (#2 here)", fp("whsec_old"))), "{table}");
+    let providers = inbox(None, &["providers", "--json"], &[("STRIPE_WEBHOOK_SECRET", "whsec_new,whsec_old")]);
+    let providers: Value = serde_json::from_slice(&providers.stdout).unwrap();
+    assert_eq!(providers[0]["secret_fingerprints"], json!([fp("whsec_new"), fp("whsec_old")]));
 }
 
 /// What a stranger can put in stored text (a payload value that reached a
@@ -419,9 +475,12 @@ fn providers_lists_the_configured_ones_with_their_urls() {
     let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
     let names: Vec<&str> = rows.as_array().unwrap().iter().map(|r| r["provider"].as_str().unwrap()).collect();
     assert_eq!(names, ["acme", "stripe", "twilio"], "only those with a secret");
+    let fingerprints: Vec<String> =
+        ["a-secret", "another"].iter().map(|s| webhook_inbox::config::Secret::new(*s).fingerprint()).collect();
     assert_eq!(
         rows[0],
         json!({"provider": "acme", "url": "https://hooks.example.com/prod/webhooks/acme", "secrets": 2,
+               "secret_fingerprints": fingerprints,
                "contract": "providers file", "signature": "X-Acme-Signature", "unsigned_identity": [],
                "redelivery_days": 4})
     );

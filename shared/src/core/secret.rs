@@ -17,6 +17,17 @@ impl Secret {
     pub fn expose(&self) -> &[u8] {
         &self.0
     }
+
+    /// A stable name for the secret that does not reveal it: 16 hex digits of
+    /// SHA-256 over a fixed label and the secret. Recorded with each delivery
+    /// it verified, so that use is counted per secret whatever order the
+    /// rotation list is in, and a rotated-out secret is retired only once
+    /// nothing uses it.
+    pub fn fingerprint(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::new().chain_update(b"webhook-inbox secret fingerprint\0").chain_update(&self.0).finalize();
+        hex::encode(&digest[..8])
+    }
 }
 
 impl fmt::Debug for Secret {
@@ -63,6 +74,25 @@ impl Secrets {
             Provider::MARQETA => self.marqeta.as_ref().map_or(0, |m| m.passwords.len()),
             other => self.declared.get(&other).map_or(0, Vec::len),
         }
+    }
+
+    /// The fingerprints of a provider's secrets, in the order configured: what
+    /// a verified delivery's secret index refers to (Marqeta's signing
+    /// secrets when it has them, else its Basic passwords).
+    pub fn fingerprints(&self, provider: Provider) -> Vec<String> {
+        let list: &[Secret] = match provider {
+            Provider::STRIPE => &self.stripe,
+            Provider::SHOPIFY => &self.shopify,
+            Provider::GITHUB => &self.github,
+            Provider::STANDARD => &self.standard,
+            Provider::MARQETA => match &self.marqeta {
+                Some(m) if !m.signing_secrets.is_empty() => &m.signing_secrets,
+                Some(m) => &m.passwords,
+                None => &[],
+            },
+            other => self.declared.get(&other).map_or(&[][..], Vec::as_slice),
+        };
+        list.iter().map(Secret::fingerprint).collect()
     }
 
     pub fn none_configured(&self) -> bool {

@@ -49,6 +49,8 @@ pub struct Envelope<'a> {
     /// Which configured secret verified the delivery; `None` for an event that
     /// reconcile fetched from the provider's API (stored with `source = 'reconcile'`).
     pub secret_index: Option<i16>,
+    /// That secret's [`crate::core::secret::Secret::fingerprint`], where known.
+    pub secret_fingerprint: Option<&'a str>,
     /// Whether the signed bytes are deduplicated too (`webhook_replay_guard`):
     /// for a scheme whose id is not signed ([`crate::schemes::Scheme::guards_replays`]).
     pub replay_guard: bool,
@@ -65,8 +67,8 @@ pub(crate) enum Body {
 
 const INSERT: &str = "\
 INSERT INTO webhook_inbox
-    (provider, event_id, event_type, payload, status, failure_reason, raw_body, headers, secret_index, source)
-VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, CASE WHEN $9 IS NULL THEN 'reconcile' ELSE 'webhook' END)
+    (provider, event_id, event_type, payload, status, failure_reason, raw_body, headers, secret_index, source, secret_fingerprint)
+VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, CASE WHEN $9 IS NULL THEN 'reconcile' ELSE 'webhook' END, $10)
 ON CONFLICT (provider, event_id) DO NOTHING
 RETURNING event_id";
 
@@ -85,8 +87,8 @@ WITH guard AS (
     RETURNING 1),
 inserted AS (
     INSERT INTO webhook_inbox
-        (provider, event_id, event_type, payload, status, failure_reason, raw_body, headers, secret_index, source)
-    SELECT $1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, CASE WHEN $9::smallint IS NULL THEN 'reconcile' ELSE 'webhook' END
+        (provider, event_id, event_type, payload, status, failure_reason, raw_body, headers, secret_index, source, secret_fingerprint)
+    SELECT $1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, CASE WHEN $9::smallint IS NULL THEN 'reconcile' ELSE 'webhook' END, $10
     WHERE EXISTS (SELECT 1 FROM guard)
     ON CONFLICT (provider, event_id) DO NOTHING
     RETURNING event_id)
@@ -123,9 +125,9 @@ macro_rules! with_shared_body {
 /// [`INSERT`] for one item of a delivery with several events.
 const INSERT_ITEM: &str = with_shared_body!(
     "INSERT INTO webhook_inbox
-    (provider, event_id, event_type, payload, status, failure_reason, body_sha256, headers, secret_index, source)
+    (provider, event_id, event_type, payload, status, failure_reason, body_sha256, headers, secret_index, source, secret_fingerprint)
 VALUES ($1, $2, $3, $4::jsonb, $5, $6, (SELECT sha256 FROM body), $8, $9,
-        CASE WHEN $9 IS NULL THEN 'reconcile' ELSE 'webhook' END)
+        CASE WHEN $9 IS NULL THEN 'reconcile' ELSE 'webhook' END, $10)
 ON CONFLICT (provider, event_id) DO NOTHING
 RETURNING event_id"
 );
@@ -133,9 +135,9 @@ RETURNING event_id"
 /// Every item of a batch in one `unnest` statement, keys sorted.
 const INSERT_BATCH: &str = with_shared_body!(
     "INSERT INTO webhook_inbox
-    (provider, event_id, event_type, payload, status, failure_reason, body_sha256, headers, secret_index, source)
+    (provider, event_id, event_type, payload, status, failure_reason, body_sha256, headers, secret_index, source, secret_fingerprint)
 SELECT $1, e.event_id, e.event_type, e.payload::jsonb, e.status, e.failure_reason, (SELECT sha256 FROM body), $8, $9,
-       CASE WHEN $9::smallint IS NULL THEN 'reconcile' ELSE 'webhook' END
+       CASE WHEN $9::smallint IS NULL THEN 'reconcile' ELSE 'webhook' END, $10
 FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
      AS e (event_id, event_type, payload, status, failure_reason)
 ORDER BY e.event_id COLLATE \"C\"
@@ -161,6 +163,7 @@ pub(crate) async fn insert<'e>(
             .bind(env.raw_body)
             .bind(Json(env.headers))
             .bind(env.secret_index)
+            .bind(env.secret_fingerprint)
             .fetch_one(ex)
             .await?;
         return Ok(match (inserted, first) {
@@ -183,6 +186,7 @@ pub(crate) async fn insert<'e>(
         .bind(env.raw_body)
         .bind(Json(env.headers))
         .bind(env.secret_index)
+        .bind(env.secret_fingerprint)
         .fetch_optional(ex)
         .await?;
     Ok(if row.is_some() { Inserted::New } else { Inserted::Duplicate })
@@ -205,6 +209,7 @@ pub(crate) async fn insert_batch<'e>(
         .bind(env.raw_body)
         .bind(Json(env.headers))
         .bind(env.secret_index)
+        .bind(env.secret_fingerprint)
         .fetch_all(ex)
         .await?;
     Ok(rows.into_iter().map(|(id,)| id).collect())
@@ -519,10 +524,12 @@ pub async fn counts_by_status(pool: &PgPool) -> Result<Vec<(String, String, i64)
 /// (by index, per provider): a rotated-out secret with no recent use can go.
 pub async fn secret_usage(pool: &PgPool, since: Duration) -> Result<Vec<SecretUse>, sqlx::Error> {
     super::query_as(
-        "SELECT provider, secret_index, count(*) AS deliveries, max(received_at)::text AS last_received_at
+        "SELECT provider, secret_fingerprint,
+                CASE WHEN secret_fingerprint IS NULL THEN secret_index END AS secret_index,
+                count(*) AS deliveries, max(received_at)::text AS last_received_at
          FROM webhook_inbox
          WHERE received_at > now() - $1 * interval '1 millisecond' AND source = 'webhook'
-         GROUP BY 1, 2 ORDER BY 1, 2",
+         GROUP BY 1, 2, 3 ORDER BY 1, 5 DESC",
     )
     .bind(since.as_millis() as i64)
     .fetch_all(super::Autocommit(pool))
@@ -533,8 +540,11 @@ pub async fn secret_usage(pool: &PgPool, since: Duration) -> Result<Vec<SecretUs
 #[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
 pub struct SecretUse {
     pub provider: String,
-    /// Its position in the provider's comma-separated list.
-    pub secret_index: i16,
+    /// The secret's fingerprint ([`crate::core::secret::Secret::fingerprint`]).
+    pub secret_fingerprint: Option<String>,
+    /// For rows stored before fingerprints were: the secret's position in the
+    /// list configured then (which a rotation may since have reordered).
+    pub secret_index: Option<i16>,
     pub deliveries: i64,
     pub last_received_at: String,
 }
@@ -824,6 +834,8 @@ pub struct StoredEvent {
     /// The signed bytes: the row's own, or its batch's (`webhook_bodies`).
     pub raw_body: Vec<u8>,
     pub secret_index: Option<i16>,
+    /// The fingerprint of the secret that verified it (rows stored before fingerprints have none).
+    pub secret_fingerprint: Option<String>,
     /// When it was received, in Unix seconds (re-verification checks the timestamp against it).
     pub received_epoch: i64,
 }
@@ -832,7 +844,7 @@ pub async fn event(pool: &PgPool, provider: &str, event_id: &str) -> Result<Opti
     super::query_as(
         "SELECT w.provider, w.event_id, w.event_type, w.status, w.source, w.attempts, w.received_at::text,
                 w.processed_at::text, w.next_attempt_at::text, w.failure_reason, w.headers, w.payload,
-                coalesce(b.raw_body, w.raw_body) AS raw_body, w.secret_index,
+                coalesce(b.raw_body, w.raw_body) AS raw_body, w.secret_index, w.secret_fingerprint,
                 extract(epoch FROM w.received_at)::bigint AS received_epoch
          FROM webhook_inbox AS w LEFT JOIN webhook_bodies AS b ON b.sha256 = w.body_sha256
          WHERE w.provider = $1 AND w.event_id = $2",

@@ -111,6 +111,8 @@ pub struct Receiver {
     inline: Vec<Provider>,
     /// `INBOX_PROCESS_QUEUE_URL`: told of new events once they are committed.
     process_queue: Option<ProcessQueue>,
+    /// Each provider's secrets' fingerprints, in the order configured (a verified index picks one).
+    fingerprints: std::collections::HashMap<Provider, Vec<String>>,
 }
 
 impl Receiver {
@@ -124,6 +126,11 @@ impl Receiver {
             handlers: Handlers::new(),
             inline: config.inline_providers.clone(),
             process_queue: None,
+            fingerprints: config
+                .catalog
+                .entries()
+                .map(|e| (e.provider, config.secrets.fingerprints(e.provider)))
+                .collect(),
         }
     }
 
@@ -228,6 +235,11 @@ impl Receiver {
             raw_body: body,
             headers: &headers,
             secret_index: Some(i16::try_from(verified.secret_index).unwrap_or(i16::MAX)),
+            secret_fingerprint: self
+                .fingerprints
+                .get(&provider)
+                .and_then(|f| f.get(verified.secret_index))
+                .map(String::as_str),
             replay_guard: scheme.guards_replays(),
         };
         let inline = self.inline.contains(&provider).then_some(&self.handlers);

@@ -195,6 +195,7 @@ async fn claim_times(url: &str, schema: &str, round: usize, n: usize) -> Result<
             raw_body: raw.as_bytes(),
             headers: &headers,
             secret_index: Some(0),
+            secret_fingerprint: None,
             replay_guard: false,
         };
         let event = NewEvent::pending(id, "payment_intent.succeeded", raw.clone());
