@@ -1,6 +1,6 @@
 -- A provider whose event id (or type) is read from a header its signature does
--- not cover, with no signed timestamp to bound a replay (Shopify's webhook id,
--- GitHub's delivery id, Razorpay, WooCommerce, Twilio), is also deduplicated on
+-- not cover (Shopify's webhook id, GitHub's delivery id, Linear, Razorpay,
+-- WooCommerce, Twilio; a signed timestamp only narrows the window), is also deduplicated on
 -- the signed bytes, with the event's type (one body may come under several
 -- topics): a captured delivery sent again under another id finds its digest
 -- here and is a duplicate (counted as a suspected replay), not a new event.

@@ -327,3 +327,130 @@ fn iso(secs: i64) -> String {
     let year = yoe + era * 400 + i64::from(month <= 2);
     format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.123456789Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }
+
+/// RFC 3339 for a Unix time (Howard Hinnant's civil-from-days).
+fn rfc3339(secs: i64) -> String {
+    let (days, rest) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let (d, m) = (doy - (153 * mp + 2) / 5 + 1, if mp < 10 { mp + 3 } else { mp - 9 });
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rest / 3600, rest % 3600 / 60, rest % 60)
+}
+
+/// As an attacker would, with a captured delivery of every built-in declared
+/// provider: the same signed bytes sent again with every header the event's id
+/// is read from unsigned changed. Where the provider signs what identifies the
+/// event, the id does not change; where it does not, the signed bytes are
+/// deduplicated. Either way: no second event.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn a_captured_delivery_of_any_built_in_provider_replayed_under_changed_unsigned_headers_is_no_new_event(
+    _: sqlx::postgres::PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    use webhook_inbox::ingest::providers::declared::{Algorithm, Part, Source, TimeFormat};
+    let catalog = webhook_inbox::config::Catalog::builtin();
+    let declared: Vec<(Provider, webhook_inbox::ingest::providers::declared::Rules)> = catalog
+        .entries()
+        .filter_map(|e| match &e.kind {
+            webhook_inbox::config::Kind::Declared(r) if r.algorithm != Algorithm::EcdsaP256Sha256 => {
+                Some((e.provider, (**r).clone()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert!(declared.len() >= 18, "{}", declared.len());
+    let mut vars: Vec<(String, String)> = Vec::new();
+    for (p, rules) in &declared {
+        let secret = if rules.secret_base64 { "a2V5LWtleS1rZXk=".to_string() } else { format!("key-{p}") };
+        vars.push((format!("{}_WEBHOOK_SECRET", p.env_prefix()), secret));
+        if rules.needs_url() {
+            vars.push((format!("{}_WEBHOOK_URL", p.env_prefix()), format!("https://hooks.example.com/webhooks/{p}")));
+        }
+    }
+    let pairs: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let (r, cfg) = receiver(&opts, &pairs);
+    let pool = PgPool::connect_with(opts).await.unwrap();
+    let mut failures = Vec::new();
+    for (p, rules) in &declared {
+        let key = if rules.secret_base64 { b"key-key-key".to_vec() } else { format!("key-{p}").into_bytes() };
+        let now = inbox_tests::now();
+        let form = rules.signed.0.iter().any(|part| matches!(part, Part::Source(Source::FormSorted)));
+        let mut object = json!({
+            "id": "X1", "event_id": "X1", "eventId": 1, "messageId": "X1", "type": "t", "event": "e",
+            "topic": "t", "subscriptionType": "t", "event_type": "t", "resource_type": "r", "action": "a",
+            "subscription": {"type": "t"}, "payload": {"uri": "u"},
+        });
+        let (mut headers, mut ts): (Vec<(String, String)>, Option<String>) = (vec![], None);
+        if let Some(t) = &rules.timestamp {
+            let text = match t.format {
+                TimeFormat::Unix => now.to_string(),
+                TimeFormat::UnixMs => (now * 1000).to_string(),
+                TimeFormat::Rfc3339 => rfc3339(now),
+            };
+            match &t.from {
+                Source::Header(h) => headers.push((h.clone(), text.clone())),
+                Source::Json(pointer) => object[pointer.trim_start_matches('/')] = json!(now * 1000),
+                _ => {}
+            }
+            ts = Some(text);
+        }
+        for part in &rules.signed.0 {
+            if let Part::Source(Source::Header(h)) = part {
+                if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(h)) {
+                    headers.push((h.clone(), "signed-1".into()));
+                }
+            }
+        }
+        let body = match (&rules.batch, form) {
+            (_, true) => "MessageSid=SM1&MessageStatus=delivered&CallSid=CA1&CallStatus=completed".to_string(),
+            (Some(b), _) if b.is_empty() => json!([object]).to_string(),
+            (Some(b), _) => json!({ b.trim_start_matches('/'): [object] }).to_string(),
+            (None, _) => object.to_string(),
+        };
+        if form {
+            headers.push(("Content-Type".into(), "application/x-www-form-urlencoded".into()));
+        } else {
+            headers.push(("Content-Type".into(), "application/json".into()));
+        }
+        let unsigned_id = rules.unsigned_id();
+        let with_id = |value: &str| -> Vec<(String, String)> {
+            let mut h = headers.clone();
+            h.extend(unsigned_id.iter().map(|name| (name.clone(), value.to_string())));
+            h
+        };
+        let sign = |h: &[(String, String)]| -> Vec<(String, String)> {
+            let map = http::HeaderMap::from_iter(h.iter().map(|(k, v)| {
+                (http::HeaderName::from_bytes(k.as_bytes()).unwrap(), http::HeaderValue::from_str(v).unwrap())
+            }));
+            let d = webhook_inbox::schemes::Delivery { headers: &map, body: body.as_bytes(), now };
+            let sig = rules.sign(&key, &d, cfg.catalog.url(*p), ts.as_deref()).unwrap();
+            let mut signed = h.to_vec();
+            signed.push((rules.headers[0].clone(), sig));
+            signed
+        };
+        let count = || async {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM webhook_inbox WHERE provider = $1")
+                .bind(p.as_str())
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        };
+        for (attempt, value) in [("captured", "original-id"), ("replayed", "changed-id")] {
+            let h = sign(&with_id(value));
+            let pairs: Vec<(&str, &str)> = h.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            let (status, answer) = post(&r, p.as_str(), &pairs, body.as_bytes()).await;
+            let rows = count().await;
+            if status != StatusCode::OK || rows != 1 {
+                failures.push(format!(
+                    "{p} {attempt} (unsigned id headers {unsigned_id:?}): {status} {answer}, {rows} rows"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}

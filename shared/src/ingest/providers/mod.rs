@@ -144,7 +144,7 @@ pub trait Scheme: Send + Sync {
     /// Lower-case names of the headers kept with each row (identity, sequencing, signature).
     fn kept_headers(&self) -> Cow<'_, [&str]>;
     /// Whether the event's id (or type) is read from something the signature
-    /// does not cover, with no signed timestamp to bound a replay: then the
+    /// does not cover (a signed timestamp only narrows a replay's window): then the
     /// signed bytes are deduplicated too (with the event's type: one body
     /// may come under several topics), so that a captured delivery sent
     /// again under another id is a duplicate (a suspected replay), not a new

@@ -275,6 +275,15 @@ impl Rules {
     /// The headers the event's id or type is read from that the signature does
     /// not cover: what a captured delivery sent again could change.
     pub fn unsigned_identity(&self) -> Vec<String> {
+        self.unsigned_in(self.event_id.iter().chain(&self.event_type))
+    }
+
+    /// [`Rules::unsigned_identity`], of the event's id alone.
+    pub fn unsigned_id(&self) -> Vec<String> {
+        self.unsigned_in(self.event_id.iter())
+    }
+
+    fn unsigned_in<'t>(&self, templates: impl Iterator<Item = &'t Template>) -> Vec<String> {
         let signed: Vec<String> = self
             .signed
             .sources()
@@ -284,7 +293,7 @@ impl Rules {
             })
             .collect();
         let mut unsigned: Vec<String> = Vec::new();
-        for s in self.event_id.iter().chain(&self.event_type).flat_map(Template::sources) {
+        for s in templates.flat_map(Template::sources) {
             if let Source::Header(h) = s {
                 if !signed.contains(&h.to_ascii_lowercase()) && !unsigned.iter().any(|u| u.eq_ignore_ascii_case(h)) {
                     unsigned.push(h.clone());
