@@ -307,3 +307,93 @@ fn out_of_descriptors_it_backs_off_and_recovers() {
     drop(child);
     runtime.block_on(sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)")).execute(&admin)).unwrap();
 }
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// 300 slow 1 MiB bodies at once: `inbox dev` reads at most 64 MiB of bodies
+/// at a time (the rest wait their turn), and gives the memory back after.
+#[test]
+fn three_hundred_slow_large_bodies_are_read_in_turn_and_the_memory_given_back() {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let base = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let name = format!("dev_bodies_{}", std::process::id());
+    let admin = runtime.block_on(sqlx::PgPool::connect(&base)).unwrap();
+    runtime.block_on(sqlx::query(&format!("CREATE DATABASE {name}")).execute(&admin)).unwrap();
+    let url = format!("{}/{name}", base.rsplit_once('/').unwrap().0);
+    let child = Command::new(env!("CARGO_BIN_EXE_inbox"))
+        .args(["dev", "--port", "0"])
+        .env_clear()
+        .envs([("PATH", std::env::var("PATH").unwrap_or_default()), ("RUST_LOG", "warn".into())])
+        .env("DATABASE_URL", &url)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut child = KillOnDrop(child);
+    let pid = child.0.id();
+    let stdout = BufReader::new(child.0.stdout.take().unwrap());
+    let addr = stdout
+        .lines()
+        .map_while(Result::ok)
+        .find(|l| l.contains("ready"))
+        .and_then(|l| l.split_whitespace().find(|w| w.starts_with("http://")).map(str::to_string))
+        .expect("inbox dev says ready")
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let before = rss_kib(pid);
+    let body = vec![b'x'; 1024 * 1024];
+    let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let watcher = {
+        let peak = peak.clone();
+        std::thread::spawn(move || {
+            for _ in 0..200 {
+                peak.fetch_max(rss_kib(pid), std::sync::atomic::Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(25));
+            }
+        })
+    };
+    let senders: Vec<_> = (0..300)
+        .map(|_| {
+            let (addr, body) = (addr.clone(), body.clone());
+            std::thread::spawn(move || {
+                let mut s = TcpStream::connect(&addr).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+                let head = format!(
+                    "POST /webhooks/stripe HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                s.write_all(head.as_bytes()).unwrap();
+                for chunk in body.chunks(256 * 1024) {
+                    if s.write_all(chunk).is_err() {
+                        return 0;
+                    }
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+                let mut answer = String::new();
+                let _ = s.read_to_string(&mut answer);
+                answer.split(' ').nth(1).and_then(|c| c.parse::<u16>().ok()).unwrap_or(0)
+            })
+        })
+        .collect();
+    let statuses: Vec<u16> = senders.into_iter().map(|t| t.join().unwrap()).collect();
+    watcher.join().unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let after = rss_kib(pid);
+    let peak = peak.load(std::sync::atomic::Ordering::Relaxed);
+    println!("RSS: {before} KiB before, {peak} KiB at the peak, {after} KiB after");
+    assert!(statuses.iter().all(|s| *s == 401), "unsigned, each refused once read: {statuses:?}");
+    assert!(
+        peak < before + 150 * 1024,
+        "at most 64 MiB of bodies at once: {peak} KiB at the peak, {before} KiB before"
+    );
+    assert!(after < before + 32 * 1024, "the memory given back: {after} KiB after, {before} KiB before");
+    drop(child);
+    runtime.block_on(sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)")).execute(&admin)).unwrap();
+}
