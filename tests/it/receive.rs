@@ -1044,7 +1044,9 @@ async fn a_signed_body_sent_again_under_another_unsigned_id_is_a_duplicate(_: Pg
     let (tw_name, tw_sig) = declared_signature(&cfg, "twilio", "twilio-token", &[form], &twilio);
     let gh_sig = github_signature(GITHUB[0], &github);
     let sh_sig = shopify_hmac(SHOPIFY[0], &shopify);
-    let cases: Vec<(&str, &[u8], Vec<(&str, &str)>, Vec<(&str, &str)>)> = vec![
+    /// A provider, its signed body, the captured delivery's headers and the replay's.
+    type Replay<'a> = (&'a str, &'a [u8], Vec<(&'a str, &'a str)>, Vec<(&'a str, &'a str)>);
+    let cases: Vec<Replay<'_>> = vec![
         (
             "github",
             &github,
