@@ -264,6 +264,22 @@ async fn show_tells_whether_the_stored_bytes_still_verify(pool_options: PgPoolOp
     assert!(retired.contains("DOES NOT VERIFY"), "{retired}");
     let unconfigured = ok(&url, &["show", "stripe", "evt_s"], &[]);
     assert!(unconfigured.contains("no stripe secret is configured"), "{unconfigured}");
+    // A delivery `inbox dev` took with its development secret: told so where no secret is configured.
+    let dev_body = r#"{"id":"evt_dev","type":"payment_intent.succeeded"}"#;
+    let dev_headers = json!({"stripe-signature": stripe_signature("whsec_dev_stripe_secret", received - 10, dev_body)});
+    sqlx::query(
+        "INSERT INTO webhook_inbox (provider, event_id, event_type, payload, raw_body, headers, secret_index, received_at)
+         VALUES ('stripe', 'evt_dev', 'payment_intent.succeeded', $1::jsonb, $2, $3, 0, to_timestamp($4))",
+    )
+    .bind(dev_body)
+    .bind(dev_body.as_bytes())
+    .bind(&dev_headers)
+    .bind(received as f64)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let dev = ok(&url, &["show", "stripe", "evt_dev"], &[]);
+    assert!(dev.contains("verifies with inbox dev's development stripe secret (none is configured here)"), "{dev}");
 
     let json: Value = serde_json::from_str(&ok(&url, &["show", "stripe", "evt_s", "--json"], &rotated)).unwrap();
     assert_eq!(json["payload"]["id"], "evt_s");
