@@ -521,7 +521,7 @@ pub async fn counts_by_status(pool: &PgPool) -> Result<Vec<(String, String, i64)
 }
 
 /// Which configured secret verified the deliveries received since `since`
-/// (by index, per provider): a rotated-out secret with no recent use can go.
+/// (by fingerprint, per provider): a rotated-out secret with no recent use can go.
 pub async fn secret_usage(pool: &PgPool, since: Duration) -> Result<Vec<SecretUse>, sqlx::Error> {
     super::query_as(
         "SELECT provider, secret_fingerprint,
