@@ -1,14 +1,17 @@
 //! `inbox`: the local and operator's binary.
 
-/// `println!` for a person: the whole line escaped ([`webhook_inbox::core::text`]),
+/// A line for a person: the whole line escaped ([`webhook_inbox::core::text`]),
 /// so that nothing stored reaches the terminal raw. Every human line goes through it.
+/// A closed stdout (`inbox failed | head`) ends the output, not the process with a panic.
 macro_rules! say {
-    () => {
-        println!()
-    };
-    ($($arg:tt)*) => {
-        println!("{}", webhook_inbox::core::text::escape(&format!($($arg)*)))
-    };
+    () => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout());
+    }};
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), "{}", webhook_inbox::core::text::escape(&format!($($arg)*)));
+    }};
 }
 
 mod bench;

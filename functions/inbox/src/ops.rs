@@ -530,7 +530,9 @@ fn age(ms: f64) -> String {
 }
 
 fn print_json(v: &Value) {
-    println!("{}", text::escape_json(&serde_json::to_string_pretty(v).expect("JSON prints")));
+    use std::io::Write as _;
+    let _ =
+        writeln!(std::io::stdout(), "{}", text::escape_json(&serde_json::to_string_pretty(v).expect("JSON prints")));
 }
 
 /// Left-aligned columns, each as wide as its widest cell (cells are cut at 80 characters).

@@ -474,6 +474,23 @@ async fn configuration_and_input_mistakes_are_named(pool_options: PgPoolOptions,
     assert!(!logs.contains('\u{1b}'), "{logs:?}");
 }
 
+/// Output piped into a reader that stops early (`inbox providers --all | head -1`):
+/// the output ends there, and the command with it, without a panic.
+#[test]
+fn a_reader_that_stops_early_ends_the_output_without_a_panic() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_inbox"))
+        .args(["providers", "--all"])
+        .env_remove("DATABASE_URL")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // the reader is gone before the first line
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !stderr.contains("panicked"), "{:?}: {stderr}", out.status);
+}
+
 /// `inbox providers`: what has a secret here, the URL to give each (a signed URL as configured),
 /// and a providers file's mistake named; no database needed.
 #[test]

@@ -9,6 +9,14 @@ pub mod server;
 #[doc(hidden)]
 pub mod storm;
 
+/// `println!`, except that a closed stdout (`inbox dev | head`) is no panic.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 use std::{
     sync::Arc,
     time::{Duration, Instant},
@@ -65,13 +73,13 @@ where
 {
     let embedded = match &config.db.url {
         Some(url) => {
-            println!("using DATABASE_URL {}", redact_url(url));
+            say!("using DATABASE_URL {}", redact_url(url));
             None
         }
         None => {
             let pg = EmbeddedPostgres::start().await.context("starting the embedded PostgreSQL")?;
-            println!("embedded PostgreSQL at {} (data in {}; removed on exit)", pg.url(), pg.data_dir().display());
-            println!(
+            say!("embedded PostgreSQL at {} (data in {}; removed on exit)", pg.url(), pg.data_dir().display());
+            say!(
                 "the operator's commands against it (inbox stats, failed, show, requeue): export DATABASE_URL={}",
                 pg.url()
             );
@@ -82,7 +90,7 @@ where
     let result = f(config).await;
     if let Some(pg) = embedded {
         pg.destroy().await.context("stopping the embedded PostgreSQL")?;
-        println!("embedded PostgreSQL stopped");
+        say!("embedded PostgreSQL stopped");
     }
     result
 }
@@ -101,7 +109,7 @@ async fn serve(app: &App, env: &Env<'_>, config: &mut ReceiveConfig, host: &str,
             .filter(|p| config.secrets.is_configured(*p))
             .map(|p| p.as_str())
             .collect();
-        println!("providers with a secret (each has a route; `inbox providers` for more): {}", live.join(", "));
+        say!("providers with a secret (each has a route; `inbox providers` for more): {}", live.join(", "));
     }
     let listener = TcpListener::bind((host, port)).await.with_context(|| format!("binding {host}:{port}"))?;
     let receiver = Arc::new(Receiver::from_config(config)?.with_app(app));
@@ -120,7 +128,7 @@ async fn serve(app: &App, env: &Env<'_>, config: &mut ReceiveConfig, host: &str,
     let mut stages = vec![worker];
     let sinks = SinkConfig::read(env)?.build().await?;
     if sinks.is_empty() {
-        println!("no relay sink (RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL, RELAY_EVENT_BUS): outbox messages stay in transactional_outbox");
+        say!("no relay sink (RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL, RELAY_EVENT_BUS): outbox messages stay in transactional_outbox");
     } else {
         let relay = Relay::new(pool.clone(), sinks, RelayConfig::read(env)?);
         let stopped = until_stopped(stopped.clone());
@@ -145,9 +153,9 @@ async fn serve(app: &App, env: &Env<'_>, config: &mut ReceiveConfig, host: &str,
         }));
     }
 
-    println!("inbox dev ready: POST http://{}/webhooks/{{provider}}  (Ctrl-C stops)", listener.local_addr()?);
+    say!("inbox dev ready: POST http://{}/webhooks/{{provider}}  (Ctrl-C stops)", listener.local_addr()?);
     server::serve(listener, receiver, shutdown_signal()).await?;
-    println!("shutting down");
+    say!("shutting down");
     let _ = stop.send(());
     for stage in stages {
         let _ = stage.await;
@@ -156,13 +164,13 @@ async fn serve(app: &App, env: &Env<'_>, config: &mut ReceiveConfig, host: &str,
 }
 
 fn print_development_secrets() {
-    println!("no webhook secrets set: using development secrets");
-    println!("  STRIPE_WEBHOOK_SECRET={}", crate::config::DEV_STRIPE);
-    println!("  SHOPIFY_WEBHOOK_SECRET={}", crate::config::DEV_SHOPIFY);
-    println!("  GITHUB_WEBHOOK_SECRET={}", crate::config::DEV_GITHUB);
-    println!("  STANDARD_WEBHOOK_SECRET={}", crate::config::DEV_STANDARD);
-    println!("  MARQETA_WEBHOOK_USERNAME={}", crate::config::DEV_MARQETA_USERNAME);
-    println!("  MARQETA_WEBHOOK_PASSWORD={}", crate::config::DEV_MARQETA_PASSWORD);
+    say!("no webhook secrets set: using development secrets");
+    say!("  STRIPE_WEBHOOK_SECRET={}", crate::config::DEV_STRIPE);
+    say!("  SHOPIFY_WEBHOOK_SECRET={}", crate::config::DEV_SHOPIFY);
+    say!("  GITHUB_WEBHOOK_SECRET={}", crate::config::DEV_GITHUB);
+    say!("  STANDARD_WEBHOOK_SECRET={}", crate::config::DEV_STANDARD);
+    say!("  MARQETA_WEBHOOK_USERNAME={}", crate::config::DEV_MARQETA_USERNAME);
+    say!("  MARQETA_WEBHOOK_PASSWORD={}", crate::config::DEV_MARQETA_PASSWORD);
 }
 
 async fn shutdown_signal() {
