@@ -303,6 +303,43 @@ where
     })
 }
 
+/// Candidate signatures signed with the same `K` (a timestamp).
+pub(crate) type Group<K> = (K, Vec<Vec<u8>>);
+
+/// The candidate signatures of a delivery's signature header values, at most
+/// [`MAX_SIGNATURES`] in all (across values and the items of each), grouped
+/// by what each is signed with (its timestamp): one MAC per group and
+/// secret. `parse` reads one value; the error is the last value's refusal,
+/// when no value gave a candidate.
+pub(crate) fn candidate_groups<'a, K: PartialEq>(
+    values: impl Iterator<Item = &'a str>,
+    mut parse: impl FnMut(&'a str) -> Result<(K, Vec<Vec<u8>>), Rejected>,
+) -> Result<Vec<Group<K>>, Option<Rejected>> {
+    let mut groups: Vec<Group<K>> = Vec::new();
+    let (mut tried, mut reason) = (0, None);
+    for value in values.take(MAX_SIGNATURES) {
+        match parse(value) {
+            Ok((key, mut candidates)) => {
+                candidates.truncate(MAX_SIGNATURES - tried);
+                tried += candidates.len();
+                match groups.iter_mut().find(|(seen, _)| *seen == key) {
+                    Some((_, group)) => group.extend(candidates),
+                    None => groups.push((key, candidates)),
+                }
+            }
+            Err(r) => reason = Some(r),
+        }
+        if tried == MAX_SIGNATURES {
+            break;
+        }
+    }
+    if groups.is_empty() {
+        Err(reason)
+    } else {
+        Ok(groups)
+    }
+}
+
 /// `sha256:<hex of body>`: the id of an event whose own id cannot be read.
 pub fn body_digest_id(body: &[u8]) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(body)))

@@ -6,8 +6,8 @@ use hmac::Hmac;
 use sha2::Sha256;
 
 use super::{
-    first_matching, header_values, parse_json, single_event, Delivery, Events, Provider, Rejected, Scheme, Verified,
-    MAX_SIGNATURES,
+    candidate_groups, first_matching, header_values, parse_json, single_event, Delivery, Events, Provider, Rejected,
+    Scheme, Verified, MAX_SIGNATURES,
 };
 use crate::core::secret::Secret;
 
@@ -49,30 +49,9 @@ impl Scheme for Stripe {
     }
 
     fn verify(&self, d: &Delivery<'_>) -> Result<Verified, Rejected> {
-        let mut reason = Rejected::missing("missing Stripe-Signature header");
-        // A repeated header is read value by value, any that verifies being
-        // enough; at most MAX_SIGNATURES candidates in all, grouped by timestamp.
-        let mut groups: Vec<(&str, Vec<Vec<u8>>)> = Vec::new();
-        let mut tried = 0;
-        for value in header_values(d.headers, HEADER).take(MAX_SIGNATURES) {
-            match self.candidates(value, d) {
-                Ok((t, mut candidates)) => {
-                    candidates.truncate(MAX_SIGNATURES - tried);
-                    tried += candidates.len();
-                    match groups.iter_mut().find(|(seen, _)| *seen == t) {
-                        Some((_, group)) => group.extend(candidates),
-                        None => groups.push((t, candidates)),
-                    }
-                }
-                Err(r) => reason = r,
-            }
-            if tried == MAX_SIGNATURES {
-                break;
-            }
-        }
-        if groups.is_empty() {
-            return Err(reason);
-        }
+        // A repeated header is read value by value, any that verifies being enough.
+        let groups = candidate_groups(header_values(d.headers, HEADER), |value| self.candidates(value, d))
+            .map_err(|reason| reason.unwrap_or_else(|| Rejected::missing("missing Stripe-Signature header")))?;
         groups
             .iter()
             .find_map(|(t, candidates)| {

@@ -25,8 +25,8 @@ use sha1::Sha1;
 use sha2::{Sha256, Sha512};
 
 use super::{
-    body_digest_id, event_from, first_matching, header, header_values, parse_json, parse_json_text, Challenged,
-    Delivery, Events, Json, NewEvent, Provider, Rejected, Scheme, Verified, MAX_SIGNATURES,
+    body_digest_id, candidate_groups, event_from, first_matching, header, header_values, parse_json, parse_json_text,
+    Challenged, Delivery, Events, Json, NewEvent, Provider, Rejected, Scheme, Verified, MAX_SIGNATURES,
 };
 use crate::core::{payload::storable, secret::Secret};
 
@@ -200,33 +200,11 @@ impl Scheme for Declared {
 
     fn verify(&self, d: &Delivery<'_>) -> Result<Verified, Rejected> {
         let r = &self.rules;
-        // Every value (a repeated header, or DocuSign's one header per key) and
-        // every item of its list: at most MAX_SIGNATURES candidates in all,
-        // grouped by the timestamp each is signed with.
-        let mut groups: Vec<(Cow<'_, str>, Vec<Vec<u8>>)> = Vec::new();
-        let (mut tried, mut reason) = (0, None);
+        // Every value (a repeated header, or DocuSign's one header per key) and every item of its list.
         let values = r.headers.iter().flat_map(|name| header_values(d.headers, name)).filter(|v| !v.is_empty());
-        for value in values.take(MAX_SIGNATURES) {
-            match self.candidates(value, d) {
-                Ok((timestamp, mut candidates)) => {
-                    candidates.truncate(MAX_SIGNATURES - tried);
-                    tried += candidates.len();
-                    match groups.iter_mut().find(|(t, _)| *t == timestamp) {
-                        Some((_, group)) => group.extend(candidates),
-                        None => groups.push((timestamp, candidates)),
-                    }
-                }
-                Err(r) => reason = Some(r),
-            }
-            if tried == MAX_SIGNATURES {
-                break;
-            }
-        }
-        if groups.is_empty() {
-            return Err(
-                reason.unwrap_or_else(|| Rejected::missing(format!("missing {} header", r.headers.join(" or "))))
-            );
-        }
+        let groups = candidate_groups(values, |value| self.candidates(value, d)).map_err(|reason| {
+            reason.unwrap_or_else(|| Rejected::missing(format!("missing {} header", r.headers.join(" or "))))
+        })?;
         // The signed bytes are built once (a sorted 1 MiB form is no small thing), the timestamp set per group.
         let message = r.message(d, self.url.as_deref(), "")?;
         for (timestamp, candidates) in &groups {
