@@ -74,8 +74,7 @@
 //! function), [`dev`] (the local stack), [`ops`] (what the operator's commands
 //! do, from code), [`config`] (settings from the environment), [`schemes`]
 //! (a provider's signing contract of your own) and [`reference`](mod@reference)
-//! (the stock domain). The other modules are the stock binaries'
-//! and the integration tests' internals: hidden, and not part of the API.
+//! (the stock domain), each item at one path. Everything else is private.
 //!
 //! # Features
 //!
@@ -84,52 +83,79 @@
 //! and what only it links (the outbound HTTP client, EventBridge); `dev` adds
 //! the local stack; `full`, the default, is all of them. Without `service`
 //! only the providers' signing schemes remain (what the fuzz targets build).
+//! `internals` is not for you: it opens the private modules to this
+//! repository's own `inbox` binary, fuzz targets and tests, with no
+//! compatibility promised.
 
 #![deny(missing_docs)]
+// Without `service` only the signing schemes remain, and only the fuzz
+// targets build that, through `internals`.
+#![cfg_attr(not(any(feature = "service", feature = "internals")), allow(dead_code, unused_imports))]
 
-#[cfg(feature = "service")]
-#[doc(hidden)]
-pub mod app;
+/// The modules that are the stock binaries' and the tests' internals: private,
+/// unless the unstable `internals` feature (for this repository's own `inbox`
+/// binary, fuzz targets and tests; no compatibility promised) makes them reachable.
+macro_rules! internal {
+    ($(#[$attr:meta])* mod $name:ident;) => {
+        $(#[$attr])*
+        #[cfg(feature = "internals")]
+        #[doc(hidden)]
+        pub mod $name;
+        $(#[$attr])*
+        #[cfg(not(feature = "internals"))]
+        mod $name;
+    };
+}
+
+internal! {
+    #[cfg(feature = "service")]
+    mod app;
+}
 #[cfg(feature = "service")]
 pub mod config;
-#[doc(hidden)]
-pub mod core;
-#[cfg(feature = "service")]
-#[doc(hidden)]
-pub mod db;
+internal! {
+    mod core;
+}
+internal! {
+    #[cfg(feature = "service")]
+    mod db;
+}
 #[cfg(feature = "dev")]
 pub mod dev;
-#[doc(hidden)]
-pub mod ingest;
+internal! {
+    mod ingest;
+}
 #[cfg(feature = "service")]
 pub mod lambda;
-#[cfg(feature = "migrate")]
-#[doc(hidden)]
-pub mod migrate;
-#[cfg(feature = "service")]
-#[doc(hidden)]
-pub mod process;
-#[cfg(feature = "service")]
-#[doc(hidden)]
-pub mod prune;
-#[cfg(feature = "reconcile")]
-#[doc(hidden)]
-pub mod reconcile;
+internal! {
+    #[cfg(feature = "migrate")]
+    mod migrate;
+}
+internal! {
+    #[cfg(feature = "service")]
+    mod process;
+}
+internal! {
+    #[cfg(feature = "service")]
+    mod prune;
+}
+internal! {
+    #[cfg(feature = "reconcile")]
+    mod reconcile;
+}
 #[cfg(feature = "service")]
 pub mod reference;
-#[cfg(feature = "relay")]
-#[doc(hidden)]
-pub mod relay;
-#[cfg(feature = "service")]
-#[doc(hidden)]
-pub mod runtime;
-
-/// What the operator's commands (`inbox requeue`, ...) do, from code: put
-/// events back to pending by status, provider, type, time and reason.
-#[cfg(feature = "service")]
-pub mod ops {
-    pub use crate::db::inbox::{count_matching, requeue_all, Filter, Matching, Requeue, Requeued, Since, Status};
+internal! {
+    #[cfg(feature = "relay")]
+    mod relay;
 }
+internal! {
+    #[cfg(feature = "service")]
+    mod runtime;
+}
+
+#[cfg(feature = "service")]
+pub mod ops;
 
 /// A provider's signing contract in code, for a provider that is neither
 /// built in nor declarable as data: implement [`Scheme`](schemes::Scheme) and
@@ -198,13 +224,13 @@ pub use crate::core::provider::Provider;
 #[cfg(feature = "service")]
 pub use app::App;
 #[cfg(feature = "service")]
-pub use config::ReceiveConfig;
-#[cfg(feature = "service")]
 pub use db::{
     outbox::{enqueue, Message},
     query, query_as, query_scalar,
     schema::MigrateError,
 };
+#[cfg(feature = "service")]
+pub use ingest::receive::ReceiveConfig;
 #[cfg(feature = "service")]
 pub use ingest::receive::Receiver;
 #[cfg(feature = "service")]

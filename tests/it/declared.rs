@@ -9,10 +9,10 @@ use inbox_tests::*;
 use serde_json::{json, Value};
 use sqlx::{postgres::PgConnectOptions, PgPool};
 use webhook_inbox::{
-    config::{Env, ReceiveConfig},
+    config::Env,
     db,
     ingest::providers::{verify_stored, Provider, Schemes},
-    Receiver,
+    ReceiveConfig, Receiver,
 };
 
 const ACME: &str = r#"
@@ -357,7 +357,9 @@ async fn a_captured_delivery_of_any_built_in_provider_replayed_under_changed_uns
     let declared: Vec<(Provider, webhook_inbox::ingest::providers::declared::Rules)> = catalog
         .entries()
         .filter_map(|e| match &e.kind {
-            webhook_inbox::config::Kind::Declared(r) if r.algorithm != Algorithm::EcdsaP256Sha256 => {
+            webhook_inbox::ingest::providers::catalog::Kind::Declared(r)
+                if r.algorithm != Algorithm::EcdsaP256Sha256 =>
+            {
                 Some((e.provider, (**r).clone()))
             }
             _ => None,

@@ -1016,7 +1016,9 @@ fn declared_signature(
     body: &[u8],
 ) -> (String, String) {
     let p = Provider::try_from(provider).unwrap();
-    let webhook_inbox::config::Kind::Declared(rules) = &cfg.catalog.get(p).unwrap().kind else { panic!("{provider}") };
+    let webhook_inbox::ingest::providers::catalog::Kind::Declared(rules) = &cfg.catalog.get(p).unwrap().kind else {
+        panic!("{provider}")
+    };
     let h = http::HeaderMap::from_iter(
         headers.iter().map(|(k, v)| (http::HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap())),
     );

@@ -16,13 +16,14 @@ use inbox_tests::*;
 use serde_json::{json, Value};
 use sqlx::{postgres::PgConnectOptions, PgPool};
 use webhook_inbox::{
-    config::{Catalog, Env, Kind, ReceiveConfig},
+    config::{Catalog, Env},
     db,
     ingest::providers::{
+        catalog::Kind,
         declared::{Rules, Source, TimeFormat},
         Delivery, Provider,
     },
-    Receiver,
+    ReceiveConfig, Receiver,
 };
 
 #[derive(Clone, Copy, PartialEq)]

@@ -10,7 +10,7 @@ macro_rules! say {
     }};
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        let _ = writeln!(std::io::stdout(), "{}", webhook_inbox::core::text::escape(&format!($($arg)*)));
+        let _ = writeln!(std::io::stdout(), "{}", webhook_inbox::ops::escape(&format!($($arg)*)));
     }};
 }
 
@@ -24,8 +24,8 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use webhook_inbox::{
     config::{self, DbConfig},
-    db::{self, inbox},
-    dev,
+    db, dev,
+    ops::{Filter, Requeue, Since, Status},
     prune::{Pruner, RetentionConfig},
     reconcile::Reconciler,
     relay::{Relay, RelayConfig},
@@ -94,7 +94,7 @@ enum Command {
         provider: Option<String>,
         /// Failed at or after: 30m, 2h, 7d, or a timestamp.
         #[arg(long, value_parser = ops::parse_since)]
-        since: Option<inbox::Since>,
+        since: Option<Since>,
         #[arg(long, default_value_t = 50)]
         limit: i64,
         #[command(flatten)]
@@ -126,7 +126,7 @@ enum Command {
     Requeue {
         /// Events in this status: unhandled, failed or done (repeat, or comma-separate, for several).
         #[arg(long, value_delimiter = ',', value_parser = ops::parse_requeue_status, required_unless_present = "failed")]
-        status: Vec<inbox::Status>,
+        status: Vec<Status>,
         /// The same as --status failed.
         #[arg(long)]
         failed: bool,
@@ -137,10 +137,10 @@ enum Command {
         event_type: Option<String>,
         /// Ended (processed, or stored as failed) at or after: 30m, 2h, 7d, or a timestamp.
         #[arg(long, value_parser = ops::parse_since)]
-        since: Option<inbox::Since>,
+        since: Option<Since>,
         /// Ended before: 30m, 2h, 7d (ago), or a timestamp.
         #[arg(long, value_parser = ops::parse_since)]
-        until: Option<inbox::Since>,
+        until: Option<Since>,
         /// Only events whose failure reason matches this pattern (SQL ILIKE: % and _).
         #[arg(long)]
         reason_like: Option<String>,
@@ -213,7 +213,7 @@ async fn main() -> std::process::ExitCode {
     match run(Cli::parse()).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", webhook_inbox::core::text::escape(&format!("{e:#}")));
+            eprintln!("error: {}", webhook_inbox::ops::escape(&format!("{e:#}")));
             std::process::ExitCode::FAILURE
         }
     }
@@ -331,7 +331,7 @@ async fn run(cli: Cli) -> Result<()> {
             ops::providers(&config::Env::resolved().await?, &base_url, all, &out)
         }
         Command::Failed { provider, since, limit, out } => {
-            let filter = inbox::Filter { statuses: vec![inbox::Status::Failed], provider, since, ..Default::default() };
+            let filter = Filter { statuses: vec![Status::Failed], provider, since, ..Default::default() };
             ops::failed(&operator_db().await?, &filter, limit.max(1), &out).await
         }
         Command::Show { provider, event_id, out } => {
@@ -340,7 +340,7 @@ async fn run(cli: Cli) -> Result<()> {
         }
         Command::Replay { provider, event_id, reason, out } => {
             let actor = ops::operator(&config::Env::process());
-            let by = inbox::Requeue { actor: &actor, action: "replay", reason: &reason };
+            let by = Requeue { actor: &actor, action: "replay", reason: &reason };
             ops::replay(&operator_db().await?, &provider, &event_id, &by, &out).await
         }
         Command::Requeue {
@@ -355,12 +355,12 @@ async fn run(cli: Cli) -> Result<()> {
             reason,
             out,
         } => {
-            if failed && !status.contains(&inbox::Status::Failed) {
-                status.push(inbox::Status::Failed);
+            if failed && !status.contains(&Status::Failed) {
+                status.push(Status::Failed);
             }
             let actor = ops::operator(&config::Env::process());
-            let by = inbox::Requeue { actor: &actor, action: "requeue", reason: &reason };
-            let filter = inbox::Filter { statuses: status, provider, event_type, since, until, reason_like };
+            let by = Requeue { actor: &actor, action: "requeue", reason: &reason };
+            let filter = Filter { statuses: status, provider, event_type, since, until, reason_like };
             ops::requeue(&operator_db().await?, &filter, &by, dry_run, &out).await
         }
         Command::Outbox { command, dead, limit, out } => {

@@ -9,14 +9,10 @@ use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 use sqlx::PgPool;
 use webhook_inbox::{
-    config::{Catalog, Env, Kind, Secrets},
-    core::text,
-    db::{
-        self, audit,
-        inbox::{self, Filter, Replayed, Requeue, Since, Status},
-        outbox,
-    },
-    ingest::providers::{verify_stored, Schemes},
+    config::{Catalog, Env, Secrets},
+    db::{self, inbox, outbox},
+    ingest::providers::catalog::Kind,
+    ops::{self, Filter, Replayed, Requeue, Since, Status},
     Provider,
 };
 
@@ -112,13 +108,13 @@ pub fn operator(env: &Env<'_>) -> String {
 }
 
 pub async fn stats(pool: &PgPool, env: &Env<'_>, out: &Output) -> Result<()> {
-    let counts = inbox::counts_by_status(pool).await?;
+    let counts = ops::counts_by_status(pool).await?;
     let gauges = inbox::gauges(db::Autocommit(pool)).await?;
     let outbox = outbox::gauges(db::Autocommit(pool)).await?;
-    let secrets = inbox::secret_usage(pool, Duration::from_secs(7 * 86_400)).await?;
+    let secrets = ops::secret_usage(pool, Duration::from_secs(7 * 86_400)).await?;
     // Where each fingerprint is in the lists configured here (none, in a shell without the secrets).
     let configured = Catalog::read(env).and_then(|c| Secrets::read(env, &c)).ok();
-    let position = |s: &inbox::SecretUse| -> Option<usize> {
+    let position = |s: &ops::SecretUse| -> Option<usize> {
         let (provider, fingerprint) = (Provider::try_from(s.provider.as_str()).ok()?, s.secret_fingerprint.as_deref()?);
         configured.as_ref()?.fingerprints(provider).iter().position(|f| f == fingerprint).map(|i| i + 1)
     };
@@ -177,7 +173,7 @@ pub async fn stats(pool: &PgPool, env: &Env<'_>, out: &Output) -> Result<()> {
 
 pub async fn failed(pool: &PgPool, filter: &Filter, limit: i64, out: &Output) -> Result<()> {
     check_times(pool, filter).await?;
-    let events = inbox::list_failed(pool, filter, limit).await?;
+    let events = ops::list_failed(pool, filter, limit).await?;
     if out.json {
         print_json(&json!(events));
         return Ok(());
@@ -201,10 +197,10 @@ pub async fn failed(pool: &PgPool, filter: &Filter, limit: i64, out: &Output) ->
 }
 
 pub async fn show(pool: &PgPool, env: &Env<'_>, provider: &str, event_id: &str, out: &Output) -> Result<()> {
-    let Some(event) = inbox::event(pool, provider, event_id).await? else {
+    let Some(event) = ops::stored_event(pool, provider, event_id).await? else {
         bail!("no event {event_id:?} from provider {provider:?}");
     };
-    let history = audit::history(pool, provider, event_id).await?;
+    let history = ops::history(pool, provider, event_id).await?;
     let verification = reverify(env, &event);
     if out.json {
         print_json(&json!({
@@ -336,7 +332,7 @@ pub fn providers(env: &Env<'_>, base_url: &str, all: bool, out: &Output) -> Resu
 }
 
 /// Whether the stored bytes still verify against the secrets configured now.
-fn reverify(env: &Env<'_>, event: &inbox::StoredEvent) -> String {
+fn reverify(env: &Env<'_>, event: &ops::StoredEvent) -> String {
     let Ok(provider) = Provider::try_from(event.provider.as_str()) else {
         return format!("unknown provider {:?}", event.provider);
     };
@@ -347,19 +343,15 @@ fn reverify(env: &Env<'_>, event: &inbox::StoredEvent) -> String {
         Ok(read) => read,
         Err(e) => return format!("not checked: {e}"),
     };
-    let schemes = Schemes::new(&catalog, &secrets);
-    if schemes.get(provider).is_none() {
+    if !secrets.is_configured(provider) {
         // No secret at all here: perhaps `inbox dev`'s database, signed with its development secrets.
         // Said only when they verify: a stored delivery is never judged by secrets it was not meant for.
-        if secrets.none_configured() {
-            let development = Schemes::new(&catalog, &Secrets::development());
-            if verify_stored(&development, provider, &event.headers.0, &event.raw_body, event.received_epoch).is_ok() {
-                return format!("verifies with inbox dev's development {provider} secret (none is configured here)");
-            }
+        if secrets.none_configured() && ops::verify_kept(event, &catalog, &Secrets::development()).is_ok() {
+            return format!("verifies with inbox dev's development {provider} secret (none is configured here)");
         }
         return format!("not checked: no {provider} secret is configured here");
     }
-    match verify_stored(&schemes, provider, &event.headers.0, &event.raw_body, event.received_epoch) {
+    match ops::verify_kept(event, &catalog, &secrets) {
         Ok(v) => {
             let fingerprint = secrets.fingerprints(provider).get(v.secret_index).cloned().unwrap_or_default();
             format!("verifies with {provider} secret #{} ({fingerprint})", v.secret_index + 1)
@@ -372,7 +364,7 @@ fn reverify(env: &Env<'_>, event: &inbox::StoredEvent) -> String {
 }
 
 pub async fn replay(pool: &PgPool, provider: &str, event_id: &str, by: &Requeue<'_>, out: &Output) -> Result<()> {
-    let replayed = inbox::replay(pool, provider, event_id, by).await?;
+    let replayed = ops::replay(pool, provider, event_id, by).await?;
     let from = match &replayed {
         Replayed::NotFound => bail!("no event {event_id:?} from provider {provider:?}"),
         Replayed::AlreadyPending => bail!("{provider} {event_id} is already pending: nothing to replay"),
@@ -412,7 +404,7 @@ pub async fn requeue(pool: &PgPool, filter: &Filter, by: &Requeue<'_>, dry_run: 
     let statuses: Vec<&str> = filter.statuses.iter().map(|s| s.as_str()).collect();
     let what = format!("{} event(s)", statuses.join(" or "));
     if dry_run {
-        let found = inbox::count_matching(pool, filter).await?;
+        let found = ops::count_matching(pool, filter).await?;
         if out.json {
             print_json(
                 &json!({"matching": found.matching, "without_payload": found.without_payload, "requeued": 0, "dry_run": true}),
@@ -427,7 +419,7 @@ pub async fn requeue(pool: &PgPool, filter: &Filter, by: &Requeue<'_>, dry_run: 
         return Ok(());
     }
     let bar = progress(0, out);
-    let done = inbox::requeue_all(pool, filter, by, BATCH, |so_far| {
+    let done = ops::requeue_all(pool, filter, by, BATCH, |so_far| {
         bar.set_length((so_far.matching - so_far.without_payload).max(0) as u64);
         bar.set_position(so_far.requeued);
     })
@@ -456,7 +448,7 @@ pub async fn requeue(pool: &PgPool, filter: &Filter, by: &Requeue<'_>, dry_run: 
 }
 
 pub async fn outbox_list(pool: &PgPool, dead: bool, limit: i64, out: &Output) -> Result<()> {
-    let messages = outbox::list(pool, dead, limit).await?;
+    let messages = ops::list_unsent(pool, dead, limit).await?;
     if out.json {
         print_json(&json!(messages));
         return Ok(());
@@ -483,7 +475,7 @@ pub async fn outbox_list(pool: &PgPool, dead: bool, limit: i64, out: &Output) ->
 pub async fn outbox_retry(pool: &PgPool, id: Option<i64>, dead: bool, out: &Output) -> Result<()> {
     let retried = match (id, dead) {
         (Some(id), _) => {
-            if !outbox::retry(pool, id).await? {
+            if !ops::retry_message(pool, id).await? {
                 bail!("no unsent outbox message with id {id}");
             }
             1
@@ -491,7 +483,7 @@ pub async fn outbox_retry(pool: &PgPool, id: Option<i64>, dead: bool, out: &Outp
         (None, true) => {
             let mut total = 0;
             loop {
-                let n = outbox::retry_dead(pool, BATCH).await?;
+                let n = ops::retry_dead(pool, BATCH).await?;
                 total += n;
                 if n < BATCH as u64 {
                     break total;
@@ -531,14 +523,13 @@ fn age(ms: f64) -> String {
 
 fn print_json(v: &Value) {
     use std::io::Write as _;
-    let _ =
-        writeln!(std::io::stdout(), "{}", text::escape_json(&serde_json::to_string_pretty(v).expect("JSON prints")));
+    let _ = writeln!(std::io::stdout(), "{}", ops::escape_json(&serde_json::to_string_pretty(v).expect("JSON prints")));
 }
 
 /// Left-aligned columns, each as wide as its widest cell (cells are cut at 80 characters).
 fn print_table(head: &[&str], rows: &[Vec<String>]) {
     let cut = |s: &str| -> String {
-        let s = text::escape(s).into_owned(); // before the widths: an escape is wider than its character
+        let s = ops::escape(s).into_owned(); // before the widths: an escape is wider than its character
         if s.chars().count() > 80 {
             format!("{}...", s.chars().take(77).collect::<String>())
         } else {

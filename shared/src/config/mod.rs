@@ -19,7 +19,8 @@ use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
 pub use crate::core::error::ConfigError;
 pub use crate::core::secret::{MarqetaAuth, Secret, Secrets};
 pub use crate::db::DbConfig;
-pub use crate::ingest::providers::catalog::{Catalog, Kind};
+pub use crate::ingest::providers::catalog::Catalog;
+use crate::ingest::providers::catalog::Kind;
 use crate::{
     core::provider::Provider, process::worker::WorkerConfig, prune::RetentionConfig,
     runtime::deadline::DEFAULT_DEADLINE_MARGIN,
@@ -316,7 +317,8 @@ impl DbConfig {
     }
 }
 
-pub use crate::ingest::receive::{ReceiveConfig, DEFAULT_MAX_BODY_BYTES};
+use crate::ingest::receive::ReceiveConfig;
+pub use crate::ingest::receive::DEFAULT_MAX_BODY_BYTES;
 
 fn inline_providers(value: Option<&str>, catalog: &Catalog) -> Result<Vec<Provider>, ConfigError> {
     value

@@ -17,6 +17,7 @@ pub fn http_client(timeout: Duration) -> Result<reqwest::Client, reqwest::Error>
 }
 
 /// `Retry-After` as seconds (whole or decimal) or an HTTP date, at most an hour.
+#[cfg(any(feature = "relay", feature = "reconcile"))]
 pub fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     super::backoff::retry_after_value(headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?)
 }

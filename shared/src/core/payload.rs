@@ -18,7 +18,7 @@
 use std::fmt;
 
 use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
-use serde_json::{value::RawValue, Value};
+use serde_json::value::RawValue;
 
 /// `serde_json`'s recursion limit (128 less one): deeper arrays and objects are unusable.
 pub const MAX_DEPTH: usize = 127;
@@ -29,7 +29,8 @@ pub const MAX_DEPTH: usize = 127;
 pub struct Unusable(pub String);
 
 /// The payload as handlers see it.
-pub fn decode(text: &str) -> Result<Value, Unusable> {
+#[cfg(any(feature = "reconcile", feature = "internals"))]
+pub fn decode(text: &str) -> Result<serde_json::Value, Unusable> {
     decode_as(text)
 }
 

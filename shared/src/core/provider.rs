@@ -7,7 +7,7 @@
 use std::{collections::HashSet, fmt, sync::Mutex};
 
 /// A provider's name: lower-case ASCII letters, digits, `-` and `_`, at most
-/// [`MAX_NAME_CHARS`]. Names are interned, so a `Provider` is a cheap `Copy`.
+/// 64 characters. Names are interned, so a `Provider` is a cheap `Copy`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Provider(&'static str);
 

@@ -11,9 +11,12 @@ use super::provider::Provider;
 pub struct Secret(Vec<u8>);
 
 impl Secret {
+    /// The secret of these bytes (already decoded, as the provider's scheme uses them).
     pub fn new(bytes: impl Into<Vec<u8>>) -> Self {
         Secret(bytes.into())
     }
+
+    /// The bytes themselves, for signing or verifying with them.
     pub fn expose(&self) -> &[u8] {
         &self.0
     }
@@ -39,6 +42,7 @@ impl fmt::Debug for Secret {
 /// Marqeta's Basic credentials and optional signing secrets.
 #[derive(Clone, Debug)]
 pub struct MarqetaAuth {
+    /// The Basic user name.
     pub username: Secret,
     /// Several passwords may be valid at once while one is being rotated.
     pub passwords: Vec<Secret>,
@@ -49,17 +53,22 @@ pub struct MarqetaAuth {
 /// The secrets of every provider; a provider with none configured has no endpoint.
 #[derive(Clone, Debug, Default)]
 pub struct Secrets {
+    /// `STRIPE_WEBHOOK_SECRET`, as given (`whsec_...`).
     pub stripe: Vec<Secret>,
+    /// `SHOPIFY_WEBHOOK_SECRET`.
     pub shopify: Vec<Secret>,
+    /// `GITHUB_WEBHOOK_SECRET`.
     pub github: Vec<Secret>,
     /// Already base64-decoded, `whsec_` prefix removed.
     pub standard: Vec<Secret>,
+    /// `MARQETA_WEBHOOK_USERNAME`, `MARQETA_WEBHOOK_PASSWORD` and `MARQETA_WEBHOOK_SECRET`.
     pub marqeta: Option<MarqetaAuth>,
     /// Each other provider's secrets (`<NAME>_WEBHOOK_SECRET`), decoded as its contract says.
     pub declared: BTreeMap<Provider, Vec<Secret>>,
 }
 
 impl Secrets {
+    /// Whether the provider has at least one secret (an endpoint).
     pub fn is_configured(&self, provider: Provider) -> bool {
         self.count(provider) > 0
     }
@@ -95,6 +104,7 @@ impl Secrets {
         list.iter().map(Secret::fingerprint).collect()
     }
 
+    /// Whether no provider has a secret (a deployment that would refuse everything).
     pub fn none_configured(&self) -> bool {
         Provider::CODED.iter().all(|p| !self.is_configured(*p)) && self.declared.values().all(Vec::is_empty)
     }

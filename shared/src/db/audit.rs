@@ -4,14 +4,22 @@
 
 use sqlx::PgPool;
 
+/// One requeue of an event: who put it back to pending, when and why, and what it was before.
 #[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
 pub struct AuditRecord {
+    /// When (PostgreSQL's own text).
     pub at: String,
+    /// Who ([`crate::ops::Requeue::actor`]).
     pub actor: String,
+    /// What: `replay` or `requeue`.
     pub action: String,
+    /// Why, in the operator's words.
     pub reason: String,
+    /// The event's status before.
     pub from_status: String,
+    /// Its attempts before (reset to 0 by the requeue).
     pub attempts: i32,
+    /// Its failure reason before.
     pub failure_reason: Option<String>,
 }
 

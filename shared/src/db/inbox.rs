@@ -539,13 +539,16 @@ pub async fn secret_usage(pool: &PgPool, since: Duration) -> Result<Vec<SecretUs
 /// One secret's recent use. Timestamps are PostgreSQL's own text (the crate has no date-time type).
 #[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
 pub struct SecretUse {
+    /// The provider's name.
     pub provider: String,
     /// The secret's fingerprint ([`crate::core::secret::Secret::fingerprint`]).
     pub secret_fingerprint: Option<String>,
     /// For rows stored before fingerprints were: the secret's position in the
     /// list configured then (which a rotation may since have reordered).
     pub secret_index: Option<i16>,
+    /// Deliveries it verified in the period.
     pub deliveries: i64,
+    /// When the last of them arrived.
     pub last_received_at: String,
 }
 
@@ -594,15 +597,22 @@ impl Since {
     }
 }
 
-/// A failed event, as `inbox failed` lists it.
+/// A failed event, as `inbox failed` lists it. Timestamps are PostgreSQL's own text.
 #[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
 pub struct FailedEvent {
+    /// The provider's name.
     pub provider: String,
+    /// The event's id (the provider's, or the one receive derived).
     pub event_id: String,
+    /// Its type.
     pub event_type: String,
+    /// Attempts made.
     pub attempts: i32,
+    /// When receive claimed it.
     pub received_at: String,
+    /// When it failed (its last attempt, or its receipt for a body never usable).
     pub failed_at: String,
+    /// Why.
     pub failure_reason: Option<String>,
 }
 
@@ -772,13 +782,16 @@ pub async fn requeue_all(
 /// What replaying one event found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Replayed {
-    /// Back to pending; it was in this status.
+    /// Back to pending.
     Requeued {
+        /// The status it was in.
         from: String,
     },
+    /// It was pending already: nothing changed.
     AlreadyPending,
     /// Stored without a payload (its body was never usable): no handler could take it.
     WithoutPayload,
+    /// No such event.
     NotFound,
 }
 
@@ -816,23 +829,36 @@ pub async fn replay(pool: &PgPool, provider: &str, event_id: &str, by: &Requeue<
     })
 }
 
-/// One stored event in full, as `inbox show` prints it.
+/// One stored event in full, as `inbox show` prints it. Timestamps are PostgreSQL's own text.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct StoredEvent {
+    /// The provider's name.
     pub provider: String,
+    /// The event's id.
     pub event_id: String,
+    /// Its type.
     pub event_type: String,
+    /// `pending`, `done`, `unhandled` or `failed`.
     pub status: String,
+    /// How it arrived: `webhook`, or `reconcile` (fetched from the provider's API, unsigned).
     pub source: String,
+    /// Attempts made.
     pub attempts: i32,
+    /// When receive claimed it.
     pub received_at: String,
+    /// When a worker finished with it.
     pub processed_at: Option<String>,
+    /// When a worker tries it next (an event in backoff).
     pub next_attempt_at: Option<String>,
+    /// Why it failed (or last failed).
     pub failure_reason: Option<String>,
+    /// The delivery's headers that were kept (a repeated header as an array of its values).
     pub headers: Json<serde_json::Value>,
+    /// The payload as `jsonb` (none for a body that was never usable).
     pub payload: Option<Json<serde_json::Value>>,
     /// The signed bytes: the row's own, or its batch's (`webhook_bodies`).
     pub raw_body: Vec<u8>,
+    /// The position of the secret that verified it, in the list configured then.
     pub secret_index: Option<i16>,
     /// The fingerprint of the secret that verified it (rows stored before fingerprints have none).
     pub secret_fingerprint: Option<String>,
@@ -840,7 +866,8 @@ pub struct StoredEvent {
     pub received_epoch: i64,
 }
 
-pub async fn event(pool: &PgPool, provider: &str, event_id: &str) -> Result<Option<StoredEvent>, sqlx::Error> {
+/// The event `event_id` of `provider`, in full, if it is stored.
+pub async fn stored_event(pool: &PgPool, provider: &str, event_id: &str) -> Result<Option<StoredEvent>, sqlx::Error> {
     super::query_as(
         "SELECT w.provider, w.event_id, w.event_type, w.status, w.source, w.attempts, w.received_at::text,
                 w.processed_at::text, w.next_attempt_at::text, w.failure_reason, w.headers, w.payload,

@@ -3,6 +3,7 @@
 
 pub mod audit;
 pub mod bodies;
+#[cfg(feature = "reconcile")]
 pub mod checkpoints;
 pub mod inbox;
 pub mod outbox;

@@ -36,6 +36,7 @@ pub async fn enqueue(conn: &mut PgConnection, m: &Message<'_>) -> Result<bool, s
     Ok(row.is_some())
 }
 
+#[cfg(feature = "relay")]
 /// A message on its way out.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct Outgoing {
@@ -48,6 +49,7 @@ pub struct Outgoing {
     pub attempts: i32,
 }
 
+#[cfg(feature = "relay")]
 /// Leases up to `limit` due, unsent messages for `lease`, in id order, skipping
 /// those another relay holds. The lease is committed at once: no transaction
 /// stays open across the sink's network calls. A relay that dies leaves its
@@ -80,6 +82,7 @@ pub async fn lease_unsent(
     })
 }
 
+#[cfg(feature = "relay")]
 /// How a delivery ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Dispatch {
@@ -88,6 +91,7 @@ pub enum Dispatch {
     Dead(String),
 }
 
+#[cfg(feature = "relay")]
 /// Records every result of a batch in one statement. (In both UPDATEs the ids
 /// are also given as `id = ANY($1)`: joined only to `unnest`, whose size the
 /// planner cannot see, the statement walked every unsent message, and a
@@ -135,6 +139,7 @@ pub async fn record_results(pool: &sqlx::PgPool, results: &[(i64, i32, Dispatch)
     Ok(())
 }
 
+#[cfg(feature = "relay")]
 /// Gives leased messages back untouched (the attempt counted by the lease is
 /// undone, and they are due at once), if the lease is still this relay's.
 pub async fn release(pool: &sqlx::PgPool, leases: &[(i64, i32)]) -> Result<(), sqlx::Error> {
@@ -189,22 +194,31 @@ pub async fn gauges<'e>(ex: impl PgExecutor<'e>) -> Result<OutboxGauges, sqlx::E
     .await
 }
 
-/// A message, as `inbox outbox` lists it.
+/// An unsent message, as `inbox outbox` lists it. Timestamps are PostgreSQL's own text.
 #[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
-pub struct Listed {
+pub struct UnsentMessage {
+    /// Its id in `transactional_outbox` (what [`retry_message`] takes).
     pub id: i64,
+    /// The key the relay sends it under (a consumer deduplicates on it).
     pub message_key: String,
+    /// What it is about, as its handler said ([`crate::Message`]).
     pub aggregate_type: String,
+    /// Which one.
     pub aggregate_id: String,
+    /// Delivery attempts so far.
     pub attempts: i32,
+    /// When its handler's transaction wrote it.
     pub created_at: String,
+    /// When the relay tries it next (none: as soon as it runs).
     pub next_attempt_at: Option<String>,
+    /// When the relay gave up on it (a dead message), if it has.
     pub dead_at: Option<String>,
+    /// Why its last attempt failed.
     pub last_error: Option<String>,
 }
 
 /// Unsent messages (or, with `dead`, the dead ones), oldest first.
-pub async fn list(pool: &sqlx::PgPool, dead: bool, limit: i64) -> Result<Vec<Listed>, sqlx::Error> {
+pub async fn list_unsent(pool: &sqlx::PgPool, dead: bool, limit: i64) -> Result<Vec<UnsentMessage>, sqlx::Error> {
     super::query_as(
         "SELECT id, message_key, aggregate_type, aggregate_id, attempts, created_at::text,
                 next_attempt_at::text, dead_at::text, last_error
@@ -221,7 +235,7 @@ pub async fn list(pool: &sqlx::PgPool, dead: bool, limit: i64) -> Result<Vec<Lis
 /// Gives a dead (or waiting) message a fresh start: due now, attempts reset,
 /// its last error kept until the next attempt. A sent message is left alone.
 /// Returns whether it was found unsent.
-pub async fn retry(pool: &sqlx::PgPool, id: i64) -> Result<bool, sqlx::Error> {
+pub async fn retry_message(pool: &sqlx::PgPool, id: i64) -> Result<bool, sqlx::Error> {
     let done = super::query(
         "UPDATE transactional_outbox SET dead_at = NULL, attempts = 0, next_attempt_at = NULL
          WHERE id = $1 AND processed_at IS NULL",
@@ -232,7 +246,7 @@ pub async fn retry(pool: &sqlx::PgPool, id: i64) -> Result<bool, sqlx::Error> {
     Ok(done.rows_affected() == 1)
 }
 
-/// [`retry`] for up to `limit` dead messages, in one short statement; call it
+/// [`retry_message`] for up to `limit` dead messages, in one short statement; call it
 /// again until it returns less than `limit`.
 pub async fn retry_dead(pool: &sqlx::PgPool, limit: i64) -> Result<u64, sqlx::Error> {
     let done = super::query(

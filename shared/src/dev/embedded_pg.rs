@@ -50,6 +50,7 @@ impl EmbeddedPostgres {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
+    #[cfg(feature = "internals")]
     pub fn port(&self) -> u16 {
         self.port
     }
@@ -91,6 +92,7 @@ impl EmbeddedPostgres {
     /// Stops the cluster as a crash would (immediate shutdown: no checkpoint,
     /// connections cut), keeping its files; [`EmbeddedPostgres::resume`]
     /// recovers it from the WAL.
+    #[cfg(feature = "internals")]
     pub async fn crash(&mut self) -> Result<()> {
         let data = self.data_dir();
         self.run("pg_ctl", &[OsStr::new("-D"), data.as_os_str()], &["-w", "-s", "-m", "immediate", "stop"]).await?;

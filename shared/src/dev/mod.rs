@@ -2,10 +2,14 @@
 //! and a team's own `dev` binary are), the HTTP server, a throwaway
 //! PostgreSQL, and the storm of signed deliveries with its checks (`inbox demo`).
 
-#[doc(hidden)]
-pub mod embedded_pg;
-#[doc(hidden)]
-pub mod server;
+internal! {
+    mod embedded_pg;
+}
+internal! {
+    mod server;
+}
+// Only `inbox demo`, `inbox bench` and the fault suite storm.
+#[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod storm;
 

@@ -140,7 +140,8 @@ impl Receiver {
         Ok(Self::new(Connections::new(&config.db)?, config))
     }
 
-    /// Tells `process` of each new pending event, after the commit (see [`crate::ingest::notify`]).
+    /// Tells `process` of each new pending event, after the commit (`PROCESS_QUEUE_URL`).
+    #[doc(hidden)]
     pub fn with_process_queue(mut self, queue: ProcessQueue) -> Self {
         self.process_queue = Some(queue);
         self

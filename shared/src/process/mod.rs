@@ -35,6 +35,7 @@ pub enum ProcessError {
 }
 
 /// Dispatches on the event's shape: an SQS batch (`Records`) or a schedule (anything else).
+#[cfg(feature = "internals")]
 pub async fn handle(worker: &Worker, event: Value, deadline: Instant) -> Result<Value, ProcessError> {
     handle_counted(worker, event, deadline).await.0
 }
@@ -107,6 +108,7 @@ pub struct EventRef {
 /// worker is acknowledged: the schedule owns it from there. If the database
 /// could not be reached, the invocation fails (the whole batch comes back, and
 /// what was done is acknowledged as done next time).
+#[cfg(feature = "internals")]
 pub async fn on_sqs(worker: &Worker, event: SqsEvent) -> Result<SqsBatchResponse, ProcessError> {
     sqs_counted(worker, event).await.0
 }

@@ -39,7 +39,8 @@ pub trait Stage: Send + Sync {
     /// One bounded batch; past `deadline` it starts nothing new.
     fn run_once(&self, deadline: Instant) -> impl Future<Output = Result<Pass<Self::Tally>, sqlx::Error>> + Send;
 
-    /// [`run`]: batch after batch until one comes back short or the deadline passes.
+    /// Batch after batch until one comes back short or the deadline passes
+    /// (what the Lambda functions do in an invocation).
     fn run(&self, deadline: Instant) -> impl Future<Output = Result<Self::Tally, Stopped<Self::Tally>>> + Send
     where
         Self: Sized,
@@ -47,7 +48,8 @@ pub trait Stage: Send + Sync {
         run(self, deadline)
     }
 
-    /// [`run_until`]: continuously, until `shutdown`.
+    /// Continuously, until `shutdown`: a batch, then (when it came back short)
+    /// a wait of `poll` (what a long-running process does).
     fn run_until(&self, poll: Duration, shutdown: impl Future<Output = ()> + Send) -> impl Future<Output = ()> + Send
     where
         Self: Sized,

@@ -20,9 +20,11 @@ pub enum Kind {
     Coded,
     /// Standard Webhooks under a sender's own name (clerk, resend, ...).
     Standard,
+    /// Declared as data, in the built-in contracts or the providers file.
     Declared(Box<Rules>),
 }
 
+/// One provider the deployment knows.
 #[derive(Debug, Clone)]
 pub struct Entry {
     pub provider: Provider,
@@ -35,6 +37,9 @@ pub struct Entry {
     pub alias_of: Option<Provider>,
 }
 
+/// Every provider the deployment knows, configured or not: the built-in ones
+/// and those of the providers file (`WEBHOOK_PROVIDERS_FILE`), with their
+/// contracts, redelivery windows and URLs.
 #[derive(Debug, Clone)]
 pub struct Catalog {
     entries: BTreeMap<Provider, Entry>,
@@ -113,19 +118,25 @@ impl Catalog {
         Ok(Catalog { entries, urls })
     }
 
+    /// A provider's entry.
+    #[doc(hidden)]
     pub fn get(&self, p: Provider) -> Option<&Entry> {
         self.entries.get(&p)
     }
 
     /// A name from a request, looked up without interning it.
+    #[doc(hidden)]
     pub fn find(&self, name: &str) -> Option<&Entry> {
         self.entries.values().find(|e| e.provider.as_str() == name)
     }
 
+    /// Every entry, by provider name.
+    #[doc(hidden)]
     pub fn entries(&self) -> impl Iterator<Item = &Entry> {
         self.entries.values()
     }
 
+    /// `<NAME>_WEBHOOK_URL`, for a provider whose signature covers the URL.
     pub fn url(&self, p: Provider) -> Option<&str> {
         self.urls.get(&p).map(String::as_str)
     }

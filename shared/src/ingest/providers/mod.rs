@@ -8,8 +8,8 @@
 use std::{borrow::Cow, fmt, sync::Arc};
 
 pub use crate::core::{
-    event::{InitialStatus, NewEvent, MAX_EVENT_ID_CHARS, MAX_EVENT_TYPE_CHARS},
-    provider::{InvalidName, Provider},
+    event::{InitialStatus, NewEvent, MAX_EVENT_ID_CHARS},
+    provider::Provider,
 };
 
 use http::HeaderMap;

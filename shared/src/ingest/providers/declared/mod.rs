@@ -36,11 +36,8 @@ mod pointer;
 mod template;
 mod time;
 
-pub use contract::{Algorithm, Challenge, Encoding, Parse, Rules, TimestampRule};
-pub use description::{
-    ChallengeDescription, Description, OneOrMany, PingDescription, SecretDescription, SignatureDescription,
-    TimestampDescription,
-};
+pub use contract::{Algorithm, Encoding, Parse, Rules, TimestampRule};
+pub use description::Description;
 pub use template::{Part, Source, Template};
 pub use time::{parse_time, TimeFormat};
 
@@ -51,6 +48,7 @@ use pointer::{json_text, pointer};
 pub const MAX_BATCH_ITEMS: usize = 1000;
 /// Stripe's contract written as data: the coded scheme's twin, judged alike by
 /// the differential test and timed against it by `inbox bench --only verify`.
+#[cfg(any(test, feature = "internals"))]
 pub const STRIPE_AS_DATA: &str = r#"signature = { header = "Stripe-Signature", items = ",", key = "v1" }
 encoding = "hex"
 signed = "{timestamp}.{body}"
