@@ -1,6 +1,6 @@
 //! What the operator's commands (`inbox show`, `failed`, `replay`, `requeue`,
 //! `outbox`, `stats`) do, from code: find an event and its history, re-check
-//! its kept bytes, put events back to pending (by filter, in batches, with an
+//! its kept bytes, list events page by page, put events back to pending (by filter, in batches, with an
 //! audit record), retry dead outbox messages, and count what the inbox holds.
 //!
 //! Each reads or writes a [`sqlx::PgPool`] in short autocommit statements,
@@ -11,8 +11,9 @@
 pub use crate::core::text::{escape, escape_json};
 pub use crate::db::audit::{history, AuditRecord};
 pub use crate::db::inbox::{
-    count_matching, counts_by_status, list_failed, replay, requeue_all, secret_usage, stored_event, FailedEvent,
-    Filter, Matching, Replayed, Requeue, Requeued, SecretUse, Since, Status, StoredEvent,
+    count_matching, counts_by_status, list_events, list_failed, replay, requeue_all, secret_usage, stored_event,
+    BadCursor, Cursor, EventPage, EventQuery, EventSummary, FailedEvent, Filter, IdMatch, Matching, Replayed, Requeue,
+    Requeued, SecretUse, Since, Status, StoredEvent,
 };
 pub use crate::db::outbox::{list_unsent, retry_dead, retry_message, UnsentMessage};
 use crate::{

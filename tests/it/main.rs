@@ -6,6 +6,7 @@ mod declared;
 mod handlers;
 mod hostile;
 mod layout;
+mod listing;
 mod metrics;
 mod migrate;
 mod partitioning;

@@ -779,6 +779,151 @@ pub async fn requeue_all(
     }
 }
 
+/// Which events a listing shows (the console's filters). Every field narrows
+/// it; the default is every event.
+#[derive(Debug, Clone, Default)]
+pub struct EventQuery {
+    /// Of this provider only.
+    pub provider: Option<String>,
+    /// Of this type only.
+    pub event_type: Option<String>,
+    /// In one of these statuses (none: any).
+    pub statuses: Vec<Status>,
+    /// Received at or after this.
+    pub since: Option<Since>,
+    /// Received before this.
+    pub until: Option<Since>,
+    /// This id, or the ids that start with this text.
+    pub event_id: Option<IdMatch>,
+}
+
+/// An event id to look for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdMatch {
+    /// Exactly this id.
+    Exact(String),
+    /// Every id that starts with this text (taken as text: `%` and `_` are themselves).
+    Prefix(String),
+}
+
+/// One event in a listing. Timestamps are PostgreSQL's own text.
+#[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
+pub struct EventSummary {
+    /// The provider's name.
+    pub provider: String,
+    /// The event's id.
+    pub event_id: String,
+    /// Its type.
+    pub event_type: String,
+    /// Its status.
+    pub status: String,
+    /// Attempts made.
+    pub attempts: i32,
+    /// When receive claimed it.
+    pub received_at: String,
+    /// Why it failed (or last failed).
+    pub failure_reason: Option<String>,
+}
+
+/// A page of a listing, newest first, and where the next one starts.
+#[derive(Debug, Clone)]
+pub struct EventPage {
+    /// The events, newest first (by `received_at`, then provider and id).
+    pub events: Vec<EventSummary>,
+    /// Where the next page starts, if there is one.
+    pub next: Option<Cursor>,
+}
+
+/// Where a page starts: after this event, in the listing's order. Written as
+/// an opaque, URL-safe text (its `Display`), read back with [`Cursor::parse`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Cursor {
+    received_at: String,
+    provider: String,
+    event_id: String,
+}
+
+/// A text that is not a cursor a listing gave.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not a page cursor of this listing")]
+pub struct BadCursor;
+
+impl Cursor {
+    /// The cursor a page's `next` was written as.
+    pub fn parse(text: &str) -> Result<Cursor, BadCursor> {
+        use base64::Engine as _;
+        let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(text).map_err(|_| BadCursor)?;
+        serde_json::from_slice(&bytes).map_err(|_| BadCursor)
+    }
+}
+
+impl std::fmt::Display for Cursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use base64::Engine as _;
+        let json = serde_json::to_vec(self).map_err(|_| std::fmt::Error)?;
+        f.write_str(&base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(json))
+    }
+}
+
+/// The events `query` selects, newest first, `limit` of them (1 to 500)
+/// after `after` (a page's [`EventPage::next`]; none: from the newest).
+/// Keyset pagination: a page costs the same however deep it is, and events
+/// received meanwhile never shift one. A cursor that names no timestamp
+/// PostgreSQL reads is its error, when the query runs.
+pub async fn list_events(
+    pool: &PgPool,
+    query: &EventQuery,
+    after: Option<&Cursor>,
+    limit: i64,
+) -> Result<EventPage, sqlx::Error> {
+    let limit = limit.clamp(1, 500);
+    let (since, until) = (query.since.as_ref(), query.until.as_ref());
+    let (exact, prefix) = match &query.event_id {
+        Some(IdMatch::Exact(id)) => (Some(id.as_str()), None),
+        Some(IdMatch::Prefix(p)) => (None, Some(p.as_str())),
+        None => (None, None),
+    };
+    let mut events: Vec<EventSummary> = super::query_as(
+        "SELECT provider, event_id, event_type, status, attempts, received_at::text, failure_reason
+         FROM webhook_inbox
+         WHERE ($1::text IS NULL OR provider = $1)
+           AND ($2::text IS NULL OR event_type = $2)
+           AND (cardinality($3::text[]) = 0 OR status = ANY($3))
+           AND ($4::bigint IS NULL OR received_at >= now() - $4 * interval '1 millisecond')
+           AND ($5::timestamptz IS NULL OR received_at >= $5::timestamptz)
+           AND ($6::bigint IS NULL OR received_at < now() - $6 * interval '1 millisecond')
+           AND ($7::timestamptz IS NULL OR received_at < $7::timestamptz)
+           AND ($8::text IS NULL OR event_id = $8)
+           AND ($9::text IS NULL OR starts_with(event_id, $9))
+           AND ($10::timestamptz IS NULL OR (received_at, provider, event_id) < ($10::timestamptz, $11, $12))
+         ORDER BY received_at DESC, provider DESC, event_id DESC
+         LIMIT $13",
+    )
+    .bind(query.provider.as_deref())
+    .bind(query.event_type.as_deref())
+    .bind(query.statuses.iter().map(|s| s.as_str()).collect::<Vec<_>>())
+    .bind(since.and_then(Since::ago_ms))
+    .bind(since.and_then(Since::at))
+    .bind(until.and_then(Since::ago_ms))
+    .bind(until.and_then(Since::at))
+    .bind(exact)
+    .bind(prefix)
+    .bind(after.map(|c| c.received_at.as_str()))
+    .bind(after.map(|c| c.provider.as_str()))
+    .bind(after.map(|c| c.event_id.as_str()))
+    .bind(limit + 1)
+    .fetch_all(super::Autocommit(pool))
+    .await?;
+    let more = events.len() as i64 > limit;
+    events.truncate(limit as usize);
+    let next = events.last().filter(|_| more).map(|e| Cursor {
+        received_at: e.received_at.clone(),
+        provider: e.provider.clone(),
+        event_id: e.event_id.clone(),
+    });
+    Ok(EventPage { events, next })
+}
+
 /// What replaying one event found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Replayed {

@@ -1,0 +1,175 @@
+//! `ops::list_events`, the console's listing: newest first, every filter, and
+//! keyset pages that neither skip nor repeat an event, whatever ties, ids and
+//! concurrent arrivals there are.
+
+use inbox_tests::MIGRATOR;
+use sqlx::PgPool;
+use webhook_inbox::ops::{list_events, Cursor, EventQuery, IdMatch, Since, Status};
+
+/// `n` events over a few providers, types and statuses, many received at the
+/// same microsecond (ties the order breaks by provider and id).
+async fn seed(pool: &PgPool, n: i32) {
+    sqlx::query(
+        "INSERT INTO webhook_inbox (provider, event_id, event_type, payload, status, received_at, processed_at,
+                                    raw_body, secret_index, failure_reason)
+         SELECT (ARRAY['stripe', 'shopify', 'github'])[1 + i % 3],
+                'evt_' || lpad((i % 97)::text, 3, '0') || '_' || i,
+                (ARRAY['invoice.paid', 'orders/paid'])[1 + i % 2],
+                '{}', s, '2026-11-01 00:00:00+00'::timestamptz + (i / 4) * interval '1 second',
+                CASE WHEN s = 'pending' THEN NULL ELSE now() END,
+                '\\x7b7d', 0, CASE WHEN s = 'failed' THEN 'it failed' END
+         FROM generate_series(1, $1) AS i,
+              LATERAL (SELECT (ARRAY['done', 'failed', 'unhandled', 'pending'])[1 + i % 4] AS s) AS st",
+    )
+    .bind(n)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// Every page of `query`, `limit` at a time, as (provider, event_id).
+async fn walk(pool: &PgPool, query: &EventQuery, limit: i64) -> Vec<(String, String)> {
+    let (mut all, mut after): (Vec<(String, String)>, Option<Cursor>) = (vec![], None);
+    loop {
+        let page = list_events(pool, query, after.as_ref(), limit).await.unwrap();
+        assert!(page.events.len() as i64 <= limit);
+        all.extend(page.events.iter().map(|e| (e.provider.clone(), e.event_id.clone())));
+        // The cursor goes out as text (a URL's query) and comes back.
+        match page.next {
+            Some(next) => {
+                assert_ne!(Some(&next), after.as_ref(), "a page moves the cursor on");
+                after = Some(Cursor::parse(&next.to_string()).unwrap());
+            }
+            None => return all,
+        }
+    }
+}
+
+/// The same selection in one query, as the truth to compare the pages with.
+async fn truth(pool: &PgPool, filter: &str) -> Vec<(String, String)> {
+    sqlx::query_as(&format!(
+        "SELECT provider, event_id FROM webhook_inbox WHERE {filter}
+         ORDER BY received_at DESC, provider DESC, event_id DESC"
+    ))
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn pages_neither_skip_nor_repeat_an_event_under_every_filter(pool: PgPool) {
+    seed(&pool, 400).await;
+    let cases: Vec<(EventQuery, &str)> = vec![
+        (EventQuery::default(), "true"),
+        (EventQuery { provider: Some("shopify".into()), ..Default::default() }, "provider = 'shopify'"),
+        (EventQuery { event_type: Some("orders/paid".into()), ..Default::default() }, "event_type = 'orders/paid'"),
+        (
+            EventQuery { statuses: vec![Status::Failed, Status::Unhandled], ..Default::default() },
+            "status IN ('failed', 'unhandled')",
+        ),
+        (
+            EventQuery {
+                since: Some(Since::At("2026-11-01 00:00:20Z".into())),
+                until: Some(Since::At("2026-11-01 00:01:00Z".into())),
+                ..Default::default()
+            },
+            "received_at >= '2026-11-01 00:00:20Z' AND received_at < '2026-11-01 00:01:00Z'",
+        ),
+        (
+            EventQuery { event_id: Some(IdMatch::Prefix("evt_01".into())), ..Default::default() },
+            "event_id LIKE 'evt\\_01%'",
+        ),
+        (
+            EventQuery {
+                provider: Some("github".into()),
+                statuses: vec![Status::Done],
+                event_id: Some(IdMatch::Prefix("evt_0".into())),
+                ..Default::default()
+            },
+            "provider = 'github' AND status = 'done' AND event_id LIKE 'evt\\_0%'",
+        ),
+    ];
+    for (query, filter) in cases {
+        let expected = truth(&pool, filter).await;
+        assert!(!expected.is_empty(), "{filter} selects something");
+        for limit in [1, 7, 500] {
+            assert_eq!(walk(&pool, &query, limit).await, expected, "{filter}, {limit} a page");
+        }
+    }
+    // An exact id is that one event, and no other that starts with it.
+    let exact = EventQuery { event_id: Some(IdMatch::Exact("evt_001_1".into())), ..Default::default() };
+    assert_eq!(walk(&pool, &exact, 10).await, vec![("shopify".to_string(), "evt_001_1".to_string())]);
+}
+
+/// A prefix is text: a stranger's `%` or `_` is that character, not a pattern.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_prefix_is_taken_as_text(pool: PgPool) {
+    seed(&pool, 8).await;
+    for id in ["a%b", "a_c", "abc", "a\\d", "a%"] {
+        sqlx::query(
+            "INSERT INTO webhook_inbox (provider, event_id, event_type, payload, raw_body, secret_index)
+             VALUES ('stripe', $1, 't', '{}', '\\x7b7d', 0)",
+        )
+        .bind(id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let ids = |prefix: &str| {
+        let query = EventQuery { event_id: Some(IdMatch::Prefix(prefix.into())), ..Default::default() };
+        let pool = pool.clone();
+        async move {
+            let mut ids: Vec<String> = walk(&pool, &query, 3).await.into_iter().map(|(_, id)| id).collect();
+            ids.sort();
+            ids
+        }
+    };
+    assert_eq!(ids("a%").await, ["a%", "a%b"]);
+    assert_eq!(ids("a_").await, ["a_c"]);
+    assert_eq!(ids("a\\").await, ["a\\d"]);
+    assert_eq!(ids("a").await.len(), 5);
+}
+
+/// Events that arrive while someone pages through never shift a page: the
+/// pages after the first are the ones there were.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn arrivals_do_not_shift_the_pages(pool: PgPool) {
+    seed(&pool, 60).await;
+    let before = truth(&pool, "true").await;
+    let query = EventQuery::default();
+    let first = list_events(&pool, &query, None, 10).await.unwrap();
+    for i in 0..25 {
+        sqlx::query(
+            "INSERT INTO webhook_inbox (provider, event_id, event_type, payload, raw_body, secret_index)
+             VALUES ('stripe', $1, 't', '{}', '\\x7b7d', 0)",
+        )
+        .bind(format!("new_{i}"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let mut seen: Vec<(String, String)> = first.events.iter().map(|e| (e.provider.clone(), e.event_id.clone())).collect();
+    let mut after = first.next;
+    while let Some(cursor) = after {
+        let page = list_events(&pool, &query, Some(&cursor), 10).await.unwrap();
+        seen.extend(page.events.iter().map(|e| (e.provider.clone(), e.event_id.clone())));
+        after = page.next;
+    }
+    assert_eq!(seen, before);
+}
+
+/// A cursor a caller made up is refused as one, never a panic; one that
+/// decodes but names no timestamp is PostgreSQL's error.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_forged_cursor_is_refused(pool: PgPool) {
+    seed(&pool, 4).await;
+    for bad in ["", "not base64!", "e30", "WyJ4Il0", &"A".repeat(10_000)] {
+        assert!(Cursor::parse(bad).is_err(), "{bad:?}");
+    }
+    // {"received_at":"yesterday-ish","provider":"x","event_id":"y"}
+    use base64::{engine::general_purpose::URL_SAFE_NO_PAD, Engine as _};
+    let forged = URL_SAFE_NO_PAD.encode(br#"{"received_at":"not a time","provider":"x","event_id":"y"}"#);
+    let cursor = Cursor::parse(&forged).unwrap();
+    let e = list_events(&pool, &EventQuery::default(), Some(&cursor), 10).await.unwrap_err();
+    assert!(e.to_string().contains("invalid input syntax for type timestamp"), "{e}");
+}
