@@ -148,7 +148,8 @@ async fn arrivals_do_not_shift_the_pages(pool: PgPool) {
         .await
         .unwrap();
     }
-    let mut seen: Vec<(String, String)> = first.events.iter().map(|e| (e.provider.clone(), e.event_id.clone())).collect();
+    let mut seen: Vec<(String, String)> =
+        first.events.iter().map(|e| (e.provider.clone(), e.event_id.clone())).collect();
     let mut after = first.next;
     while let Some(cursor) = after {
         let page = list_events(&pool, &query, Some(&cursor), 10).await.unwrap();

@@ -877,43 +877,63 @@ pub async fn list_events(
     limit: i64,
 ) -> Result<EventPage, sqlx::Error> {
     let limit = limit.clamp(1, 500);
-    let (since, until) = (query.since.as_ref(), query.until.as_ref());
-    let (exact, prefix) = match &query.event_id {
-        Some(IdMatch::Exact(id)) => (Some(id.as_str()), None),
-        Some(IdMatch::Prefix(p)) => (None, Some(p.as_str())),
-        None => (None, None),
-    };
-    let mut events: Vec<EventSummary> = super::query_as(
+    // Only the filters given, so that each combination is its own statement,
+    // planned for what it filters on (one statement of `$n IS NULL OR ...`
+    // gets one generic plan, a scan, after its fifth run).
+    let mut sql = sqlx::QueryBuilder::new(
         "SELECT provider, event_id, event_type, status, attempts, received_at::text, failure_reason
-         FROM webhook_inbox
-         WHERE ($1::text IS NULL OR provider = $1)
-           AND ($2::text IS NULL OR event_type = $2)
-           AND (cardinality($3::text[]) = 0 OR status = ANY($3))
-           AND ($4::bigint IS NULL OR received_at >= now() - $4 * interval '1 millisecond')
-           AND ($5::timestamptz IS NULL OR received_at >= $5::timestamptz)
-           AND ($6::bigint IS NULL OR received_at < now() - $6 * interval '1 millisecond')
-           AND ($7::timestamptz IS NULL OR received_at < $7::timestamptz)
-           AND ($8::text IS NULL OR event_id = $8)
-           AND ($9::text IS NULL OR starts_with(event_id, $9))
-           AND ($10::timestamptz IS NULL OR (received_at, provider, event_id) < ($10::timestamptz, $11, $12))
-         ORDER BY received_at DESC, provider DESC, event_id DESC
-         LIMIT $13",
-    )
-    .bind(query.provider.as_deref())
-    .bind(query.event_type.as_deref())
-    .bind(query.statuses.iter().map(|s| s.as_str()).collect::<Vec<_>>())
-    .bind(since.and_then(Since::ago_ms))
-    .bind(since.and_then(Since::at))
-    .bind(until.and_then(Since::ago_ms))
-    .bind(until.and_then(Since::at))
-    .bind(exact)
-    .bind(prefix)
-    .bind(after.map(|c| c.received_at.as_str()))
-    .bind(after.map(|c| c.provider.as_str()))
-    .bind(after.map(|c| c.event_id.as_str()))
-    .bind(limit + 1)
-    .fetch_all(super::Autocommit(pool))
-    .await?;
+         FROM webhook_inbox AS w WHERE true",
+    );
+    if let Some(provider) = &query.provider {
+        sql.push(" AND provider = ").push_bind(provider);
+    }
+    if let Some(event_type) = &query.event_type {
+        sql.push(" AND event_type = ").push_bind(event_type);
+    }
+    if !query.statuses.is_empty() {
+        sql.push(" AND status = ANY(").push_bind(query.statuses.iter().map(|s| s.as_str()).collect::<Vec<_>>());
+        sql.push(")");
+    }
+    for (bound, op) in [(&query.since, ">="), (&query.until, "<")] {
+        match bound {
+            Some(Since::Ago(d)) => {
+                sql.push(format_args!(" AND received_at {op} now() - "));
+                sql.push_bind(d.as_millis() as i64).push(" * interval '1 millisecond'");
+            }
+            Some(Since::At(t)) => {
+                sql.push(format_args!(" AND received_at {op} ")).push_bind(t).push("::timestamptz");
+            }
+            None => {}
+        }
+    }
+    match &query.event_id {
+        Some(IdMatch::Exact(id)) => {
+            sql.push(" AND event_id = ").push_bind(id);
+            if query.provider.is_none() {
+                // The key is (provider, event_id): one probe per provider stored,
+                // the providers found by walking the key (a loose index scan).
+                sql.push(
+                    " AND provider IN (WITH RECURSIVE p(name) AS (
+                         SELECT min(provider) FROM webhook_inbox
+                         UNION ALL
+                         SELECT (SELECT min(provider) FROM webhook_inbox WHERE provider > p.name)
+                         FROM p WHERE p.name IS NOT NULL)
+                     SELECT name FROM p WHERE name IS NOT NULL)",
+                );
+            }
+        }
+        Some(IdMatch::Prefix(prefix)) => {
+            sql.push(" AND starts_with(event_id, ").push_bind(prefix).push(")");
+        }
+        None => {}
+    }
+    if let Some(after) = after {
+        sql.push(" AND (received_at, provider, event_id) < (").push_bind(&after.received_at).push("::timestamptz, ");
+        sql.push_bind(&after.provider).push(", ").push_bind(&after.event_id).push(")");
+    }
+    // `w.`: the column, not the output of the same name (text, which no index orders).
+    sql.push(" ORDER BY w.received_at DESC, w.provider DESC, w.event_id DESC LIMIT ").push_bind(limit + 1);
+    let mut events: Vec<EventSummary> = super::built_query_as(&mut sql).fetch_all(super::Autocommit(pool)).await?;
     let more = events.len() as i64 > limit;
     events.truncate(limit as usize);
     let next = events.last().filter(|_| more).map(|e| Cursor {

@@ -10,7 +10,7 @@ pub mod outbox;
 mod pooler;
 pub mod schema;
 
-pub use pooler::{query, query_as, query_scalar, set_behind_pooler, Autocommit};
+pub use pooler::{built_query_as, query, query_as, query_scalar, set_behind_pooler, Autocommit};
 
 use std::{
     ops::{Deref, DerefMut},

@@ -59,6 +59,15 @@ where
     sqlx::query_scalar(sql).persistent(named())
 }
 
+/// A statement built with a [`sqlx::QueryBuilder`] (one text per combination
+/// of filters, each planned for what it filters on), unnamed behind a pooler.
+pub fn built_query_as<'q, O>(builder: &'q mut sqlx::QueryBuilder<'_, Postgres>) -> QueryAs<'q, Postgres, O, PgArguments>
+where
+    O: for<'r> FromRow<'r, PgRow>,
+{
+    builder.build_query_as().persistent(named())
+}
+
 /// One statement as its own transaction, on a pool or a connection.
 #[derive(Debug)]
 pub struct Autocommit<A>(pub A);
