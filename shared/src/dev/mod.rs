@@ -1,6 +1,5 @@
 //! The local tooling: [`run`], the whole stack on one machine (what `inbox dev`
-//! and a team's own `dev` binary are), the HTTP server, a throwaway
-//! PostgreSQL, and the storm of signed deliveries with its checks (`inbox demo`).
+//! and a team's own `dev` binary are), on a throwaway PostgreSQL.
 
 internal! {
     mod embedded_pg;
