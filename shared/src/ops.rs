@@ -11,9 +11,9 @@
 pub use crate::core::text::{escape, escape_json};
 pub use crate::db::audit::{history, AuditRecord};
 pub use crate::db::inbox::{
-    count_matching, counts_by_status, list_events, list_failed, replay, requeue_all, secret_usage, stored_event,
-    BadCursor, Cursor, EventPage, EventQuery, EventSummary, FailedEvent, Filter, IdMatch, Matching, Replayed, Requeue,
-    Requeued, SecretUse, Since, Status, StoredEvent,
+    count_matching, counts_by_status, list_events, list_failed, replay, requeue_all, secret_usage, status_counts,
+    stored_event, BadCursor, Count, Cursor, EventPage, EventQuery, EventSummary, FailedEvent, Filter, IdMatch,
+    Matching, Replayed, Requeue, Requeued, SecretUse, Since, Status, StoredEvent,
 };
 pub use crate::db::outbox::{list_unsent, retry_dead, retry_message, UnsentMessage};
 use crate::{

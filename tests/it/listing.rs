@@ -4,7 +4,7 @@
 
 use inbox_tests::MIGRATOR;
 use sqlx::PgPool;
-use webhook_inbox::ops::{list_events, Cursor, EventQuery, IdMatch, Since, Status};
+use webhook_inbox::ops::{list_events, status_counts, Count, Cursor, EventQuery, IdMatch, Since, Status};
 
 /// `n` events over a few providers, types and statuses, many received at the
 /// same microsecond (ties the order breaks by provider and id).
@@ -173,4 +173,29 @@ async fn a_forged_cursor_is_refused(pool: PgPool) {
     let cursor = Cursor::parse(&forged).unwrap();
     let e = list_events(&pool, &EventQuery::default(), Some(&cursor), 10).await.unwrap_err();
     assert!(e.to_string().contains("invalid input syntax for type timestamp"), "{e}");
+}
+
+/// The counts at the console's top: exact in the partial indexes up to the
+/// cap, at least the cap past it, and `done` as the estimate less the others.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn status_counts_are_exact_where_cheap_and_say_so_where_not(pool: PgPool) {
+    seed(&pool, 400).await; // a quarter in each status
+    sqlx::query("ANALYZE webhook_inbox").execute(&pool).await.unwrap();
+    let counts = status_counts(&pool, 1000).await.unwrap();
+    assert_eq!(
+        counts,
+        [
+            (Status::Pending, Count::Exact(100)),
+            (Status::Failed, Count::Exact(100)),
+            (Status::Unhandled, Count::Exact(100)),
+            (Status::Done, Count::About(100)),
+        ]
+    );
+    let capped = status_counts(&pool, 99).await.unwrap();
+    assert_eq!(capped[1], (Status::Failed, Count::AtLeast(99)));
+    assert_eq!(capped[3], (Status::Done, Count::About(400 - 3 * 99)));
+    // A table never analyzed has no estimate: about none done, never an error.
+    sqlx::query("TRUNCATE webhook_inbox").execute(&pool).await.unwrap();
+    let empty = status_counts(&pool, 10).await.unwrap();
+    assert!(empty.iter().all(|(_, c)| matches!(c, Count::Exact(0) | Count::About(0))), "{empty:?}");
 }

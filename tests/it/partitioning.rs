@@ -84,6 +84,19 @@ async fn the_hash_partitioned_inbox_refuses_every_duplicate_and_spreads_keys(_: 
     assert_eq!(counts.taken, 202);
     let payments: i64 = sqlx::query_scalar("SELECT count(*) FROM payments").fetch_one(&pool).await.unwrap();
     assert_eq!(payments, 1);
+
+    // The console's counts and listing read it too: its rows are its partitions'.
+    pool.execute("ANALYZE webhook_inbox").await.unwrap();
+    let counts = webhook_inbox::ops::status_counts(&pool, 1000).await.unwrap();
+    use webhook_inbox::ops::{Count, Status};
+    // The 201 events of type `t` have no handler; the one Stripe payment is done (of 202 rows, not twice that).
+    assert_eq!(counts[2..], [(Status::Unhandled, Count::Exact(201)), (Status::Done, Count::About(1))]);
+    let query = webhook_inbox::ops::EventQuery {
+        event_id: Some(webhook_inbox::ops::IdMatch::Exact("evt_7".into())),
+        ..Default::default()
+    };
+    let page = webhook_inbox::ops::list_events(&pool, &query, None, 10).await.unwrap();
+    assert_eq!(page.events.iter().map(|e| e.event_id.as_str()).collect::<Vec<_>>(), ["evt_7"]);
 }
 
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
