@@ -18,7 +18,7 @@
 //!
 //! ```no_run
 //! use serde::Deserialize;
-//! use webhook_inbox::{enqueue, query, App, Event, HandlerError, Handlers, Message, Outcome, PgConnection};
+//! use webhook_inbox::{query, App, Event, HandlerError, Handlers, Message, Outcome, PgConnection};
 //!
 //! /// What `invoice.paid` carries that this handler reads.
 //! #[derive(Deserialize)]
@@ -49,7 +49,7 @@
 //!         message_key: format!("receipt:{id}"),
 //!         payload: serde_json::json!({ "send": "receipt", "invoice": id }),
 //!     };
-//!     enqueue(conn, &receipt).await?; // committed with the update, or not at all
+//!     event.enqueue(conn, &receipt).await?; // committed with the update, or not at all
 //!     Ok(Outcome::Applied)
 //! }
 //!

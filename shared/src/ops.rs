@@ -15,7 +15,7 @@ pub use crate::db::inbox::{
     stored_event, BadCursor, Count, Cursor, EventPage, EventQuery, EventSummary, FailedEvent, Filter, IdMatch,
     Matching, Replayed, Requeue, Requeued, SecretUse, Since, Status, StoredEvent,
 };
-pub use crate::db::outbox::{list_unsent, retry_dead, retry_message, UnsentMessage};
+pub use crate::db::outbox::{event_messages, list_unsent, retry_dead, retry_message, OutboxMessage};
 use crate::{
     config::{Catalog, Secrets},
     ingest::providers::{verify_stored, Schemes},

@@ -490,3 +490,56 @@ async fn the_relay_starts_no_chunk_it_cannot_finish_before_its_deadline(pool: Pg
     let next = Relay::new(pool.clone(), vec![http_sink(&fast)], config()).run(later()).await.unwrap();
     assert_eq!(next.sent as i64, released);
 }
+
+/// A message a handler writes with `Event::enqueue` is that event's: its page
+/// lists it, waiting, then sent. A twin event (the same message key) finds it
+/// written and lists nothing of its own; a message written outside a handler
+/// belongs to no event.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn an_event_lists_the_messages_its_handler_wrote_and_their_state(pool: PgPool) {
+    use webhook_inbox::{
+        enqueue, ops::event_messages, Event, HandlerError, Handlers, Message, Outcome, PgConnection, Provider, Worker,
+        WorkerConfig,
+    };
+    async fn notify(conn: &mut PgConnection, event: &Event) -> Result<Outcome, HandlerError> {
+        let invoice = event.payload["invoice"].as_str().unwrap_or_default();
+        let message = Message {
+            aggregate_type: "invoice",
+            aggregate_id: invoice,
+            message_key: format!("receipt:{invoice}"),
+            payload: json!({"invoice": invoice}),
+        };
+        Ok(if event.enqueue(conn, &message).await? { Outcome::Applied } else { Outcome::NoEffect })
+    }
+    for (id, invoice) in [("evt_1", "in_1"), ("evt_twin", "in_1"), ("evt_2", "in_2")] {
+        inbox_tests::store(&pool, Provider::STRIPE, id, "invoice.paid", &json!({"invoice": invoice}).to_string()).await;
+    }
+    let mut conn = pool.acquire().await.unwrap();
+    let loose = Message { aggregate_type: "x", aggregate_id: "1", message_key: "loose".into(), payload: json!({}) };
+    assert!(enqueue(&mut conn, &loose).await.unwrap());
+    drop(conn);
+    let handlers = Handlers::new().on("stripe", "invoice.paid", notify).unwrap();
+    let one_at_a_time = WorkerConfig { batch_size: 1, ..WorkerConfig::default() }; // evt_1 before its twin
+    Worker::new(pool.clone(), handlers, one_at_a_time).run(later()).await.unwrap();
+
+    let keys = |id: &'static str| {
+        let pool = pool.clone();
+        async move {
+            let messages = event_messages(&pool, "stripe", id).await.unwrap();
+            messages.into_iter().map(|m| (m.message_key, m.sent_at.is_some())).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(keys("evt_1").await, [("receipt:in_1".to_string(), false)]);
+    assert_eq!(keys("evt_twin").await, []);
+    assert_eq!(keys("evt_2").await, [("receipt:in_2".to_string(), false)]);
+    let linked: i64 = sqlx::query_scalar("SELECT count(*) FROM transactional_outbox WHERE event_id IS NULL")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(linked, 1, "only the loose message is no event's");
+
+    let server = MockServer::start().await;
+    Mock::given(method("POST")).and(path("/hook")).respond_with(ResponseTemplate::new(204)).mount(&server).await;
+    Relay::new(pool.clone(), vec![http_sink(&server)], config()).run(later()).await.unwrap();
+    assert_eq!(keys("evt_1").await, [("receipt:in_1".to_string(), true)]);
+}

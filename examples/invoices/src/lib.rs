@@ -6,8 +6,8 @@
 
 use serde::Deserialize;
 use webhook_inbox::{
-    enqueue, query_scalar, serde_json::json, sqlx::migrate::Migrator, App, Event, HandlerError, Handlers, Message,
-    Outcome, PgConnection, RegistrationError,
+    query_scalar, serde_json::json, sqlx::migrate::Migrator, App, Event, HandlerError, Handlers, Message, Outcome,
+    PgConnection, RegistrationError,
 };
 
 /// The team's migrations, applied after the inbox's by `migrate` and `dev`.
@@ -109,7 +109,7 @@ pub async fn invoice_paid(conn: &mut PgConnection, event: &Event<InvoicePaid>) -
             "currency": invoice.currency,
         }),
     };
-    enqueue(conn, &receipt).await?;
+    event.enqueue(conn, &receipt).await?;
     Ok(Outcome::Applied)
 }
 

@@ -201,6 +201,7 @@ pub async fn show(pool: &PgPool, env: &Env<'_>, provider: &str, event_id: &str, 
         bail!("no event {event_id:?} from provider {provider:?}");
     };
     let history = ops::history(pool, provider, event_id).await?;
+    let messages = ops::event_messages(pool, provider, event_id).await?;
     let verification = reverify(env, &event);
     if out.json {
         print_json(&json!({
@@ -211,6 +212,7 @@ pub async fn show(pool: &PgPool, env: &Env<'_>, provider: &str, event_id: &str, 
             "secret_index": event.secret_index, "secret_fingerprint": event.secret_fingerprint,
             "headers": event.headers.0, "payload": event.payload.map(|p| p.0),
             "raw_body_bytes": event.raw_body.len(), "verification": verification, "history": history,
+            "outbox": messages,
         }));
         return Ok(());
     }
@@ -254,6 +256,17 @@ pub async fn show(pool: &PgPool, env: &Env<'_>, provider: &str, event_id: &str, 
             h.attempts,
             h.failure_reason.as_deref().map(|r| format!(", {r}")).unwrap_or_default()
         );
+    }
+    if messages.is_empty() {
+        say!("outbox: no message written by its handler");
+    }
+    for m in &messages {
+        let state = match (&m.sent_at, &m.dead_at) {
+            (Some(at), _) => format!("sent {at}"),
+            (None, Some(at)) => format!("dead since {at}: {}", m.last_error.as_deref().unwrap_or("-")),
+            (None, None) => format!("waiting, {} attempts", m.attempts),
+        };
+        say!("outbox: #{} {} ({} {}), {state}", m.id, m.message_key, m.aggregate_type, m.aggregate_id);
     }
     Ok(())
 }

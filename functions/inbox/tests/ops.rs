@@ -555,8 +555,8 @@ async fn requeue_by_type_runs_a_handler_added_later_over_every_event_it_missed(
     opts: PgConnectOptions,
 ) {
     use webhook_inbox::{
-        enqueue, process::worker::Worker, runtime::stage::Stage, Event, HandlerError, Handlers, Message, Outcome,
-        PgConnection, Provider,
+        process::worker::Worker, runtime::stage::Stage, Event, HandlerError, Handlers, Message, Outcome, PgConnection,
+        Provider,
     };
     let pool = pool_options.connect_with(opts.clone()).await.unwrap();
     let url = url_of(&opts);
@@ -585,7 +585,7 @@ async fn requeue_by_type_runs_a_handler_added_later_over_every_event_it_missed(
         let key = format!("receipt:{}", event.event_id);
         let message =
             Message { aggregate_type: "invoice", aggregate_id: &event.event_id, message_key: key, payload: json!({}) };
-        enqueue(conn, &message).await?;
+        event.enqueue(conn, &message).await?;
         Ok(Outcome::Applied)
     }
     let args = ["requeue", "--status", "unhandled,failed", "--provider", "stripe", "--type", "invoice.paid", "--json"];
@@ -610,6 +610,14 @@ async fn requeue_by_type_runs_a_handler_added_later_over_every_event_it_missed(
     .await
     .unwrap();
     assert_eq!(state, (1100, 1100, "unhandled".into(), "failed".into()));
+    // The event's page names the message its handler wrote, and its state.
+    let shown = ok(&url, &["show", "stripe", "evt_7"], &[]);
+    assert!(
+        shown.contains("outbox: #") && shown.contains("receipt:evt_7 (invoice evt_7), waiting, 0 attempts"),
+        "{shown}"
+    );
+    let json = json_of(&url, &["show", "stripe", "evt_7", "--json"]);
+    assert_eq!(json["outbox"][0]["message_key"], "receipt:evt_7");
     // Nothing left to take: a second run finds what the first left, and changes nothing.
     let again = json_of(&url, &["requeue", "--status", "unhandled", "--type", "invoice.paid", "--json"]);
     assert_eq!(again, json!({"matching": 0, "without_payload": 0, "requeued": 0, "held": 0, "dry_run": false}));

@@ -20,10 +20,20 @@ pub struct Message<'a> {
 }
 
 /// Writes a message unless one with the same key exists; true when written.
+/// In a handler, [`crate::Event::enqueue`] also records which event wrote it.
 pub async fn enqueue(conn: &mut PgConnection, m: &Message<'_>) -> Result<bool, sqlx::Error> {
+    enqueue_for(conn, m, None).await
+}
+
+/// [`enqueue`], recording the event whose handler wrote it (`provider`, `event_id`).
+pub(crate) async fn enqueue_for(
+    conn: &mut PgConnection,
+    m: &Message<'_>,
+    event: Option<(&str, &str)>,
+) -> Result<bool, sqlx::Error> {
     let row: Option<(i64,)> = super::query_as(
-        "INSERT INTO transactional_outbox (aggregate_type, aggregate_id, payload, message_key)
-         VALUES ($1, $2, $3, $4)
+        "INSERT INTO transactional_outbox (aggregate_type, aggregate_id, payload, message_key, event_provider, event_id)
+         VALUES ($1, $2, $3, $4, $5, $6)
          ON CONFLICT (message_key) DO NOTHING
          RETURNING id",
     )
@@ -31,6 +41,8 @@ pub async fn enqueue(conn: &mut PgConnection, m: &Message<'_>) -> Result<bool, s
     .bind(m.aggregate_id)
     .bind(Json(&m.payload))
     .bind(&m.message_key)
+    .bind(event.map(|e| e.0))
+    .bind(event.map(|e| e.1))
     .fetch_optional(conn)
     .await?;
     Ok(row.is_some())
@@ -194,9 +206,9 @@ pub async fn gauges<'e>(ex: impl PgExecutor<'e>) -> Result<OutboxGauges, sqlx::E
     .await
 }
 
-/// An unsent message, as `inbox outbox` lists it. Timestamps are PostgreSQL's own text.
+/// A message, as `inbox outbox` and an event's page list it. Timestamps are PostgreSQL's own text.
 #[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
-pub struct UnsentMessage {
+pub struct OutboxMessage {
     /// Its id in `transactional_outbox` (what [`retry_message`] takes).
     pub id: i64,
     /// The key the relay sends it under (a consumer deduplicates on it).
@@ -211,6 +223,8 @@ pub struct UnsentMessage {
     pub created_at: String,
     /// When the relay tries it next (none: as soon as it runs).
     pub next_attempt_at: Option<String>,
+    /// When the relay sent it, if it has.
+    pub sent_at: Option<String>,
     /// When the relay gave up on it (a dead message), if it has.
     pub dead_at: Option<String>,
     /// Why its last attempt failed.
@@ -218,16 +232,34 @@ pub struct UnsentMessage {
 }
 
 /// Unsent messages (or, with `dead`, the dead ones), oldest first.
-pub async fn list_unsent(pool: &sqlx::PgPool, dead: bool, limit: i64) -> Result<Vec<UnsentMessage>, sqlx::Error> {
+pub async fn list_unsent(pool: &sqlx::PgPool, dead: bool, limit: i64) -> Result<Vec<OutboxMessage>, sqlx::Error> {
     super::query_as(
         "SELECT id, message_key, aggregate_type, aggregate_id, attempts, created_at::text,
-                next_attempt_at::text, dead_at::text, last_error
+                next_attempt_at::text, processed_at::text AS sent_at, dead_at::text, last_error
          FROM transactional_outbox
          WHERE processed_at IS NULL AND (dead_at IS NOT NULL) = $1
          ORDER BY id LIMIT $2",
     )
     .bind(dead)
     .bind(limit)
+    .fetch_all(super::Autocommit(pool))
+    .await
+}
+
+/// The messages the handler of one event wrote ([`crate::Event::enqueue`]),
+/// sent or not, in the order written.
+pub async fn event_messages(
+    pool: &sqlx::PgPool,
+    provider: &str,
+    event_id: &str,
+) -> Result<Vec<OutboxMessage>, sqlx::Error> {
+    super::query_as(
+        "SELECT id, message_key, aggregate_type, aggregate_id, attempts, created_at::text,
+                next_attempt_at::text, processed_at::text AS sent_at, dead_at::text, last_error
+         FROM transactional_outbox WHERE event_provider = $1 AND event_id = $2 ORDER BY id",
+    )
+    .bind(provider)
+    .bind(event_id)
     .fetch_all(super::Autocommit(pool))
     .await
 }

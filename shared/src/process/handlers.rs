@@ -44,6 +44,16 @@ pub struct Event<T = serde_json::Value> {
     pub headers: Headers,
 }
 
+impl<T> Event<T> {
+    /// Writes an outbox message in the handler's transaction, unless one with
+    /// the same key exists (true when written), recording that this event
+    /// wrote it: its page (`inbox show`, [`crate::ops::event_messages`]) lists
+    /// it with its delivery state.
+    pub async fn enqueue(&self, conn: &mut PgConnection, message: &crate::Message<'_>) -> Result<bool, sqlx::Error> {
+        crate::db::outbox::enqueue_for(conn, message, Some((self.provider.as_str(), &self.event_id))).await
+    }
+}
+
 /// The headers kept with an event, by lower-cased name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Headers(Vec<(String, String)>);

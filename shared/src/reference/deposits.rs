@@ -6,7 +6,7 @@ use sqlx::PgConnection;
 
 use super::{decimal, required};
 use crate::{
-    db::outbox::{self, Message},
+    db::outbox::Message,
     process::handlers::{Event, Handler, HandlerError, Outcome},
 };
 
@@ -54,10 +54,10 @@ pub enum Credit {
     AlreadyCredited,
 }
 
-/// Records the token in the ledger and credits the account, once. An account that
+/// Records the token in the ledger and credits the account, once (the balance message written as `event`'s). An account that
 /// does not exist yet is transient: the savepoint rolls the ledger row back too,
 /// and the event is retried until the account exists.
-pub async fn credit(conn: &mut PgConnection, d: &Deposit) -> Result<Credit, HandlerError> {
+pub async fn credit(conn: &mut PgConnection, event: &Event, d: &Deposit) -> Result<Credit, HandlerError> {
     let new: Option<(String,)> = crate::db::query_as(
         "INSERT INTO account_deposits (token, account_id, amount, event_id)
          VALUES ($1, $2, $3::numeric, $4)
@@ -96,7 +96,7 @@ pub async fn credit(conn: &mut PgConnection, d: &Deposit) -> Result<Credit, Hand
             "token": d.token,
         }),
     };
-    outbox::enqueue(conn, &message).await?;
+    event.enqueue(conn, &message).await?;
     Ok(Credit::Credited(balance))
 }
 
@@ -109,7 +109,7 @@ impl Handler for DepositHandler {
     async fn handle(&self, conn: &mut PgConnection, event: &Event) -> Result<Outcome, HandlerError> {
         match Deposit::from_marqeta(&event.event_id, &event.payload)? {
             None => Ok(Outcome::NoEffect),
-            Some(deposit) => match credit(conn, &deposit).await? {
+            Some(deposit) => match credit(conn, event, &deposit).await? {
                 Credit::Credited(_) => Ok(Outcome::Applied),
                 Credit::AlreadyCredited => Ok(Outcome::NoEffect),
             },

@@ -6,7 +6,7 @@ use sqlx::PgConnection;
 
 use super::{required, text};
 use crate::{
-    db::outbox::{self, Message},
+    db::outbox::Message,
     process::handlers::{Event, Handler, HandlerError, Outcome},
 };
 
@@ -89,7 +89,7 @@ impl Handler for PaymentSucceededHandler {
                 "stripe_event_id": payment.stripe_event_id,
             }),
         };
-        outbox::enqueue(conn, &message).await?;
+        event.enqueue(conn, &message).await?;
         Ok(Outcome::Applied)
     }
 
