@@ -25,7 +25,7 @@ use clap::{Parser, Subcommand};
 use webhook_inbox::{
     config::{self, DbConfig},
     db, dev,
-    ops::{Filter, Requeue, Since, Status},
+    ops::{Cursor, EventQuery, Filter, IdMatch, Requeue, Since, Status},
     prune::{Pruner, RetentionConfig},
     reconcile::Reconciler,
     relay::{Relay, RelayConfig},
@@ -95,6 +95,38 @@ enum Command {
         /// Failed at or after: 30m, 2h, 7d, or a timestamp.
         #[arg(long, value_parser = ops::parse_since)]
         since: Option<Since>,
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+        #[command(flatten)]
+        out: ops::Output,
+    },
+    /// Events, newest first, by provider, type, status, time received and id
+    /// (exact, or a prefix), a page at a time (`--after` the cursor a page ends with).
+    Events {
+        #[arg(long, value_parser = ops::provider_name)]
+        provider: Option<String>,
+        /// Exactly this event type (e.g. invoice.paid).
+        #[arg(long = "type")]
+        event_type: Option<String>,
+        /// In this status: pending, done, unhandled or failed (repeat, or comma-separate, for several).
+        #[arg(long, value_delimiter = ',', value_parser = ops::parse_status)]
+        status: Vec<Status>,
+        /// Received at or after: 30m, 2h, 7d (ago), or a timestamp.
+        #[arg(long, value_parser = ops::parse_since)]
+        since: Option<Since>,
+        /// Received before: 30m, 2h, 7d (ago), or a timestamp.
+        #[arg(long, value_parser = ops::parse_since)]
+        until: Option<Since>,
+        /// Exactly this event id.
+        #[arg(long, conflicts_with = "id_prefix")]
+        id: Option<String>,
+        /// The event ids that start with this text.
+        #[arg(long)]
+        id_prefix: Option<String>,
+        /// The page after this cursor (printed at the end of the page before).
+        #[arg(long, value_parser = ops::parse_cursor)]
+        after: Option<Cursor>,
+        /// Events per page (at most 500).
         #[arg(long, default_value_t = 50)]
         limit: i64,
         #[command(flatten)]
@@ -333,6 +365,11 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Failed { provider, since, limit, out } => {
             let filter = Filter { statuses: vec![Status::Failed], provider, since, ..Default::default() };
             ops::failed(&operator_db().await?, &filter, limit.max(1), &out).await
+        }
+        Command::Events { provider, event_type, status, since, until, id, id_prefix, after, limit, out } => {
+            let event_id = id.map(IdMatch::Exact).or(id_prefix.map(IdMatch::Prefix));
+            let query = EventQuery { provider, event_type, statuses: status, since, until, event_id };
+            ops::events(&operator_db().await?, &query, after.as_ref(), limit, &out).await
         }
         Command::Show { provider, event_id, out } => {
             let env = config::Env::resolved().await?;

@@ -12,7 +12,7 @@ use webhook_inbox::{
     config::{Catalog, Env, Secrets},
     db::{self, inbox, outbox},
     ingest::providers::catalog::Kind,
-    ops::{self, Filter, Replayed, Requeue, Since, Status},
+    ops::{self, Cursor, EventQuery, Filter, Replayed, Requeue, Since, Status},
     Provider,
 };
 
@@ -401,6 +401,48 @@ pub fn provider_name(text: &str) -> Result<String, String> {
     Provider::try_from(name.as_str())
         .map(|p| p.as_str().to_string())
         .map_err(|_| "is not a provider name (letters, digits, - and _; `inbox providers --all` lists them)".into())
+}
+
+/// `--status` of `events`: any status.
+pub fn parse_status(text: &str) -> Result<Status, String> {
+    Status::parse(text).ok_or_else(|| "one of pending, done, unhandled, failed".into())
+}
+
+/// `--after`: a cursor a page of `events` ended with.
+pub fn parse_cursor(text: &str) -> Result<Cursor, String> {
+    Cursor::parse(text.trim()).map_err(|e| format!("{e} (copy it from the end of the page before)"))
+}
+
+pub async fn events(pool: &PgPool, query: &EventQuery, after: Option<&Cursor>, limit: i64, out: &Output) -> Result<()> {
+    let times = Filter { since: query.since.clone(), until: query.until.clone(), ..Filter::default() };
+    check_times(pool, &times).await?;
+    let page = ops::list_events(pool, query, after, limit).await?;
+    let next = page.next.as_ref().map(Cursor::to_string);
+    if out.json {
+        print_json(&json!({ "events": page.events, "next": next }));
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = page
+        .events
+        .iter()
+        .map(|e| {
+            vec![
+                e.provider.clone(),
+                e.event_id.clone(),
+                e.event_type.clone(),
+                e.status.clone(),
+                e.attempts.to_string(),
+                e.received_at.clone(),
+                e.failure_reason.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    print_table(&["provider", "event_id", "type", "status", "attempts", "received", "reason"], &rows);
+    match next {
+        Some(next) => say!("{} shown; the next page: --after {next}", page.events.len()),
+        None => say!("{} shown; no more", page.events.len()),
+    }
+    Ok(())
 }
 
 /// `--status`: the statuses `requeue` takes (never `pending`: those are queued already).

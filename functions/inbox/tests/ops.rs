@@ -668,3 +668,50 @@ async fn requeue_of_done_events_takes_each_once_while_the_worker_finishes_them_a
     let audited: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox_audit").fetch_one(&pool).await.unwrap();
     assert_eq!(audited, 3000, "each event requeued once");
 }
+
+/// `inbox events`: every filter's events, newest first, page after page with
+/// the cursor each page ends with, each event once; a made-up cursor and a bad
+/// time are refused with what is wrong.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn events_pages_through_what_a_filter_selects(pool_options: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = pool_options.connect_with(opts.clone()).await.unwrap();
+    let url = url_of(&opts);
+    for i in 0..130 {
+        let status = ["done", "failed", "pending"][i % 3];
+        let reason = (status == "failed").then_some("it failed");
+        row(&pool, ["stripe", "shopify"][i % 2], &format!("evt_{i:03}"), status, reason, &format!("{} minutes", i / 3))
+            .await;
+    }
+    let expected: Vec<String> = sqlx::query_scalar(
+        "SELECT event_id FROM webhook_inbox WHERE provider = 'stripe' AND status IN ('failed', 'pending')
+         ORDER BY received_at DESC, provider DESC, event_id DESC",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(expected.len() > 20);
+    let (mut seen, mut after) = (Vec::new(), None::<String>);
+    loop {
+        let mut args = vec!["events", "--provider", "Stripe", "--status", "failed,pending", "--limit", "7", "--json"];
+        if let Some(cursor) = &after {
+            args.extend(["--after", cursor.as_str()]);
+        }
+        let page = json_of(&url, &args);
+        seen.extend(page["events"].as_array().unwrap().iter().map(|e| e["event_id"].as_str().unwrap().to_string()));
+        match page["next"].as_str() {
+            Some(next) => after = Some(next.to_string()),
+            None => break,
+        }
+    }
+    assert_eq!(seen, expected);
+    let table = ok(&url, &["events", "--id-prefix", "evt_12", "--limit", "5"], &[]);
+    assert!(table.contains("evt_120") && !table.contains("evt_129"), "the newest five: {table}");
+    assert!(table.contains("5 shown; the next page: --after "), "{table}");
+    let one = ok(&url, &["events", "--id", "evt_007"], &[]);
+    assert!(one.contains("evt_007") && one.contains("1 shown; no more"), "{one}");
+
+    let forged = fails(Some(&url), &["events", "--after", "not-a-cursor"]);
+    assert!(forged.contains("not a page cursor of this listing"), "{forged}");
+    let bad_time = fails(Some(&url), &["events", "--since", "2026-13-45"]);
+    assert!(bad_time.contains("--since \"2026-13-45\" is not a timestamp PostgreSQL reads"), "{bad_time}");
+}
