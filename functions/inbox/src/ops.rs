@@ -57,9 +57,9 @@ pub async fn connect(pool: PgPool, where_: &str) -> Result<PgPool> {
     }
 }
 
-/// A filter's `--since` and `--until` timestamps as PostgreSQL reads them, or which one it cannot read.
-async fn check_times(pool: &PgPool, filter: &Filter) -> Result<()> {
-    for (flag, time) in [("--since", &filter.since), ("--until", &filter.until)] {
+/// `--since` and `--until` timestamps as PostgreSQL reads them, or which one it cannot read.
+async fn check_times(pool: &PgPool, since: &Option<Since>, until: &Option<Since>) -> Result<()> {
+    for (flag, time) in [("--since", since), ("--until", until)] {
         if let Some(Since::At(text)) = time {
             if let Err(e) = sqlx::query("SELECT $1::timestamptz").bind(text).execute(pool).await {
                 match e.as_database_error() {
@@ -172,7 +172,7 @@ pub async fn stats(pool: &PgPool, env: &Env<'_>, out: &Output) -> Result<()> {
 }
 
 pub async fn failed(pool: &PgPool, filter: &Filter, limit: i64, out: &Output) -> Result<()> {
-    check_times(pool, filter).await?;
+    check_times(pool, &filter.since, &filter.until).await?;
     let events = ops::list_failed(pool, filter, limit).await?;
     if out.json {
         print_json(&json!(events));
@@ -414,8 +414,7 @@ pub fn parse_cursor(text: &str) -> Result<Cursor, String> {
 }
 
 pub async fn events(pool: &PgPool, query: &EventQuery, after: Option<&Cursor>, limit: i64, out: &Output) -> Result<()> {
-    let times = Filter { since: query.since.clone(), until: query.until.clone(), ..Filter::default() };
-    check_times(pool, &times).await?;
+    check_times(pool, &query.since, &query.until).await?;
     let page = ops::list_events(pool, query, after, limit).await?;
     let next = page.next.as_ref().map(Cursor::to_string);
     if out.json {
@@ -455,7 +454,7 @@ pub fn parse_requeue_status(text: &str) -> Result<Status, String> {
 }
 
 pub async fn requeue(pool: &PgPool, filter: &Filter, by: &Requeue<'_>, dry_run: bool, out: &Output) -> Result<()> {
-    check_times(pool, filter).await?;
+    check_times(pool, &filter.since, &filter.until).await?;
     let statuses: Vec<&str> = filter.statuses.iter().map(|s| s.as_str()).collect();
     let what = format!("{} event(s)", statuses.join(" or "));
     if dry_run {
