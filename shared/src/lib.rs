@@ -113,6 +113,8 @@ internal! {
 }
 #[cfg(feature = "service")]
 pub mod config;
+#[cfg(feature = "console")]
+pub mod console;
 internal! {
     mod core;
 }

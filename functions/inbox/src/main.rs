@@ -50,6 +50,16 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1")]
         host: String,
     },
+    /// The console: a web page to find any event, see why it failed and replay it, on DATABASE_URL
+    /// (sign-in required; `inbox console user add` makes users). `inbox dev` serves it at /console.
+    Console {
+        #[command(subcommand)]
+        command: Option<ops::ConsoleCommand>,
+        #[arg(long, env = "PORT", default_value_t = 9100)]
+        port: u16,
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+    },
     /// Apply the inbox's migrations to DATABASE_URL (a team's own run after them, from its binaries).
     Migrate,
     /// The providers with a secret here: the URL to give each, its signature
@@ -93,7 +103,7 @@ enum Command {
         #[arg(long, value_parser = ops::provider_name)]
         provider: Option<String>,
         /// Failed at or after: 30m, 2h, 7d, or a timestamp.
-        #[arg(long, value_parser = ops::parse_since)]
+        #[arg(long, value_parser = Since::parse)]
         since: Option<Since>,
         #[arg(long, default_value_t = 50)]
         limit: i64,
@@ -112,10 +122,10 @@ enum Command {
         #[arg(long, value_delimiter = ',', value_parser = ops::parse_status)]
         status: Vec<Status>,
         /// Received at or after: 30m, 2h, 7d (ago), or a timestamp.
-        #[arg(long, value_parser = ops::parse_since)]
+        #[arg(long, value_parser = Since::parse)]
         since: Option<Since>,
         /// Received before: 30m, 2h, 7d (ago), or a timestamp.
-        #[arg(long, value_parser = ops::parse_since)]
+        #[arg(long, value_parser = Since::parse)]
         until: Option<Since>,
         /// Exactly this event id.
         #[arg(long, conflicts_with = "id_prefix")]
@@ -168,10 +178,10 @@ enum Command {
         #[arg(long = "type")]
         event_type: Option<String>,
         /// Ended (processed, or stored as failed) at or after: 30m, 2h, 7d, or a timestamp.
-        #[arg(long, value_parser = ops::parse_since)]
+        #[arg(long, value_parser = Since::parse)]
         since: Option<Since>,
         /// Ended before: 30m, 2h, 7d (ago), or a timestamp.
-        #[arg(long, value_parser = ops::parse_since)]
+        #[arg(long, value_parser = Since::parse)]
         until: Option<Since>,
         /// Only events whose failure reason matches this pattern (SQL ILIKE: % and _).
         #[arg(long)]
@@ -254,6 +264,10 @@ async fn main() -> std::process::ExitCode {
 async fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Dev { port, host } => dev::run(webhook_inbox::reference::app(), &host, port).await,
+        Command::Console { command: None, port, host } => webhook_inbox::console::run(&host, port).await,
+        Command::Console { command: Some(ops::ConsoleCommand::User { command }), .. } => {
+            ops::console_user(&operator_db().await?, command).await
+        }
         Command::Bench { seconds, rounds, concurrency, events, workers, growth_rows, only, out, smoke } => {
             let bench = if smoke {
                 bench::Bench {
@@ -404,7 +418,11 @@ async fn run(cli: Cli) -> Result<()> {
             let pool = operator_db().await?;
             match command {
                 None => ops::outbox_list(&pool, dead, limit.max(1), &out).await,
-                Some(ops::OutboxCommand::Retry { id, dead }) => ops::outbox_retry(&pool, id, dead, &out).await,
+                Some(ops::OutboxCommand::Retry { id, dead, reason }) => {
+                    let actor = ops::operator(&config::Env::process());
+                    let by = Requeue { actor: &actor, action: "retry_outbox", reason: &reason };
+                    ops::outbox_retry(&pool, id, dead, &by, &out).await
+                }
             }
         }
         Command::Migrate => {

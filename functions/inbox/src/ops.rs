@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use sqlx::PgPool;
 use webhook_inbox::{
     config::{Catalog, Env, Secrets},
+    console::{self, Role},
     db::{self, inbox, outbox},
     ingest::providers::catalog::Kind,
     ops::{self, Cursor, EventQuery, Filter, Replayed, Requeue, Since, Status},
@@ -35,7 +36,86 @@ pub enum OutboxCommand {
         /// Every dead message instead of one.
         #[arg(long, conflicts_with = "id")]
         dead: bool,
+        /// Why, for the audit record.
+        #[arg(long, default_value = "retried by hand")]
+        reason: String,
     },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ConsoleCommand {
+    /// The console's users: who may sign in, as a viewer (reads) or an operator (also acts).
+    User {
+        #[command(subcommand)]
+        command: UserCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum UserCommand {
+    /// Add a user. Without --password-stdin a password is made and printed, once.
+    Add {
+        name: String,
+        /// viewer (reads everything, acts on nothing) or operator (also replays, requeues, retries).
+        #[arg(long, value_parser = parse_role)]
+        role: Role,
+        /// Read the password from stdin (its first line; at least 12 characters).
+        #[arg(long)]
+        password_stdin: bool,
+    },
+    /// Remove a user, and sign it out everywhere.
+    Remove { name: String },
+    /// Every user, with its role and sessions.
+    List {
+        #[command(flatten)]
+        out: Output,
+    },
+}
+
+fn parse_role(name: &str) -> Result<Role, String> {
+    Role::parse(name.trim()).ok_or_else(|| format!("{name:?} is not a role: viewer or operator"))
+}
+
+/// `inbox console user ...`.
+pub async fn console_user(pool: &PgPool, command: UserCommand) -> Result<()> {
+    match command {
+        UserCommand::Add { name, role, password_stdin } => {
+            let (password, made) = if password_stdin {
+                let mut line = String::new();
+                std::io::stdin().read_line(&mut line).context("reading the password from stdin")?;
+                (line.trim_end_matches(['\r', '\n']).to_string(), false)
+            } else {
+                (console::generate_password(), true)
+            };
+            console::add_user(pool, &name, role, &password).await?;
+            say!("{name} added, {role}");
+            if made {
+                // The one place it is ever shown: it is kept only as its hash.
+                say!("password (shown once, kept only as its hash): {password}");
+            }
+            Ok(())
+        }
+        UserCommand::Remove { name } => {
+            if !console::remove_user(pool, &name).await? {
+                bail!("no console user {name:?}");
+            }
+            say!("{name} removed, and signed out everywhere");
+            Ok(())
+        }
+        UserCommand::List { out } => {
+            let users = console::list_users(pool).await?;
+            if out.json {
+                print_json(&json!({ "users": users }));
+                return Ok(());
+            }
+            let rows: Vec<Vec<String>> = users
+                .iter()
+                .map(|u| vec![u.name.clone(), u.role.to_string(), u.created_at.clone(), u.sessions.to_string()])
+                .collect();
+            print_table(&["name", "role", "added", "sessions"], &rows);
+            Ok(())
+        }
+    }
 }
 
 /// Connects, and says clearly what is missing: the setting, the server, or the schema.
@@ -70,26 +150,6 @@ async fn check_times(pool: &PgPool, since: &Option<Since>, until: &Option<Since>
         }
     }
     Ok(())
-}
-
-/// `30s`, `15m`, `2h`, `7d`, or a timestamp PostgreSQL reads (`2026-11-30 08:00Z`).
-pub fn parse_since(text: &str) -> Result<Since, String> {
-    let text = text.trim();
-    let (number, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
-    let seconds = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        _ if text.starts_with(|c: char| c.is_ascii_digit()) && text.len() >= 10 => {
-            return Ok(Since::At(text.to_string()))
-        }
-        _ => return Err(format!("{text:?} is neither a duration (30s, 15m, 2h, 7d) nor a timestamp")),
-    };
-    let n: u64 = number.parse().map_err(|_| format!("{text:?}: the number is missing or too large"))?;
-    n.checked_mul(seconds)
-        .map(|s| Since::Ago(Duration::from_secs(s)))
-        .ok_or_else(|| format!("{text:?} is too far back"))
 }
 
 /// Who is acting, for the audit record: `INBOX_OPERATOR`, else the login
@@ -346,33 +406,9 @@ pub fn providers(env: &Env<'_>, base_url: &str, all: bool, out: &Output) -> Resu
 
 /// Whether the stored bytes still verify against the secrets configured now.
 fn reverify(env: &Env<'_>, event: &ops::StoredEvent) -> String {
-    let Ok(provider) = Provider::try_from(event.provider.as_str()) else {
-        return format!("unknown provider {:?}", event.provider);
-    };
-    if event.source == "reconcile" {
-        return "fetched from the provider's API by reconcile: no signature".into();
-    }
-    let (catalog, secrets) = match Catalog::read(env).and_then(|c| Secrets::read(env, &c).map(|s| (c, s))) {
-        Ok(read) => read,
-        Err(e) => return format!("not checked: {e}"),
-    };
-    if !secrets.is_configured(provider) {
-        // No secret at all here: perhaps `inbox dev`'s database, signed with its development secrets.
-        // Said only when they verify: a stored delivery is never judged by secrets it was not meant for.
-        if secrets.none_configured() && ops::verify_kept(event, &catalog, &Secrets::development()).is_ok() {
-            return format!("verifies with inbox dev's development {provider} secret (none is configured here)");
-        }
-        return format!("not checked: no {provider} secret is configured here");
-    }
-    match ops::verify_kept(event, &catalog, &secrets) {
-        Ok(v) => {
-            let fingerprint = secrets.fingerprints(provider).get(v.secret_index).cloned().unwrap_or_default();
-            format!("verifies with {provider} secret #{} ({fingerprint})", v.secret_index + 1)
-        }
-        Err(reason) if provider == Provider::MARQETA => {
-            format!("not verified: {reason} (Basic credentials are never stored; only X-Marqeta-Signature can be re-checked)")
-        }
-        Err(reason) => format!("DOES NOT VERIFY with the secrets configured here: {reason}"),
+    match Catalog::read(env).and_then(|c| Secrets::read(env, &c).map(|s| (c, s))) {
+        Ok((catalog, secrets)) => ops::verification(event, &catalog, &secrets).to_string(),
+        Err(e) => format!("not checked: {e}"),
     }
 }
 
@@ -526,10 +562,10 @@ pub async fn outbox_list(pool: &PgPool, dead: bool, limit: i64, out: &Output) ->
     Ok(())
 }
 
-pub async fn outbox_retry(pool: &PgPool, id: Option<i64>, dead: bool, out: &Output) -> Result<()> {
+pub async fn outbox_retry(pool: &PgPool, id: Option<i64>, dead: bool, by: &Requeue<'_>, out: &Output) -> Result<()> {
     let retried = match (id, dead) {
         (Some(id), _) => {
-            if !ops::retry_message(pool, id).await? {
+            if !ops::retry_message(pool, id, by).await? {
                 bail!("no unsent outbox message with id {id}");
             }
             1
@@ -537,7 +573,7 @@ pub async fn outbox_retry(pool: &PgPool, id: Option<i64>, dead: bool, out: &Outp
         (None, true) => {
             let mut total = 0;
             loop {
-                let n = ops::retry_dead(pool, BATCH).await?;
+                let n = ops::retry_dead(pool, BATCH, by).await?;
                 total += n;
                 if n < BATCH as u64 {
                     break total;
@@ -604,20 +640,5 @@ fn print_table(head: &[&str], rows: &[Vec<String>]) {
     }
     if rows.is_empty() {
         say!("(none)");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn since_is_a_duration_or_a_timestamp() {
-        assert!(matches!(parse_since("90m"), Ok(Since::Ago(d)) if d == Duration::from_secs(5400)));
-        assert!(matches!(parse_since("7d"), Ok(Since::Ago(d)) if d == Duration::from_secs(7 * 86_400)));
-        assert!(matches!(parse_since("2026-11-30 08:00Z"), Ok(Since::At(_))));
-        for bad in ["", "h", "5 weeks", "99999999999999999999h", "yesterday"] {
-            assert!(parse_since(bad).is_err(), "{bad:?}");
-        }
     }
 }

@@ -1,32 +1,36 @@
-//! `inbox_audit`: who put which event back to pending, when and why. Written by
-//! the statements that requeue (`inbox::replay`, `inbox::requeue`), in
-//! the same statement; read here.
+//! `inbox_audit`: who put which event back to pending, or gave which outbox
+//! message a fresh start, when and why. Written by the statements that do it
+//! (`inbox::replay`, `inbox::requeue`, `outbox::retry_message`,
+//! `outbox::retry_dead`), in the same statement; read here.
 
 use sqlx::PgPool;
 
-/// One requeue of an event: who put it back to pending, when and why, and what it was before.
+/// One requeue of an event (or retry of one of its outbox messages): who did
+/// it, when and why, and what it was before.
 #[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
 pub struct AuditRecord {
     /// When (PostgreSQL's own text).
     pub at: String,
     /// Who ([`crate::ops::Requeue::actor`]).
     pub actor: String,
-    /// What: `replay` or `requeue`.
+    /// What: `replay`, `requeue`, `retry_outbox`, or a word of your own.
     pub action: String,
     /// Why, in the operator's words.
     pub reason: String,
-    /// The event's status before.
+    /// The outbox message retried, for a retry (its event's record otherwise).
+    pub message_id: Option<i64>,
+    /// The event's status before (a message's: `dead` or `waiting`).
     pub from_status: String,
     /// Its attempts before (reset to 0 by the requeue).
     pub attempts: i32,
-    /// Its failure reason before.
+    /// Its failure reason (a message's last error) before.
     pub failure_reason: Option<String>,
 }
 
-/// An event's history, oldest first.
+/// An event's history, oldest first: its requeues and the retries of the outbox messages it wrote.
 pub async fn history(pool: &PgPool, provider: &str, event_id: &str) -> Result<Vec<AuditRecord>, sqlx::Error> {
     super::query_as(
-        "SELECT at::text, actor, action, reason, from_status, attempts, failure_reason
+        "SELECT at::text, actor, action, reason, message_id, from_status, attempts, failure_reason
          FROM inbox_audit WHERE provider = $1 AND event_id = $2 ORDER BY id",
     )
     .bind(provider)

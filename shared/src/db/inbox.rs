@@ -626,6 +626,28 @@ pub enum Since {
 }
 
 impl Since {
+    /// A duration ago (`30s`, `15m`, `2h`, `7d`) or a timestamp (anything of
+    /// 10 characters or more that starts with a digit: PostgreSQL reads it
+    /// when the query runs), as the operator's commands and the console take it.
+    pub fn parse(text: &str) -> Result<Since, String> {
+        let text = text.trim();
+        let (number, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
+        let seconds = match unit {
+            "s" => 1,
+            "m" => 60,
+            "h" => 3600,
+            "d" => 86_400,
+            _ if text.starts_with(|c: char| c.is_ascii_digit()) && text.len() >= 10 => {
+                return Ok(Since::At(text.to_string()))
+            }
+            _ => return Err(format!("{text:?} is neither a duration (30s, 15m, 2h, 7d) nor a timestamp")),
+        };
+        let n: u64 = number.parse().map_err(|_| format!("{text:?}: the number is missing or too large"))?;
+        n.checked_mul(seconds)
+            .map(|s| Since::Ago(Duration::from_secs(s)))
+            .ok_or_else(|| format!("{text:?} is too far back"))
+    }
+
     fn ago_ms(&self) -> Option<i64> {
         match self {
             Since::Ago(d) => Some(d.as_millis() as i64),
@@ -1089,4 +1111,19 @@ pub async fn stored_event(pool: &PgPool, provider: &str, event_id: &str) -> Resu
     .bind(event_id)
     .fetch_optional(super::Autocommit(pool))
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn since_is_a_duration_or_a_timestamp() {
+        assert!(matches!(Since::parse("90m"), Ok(Since::Ago(d)) if d == Duration::from_secs(5400)));
+        assert!(matches!(Since::parse("7d"), Ok(Since::Ago(d)) if d == Duration::from_secs(7 * 86_400)));
+        assert!(matches!(Since::parse("2026-11-30 08:00Z"), Ok(Since::At(_))));
+        for bad in ["", "h", "5 weeks", "99999999999999999999h", "yesterday"] {
+            assert!(Since::parse(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -5,6 +5,8 @@ pub mod audit;
 pub mod bodies;
 #[cfg(feature = "reconcile")]
 pub mod checkpoints;
+#[cfg(feature = "console")]
+pub mod console;
 pub mod inbox;
 pub mod outbox;
 mod pooler;

@@ -2,6 +2,8 @@
 
 use sqlx::{types::Json, PgConnection, PgExecutor};
 
+use super::inbox::Requeue;
+
 /// One message to publish. `message_key` is derived from what happened (not from
 /// the row id), so a message written twice, or re-sent after a crash, carries the
 /// same key and consumers can deduplicate on it.
@@ -264,30 +266,59 @@ pub async fn event_messages(
     .await
 }
 
+/// The statement that gives the messages `picked` selects (`id`, `event_provider`,
+/// `event_id`, `attempts`, `last_error`, `dead_at`; locked) a fresh start, and
+/// audits each with `$2` (actor), `$3` (action) and `$4` (reason).
+macro_rules! retry_picked {
+    ($picked:literal) => {
+        concat!(
+            "WITH picked AS (",
+            $picked,
+            "),
+         retried AS (
+             UPDATE transactional_outbox AS o SET dead_at = NULL, attempts = 0, next_attempt_at = NULL
+             FROM picked WHERE o.id = picked.id
+             RETURNING o.id),
+         audited AS (
+             INSERT INTO inbox_audit (actor, action, reason, provider, event_id, message_id, from_status, attempts, failure_reason)
+             SELECT $2, $3, $4, event_provider, event_id, id, CASE WHEN dead_at IS NULL THEN 'waiting' ELSE 'dead' END,
+                    attempts, last_error
+             FROM picked)
+         SELECT count(*) FROM retried"
+        )
+    };
+}
+
 /// Gives a dead (or waiting) message a fresh start: due now, attempts reset,
-/// its last error kept until the next attempt. A sent message is left alone.
+/// its last error kept until the next attempt, with an audit record (under the
+/// event whose handler wrote it, if one did). A sent message is left alone.
 /// Returns whether it was found unsent.
-pub async fn retry_message(pool: &sqlx::PgPool, id: i64) -> Result<bool, sqlx::Error> {
-    let done = super::query(
-        "UPDATE transactional_outbox SET dead_at = NULL, attempts = 0, next_attempt_at = NULL
-         WHERE id = $1 AND processed_at IS NULL",
-    )
+pub async fn retry_message(pool: &sqlx::PgPool, id: i64, by: &Requeue<'_>) -> Result<bool, sqlx::Error> {
+    let n: i64 = super::query_scalar(retry_picked!(
+        "SELECT id, event_provider, event_id, attempts, last_error, dead_at FROM transactional_outbox
+         WHERE id = $1 AND processed_at IS NULL FOR UPDATE"
+    ))
     .bind(id)
-    .execute(super::Autocommit(pool))
+    .bind(by.actor)
+    .bind(by.action)
+    .bind(by.reason)
+    .fetch_one(super::Autocommit(pool))
     .await?;
-    Ok(done.rows_affected() == 1)
+    Ok(n == 1)
 }
 
 /// [`retry_message`] for up to `limit` dead messages, in one short statement; call it
 /// again until it returns less than `limit`.
-pub async fn retry_dead(pool: &sqlx::PgPool, limit: i64) -> Result<u64, sqlx::Error> {
-    let done = super::query(
-        "UPDATE transactional_outbox SET dead_at = NULL, attempts = 0, next_attempt_at = NULL
-         WHERE id IN (SELECT id FROM transactional_outbox WHERE dead_at IS NOT NULL
-                      ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)",
-    )
+pub async fn retry_dead(pool: &sqlx::PgPool, limit: i64, by: &Requeue<'_>) -> Result<u64, sqlx::Error> {
+    let n: i64 = super::query_scalar(retry_picked!(
+        "SELECT id, event_provider, event_id, attempts, last_error, dead_at FROM transactional_outbox
+         WHERE dead_at IS NOT NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
+    ))
     .bind(limit)
-    .execute(super::Autocommit(pool))
+    .bind(by.actor)
+    .bind(by.action)
+    .bind(by.reason)
+    .fetch_one(super::Autocommit(pool))
     .await?;
-    Ok(done.rows_affected())
+    Ok(n as u64)
 }

@@ -117,6 +117,18 @@ async fn serve(app: &App, env: &Env<'_>, config: &mut ReceiveConfig, host: &str,
     let listener = TcpListener::bind((host, port)).await.with_context(|| format!("binding {host}:{port}"))?;
     let receiver = Arc::new(Receiver::from_config(config)?.with_app(app));
 
+    // The console at /console, with a `dev` operator whose password is new at each start.
+    let read = crate::console::read_pool(env, &config.db)?.unwrap_or_else(|| pool.clone());
+    let console = crate::console::router(
+        pool.clone(),
+        read,
+        config.catalog.clone(),
+        config.secrets.clone(),
+        server::CONSOLE_PATH,
+    );
+    let password = crate::console::generate_password();
+    crate::console::set_user(&pool, "dev", crate::console::Role::Operator, &password).await?;
+
     // The same worker as the `process` function, and the relay when a sink is set, running continuously.
     let (stop, stopped) = tokio::sync::watch::channel(());
     let until_stopped = |mut stopped: tokio::sync::watch::Receiver<()>| async move {
@@ -156,8 +168,20 @@ async fn serve(app: &App, env: &Env<'_>, config: &mut ReceiveConfig, host: &str,
         }));
     }
 
-    say!("inbox dev ready: POST http://{}/webhooks/{{provider}}  (Ctrl-C stops)", listener.local_addr()?);
-    server::serve(listener, receiver, shutdown_signal()).await?;
+    let addr = listener.local_addr()?;
+    say!(
+        "console: http://{addr}{}/  (sign in as dev, password {password}; more users: inbox console user add)",
+        server::CONSOLE_PATH
+    );
+    say!("inbox dev ready: POST http://{addr}/webhooks/{{provider}}  (Ctrl-C stops)");
+    let site = server::serve_site(
+        listener,
+        receiver,
+        Some(console),
+        server::Timeouts::default(),
+        crate::runtime::shutdown_signal(),
+    );
+    site.await?;
     say!("shutting down");
     let _ = stop.send(());
     for stage in stages {
@@ -174,14 +198,6 @@ fn print_development_secrets() {
     say!("  STANDARD_WEBHOOK_SECRET={}", crate::config::DEV_STANDARD);
     say!("  MARQETA_WEBHOOK_USERNAME={}", crate::config::DEV_MARQETA_USERNAME);
     say!("  MARQETA_WEBHOOK_PASSWORD={}", crate::config::DEV_MARQETA_PASSWORD);
-}
-
-async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
 }
 
 /// A `Stripe-Signature` header as Stripe signs: `t=<t>,v1=<hex HMAC-SHA256

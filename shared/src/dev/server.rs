@@ -1,7 +1,7 @@
 //! `inbox dev`'s HTTP server: the very same [`Receiver::handle`] as the Lambda,
-//! behind a plain HTTP/1.1 listener.
+//! behind a plain HTTP/1.1 listener, and the console at `/console`.
 
-use std::{convert::Infallible, future::Future, sync::Arc, time::Duration};
+use std::{convert::Infallible, future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use http::{header::CONTENT_LENGTH, Request, Response, StatusCode};
@@ -9,6 +9,7 @@ use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::{body::Incoming, server::conn::http1, service::service_fn};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::{net::TcpListener, sync::Semaphore};
+use tower::ServiceExt as _;
 
 use crate::ingest::receive::{respond, ReceiveError, Receiver};
 
@@ -52,6 +53,20 @@ pub async fn serve_with(
     timeouts: Timeouts,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
+    serve_site(listener, receiver, None, timeouts, shutdown).await
+}
+
+/// Where the console is served beside the webhooks.
+pub const CONSOLE_PATH: &str = "/console";
+
+/// [`serve_with`], and `console` (the console's pages, at [`CONSOLE_PATH`]) when given.
+pub async fn serve_site(
+    listener: TcpListener,
+    receiver: Arc<Receiver>,
+    console: Option<axum::Router>,
+    timeouts: Timeouts,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
     tokio::pin!(shutdown);
     let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let bodies = Arc::new(Semaphore::new(MAX_BODY_BYTES_IN_FLIGHT / 1024));
@@ -61,7 +76,7 @@ pub async fn serve_with(
             slot = connections.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
             () = &mut shutdown => return Ok(()),
         };
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(conn) => {
                     backoff = Duration::ZERO;
@@ -80,12 +95,23 @@ pub async fn serve_with(
             () = &mut shutdown => return Ok(()),
         };
         let _ = stream.set_nodelay(true);
-        let (receiver, bodies) = (receiver.clone(), bodies.clone());
+        let (receiver, bodies, console) = (receiver.clone(), bodies.clone(), console.clone());
         tokio::spawn(async move {
             let _slot = slot; // given back when the connection ends
-            let service = service_fn(move |req| {
-                let (receiver, bodies) = (receiver.clone(), bodies.clone());
-                async move { Ok::<_, Infallible>(handle(&receiver, &bodies, req, timeouts.body).await) }
+            let service = service_fn(move |mut req: Request<Incoming>| {
+                let (receiver, bodies, console) = (receiver.clone(), bodies.clone(), console.clone());
+                async move {
+                    let path = req.uri().path();
+                    let to_console = path == CONSOLE_PATH || path.starts_with(&format!("{CONSOLE_PATH}/"));
+                    match console.filter(|_| to_console) {
+                        Some(console) => {
+                            req.extensions_mut().insert(axum::extract::ConnectInfo::<SocketAddr>(peer));
+                            let response = console.oneshot(req).await;
+                            Ok::<_, Infallible>(response.unwrap_or_else(|never| match never {}))
+                        }
+                        None => Ok(handle(&receiver, &bodies, req, timeouts.body).await.map(axum::body::Body::new)),
+                    }
+                }
             });
             if let Err(e) = http1::Builder::new()
                 .timer(TokioTimer::new())

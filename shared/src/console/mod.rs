@@ -1,0 +1,190 @@
+//! The operator's console: a web page over [`ops`](crate::ops) to find any
+//! event, see why it failed, and replay it; requeue what a filter selects;
+//! retry dead outbox messages; and the inbox's health at a glance.
+//!
+//! `inbox console` serves it on its own ([`run`]), and `inbox dev` (a team's
+//! own [`dev::run`](crate::dev::run) too) at `/console`. Sign-in is required:
+//! each user has a password kept only as its Argon2id hash, and a role
+//! ([`Role`]): a viewer reads, an operator also acts, each action with a
+//! confirmation and an audit record under the user's name. Sessions live in
+//! the database (a cookie that is `Secure`, `HttpOnly` and `SameSite=Lax`
+//! holds only a random token); every form that acts carries the session's
+//! CSRF token; every page is sent under a strict Content-Security-Policy
+//! with no script at all, and everything a stranger sent (payloads, headers,
+//! ids, reasons) is escaped by the templates. Sign-in is rate-limited per
+//! name and per client.
+//!
+//! Users are managed with `inbox console user add|remove|list`, or from code
+//! with [`add_user`], [`remove_user`] and [`list_users`].
+
+mod auth;
+mod pages;
+
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use anyhow::Context as _;
+use axum::Router;
+use sqlx::PgPool;
+
+pub use crate::db::console::{Role, User};
+use crate::{
+    config::{Catalog, DbConfig, Env, Secrets},
+    db, ReceiveConfig,
+};
+
+/// What the pages need, shared by every request.
+pub(crate) struct State {
+    /// Sessions and actions.
+    db: PgPool,
+    /// What the pages show: `INBOX_CONSOLE_READ_DATABASE_URL`'s read-only role
+    /// where the deployment provides one, else `db`.
+    read: PgPool,
+    /// The providers and their secrets, to re-check an event's kept bytes.
+    catalog: Catalog,
+    secrets: Secrets,
+    /// Where the console is mounted: `""` (its own server) or `/console` (`inbox dev`).
+    base: String,
+    limiter: auth::Limiter,
+}
+
+/// How long a session lasts after sign-in.
+const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
+
+/// The console's pages at `base` (`""` for the root), on `db` (reads on
+/// `read`), checking kept bytes against `catalog` and `secrets`.
+pub(crate) fn router(db: PgPool, read: PgPool, catalog: Catalog, secrets: Secrets, base: &str) -> Router {
+    let state = Arc::new(State {
+        db,
+        read,
+        catalog,
+        secrets,
+        base: base.trim_end_matches('/').to_string(),
+        limiter: auth::Limiter::default(),
+    });
+    pages::router(state)
+}
+
+/// A read-only pool on `INBOX_CONSOLE_READ_DATABASE_URL`, if it is set.
+pub(crate) fn read_pool(env: &Env, db: &DbConfig) -> anyhow::Result<Option<PgPool>> {
+    let Some(url) = env.var("INBOX_CONSOLE_READ_DATABASE_URL") else { return Ok(None) };
+    let config = DbConfig { url: Some(url), ..db.clone() };
+    Ok(Some(db::pool(&config).context("INBOX_CONSOLE_READ_DATABASE_URL")?))
+}
+
+/// `inbox console`: serves the console at `http://host:port/` on
+/// `DATABASE_URL` (reads on `INBOX_CONSOLE_READ_DATABASE_URL` when set), its
+/// providers and secrets read as the functions read them, until Ctrl-C or
+/// SIGTERM. It applies no migration: the inbox's (`inbox migrate`, or the
+/// stack's `migrate`) must be there. A team's own binary is this one call:
+///
+/// ```no_run
+/// #[tokio::main]
+/// async fn main() -> anyhow::Result<()> {
+///     webhook_inbox::console::run("127.0.0.1", 9100).await
+/// }
+/// ```
+pub async fn run(host: &str, port: u16) -> anyhow::Result<()> {
+    crate::config::init_logging();
+    let env = Env::resolved().await?;
+    let config = ReceiveConfig::read(&env, 4)?;
+    anyhow::ensure!(config.db.url.is_some(), "DATABASE_URL is not set: the console shows a database's inbox");
+    let pool = db::pool(&config.db)?;
+    ensure_schema(&pool).await?;
+    let read = read_pool(&env, &config.db)?.unwrap_or_else(|| pool.clone());
+    let app = router(pool, read, config.catalog, config.secrets, "");
+    let listener =
+        tokio::net::TcpListener::bind((host, port)).await.with_context(|| format!("binding {host}:{port}"))?;
+    say(&format!("inbox console ready: http://{}/  (Ctrl-C stops)", listener.local_addr()?));
+    axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+        .with_graceful_shutdown(crate::runtime::shutdown_signal())
+        .await?;
+    Ok(())
+}
+
+/// Refuses a database without the console's tables, saying how to get them.
+async fn ensure_schema(pool: &PgPool) -> anyhow::Result<()> {
+    match db::query("SELECT 1 FROM inbox_console_users LIMIT 0").execute(db::Autocommit(pool)).await {
+        Ok(_) => Ok(()),
+        Err(e) if db::sqlstate(&e).as_deref() == Some("42P01") => anyhow::bail!(
+            "the console's tables are missing from this database: apply the inbox's migrations first (inbox migrate)"
+        ),
+        Err(e) => Err(e).context("connecting to DATABASE_URL"),
+    }
+}
+
+/// A line on stdout; a closed stdout is no panic.
+fn say(line: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stdout(), "{line}");
+}
+
+/// Why a user could not be added.
+#[derive(Debug, thiserror::Error)]
+pub enum UserError {
+    /// The name is not 1 to 64 of `A-Z a-z 0-9 . _ @ -`.
+    #[error("a user name is 1 to 64 letters, digits, '.', '_', '@' or '-'")]
+    BadName,
+    /// The password is shorter than 12 characters or longer than 1024 bytes.
+    #[error("a password has at least 12 characters (and at most 1024 bytes)")]
+    BadPassword,
+    /// A user of this name exists.
+    #[error("there is a user of this name already (remove it first to change its role or password)")]
+    Exists,
+    /// The database refused or did not answer.
+    #[error("the database: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// Adds a console user with this role and password (kept as its Argon2id
+/// hash); refuses a name that is taken.
+pub async fn add_user(pool: &PgPool, name: &str, role: Role, password: &str) -> Result<(), UserError> {
+    check_name(name)?;
+    let hash = hash_password(password).await?;
+    if !db::console::insert_user(pool, name, &hash, role).await? {
+        return Err(UserError::Exists);
+    }
+    Ok(())
+}
+
+/// Sets this user's role and password, adding the user if need be; its
+/// sessions end. What `inbox dev` does for its own `dev` user at each start.
+pub(crate) async fn set_user(pool: &PgPool, name: &str, role: Role, password: &str) -> Result<(), UserError> {
+    check_name(name)?;
+    let hash = hash_password(password).await?;
+    db::console::upsert_user(pool, name, &hash, role).await?;
+    Ok(())
+}
+
+/// Removes a console user and signs it out everywhere; whether there was one.
+pub async fn remove_user(pool: &PgPool, name: &str) -> Result<bool, sqlx::Error> {
+    db::console::delete_user(pool, name).await
+}
+
+/// Every console user, by name (never a password's hash).
+pub async fn list_users(pool: &PgPool) -> Result<Vec<User>, sqlx::Error> {
+    db::console::list_users(pool).await
+}
+
+/// A password good for a user: random, 24 characters (what `inbox console
+/// user add` prints when none is given).
+pub fn generate_password() -> String {
+    auth::random_token(18)
+}
+
+fn check_name(name: &str) -> Result<(), UserError> {
+    let ok = (1..=64).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'@' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(UserError::BadName)
+    }
+}
+
+async fn hash_password(password: &str) -> Result<String, UserError> {
+    if password.chars().count() < 12 || password.len() > auth::MAX_PASSWORD_BYTES {
+        return Err(UserError::BadPassword);
+    }
+    let password = password.to_string();
+    Ok(tokio::task::spawn_blocking(move || auth::hash(&password)).await.expect("hashing does not panic"))
+}
