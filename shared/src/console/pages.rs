@@ -39,7 +39,8 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/requeue", get(confirm_requeue).post(requeue))
         .route("/outbox", get(outbox))
         .route("/outbox/retry", get(confirm_retry).post(retry))
-        .route("/static/console.css", get(css))
+        .route("/static/console.css", get(|| asset("text/css; charset=utf-8", include_str!("console.css"))))
+        .route("/static/favicon.svg", get(|| asset("image/svg+xml", include_str!("favicon.svg"))))
         .fallback(not_found)
         .layer(from_fn_with_state(state.clone(), finish))
         .with_state(state.clone());
@@ -160,12 +161,9 @@ async fn not_found() -> PageError {
     PageError::NotFound("There is no such page here.".into())
 }
 
-async fn css() -> Response {
-    (
-        [(header::CONTENT_TYPE, "text/css; charset=utf-8"), (header::CACHE_CONTROL, "max-age=3600")],
-        include_str!("console.css"),
-    )
-        .into_response()
+/// A file of the console's own, built into the binary.
+async fn asset(content_type: &'static str, body: &'static str) -> Response {
+    ([(header::CONTENT_TYPE, content_type), (header::CACHE_CONTROL, "max-age=3600")], body).into_response()
 }
 
 fn html(page: impl Template) -> Result<Response, PageError> {

@@ -1,0 +1,197 @@
+//! The console in a real browser: `inbox dev` on a database of its own, a
+//! failed event and a hostile one delivered over HTTP, a viewer added with
+//! `inbox console user add`, then `tests/console/console.mjs` drives Debian's
+//! Chromium through playwright-core (sign in, filter, open, replay, a viewer,
+//! CSRF, a hostile payload) and writes screenshots to
+//! `target/console-screenshots`. The database is checked afterwards.
+
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    net::TcpStream,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use sqlx::{
+    postgres::{PgConnectOptions, PgPoolOptions},
+    PgPool,
+};
+
+/// A failed assertion must not leave `inbox dev` running.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = Command::new("kill").args(["-TERM", &self.0.id().to_string()]).status();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// One HTTP/1.1 POST; the status code.
+fn post(addr: &str, path: &str, headers: &[(&str, &str)], body: &str) -> u16 {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut request = format!("POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n");
+    for (k, v) in headers {
+        request.push_str(&format!("{k}: {v}\r\n"));
+    }
+    request.push_str(&format!("Content-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()));
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0)
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+async fn status(pool: &PgPool, provider: &str, id: &str) -> Option<String> {
+    sqlx::query_scalar("SELECT status FROM webhook_inbox WHERE provider = $1 AND event_id = $2")
+        .bind(provider)
+        .bind(id)
+        .fetch_optional(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrations = false)]
+async fn the_console_in_a_browser_signs_in_filters_opens_and_replays_and_keeps_viewers_and_payloads_harmless(
+    pool_options: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    let node_modules = repo().join("tests/console/node_modules/playwright-core");
+    assert!(node_modules.exists(), "playwright-core is missing: run `npm ci` in tests/console (scripts/test does)");
+    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    assert!(Path::new(&chromium).exists(), "{chromium} is missing: apt-get install chromium (scripts/test does)");
+
+    let url = format!("postgres://postgres@{}:{}/{}", opts.get_host(), opts.get_port(), opts.get_database().unwrap());
+    let pool = pool_options.connect_with(opts).await.unwrap();
+    // One attempt: the deposit for an account that does not exist fails at once.
+    let child = Command::new(env!("CARGO_BIN_EXE_inbox"))
+        .args(["dev", "--port", "0"])
+        .env_clear()
+        .envs([
+            ("PATH", std::env::var("PATH").unwrap_or_default()),
+            ("RUST_LOG", "warn".into()),
+            ("DATABASE_URL", url.clone()),
+            ("INBOX_MAX_ATTEMPTS", "1".into()),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut child = KillOnDrop(child);
+    let (lines_tx, lines) = mpsc::channel();
+    let stdout = child.0.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = lines_tx.send(line);
+        }
+    });
+    let (mut console, mut password) = (None, None);
+    let addr = loop {
+        let line = lines.recv_timeout(Duration::from_secs(120)).expect("inbox dev prints ready");
+        if let Some(rest) = line.strip_prefix("console: ") {
+            console = rest.split_whitespace().next().map(|u| u.trim_end_matches('/').to_string());
+            password = rest.split("password ").nth(1).and_then(|p| p.split(';').next()).map(str::to_string);
+        }
+        if let Some(rest) = line.strip_prefix("inbox dev ready: POST http://") {
+            break rest.split('/').next().unwrap().to_string();
+        }
+    };
+    let console = console.expect("inbox dev prints the console's URL");
+    let password = password.expect("inbox dev prints the dev user's password");
+    assert!(console.ends_with("/console"), "{console}");
+
+    // A viewer, as an operator adds one: the password on stdin.
+    let mut add = Command::new(env!("CARGO_BIN_EXE_inbox"))
+        .args(["console", "user", "add", "vera", "--role", "viewer", "--password-stdin"])
+        .env("DATABASE_URL", &url)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    add.stdin.take().unwrap().write_all(b"a viewer's long password\n").unwrap();
+    let added = add.wait_with_output().unwrap();
+    assert!(added.status.success(), "{}", String::from_utf8_lossy(&added.stdout));
+
+    // A deposit to an account that does not exist yet: failed after its one attempt.
+    let marqeta = r#"{"transactions":[{"token":"tx_browser_1","type":"gpa.credit","state":"COMPLETION","user_token":"acct_late","amount":"12.50"}]}"#;
+    let basic = inbox_tests::marqeta_basic("marqeta", "dev_marqeta_password");
+    assert_eq!(post(&addr, "/webhooks/marqeta", &[("Authorization", &basic)], marqeta), 200);
+    // A validly signed event whose id and payload are hostile markup (failed: its amount is no number).
+    let hostile_id = "evt_<script>window.__pwned=1</script>";
+    let hostile = serde_json::json!({
+        "id": hostile_id,
+        "type": "payment_intent.succeeded",
+        "data": {"object": {"id": "<img src=x onerror=window.__pwned=2>", "amount_received": "javascript:window.__pwned=3",
+                            "currency": "<a href=\"javascript:window.__pwned=4\">usd</a>"}}
+    })
+    .to_string();
+    let t = inbox_tests::now();
+    let signature = format!("t={t},v1={}", inbox_tests::stripe_v1("whsec_dev_stripe_secret", t, hostile.as_bytes()));
+    assert_eq!(post(&addr, "/webhooks/stripe", &[("Stripe-Signature", &signature)], &hostile), 200);
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while status(&pool, "marqeta", "transactions:tx_browser_1").await.as_deref() != Some("failed")
+        || status(&pool, "stripe", hostile_id).await.as_deref() != Some("failed")
+    {
+        assert!(Instant::now() < deadline, "both events fail at their one attempt");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Now the account exists: a replay succeeds.
+    sqlx::query("INSERT INTO accounts (account_id) VALUES ('acct_late')").execute(&pool).await.unwrap();
+
+    let screenshots = repo().join("target/console-screenshots");
+    let out = Command::new("node")
+        .arg(repo().join("tests/console/console.mjs"))
+        .envs([
+            ("CONSOLE_URL", console.as_str()),
+            ("OPERATOR", "dev"),
+            ("OPERATOR_PASSWORD", &password),
+            ("VIEWER", "vera"),
+            ("VIEWER_PASSWORD", "a viewer's long password"),
+            ("FAILED_PROVIDER", "marqeta"),
+            ("FAILED_ID", "transactions:tx_browser_1"),
+            ("HOSTILE_ID", hostile_id),
+            ("SCREENSHOTS", screenshots.to_str().unwrap()),
+            ("CHROMIUM", &chromium),
+        ])
+        .output()
+        .unwrap();
+    let printed = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    println!("{printed}");
+    assert!(out.status.success(), "the browser checks failed:\n{printed}");
+
+    // What the browser did, in the database: one replay, by the operator, and nothing else.
+    assert_eq!(status(&pool, "marqeta", "transactions:tx_browser_1").await.as_deref(), Some("done"));
+    assert_eq!(status(&pool, "stripe", hostile_id).await.as_deref(), Some("failed"));
+    let audit: Vec<(String, String, String, Option<String>)> =
+        sqlx::query_as("SELECT actor, action, reason, event_id FROM inbox_audit ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        audit,
+        [(
+            "console:dev".into(),
+            "replay".into(),
+            "the account exists now".into(),
+            Some("transactions:tx_browser_1".into())
+        )]
+    );
+    let balance: String = sqlx::query_scalar("SELECT balance::text FROM accounts WHERE account_id = 'acct_late'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(balance, "12.50", "the replayed deposit was applied once");
+    for shot in ["events.png", "event.png", "event-failed.png"] {
+        assert!(screenshots.join(shot).exists(), "{shot} was written");
+    }
+}

@@ -1,0 +1,202 @@
+// The console in a real browser (Debian's Chromium, driven by playwright-core),
+// against an `inbox dev` that functions/inbox/tests/console.rs started and filled:
+//   CONSOLE_URL        the console's root, e.g. http://127.0.0.1:9000/console
+//   OPERATOR, OPERATOR_PASSWORD, VIEWER, VIEWER_PASSWORD
+//   FAILED_PROVIDER, FAILED_ID    an event that failed and succeeds when replayed
+//   HOSTILE_ID                    a stripe event whose id and payload carry <script>, <img onerror>, javascript:
+//   SCREENSHOTS                   where to write the screenshots
+// Prints one line per check; exits non-zero at the first that fails.
+import assert from 'node:assert/strict';
+import { mkdirSync } from 'node:fs';
+import { chromium } from 'playwright-core';
+
+const env = (name) => {
+  const v = process.env[name];
+  if (!v) throw new Error(`${name} is not set`);
+  return v;
+};
+const url = env('CONSOLE_URL');
+const shots = env('SCREENSHOTS');
+mkdirSync(shots, { recursive: true });
+const eventUrl = (provider, id) => `${url}/event?${new URLSearchParams({ provider, id })}`;
+const check = (what) => console.log(`ok: ${what}`);
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
+    '--disable-component-update', '--disable-sync'],
+});
+
+/** A context whose every dialog, console error and page error is a problem. */
+async function context(options = {}) {
+  const ctx = await browser.newContext({ viewport: { width: 1280, height: 900 }, ...options });
+  ctx.problems = [];
+  ctx.on('page', (page) => watch(ctx, page));
+  return ctx;
+}
+function watch(ctx, page) {
+  page.on('dialog', (d) => { ctx.problems.push(`a dialog opened: ${d.message()}`); d.dismiss().catch(() => {}); });
+  page.on('console', (m) => { if (m.type() === 'error') ctx.problems.push(`console error: ${m.text()}`); });
+  page.on('pageerror', (e) => ctx.problems.push(`page error: ${e.message}`));
+}
+function noProblems(ctx, where) {
+  assert.deepEqual(ctx.problems, [], `${where}: no dialog, console error or page error`);
+}
+
+async function signIn(page, name, password, { keyboard = false } = {}) {
+  await page.goto(`${url}/events`);
+  assert.match(page.url(), /\/signin\?next=/, 'a page needs a session: sent to sign in, and back afterwards');
+  if (keyboard) {
+    // Keyboard only: the name field has the focus, Tab to the password, Enter submits.
+    await page.locator('#name:focus').waitFor({ timeout: 5000 });
+    await page.keyboard.type(name);
+    await page.keyboard.press('Tab');
+    await page.keyboard.type(password);
+    await page.keyboard.press('Enter');
+  } else {
+    await page.fill('#name', name);
+    await page.fill('#password', password);
+    await page.click('button[type=submit]');
+  }
+  await page.waitForURL(/\/events/);
+  await page.getByRole('table').waitFor();
+}
+
+try {
+  // ---- the operator, with JavaScript off: the console needs none ----
+  const op = await context({ javaScriptEnabled: false });
+  const page = await op.newPage();
+
+  await page.goto(`${url}/events`);
+  await page.fill('#name', env('OPERATOR'));
+  await page.fill('#password', 'not the password');
+  await page.click('button[type=submit]');
+  assert.match(await page.locator('[role=alert]').innerText(), /do not match/, 'a wrong password is refused');
+  assert.deepEqual(op.problems, ['console error: Failed to load resource: the server responded with a status of 401 (Unauthorized)'],
+    'the refused sign-in is answered 401');
+  op.problems.length = 0;
+  check('a wrong password is refused, with a clear message');
+
+  await signIn(page, env('OPERATOR'), env('OPERATOR_PASSWORD'));
+  check('the operator signs in (JavaScript off)');
+
+  // Filter to the failed event: provider and status, through the form.
+  const provider = env('FAILED_PROVIDER');
+  const failedId = env('FAILED_ID');
+  await page.fill('#provider', provider);
+  await page.check('input[name=status][value=failed]');
+  await page.click('.filters button[type=submit]');
+  await page.waitForURL(/status=failed/);
+  const rows = page.locator('table.events tbody tr');
+  assert.equal(await rows.count(), 1, 'one failed event of that provider');
+  assert.equal(await rows.first().locator('td.id').innerText(), failedId);
+  await page.screenshot({ path: `${shots}/events.png`, fullPage: true });
+  check('the listing filters to the failed event');
+
+  // Open it and read its reason.
+  await rows.first().locator('td.id a').click();
+  await page.waitForURL(/\/event\?/);
+  const reason = await page.locator('#failure-reason').innerText();
+  assert.match(reason, /does not exist yet/, `its failure reason: ${reason}`);
+  assert.equal(await page.locator('h1 .status').innerText(), 'failed');
+  await page.screenshot({ path: `${shots}/event-failed.png`, fullPage: true });
+  check(`the event page shows the reason: ${reason}`);
+
+  // Replay it: a confirmation that says what will happen, then the action.
+  await page.getByRole('link', { name: 'Replay…' }).click();
+  await page.waitForURL(/\/event\/replay\?/);
+  assert.match(await page.locator('main').innerText(), /back to pending with its attempts reset/);
+  await page.fill('#reason', 'the account exists now');
+  await page.getByRole('button', { name: 'Replay' }).click();
+  await page.waitForURL(/done=replayed/);
+  assert.match(await page.locator('[role=status]').innerText(), /Replayed/);
+  check('replay asks for confirmation, then puts the event back to pending');
+
+  // The worker takes it: reload until it is done.
+  let status = '';
+  for (let i = 0; i < 60 && status !== 'done'; i++) {
+    await page.reload();
+    status = await page.locator('h1 .status').innerText();
+    if (status !== 'done') await page.waitForTimeout(500);
+  }
+  assert.equal(status, 'done', 'the replayed event becomes done');
+  const history = await page.locator('section[aria-labelledby=history-h] tbody').innerText();
+  assert.match(history, /replay/);
+  assert.match(history, new RegExp(`console:${env('OPERATOR')}`));
+  assert.match(history, /the account exists now/);
+  await page.screenshot({ path: `${shots}/event.png`, fullPage: true });
+  check('the event becomes done, its history names the replay, who and why');
+
+  // An action without its CSRF token, or with another's, or from another site: refused, nothing done.
+  const hostileId = env('HOSTILE_ID');
+  const csrf = await page.locator('header form input[name=csrf]').getAttribute('value');
+  for (const [what, form, headers] of [
+    ['without a CSRF token', { provider: 'stripe', id: hostileId }, {}],
+    ['with a forged CSRF token', { provider: 'stripe', id: hostileId, csrf: 'x'.repeat(43) }, {}],
+    ['from another site', { provider: 'stripe', id: hostileId, csrf }, { Origin: 'https://attacker.example' }],
+  ]) {
+    const r = await page.request.post(`${url}/event/replay`, { form, headers, maxRedirects: 0 });
+    assert.equal(r.status(), 403, `a replay ${what} is refused`);
+    assert.match(await r.text(), /nothing was done/);
+    check(`a replay ${what} is refused (403, nothing was done)`);
+  }
+  await page.goto(eventUrl('stripe', hostileId));
+  assert.equal(await page.locator('h1 .status').innerText(), 'failed', 'the hostile event was not replayed');
+  noProblems(op, 'the operator');
+
+  // ---- a hostile payload, JavaScript on: nothing in it runs ----
+  const js = await context();
+  const p2 = await js.newPage();
+  await signIn(p2, env('OPERATOR'), env('OPERATOR_PASSWORD'));
+  await p2.goto(`${url}/events?provider=stripe`);
+  await p2.goto(eventUrl('stripe', hostileId));
+  await p2.waitForLoadState('load');
+  assert.equal(await p2.evaluate(() => window.__pwned), undefined, 'no script from the payload ran');
+  const text = await p2.locator('main').innerText();
+  assert.ok(text.includes('<script>window.__pwned=1</script>'), 'the id is shown as text');
+  assert.ok(text.includes('<img src=x onerror=window.__pwned=2>'), 'the img is shown as text');
+  assert.ok(text.includes('javascript:window.__pwned=3'), 'the javascript: link is shown as text');
+  assert.equal(await p2.locator('main img').count(), 0, 'no img element came from the payload');
+  assert.equal(await p2.locator('a[href^="javascript:"]').count(), 0, 'no javascript: link');
+  // Every link on the page stays in the console.
+  for (const href of await p2.locator('a').evaluateAll((as) => as.map((a) => a.getAttribute('href')))) {
+    assert.ok(href.startsWith('/') || href.startsWith('#'), `a link leaves the console: ${href}`);
+  }
+  const csp = (await p2.request.get(eventUrl('stripe', hostileId))).headers()['content-security-policy'];
+  assert.match(csp, /default-src 'none'/);
+  assert.doesNotMatch(csp, /script-src/, 'no script is allowed at all');
+  noProblems(js, 'the hostile payload');
+  check('a payload with <script>, <img onerror> and javascript: runs nothing, and shows as text');
+
+  // ---- a viewer cannot act ----
+  const viewer = await context();
+  const p3 = await viewer.newPage();
+  await signIn(p3, env('VIEWER'), env('VIEWER_PASSWORD'), { keyboard: true });
+  check('the viewer signs in with the keyboard alone');
+  await p3.goto(eventUrl('stripe', hostileId));
+  assert.equal(await p3.getByRole('link', { name: 'Replay…' }).count(), 0, 'a viewer has no replay button');
+  assert.equal(await p3.locator('h1 .status').innerText(), 'failed');
+  const viewerCsrf = await p3.locator('header form input[name=csrf]').getAttribute('value');
+  const confirm = await p3.request.get(`${url}/event/replay?${new URLSearchParams({ provider: 'stripe', id: hostileId })}`);
+  assert.equal(confirm.status(), 403, 'a viewer gets no replay confirmation');
+  const acted = await p3.request.post(`${url}/event/replay`, {
+    form: { provider: 'stripe', id: hostileId, csrf: viewerCsrf }, maxRedirects: 0,
+  });
+  assert.equal(acted.status(), 403, 'a viewer\'s replay is refused, even with its own CSRF token');
+  await p3.reload();
+  assert.equal(await p3.locator('h1 .status').innerText(), 'failed', 'the viewer changed nothing');
+  await p3.goto(`${url}/events?status=failed`);
+  assert.equal(await p3.getByRole('link', { name: /Requeue/ }).count(), 0, 'a viewer has no requeue button');
+  noProblems(viewer, 'the viewer');
+  check('a viewer sees no button, and its requests to act are refused (403)');
+
+  // Signing out ends the session: the cookie's page needs signing in again.
+  await p3.getByRole('button', { name: 'Sign out' }).click();
+  await p3.waitForURL(/\/signin/);
+  await p3.goto(`${url}/events`);
+  assert.match(p3.url(), /\/signin/);
+  check('sign-out ends the session');
+} finally {
+  await browser.close();
+}
+console.log('all browser checks passed');
