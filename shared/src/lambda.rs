@@ -13,7 +13,7 @@
 //! inline mode and the worker, its migrations); `relay`, `prune` and
 //! `reconcile` need none, so the stock binaries serve any application.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use serde_json::Value;
 
@@ -37,6 +37,10 @@ use crate::{
     ReceiveConfig, Receiver,
 };
 
+/// How often a receive instance adds its counts to `inbox_receive_minutes`
+/// (after a delivery, when this much has passed since the last time).
+const TALLY_EVERY: Duration = Duration::from_secs(60);
+
 /// `receive`: `POST /webhooks/{provider}` behind API Gateway (REST or HTTP
 /// API), a Function URL or an ALB; inline mode runs `app`'s handlers.
 pub async fn receive(app: App) -> Result<(), Error> {
@@ -54,6 +58,10 @@ pub async fn receive(app: App) -> Result<(), Error> {
         async move {
             let (response, metrics) = receiver.handle_counted(req).await;
             metrics.emit();
+            // The console's per-minute counts: at most one statement a minute, on this instance's connection.
+            if let Err(e) = receiver.write_tally(TALLY_EVERY).await {
+                tracing::warn!(error = %e, "writing receive's counts to inbox_receive_minutes");
+            }
             Ok::<_, Error>(response)
         }
     }))

@@ -144,6 +144,23 @@ try {
   assert.equal(await page.locator('h1 .status').innerText(), 'failed', 'the hostile event was not replayed');
   noProblems(op, 'the operator');
 
+  // Health at a glance: receive's counts arrive within its 10 s tally.
+  let label = '';
+  for (let i = 0; i < 40 && !/^stripe: 1 received/.test(label); i++) {
+    await page.goto(`${url}/health`);
+    label = (await page.locator('svg.chart.received[aria-label^="stripe:"]').getAttribute('aria-label')) || '';
+    if (!/^stripe: 1 received/.test(label)) await page.waitForTimeout(500);
+  }
+  assert.match(label, /^stripe: 1 received/, 'the health page counts the delivery received');
+  const charts = async (series) => page.locator(`svg.chart.${series}[aria-label^="stripe:"]`).getAttribute('aria-label');
+  assert.match(await charts('duplicate'), /^stripe: 1 duplicate/);
+  assert.match(await charts('rejected'), /^stripe: 1 rejected/);
+  assert.match(await charts('failed'), /^stripe: 1 failed/);
+  assert.ok(await page.locator('svg.chart.received[aria-label^="stripe:"] rect').count() >= 1, 'a bar is drawn');
+  assert.match(await page.locator('main').innerText(), /Secrets in use/);
+  await page.screenshot({ path: `${shots}/health.png`, fullPage: true });
+  check('the health page charts received, duplicate, rejected and failed per minute');
+
   // ---- a hostile payload, JavaScript on: nothing in it runs ----
   const js = await context();
   const p2 = await js.newPage();

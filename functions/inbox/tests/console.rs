@@ -137,6 +137,10 @@ async fn the_console_in_a_browser_signs_in_filters_opens_and_replays_and_keeps_v
     let t = inbox_tests::now();
     let signature = format!("t={t},v1={}", inbox_tests::stripe_v1("whsec_dev_stripe_secret", t, hostile.as_bytes()));
     assert_eq!(post(&addr, "/webhooks/stripe", &[("Stripe-Signature", &signature)], &hostile), 200);
+    // For the health page: the same delivery again (a duplicate), and one with a wrong signature (rejected).
+    assert_eq!(post(&addr, "/webhooks/stripe", &[("Stripe-Signature", &signature)], &hostile), 200);
+    let forged = format!("t={t},v1={}", "0".repeat(64));
+    assert_eq!(post(&addr, "/webhooks/stripe", &[("Stripe-Signature", &forged)], &hostile), 401);
 
     let deadline = Instant::now() + Duration::from_secs(30);
     while status(&pool, "marqeta", "transactions:tx_browser_1").await.as_deref() != Some("failed")
@@ -191,7 +195,7 @@ async fn the_console_in_a_browser_signs_in_filters_opens_and_replays_and_keeps_v
         .await
         .unwrap();
     assert_eq!(balance, "12.50", "the replayed deposit was applied once");
-    for shot in ["events.png", "event.png", "event-failed.png"] {
+    for shot in ["events.png", "event.png", "event-failed.png", "health.png"] {
         assert!(screenshots.join(shot).exists(), "{shot} was written");
     }
 }

@@ -18,6 +18,7 @@
 //! with [`add_user`], [`remove_user`] and [`list_users`].
 
 mod auth;
+mod health;
 mod pages;
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};

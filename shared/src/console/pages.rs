@@ -39,6 +39,7 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/requeue", get(confirm_requeue).post(requeue))
         .route("/outbox", get(outbox))
         .route("/outbox/retry", get(confirm_retry).post(retry))
+        .route("/health", get(super::health::health))
         .route("/static/console.css", get(|| asset("text/css; charset=utf-8", include_str!("console.css"))))
         .route("/static/favicon.svg", get(|| asset("image/svg+xml", include_str!("favicon.svg"))))
         .fallback(not_found)
@@ -166,7 +167,7 @@ async fn asset(content_type: &'static str, body: &'static str) -> Response {
     ([(header::CONTENT_TYPE, content_type), (header::CACHE_CONTROL, "max-age=3600")], body).into_response()
 }
 
-fn html(page: impl Template) -> Result<Response, PageError> {
+pub(super) fn html(page: impl Template) -> Result<Response, PageError> {
     page.render().map(|s| Html(s).into_response()).map_err(|e| {
         tracing::error!(error = %e, "rendering a console page");
         PageError::BadRequest("This page could not be rendered.".into())
@@ -176,15 +177,15 @@ fn html(page: impl Template) -> Result<Response, PageError> {
 // ---- what every page shows around it ----
 
 /// The header: where the console is, and who is signed in.
-struct Nav {
-    base: String,
-    user: Option<NavUser>,
+pub(super) struct Nav {
+    pub(super) base: String,
+    pub(super) user: Option<NavUser>,
 }
 
-struct NavUser {
-    name: String,
-    role: Role,
-    csrf: String,
+pub(super) struct NavUser {
+    pub(super) name: String,
+    pub(super) role: Role,
+    pub(super) csrf: String,
 }
 
 impl Nav {
@@ -192,7 +193,7 @@ impl Nav {
         Nav { base: state.base.clone(), user: None }
     }
 
-    fn of(state: &State, s: &Signed) -> Nav {
+    pub(super) fn of(state: &State, s: &Signed) -> Nav {
         Nav {
             base: state.base.clone(),
             user: Some(NavUser { name: s.user.clone(), role: s.role, csrf: s.csrf.clone() }),
@@ -208,7 +209,7 @@ impl Nav {
     }
 
     /// A link within the console: `path` with these query pairs (empty values left out).
-    fn href(&self, path: &str, pairs: &[(&str, &str)]) -> String {
+    pub(super) fn href(&self, path: &str, pairs: &[(&str, &str)]) -> String {
         let mut query = form_urlencoded::Serializer::new(String::new());
         for (k, v) in pairs.iter().filter(|(_, v)| !v.is_empty()) {
             query.append_pair(k, v);
@@ -227,7 +228,7 @@ impl Nav {
 }
 
 /// PostgreSQL's timestamp text to the second: `2026-12-01 19:10:14.123456+00` as `2026-12-01 19:10:14+00`.
-fn short_time(t: &str) -> String {
+pub(super) fn short_time(t: &str) -> String {
     match t.find('.') {
         Some(dot) => {
             let rest = &t[dot + 1..];

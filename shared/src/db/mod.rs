@@ -8,6 +8,7 @@ pub mod checkpoints;
 #[cfg(feature = "console")]
 pub mod console;
 pub mod inbox;
+pub mod minutes;
 pub mod outbox;
 mod pooler;
 pub mod schema;

@@ -149,6 +149,24 @@ async fn serve(app: &App, env: &Env<'_>, config: &mut ReceiveConfig, host: &str,
         let stopped = until_stopped(stopped.clone());
         stages.push(tokio::spawn(async move { relay.run_until(poll, stopped).await }));
     }
+    // Receive's counts per minute, for the console's health page: every 10 s, and once more at the end.
+    stages.push(tokio::spawn({
+        let (receiver, mut stopped) = (receiver.clone(), stopped.clone());
+        async move {
+            loop {
+                let stop = tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(10)) => false,
+                    _ = stopped.changed() => true,
+                };
+                if let Err(e) = receiver.write_tally(Duration::ZERO).await {
+                    tracing::warn!(error = %e, "writing receive's counts to inbox_receive_minutes");
+                }
+                if stop {
+                    return;
+                }
+            }
+        }
+    }));
     // Prune hourly and reconcile every 15 minutes, as the stack schedules them.
     let pruner = Pruner::new(pool.clone(), RetentionConfig::read(env)?);
     let stopped_prune = until_stopped(stopped.clone());

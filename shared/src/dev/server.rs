@@ -38,6 +38,7 @@ impl Default for Timeouts {
 }
 
 /// Serves until `shutdown` completes; each connection on its own task.
+#[cfg(feature = "internals")]
 pub async fn serve(
     listener: TcpListener,
     receiver: Arc<Receiver>,
@@ -47,6 +48,7 @@ pub async fn serve(
 }
 
 /// [`serve`] with other [`Timeouts`].
+#[cfg(feature = "internals")]
 pub async fn serve_with(
     listener: TcpListener,
     receiver: Arc<Receiver>,

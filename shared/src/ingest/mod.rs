@@ -9,3 +9,5 @@ pub mod claim;
 pub mod notify;
 #[cfg(feature = "service")]
 pub mod receive;
+#[cfg(feature = "service")]
+pub(crate) mod tally;

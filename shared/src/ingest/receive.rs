@@ -5,7 +5,7 @@
 //! (2.0), Function URLs and ALB through `lambda_http`, and `inbox dev` over HTTP.
 
 use crate::core::text::Escaped;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use lambda_http::{Body, RequestExt};
@@ -13,11 +13,12 @@ use serde_json::json;
 
 use crate::{
     core::secret::Secrets,
-    db::{Connections, DbConfig},
+    db::{minutes::MinuteCounts, Connections, DbConfig},
     ingest::claim::{self, BatchClaim, Claim, Claimed, Envelope},
     ingest::providers::catalog::Catalog,
     ingest::{
         notify::ProcessQueue,
+        tally::Tally,
         providers::{
             Challenged, Delivery, Events, InitialStatus, NewEvent, Provider, Rejected, RejectionKind, Schemes,
         },
@@ -113,6 +114,8 @@ pub struct Receiver {
     process_queue: Option<ProcessQueue>,
     /// Each provider's secrets' fingerprints, in the order configured (a verified index picks one).
     fingerprints: std::collections::HashMap<Provider, Vec<String>>,
+    /// Deliveries per provider and minute, until written to `inbox_receive_minutes`.
+    tally: Tally,
 }
 
 impl Receiver {
@@ -131,6 +134,7 @@ impl Receiver {
                 .entries()
                 .map(|e| (e.provider, config.secrets.fingerprints(e.provider)))
                 .collect(),
+            tally: Tally::default(),
         }
     }
 
@@ -168,7 +172,9 @@ impl Receiver {
     pub async fn handle(&self, req: Request<Body>) -> Response<Body> {
         // No metrics here (`inbox dev`, the bench): nothing built per delivery that nobody reads.
         let provider = provider_of(&req);
-        respond(self.receive(req.method(), provider.as_deref(), req.headers(), req.body().as_ref(), &mut 0).await)
+        let result = self.receive(req.method(), provider.as_deref(), req.headers(), req.body().as_ref(), &mut 0).await;
+        self.tally(self.known(provider.as_deref()), &result);
+        respond(result)
     }
 
     /// [`Receiver::handle`], and what the delivery counts for in the `receive`
@@ -180,12 +186,62 @@ impl Receiver {
             .receive(req.method(), provider.as_deref(), req.headers(), req.body().as_ref(), &mut stored_failed)
             .await;
         // The dimension is one of ours, never a caller's string.
-        let known = provider.as_deref().and_then(|p| {
-            self.schemes.find(p).map(|s| s.provider()).or_else(|| self.schemes.catalog().find(p).map(|e| e.provider))
-        });
+        let known = self.known(provider.as_deref());
         let mut metrics = Metrics::new("receive").for_provider(known.map_or("unknown", |p| p.as_str()));
         count(&mut metrics, &result, stored_failed);
+        self.tally(known, &result);
         (respond(result), metrics)
+    }
+
+    /// The provider a route names, if it is one known here.
+    fn known(&self, provider: Option<&str>) -> Option<Provider> {
+        provider.and_then(|p| {
+            self.schemes.find(p).map(|s| s.provider()).or_else(|| self.schemes.catalog().find(p).map(|e| e.provider))
+        })
+    }
+
+    /// Counts a known provider's delivery in the tally: its new events, its
+    /// duplicates, or its refusal (signature, credentials, timestamp, size).
+    fn tally(&self, provider: Option<Provider>, result: &Result<Received, ReceiveError>) {
+        let Some(provider) = provider else { return };
+        let counts = match result {
+            Ok(Received::Claimed(Claimed::Batch(b))) => {
+                MinuteCounts { received: b.accepted as i64, duplicates: b.duplicates as i64, rejected: 0 }
+            }
+            Ok(Received::Claimed(Claimed::Single(Claim::New))) => MinuteCounts { received: 1, ..Default::default() },
+            Ok(Received::Claimed(Claimed::Single(Claim::Duplicate | Claim::Replay))) => {
+                MinuteCounts { duplicates: 1, ..Default::default() }
+            }
+            Err(ReceiveError::Unauthorized(_) | ReceiveError::TooLarge(_)) => {
+                MinuteCounts { rejected: 1, ..Default::default() }
+            }
+            _ => return,
+        };
+        self.tally.record(provider.as_str(), counts);
+    }
+
+    /// Adds the tally to `inbox_receive_minutes` (one statement on one of the
+    /// receiver's own connections), if `every` has passed since it last did.
+    /// Counts that could not be written are kept for the next time.
+    pub(crate) async fn write_tally(&self, every: Duration) -> Result<(), sqlx::Error> {
+        if !self.tally.due(every) {
+            return Ok(());
+        }
+        let rows = self.tally.take();
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let written = async {
+            let mut conn = self.connections.acquire().await?;
+            crate::db::minutes::add(&mut *conn, &rows).await?;
+            conn.reuse();
+            Ok(())
+        }
+        .await;
+        if written.is_err() {
+            self.tally.restore(rows);
+        }
+        written
     }
 
     /// Its span is at debug level: at the default `info` nothing is formatted per delivery.
