@@ -51,9 +51,16 @@ pub(crate) struct State {
 /// How long a session lasts after sign-in.
 const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
 
+/// [`router_at`], for the tests (through `internals`): a team serves the console with [`run`] or `dev`.
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub fn router(db: PgPool, read: PgPool, catalog: Catalog, secrets: Secrets, base: &str) -> Router {
+    router_at(db, read, catalog, secrets, base)
+}
+
 /// The console's pages at `base` (`""` for the root), on `db` (reads on
 /// `read`), checking kept bytes against `catalog` and `secrets`.
-pub(crate) fn router(db: PgPool, read: PgPool, catalog: Catalog, secrets: Secrets, base: &str) -> Router {
+pub(crate) fn router_at(db: PgPool, read: PgPool, catalog: Catalog, secrets: Secrets, base: &str) -> Router {
     let state = Arc::new(State {
         db,
         read,
@@ -92,7 +99,7 @@ pub async fn run(host: &str, port: u16) -> anyhow::Result<()> {
     let pool = db::pool(&config.db)?;
     ensure_schema(&pool).await?;
     let read = read_pool(&env, &config.db)?.unwrap_or_else(|| pool.clone());
-    let app = router(pool, read, config.catalog, config.secrets, "");
+    let app = router_at(pool, read, config.catalog, config.secrets, "");
     let listener =
         tokio::net::TcpListener::bind((host, port)).await.with_context(|| format!("binding {host}:{port}"))?;
     say(&format!("inbox console ready: http://{}/  (Ctrl-C stops)", listener.local_addr()?));

@@ -943,11 +943,18 @@ async fn confirm_requeue(
 /// Requeue and retry work in batches of this many rows.
 const BATCH: i64 = 500;
 
+/// [`RequeueParams`], the audit's reason and the CSRF token (serde's
+/// `flatten` cannot carry the repeated `status`).
 #[derive(Deserialize, Default)]
 #[serde(default)]
 struct RequeueForm {
-    #[serde(flatten)]
-    p: RequeueParams,
+    status: Vec<String>,
+    provider: String,
+    #[serde(rename = "type")]
+    event_type: String,
+    since: String,
+    until: String,
+    reason_like: String,
     reason: String,
     csrf: String,
 }
@@ -970,7 +977,8 @@ async fn requeue(
 ) -> Result<Response, PageError> {
     let Ok(Form(f)) = form else { return Err(PageError::BadRequest("The form did not arrive whole.".into())) };
     signed.may_act(&f.csrf)?;
-    let filter = f.p.filter()?;
+    let RequeueForm { status, provider, event_type, since, until, reason_like, reason, .. } = f;
+    let filter = RequeueParams { status, provider, event_type, since, until, reason_like }.filter()?;
     let nav = Nav::of(&state, &signed);
     let page = ProgressPage { what: describe(&filter), back: nav.href("/events", &[]), nav }
         .render()
@@ -979,7 +987,7 @@ async fn requeue(
         page.split_once("<!--progress-->").map(|(h, t)| (h.to_string(), t.to_string())).unwrap_or_default();
     let (lines, receiver) = tokio::sync::mpsc::unbounded_channel::<String>();
     let actor = signed.actor();
-    let reason = optional(&f.reason).unwrap_or_else(|| "requeued from the console".into());
+    let reason = optional(&reason).unwrap_or_else(|| "requeued from the console".into());
     tracing::info!(actor = %actor, filter = %Escaped(&describe(&filter)), "requeue started");
     tokio::spawn(async move {
         let by = Requeue { actor: &actor, action: "requeue", reason: &reason };

@@ -119,7 +119,7 @@ async fn serve(app: &App, env: &Env<'_>, config: &mut ReceiveConfig, host: &str,
 
     // The console at /console, with a `dev` operator whose password is new at each start.
     let read = crate::console::read_pool(env, &config.db)?.unwrap_or_else(|| pool.clone());
-    let console = crate::console::router(
+    let console = crate::console::router_at(
         pool.clone(),
         read,
         config.catalog.clone(),

@@ -1,0 +1,372 @@
+//! The console's pages in-process (its router, over real PostgreSQL): sign-in
+//! and its limit, sessions, where sign-in leads back to, bad parameters,
+//! requeue by filter with its progress, outbox retries, and reads through a
+//! read-only role. The browser's view is `functions/inbox/tests/console.rs`.
+
+use axum::{body::Body, Router};
+use http::{header, Request, StatusCode};
+use http_body_util::BodyExt as _;
+use sqlx::{
+    postgres::{PgConnectOptions, PgPoolOptions},
+    PgPool,
+};
+use tower::ServiceExt as _;
+use webhook_inbox::{
+    config::{Catalog, Secrets},
+    console::{self, Role},
+    Provider,
+};
+
+/// The console at the root, on `pool` (reads on `read`), with its users.
+struct Console {
+    router: Router,
+}
+
+struct Answer {
+    status: StatusCode,
+    location: String,
+    cookie: Option<String>,
+    csp: String,
+    body: String,
+}
+
+impl Console {
+    async fn new(pool: &PgPool, read: &PgPool) -> Console {
+        for (name, role) in [("olga", Role::Operator), ("vic", Role::Viewer)] {
+            console::add_user(pool, name, role, "a long enough password").await.unwrap();
+        }
+        let router = console::router(pool.clone(), read.clone(), Catalog::builtin(), Secrets::development(), "");
+        Console { router }
+    }
+
+    async fn send(&self, method: &str, path: &str, cookie: Option<&str>, form: Option<&str>) -> Answer {
+        let mut req = Request::builder().method(method).uri(path).header(header::HOST, "console.test");
+        if let Some(c) = cookie {
+            req = req.header(header::COOKIE, format!("inbox_console={c}"));
+        }
+        let req = match form {
+            Some(f) => req
+                .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+                .body(Body::from(f.to_string()))
+                .unwrap(),
+            None => req.body(Body::empty()).unwrap(),
+        };
+        let r = self.router.clone().oneshot(req).await.unwrap();
+        let text =
+            |name| r.headers().get(name).and_then(|v: &http::HeaderValue| v.to_str().ok()).unwrap_or("").to_string();
+        let (location, set_cookie, csp) =
+            (text(header::LOCATION), text(header::SET_COOKIE), text(header::CONTENT_SECURITY_POLICY));
+        let status = r.status();
+        let body = String::from_utf8(r.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
+        let cookie = set_cookie.strip_prefix("inbox_console=").map(|c| c.split(';').next().unwrap().to_string());
+        Answer { status, location, cookie: cookie.filter(|c| !c.is_empty()), csp, body: body.clone() }
+            .with_set_cookie(set_cookie)
+    }
+
+    async fn sign_in(&self, name: &str, password: &str, next: &str) -> Answer {
+        let form = form(&[("name", name), ("password", password), ("next", next)]);
+        self.send("POST", "/signin", None, Some(&form)).await
+    }
+
+    /// A session of `name`'s, and its CSRF token.
+    async fn session(&self, name: &str) -> (String, String) {
+        let signed = self.sign_in(name, "a long enough password", "").await;
+        assert_eq!(signed.status, StatusCode::SEE_OTHER, "{}", signed.body);
+        let cookie = signed.cookie.expect("a session cookie");
+        let page = self.send("GET", "/events", Some(&cookie), None).await;
+        let csrf = page.body.split("name=\"csrf\" value=\"").nth(1).unwrap().split('"').next().unwrap().to_string();
+        (cookie, csrf)
+    }
+}
+
+impl Answer {
+    fn with_set_cookie(self, set_cookie: String) -> Answer {
+        if set_cookie.starts_with("inbox_console=") && !set_cookie.starts_with("inbox_console=;") {
+            for attribute in ["HttpOnly", "Secure", "SameSite=Lax", "Path=/"] {
+                assert!(set_cookie.contains(attribute), "the session cookie is {attribute}: {set_cookie}");
+            }
+        }
+        self
+    }
+}
+
+fn form(pairs: &[(&str, &str)]) -> String {
+    let mut f = url::form_urlencoded::Serializer::new(String::new());
+    for (k, v) in pairs {
+        f.append_pair(k, v);
+    }
+    f.finish()
+}
+
+async fn scalar<T>(pool: &PgPool, sql: &str) -> T
+where
+    T: Send + Unpin + for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
+
+async fn failed(pool: &PgPool, n: usize) {
+    sqlx::query(
+        "INSERT INTO webhook_inbox (provider, event_id, event_type, payload, status, failure_reason, raw_body, secret_index,
+                                    attempts, processed_at)
+         SELECT 'stripe', 'evt_' || i, 'invoice.paid', '{}', 'failed', 'attempt 10: the ledger said no', '{}', 0, 10, now()
+         FROM generate_series(1, $1) AS i",
+    )
+    .bind(n as i32)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn sign_in_stops_after_five_wrong_passwords_for_that_name_even_with_the_right_one(pool: PgPool) {
+    let c = Console::new(&pool, &pool).await;
+    let wrong = c.sign_in("olga", "not the password at all", "").await;
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+    assert!(wrong.body.contains("do not match"), "{}", wrong.body);
+    assert!(wrong.cookie.is_none());
+    let nobody = c.sign_in("nobody", "a long enough password", "").await;
+    assert_eq!(nobody.status, StatusCode::UNAUTHORIZED, "an unknown name is answered as a wrong password");
+    for _ in 0..4 {
+        assert_eq!(c.sign_in("olga", "still wrong", "").await.status, StatusCode::UNAUTHORIZED);
+    }
+    let limited = c.sign_in("olga", "a long enough password", "").await;
+    assert_eq!(limited.status, StatusCode::TOO_MANY_REQUESTS, "the sixth try waits, right password or not");
+    assert!(limited.body.contains("try again in 15 minutes"), "{}", limited.body);
+    assert!(limited.cookie.is_none());
+    assert_eq!(
+        c.sign_in("vic", "a long enough password", "").await.status,
+        StatusCode::SEE_OTHER,
+        "other names are not"
+    );
+}
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn sessions_need_a_cookie_of_ours_end_at_sign_out_and_expire(pool: PgPool) {
+    let c = Console::new(&pool, &pool).await;
+    let anonymous = c.send("GET", "/events?status=failed", None, None).await;
+    assert_eq!(anonymous.status, StatusCode::SEE_OTHER);
+    assert_eq!(anonymous.location, "/signin?next=%2Fevents%3Fstatus%3Dfailed", "back to the page after signing in");
+    let forged = c.send("GET", "/events", Some("made-up-token"), None).await;
+    assert_eq!(forged.status, StatusCode::SEE_OTHER, "a token we never issued is no session");
+
+    let (cookie, csrf) = c.session("olga").await;
+    assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM inbox_console_sessions").await, 1);
+    let stored: Vec<u8> = scalar(&pool, "SELECT token_sha256 FROM inbox_console_sessions").await;
+    assert_ne!(stored, cookie.as_bytes(), "only the token's hash is stored");
+    assert_eq!(c.send("GET", "/events", Some(&cookie), None).await.status, StatusCode::OK);
+
+    let refused = c.send("POST", "/signout", Some(&cookie), Some("csrf=wrong")).await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN, "signing out takes the CSRF token too");
+    let out = c.send("POST", "/signout", Some(&cookie), Some(&form(&[("csrf", &csrf)]))).await;
+    assert_eq!(out.status, StatusCode::SEE_OTHER);
+    assert_eq!(c.send("GET", "/events", Some(&cookie), None).await.status, StatusCode::SEE_OTHER, "signed out");
+
+    let (cookie, _) = c.session("olga").await;
+    sqlx::query("UPDATE inbox_console_sessions SET expires_at = now() - interval '1 second'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(c.send("GET", "/events", Some(&cookie), None).await.status, StatusCode::SEE_OTHER, "expired");
+
+    let (cookie, _) = c.session("vic").await;
+    console::remove_user(&pool, "vic").await.unwrap();
+    assert_eq!(
+        c.send("GET", "/events", Some(&cookie), None).await.status,
+        StatusCode::SEE_OTHER,
+        "a removed user's session ends"
+    );
+}
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn sign_in_leads_back_inside_the_console_only(pool: PgPool) {
+    let c = Console::new(&pool, &pool).await;
+    for (next, to) in [
+        ("/events?status=failed", "/events?status=failed"),
+        ("/event?provider=stripe&id=evt_1", "/event?provider=stripe&id=evt_1"),
+        ("//attacker.example/x", "/events"),
+        ("/\\attacker.example", "/events"),
+        ("https://attacker.example/", "/events"),
+        ("javascript:alert(1)", "/events"),
+        ("", "/events"),
+    ] {
+        let signed = c.sign_in("olga", "a long enough password", next).await;
+        assert_eq!((signed.status, signed.location.as_str()), (StatusCode::SEE_OTHER, to), "next = {next:?}");
+    }
+}
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn bad_parameters_get_a_clear_page_and_every_page_its_policy(pool: PgPool) {
+    let c = Console::new(&pool, &pool).await;
+    let (cookie, _) = c.session("vic").await;
+    for (path, says) in [
+        ("/events?since=yesterday", "is neither a duration"),
+        ("/events?status=exploded", "is not a status"),
+        ("/events?after=bm90IGEgY3Vyc29y", "the page cursor is not one this listing gave"),
+        ("/events?until=99999999999999999999d", "the number is missing or too large"),
+    ] {
+        let page = c.send("GET", path, Some(&cookie), None).await;
+        assert_eq!(page.status, StatusCode::BAD_REQUEST, "{path}");
+        assert!(page.body.contains(says), "{path}: {}", page.body);
+    }
+    // A stranger's id in a page that says it is not there: escaped.
+    let hostile =
+        format!("/event?provider=stripe&id={}", form(&[("x", "<script>alert(1)</script>")]).trim_start_matches("x="));
+    let missing = c.send("GET", &hostile, Some(&cookie), None).await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    assert!(missing.body.contains("&#60;script&#62;alert(1)&#60;/script&#62;"), "{}", missing.body);
+    assert!(!missing.body.contains("<script>"));
+    let long = c.send("GET", &format!("/events?id={}&id_match=prefix", "x".repeat(10_000)), Some(&cookie), None).await;
+    assert_eq!(long.status, StatusCode::OK, "a 10,000-character prefix finds nothing, and says so");
+    assert!(long.body.contains("No event matches"));
+    let nowhere = c.send("GET", "/no/such/page", Some(&cookie), None).await;
+    assert_eq!(nowhere.status, StatusCode::NOT_FOUND);
+    for page in [
+        missing,
+        nowhere,
+        c.send("GET", "/signin", None, None).await,
+        c.send("GET", "/health", Some(&cookie), None).await,
+    ] {
+        assert!(page.csp.contains("default-src 'none'") && !page.csp.contains("script-src"), "{}", page.csp);
+    }
+}
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn requeue_by_filter_counts_first_then_goes_in_batches_each_audited(pool: PgPool) {
+    failed(&pool, 1_234).await;
+    let c = Console::new(&pool, &pool).await;
+    let (viewer, viewer_csrf) = c.session("vic").await;
+    assert_eq!(c.send("GET", "/requeue?status=failed", Some(&viewer), None).await.status, StatusCode::FORBIDDEN);
+    let (cookie, csrf) = c.session("olga").await;
+    let count =
+        c.send("GET", "/requeue?status=failed&provider=stripe&reason_like=%25ledger%25", Some(&cookie), None).await;
+    assert_eq!(count.status, StatusCode::OK);
+    assert!(count.body.contains("1234 match"), "the count comes first: {}", count.body);
+    assert!(count.body.contains("Requeue 1234"), "{}", count.body);
+
+    let fields =
+        [("status", "failed"), ("provider", "stripe"), ("reason_like", "%ledger%"), ("reason", "the ledger is fixed")];
+    let mut without = fields.to_vec();
+    let refused = c.send("POST", "/requeue", Some(&cookie), Some(&form(&without))).await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN, "no CSRF token, no requeue");
+    without.push(("csrf", &viewer_csrf));
+    assert_eq!(c.send("POST", "/requeue", Some(&viewer), Some(&form(&without))).await.status, StatusCode::FORBIDDEN);
+    assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM webhook_inbox WHERE status = 'pending'").await, 0);
+
+    let mut with = fields.to_vec();
+    with.push(("csrf", &csrf));
+    let run = c.send("POST", "/requeue", Some(&cookie), Some(&form(&with))).await;
+    assert_eq!(run.status, StatusCode::OK);
+    for line in
+        ["batch 1: 500 of 1234 requeued", "batch 2: 1000 of 1234", "batch 3: 1234 of 1234", "Done: 1234 requeued."]
+    {
+        assert!(run.body.contains(line), "the progress says {line:?}: {}", run.body);
+    }
+    assert!(run.body.trim_end().ends_with("</html>"), "the page is whole");
+    assert_eq!(
+        scalar::<i64>(&pool, "SELECT count(*) FROM webhook_inbox WHERE status = 'pending' AND attempts = 0").await,
+        1_234
+    );
+    let audited: i64 = scalar(
+        &pool,
+        "SELECT count(*) FROM inbox_audit WHERE actor = 'console:olga' AND action = 'requeue'
+           AND reason = 'the ledger is fixed' AND from_status = 'failed'",
+    )
+    .await;
+    assert_eq!(audited, 1_234);
+}
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn outbox_retries_from_the_console_are_audited_under_the_event(pool: PgPool) {
+    inbox_tests::store(&pool, Provider::STRIPE, "evt_o", "invoice.paid", "{}").await;
+    sqlx::query(
+        "INSERT INTO transactional_outbox (aggregate_type, aggregate_id, message_key, payload, attempts, dead_at, last_error,
+                                           event_provider, event_id)
+         VALUES ('invoice', 'in_1', 'receipt:in_1', '{}', 10, now(), 'HTTP 400: no such customer', 'stripe', 'evt_o'),
+                ('invoice', 'in_2', 'receipt:in_2', '{}', 10, now(), 'HTTP 400', NULL, NULL)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let c = Console::new(&pool, &pool).await;
+    let (cookie, csrf) = c.session("olga").await;
+    let page = c.send("GET", "/event?provider=stripe&id=evt_o", Some(&cookie), None).await;
+    assert!(page.body.contains("no such customer") && page.body.contains("Retry…"), "{}", page.body);
+    let id: i64 = scalar(&pool, "SELECT id FROM transactional_outbox WHERE message_key = 'receipt:in_1'").await;
+    let retried = c
+        .send(
+            "POST",
+            "/outbox/retry",
+            Some(&cookie),
+            Some(&form(&[("id", &id.to_string()), ("provider", "stripe"), ("event", "evt_o"), ("csrf", &csrf)])),
+        )
+        .await;
+    assert_eq!(retried.status, StatusCode::SEE_OTHER);
+    assert_eq!(retried.location, "/event?provider=stripe&id=evt_o&done=retried");
+    let history = c.send("GET", "/event?provider=stripe&id=evt_o", Some(&cookie), None).await;
+    assert!(history.body.contains(&format!("retry_outbox (message #{id})")), "{}", history.body);
+    // Every dead one (the other, which no event wrote): counted in the confirmation first.
+    let confirm = c.send("GET", "/outbox/retry", Some(&cookie), None).await;
+    assert!(confirm.body.contains("1 dead outbox message(s)"), "{}", confirm.body);
+    let all = c.send("POST", "/outbox/retry", Some(&cookie), Some(&form(&[("csrf", &csrf)]))).await;
+    assert_eq!(all.location, "/outbox?retried=1");
+    let audit: Vec<(Option<String>, i64, String, String)> =
+        sqlx::query_as("SELECT event_id, message_id, from_status, actor FROM inbox_audit ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let other: i64 = scalar(&pool, "SELECT id FROM transactional_outbox WHERE message_key = 'receipt:in_2'").await;
+    assert_eq!(
+        audit,
+        [
+            (Some("evt_o".into()), id, "dead".into(), "console:olga".into()),
+            (None, other, "dead".into(), "console:olga".into())
+        ]
+    );
+    assert_eq!(
+        scalar::<i64>(&pool, "SELECT count(*) FROM transactional_outbox WHERE dead_at IS NULL AND attempts = 0").await,
+        2
+    );
+}
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn pages_read_through_the_read_only_role_and_actions_write_through_the_other(
+    pool_options: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    let pool = pool_options.connect_with(opts.clone()).await.unwrap();
+    failed(&pool, 3).await;
+    let role = format!("reader_{}", std::process::id());
+    for sql in [
+        format!("DROP ROLE IF EXISTS {role}"),
+        format!("CREATE ROLE {role} LOGIN"),
+        format!("ALTER ROLE {role} SET default_transaction_read_only = on"),
+        format!("GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}"),
+    ] {
+        sqlx::query(&sql).execute(&pool).await.unwrap();
+    }
+    let read = PgPool::connect_with(opts.clone().username(&role)).await.unwrap();
+    let c = Console::new(&pool, &read).await;
+    let (cookie, csrf) = c.session("olga").await;
+    for path in ["/events", "/events?status=failed", "/event?provider=stripe&id=evt_1", "/health", "/outbox"] {
+        let page = c.send("GET", path, Some(&cookie), None).await;
+        assert_eq!(page.status, StatusCode::OK, "{path} reads through the read-only role: {}", page.body);
+    }
+    let replayed = c
+        .send(
+            "POST",
+            "/event/replay",
+            Some(&cookie),
+            Some(&form(&[("provider", "stripe"), ("id", "evt_1"), ("csrf", &csrf)])),
+        )
+        .await;
+    assert_eq!(replayed.status, StatusCode::SEE_OTHER, "actions write through DATABASE_URL's role");
+    // The pages do use that role: without its grant, they cannot read.
+    sqlx::query(&format!("REVOKE SELECT ON webhook_inbox FROM {role}")).execute(&pool).await.unwrap();
+    let page = c.send("GET", "/events", Some(&cookie), None).await;
+    assert_eq!(page.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(page.body.contains("nothing was changed") && !page.body.contains("permission denied"), "{}", page.body);
+    read.close().await;
+    sqlx::query(&format!("DROP OWNED BY {role}")).execute(&pool).await.unwrap();
+    sqlx::query(&format!("DROP ROLE {role}")).execute(&pool).await.unwrap();
+}
