@@ -13,7 +13,7 @@ pub use crate::db::audit::{history, AuditRecord};
 pub use crate::db::inbox::{
     count_matching, counts_by_status, list_events, list_failed, replay, requeue_all, secret_usage, status_counts,
     stored_event, BadCursor, Count, Cursor, EventPage, EventQuery, EventSummary, FailedEvent, Filter, IdMatch,
-    Matching, Replayed, Requeue, Requeued, SecretUse, Since, Status, StoredEvent,
+    Matching, PayloadMatch, Replayed, Requeue, Requeued, SecretUse, Since, Status, StoredEvent, SEARCH_TIMEOUT,
 };
 pub use crate::db::outbox::{event_messages, list_unsent, retry_dead, retry_message, OutboxMessage};
 use crate::{

@@ -78,6 +78,7 @@ try {
   check('a wrong password is refused, with a clear message');
 
   await signIn(page, env('OPERATOR'), env('OPERATOR_PASSWORD'));
+  await page.screenshot({ path: `${shots}/events.png`, fullPage: true });
   check('the operator signs in (JavaScript off)');
 
   // Filter to the failed event: provider and status, through the form.
@@ -90,7 +91,6 @@ try {
   const rows = page.locator('table.events tbody tr');
   assert.equal(await rows.count(), 1, 'one failed event of that provider');
   assert.equal(await rows.first().locator('td.id').innerText(), failedId);
-  await page.screenshot({ path: `${shots}/events.png`, fullPage: true });
   check('the listing filters to the failed event');
 
   // Open it and read its reason.
@@ -146,12 +146,13 @@ try {
 
   // Health at a glance: receive's counts arrive within its 10 s tally.
   let label = '';
-  for (let i = 0; i < 40 && !/^stripe: 1 received/.test(label); i++) {
+  // The hostile payment and twelve others, each once; the hostile one again (a duplicate) and forged (rejected).
+  for (let i = 0; i < 40 && !/^stripe: 13 received/.test(label); i++) {
     await page.goto(`${url}/health`);
     label = (await page.locator('svg.chart.received[aria-label^="stripe:"]').getAttribute('aria-label')) || '';
-    if (!/^stripe: 1 received/.test(label)) await page.waitForTimeout(500);
+    if (!/^stripe: 13 received/.test(label)) await page.waitForTimeout(500);
   }
-  assert.match(label, /^stripe: 1 received/, 'the health page counts the delivery received');
+  assert.match(label, /^stripe: 13 received/, 'the health page counts the deliveries received');
   const charts = async (series) => page.locator(`svg.chart.${series}[aria-label^="stripe:"]`).getAttribute('aria-label');
   assert.match(await charts('duplicate'), /^stripe: 1 duplicate/);
   assert.match(await charts('rejected'), /^stripe: 1 rejected/);

@@ -199,3 +199,73 @@ async fn status_counts_are_exact_where_cheap_and_say_so_where_not(pool: PgPool) 
     let empty = status_counts(&pool, 10).await.unwrap();
     assert!(empty.iter().all(|(_, c)| matches!(c, Count::Exact(0) | Count::About(0))), "{empty:?}");
 }
+
+/// A payload search: text anywhere in the payload's JSON, or JSON it contains,
+/// within the other filters, paged like any listing.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_payload_search_finds_text_or_contained_json(pool: PgPool) {
+    use webhook_inbox::ops::PayloadMatch;
+    seed(&pool, 40).await;
+    for (id, payload) in [
+        ("evt_pi_1", r#"{"data": {"object": {"id": "pi_1", "customer": "cus_9"}}}"#),
+        ("evt_pi_12", r#"{"data": {"object": {"id": "pi_12", "customer": "cus_9"}}}"#),
+        ("evt_other", r#"{"data": {"object": {"id": "ch_1", "note": "about pi_1"}}}"#),
+    ] {
+        sqlx::query(
+            "INSERT INTO webhook_inbox (provider, event_id, event_type, payload, raw_body, secret_index)
+             VALUES ('stripe', $1, 'payment_intent.succeeded', $2::jsonb, '\\x7b7d', 0)",
+        )
+        .bind(id)
+        .bind(payload)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let found = |m: PayloadMatch, since: Option<Since>| {
+        let query = EventQuery { payload: Some(m), since, ..Default::default() };
+        let pool = pool.clone();
+        async move {
+            let mut ids: Vec<String> = walk(&pool, &query, 1).await.into_iter().map(|(_, id)| id).collect();
+            ids.sort();
+            ids
+        }
+    };
+    assert_eq!(found(PayloadMatch::parse("pi_1"), None).await, ["evt_other", "evt_pi_1", "evt_pi_12"], "text anywhere");
+    assert_eq!(found(PayloadMatch::parse(r#""id": "pi_1""#), None).await, ["evt_pi_1"], "as jsonb writes it");
+    let json = PayloadMatch::parse(r#"{"data": {"object": {"id": "pi_1"}}}"#);
+    assert!(matches!(json, PayloadMatch::Json(_)));
+    assert_eq!(found(json, None).await, ["evt_pi_1"], "contained JSON, at its place");
+    assert_eq!(
+        found(PayloadMatch::parse(r#"{"data":{"object":{"customer":"cus_9"}}}"#), None).await,
+        ["evt_pi_1", "evt_pi_12"]
+    );
+    assert_eq!(found(PayloadMatch::parse("100%_\\"), None).await, Vec::<String>::new(), "% and _ are themselves");
+    assert_eq!(
+        found(PayloadMatch::parse("pi_1"), Some(Since::Ago(std::time::Duration::from_secs(3600)))).await.len(),
+        3,
+        "within the time bound"
+    );
+    assert!(found(PayloadMatch::parse("pi_1"), Some(Since::At("2100-01-01Z".into()))).await.is_empty());
+}
+
+/// A payload search that cannot finish in time is stopped by PostgreSQL
+/// (here it waits on a lock that another transaction holds), with 57014.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_payload_search_stops_at_its_timeout(pool: PgPool) {
+    use webhook_inbox::ops::{PayloadMatch, SEARCH_TIMEOUT};
+    seed(&pool, 4).await;
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE webhook_inbox IN ACCESS EXCLUSIVE MODE").execute(&mut *holder).await.unwrap();
+    let query = EventQuery { payload: Some(PayloadMatch::parse("anything")), ..Default::default() };
+    let started = std::time::Instant::now();
+    let err = list_events(&pool, &query, None, 10).await.unwrap_err();
+    assert_eq!(webhook_inbox::db::sqlstate(&err).as_deref(), Some("57014"), "{err}");
+    assert!(started.elapsed() >= SEARCH_TIMEOUT && started.elapsed() < SEARCH_TIMEOUT * 3, "{:?}", started.elapsed());
+    holder.rollback().await.unwrap();
+    // The timeout was the search's transaction's own: the next listing runs without it.
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE webhook_inbox IN ACCESS EXCLUSIVE MODE").execute(&mut *holder).await.unwrap();
+    let plain = tokio::time::timeout(SEARCH_TIMEOUT * 2, list_events(&pool, &EventQuery::default(), None, 10)).await;
+    assert!(plain.is_err(), "a listing without a search keeps the session's own timeout");
+    holder.rollback().await.unwrap();
+}

@@ -25,7 +25,7 @@ use clap::{Parser, Subcommand};
 use webhook_inbox::{
     config::{self, DbConfig},
     db, dev,
-    ops::{Cursor, EventQuery, Filter, IdMatch, Requeue, Since, Status},
+    ops::{Cursor, EventQuery, Filter, IdMatch, PayloadMatch, Requeue, Since, Status},
     prune::{Pruner, RetentionConfig},
     reconcile::Reconciler,
     relay::{Relay, RelayConfig},
@@ -133,6 +133,10 @@ enum Command {
         /// The event ids that start with this text.
         #[arg(long)]
         id_prefix: Option<String>,
+        /// Events whose payload holds this text, or this JSON (an object or array: `@>`);
+        /// bound it with --since (it stops after 3 s).
+        #[arg(long, value_parser = |t: &str| Ok::<_, String>(PayloadMatch::parse(t)))]
+        payload: Option<PayloadMatch>,
         /// The page after this cursor (printed at the end of the page before).
         #[arg(long, value_parser = ops::parse_cursor)]
         after: Option<Cursor>,
@@ -232,7 +236,7 @@ enum Command {
         events: usize,
         #[arg(long, default_value_t = 4)]
         workers: usize,
-        /// Events stored in the inbox whose claim latency is compared with an empty inbox's.
+        /// Events stored in the inbox whose claim latency is compared with an empty inbox's, and that the console's listing pages through.
         #[arg(long, default_value_t = 5_000_000)]
         growth_rows: usize,
         /// Run only these sections (to profile one, say); every section by default.
@@ -380,9 +384,9 @@ async fn run(cli: Cli) -> Result<()> {
             let filter = Filter { statuses: vec![Status::Failed], provider, since, ..Default::default() };
             ops::failed(&operator_db().await?, &filter, limit.max(1), &out).await
         }
-        Command::Events { provider, event_type, status, since, until, id, id_prefix, after, limit, out } => {
+        Command::Events { provider, event_type, status, since, until, id, id_prefix, payload, after, limit, out } => {
             let event_id = id.map(IdMatch::Exact).or(id_prefix.map(IdMatch::Prefix));
-            let query = EventQuery { provider, event_type, statuses: status, since, until, event_id };
+            let query = EventQuery { provider, event_type, statuses: status, since, until, event_id, payload };
             ops::events(&operator_db().await?, &query, after.as_ref(), limit, &out).await
         }
         Command::Show { provider, event_id, out } => {

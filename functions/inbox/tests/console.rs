@@ -69,7 +69,7 @@ async fn the_console_in_a_browser_signs_in_filters_opens_and_replays_and_keeps_v
     let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
     assert!(Path::new(&chromium).exists(), "{chromium} is missing: apt-get install chromium (scripts/test does)");
 
-    let url = format!("postgres://postgres@{}:{}/{}", opts.get_host(), opts.get_port(), opts.get_database().unwrap());
+    let url = url_of(&opts);
     let pool = pool_options.connect_with(opts).await.unwrap();
     // One attempt: the deposit for an account that does not exist fails at once.
     let child = Command::new(env!("CARGO_BIN_EXE_inbox"))
@@ -121,6 +121,24 @@ async fn the_console_in_a_browser_signs_in_filters_opens_and_replays_and_keeps_v
     let added = add.wait_with_output().unwrap();
     assert!(added.status.success(), "{}", String::from_utf8_lossy(&added.stdout));
 
+    // Some ordinary traffic: payments (done, each with an outbox message) and GitHub issues (no handler: unhandled).
+    for i in 0..12 {
+        let body = format!(
+            r#"{{"id":"evt_pay_{i}","type":"payment_intent.succeeded","data":{{"object":{{"id":"pi_{i}","amount_received":{},"currency":"usd"}}}}}}"#,
+            1000 + i * 250
+        );
+        let t = inbox_tests::now();
+        let signature = format!("t={t},v1={}", inbox_tests::stripe_v1("whsec_dev_stripe_secret", t, body.as_bytes()));
+        assert_eq!(post(&addr, "/webhooks/stripe", &[("Stripe-Signature", &signature)], &body), 200);
+    }
+    for i in 0..6 {
+        let body = format!(r#"{{"action":"opened","issue":{{"number":{i},"title":"Refund for order {i}"}}}}"#);
+        let signature = inbox_tests::github_signature("dev_github_secret", body.as_bytes());
+        let headers = [("X-GitHub-Delivery", format!("gh-delivery-{i}")), ("X-GitHub-Event", "issues".into())];
+        let mut headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        headers.push(("X-Hub-Signature-256", &signature));
+        assert_eq!(post(&addr, "/webhooks/github", &headers, &body), 200);
+    }
     // A deposit to an account that does not exist yet: failed after its one attempt.
     let marqeta = r#"{"transactions":[{"token":"tx_browser_1","type":"gpa.credit","state":"COMPLETION","user_token":"acct_late","amount":"12.50"}]}"#;
     let basic = inbox_tests::marqeta_basic("marqeta", "dev_marqeta_password");
@@ -198,4 +216,68 @@ async fn the_console_in_a_browser_signs_in_filters_opens_and_replays_and_keeps_v
     for shot in ["events.png", "event.png", "event-failed.png", "health.png"] {
         assert!(screenshots.join(shot).exists(), "{shot} was written");
     }
+}
+
+/// One HTTP/1.1 GET; the status code and the whole response.
+fn get(addr: &str, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    (response.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0), response)
+}
+
+fn url_of(opts: &PgConnectOptions) -> String {
+    format!("postgres://postgres@{}:{}/{}", opts.get_host(), opts.get_port(), opts.get_database().unwrap())
+}
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn inbox_console_serves_the_console_of_a_migrated_database(_: PgPoolOptions, opts: PgConnectOptions) {
+    let child = Command::new(env!("CARGO_BIN_EXE_inbox"))
+        .args(["console", "--port", "0"])
+        .env_clear()
+        .envs([
+            ("PATH", std::env::var("PATH").unwrap_or_default()),
+            ("RUST_LOG", "warn".into()),
+            ("DATABASE_URL", url_of(&opts)),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut child = KillOnDrop(child);
+    let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
+    let line = lines.next().expect("inbox console prints a line").unwrap();
+    let addr = line
+        .strip_prefix("inbox console ready: http://")
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or_else(|| panic!("not the ready line: {line}"))
+        .to_string();
+    let (status, response) = get(&addr, "/events");
+    assert_eq!(status, 303, "{response}");
+    assert!(response.to_ascii_lowercase().contains("location: /signin?next=%2fevents"), "{response}");
+    let (status, response) = get(&addr, "/signin");
+    assert_eq!(status, 200);
+    assert!(response.contains("content-security-policy: default-src 'none'"), "{response}");
+    assert!(response.contains("<form method=\"post\" action=\"/signin\""), "served at the root: {response}");
+}
+
+#[sqlx::test(migrations = false)]
+async fn inbox_console_refuses_a_database_without_its_tables_and_says_how(_: PgPoolOptions, opts: PgConnectOptions) {
+    let out = Command::new(env!("CARGO_BIN_EXE_inbox"))
+        .args(["console", "--port", "0"])
+        .env("DATABASE_URL", url_of(&opts))
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("the console's tables are missing") && stderr.contains("inbox migrate"), "{stderr}");
+    let out = Command::new(env!("CARGO_BIN_EXE_inbox")).args(["console"]).env_remove("DATABASE_URL").output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("DATABASE_URL is not set"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -113,13 +113,19 @@ pub struct Signed {
 }
 
 impl Signed {
-    /// Refuses a viewer, and a form whose CSRF token is not this session's.
-    pub fn may_act(&self, csrf: &str) -> Result<(), PageError> {
-        if !bool::from(csrf.as_bytes().ct_eq(self.csrf.as_bytes())) || csrf.is_empty() {
+    /// Refuses a form whose CSRF token is not this session's.
+    pub fn check_csrf(&self, csrf: &str) -> Result<(), PageError> {
+        if csrf.is_empty() || !bool::from(csrf.as_bytes().ct_eq(self.csrf.as_bytes())) {
             return Err(PageError::Forbidden(
                 "This form's CSRF token is missing or is not this session's: nothing was done. Reload the page and try again.",
             ));
         }
+        Ok(())
+    }
+
+    /// Refuses a viewer, and a form whose CSRF token is not this session's.
+    pub fn may_act(&self, csrf: &str) -> Result<(), PageError> {
+        self.check_csrf(csrf)?;
         if self.role != Role::Operator {
             return Err(PageError::Forbidden("Viewers cannot act: nothing was done. An operator can."));
         }

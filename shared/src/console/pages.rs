@@ -25,7 +25,10 @@ use super::{
 use crate::{
     core::text::Escaped,
     db::console::Role,
-    ops::{self, escape, escape_json, Count, Cursor, EventQuery, Filter, IdMatch, Replayed, Requeue, Since, Status},
+    ops::{
+        self, escape, escape_json, Count, Cursor, EventQuery, Filter, IdMatch, PayloadMatch, Replayed, Requeue, Since,
+        Status,
+    },
 };
 
 pub(crate) fn router(state: Arc<State>) -> Router {
@@ -71,6 +74,8 @@ pub enum PageError {
     TooMany(Duration),
     /// The database refused or did not answer (its text goes to the log only).
     Database(sqlx::Error),
+    /// A fault of the console's own (its cause goes to the log only).
+    Internal,
 }
 
 impl From<sqlx::Error> for PageError {
@@ -95,7 +100,10 @@ impl IntoResponse for PageError {
             ),
             PageError::Database(e) if crate::db::sqlstate(&e).as_deref() == Some("57014") => (
                 StatusCode::SERVICE_UNAVAILABLE,
-                "The query took longer than the statement timeout and was stopped: narrow it (a shorter time range, a provider, a type).".into(),
+                format!(
+                    "The query took longer than its timeout ({} s for a payload search) and was stopped: narrow it (a shorter time range, a provider, a type).",
+                    ops::SEARCH_TIMEOUT.as_secs()
+                ),
             ),
             PageError::Database(e) => {
                 tracing::error!(error = %Escaped(&e.to_string()), "the console's query failed");
@@ -104,6 +112,10 @@ impl IntoResponse for PageError {
                     "The database refused the query or did not answer; nothing was changed. The console's log has the cause.".into(),
                 )
             }
+            PageError::Internal => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "The console failed to show this page; nothing was changed. The console's log has the cause.".into(),
+            ),
         };
         let mut r = status.into_response();
         r.extensions_mut().insert(Failure(message));
@@ -170,7 +182,7 @@ async fn asset(content_type: &'static str, body: &'static str) -> Response {
 pub(super) fn html(page: impl Template) -> Result<Response, PageError> {
     page.render().map(|s| Html(s).into_response()).map_err(|e| {
         tracing::error!(error = %e, "rendering a console page");
-        PageError::BadRequest("This page could not be rendered.".into())
+        PageError::Internal
     })
 }
 
@@ -332,11 +344,10 @@ async fn signout(
     Shared(state): Shared<Arc<State>>,
     signed: Signed,
     jar: CookieJar,
-    Form(f): Form<CsrfForm>,
+    form: Result<Form<CsrfForm>, axum_extra::extract::FormRejection>,
 ) -> Result<Response, PageError> {
-    if f.csrf.is_empty() || f.csrf != signed.csrf {
-        return Err(PageError::Forbidden("This form's CSRF token is not this session's: you are still signed in."));
-    }
+    let Ok(Form(f)) = form else { return Err(PageError::BadRequest("The form did not arrive whole.".into())) };
+    signed.check_csrf(&f.csrf)?;
     let gone = auth::sign_out(&state, &jar).await?;
     Ok((jar.add(gone), Redirect::to(&format!("{}/signin", state.base))).into_response())
 }
@@ -355,6 +366,8 @@ struct ListParams {
     id: String,
     /// `exact` (the default) or `prefix`.
     id_match: String,
+    /// Text, or JSON, the payload holds.
+    q: String,
     after: String,
 }
 
@@ -387,6 +400,7 @@ impl ListParams {
             since,
             until,
             event_id,
+            payload: optional(&self.q).map(|q| PayloadMatch::parse(&q)),
         };
         (query, after, errors)
     }
@@ -396,6 +410,7 @@ impl ListParams {
         let mut pairs = vec![("provider", self.provider.as_str()), ("type", self.event_type.as_str())];
         pairs.extend(self.status.iter().map(|s| ("status", s.as_str())));
         pairs.extend([("since", self.since.as_str()), ("until", self.until.as_str()), ("id", self.id.as_str())]);
+        pairs.push(("q", self.q.as_str()));
         if !self.id.is_empty() && self.id_match == "prefix" {
             pairs.push(("id_match", "prefix"));
         }
@@ -447,7 +462,12 @@ async fn events(
     params: Result<Query<ListParams>, axum_extra::extract::QueryRejection>,
 ) -> Result<Response, PageError> {
     let nav = Nav::of(&state, &signed);
-    let Query(f) = params.map_err(|_| PageError::BadRequest("The listing's parameters could not be read.".into()))?;
+    let Query(mut f) =
+        params.map_err(|_| PageError::BadRequest("The listing's parameters could not be read.".into()))?;
+    // A payload search reads every payload in its time range: one day unless told otherwise.
+    if !f.q.trim().is_empty() && f.since.trim().is_empty() {
+        f.since = "24h".into();
+    }
     let (query, after, errors) = f.query();
     let counts = ops::status_counts(&state.read, 10_000)
         .await?
@@ -982,7 +1002,7 @@ async fn requeue(
     let nav = Nav::of(&state, &signed);
     let page = ProgressPage { what: describe(&filter), back: nav.href("/events", &[]), nav }
         .render()
-        .map_err(|_| PageError::BadRequest("This page could not be rendered.".into()))?;
+        .map_err(|_| PageError::Internal)?;
     let (head, tail) =
         page.split_once("<!--progress-->").map(|(h, t)| (h.to_string(), t.to_string())).unwrap_or_default();
     let (lines, receiver) = tokio::sync::mpsc::unbounded_channel::<String>();

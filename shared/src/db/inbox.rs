@@ -861,7 +861,35 @@ pub struct EventQuery {
     pub until: Option<Since>,
     /// This id, or the ids that start with this text.
     pub event_id: Option<IdMatch>,
+    /// Whose payload holds this text or JSON. Nothing indexes payloads (an
+    /// index would cost every claim): bound the search with `since`; it stops
+    /// after [`SEARCH_TIMEOUT`] with PostgreSQL's statement timeout (57014).
+    pub payload: Option<PayloadMatch>,
 }
+
+/// What a payload search looks for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PayloadMatch {
+    /// This text, anywhere in the payload's JSON as PostgreSQL writes `jsonb`
+    /// (`{"key": "value"}`, a space after each colon and comma), case and all.
+    Text(String),
+    /// This JSON, contained in the payload (`@>`: an object's members and an
+    /// array's elements, at the same places).
+    Json(serde_json::Value),
+}
+
+impl PayloadMatch {
+    /// A JSON object or array as [`PayloadMatch::Json`], anything else as [`PayloadMatch::Text`].
+    pub fn parse(text: &str) -> PayloadMatch {
+        match serde_json::from_str::<serde_json::Value>(text) {
+            Ok(v) if v.is_object() || v.is_array() => PayloadMatch::Json(v),
+            _ => PayloadMatch::Text(text.to_string()),
+        }
+    }
+}
+
+/// How long a listing that searches payloads may run before PostgreSQL stops it.
+pub const SEARCH_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// An event id to look for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -989,7 +1017,17 @@ pub async fn list_events(
             }
         }
         Some(IdMatch::Prefix(prefix)) => {
-            sql.push(" AND starts_with(event_id, ").push_bind(prefix).push(")");
+            // Under the C collation, as `webhook_inbox_event_id_idx` orders ids: a range of it.
+            sql.push(" AND starts_with(event_id COLLATE \"C\", ").push_bind(prefix).push(")");
+        }
+        None => {}
+    }
+    match &query.payload {
+        Some(PayloadMatch::Text(text)) => {
+            sql.push(" AND strpos(payload::text, ").push_bind(text).push(") > 0");
+        }
+        Some(PayloadMatch::Json(json)) => {
+            sql.push(" AND payload @> ").push_bind(Json(json)).push("::jsonb");
         }
         None => {}
     }
@@ -999,7 +1037,21 @@ pub async fn list_events(
     }
     // `w.`: the column, not the output of the same name (text, which no index orders).
     sql.push(" ORDER BY w.received_at DESC, w.provider DESC, w.event_id DESC LIMIT ").push_bind(limit + 1);
-    let mut events: Vec<EventSummary> = super::built_query_as(&mut sql).fetch_all(super::Autocommit(pool)).await?;
+    // Unnamed, so planned each time for its values: a prefix becomes a range
+    // of the index, and no generic plan is ever kept for a filter that needs its value.
+    let listing = super::built_query_as(&mut sql).persistent(false);
+    let mut events: Vec<EventSummary> = if query.payload.is_some() {
+        let mut tx = pool.begin().await?;
+        super::query("SELECT set_config('statement_timeout', $1, true)")
+            .bind(SEARCH_TIMEOUT.as_millis().to_string())
+            .execute(&mut *tx)
+            .await?;
+        let events = listing.fetch_all(&mut *tx).await?;
+        tx.commit().await?;
+        events
+    } else {
+        listing.fetch_all(super::Autocommit(pool)).await?
+    };
     let more = events.len() as i64 > limit;
     events.truncate(limit as usize);
     let next = events.last().filter(|_| more).map(|e| Cursor {

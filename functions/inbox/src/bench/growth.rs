@@ -173,7 +173,7 @@ fn schema_pool(db: &DbConfig, schema: &str) -> Result<PgPool> {
 }
 
 /// `schema`, dropped if there, created and migrated.
-async fn migrated_schema(pool: &PgPool, db: &DbConfig, schema: &str) -> Result<()> {
+pub(super) async fn migrated_schema(pool: &PgPool, db: &DbConfig, schema: &str) -> Result<()> {
     sqlx::raw_sql(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}")).execute(pool).await?;
     let p = schema_pool(db, schema)?;
     db::schema::migrate(&p).await.with_context(|| format!("migrating {schema}"))?;
