@@ -182,7 +182,8 @@ impl Bench {
         let console = db::pool_from(options, &config.db);
         let mut figures: Vec<Figure> =
             cases.iter().map(|(name, ..)| Figure::new(format!("listing, {name}, {rows} events"), "ms")).collect();
-        let mut counts = Figure::new(format!("the counts per status (ops::status_counts), {rows} events"), "ms");
+        let mut counts =
+            Figure::new(format!("the counts per status (ops::status_counts, exact up to 10,000), {rows} events"), "ms");
         let mut count_star = Figure::new("count(*) by status, which they replace", "ms");
         let mut slowest = Check::at_most(format!("the slowest listing filter, {rows} events (ms)"), TARGET_MS);
         for round in 1..=self.rounds {
@@ -205,7 +206,7 @@ impl Bench {
             let (mut c, mut s) = (Vec::new(), Vec::new());
             for _ in 0..RUNS {
                 let started = Instant::now();
-                ops::status_counts(&console, 100_000).await?;
+                ops::status_counts(&console, 10_000).await?;
                 c.push(started.elapsed().as_secs_f64() * 1e3);
                 let started = Instant::now();
                 sqlx::query("SELECT status, count(*) FROM webhook_inbox GROUP BY 1").execute(&console).await?;
