@@ -66,6 +66,12 @@ impl Verification {
     pub fn verified(&self) -> bool {
         matches!(self, Verification::Verified { .. } | Verification::DevelopmentSecret(_))
     }
+
+    /// Whether the configured secrets say the bytes are not what was signed
+    /// (Marqeta's Basic credentials, never stored, cannot say so).
+    pub fn refuted(&self) -> bool {
+        matches!(self, Verification::Fails(p, _) if *p != Provider::MARQETA)
+    }
 }
 
 impl std::fmt::Display for Verification {

@@ -292,6 +292,8 @@ async fn outbox_retries_from_the_console_are_audited_under_the_event(pool: PgPoo
     let (cookie, csrf) = c.session("olga").await;
     let page = c.send("GET", "/event?provider=stripe&id=evt_o", Some(&cookie), None).await;
     assert!(page.body.contains("no such customer") && page.body.contains("Retry…"), "{}", page.body);
+    // Stored without its signature header: the development secret cannot vouch for it.
+    assert!(page.body.contains(r#"<dd class="bad">DOES NOT VERIFY"#), "{}", page.body);
     let id: i64 = scalar(&pool, "SELECT id FROM transactional_outbox WHERE message_key = 'receipt:in_1'").await;
     let retried = c
         .send(

@@ -551,7 +551,8 @@ struct EventView {
     next_attempt_at: String,
     failure_reason: Option<String>,
     verification: String,
-    verified: bool,
+    /// `ok`, `bad` or none: how the verification is shown.
+    verified: &'static str,
     headers: Vec<(String, String)>,
     payload: Option<String>,
     raw: String,
@@ -663,7 +664,11 @@ async fn event(
         processed_at: event.processed_at.as_deref().map(short_time).unwrap_or_else(|| "-".into()),
         next_attempt_at: event.next_attempt_at.as_deref().map(short_time).unwrap_or_else(|| "-".into()),
         failure_reason: event.failure_reason.as_deref().map(|r| escape_json(r).into_owned()),
-        verified: verification.verified(),
+        verified: match (verification.verified(), verification.refuted()) {
+            (true, _) => "ok",
+            (_, true) => "bad",
+            _ => "",
+        },
         verification: escape(&verification.to_string()).into_owned(),
         headers,
         payload: event
