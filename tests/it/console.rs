@@ -32,15 +32,35 @@ struct Answer {
 
 impl Console {
     async fn new(pool: &PgPool, read: &PgPool) -> Console {
+        Console::with(pool, read, false).await
+    }
+
+    /// `forwarded`: behind a load balancer, the client's address in `X-Forwarded-For`.
+    async fn with(pool: &PgPool, read: &PgPool, forwarded: bool) -> Console {
         for (name, role) in [("olga", Role::Operator), ("vic", Role::Viewer)] {
             console::add_user(pool, name, role, "a long enough password").await.unwrap();
         }
-        let router = console::router(pool.clone(), read.clone(), Catalog::builtin(), Secrets::development(), "");
+        let (catalog, secrets) = (Catalog::builtin(), Secrets::development());
+        let router = console::router(pool.clone(), read.clone(), catalog, secrets, "", forwarded);
         Console { router }
     }
 
     async fn send(&self, method: &str, path: &str, cookie: Option<&str>, form: Option<&str>) -> Answer {
+        self.send_from(method, path, cookie, form, None).await
+    }
+
+    async fn send_from(
+        &self,
+        method: &str,
+        path: &str,
+        cookie: Option<&str>,
+        form: Option<&str>,
+        forwarded_for: Option<&str>,
+    ) -> Answer {
         let mut req = Request::builder().method(method).uri(path).header(header::HOST, "console.test");
+        if let Some(f) = forwarded_for {
+            req = req.header("x-forwarded-for", f);
+        }
         if let Some(c) = cookie {
             req = req.header(header::COOKIE, format!("inbox_console={c}"));
         }
@@ -371,4 +391,23 @@ async fn pages_read_through_the_read_only_role_and_actions_write_through_the_oth
     read.close().await;
     sqlx::query(&format!("DROP OWNED BY {role}")).execute(&pool).await.unwrap();
     sqlx::query(&format!("DROP ROLE {role}")).execute(&pool).await.unwrap();
+}
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn behind_a_load_balancer_each_client_address_is_limited_on_its_own(pool: PgPool) {
+    let c = Console::with(&pool, &pool, true).await;
+    let attempt = |name: String, from: &'static str| {
+        let form = form(&[("name", &name), ("password", "a wrong guess"), ("next", "")]);
+        let c = &c;
+        async move { c.send_from("POST", "/signin", None, Some(&form), Some(from)).await.status }
+    };
+    // One client, 10.0.0.7 (the balancer appends it last; what comes before is the client's own, to forge), guessing names.
+    for i in 0..20 {
+        assert_eq!(attempt(format!("guess{i}"), "6.6.6.6, 10.0.0.7").await, StatusCode::UNAUTHORIZED);
+    }
+    let forged = attempt("guess20".into(), "1.2.3.4, 10.0.0.7").await;
+    assert_eq!(forged, StatusCode::TOO_MANY_REQUESTS, "a forged first entry changes nothing");
+    let other = form(&[("name", "olga"), ("password", "a long enough password"), ("next", "")]);
+    let signed = c.send_from("POST", "/signin", None, Some(&other), Some("10.0.0.8")).await;
+    assert_eq!(signed.status, StatusCode::SEE_OTHER, "another client still signs in");
 }

@@ -22,7 +22,7 @@ use base64::Engine as _;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::{pages::PageError, State, SESSION_TTL};
+use super::{pages::PageError, ClientIp, State, SESSION_TTL};
 use crate::db::console::{self, Role};
 
 /// The session cookie's name.
@@ -166,15 +166,24 @@ impl FromRequestParts<Arc<State>> for Signed {
     }
 }
 
-/// The client's address, as the connection gives it (behind a load balancer,
-/// the balancer's).
+/// The client's address ([`ClientIp`]): the connection's, or the last of
+/// `X-Forwarded-For` (what a load balancer in front appended).
 pub struct Peer(pub String);
 
-impl<S: Send + Sync> FromRequestParts<S> for Peer {
+impl FromRequestParts<Arc<State>> for Peer {
     type Rejection = std::convert::Infallible;
 
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        let addr = parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip().to_string());
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<State>) -> Result<Self, Self::Rejection> {
+        let forwarded = (state.client_ip == ClientIp::ForwardedFor)
+            .then(|| {
+                let all = parts.headers.get_all("x-forwarded-for");
+                let last = all.iter().filter_map(|v| v.to_str().ok()).next_back()?;
+                Some(last.rsplit(',').next()?.trim().chars().take(64).collect::<String>())
+            })
+            .flatten()
+            .filter(|a| !a.is_empty());
+        let addr =
+            forwarded.or_else(|| parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip().to_string()));
         Ok(Peer(addr.unwrap_or_else(|| "unknown".into())))
     }
 }

@@ -46,29 +46,58 @@ pub(crate) struct State {
     /// Where the console is mounted: `""` (its own server) or `/console` (`inbox dev`).
     base: String,
     limiter: auth::Limiter,
+    /// Where a client's address comes from, for the sign-in limit.
+    client_ip: ClientIp,
+}
+
+/// Where the console takes a client's address from, for the sign-in limit
+/// (`INBOX_CONSOLE_CLIENT_IP`): the connection (`peer`, the default), or,
+/// behind a load balancer that appends it (an ALB does), the last address of
+/// `X-Forwarded-For` (`x-forwarded-for`). Behind a balancer, `peer` would
+/// count every client's failures as the balancer's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ClientIp {
+    Peer,
+    ForwardedFor,
+}
+
+impl ClientIp {
+    pub(crate) fn read(env: &Env) -> Result<ClientIp, crate::config::ConfigError> {
+        match env.var("INBOX_CONSOLE_CLIENT_IP").as_deref() {
+            None | Some("peer") => Ok(ClientIp::Peer),
+            Some("x-forwarded-for") => Ok(ClientIp::ForwardedFor),
+            Some(other) => Err(crate::config::ConfigError::Invalid {
+                var: "INBOX_CONSOLE_CLIENT_IP".into(),
+                reason: format!("{:?} is neither peer nor x-forwarded-for", crate::core::text::escape(other)),
+            }),
+        }
+    }
 }
 
 /// How long a session lasts after sign-in.
 const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
 
 /// [`router_at`], for the tests (through `internals`): a team serves the console with [`run`] or `dev`.
+/// `forwarded`: the client's address from `X-Forwarded-For`.
 #[cfg(feature = "internals")]
 #[doc(hidden)]
-pub fn router(db: PgPool, read: PgPool, catalog: Catalog, secrets: Secrets, base: &str) -> Router {
-    router_at(db, read, catalog, secrets, base)
+pub fn router(db: PgPool, read: PgPool, catalog: Catalog, secrets: Secrets, base: &str, forwarded: bool) -> Router {
+    let client_ip = if forwarded { ClientIp::ForwardedFor } else { ClientIp::Peer };
+    router_at(db, read, catalog, secrets, base, client_ip)
 }
 
 /// The console's pages at `base` (`""` for the root), on `db` (reads on
 /// `read`), checking kept bytes against `catalog` and `secrets`.
-pub(crate) fn router_at(db: PgPool, read: PgPool, catalog: Catalog, secrets: Secrets, base: &str) -> Router {
-    let state = Arc::new(State {
-        db,
-        read,
-        catalog,
-        secrets,
-        base: base.trim_end_matches('/').to_string(),
-        limiter: auth::Limiter::default(),
-    });
+pub(crate) fn router_at(
+    db: PgPool,
+    read: PgPool,
+    catalog: Catalog,
+    secrets: Secrets,
+    base: &str,
+    client_ip: ClientIp,
+) -> Router {
+    let base = base.trim_end_matches('/').to_string();
+    let state = Arc::new(State { db, read, catalog, secrets, base, limiter: auth::Limiter::default(), client_ip });
     pages::router(state)
 }
 
@@ -99,7 +128,7 @@ pub async fn run(host: &str, port: u16) -> anyhow::Result<()> {
     let pool = db::pool(&config.db)?;
     ensure_schema(&pool).await?;
     let read = read_pool(&env, &config.db)?.unwrap_or_else(|| pool.clone());
-    let app = router_at(pool, read, config.catalog, config.secrets, "");
+    let app = router_at(pool, read, config.catalog, config.secrets, "", ClientIp::read(&env)?);
     let listener =
         tokio::net::TcpListener::bind((host, port)).await.with_context(|| format!("binding {host}:{port}"))?;
     say(&format!("inbox console ready: http://{}/  (Ctrl-C stops)", listener.local_addr()?));
@@ -195,4 +224,31 @@ async fn hash_password(password: &str) -> Result<String, UserError> {
     }
     let password = password.to_string();
     Ok(tokio::task::spawn_blocking(move || auth::hash(&password)).await.expect("hashing does not panic"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_client_address_comes_from_the_connection_unless_told_and_a_mistake_is_named() {
+        let read = |v: &'static str| {
+            let pairs = [("INBOX_CONSOLE_CLIENT_IP", v)];
+            let read = ClientIp::read(&Env::from_pairs(&pairs));
+            read
+        };
+        assert_eq!(ClientIp::read(&Env::from_pairs(&[])).unwrap(), ClientIp::Peer);
+        assert_eq!(read("peer").unwrap(), ClientIp::Peer);
+        assert_eq!(read("x-forwarded-for").unwrap(), ClientIp::ForwardedFor);
+        let err = read("X-Real-IP\u{1b}[31m").unwrap_err().to_string();
+        assert!(err.contains("INBOX_CONSOLE_CLIENT_IP") && !err.contains('\u{1b}'), "{err}");
+    }
+
+    #[test]
+    fn user_names_and_passwords_are_checked_before_anything_is_stored() {
+        assert!(check_name("alice.b@example-1_x").is_ok());
+        for bad in ["", "a b", "émile", "<script>", &"x".repeat(65)] {
+            assert!(matches!(check_name(bad), Err(UserError::BadName)), "{bad:?}");
+        }
+    }
 }

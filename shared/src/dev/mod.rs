@@ -125,6 +125,7 @@ async fn serve(app: &App, env: &Env<'_>, config: &mut ReceiveConfig, host: &str,
         config.catalog.clone(),
         config.secrets.clone(),
         server::CONSOLE_PATH,
+        crate::console::ClientIp::read(env)?,
     );
     let password = crate::console::generate_password();
     crate::console::set_user(&pool, "dev", crate::console::Role::Operator, &password).await?;
