@@ -5,9 +5,9 @@
 -- * An event id prefix (`IdMatch::Prefix`, `inbox events --id-prefix`): ids
 --   ordered under the C collation, so that a prefix is a range of the index
 --   whatever the database's collation (the key's order serves no prefix under
---   another). 1.8 s to 0.2 ms.
+--   another). 1.8 s to 0.5 ms.
 -- * A rare event type (the one a person looks for: a dispute, a deletion):
---   the events of a type, newest first. 270 ms to a millisecond.
+--   the events of a type, newest first. 270 ms to 0.6 ms.
 --
 -- Their cost is two more index entries per claim: 8% of the claim's INSERT at
 -- pgbench's ceiling (docs/performance.md). A team that never searches by
