@@ -239,6 +239,17 @@ async fn bad_parameters_get_a_clear_page_and_every_page_its_policy(pool: PgPool)
     let long = c.send("GET", &format!("/events?id={}&id_match=prefix", "x".repeat(10_000)), Some(&cookie), None).await;
     assert_eq!(long.status, StatusCode::OK, "a 10,000-character prefix finds nothing, and says so");
     assert!(long.body.contains("No event matches"));
+    // A form that is no form: our page, never the framework's words.
+    let json = Request::post("/event/replay")
+        .header(header::HOST, "console.test")
+        .header(header::COOKIE, format!("inbox_console={cookie}"))
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(r#"{"provider":"stripe"}"#))
+        .unwrap();
+    let r = c.router.clone().oneshot(json).await.unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let text = String::from_utf8(r.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
+    assert!(text.contains("The form did not arrive whole") && text.contains("<!doctype html>"), "{text}");
     let nowhere = c.send("GET", "/no/such/page", Some(&cookie), None).await;
     assert_eq!(nowhere.status, StatusCode::NOT_FOUND);
     for page in [

@@ -313,3 +313,41 @@ impl Drop for Moto {
         let _ = self.child.wait();
     }
 }
+
+/// A child process (`inbox dev`, `inbox console`) that a failed assertion
+/// must not leave running: SIGTERM and a wait when dropped.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = std::process::Command::new("kill").args(["-TERM", &self.0.id().to_string()]).status();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Every line `from` prints (read to the end on a thread of its own, so that
+/// its last lines find a reader), handed over as they come.
+pub fn lines_of(from: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead as _;
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(from).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    lines
+}
+
+/// One HTTP/1.1 exchange over a new connection (the request written as is):
+/// the status code and the whole response.
+pub fn http_exchange(addr: &str, request: &str) -> (u16, String) {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    (response.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0), response)
+}

@@ -6,44 +6,26 @@
 //! `target/console-screenshots`. The database is checked afterwards.
 
 use std::{
-    io::{BufRead, BufReader, Read, Write},
-    net::TcpStream,
+    io::Write,
     path::{Path, PathBuf},
     process::{Command, Stdio},
-    sync::mpsc,
     time::{Duration, Instant},
 };
 
+use inbox_tests::{http_exchange, lines_of, KillOnDrop};
 use sqlx::{
     postgres::{PgConnectOptions, PgPoolOptions},
     PgPool,
 };
 
-/// A failed assertion must not leave `inbox dev` running.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = Command::new("kill").args(["-TERM", &self.0.id().to_string()]).status();
-            let _ = self.0.wait();
-        }
-    }
-}
-
 /// One HTTP/1.1 POST; the status code.
 fn post(addr: &str, path: &str, headers: &[(&str, &str)], body: &str) -> u16 {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let mut request = format!("POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n");
     for (k, v) in headers {
         request.push_str(&format!("{k}: {v}\r\n"));
     }
     request.push_str(&format!("Content-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()));
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    response.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0)
+    http_exchange(addr, &request).0
 }
 
 fn repo() -> PathBuf {
@@ -86,13 +68,7 @@ async fn the_console_in_a_browser_signs_in_filters_opens_and_replays_and_keeps_v
         .spawn()
         .unwrap();
     let mut child = KillOnDrop(child);
-    let (lines_tx, lines) = mpsc::channel();
-    let stdout = child.0.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = lines_tx.send(line);
-        }
-    });
+    let lines = lines_of(child.0.stdout.take().unwrap());
     let (mut console, mut password) = (None, None);
     let addr = loop {
         let line = lines.recv_timeout(Duration::from_secs(120)).expect("inbox dev prints ready");
@@ -220,12 +196,7 @@ async fn the_console_in_a_browser_signs_in_filters_opens_and_replays_and_keeps_v
 
 /// One HTTP/1.1 GET; the status code and the whole response.
 fn get(addr: &str, path: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    (response.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0), response)
+    http_exchange(addr, &format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"))
 }
 
 fn url_of(opts: &PgConnectOptions) -> String {
@@ -247,8 +218,7 @@ async fn inbox_console_serves_the_console_of_a_migrated_database(_: PgPoolOption
         .spawn()
         .unwrap();
     let mut child = KillOnDrop(child);
-    let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
-    let line = lines.next().expect("inbox console prints a line").unwrap();
+    let line = lines_of(child.0.stdout.take().unwrap()).recv_timeout(Duration::from_secs(60)).expect("a line");
     let addr = line
         .strip_prefix("inbox console ready: http://")
         .and_then(|rest| rest.split('/').next())

@@ -2,6 +2,7 @@
 //! its own PostgreSQL, say `ready` with the URL, take a signed delivery over
 //! real HTTP, and leave nothing behind when stopped.
 
+use inbox_tests::KillOnDrop;
 use std::{
     io::{BufRead, BufReader, Read, Write},
     net::TcpStream,
@@ -12,14 +13,8 @@ use std::{
 
 /// One HTTP/1.1 exchange; returns the status code and the body.
 fn http(addr: &str, request: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let status = response.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let body = response.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
-    (status, body)
+    let (status, response) = inbox_tests::http_exchange(addr, request);
+    (status, response.split("\r\n\r\n").nth(1).unwrap_or_default().to_string())
 }
 
 fn signed_stripe_post(addr: &str, body: &str) -> String {
@@ -29,18 +24,6 @@ fn signed_stripe_post(addr: &str, body: &str) -> String {
         "POST /webhooks/stripe HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nStripe-Signature: t={t},v1={sig}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
-}
-
-/// A failed assertion must not leave `inbox dev` (and its cluster) running.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = Command::new("kill").args(["-TERM", &self.0.id().to_string()]).status();
-            let _ = self.0.wait();
-        }
-    }
 }
 
 /// A local HTTP sink: answers 200 to every request and hands over its Idempotency-Key.

@@ -122,6 +122,7 @@ pub(crate) fn read_pool(env: &Env, db: &DbConfig) -> anyhow::Result<Option<PgPoo
 /// ```
 pub async fn run(host: &str, port: u16) -> anyhow::Result<()> {
     crate::config::init_logging();
+    crate::runtime::keep_large_allocations_mapped();
     let env = Env::resolved().await?;
     let config = ReceiveConfig::read(&env, 4)?;
     anyhow::ensure!(config.db.url.is_some(), "DATABASE_URL is not set: the console shows a database's inbox");

@@ -186,6 +186,19 @@ pub(super) fn html(page: impl Template) -> Result<Response, PageError> {
     })
 }
 
+/// The fields of a form that was posted, or the page that says it did not
+/// arrive whole (never the framework's own words).
+struct Posted<T>(T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned + Send> axum::extract::FromRequest<S> for Posted<T> {
+    type Rejection = PageError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let form = Form::<T>::from_request(req, state).await;
+        form.map(|Form(f)| Posted(f)).map_err(|_| PageError::BadRequest("The form did not arrive whole.".into()))
+    }
+}
+
 // ---- what every page shows around it ----
 
 /// The header: where the console is, and who is signed in.
@@ -302,11 +315,8 @@ async fn signin(
     Shared(state): Shared<Arc<State>>,
     Peer(peer): Peer,
     jar: CookieJar,
-    form: Result<Form<SignInForm>, axum_extra::extract::FormRejection>,
+    Posted(f): Posted<SignInForm>,
 ) -> Result<Response, PageError> {
-    let Ok(Form(f)) = form else {
-        return Err(PageError::BadRequest("The sign-in form did not arrive whole.".into()));
-    };
     let name = f.name.trim();
     if let Some(wait) = state.limiter.blocked(name, &peer) {
         return Err(PageError::TooMany(wait));
@@ -344,9 +354,8 @@ async fn signout(
     Shared(state): Shared<Arc<State>>,
     signed: Signed,
     jar: CookieJar,
-    form: Result<Form<CsrfForm>, axum_extra::extract::FormRejection>,
+    Posted(f): Posted<CsrfForm>,
 ) -> Result<Response, PageError> {
-    let Ok(Form(f)) = form else { return Err(PageError::BadRequest("The form did not arrive whole.".into())) };
     signed.check_csrf(&f.csrf)?;
     let gone = auth::sign_out(&state, &jar).await?;
     Ok((jar.add(gone), Redirect::to(&format!("{}/signin", state.base))).into_response())
@@ -814,9 +823,8 @@ struct ReplayForm {
 async fn replay(
     Shared(state): Shared<Arc<State>>,
     signed: Signed,
-    form: Result<Form<ReplayForm>, axum_extra::extract::FormRejection>,
+    Posted(f): Posted<ReplayForm>,
 ) -> Result<Response, PageError> {
-    let Ok(Form(f)) = form else { return Err(PageError::BadRequest("The form did not arrive whole.".into())) };
     signed.may_act(&f.csrf)?;
     let actor = signed.actor();
     let reason = optional(&f.reason).unwrap_or_else(|| "replayed from the console".into());
@@ -998,9 +1006,8 @@ struct ProgressPage {
 async fn requeue(
     Shared(state): Shared<Arc<State>>,
     signed: Signed,
-    form: Result<Form<RequeueForm>, axum_extra::extract::FormRejection>,
+    Posted(f): Posted<RequeueForm>,
 ) -> Result<Response, PageError> {
-    let Ok(Form(f)) = form else { return Err(PageError::BadRequest("The form did not arrive whole.".into())) };
     signed.may_act(&f.csrf)?;
     let RequeueForm { status, provider, event_type, since, until, reason_like, reason, .. } = f;
     let filter = RequeueParams { status, provider, event_type, since, until, reason_like }.filter()?;
@@ -1152,9 +1159,8 @@ struct RetryForm {
 async fn retry(
     Shared(state): Shared<Arc<State>>,
     signed: Signed,
-    form: Result<Form<RetryForm>, axum_extra::extract::FormRejection>,
+    Posted(f): Posted<RetryForm>,
 ) -> Result<Response, PageError> {
-    let Ok(Form(f)) = form else { return Err(PageError::BadRequest("The form did not arrive whole.".into())) };
     signed.may_act(&f.csrf)?;
     let actor = signed.actor();
     let reason = optional(&f.reason).unwrap_or_else(|| "retried from the console".into());

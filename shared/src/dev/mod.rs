@@ -59,6 +59,7 @@ use crate::{
 /// ```
 pub async fn run(app: App, host: &str, port: u16) -> Result<()> {
     crate::config::init_logging();
+    crate::runtime::keep_large_allocations_mapped();
     let host = host.to_string();
     // Read as the functions read it (Secrets Manager's `*_ARN` included), once.
     let env = Env::resolved().await?;
