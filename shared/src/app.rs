@@ -67,6 +67,22 @@ impl App {
     }
 }
 
+impl App {
+    /// The migrations not applied yet (the inbox's, the crate's own tables',
+    /// the application's), each as `version description`; empty when the
+    /// schema is up to date (what `inbox serve`'s `/readyz` waits for).
+    pub async fn pending_migrations(&self, pool: &PgPool) -> Result<Vec<String>, sqlx::Error> {
+        let mut pending = schema::pending(pool, &schema::MIGRATIONS, schema::HISTORY_TABLE).await?;
+        if let Some((set, table)) = self.own_tables {
+            pending.extend(schema::pending(pool, set, table).await?);
+        }
+        if let Some(app) = self.migrations {
+            pending.extend(schema::pending(pool, app, "_sqlx_migrations").await?);
+        }
+        Ok(pending)
+    }
+}
+
 impl Receiver {
     /// `app`'s handlers (for inline mode) and its own schemes ([`App::with_scheme`]).
     pub fn with_app(self, app: &App) -> Self {

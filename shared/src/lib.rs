@@ -155,6 +155,8 @@ internal! {
     #[cfg(feature = "service")]
     mod runtime;
 }
+#[cfg(feature = "serve")]
+pub mod serve;
 
 #[cfg(feature = "service")]
 pub mod ops;

@@ -4,6 +4,7 @@
 mod console;
 mod database;
 mod declared;
+mod group;
 mod handlers;
 mod hostile;
 mod layout;

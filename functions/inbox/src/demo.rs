@@ -16,16 +16,14 @@ use webhook_inbox::{
     config::Secrets,
     core::http::http_client,
     db,
-    dev::{
-        server,
-        storm::{self, Consumer, Rng},
-    },
+    dev::storm::{self, Consumer, Rng},
     process::{
         handlers::Handlers,
         worker::{Worker, WorkerConfig},
     },
     relay::{HttpSink, Relay, RelayConfig, Sink},
     runtime::stage::Stage,
+    serve::server,
     ReceiveConfig, Receiver,
 };
 

@@ -50,6 +50,26 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1")]
         host: String,
     },
+    /// The production service, for a container: the stages as long-running roles on DATABASE_URL
+    /// (receive with group commit, process, relay, prune, reconcile; the console when named), with
+    /// /healthz, /readyz and Prometheus /metrics, and a drain on SIGTERM. No embedded PostgreSQL, no
+    /// development secret: configured exactly as the functions are.
+    Serve {
+        /// Comma-separated: receive, process, relay, prune, reconcile, console, or all [default: all but console].
+        #[arg(long, env = "INBOX_ROLES", value_parser = |t: &str| webhook_inbox::serve::Roles::parse(t))]
+        roles: Option<webhook_inbox::serve::Roles>,
+        /// The webhooks, the console, /healthz and /readyz.
+        #[arg(long, env = "PORT", default_value_t = 8080)]
+        port: u16,
+        /// /healthz, /readyz and /metrics (the same as --port to serve all on one).
+        #[arg(long, env = "INBOX_ADMIN_PORT", default_value_t = 9090)]
+        admin_port: u16,
+        #[arg(long, env = "INBOX_HOST", default_value = "0.0.0.0")]
+        host: String,
+        /// Apply the migrations before serving (else they must be applied: `inbox migrate`).
+        #[arg(long)]
+        migrate: bool,
+    },
     /// The console: a web page to find any event, see why it failed and replay it, on DATABASE_URL
     /// (sign-in required; `inbox console user add` makes users). `inbox dev` serves it at /console.
     Console {
@@ -268,6 +288,16 @@ async fn main() -> std::process::ExitCode {
 async fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Dev { port, host } => dev::run(webhook_inbox::reference::app(), &host, port).await,
+        Command::Serve { roles, port, admin_port, host, migrate } => {
+            let settings = webhook_inbox::serve::Settings {
+                roles,
+                host: Some(host),
+                port: Some(port),
+                admin_port: Some(admin_port),
+                migrate,
+            };
+            webhook_inbox::serve::run(webhook_inbox::reference::app(), settings).await
+        }
         Command::Console { command: None, port, host } => webhook_inbox::console::run(&host, port).await,
         Command::Console { command: Some(ops::ConsoleCommand::User { command }), .. } => {
             ops::console_user(&operator_db().await?, command).await

@@ -370,6 +370,25 @@ impl WorkerConfig {
     }
 }
 
+#[cfg(feature = "serve")]
+impl crate::serve::ServeConfig {
+    /// `INBOX_DRAIN_TIMEOUT_MS` (25000), `INBOX_WORKERS` (2), and receive's
+    /// group commit: `INBOX_GROUP_COMMIT_MAX` (64; 1 turns it off),
+    /// `INBOX_GROUP_COMMIT_WAIT_US` (0) and `INBOX_GROUP_COMMIT_COMMITTERS` (4).
+    pub fn read(env: &Env) -> Result<Self, ConfigError> {
+        let group = crate::serve::GroupConfig::default();
+        Ok(crate::serve::ServeConfig {
+            drain_timeout: env.millis("INBOX_DRAIN_TIMEOUT_MS", 25_000)?,
+            workers: env.positive("INBOX_WORKERS", 2usize)?,
+            group: crate::serve::GroupConfig {
+                max: env.positive("INBOX_GROUP_COMMIT_MAX", group.max)?,
+                wait: Duration::from_micros(env.parse("INBOX_GROUP_COMMIT_WAIT_US", 0u64)?),
+                committers: env.positive("INBOX_GROUP_COMMIT_COMMITTERS", group.committers)?,
+            },
+        })
+    }
+}
+
 /// `INBOX_DEADLINE_MARGIN_MS` (7000): every scheduled function stops starting
 /// work this long before its Lambda deadline. It must exceed
 /// `INBOX_STATEMENT_TIMEOUT_MS`, or a statement started just before the margin

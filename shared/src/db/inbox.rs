@@ -215,6 +215,44 @@ pub(crate) async fn insert_batch<'e>(
     Ok(rows.into_iter().map(|(id,)| id).collect())
 }
 
+/// Deliveries of one event each (several providers perhaps), in one
+/// statement: receive's group commit. Sorted by key, so that concurrent groups
+/// take their locks in one order; a key twice in the group inserts once.
+#[cfg(feature = "serve")]
+const INSERT_GROUP: &str = "\
+INSERT INTO webhook_inbox
+    (provider, event_id, event_type, payload, status, failure_reason, raw_body, headers, secret_index, source, secret_fingerprint)
+SELECT g.provider, g.event_id, g.event_type, g.payload::jsonb, g.status, g.failure_reason, g.raw_body, g.headers,
+       g.secret_index, CASE WHEN g.secret_index IS NULL THEN 'reconcile' ELSE 'webhook' END, g.secret_fingerprint
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bytea[], $8::jsonb[],
+            $9::int2[], $10::text[])
+     AS g (provider, event_id, event_type, payload, status, failure_reason, raw_body, headers, secret_index, secret_fingerprint)
+ORDER BY g.provider COLLATE \"C\", g.event_id COLLATE \"C\"
+ON CONFLICT (provider, event_id) DO NOTHING
+RETURNING provider, event_id";
+
+/// Inserts a group's events unless their keys exist; the keys inserted.
+#[cfg(feature = "serve")]
+pub(crate) async fn insert_group<'e, 'r>(
+    ex: impl PgExecutor<'e>,
+    group: impl Iterator<Item = &'r crate::ingest::claim::group::Row> + Clone,
+) -> Result<Vec<(String, String)>, sqlx::Error> {
+    let col = |f: fn(&'r crate::ingest::claim::group::Row) -> Option<&'r str>| group.clone().map(f).collect::<Vec<_>>();
+    super::query_as(INSERT_GROUP)
+        .bind(col(|r| Some(r.provider.as_str())))
+        .bind(col(|r| Some(&r.event.event_id)))
+        .bind(col(|r| Some(&r.event.event_type)))
+        .bind(col(|r| r.event.payload.as_deref()))
+        .bind(col(|r| Some(r.event.status.as_str())))
+        .bind(col(|r| r.event.failure_reason.as_deref()))
+        .bind(group.clone().map(|r| r.raw_body.as_slice()).collect::<Vec<_>>())
+        .bind(group.clone().map(|r| Json(&r.headers)).collect::<Vec<_>>())
+        .bind(group.clone().map(|r| r.secret_index).collect::<Vec<_>>())
+        .bind(col(|r| r.secret_fingerprint.as_deref()))
+        .fetch_all(ex)
+        .await
+}
+
 // ---- the worker ----
 
 /// A pending row as the worker takes it.

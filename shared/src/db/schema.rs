@@ -124,6 +124,25 @@ pub(crate) async fn migrate_own(pool: &PgPool, set: &Migrator, table: &'static s
     Ok(())
 }
 
+/// The migrations of `set` that `table` does not record as applied (sqlx's
+/// `_sqlx_migrations` counts only those that succeeded), as `version description`.
+pub(crate) async fn pending(pool: &PgPool, set: &Migrator, table: &'static str) -> Result<Vec<String>, sqlx::Error> {
+    let exists: bool =
+        query_scalar("SELECT to_regclass($1) IS NOT NULL").bind(table).fetch_one(super::Autocommit(pool)).await?;
+    let applied: Vec<i64> = if !exists {
+        vec![]
+    } else if table == "_sqlx_migrations" {
+        query_scalar("SELECT version FROM _sqlx_migrations WHERE success").fetch_all(super::Autocommit(pool)).await?
+    } else {
+        query_scalar(&format!("SELECT version FROM {table}")).fetch_all(super::Autocommit(pool)).await?
+    };
+    Ok(set
+        .iter()
+        .filter(|m| !m.migration_type.is_down_migration() && !applied.contains(&m.version))
+        .map(|m| format!("{} {}", m.version, m.description))
+        .collect())
+}
+
 /// The latest version of the inbox's migrations in this release.
 pub fn latest() -> i64 {
     MIGRATIONS.iter().map(|m| m.version).max().unwrap_or(0)

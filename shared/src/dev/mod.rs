@@ -4,9 +4,6 @@
 internal! {
     mod embedded_pg;
 }
-internal! {
-    mod server;
-}
 // Only `inbox demo`, `inbox bench` and the fault suite storm.
 #[cfg(feature = "internals")]
 #[doc(hidden)]
@@ -20,25 +17,14 @@ macro_rules! say {
     }};
 }
 
-use std::{
-    sync::Arc,
-    time::{Duration, Instant},
-};
-
 use anyhow::{Context, Result};
 use tokio::net::TcpListener;
 
 use self::embedded_pg::EmbeddedPostgres;
 use crate::{
     app::App,
-    config::{Env, Secrets, SinkConfig},
-    db,
-    process::worker::{Worker, WorkerConfig},
-    prune::{Pruner, RetentionConfig},
-    reconcile::Reconciler,
-    relay::{Relay, RelayConfig},
-    runtime::stage::Stage,
-    ReceiveConfig, Receiver,
+    config::{Env, Secrets},
+    db, ReceiveConfig,
 };
 
 /// Runs the whole stack locally with `app`'s handlers and migrations, until
@@ -116,98 +102,28 @@ async fn serve(app: &App, env: &Env<'_>, config: &mut ReceiveConfig, host: &str,
         say!("providers with a secret (each has a route; `inbox providers` for more): {}", live.join(", "));
     }
     let listener = TcpListener::bind((host, port)).await.with_context(|| format!("binding {host}:{port}"))?;
-    let receiver = Arc::new(Receiver::from_config(config)?.with_app(app));
-
     // The console at /console, with a `dev` operator whose password is new at each start.
-    let read = crate::console::read_pool(env, &config.db)?.unwrap_or_else(|| pool.clone());
-    let console = crate::console::router_at(
-        pool.clone(),
-        read,
-        config.catalog.clone(),
-        config.secrets.clone(),
-        server::CONSOLE_PATH,
-        crate::console::ClientIp::read(env)?,
-    );
     let password = crate::console::generate_password();
     crate::console::set_user(&pool, "dev", crate::console::Role::Operator, &password).await?;
-
-    // The same worker as the `process` function, and the relay when a sink is set, running continuously.
-    let (stop, stopped) = tokio::sync::watch::channel(());
-    let until_stopped = |mut stopped: tokio::sync::watch::Receiver<()>| async move {
-        let _ = stopped.changed().await;
+    crate::serve::metrics::install().context("installing the Prometheus recorder")?;
+    let stack = crate::serve::Stack {
+        app,
+        env,
+        config,
+        pool,
+        roles: crate::serve::Roles::everything(),
+        serve: crate::serve::ServeConfig::read(env)?,
+        counted: true,
     };
-    let worker = Worker::new(pool.clone(), app.handlers().clone(), WorkerConfig::read(env)?);
-    let poll = worker.config().poll;
-    let worker = tokio::spawn({
-        let stopped = until_stopped(stopped.clone());
-        async move { worker.run_until(poll, stopped).await }
-    });
-    let mut stages = vec![worker];
-    let sinks = SinkConfig::read(env)?.build().await?;
-    if sinks.is_empty() {
-        say!("no relay sink (RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL, RELAY_EVENT_BUS): outbox messages stay in transactional_outbox");
-    } else {
-        let relay = Relay::new(pool.clone(), sinks, RelayConfig::read(env)?);
-        let stopped = until_stopped(stopped.clone());
-        stages.push(tokio::spawn(async move { relay.run_until(poll, stopped).await }));
-    }
-    // Receive's counts per minute, for the console's health page: every 10 s, and once more at the end.
-    stages.push(tokio::spawn({
-        let (receiver, mut stopped) = (receiver.clone(), stopped.clone());
-        async move {
-            loop {
-                let stop = tokio::select! {
-                    () = tokio::time::sleep(Duration::from_secs(10)) => false,
-                    _ = stopped.changed() => true,
-                };
-                if let Err(e) = receiver.write_tally(Duration::ZERO).await {
-                    tracing::warn!(error = %e, "writing receive's counts to inbox_receive_minutes");
-                }
-                if stop {
-                    return;
-                }
-            }
-        }
-    }));
-    // Prune hourly and reconcile every 15 minutes, as the stack schedules them.
-    let pruner = Pruner::new(pool.clone(), RetentionConfig::read(env)?);
-    let stopped_prune = until_stopped(stopped.clone());
-    stages.push(tokio::spawn(async move { pruner.run_until(Duration::from_secs(3600), stopped_prune).await }));
-    let reconciler = Reconciler::read(env)?;
-    if reconciler.is_configured() {
-        let mut stopped = stopped.clone();
-        stages.push(tokio::spawn(async move {
-            loop {
-                let reconciled = reconciler.run_once(&pool, Instant::now() + Duration::from_secs(600)).await;
-                tracing::info!(?reconciled, "reconciled");
-                tokio::select! {
-                    () = tokio::time::sleep(Duration::from_secs(900)) => {}
-                    _ = stopped.changed() => return,
-                }
-            }
-        }));
-    }
-
-    let addr = listener.local_addr()?;
-    say!(
-        "console: http://{addr}{}/  (sign in as dev, password {password}; more users: inbox console user add)",
-        server::CONSOLE_PATH
-    );
-    say!("inbox dev ready: POST http://{addr}/webhooks/{{provider}}  (Ctrl-C stops)");
-    let site = server::serve_site(
-        listener,
-        receiver,
-        Some(console),
-        server::Timeouts::default(),
-        crate::runtime::shutdown_signal(),
-    );
-    site.await?;
-    say!("shutting down");
-    let _ = stop.send(());
-    for stage in stages {
-        let _ = stage.await;
-    }
-    Ok(())
+    stack
+        .run(listener, None, crate::runtime::shutdown_signal(), |addr, _| {
+            say!(
+                "console: http://{addr}{}/  (sign in as dev, password {password}; more users: inbox console user add)",
+                crate::serve::server::CONSOLE_PATH
+            );
+            say!("inbox dev ready: POST http://{addr}/webhooks/{{provider}}  (Ctrl-C stops)");
+        })
+        .await
 }
 
 fn print_development_secrets() {

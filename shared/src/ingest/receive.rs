@@ -104,7 +104,10 @@ impl ReceiveError {
 /// The receive handler: one per process (per Lambda instance), its
 /// connections made on first use.
 pub struct Receiver {
-    connections: Connections,
+    connections: std::sync::Arc<Connections>,
+    /// Group commit (`inbox serve`, `inbox dev`): single events claimed together.
+    #[cfg(feature = "serve")]
+    group: Option<claim::group::Grouper>,
     schemes: Schemes,
     max_body_bytes: usize,
     /// Handlers for the inline providers; the others are left to the worker.
@@ -123,7 +126,9 @@ impl Receiver {
     /// the worker (see [`Receiver::with_handlers`]).
     pub fn new(connections: Connections, config: &ReceiveConfig) -> Self {
         Receiver {
-            connections,
+            connections: std::sync::Arc::new(connections),
+            #[cfg(feature = "serve")]
+            group: None,
             schemes: Schemes::new(&config.catalog, &config.secrets),
             max_body_bytes: config.max_body_bytes,
             handlers: Handlers::new(),
@@ -142,6 +147,18 @@ impl Receiver {
     /// its connections are made on first use.
     pub fn from_config(config: &ReceiveConfig) -> Result<Self, sqlx::Error> {
         Ok(Self::new(Connections::new(&config.db)?, config))
+    }
+
+    /// Claims deliveries of one event that arrive together in one statement
+    /// and one commit (see [`GroupConfig`](claim::group::GroupConfig)), on
+    /// committers spawned on the current Tokio runtime. A long-running server's
+    /// choice: a Lambda instance has one delivery at a time.
+    #[cfg(feature = "serve")]
+    pub fn with_group_commit(mut self, config: claim::group::GroupConfig) -> Self {
+        self.group = config.is_on().then(|| {
+            claim::group::Grouper::start(self.connections.clone(), config, crate::serve::metrics::group_committed)
+        });
+        self
     }
 
     /// Tells `process` of each new pending event, after the commit (`PROCESS_QUEUE_URL`).
@@ -300,7 +317,22 @@ impl Receiver {
             replay_guard: scheme.guards_replays(),
         };
         let inline = self.inline.contains(&provider).then_some(&self.handlers);
-        let claimed = claim::claim_delivery(&self.connections, &envelope, &events, inline).await.map_err(|e| {
+        let claimed = match (&events, inline) {
+            #[cfg(feature = "serve")]
+            (Events::Single(e), None) if !envelope.replay_guard && self.group.is_some() => {
+                let row = claim::group::Row {
+                    provider,
+                    event: e.clone(),
+                    raw_body: body.to_vec(),
+                    headers: headers.clone(),
+                    secret_index: envelope.secret_index,
+                    secret_fingerprint: envelope.secret_fingerprint.map(str::to_string),
+                };
+                self.group.as_ref().expect("checked above").claim(row).await.map(Claimed::Single)
+            }
+            _ => claim::claim_delivery(&self.connections, &envelope, &events, inline).await,
+        }
+        .map_err(|e| {
             tracing::error!(%provider, error = %e, "claim failed; answering 503");
             ReceiveError::Unavailable(e)
         })?;

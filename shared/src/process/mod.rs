@@ -70,7 +70,8 @@ pub async fn handle_counted(
     (result, metrics)
 }
 
-async fn gauges(pool: &sqlx::PgPool, metrics: &mut Metrics) {
+/// The queue's and the outbox's gauges (`pending`, `oldest_pending_age`, ...), added to `metrics`.
+pub(crate) async fn gauges(pool: &sqlx::PgPool, metrics: &mut Metrics) {
     match (inbox::gauges(db::Autocommit(pool)).await, outbox::gauges(db::Autocommit(pool)).await) {
         (Ok(inbox), Ok(outbox)) => {
             metrics

@@ -36,7 +36,14 @@ impl Unit {
 pub struct Metrics {
     function: &'static str,
     provider: Option<String>,
-    values: BTreeMap<&'static str, (f64, Unit)>,
+    values: BTreeMap<&'static str, (f64, Unit, Kind)>,
+}
+
+/// A count of things that happened, or a level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Count,
+    Gauge,
 }
 
 impl Metrics {
@@ -53,19 +60,34 @@ impl Metrics {
     /// Adds `n` to a count (a count of zero is still reported: an alarm on
     /// "no data" and one on zero are different alarms).
     pub fn count(&mut self, name: &'static str, n: u64) -> &mut Self {
-        self.values.entry(name).or_insert((0.0, Unit::Count)).0 += n as f64;
+        self.values.entry(name).or_insert((0.0, Unit::Count, Kind::Count)).0 += n as f64;
         self
     }
 
     /// A level (a count of things now, not of things that happened).
     pub fn gauge(&mut self, name: &'static str, value: f64) -> &mut Self {
-        self.values.insert(name, (value, Unit::Count));
+        self.values.insert(name, (value, Unit::Count, Kind::Gauge));
         self
     }
 
     pub fn gauge_ms(&mut self, name: &'static str, ms: f64) -> &mut Self {
-        self.values.insert(name, (ms, Unit::Milliseconds));
+        self.values.insert(name, (ms, Unit::Milliseconds, Kind::Gauge));
         self
+    }
+
+    /// The function (stage) the values are of.
+    pub fn function(&self) -> &'static str {
+        self.function
+    }
+
+    /// The provider the values are of, if they are one provider's.
+    pub fn provider(&self) -> Option<&str> {
+        self.provider.as_deref()
+    }
+
+    /// Each value: its name, the value, its unit and its kind.
+    pub fn values(&self) -> impl Iterator<Item = (&'static str, f64, Unit, Kind)> + '_ {
+        self.values.iter().map(|(name, (value, unit, kind))| (*name, *value, *unit, *kind))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -82,8 +104,8 @@ impl Metrics {
             root.insert("provider".into(), json!(provider));
         }
         let definitions: Vec<Value> =
-            self.values.iter().map(|(name, (_, unit))| json!({"Name": name, "Unit": unit.as_str()})).collect();
-        for (name, (value, _)) in &self.values {
+            self.values.iter().map(|(name, (_, unit, _))| json!({"Name": name, "Unit": unit.as_str()})).collect();
+        for (name, (value, _, _)) in &self.values {
             root.insert((*name).into(), json!(value));
         }
         root.insert(

@@ -91,10 +91,22 @@ pub async fn run<S: Stage>(stage: &S, deadline: Instant) -> Result<S::Tally, Sto
 /// Runs continuously until `shutdown`: again at once after a full batch,
 /// after `poll` otherwise, and no sooner than a second after an error.
 pub async fn run_until<S: Stage>(stage: &S, poll: Duration, shutdown: impl Future<Output = ()>) {
+    run_observed(stage, poll, shutdown, |_| {}).await
+}
+
+/// [`run_until`], each pass's counts (or error) shown to `observe` (the
+/// service's metrics).
+pub(crate) async fn run_observed<S: Stage>(
+    stage: &S,
+    poll: Duration,
+    shutdown: impl Future<Output = ()>,
+    observe: impl Fn(Result<&S::Tally, &sqlx::Error>),
+) {
     tokio::pin!(shutdown);
     loop {
         let wait = match stage.run_once(Instant::now() + Duration::from_secs(60)).await {
             Ok(pass) => {
+                observe(Ok(&pass.tally));
                 if !pass.tally.is_empty() {
                     tracing::info!(stage = S::NAME, tally = ?pass.tally, "pass");
                 }
@@ -105,6 +117,7 @@ pub async fn run_until<S: Stage>(stage: &S, poll: Duration, shutdown: impl Futur
                 }
             }
             Err(e) => {
+                observe(Err(&e));
                 tracing::warn!(stage = S::NAME, error = %e, "pass failed; trying again");
                 poll.max(Duration::from_secs(1))
             }

@@ -32,13 +32,13 @@ use webhook_inbox::{
     config::{Secrets, DEV_MARQETA_PASSWORD, DEV_MARQETA_USERNAME, DEV_STRIPE},
     db,
     dev::embedded_pg,
-    dev::server,
     process::{
         handlers::Handlers,
         worker::{Worker, WorkerConfig},
     },
     reference::{deposits, payments},
     runtime::stage::Stage,
+    serve::server,
     ReceiveConfig, Receiver,
 };
 

@@ -112,6 +112,9 @@ macro_rules! retrying {
     }};
 }
 
+#[cfg(feature = "serve")]
+pub mod group;
+
 /// Claims what a delivery carried, retrying the whole claim on 40001/40P01, and
 /// once on a connection that turns out to be dead (the claim is idempotent, so
 /// running it again after an unknown outcome answers `duplicate`, never twice).
@@ -134,6 +137,32 @@ pub async fn claim_delivery(
             connections.discard_idle();
             tracing::warn!(error = %e, "connection lost during the claim; claiming again on a fresh one");
             claim_on_a_lease(connections, env, events, inline).await
+        }
+        other => other,
+    }
+}
+
+/// One event on one of `connections` (the single claim, with its fallback),
+/// claimed again on a fresh connection if the first turns out to be dead.
+#[cfg(feature = "serve")]
+pub(crate) async fn claim_single(
+    connections: &db::Connections,
+    env: &Envelope<'_>,
+    e: &NewEvent,
+) -> Result<Claim, sqlx::Error> {
+    let on_a_lease = || async {
+        let mut conn = connections.acquire().await?;
+        let result = claim_one(&mut conn, env, e).await;
+        if matches!(result, Ok(_) | Err(sqlx::Error::Database(_))) {
+            conn.reuse();
+        }
+        result
+    };
+    match on_a_lease().await {
+        Err(err) if db::is_connection_lost(&err) => {
+            connections.discard_idle();
+            tracing::warn!(error = %err, "connection lost during the claim; claiming again on a fresh one");
+            on_a_lease().await
         }
         other => other,
     }

@@ -1,0 +1,218 @@
+//! Group commit, for the long-running servers (`inbox serve`, `inbox dev`):
+//! deliveries that arrive together are claimed in one multi-row
+//! `INSERT ... ON CONFLICT DO NOTHING RETURNING` and one commit, each answered
+//! only once that commit is done.
+//!
+//! One commit per delivery is PostgreSQL's ceiling for single-row claims
+//! (pgbench's too); a group pays it once for all its rows. Committers (a few
+//! tasks, each on a connection of receive's own) take what is queued: under a
+//! light load a delivery is alone and goes at once; under a heavy one, the
+//! deliveries that arrived while the previous group committed go together.
+//! [`GroupConfig::wait`] may hold a group open a little longer for more.
+//!
+//! A group's rows are sorted by key (concurrent groups lock in one order, so
+//! cannot deadlock); the same key twice in a group is one `accepted` (the
+//! first to arrive) and one `duplicate`. If PostgreSQL refuses a value in the
+//! group, its deliveries are claimed one by one, each with the single claim's
+//! own fallback, so the refused one fails (or is kept `failed`) alone.
+
+use std::{collections::HashSet, sync::Arc, time::Duration};
+
+use tokio::sync::{mpsc, oneshot, Mutex};
+
+use super::{claim_single, Claim};
+use crate::{
+    core::{event::NewEvent, provider::Provider},
+    db::{self, inbox::Envelope, Connections},
+};
+
+/// How receive groups its claims (`ServeConfig::read` takes it from the environment).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupConfig {
+    /// `INBOX_GROUP_COMMIT_MAX`, default 64: deliveries per group at most; 1 turns grouping off.
+    pub max: usize,
+    /// `INBOX_GROUP_COMMIT_WAIT_US`, default 0: how long a group waits for more
+    /// deliveries once it has its first (beyond those already queued).
+    pub wait: Duration,
+    /// `INBOX_GROUP_COMMIT_COMMITTERS`, default 4: groups committing at once
+    /// (each on one of receive's connections, so at most `INBOX_DB_POOL_SIZE`).
+    pub committers: usize,
+}
+
+impl Default for GroupConfig {
+    fn default() -> Self {
+        GroupConfig { max: 64, wait: Duration::ZERO, committers: 4 }
+    }
+}
+
+impl GroupConfig {
+    /// Grouping is on (more than one delivery per group).
+    pub fn is_on(&self) -> bool {
+        self.max > 1
+    }
+}
+
+/// A delivery of one event, to claim with its group.
+pub struct Row {
+    pub provider: Provider,
+    pub event: NewEvent,
+    pub raw_body: Vec<u8>,
+    pub headers: serde_json::Value,
+    pub secret_index: Option<i16>,
+    pub secret_fingerprint: Option<String>,
+}
+
+impl Row {
+    fn envelope(&self) -> Envelope<'_> {
+        Envelope {
+            provider: self.provider,
+            raw_body: &self.raw_body,
+            headers: &self.headers,
+            secret_index: self.secret_index,
+            secret_fingerprint: self.secret_fingerprint.as_deref(),
+            replay_guard: false,
+        }
+    }
+}
+
+/// A row in the queue, and where its answer goes.
+struct Waiting {
+    row: Row,
+    answer: oneshot::Sender<Result<Claim, sqlx::Error>>,
+}
+
+/// The queue of deliveries, and its committers (spawned on the runtime it is made on).
+pub struct Grouper {
+    queue: mpsc::Sender<Waiting>,
+}
+
+/// What one group came to, for the metrics.
+#[derive(Clone, Copy, Debug)]
+pub struct GroupDone {
+    pub size: usize,
+    /// Claimed one by one after PostgreSQL refused a value of the group.
+    pub one_by_one: bool,
+}
+
+impl Grouper {
+    /// Starts `config.committers` committers on `connections`. They end when the
+    /// grouper is dropped, once the queue is empty.
+    pub fn start(connections: Arc<Connections>, config: GroupConfig, on_group: fn(GroupDone)) -> Self {
+        let (queue, received) = mpsc::channel(config.max * config.committers * 4);
+        let received = Arc::new(Mutex::new(received));
+        for _ in 0..config.committers {
+            tokio::spawn(committer(connections.clone(), received.clone(), config, on_group));
+        }
+        Grouper { queue }
+    }
+
+    /// Claims `row` with whatever group it joins; answered after the commit.
+    pub async fn claim(&self, row: Row) -> Result<Claim, sqlx::Error> {
+        let (answer, answered) = oneshot::channel();
+        if self.queue.send(Waiting { row, answer }).await.is_err() {
+            return Err(sqlx::Error::PoolClosed);
+        }
+        // A committer that is gone (aborted at the end of a drain) answers nothing: not stored, as far as we know.
+        answered.await.unwrap_or(Err(sqlx::Error::PoolClosed))
+    }
+}
+
+async fn committer(
+    connections: Arc<Connections>,
+    received: Arc<Mutex<mpsc::Receiver<Waiting>>>,
+    config: GroupConfig,
+    on_group: fn(GroupDone),
+) {
+    loop {
+        let group = {
+            // One committer gathers at a time; the others wait for the next group.
+            let mut queue = received.lock().await;
+            let Some(first) = queue.recv().await else { return };
+            let mut group = vec![first];
+            let until = tokio::time::Instant::now() + config.wait;
+            while group.len() < config.max {
+                match queue.try_recv() {
+                    Ok(w) => group.push(w),
+                    Err(_) if config.wait.is_zero() => break,
+                    Err(_) => match tokio::time::timeout_at(until, queue.recv()).await {
+                        Ok(Some(w)) => group.push(w),
+                        Ok(None) | Err(_) => break,
+                    },
+                }
+            }
+            group
+        };
+        let size = group.len();
+        let one_by_one = commit(&connections, group).await;
+        on_group(GroupDone { size, one_by_one });
+    }
+}
+
+/// Claims the group and answers each delivery; whether it went one by one.
+async fn commit(connections: &Connections, group: Vec<Waiting>) -> bool {
+    if group.len() == 1 {
+        let results = one_by_one(connections, &group).await;
+        answer(group, results);
+        return false;
+    }
+    let claimed = match insert_on_a_lease(connections, &group).await {
+        Err(e) if db::is_connection_lost(&e) => {
+            connections.discard_idle();
+            tracing::warn!(error = %e, "connection lost during a group claim; claiming again on a fresh one");
+            insert_on_a_lease(connections, &group).await
+        }
+        other => other,
+    };
+    match claimed {
+        Ok(inserted) => {
+            // The first delivery of a key inserted is `accepted`; any other, `duplicate`.
+            let mut inserted: HashSet<(String, String)> = inserted.into_iter().collect();
+            let results = group
+                .iter()
+                .map(|w| {
+                    let key = (w.row.provider.as_str().to_string(), w.row.event.event_id.clone());
+                    Ok(if inserted.remove(&key) { Claim::New } else { Claim::Duplicate })
+                })
+                .collect();
+            answer(group, results);
+            false
+        }
+        Err(e) if db::is_refused_value(&e) => {
+            tracing::warn!(error = %e, size = group.len(), "PostgreSQL refused a value of a group; claiming its deliveries one by one");
+            let results = one_by_one(connections, &group).await;
+            answer(group, results);
+            true
+        }
+        Err(e) => {
+            tracing::error!(error = %e, size = group.len(), "group claim failed; answering 503");
+            let results = group.iter().map(|_| Err(sqlx::Error::Protocol(format!("the group claim failed: {e}")))).collect();
+            answer(group, results);
+            false
+        }
+    }
+}
+
+async fn insert_on_a_lease(connections: &Connections, group: &[Waiting]) -> Result<Vec<(String, String)>, sqlx::Error> {
+    let mut conn = connections.acquire().await?;
+    let result = retrying!(db::inbox::insert_group(db::Autocommit(&mut *conn), group.iter().map(|w| &w.row)));
+    if matches!(result, Ok(_) | Err(sqlx::Error::Database(_))) {
+        conn.reuse();
+    }
+    result
+}
+
+/// Each delivery in its own claim (the single claim, with its fallback), in arrival order.
+async fn one_by_one(connections: &Connections, group: &[Waiting]) -> Vec<Result<Claim, sqlx::Error>> {
+    let mut results = Vec::with_capacity(group.len());
+    for w in group {
+        results.push(claim_single(connections, &w.row.envelope(), &w.row.event).await);
+    }
+    results
+}
+
+fn answer(group: Vec<Waiting>, results: Vec<Result<Claim, sqlx::Error>>) {
+    for (w, result) in group.into_iter().zip(results) {
+        // A delivery whose client went away has no one to answer: its row stands.
+        let _ = w.answer.send(result);
+    }
+}

@@ -1,0 +1,620 @@
+//! The long-running service: `inbox serve`, for a container (ECS, Kubernetes,
+//! Fly, a VM) rather than Lambda, with the same binaries' stages, read from
+//! the same configuration and secrets as the functions read them.
+//!
+//! [`run`] serves the [`Role`]s it is given (by default every role but the
+//! console), so that one image runs as one deployment or as several:
+//! `POST /webhooks/{provider}` with group commit at receive (deliveries that
+//! arrive together claimed in one statement and one commit, see
+//! [`GroupConfig`]), the worker, the relay, prune and reconcile on their
+//! schedules, and the console. Beside them, on the admin port, `/healthz`
+//! (alive), `/readyz` (the database reachable and every migration applied)
+//! and Prometheus `/metrics` ([`metrics`](self) has the names); the main port
+//! answers `/healthz` and `/readyz` too, for a load balancer's checks.
+//!
+//! On SIGTERM (or Ctrl-C) it drains: `/readyz` answers 503, no new
+//! connection is taken, every delivery in flight is answered once its claim
+//! has committed, each stage finishes the batch it is in (its row locks and
+//! leases go with the commit), all within `INBOX_DRAIN_TIMEOUT_MS`; past it,
+//! what is still in flight is answered 503 (and sent again by its provider)
+//! and the stages' transactions roll back.
+//!
+//! A team's own service is one call:
+//!
+//! ```no_run
+//! # fn app() -> webhook_inbox::App { webhook_inbox::App::default() }
+//! #[tokio::main]
+//! async fn main() -> anyhow::Result<()> {
+//!     webhook_inbox::serve::run(app(), webhook_inbox::serve::Settings::default()).await
+//! }
+//! ```
+
+internal! {
+    mod metrics;
+}
+internal! {
+    mod server;
+}
+
+use std::{
+    collections::BTreeSet,
+    future::Future,
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
+
+pub use crate::ingest::claim::group::GroupConfig;
+use crate::{
+    app::App,
+    config::{ConfigError, Env, SinkConfig},
+    db,
+    process::worker::{Worker, WorkerConfig},
+    prune::{Pruner, RetentionConfig},
+    reconcile::Reconciler,
+    relay::{Relay, RelayConfig},
+    runtime::{metrics::Metrics, stage},
+    ReceiveConfig, Receiver,
+};
+
+/// What one instance of the service does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Role {
+    /// `POST /webhooks/{provider}`, with group commit.
+    Receive,
+    /// The worker: your handlers over pending events.
+    Process,
+    /// The outbox to its sinks (`RELAY_*`).
+    Relay,
+    /// Retention, hourly.
+    Prune,
+    /// What providers never delivered, every 15 minutes (`STRIPE_API_KEY`, ...).
+    Reconcile,
+    /// The operator's console, at `/console`.
+    Console,
+}
+
+impl Role {
+    /// Every role, in order.
+    pub const ALL: [Role; 6] = [Role::Receive, Role::Process, Role::Relay, Role::Prune, Role::Reconcile, Role::Console];
+
+    /// Its name in `--roles` and `INBOX_ROLES`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Receive => "receive",
+            Role::Process => "process",
+            Role::Relay => "relay",
+            Role::Prune => "prune",
+            Role::Reconcile => "reconcile",
+            Role::Console => "console",
+        }
+    }
+}
+
+/// The roles an instance serves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Roles {
+    roles: BTreeSet<Role>,
+    /// Named by the operator: a role that cannot run (the relay without a
+    /// sink, reconcile without a source) is then an error at start-up, not
+    /// skipped.
+    named: bool,
+}
+
+impl Default for Roles {
+    /// Every role but the console; the relay and reconcile where they are configured.
+    fn default() -> Self {
+        Roles { roles: Role::ALL.into_iter().filter(|r| *r != Role::Console).collect(), named: false }
+    }
+}
+
+impl Roles {
+    /// `receive,process` (comma-separated names of [`Role`]s), or `all` (the console included).
+    pub fn parse(text: &str) -> Result<Roles, String> {
+        let mut roles = BTreeSet::new();
+        for name in text.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            if name == "all" {
+                roles.extend(Role::ALL);
+                continue;
+            }
+            let role = Role::ALL.into_iter().find(|r| r.as_str() == name).ok_or_else(|| {
+                format!(
+                    "{:?} is not a role: receive, process, relay, prune, reconcile, console, or all",
+                    crate::core::text::escape(name)
+                )
+            })?;
+            roles.insert(role);
+        }
+        if roles.is_empty() {
+            return Err("no role named: receive, process, relay, prune, reconcile, console, or all".into());
+        }
+        Ok(Roles { roles, named: true })
+    }
+
+    /// Every role, the console included, each where it is configured (`inbox dev`).
+    pub(crate) fn everything() -> Roles {
+        Roles { roles: Role::ALL.into_iter().collect(), named: false }
+    }
+
+    /// Whether `role` is one of them.
+    pub fn has(&self, role: Role) -> bool {
+        self.roles.contains(&role)
+    }
+
+    /// Their names, comma-separated.
+    pub fn names(&self) -> String {
+        self.roles.iter().map(|r| r.as_str()).collect::<Vec<_>>().join(",")
+    }
+}
+
+/// What [`run`] is told beyond the environment: each `None` is read from it.
+#[derive(Clone, Debug, Default)]
+pub struct Settings {
+    /// `INBOX_ROLES`; by default every role but the console.
+    pub roles: Option<Roles>,
+    /// `INBOX_HOST`, default `0.0.0.0` (a container's every interface).
+    pub host: Option<String>,
+    /// `PORT`, default 8080: the webhooks, the console, `/healthz` and `/readyz`.
+    pub port: Option<u16>,
+    /// `INBOX_ADMIN_PORT`, default 9090: `/healthz`, `/readyz` and `/metrics`,
+    /// for what should not face the internet.
+    pub admin_port: Option<u16>,
+    /// Apply the migrations (the inbox's, then the application's) before
+    /// serving, as `inbox migrate` does; by default they must be there
+    /// already, and `/readyz` says so until they are.
+    pub migrate: bool,
+}
+
+/// The service's own settings, read from the environment (`ServeConfig::read`).
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    /// `INBOX_DRAIN_TIMEOUT_MS`, default 25000: how long a shutdown waits for
+    /// the requests and batches in flight (within a container's usual 30 s).
+    pub drain_timeout: Duration,
+    /// `INBOX_WORKERS`, default 2: workers taking batches at once (process role).
+    pub workers: usize,
+    /// Receive's group commit.
+    pub group: GroupConfig,
+}
+
+/// Whether the instance takes traffic: `/readyz`.
+struct Readiness {
+    draining: AtomicBool,
+    /// Every migration was seen applied (they are never undone, so this stays).
+    migrated: AtomicBool,
+    pool: sqlx::PgPool,
+    app: App,
+}
+
+impl Readiness {
+    /// `None` when ready, else why not.
+    async fn check(&self) -> Option<String> {
+        if self.draining.load(Ordering::SeqCst) {
+            return Some("draining: the instance is shutting down".into());
+        }
+        let reachable = db::query("SELECT 1").execute(db::Autocommit(&self.pool));
+        match tokio::time::timeout(Duration::from_secs(2), reachable).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                return Some(format!("the database is unreachable: {}", crate::core::text::escape(&e.to_string())))
+            }
+            Err(_) => return Some("the database did not answer within 2 s".into()),
+        }
+        if self.migrated.load(Ordering::SeqCst) {
+            return None;
+        }
+        match self.app.pending_migrations(&self.pool).await {
+            Ok(pending) if pending.is_empty() => {
+                self.migrated.store(true, Ordering::SeqCst);
+                None
+            }
+            Ok(pending) => {
+                Some(format!("migrations not applied (inbox serve --migrate applies them): {}", pending.join(", ")))
+            }
+            Err(e) => Some(format!("reading the migrations applied: {}", crate::core::text::escape(&e.to_string()))),
+        }
+    }
+}
+
+/// `/healthz`, `/readyz`, and on the admin port `/metrics`.
+fn health_router(readiness: Arc<Readiness>, with_metrics: bool) -> axum::Router {
+    use axum::{
+        http::{header::CONTENT_TYPE, StatusCode},
+        response::IntoResponse,
+        routing::get,
+    };
+    let json = |status: StatusCode, body: serde_json::Value| {
+        (status, [(CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+    };
+    let ready = move || {
+        let readiness = readiness.clone();
+        async move {
+            match readiness.check().await {
+                None => json(StatusCode::OK, serde_json::json!({"status": "ready"})),
+                Some(reason) => {
+                    json(StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({"status": "not ready", "reason": reason}))
+                }
+            }
+        }
+    };
+    let mut router = axum::Router::new()
+        .route("/healthz", get(move || async move { json(StatusCode::OK, serde_json::json!({"status": "alive"})) }))
+        .route("/readyz", get(ready));
+    if with_metrics {
+        router = router.route(
+            "/metrics",
+            get(|| async {
+                ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], metrics::render())
+            }),
+        );
+    }
+    router
+}
+
+/// A line on stdout; a closed stdout is no panic.
+fn say(line: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stdout(), "{line}");
+}
+
+/// Serves `app` as `settings` and the environment say, until SIGTERM or
+/// Ctrl-C, then drains (see the module's documentation). No embedded
+/// PostgreSQL and no development secret: `DATABASE_URL` and the providers'
+/// secrets (Secrets Manager's `*_ARN` included) are read as the functions
+/// read them.
+pub async fn run(app: App, settings: Settings) -> Result<()> {
+    crate::config::init_logging();
+    crate::runtime::keep_large_allocations_mapped();
+    let env = Env::resolved().await?;
+    let roles = match settings.roles.clone() {
+        Some(roles) => roles,
+        None => match env.var("INBOX_ROLES") {
+            Some(text) => {
+                Roles::parse(&text).map_err(|reason| ConfigError::Invalid { var: "INBOX_ROLES".into(), reason })?
+            }
+            None => Roles::default(),
+        },
+    };
+    let config = ReceiveConfig::read(&env, 16)?;
+    anyhow::ensure!(config.db.url.is_some(), "DATABASE_URL is not set: inbox serve runs on a database of yours");
+    if roles.has(Role::Receive) && config.secrets.none_configured() {
+        anyhow::bail!("no webhook secret is set (STRIPE_WEBHOOK_SECRET, ...): receive would refuse every delivery; serve without the receive role, or set one");
+    }
+    let host = settings.host.clone().or_else(|| env.var("INBOX_HOST")).unwrap_or_else(|| "0.0.0.0".into());
+    let port = match settings.port {
+        Some(p) => p,
+        None => env.parse("PORT", 8080)?,
+    };
+    let admin_port = match settings.admin_port {
+        Some(p) => p,
+        None => env.parse("INBOX_ADMIN_PORT", 9090)?,
+    };
+    let serve = ServeConfig::read(&env)?;
+    metrics::install().context("installing the Prometheus recorder")?;
+    let pool = db::pool(&config.db)?;
+    if settings.migrate {
+        app.migrate(&pool).await.context("applying migrations")?;
+    }
+    let main = TcpListener::bind((host.as_str(), port)).await.with_context(|| format!("binding {host}:{port}"))?;
+    let admin = if admin_port == port {
+        None
+    } else {
+        Some(
+            TcpListener::bind((host.as_str(), admin_port))
+                .await
+                .with_context(|| format!("binding {host}:{admin_port}"))?,
+        )
+    };
+    let stack = Stack { app: &app, env: &env, config: &config, pool, roles, serve, counted: true };
+    stack
+        .run(main, admin, crate::runtime::shutdown_signal(), |addr, admin| {
+            let admin = admin.map_or(String::new(), |a| format!("; /healthz, /readyz and /metrics on http://{a}"));
+            say(&format!("inbox serve ready on http://{addr}{admin}"));
+        })
+        .await
+}
+
+/// The stages and listeners of one instance: `inbox serve`'s, and `inbox dev`'s.
+pub(crate) struct Stack<'a> {
+    pub app: &'a App,
+    pub env: &'a Env<'a>,
+    pub config: &'a ReceiveConfig,
+    pub pool: sqlx::PgPool,
+    pub roles: Roles,
+    pub serve: ServeConfig,
+    /// Deliveries and passes recorded in the Prometheus metrics.
+    pub counted: bool,
+}
+
+impl Stack<'_> {
+    /// Starts every role, says `ready` (with the main and admin addresses),
+    /// and runs until `shutdown`; then drains.
+    pub async fn run(
+        self,
+        main: TcpListener,
+        admin: Option<TcpListener>,
+        shutdown: impl Future<Output = ()>,
+        ready: impl FnOnce(SocketAddr, Option<SocketAddr>),
+    ) -> Result<()> {
+        let Stack { app, env, config, pool, roles, serve, counted } = self;
+        let readiness = Arc::new(Readiness {
+            draining: AtomicBool::new(false),
+            migrated: AtomicBool::new(false),
+            pool: pool.clone(),
+            app: app.clone(),
+        });
+        let (stop, stopped) = watch::channel(false);
+        // The stages start once every migration is applied (a worker on a schema without the
+        // application's tables would fail their events).
+        let (schema, schema_ready) = watch::channel(false);
+        let gate = Gate { schema: schema_ready, stopped: stopped.clone() };
+        let mut stages: Vec<JoinHandle<()>> = vec![schema_watch(readiness.clone(), schema, stopped.clone())];
+
+        let receiver = if roles.has(Role::Receive) {
+            let receiver = Arc::new(Receiver::from_config(config)?.with_app(app).with_group_commit(serve.group));
+            stages.push(tally_writer(receiver.clone(), gate.clone()));
+            Some(receiver)
+        } else {
+            None
+        };
+        if roles.has(Role::Process) {
+            let worker_config = WorkerConfig::read(env)?;
+            for _ in 0..serve.workers {
+                let worker = Worker::new(pool.clone(), app.handlers().clone(), worker_config.clone());
+                stages.push(spawn_stage(worker, worker_config.poll, gate.clone(), counted, |c| {
+                    let mut m = Metrics::new("process");
+                    c.count_into(&mut m);
+                    m
+                }));
+            }
+            if counted {
+                stages.push(gauges(pool.clone(), gate.clone()));
+            }
+        }
+        if roles.has(Role::Relay) {
+            let sinks = SinkConfig::read(env)?.build().await?;
+            if !sinks.is_empty() {
+                let relay = Relay::new(pool.clone(), sinks, RelayConfig::read(env)?);
+                stages.push(spawn_stage(relay, WorkerConfig::read(env)?.poll, gate.clone(), counted, |r| r.metrics()));
+            } else if roles.named {
+                anyhow::bail!("the relay role has no sink: set RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL or RELAY_EVENT_BUS");
+            } else {
+                say("no relay sink (RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL, RELAY_EVENT_BUS): outbox messages stay in transactional_outbox");
+            }
+        }
+        if roles.has(Role::Prune) {
+            let pruner = Pruner::new(pool.clone(), RetentionConfig::read(env)?);
+            stages.push(spawn_stage(pruner, Duration::from_secs(3600), gate.clone(), counted, |p| p.metrics()));
+        }
+        if roles.has(Role::Reconcile) {
+            let reconciler = Reconciler::read(env)?;
+            if reconciler.is_configured() {
+                stages.push(reconcile(reconciler, pool.clone(), gate.clone(), counted));
+            } else if roles.named {
+                anyhow::bail!(
+                    "the reconcile role has nothing to reconcile: set STRIPE_API_KEY, or SHOPIFY_SHOP_DOMAIN and SHOPIFY_ACCESS_TOKEN"
+                );
+            }
+        }
+        let console = if roles.has(Role::Console) {
+            let read = crate::console::read_pool(env, &config.db)?.unwrap_or_else(|| pool.clone());
+            Some(crate::console::router_at(
+                pool.clone(),
+                read,
+                config.catalog.clone(),
+                config.secrets.clone(),
+                server::CONSOLE_PATH,
+                crate::console::ClientIp::read(env)?,
+            ))
+        } else {
+            None
+        };
+
+        let health = health_router(readiness.clone(), admin.is_none() && counted);
+        let router = match console {
+            Some(console) => health.clone().merge(console),
+            None => health.clone(),
+        };
+        let main_routed: fn(&str) -> bool = if admin.is_none() && counted {
+            |p| server::console_or_health(p) || p == "/metrics"
+        } else {
+            server::console_or_health
+        };
+        let site = server::Site { receiver, router: Some(router), routed: main_routed, counted };
+        let main_addr = main.local_addr()?;
+        let admin_addr = admin.as_ref().map(TcpListener::local_addr).transpose()?;
+        let timeouts = server::Timeouts::default();
+
+        // Draining begins at `shutdown`: not ready, then the listeners drain.
+        let (draining, drain_started) = watch::channel(false);
+        let until_draining = |mut d: watch::Receiver<bool>| async move {
+            let _ = d.wait_for(|d| *d).await;
+        };
+        let admin_server = admin.map(|admin| {
+            let site = server::Site {
+                receiver: None,
+                router: Some(health_router(readiness.clone(), true)),
+                routed: |_| true,
+                counted: false,
+            };
+            let wait = until_draining(drain_started.clone());
+            tokio::spawn(async move { server::serve_site(admin, site, timeouts, wait, Duration::from_secs(1)).await })
+        });
+        let drain = serve.drain_timeout;
+        let main_server = tokio::spawn(server::serve_site(main, site, timeouts, until_draining(drain_started), drain));
+        ready(main_addr, admin_addr);
+
+        shutdown.await;
+        let started = Instant::now();
+        say("draining: no new connection; finishing the deliveries and batches in flight");
+        readiness.draining.store(true, Ordering::SeqCst);
+        let _ = draining.send(true);
+        let _ = stop.send(true);
+        let cut = main_server.await.unwrap_or(0);
+        // The stages finish their batches within what is left of the drain; past it, they are stopped
+        // where they are (a batch's transaction rolls back: its events are pending again).
+        let deadline = tokio::time::Instant::from_std(started + drain);
+        let mut unfinished = 0;
+        for stage in stages {
+            let abort = stage.abort_handle();
+            if tokio::time::timeout_at(deadline, stage).await.is_err() {
+                abort.abort();
+                unfinished += 1;
+            }
+        }
+        if let Some(admin) = admin_server {
+            admin.abort();
+        }
+        say(&format!(
+            "drained in {} ms: {cut} deliveries answered 503 at the end of the drain, {unfinished} stages stopped mid-batch",
+            started.elapsed().as_millis()
+        ));
+        Ok(())
+    }
+}
+
+/// When a stage may begin, and when it must end.
+#[derive(Clone)]
+struct Gate {
+    /// Every migration applied.
+    schema: watch::Receiver<bool>,
+    /// The drain began.
+    stopped: watch::Receiver<bool>,
+}
+
+impl Gate {
+    /// Waits for the schema; false if the drain began first.
+    async fn open(&mut self) -> bool {
+        tokio::select! {
+            ready = self.schema.wait_for(|r| *r) => ready.is_ok(),
+            _ = self.stopped.wait_for(|s| *s) => false,
+        }
+    }
+
+    /// Completes when the drain begins.
+    async fn closed(mut self) {
+        let _ = self.stopped.wait_for(|s| *s).await;
+    }
+}
+
+/// Checks every 2 s until every migration is applied, then opens the gate.
+fn schema_watch(
+    readiness: Arc<Readiness>,
+    schema: watch::Sender<bool>,
+    mut stopped: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut said = false;
+        loop {
+            match readiness.app.pending_migrations(&readiness.pool).await {
+                Ok(pending) if pending.is_empty() => {
+                    readiness.migrated.store(true, Ordering::SeqCst);
+                    let _ = schema.send(true);
+                    return;
+                }
+                Ok(pending) if !said => {
+                    say(&format!("waiting for migrations before the stages start: {}", pending.join(", ")));
+                    said = true;
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "reading the migrations applied"),
+            }
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_secs(2)) => {}
+                _ = stopped.wait_for(|s| *s) => return,
+            }
+        }
+    })
+}
+
+/// A batch stage, run once the gate opens until it closes (its batch in
+/// progress finished), its passes counted in the metrics when `counted`.
+fn spawn_stage<S: stage::Stage + 'static>(
+    stage: S,
+    poll: Duration,
+    mut gate: Gate,
+    counted: bool,
+    metrics_of: fn(&S::Tally) -> Metrics,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        if !gate.open().await {
+            return;
+        }
+        let observe = move |pass: Result<&S::Tally, &sqlx::Error>| {
+            if !counted {
+                return;
+            }
+            match pass {
+                Ok(tally) => metrics::record(&metrics_of(tally)),
+                Err(_) => metrics::pass_failed(S::NAME),
+            }
+        };
+        stage::run_observed(&stage, poll, gate.closed(), observe).await
+    })
+}
+
+/// Receive's counts per minute, for the console's health page: every 10 s, and once more at the end.
+fn tally_writer(receiver: Arc<Receiver>, mut gate: Gate) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let _ = gate.open().await;
+        loop {
+            let stop = tokio::select! {
+                () = tokio::time::sleep(Duration::from_secs(10)) => false,
+                _ = gate.stopped.wait_for(|s| *s) => true,
+            };
+            if let Err(e) = receiver.write_tally(Duration::ZERO).await {
+                tracing::warn!(error = %e, "writing receive's counts to inbox_receive_minutes");
+            }
+            if stop {
+                return;
+            }
+        }
+    })
+}
+
+/// The queue's and the outbox's gauges, every 15 s.
+fn gauges(pool: sqlx::PgPool, mut gate: Gate) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        if !gate.open().await {
+            return;
+        }
+        loop {
+            let mut m = Metrics::new("process");
+            crate::process::gauges(&pool, &mut m).await;
+            metrics::record(&m);
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_secs(15)) => {}
+                _ = gate.stopped.wait_for(|s| *s) => return,
+            }
+        }
+    })
+}
+
+/// Reconcile every 15 minutes.
+fn reconcile(reconciler: Reconciler, pool: sqlx::PgPool, mut gate: Gate, counted: bool) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        if !gate.open().await {
+            return;
+        }
+        loop {
+            let reconciled = reconciler.run_once(&pool, Instant::now() + Duration::from_secs(600)).await;
+            tracing::info!(?reconciled, "reconciled");
+            if counted {
+                reconciled.metrics().iter().for_each(metrics::record);
+                if !reconciled.failed.is_empty() {
+                    metrics::pass_failed("reconcile");
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_secs(900)) => {}
+                _ = gate.stopped.wait_for(|s| *s) => return,
+            }
+        }
+    })
+}

@@ -1,0 +1,212 @@
+//! Group commit at receive (`inbox serve`, `inbox dev`): deliveries that
+//! arrive together claimed in one statement and one commit, each answered
+//! after it; the same key twice in a group; a value PostgreSQL refuses; an
+//! outage. Real concurrency: the deliveries are released together by a barrier.
+
+use std::{sync::Arc, time::Duration};
+
+use http::StatusCode;
+use inbox_tests::*;
+use serde_json::{json, Value};
+use sqlx::{
+    postgres::{PgConnectOptions, PgPoolOptions},
+    PgPool,
+};
+use tokio::sync::Barrier;
+use webhook_inbox::{
+    db,
+    ingest::claim::{
+        group::{Grouper, Row},
+        Claim,
+    },
+    ingest::providers::{NewEvent, Provider},
+    serve::GroupConfig,
+    Receiver,
+};
+
+/// A group that waits long enough for every delivery of a test to join it, on one committer.
+const ONE_GROUP: GroupConfig = GroupConfig { max: 64, wait: Duration::from_millis(300), committers: 1 };
+
+fn grouped(opts: PgConnectOptions, group: GroupConfig) -> Arc<Receiver> {
+    let mut cfg = config(secrets(false));
+    cfg.db.pool_size = 8;
+    Arc::new(Receiver::new(db::Connections::from_options(opts, &cfg.db), &cfg).with_group_commit(group))
+}
+
+fn payment(id: &str) -> Vec<u8> {
+    json!({"id": id, "type": "payment_intent.succeeded",
+        "data": {"object": {"id": format!("pi_{id}"), "amount_received": 100, "currency": "eur"}}})
+    .to_string()
+    .into_bytes()
+}
+
+/// Posts every body at once (released by a barrier); each answer, and whether
+/// its row was visible to another connection the moment the answer came.
+async fn post_together(pool: &PgPool, r: &Arc<Receiver>, bodies: Vec<Vec<u8>>) -> Vec<(StatusCode, Value, bool)> {
+    let barrier = Arc::new(Barrier::new(bodies.len()));
+    let tasks: Vec<_> = bodies
+        .into_iter()
+        .map(|body| {
+            let (r, barrier, pool) = (r.clone(), barrier.clone(), pool.clone());
+            tokio::spawn(async move {
+                let sig = stripe_header(STRIPE[0], &body);
+                barrier.wait().await;
+                let (status, answer) = post(&r, "stripe", &[("Stripe-Signature", &sig)], &body).await;
+                let id = serde_json::from_slice::<Value>(&body).unwrap()["id"].as_str().unwrap().to_string();
+                let visible: bool = sqlx::query_scalar("SELECT count(*) = 1 FROM webhook_inbox WHERE event_id = $1")
+                    .bind(&id)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+                (status, answer, visible)
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.unwrap());
+    }
+    answers
+}
+
+/// The transactions the rows were inserted in.
+async fn transactions(pool: &PgPool) -> i64 {
+    scalar(pool, "SELECT count(DISTINCT xmin::text) FROM webhook_inbox").await
+}
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn deliveries_that_arrive_together_commit_once_and_each_is_answered_after_the_commit(
+    _: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let r = grouped(opts, ONE_GROUP);
+    let bodies = (0..20).map(|i| payment(&format!("evt_g_{i}"))).collect();
+    for (status, answer, visible) in post_together(&pool, &r, bodies).await {
+        assert_eq!((status, answer), (StatusCode::OK, json!({"status": "accepted"})));
+        assert!(visible, "answered before its row was committed");
+    }
+    assert_eq!(count(&pool).await, 20);
+    assert_eq!(transactions(&pool).await, 1, "twenty deliveries, one commit");
+    // Every column as the single claim writes it.
+    let row: (String, String, String, Option<i16>, String) = sqlx::query_as(
+        "SELECT event_type, status, source, secret_index, convert_from(raw_body, 'UTF8') FROM webhook_inbox
+         WHERE event_id = 'evt_g_7'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let body = String::from_utf8(payment("evt_g_7")).unwrap();
+    assert_eq!(row, ("payment_intent.succeeded".into(), "pending".into(), "webhook".into(), Some(0), body));
+}
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn the_same_key_twice_in_a_group_is_one_accepted_and_one_duplicate(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let r = grouped(opts, ONE_GROUP);
+    let mut bodies: Vec<Vec<u8>> = (0..6).map(|i| payment(&format!("evt_k_{i}"))).collect();
+    bodies.push(payment("evt_k_0"));
+    bodies.push(payment("evt_k_3"));
+    bodies.push(payment("evt_k_3"));
+    let answers = post_together(&pool, &r, bodies).await;
+    let statuses: Vec<&str> = answers
+        .iter()
+        .map(|(s, a, _)| {
+            assert_eq!(*s, StatusCode::OK);
+            a["status"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(statuses.iter().filter(|s| **s == "accepted").count(), 6, "{statuses:?}");
+    assert_eq!(statuses.iter().filter(|s| **s == "duplicate").count(), 3, "{statuses:?}");
+    assert_eq!(count(&pool).await, 6);
+    assert_eq!(transactions(&pool).await, 1, "one group");
+}
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn fifty_identical_deliveries_on_four_committers_claim_once(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let r = grouped(opts, GroupConfig { max: 8, wait: Duration::from_millis(5), committers: 4 });
+    let answers = post_together(&pool, &r, vec![payment("evt_race"); 50]).await;
+    let accepted = answers.iter().filter(|(s, a, v)| *s == StatusCode::OK && *v && a["status"] == "accepted").count();
+    let duplicates =
+        answers.iter().filter(|(s, a, v)| *s == StatusCode::OK && *v && a["status"] == "duplicate").count();
+    assert_eq!((accepted, duplicates), (1, 49));
+    assert_eq!(count(&pool).await, 1);
+}
+
+fn row(id: &str, payload: String) -> Row {
+    Row {
+        provider: Provider::GITHUB,
+        event: NewEvent::pending(id.into(), "push", payload.clone()),
+        raw_body: payload.into_bytes(),
+        headers: json!({"x-github-delivery": id}),
+        secret_index: Some(0),
+        secret_fingerprint: None,
+    }
+}
+
+/// Below receive's own payload check: a value PostgreSQL refuses (here,
+/// nesting past its stack depth) fails only its own delivery, which is kept
+/// `failed` without its payload; the rest of its group is claimed as it is.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn a_value_postgres_refuses_fails_only_its_own_delivery_in_the_group(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let connections = Arc::new(db::Connections::from_options(opts, &db_config()));
+    let grouper = Arc::new(Grouper::start(connections, ONE_GROUP, |_| {}));
+    let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+    let rows = vec![row("g1", "{}".into()), row("g2", deep), row("g3", "[1]".into()), row("g1", "{}".into())];
+    let barrier = Arc::new(Barrier::new(rows.len()));
+    let tasks: Vec<_> = rows
+        .into_iter()
+        .map(|row| {
+            let (grouper, barrier) = (grouper.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                grouper.claim(row).await.unwrap()
+            })
+        })
+        .collect();
+    let mut claims = Vec::new();
+    for t in tasks {
+        claims.push(t.await.unwrap());
+    }
+    claims.sort_by_key(|c| format!("{c:?}"));
+    assert_eq!(claims, [Claim::Duplicate, Claim::New, Claim::New, Claim::New]);
+    let stored: Vec<(String, String, bool)> =
+        sqlx::query_as("SELECT event_id, status, payload IS NULL FROM webhook_inbox ORDER BY event_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        stored,
+        [
+            ("g1".into(), "pending".into(), false),
+            ("g2".into(), "failed".into(), true),
+            ("g3".into(), "pending".into(), false)
+        ]
+    );
+}
+
+/// An outage is no refused value: every delivery of the group is answered 503, nothing acknowledged.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn a_group_the_database_cannot_take_answers_each_delivery_503(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let r = grouped(opts, ONE_GROUP);
+    sqlx::query("ALTER TABLE webhook_inbox RENAME TO webhook_inbox_gone").execute(&pool).await.unwrap();
+    let bodies = (0..5).map(|i| payment(&format!("evt_o_{i}"))).collect::<Vec<_>>();
+    let barrier = Arc::new(Barrier::new(bodies.len()));
+    let tasks: Vec<_> = bodies
+        .into_iter()
+        .map(|body| {
+            let (r, barrier) = (r.clone(), barrier.clone());
+            tokio::spawn(async move {
+                let sig = stripe_header(STRIPE[0], &body);
+                barrier.wait().await;
+                post(&r, "stripe", &[("Stripe-Signature", &sig)], &body).await.0
+            })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+}
