@@ -302,7 +302,8 @@ pub async fn run(app: App, settings: Settings) -> Result<()> {
         app.migrate(&pool).await.context("applying migrations")?;
     }
     let main = TcpListener::bind((host.as_str(), port)).await.with_context(|| format!("binding {host}:{port}"))?;
-    let admin = if admin_port == port {
+    // One port for both when they are the same (0, a free port each, is two).
+    let admin = if admin_port == port && port != 0 {
         None
     } else {
         Some(
@@ -443,8 +444,8 @@ impl Stack<'_> {
                 routed: |_| true,
                 counted: false,
             };
-            let wait = until_draining(drain_started.clone());
-            tokio::spawn(async move { server::serve_site(admin, site, timeouts, wait, Duration::from_secs(1)).await })
+            // It answers through the drain (`/readyz` saying so), until the end.
+            tokio::spawn(server::serve_site(admin, site, timeouts, std::future::pending(), Duration::ZERO))
         });
         let drain = serve.drain_timeout;
         let main_server = tokio::spawn(server::serve_site(main, site, timeouts, until_draining(drain_started), drain));
