@@ -1,6 +1,7 @@
 //! Behind PgBouncer (Debian's 1.18) with `INBOX_DB_POOLER=proxy`, in
 //! transaction pooling (16 clients sharing 4 server sessions, handed out in
-//! turn) and in session pooling: the migrations, receive, process, relay,
+//! turn) and in session pooling: the migrations, receive (one claim at a time,
+//! and in groups as `inbox serve` claims), process, relay,
 //! prune and reconcile all work, with no error in PgBouncer's log (no
 //! prepared-statement clash, 42P05 or 26000; no refused startup parameter) and
 //! no advisory lock left behind. Without the setting PgBouncer refuses the
@@ -31,6 +32,7 @@ use webhook_inbox::{
     reference,
     relay::{HttpSink, Relay, RelayConfig, Sink},
     runtime::stage::Stage,
+    serve::GroupConfig,
     ReceiveConfig, Receiver,
 };
 use wiremock::{matchers::method, Mock, MockServer, ResponseTemplate};
@@ -127,22 +129,47 @@ async fn every_stage(pool_options: PgPoolOptions, opts: PgConnectOptions, mode: 
             assert_eq!(status, StatusCode::OK, "pgbouncer log:\n{}", bouncer.log());
         }
     }
+    // receive as `inbox serve` does, with group commit: 200 more payments, each twice, 16 at a time.
+    let grouped = Arc::new(self::receiver(db.clone()).with_group_commit(GroupConfig::default()));
+    let mut tasks = Vec::new();
+    for worker in 0..16 {
+        let grouped = grouped.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut answers = Vec::new();
+            for i in (200 + worker..400).step_by(16) {
+                let body = payment(i);
+                let sig = stripe_header(STRIPE[0], &body);
+                for _ in 0..2 {
+                    answers.push(send(&grouped, request("stripe", &[("Stripe-Signature", &sig)], &body)).await);
+                }
+            }
+            answers
+        }));
+    }
+    let mut accepted = 0;
+    for task in tasks {
+        for (status, answer) in task.await.unwrap() {
+            assert_eq!(status, StatusCode::OK, "{answer}; pgbouncer log:\n{}", bouncer.log());
+            accepted += usize::from(answer["status"] == "accepted");
+        }
+    }
+    assert_eq!(accepted, 200);
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_inbox").fetch_one(&direct).await.unwrap();
-    assert_eq!(rows, 200 + 200);
+    assert_eq!(rows, 400 + 200);
 
     // process: the whole queue through the pooler.
     let worker = Worker::new(pool.clone(), Handlers::reference(), inbox_tests::fast_worker_config());
     let processed = worker.run(later()).await.unwrap_or_else(|e| panic!("{e}; pgbouncer log:\n{}", bouncer.log()));
-    assert_eq!(processed.taken, 400);
+    assert_eq!(processed.taken, 600);
     let payments: i64 = sqlx::query_scalar("SELECT count(*) FROM payments").fetch_one(&direct).await.unwrap();
-    assert_eq!(payments, 200);
+    assert_eq!(payments, 400);
 
     // relay: every outbox message to a sink.
     let sink = MockServer::start().await;
     Mock::given(method("POST")).respond_with(ResponseTemplate::new(200)).mount(&sink).await;
     let http: Arc<dyn Sink> = Arc::new(HttpSink::new(sink.uri(), Duration::from_secs(5)).unwrap());
     let relayed = Relay::new(pool.clone(), vec![http], RelayConfig::default()).run(later()).await.unwrap();
-    assert_eq!(relayed.sent, 200);
+    assert_eq!(relayed.sent, 400);
 
     // prune: nothing is old enough, but every statement runs.
     let pruner = Pruner::new(pool.clone(), RetentionConfig::read(&Env::from_pairs(&[])).unwrap());
@@ -151,7 +178,7 @@ async fn every_stage(pool_options: PgPoolOptions, opts: PgConnectOptions, mode: 
     // reconcile: Stripe's API gives three events, one already known.
     let api = MockServer::start().await;
     let events: Vec<_> =
-        [1, 2, 300].iter().map(|i| serde_json::from_slice::<serde_json::Value>(&payment(*i)).unwrap()).collect();
+        [1, 2, 500].iter().map(|i| serde_json::from_slice::<serde_json::Value>(&payment(*i)).unwrap()).collect();
     Mock::given(method("GET"))
         .respond_with(ResponseTemplate::new(200).set_body_json(json!({"data": events, "has_more": false})))
         .mount(&api)

@@ -71,7 +71,7 @@
 //! # What is public
 //!
 //! The items at this root, and the modules [`lambda`] (one entry point per
-//! function), [`dev`] (the local stack), [`ops`] (what the operator's commands
+//! function), [`serve`] (the same stages as a long-running service), [`dev`] (the local stack), [`ops`] (what the operator's commands
 //! do, from code), [`config`] (settings from the environment), [`schemes`]
 //! (a provider's signing contract of your own) and [`reference`](mod@reference)
 //! (the stock domain), each item at one path. Everything else is private.
@@ -80,8 +80,9 @@
 //!
 //! `service` is the database, receive, process, prune and the Lambda plumbing
 //! (Secrets Manager, SQS); `relay`, `reconcile` and `migrate` add their stage
-//! and what only it links (the outbound HTTP client, EventBridge); `dev` adds
-//! the local stack; `full`, the default, is all of them. Without `service`
+//! and what only it links (the outbound HTTP client, EventBridge); `serve`
+//! adds the long-running service (its HTTP server, the console, Prometheus
+//! metrics), `dev` the local stack on it; `full`, the default, is all of them. Without `service`
 //! only the providers' signing schemes remain (what the fuzz targets build).
 //! `internals` is not for you: it opens the private modules to this
 //! repository's own `inbox` binary, fuzz targets and tests, with no

@@ -54,8 +54,10 @@ pub struct Bench {
     pub concurrency: Vec<usize>,
     /// Pending events (and graphile-worker jobs) each process round drains.
     pub events: usize,
-    /// Workers draining them at once.
+    /// Workers draining them at once, and graphile-worker processes on its side.
     pub workers: usize,
+    /// `done` events the inbox holds while the stages are measured (its retention window).
+    pub retained: usize,
     /// Events stored in the inbox whose claim latency is compared with an empty one's.
     pub growth_rows: usize,
     /// The sections to run (of [`SECTIONS`]); all when empty.
@@ -210,7 +212,11 @@ impl Bench {
             self.rounds, self.seconds, self.concurrency, self.events, self.workers
         );
         let mut report = Report::default();
-        // Every section starts on tables holding none of the bench's rows, dead or alive.
+        // The worker on an empty inbox first: the figure its runs on a full one are compared with.
+        let empty = if self.runs("process") { Some(self.process_empty(&pool).await?) } else { None };
+        // Then the inbox holds a retention window, as in production, for every section on it.
+        retain(&pool, 0, self.retained).await?;
+        // Every section starts on tables holding none of the bench's rows, dead or alive (the retained ones stay).
         if self.runs("receive") {
             for &c in &self.concurrency {
                 for copies in [1, 2] {
@@ -227,8 +233,8 @@ impl Bench {
             clean(&pool).await?;
             self.prune(&pool, &config, &mut report).await?;
         }
-        if self.runs("process") {
-            self.process(&pool, &url, &mut report).await?;
+        if let Some(empty) = &empty {
+            self.process(&pool, &url, empty.clone(), &mut report).await?;
         }
         if self.runs("relay") {
             clean(&pool).await?;
@@ -246,6 +252,11 @@ impl Bench {
         if self.runs("listing") {
             self.listing(&pool, &config, &mut report).await?;
         }
+        if let Some(empty) = empty {
+            self.process_history(&pool, empty, &mut report).await?;
+        }
+        clean(&pool).await?;
+        forget_retained(&pool).await?;
         clean(&pool).await?;
 
         let (pg_version, pgbench_version) = versions(&pool).await?;
@@ -312,8 +323,23 @@ impl Bench {
         http(config, c, load, Until::Seconds(self.seconds)).await
     }
 
-    /// Drains `events` pending events with no handler, then with the reference handlers.
-    async fn process(&self, pool: &PgPool, url: &str, report: &mut Report) -> Result<()> {
+    /// The worker with no handler on an empty inbox (no retained row), a round each: events/s.
+    async fn process_empty(&self, pool: &PgPool) -> Result<Vec<f64>> {
+        let mut rates = Vec::new();
+        for round in 1..=self.rounds {
+            clean(pool).await?;
+            seed(pool, self.events, false).await?;
+            let rate = self.drain(pool, false).await?;
+            println!("process, {} events, no handler, empty inbox, round {round}: {rate:.0} events/s", self.events);
+            rates.push(rate);
+        }
+        Ok(rates)
+    }
+
+    /// Drains `events` pending events with no handler, then with the reference
+    /// handlers, on the inbox holding the retained rows, against graphile-worker
+    /// (as many processes as we have workers).
+    async fn process(&self, pool: &PgPool, url: &str, empty: Vec<f64>, report: &mut Report) -> Result<()> {
         // One account per ten deposits: workers meet on an account now and then, not on every batch.
         sqlx::query(
             "INSERT INTO accounts (account_id) SELECT 'acct_bench_' || i FROM generate_series(0, $1 - 1) AS i
@@ -323,17 +349,28 @@ impl Bench {
         .execute(pool)
         .await?;
         let gw = GraphileWorker::install().await?;
+        let w = self.workers;
         let mut peer = Figure::new(
-            format!("graphile-worker {GRAPHILE_WORKER}, {} no-op jobs, 2 processes of 24 jobs", self.events),
+            format!("graphile-worker {GRAPHILE_WORKER}, {} no-op jobs, {w} processes of 24 jobs", self.events),
             "jobs/s",
         );
-        let mut bare = Figure::new(format!("process, {} events, no handler", self.events), "events/s");
+        let retained = self.retained;
+        let mut on_empty =
+            Figure::new(format!("process, {} events, no handler, {w} workers, empty inbox", self.events), "events/s");
+        on_empty.values = empty;
+        let mut bare = Figure::new(
+            format!("process, {} events, no handler, {w} workers, {retained} retained", self.events),
+            "events/s",
+        );
         let mut reference = Figure::new(
-            format!("process, {} events, reference handlers (payments, orders, deposits)", self.events),
+            format!(
+                "process, {} events, reference handlers (payments, orders, deposits), {w} workers, {retained} retained",
+                self.events
+            ),
             "events/s",
         );
         for round in 1..=self.rounds {
-            let jobs = gw.drain(pool, url, self.events).await?;
+            let jobs = gw.drain(pool, url, self.events, w).await?;
             println!("{}, round {round}: {jobs:.0} jobs/s", peer.name);
             peer.values.push(jobs);
             for (figure, handlers) in [(&mut bare, false), (&mut reference, true)] {
@@ -348,15 +385,52 @@ impl Bench {
         let per_round = |f: &Figure| f.values.iter().zip(&peer.values).map(|(a, b)| a / b).collect::<Vec<_>>();
         report.checks.push(Check {
             values: per_round(&bare),
-            ..Check::at_least("process (no handler) / graphile-worker (no-op jobs)", 1.5)
+            ..Check::at_least(
+                format!("process (no handler, {retained} retained) / graphile-worker (no-op jobs), {w} a side"),
+                1.5,
+            )
         });
         report.checks.push(Check {
             values: per_round(&reference),
-            ..Check::at_least("process (reference handlers) / graphile-worker (no-op jobs)", 1.0)
+            ..Check::at_least(
+                format!("process (reference handlers, {retained} retained) / graphile-worker (no-op jobs), {w} a side"),
+                1.0,
+            )
         });
-        report
-            .sections
-            .push((format!("Process, {} workers, against graphile-worker", self.workers), vec![peer, bare, reference]));
+        report.sections.push((
+            format!("Process, {w} workers against {w} graphile-worker processes"),
+            vec![peer, on_empty, bare, reference],
+        ));
+        Ok(())
+    }
+
+    /// The worker with no handler on an inbox holding `growth_rows` retained
+    /// events (topped up from the retention window), against its figure on an empty inbox.
+    async fn process_history(&self, pool: &PgPool, empty: Vec<f64>, report: &mut Report) -> Result<()> {
+        let rows = self.growth_rows.max(self.retained);
+        retain(pool, self.retained, rows).await?;
+        let mut full = Figure::new(
+            format!("process, {} events, no handler, {} workers, {rows} retained", self.events, self.workers),
+            "events/s",
+        );
+        for round in 1..=self.rounds {
+            clean(pool).await?;
+            seed(pool, self.events, false).await?;
+            let rate = self.drain(pool, false).await?;
+            println!("{}, round {round}: {rate:.0} events/s", full.name);
+            full.values.push(rate);
+        }
+        let ratio = full.values.iter().zip(&empty).map(|(a, b)| a / b).collect();
+        report.checks.push(Check {
+            values: ratio,
+            ..Check::at_least(format!("process (no handler), {rows} retained / empty inbox"), 0.9)
+        });
+        let mut on_empty = Figure::new(
+            format!("process, {} events, no handler, {} workers, empty inbox", self.events, self.workers),
+            "events/s",
+        );
+        on_empty.values = empty;
+        report.sections.push((format!("Process as the inbox fills: empty, and {rows} retained"), vec![on_empty, full]));
         Ok(())
     }
 
@@ -375,8 +449,10 @@ impl Bench {
             taken += w.await??.taken;
         }
         let elapsed = started.elapsed().as_secs_f64();
+        // Through the queue's and the failures' partial indexes: the retained rows are not read.
         let left: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM webhook_inbox WHERE event_id LIKE 'bench-%' AND status NOT IN ('done', 'unhandled')",
+            "SELECT (SELECT count(*) FROM webhook_inbox WHERE status = 'pending' AND event_id LIKE 'bench-%')
+                  + (SELECT count(*) FROM webhook_inbox WHERE status = 'failed' AND event_id LIKE 'bench-%')",
         )
         .fetch_one(pool)
         .await?;
@@ -425,9 +501,9 @@ impl GraphileWorker {
         cmd
     }
 
-    /// Jobs per second two worker processes drain `n` no-op jobs at, from the
-    /// first job done to the last (their start-up left out).
-    async fn drain(&self, pool: &PgPool, url: &str, n: usize) -> Result<f64> {
+    /// Jobs per second `processes` worker processes drain `n` no-op jobs at,
+    /// from the first job done to the last (their start-up left out).
+    async fn drain(&self, pool: &PgPool, url: &str, n: usize, processes: usize) -> Result<f64> {
         let mut seed = self.node(&["seed", url, &n.to_string()]).stdin(std::process::Stdio::piped()).spawn()?;
         {
             use tokio::io::AsyncWriteExt;
@@ -439,7 +515,7 @@ impl GraphileWorker {
             sqlx::query_scalar::<_, i64>("SELECT count(*) FROM graphile_worker._private_jobs").fetch_one(pool).await
         };
         ensure!(count().await? == n as i64, "graphile-worker was not given {n} jobs");
-        let workers: Vec<_> = (0..2)
+        let workers: Vec<_> = (0..processes)
             .map(|_| self.node(&["work", url]).stdout(std::process::Stdio::null()).spawn())
             .collect::<Result<_, _>>()?;
         let mut first = None;
@@ -511,11 +587,18 @@ async fn http(config: &ReceiveConfig, c: usize, load: Load, until: Until) -> Res
     let addr = listener.local_addr()?;
     let mut config = config.clone();
     config.db.pool_size = c as u32;
-    let receiver = Arc::new(Receiver::new(db::Connections::new(&config.db)?, &config));
+    // As `inbox serve` receives: group commit as its environment sets it (INBOX_GROUP_COMMIT_MAX=1
+    // turns it off), every delivery counted in the Prometheus metrics.
+    let group = webhook_inbox::serve::ServeConfig::read(&webhook_inbox::config::Env::process())?.group;
+    webhook_inbox::serve::metrics::install()?;
+    let receiver = Arc::new(Receiver::new(db::Connections::new(&config.db)?, &config).with_group_commit(group));
+    let site = server::Site { receiver: Some(receiver), router: None, routed: |_| false, counted: true };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(server::serve(listener, receiver, async {
+    let shutdown = async {
         let _ = stopped.await;
-    }));
+    };
+    let server =
+        tokio::spawn(server::serve_site(listener, site, server::Timeouts::default(), shutdown, Duration::from_secs(5)));
 
     let generator = std::thread::spawn(move || -> Result<(Vec<Duration>, f64, Duration)> {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -654,6 +737,39 @@ async fn seed(pool: &PgPool, n: usize, handlers: bool) -> Result<()> {
     };
     sqlx::query(&sql).bind(n as i64).execute(pool).await.context("seeding pending events")?;
     sqlx::query("ANALYZE webhook_inbox").execute(pool).await?;
+    Ok(())
+}
+
+/// Retained events `from..to` (`done`, received over the last 60 days, the
+/// bench's 1.5 KB payload): what a production inbox holds for deduplication.
+async fn retain(pool: &PgPool, from: usize, to: usize) -> Result<()> {
+    if to <= from {
+        return Ok(());
+    }
+    println!("storing {} retained events (done, over 60 days)", to - from);
+    let pad = "x".repeat(1100);
+    let sql = format!(
+        "INSERT INTO webhook_inbox (provider, event_id, event_type, payload, status, raw_body, headers, secret_index,
+                                    received_at, processed_at, attempts)
+         SELECT 'stripe', 'retained-' || i, 'payment_intent.succeeded', j, 'done', convert_to(j::text, 'UTF8'), '{{}}', 0,
+                now() - (i % 5184000) * interval '1 second', now() - (i % 5184000) * interval '1 second', 1
+         FROM generate_series($1::bigint, $2::bigint - 1) AS i,
+         LATERAL (SELECT jsonb_build_object('id', 'retained-' || i, 'type', 'payment_intent.succeeded', 'data',
+             jsonb_build_object('object', jsonb_build_object('id', 'pi_retained_' || i, 'amount_received', 2000,
+                 'currency', 'usd', 'note', '{pad}'))) AS j) AS payload"
+    );
+    for start in (from..to).step_by(250_000) {
+        let end = (start + 250_000).min(to);
+        sqlx::query(&sql).bind(start as i64).bind(end as i64).execute(pool).await.context("storing retained events")?;
+    }
+    sqlx::raw_sql("VACUUM (ANALYZE) webhook_inbox").execute(pool).await?;
+    Ok(())
+}
+
+/// Removes the retained events.
+async fn forget_retained(pool: &PgPool) -> Result<()> {
+    sqlx::query("DELETE FROM webhook_inbox WHERE event_id LIKE 'retained-%'").execute(pool).await?;
+    sqlx::raw_sql("VACUUM (ANALYZE) webhook_inbox").execute(pool).await?;
     Ok(())
 }
 
