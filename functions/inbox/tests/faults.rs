@@ -45,11 +45,12 @@ enum Route {
     PgBouncer,
 }
 
-/// The database a stack uses.
+/// The database a stack uses, and the stack's settings beyond the suite's own.
 #[derive(Clone)]
 struct Link {
     url: String,
     pooled: bool,
+    env: &'static [(&'static str, &'static str)],
 }
 
 /// `inbox dev` on `link`, killed when dropped.
@@ -84,6 +85,10 @@ impl Ctx {
 /// timeout, so that a frozen worker's rows go back to the others quickly.
 const STACK_ENV: [(&str, &str); 1] = [("INBOX_IDLE_IN_TRANSACTION_TIMEOUT_MS", "1000")];
 
+/// Groups that stay open 3 ms on a single committer: every delivery in flight
+/// is in a group being gathered or committed when the stack is killed.
+const GROUPS: &[(&str, &str)] = &[("INBOX_GROUP_COMMIT_WAIT_US", "3000"), ("INBOX_GROUP_COMMIT_COMMITTERS", "1")];
+
 impl Stack {
     fn start(link: &Link, sink: &str, port: u16) -> Stack {
         let mut child = Command::new(env!("CARGO_BIN_EXE_inbox"))
@@ -102,6 +107,7 @@ impl Stack {
                 ("RELAY_LEASE_MS", "2000".into()),
             ])
             .envs(STACK_ENV)
+            .envs(link.env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(if std::env::var("INBOX_FAULTS_LOG").is_ok() { Stdio::inherit() } else { Stdio::null() })
             .spawn()
@@ -269,7 +275,13 @@ async fn tally(pool: &sqlx::PgPool, expected: &storm::Expected) -> (usize, usize
 /// Runs the storm against `inbox dev` on a cluster of its own, reached by
 /// `route`, while `inject` breaks things until the storm is sent; then checks
 /// everything.
-async fn scenario<F, Fut>(name: &'static str, size: usize, route: Route, inject: F) -> Option<Figures>
+async fn scenario<F, Fut>(
+    name: &'static str,
+    size: usize,
+    route: Route,
+    env: &'static [(&'static str, &'static str)],
+    inject: F,
+) -> Option<Figures>
 where
     F: FnOnce(Ctx) -> Fut,
     Fut: std::future::Future<Output = String> + Send + 'static,
@@ -287,11 +299,11 @@ where
     let bouncer = (route == Route::PgBouncer)
         .then(|| Arc::new(Mutex::new(PgBouncer::start("127.0.0.1", pg.port(), 4, "transaction"))));
     let link = match route {
-        Route::Direct => Link { url: url.clone(), pooled: false },
-        Route::Cutting => Link { url: cutting_proxy(pg.port(), cuts.clone(), armed.clone()).await, pooled: false },
+        Route::Direct => Link { url: url.clone(), pooled: false, env },
+        Route::Cutting => Link { url: cutting_proxy(pg.port(), cuts.clone(), armed.clone()).await, pooled: false, env },
         Route::PgBouncer => {
             let port = bouncer.as_ref().unwrap().lock().unwrap().port;
-            Link { url: format!("postgres://postgres@127.0.0.1:{port}/postgres"), pooled: true }
+            Link { url: format!("postgres://postgres@127.0.0.1:{port}/postgres"), pooled: true, env }
         }
     };
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -393,7 +405,7 @@ async fn faults_table() {
     let mut rows = Vec::new();
 
     rows.extend(
-        scenario("kill -9 mid-storm", size(), Route::Direct, |ctx| async move {
+        scenario("kill -9 mid-storm", size(), Route::Direct, &[], |ctx| async move {
             let mut rng = Rng(7);
             let mut kills = 0;
             while ctx.storming() {
@@ -418,7 +430,7 @@ async fn faults_table() {
     );
 
     rows.extend(
-        scenario("PostgreSQL restarted (immediate)", size(), Route::Direct, |ctx| async move {
+        scenario("PostgreSQL restarted (immediate)", size(), Route::Direct, &[], |ctx| async move {
             let mut rng = Rng(11);
             let mut restarts = 0;
             let pid = ctx.stack.lock().unwrap().as_ref().unwrap().child.id();
@@ -441,7 +453,7 @@ async fn faults_table() {
     );
 
     rows.extend(
-        scenario("connection cut after COMMIT", size(), Route::Cutting, |ctx| async move {
+        scenario("connection cut after COMMIT", size(), Route::Cutting, &[], |ctx| async move {
             while ctx.storming() {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
@@ -456,7 +468,7 @@ async fn faults_table() {
     );
 
     rows.extend(
-        scenario("frozen worker", size(), Route::Direct, |ctx| async move {
+        scenario("frozen worker", size(), Route::Direct, &[], |ctx| async move {
             // A second stack, its worker competing for the same rows, frozen (SIGSTOP) past
             // idle_in_transaction_session_timeout (1 s) again and again; the storm goes to the first.
             let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -481,7 +493,7 @@ async fn faults_table() {
     );
 
     rows.extend(
-        scenario("prune during ingestion", size(), Route::Direct, |ctx| async move {
+        scenario("prune during ingestion", size(), Route::Direct, &[], |ctx| async move {
             let pool = db::pool(&db::DbConfig::with_url(&ctx.link.url)).unwrap();
             // A trigger notes every row deleted while pending, or inside its retention (31 days).
             sqlx::raw_sql(
@@ -542,7 +554,7 @@ async fn faults_table() {
     );
 
     rows.extend(
-        scenario("PgBouncer restarted (transaction pooling)", size(), Route::PgBouncer, |ctx| async move {
+        scenario("PgBouncer restarted (transaction pooling)", size(), Route::PgBouncer, &[], |ctx| async move {
             let mut rng = Rng(17);
             let mut restarts = 0;
             let bouncer = ctx.bouncer.clone().expect("the scenario runs behind PgBouncer");
@@ -562,6 +574,47 @@ async fn faults_table() {
         .await,
     );
 
+    rows.extend(
+        scenario("kill -9 with group commits in flight", size(), Route::Direct, GROUPS, |ctx| async move {
+            let mut rng = Rng(19);
+            let (mut kills, mut groups, mut grouped) = (0, 0.0, 0.0);
+            while ctx.storming() {
+                tokio::time::sleep(pause(&mut rng)).await;
+                let (link, sink, port, stack) = (ctx.link.clone(), ctx.sink.clone(), ctx.port, ctx.stack.clone());
+                let (count, sum) = tokio::task::spawn_blocking(move || {
+                    // How many groups this incarnation committed, and how many deliveries they held.
+                    let metrics = inbox_tests::http_exchange(
+                        &format!("127.0.0.1:{port}"),
+                        &format!("GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"),
+                    )
+                    .1;
+                    let series = |name: &str| {
+                        metrics.lines().find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok()).unwrap_or(0.0)
+                    };
+                    let mut guard = stack.lock().unwrap();
+                    if let Some(mut s) = guard.take() {
+                        s.kill9();
+                    }
+                    *guard = Some(Stack::start(&link, &sink, port));
+                    (series("webhook_inbox_receive_group_size_count"), series("webhook_inbox_receive_group_size_sum"))
+                })
+                .await
+                .unwrap();
+                kills += 1;
+                groups += count;
+                grouped += sum;
+            }
+            assert!(grouped > groups, "no group held more than one delivery ({grouped} deliveries in {groups} groups)");
+            format!(
+                "inbox dev with group commit held open 3 ms on one committer (INBOX_GROUP_COMMIT_WAIT_US=3000), killed \
+                 with SIGKILL {kills} times at random moments and restarted; before each kill, {:.1} deliveries a \
+                 group on average ({grouped} in {groups} groups)",
+                grouped / groups.max(1.0)
+            )
+        })
+        .await,
+    );
+
     if full() {
         write_reliability(&rows);
     }
@@ -573,7 +626,7 @@ fn block_on<F: std::future::Future<Output = anyhow::Result<()>>>(f: F) {
 }
 
 fn write_reliability(rows: &[Figures]) {
-    assert_eq!(rows.len(), 6, "the table is written from every scenario");
+    assert_eq!(rows.len(), 7, "the table is written from every scenario");
     let mut doc = String::from(
         "# Reliability\n\n\
          The fault suite (`functions/inbox/tests/faults.rs`) at its full size, run with\n\
