@@ -355,54 +355,25 @@ impl Stack<'_> {
         // application's tables would fail their events).
         let (schema, schema_ready) = watch::channel(false);
         let gate = Gate { schema: schema_ready, stopped: stopped.clone() };
-        let mut stages: Vec<JoinHandle<()>> = vec![schema_watch(readiness.clone(), schema, stopped.clone())];
 
-        let receiver = if roles.has(Role::Receive) {
-            let receiver = Arc::new(Receiver::from_config(config)?.with_app(app).with_group_commit(serve.group));
-            stages.push(tally_writer(receiver.clone(), gate.clone()));
-            Some(receiver)
-        } else {
-            None
-        };
-        if roles.has(Role::Process) {
-            let worker_config = WorkerConfig::read(env)?;
-            for _ in 0..serve.workers {
-                let worker = Worker::new(pool.clone(), app.handlers().clone(), worker_config.clone());
-                stages.push(spawn_stage(worker, worker_config.poll, gate.clone(), counted, |c| {
-                    let mut m = Metrics::new("process");
-                    c.count_into(&mut m);
-                    m
-                }));
-            }
-            if counted {
-                stages.push(gauges(pool.clone(), gate.clone()));
-            }
+        // Every setting read, and every role checked, before anything starts.
+        let worker_config = WorkerConfig::read(env)?;
+        let sinks = if roles.has(Role::Relay) { SinkConfig::read(env)?.build().await? } else { vec![] };
+        if roles.has(Role::Relay) && sinks.is_empty() {
+            anyhow::ensure!(
+                !roles.named,
+                "the relay role has no sink: set RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL or RELAY_EVENT_BUS"
+            );
+            say("no relay sink (RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL, RELAY_EVENT_BUS): outbox messages stay in transactional_outbox");
         }
-        if roles.has(Role::Relay) {
-            let sinks = SinkConfig::read(env)?.build().await?;
-            if !sinks.is_empty() {
-                let relay = Relay::new(pool.clone(), sinks, RelayConfig::read(env)?);
-                stages.push(spawn_stage(relay, WorkerConfig::read(env)?.poll, gate.clone(), counted, |r| r.metrics()));
-            } else if roles.named {
-                anyhow::bail!("the relay role has no sink: set RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL or RELAY_EVENT_BUS");
-            } else {
-                say("no relay sink (RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL, RELAY_EVENT_BUS): outbox messages stay in transactional_outbox");
-            }
-        }
-        if roles.has(Role::Prune) {
-            let pruner = Pruner::new(pool.clone(), RetentionConfig::read(env)?);
-            stages.push(spawn_stage(pruner, Duration::from_secs(3600), gate.clone(), counted, |p| p.metrics()));
-        }
-        if roles.has(Role::Reconcile) {
-            let reconciler = Reconciler::read(env)?;
-            if reconciler.is_configured() {
-                stages.push(reconcile(reconciler, pool.clone(), gate.clone(), counted));
-            } else if roles.named {
-                anyhow::bail!(
-                    "the reconcile role has nothing to reconcile: set STRIPE_API_KEY, or SHOPIFY_SHOP_DOMAIN and SHOPIFY_ACCESS_TOKEN"
-                );
-            }
-        }
+        let relay_config = if sinks.is_empty() { None } else { Some(RelayConfig::read(env)?) };
+        let retention = if roles.has(Role::Prune) { Some(RetentionConfig::read(env)?) } else { None };
+        let reconciler = if roles.has(Role::Reconcile) { Some(Reconciler::read(env)?) } else { None };
+        let reconciler = reconciler.filter(Reconciler::is_configured);
+        anyhow::ensure!(
+            !(roles.named && roles.has(Role::Reconcile) && reconciler.is_none()),
+            "the reconcile role has nothing to reconcile: set STRIPE_API_KEY, or SHOPIFY_SHOP_DOMAIN and SHOPIFY_ACCESS_TOKEN"
+        );
         let console = if roles.has(Role::Console) {
             let read = crate::console::read_pool(env, &config.db)?.unwrap_or_else(|| pool.clone());
             Some(crate::console::router_at(
@@ -416,6 +387,40 @@ impl Stack<'_> {
         } else {
             None
         };
+        let receiver = if roles.has(Role::Receive) {
+            Some(Arc::new(Receiver::from_config(config)?.with_app(app).with_group_commit(serve.group)))
+        } else {
+            None
+        };
+
+        let mut stages: Vec<JoinHandle<()>> = vec![schema_watch(readiness.clone(), schema, stopped.clone())];
+        if let Some(receiver) = &receiver {
+            stages.push(tally_writer(receiver.clone(), gate.clone()));
+        }
+        if roles.has(Role::Process) {
+            for _ in 0..serve.workers {
+                let worker = Worker::new(pool.clone(), app.handlers().clone(), worker_config.clone());
+                stages.push(spawn_stage(worker, worker_config.poll, gate.clone(), counted, |c| {
+                    let mut m = Metrics::new("process");
+                    c.count_into(&mut m);
+                    m
+                }));
+            }
+            if counted {
+                stages.push(gauges(pool.clone(), gate.clone()));
+            }
+        }
+        if let Some(relay_config) = relay_config {
+            let relay = Relay::new(pool.clone(), sinks, relay_config);
+            stages.push(spawn_stage(relay, worker_config.poll, gate.clone(), counted, |r| r.metrics()));
+        }
+        if let Some(retention) = retention {
+            let pruner = Pruner::new(pool.clone(), retention);
+            stages.push(spawn_stage(pruner, Duration::from_secs(3600), gate.clone(), counted, |p| p.metrics()));
+        }
+        if let Some(reconciler) = reconciler {
+            stages.push(reconcile(reconciler, pool.clone(), gate.clone(), counted));
+        }
 
         let health = health_router(readiness.clone(), admin.is_none() && counted);
         let router = match console {
