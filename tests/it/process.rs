@@ -327,6 +327,74 @@ async fn a_handler_failing_mid_batch_fails_only_itself_and_every_effect_lands_on
     assert_eq!(attempts, 1);
 }
 
+/// A batch with no failure runs its handlers in its own transaction, with no
+/// savepoint (two round trips fewer per event): every effect and the status
+/// update share the batch's one transaction id. A batch with a failure is
+/// rolled back and run again with a savepoint per event (each effect then
+/// written in a subtransaction of its own), and the next batches keep them.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn batches_run_without_savepoints_until_a_handler_fails_then_with_them(pool: PgPool) {
+    let w = worker(&pool, Handlers::reference().on(Provider::STRIPE, "poison", Poison).unwrap());
+    let payments = |from: i64, to: i64| {
+        let pool = pool.clone();
+        async move {
+            for i in from..to {
+                let id = format!("evt_sp_{i:02}");
+                stored(
+                    &pool,
+                    Provider::STRIPE,
+                    &id,
+                    "payment_intent.succeeded",
+                    payment_event(&id, &format!("pi_sp_{i}"), 100 + i),
+                )
+                .await;
+            }
+        }
+    };
+    // Subtransactions a batch's effects were written in: 1 is the batch's own transaction alone.
+    let writers = |pattern: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT count(DISTINCT xmin::text) FROM payments WHERE payment_id LIKE $1")
+                .bind(pattern)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    payments(0, 20).await;
+    let c = w.run_once(later()).await.unwrap();
+    assert_eq!((c.taken, c.applied), (20, 20));
+    assert_eq!(writers("pi_sp_%").await, 1, "one transaction, no savepoint");
+    let batch_xid: i64 =
+        scalar(&pool, "SELECT count(DISTINCT xmin::text) FROM webhook_inbox WHERE event_id LIKE 'evt_sp_%'").await;
+    assert_eq!(batch_xid, 1, "the statuses in the same transaction");
+
+    payments(20, 30).await;
+    stored(&pool, Provider::STRIPE, "evt_sp_poison", "poison", json!({"id": "evt_sp_poison"})).await;
+    let c = w.run_once(later()).await.unwrap();
+    assert_eq!((c.taken, c.applied, c.retried), (11, 10, 1), "each counted once, after the redo");
+    assert_eq!(writers("pi_sp_2_").await, 10, "redone with a savepoint per event");
+    let (payments_made, messages): (i64, i64) = (
+        scalar(&pool, "SELECT count(*) FROM payments").await,
+        scalar(&pool, "SELECT count(*) FROM transactional_outbox").await,
+    );
+    assert_eq!((payments_made, messages), (30, 30), "no effect of the rolled-back try remains twice");
+    let attempts: i32 = scalar(&pool, "SELECT attempts FROM webhook_inbox WHERE event_id = 'evt_sp_poison'").await;
+    assert_eq!(attempts, 1, "the rolled-back try spent no attempt");
+
+    // The next batch keeps its savepoints.
+    sqlx::query(
+        "UPDATE webhook_inbox SET next_attempt_at = now() + interval '1 hour' WHERE event_id = 'evt_sp_poison'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    payments(30, 35).await;
+    w.run_once(later()).await.unwrap();
+    assert_eq!(writers("pi_sp_3_").await, 5, "guarded after a failure");
+}
+
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_deposit_for_a_missing_account_is_retried_and_lands_once_after_the_account_exists(
     _: PgPoolOptions,

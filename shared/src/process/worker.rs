@@ -1,7 +1,9 @@
 //! The worker: takes pending inbox rows with `FOR UPDATE SKIP LOCKED`, in
 //! receive order, and applies each one's handler inside one transaction per
-//! batch, a savepoint per event, in the order of the handlers' lock keys
-//! (receive order among equal keys; see [`crate::Handler::lock_key`]). The row locks
+//! batch, in the order of the handlers' lock keys (receive order among equal
+//! keys; see [`crate::Handler::lock_key`]): without a savepoint per event
+//! while no handler fails, with them for a batch that had a failure (run
+//! again from the start) and the few after it. The row locks
 //! are held until commit, so a worker that dies leaves nothing half-done: its
 //! transaction rolls back and the rows are simply pending again (no
 //! `processing` status, no lease, no reaper).
@@ -133,13 +135,45 @@ pub struct Worker {
     /// Set when a batch lost its connection: the next pass goes event by event,
     /// counting each attempt before it runs (see [`Worker::run_careful`]).
     careful: std::sync::atomic::AtomicBool,
+    /// Batches still to run with a savepoint per event, after one whose
+    /// handler failed (see [`Worker::run_once`]).
+    guarded: std::sync::atomic::AtomicU32,
+}
+
+/// After a handler fails in a batch without savepoints, this many batches
+/// run with them (a failure tends to come with others: an account not there
+/// yet, an API down), before batches go without again.
+const GUARDED_BATCHES: u32 = 10;
+
+/// How a batch runs its handlers.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// All in the batch's transaction, no savepoint: two round trips fewer per
+    /// event. A handler's failure rolls the whole batch back, to be run again guarded.
+    Optimistic,
+    /// A savepoint per event: a failure rolls back that event alone.
+    Guarded,
+}
+
+/// What a batch came to.
+enum Batch {
+    Done(Counts),
+    /// A handler failed in an optimistic batch: rolled back, nothing recorded.
+    Redo,
 }
 
 impl Worker {
     /// A worker on `pool` with these handlers.
     pub fn new(pool: PgPool, handlers: Handlers, config: WorkerConfig) -> Self {
         let handled = handlers.keys();
-        Worker { pool, handlers, handled, config, careful: std::sync::atomic::AtomicBool::new(false) }
+        Worker {
+            pool,
+            handlers,
+            handled,
+            config,
+            careful: std::sync::atomic::AtomicBool::new(false),
+            guarded: std::sync::atomic::AtomicU32::new(0),
+        }
     }
 
     /// Its settings.
@@ -154,18 +188,39 @@ impl Worker {
 
     /// One batch: take up to `batch_size` due events, apply them, commit once.
     /// Past `deadline`, the events not yet started are left pending, untouched.
+    ///
+    /// The handlers run in the batch's transaction without a savepoint each
+    /// (two round trips fewer per event). If one fails, the batch rolls back
+    /// whole and runs again with a savepoint per event, so that the failure
+    /// is recorded on its own event and the others' effects commit; the next
+    /// few batches keep the savepoints.
     pub async fn run_once(&self, deadline: Instant) -> Result<Counts, sqlx::Error> {
         use std::sync::atomic::Ordering;
         if self.careful.load(Ordering::Relaxed) {
             return self.run_careful(deadline).await;
         }
-        let mut tx = self.pool.begin().await?;
-        let rows = inbox::take_pending(&mut tx, self.config.batch_size, &self.handled).await?;
-        let result = self.apply_all(tx, rows, deadline, false).await;
+        let guarded = self.guarded.load(Ordering::Relaxed);
+        let mode = if guarded > 0 {
+            self.guarded.store(guarded - 1, Ordering::Relaxed);
+            Mode::Guarded
+        } else {
+            Mode::Optimistic
+        };
+        let mut result = self.take_and_apply(deadline, mode).await;
+        if matches!(result, Ok(Batch::Redo)) {
+            self.guarded.store(GUARDED_BATCHES, Ordering::Relaxed);
+            result = self.take_and_apply(deadline, Mode::Guarded).await;
+        }
         if result.as_ref().is_err_and(db::is_connection_lost) {
             self.careful.store(true, Ordering::Relaxed);
         }
-        result
+        result.map(done)
+    }
+
+    async fn take_and_apply(&self, deadline: Instant, mode: Mode) -> Result<Batch, sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        let rows = inbox::take_pending(&mut tx, self.config.batch_size, &self.handled).await?;
+        self.apply_all(tx, rows, deadline, false, mode).await
     }
 
     /// After a batch lost its connection (an event that crashes the backend, a
@@ -189,7 +244,7 @@ impl Worker {
             } else {
                 let mut tx = self.pool.begin().await?;
                 let rows = inbox::take_counted(&mut tx, &row.provider, &row.event_id).await?;
-                self.apply_all(tx, rows, deadline, true).await?
+                done(self.apply_all(tx, rows, deadline, true, Mode::Guarded).await?)
             };
             total.add(&counts);
         }
@@ -209,7 +264,7 @@ impl Worker {
     pub async fn run_event(&self, provider: &str, event_id: &str) -> Result<Counts, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         let rows = inbox::take_one(&mut tx, provider, event_id).await?;
-        self.apply_all(tx, rows, far_future(), false).await
+        Ok(done(self.apply_all(tx, rows, far_future(), false, Mode::Guarded).await?))
     }
 
     /// `precounted`: the attempt was already committed (careful mode).
@@ -219,7 +274,8 @@ impl Worker {
         rows: Vec<Taken>,
         deadline: Instant,
         precounted: bool,
-    ) -> Result<Counts, sqlx::Error> {
+        mode: Mode,
+    ) -> Result<Batch, sqlx::Error> {
         let mut counts = Counts::default();
         let mut finished = Vec::with_capacity(rows.len());
         let finished_as = |row: Taken, end: Finish| {
@@ -256,12 +312,26 @@ impl Worker {
                 break;
             }
             counts.taken += 1;
-            let end = self.apply(&mut tx, &row, prepared.as_ref(), &mut counts).await?;
+            let end = match mode {
+                Mode::Guarded => self.apply(&mut tx, &row, prepared.as_ref(), &mut counts).await?,
+                Mode::Optimistic => match prepared.run(&mut tx).await {
+                    Ok(outcome) => {
+                        count_outcome(outcome, &mut counts);
+                        Finish::Done
+                    }
+                    Err(HandlerError::Database(e)) if db::is_connection_lost(&e) => return Err(e),
+                    Err(_) => {
+                        // Its writes, and the batch's, go; the batch runs again guarded.
+                        tx.rollback().await?;
+                        return Ok(Batch::Redo);
+                    }
+                },
+            };
             finished.push(finished_as(row, end));
         }
         inbox::finish(&mut tx, &finished).await?;
         tx.commit().await?;
-        Ok(counts)
+        Ok(Batch::Done(counts))
     }
 
     /// The event, ready for its handler, or how the event ends without one (no
@@ -305,10 +375,7 @@ impl Worker {
         match prepared.run(&mut savepoint).await {
             Ok(outcome) => {
                 savepoint.commit().await?;
-                match outcome {
-                    Outcome::Applied => counts.applied += 1,
-                    Outcome::NoEffect => counts.no_effect += 1,
-                }
+                count_outcome(outcome, counts);
                 Ok(Finish::Done)
             }
             Err(HandlerError::Database(e)) if db::is_connection_lost(&e) => Err(e),
@@ -336,6 +403,21 @@ impl Worker {
             tracing::warn!(provider = %row.provider, event_id = %Escaped(&row.event_id), reason = %Escaped(&reason), "event failed");
             Finish::Failed(reason)
         }
+    }
+}
+
+fn count_outcome(outcome: Outcome, counts: &mut Counts) {
+    match outcome {
+        Outcome::Applied => counts.applied += 1,
+        Outcome::NoEffect => counts.no_effect += 1,
+    }
+}
+
+/// A guarded batch's counts (it is never redone).
+fn done(batch: Batch) -> Counts {
+    match batch {
+        Batch::Done(counts) => counts,
+        Batch::Redo => unreachable!("a guarded batch is never redone"),
     }
 }
 
