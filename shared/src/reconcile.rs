@@ -243,6 +243,7 @@ impl StripeEvents {
                     secret_index: None,
                     secret_fingerprint: None,
                     replay_guard: false,
+                    trace_context: None,
                 };
                 match claim::claim_one(&mut conn, &env, &event).await? {
                     Claim::New => found.applied += 1,
@@ -409,6 +410,7 @@ impl ShopifyOrders {
                     secret_index: None,
                     secret_fingerprint: None,
                     replay_guard: false,
+                    trace_context: None,
                 };
                 let claim = claim::claim_one(&mut conn, &env, &event).await?;
                 match (event.status, claim) {

@@ -142,6 +142,7 @@ fn row(id: &str, payload: String) -> Row {
         headers: json!({"x-github-delivery": id}),
         secret_index: Some(0),
         secret_fingerprint: None,
+        trace_context: None,
     }
 }
 
@@ -152,7 +153,7 @@ fn row(id: &str, payload: String) -> Row {
 async fn a_value_postgres_refuses_fails_only_its_own_delivery_in_the_group(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let connections = Arc::new(db::Connections::from_options(opts, &db_config()));
-    let grouper = Arc::new(Grouper::start(connections, ONE_GROUP, |_| {}));
+    let grouper = Arc::new(Grouper::start(connections, ONE_GROUP));
     let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
     let rows = vec![row("g1", "{}".into()), row("g2", deep), row("g3", "[1]".into()), row("g1", "{}".into())];
     let barrier = Arc::new(Barrier::new(rows.len()));

@@ -158,6 +158,7 @@ async fn the_claim_falls_back_whatever_sqlstate_the_value_raises(_: PgPoolOption
             secret_index: Some(0),
             secret_fingerprint: None,
             replay_guard: false,
+            trace_context: None,
         };
         let events = Events::Single(NewEvent::pending(id.into(), "push", payload.clone()));
         let claimed = claim::claim_delivery(&connections, &env, &events, None).await.unwrap();
@@ -179,6 +180,7 @@ async fn the_claim_falls_back_whatever_sqlstate_the_value_raises(_: PgPoolOption
         secret_index: Some(0),
         secret_fingerprint: None,
         replay_guard: false,
+        trace_context: None,
     };
     let items = vec![
         NewEvent::pending("t:ok".into(), "t", "{}".into()),
@@ -384,6 +386,7 @@ async fn any_stored_payload_ends_done_or_failed_and_never_stops_the_worker(_: Pg
             secret_index: Some(0),
             secret_fingerprint: None,
             replay_guard: false,
+            trace_context: None,
         };
         let event = NewEvent::pending(format!("evt_u{i:03}"), "prop.test", unchecked.clone());
         assert_eq!(claim::claim_one(&mut conn, &env, &event).await.unwrap(), Claim::New);

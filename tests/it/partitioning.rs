@@ -36,6 +36,7 @@ async fn the_hash_partitioned_inbox_refuses_every_duplicate_and_spreads_keys(_: 
         secret_index: Some(0),
         secret_fingerprint: None,
         replay_guard: false,
+        trace_context: None,
     };
     claim::claim(&pool, &env, &event("before")).await.unwrap();
     let indexes = |pool: PgPool| async move {

@@ -154,13 +154,18 @@ async fn thirty_concurrent_duplicates_with_four_workers_apply_each_effect_once(
     let mut cfg = config(secrets(false));
     cfg.db.pool_size = 30;
     let r = Arc::new(webhook_inbox::Receiver::new(db::Connections::from_options(opts, &cfg.db), &cfg));
-    let stop = Arc::new(tokio::sync::Notify::new());
+    // Level-triggered: a worker whose stop future was never polled yet still sees it
+    // (Notify::notify_waiters would miss a Notified made after it, and the join hang).
+    let (stop, stopped) = tokio::sync::watch::channel(false);
     let workers: Vec<_> = (0..4)
         .map(|_| {
-            let (w, stop) = (Arc::new(worker(&pool, Handlers::reference())), stop.clone());
-            tokio::spawn(
-                async move { w.run_until(Duration::from_millis(10), async move { stop.notified().await }).await },
-            )
+            let (w, mut stopped) = (Arc::new(worker(&pool, Handlers::reference())), stopped.clone());
+            tokio::spawn(async move {
+                w.run_until(Duration::from_millis(10), async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                })
+                .await
+            })
         })
         .collect();
     let barrier = Arc::new(Barrier::new(300));
@@ -186,7 +191,7 @@ async fn thirty_concurrent_duplicates_with_four_workers_apply_each_effect_once(
         })
         .await
     );
-    stop.notify_waiters();
+    let _ = stop.send(true);
     for w in workers {
         w.await.unwrap();
     }

@@ -448,6 +448,7 @@ fn envelope(headers: &Value) -> Envelope<'_> {
         secret_index: Some(0),
         secret_fingerprint: None,
         replay_guard: false,
+        trace_context: None,
     }
 }
 
@@ -630,6 +631,7 @@ async fn concurrent_overlapping_batches_neither_deadlock_nor_double_claim(_: PgP
                     secret_index: Some(0),
                     secret_fingerprint: None,
                     replay_guard: false,
+                    trace_context: None,
                 };
                 barrier.wait().await;
                 claim::claim_batch(&mut *conn, &env, &events).await

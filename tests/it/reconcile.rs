@@ -67,6 +67,7 @@ async fn reconcile_claims_exactly_the_missing_stripe_events_and_nothing_twice(po
         secret_index: Some(0),
         secret_fingerprint: None,
         replay_guard: false,
+        trace_context: None,
     };
     claim::claim(&pool, &env, &NewEvent::pending("evt_2".into(), "payment_intent.succeeded", webhook.clone()))
         .await

@@ -47,6 +47,7 @@ async fn row(pool: &PgPool, provider: Provider, id: &str, status: &str, days: i3
         secret_index: Some(0),
         secret_fingerprint: None,
         replay_guard: false,
+        trace_context: None,
     };
     claim::claim(pool, &env, &NewEvent::pending(id.into(), "t", "{}".into())).await.unwrap();
     sqlx::query(
@@ -218,6 +219,7 @@ async fn batch_bodies_go_once_no_row_points_at_them_and_no_delivery_brought_them
             secret_index: Some(0),
             secret_fingerprint: None,
             replay_guard: false,
+            trace_context: None,
         };
         claim::claim_batch(&pool, &env, &items).await.unwrap();
     }
@@ -251,6 +253,7 @@ async fn a_replay_guard_goes_with_its_row(pool: PgPool) {
             secret_index: Some(0),
             secret_fingerprint: None,
             replay_guard: true,
+            trace_context: None,
         };
         claim::claim(&pool, &env, &NewEvent::pending(id.into(), "push", "{}".into())).await.unwrap();
     }

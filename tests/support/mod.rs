@@ -230,6 +230,7 @@ pub async fn store(pool: &PgPool, provider: Provider, event_id: &str, event_type
         secret_index: Some(0),
         secret_fingerprint: None,
         replay_guard: false,
+        trace_context: None,
     };
     let event = NewEvent::pending(event_id.into(), event_type, payload.into());
     assert_eq!(claim::claim(pool, &env, &event).await.unwrap(), Claim::New, "{event_id} is new");

@@ -54,6 +54,8 @@ pub struct Envelope<'a> {
     /// Whether the signed bytes are deduplicated too (`webhook_replay_guard`):
     /// for a scheme whose id is not signed ([`crate::schemes::Scheme::guards_replays`]).
     pub replay_guard: bool,
+    /// The `traceparent` of the delivery's receive span, when traces are on (`trace_context`).
+    pub trace_context: Option<&'a str>,
 }
 
 /// Where a row's raw bytes go.
@@ -67,8 +69,9 @@ pub(crate) enum Body {
 
 const INSERT: &str = "\
 INSERT INTO webhook_inbox
-    (provider, event_id, event_type, payload, status, failure_reason, raw_body, headers, secret_index, source, secret_fingerprint)
-VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, CASE WHEN $9 IS NULL THEN 'reconcile' ELSE 'webhook' END, $10)
+    (provider, event_id, event_type, payload, status, failure_reason, raw_body, headers, secret_index, source, secret_fingerprint,
+     trace_context)
+VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, CASE WHEN $9 IS NULL THEN 'reconcile' ELSE 'webhook' END, $10, $11)
 ON CONFLICT (provider, event_id) DO NOTHING
 RETURNING event_id";
 
@@ -87,8 +90,9 @@ WITH guard AS (
     RETURNING 1),
 inserted AS (
     INSERT INTO webhook_inbox
-        (provider, event_id, event_type, payload, status, failure_reason, raw_body, headers, secret_index, source, secret_fingerprint)
-    SELECT $1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, CASE WHEN $9::smallint IS NULL THEN 'reconcile' ELSE 'webhook' END, $10
+        (provider, event_id, event_type, payload, status, failure_reason, raw_body, headers, secret_index, source, secret_fingerprint,
+     trace_context)
+    SELECT $1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, CASE WHEN $9::smallint IS NULL THEN 'reconcile' ELSE 'webhook' END, $10, $11
     WHERE EXISTS (SELECT 1 FROM guard)
     ON CONFLICT (provider, event_id) DO NOTHING
     RETURNING event_id)
@@ -125,9 +129,10 @@ macro_rules! with_shared_body {
 /// [`INSERT`] for one item of a delivery with several events.
 const INSERT_ITEM: &str = with_shared_body!(
     "INSERT INTO webhook_inbox
-    (provider, event_id, event_type, payload, status, failure_reason, body_sha256, headers, secret_index, source, secret_fingerprint)
+    (provider, event_id, event_type, payload, status, failure_reason, body_sha256, headers, secret_index, source, secret_fingerprint,
+     trace_context)
 VALUES ($1, $2, $3, $4::jsonb, $5, $6, (SELECT sha256 FROM body), $8, $9,
-        CASE WHEN $9 IS NULL THEN 'reconcile' ELSE 'webhook' END, $10)
+        CASE WHEN $9 IS NULL THEN 'reconcile' ELSE 'webhook' END, $10, $11)
 ON CONFLICT (provider, event_id) DO NOTHING
 RETURNING event_id"
 );
@@ -135,9 +140,10 @@ RETURNING event_id"
 /// Every item of a batch in one `unnest` statement, keys sorted.
 const INSERT_BATCH: &str = with_shared_body!(
     "INSERT INTO webhook_inbox
-    (provider, event_id, event_type, payload, status, failure_reason, body_sha256, headers, secret_index, source, secret_fingerprint)
+    (provider, event_id, event_type, payload, status, failure_reason, body_sha256, headers, secret_index, source, secret_fingerprint,
+     trace_context)
 SELECT $1, e.event_id, e.event_type, e.payload::jsonb, e.status, e.failure_reason, (SELECT sha256 FROM body), $8, $9,
-       CASE WHEN $9::smallint IS NULL THEN 'reconcile' ELSE 'webhook' END, $10
+       CASE WHEN $9::smallint IS NULL THEN 'reconcile' ELSE 'webhook' END, $10, $11
 FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
      AS e (event_id, event_type, payload, status, failure_reason)
 ORDER BY e.event_id COLLATE \"C\"
@@ -164,6 +170,7 @@ pub(crate) async fn insert<'e>(
             .bind(Json(env.headers))
             .bind(env.secret_index)
             .bind(env.secret_fingerprint)
+            .bind(env.trace_context)
             .fetch_one(ex)
             .await?;
         return Ok(match (inserted, first) {
@@ -187,6 +194,7 @@ pub(crate) async fn insert<'e>(
         .bind(Json(env.headers))
         .bind(env.secret_index)
         .bind(env.secret_fingerprint)
+            .bind(env.trace_context)
         .fetch_optional(ex)
         .await?;
     Ok(if row.is_some() { Inserted::New } else { Inserted::Duplicate })
@@ -210,9 +218,38 @@ pub(crate) async fn insert_batch<'e>(
         .bind(Json(env.headers))
         .bind(env.secret_index)
         .bind(env.secret_fingerprint)
+            .bind(env.trace_context)
         .fetch_all(ex)
         .await?;
     Ok(rows.into_iter().map(|(id,)| id).collect())
+}
+
+#[cfg(feature = "serve")]
+/// A delivery of one event, to claim with its group.
+pub struct GroupRow {
+    pub provider: Provider,
+    pub event: NewEvent,
+    pub raw_body: Vec<u8>,
+    pub headers: serde_json::Value,
+    pub secret_index: Option<i16>,
+    pub secret_fingerprint: Option<String>,
+    /// The delivery's receive span (`trace_context`), when traces are on.
+    pub trace_context: Option<String>,
+}
+
+#[cfg(feature = "serve")]
+impl GroupRow {
+    pub(crate) fn envelope(&self) -> Envelope<'_> {
+        Envelope {
+            provider: self.provider,
+            raw_body: &self.raw_body,
+            headers: &self.headers,
+            secret_index: self.secret_index,
+            secret_fingerprint: self.secret_fingerprint.as_deref(),
+            replay_guard: false,
+            trace_context: self.trace_context.as_deref(),
+        }
+    }
 }
 
 /// Deliveries of one event each (several providers perhaps), in one
@@ -221,12 +258,15 @@ pub(crate) async fn insert_batch<'e>(
 #[cfg(feature = "serve")]
 const INSERT_GROUP: &str = "\
 INSERT INTO webhook_inbox
-    (provider, event_id, event_type, payload, status, failure_reason, raw_body, headers, secret_index, source, secret_fingerprint)
+    (provider, event_id, event_type, payload, status, failure_reason, raw_body, headers, secret_index, source, secret_fingerprint,
+     trace_context)
 SELECT g.provider, g.event_id, g.event_type, g.payload::jsonb, g.status, g.failure_reason, g.raw_body, g.headers,
-       g.secret_index, CASE WHEN g.secret_index IS NULL THEN 'reconcile' ELSE 'webhook' END, g.secret_fingerprint
+       g.secret_index, CASE WHEN g.secret_index IS NULL THEN 'reconcile' ELSE 'webhook' END, g.secret_fingerprint,
+       g.trace_context
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bytea[], $8::jsonb[],
-            $9::int2[], $10::text[])
-     AS g (provider, event_id, event_type, payload, status, failure_reason, raw_body, headers, secret_index, secret_fingerprint)
+            $9::int2[], $10::text[], $11::text[])
+     AS g (provider, event_id, event_type, payload, status, failure_reason, raw_body, headers, secret_index, secret_fingerprint,
+           trace_context)
 ORDER BY g.provider COLLATE \"C\", g.event_id COLLATE \"C\"
 ON CONFLICT (provider, event_id) DO NOTHING
 RETURNING provider, event_id";
@@ -235,9 +275,9 @@ RETURNING provider, event_id";
 #[cfg(feature = "serve")]
 pub(crate) async fn insert_group<'e, 'r>(
     ex: impl PgExecutor<'e>,
-    group: impl Iterator<Item = &'r crate::ingest::claim::group::Row> + Clone,
+    group: impl Iterator<Item = &'r GroupRow> + Clone,
 ) -> Result<Vec<(String, String)>, sqlx::Error> {
-    let col = |f: fn(&'r crate::ingest::claim::group::Row) -> Option<&'r str>| group.clone().map(f).collect::<Vec<_>>();
+    let col = |f: fn(&'r GroupRow) -> Option<&'r str>| group.clone().map(f).collect::<Vec<_>>();
     super::query_as(INSERT_GROUP)
         .bind(col(|r| Some(r.provider.as_str())))
         .bind(col(|r| Some(&r.event.event_id)))
@@ -249,6 +289,7 @@ pub(crate) async fn insert_group<'e, 'r>(
         .bind(group.clone().map(|r| Json(&r.headers)).collect::<Vec<_>>())
         .bind(group.clone().map(|r| r.secret_index).collect::<Vec<_>>())
         .bind(col(|r| r.secret_fingerprint.as_deref()))
+        .bind(col(|r| r.trace_context.as_deref()))
         .fetch_all(ex)
         .await
 }
@@ -271,6 +312,8 @@ pub(crate) struct Taken {
     pub attempts: i32,
     /// `received_at`, in microseconds since the Unix epoch.
     pub received_at_us: i64,
+    /// The delivery's receive span (`trace_context`), when traces were on.
+    pub trace_context: Option<String>,
 }
 
 /// Up to `limit` due pending rows, in receive order, skipping those another
@@ -286,7 +329,7 @@ pub(crate) async fn take_pending(
         "SELECT provider, event_id, event_type,
              CASE WHEN provider || ':' || event_type = ANY($2) THEN payload::text END AS payload,
              CASE WHEN provider || ':' || event_type = ANY($2) THEN headers END AS headers, attempts,
-             (extract(epoch FROM received_at) * 1000000)::bigint AS received_at_us
+             (extract(epoch FROM received_at) * 1000000)::bigint AS received_at_us, trace_context
          FROM webhook_inbox
          WHERE status = 'pending' AND (next_attempt_at IS NULL OR next_attempt_at <= now())
          ORDER BY received_at, event_id
@@ -307,7 +350,7 @@ pub(crate) async fn take_one(
 ) -> Result<Vec<Taken>, sqlx::Error> {
     super::query_as(
         "SELECT provider, event_id, event_type, payload::text AS payload, headers, attempts,
-             (extract(epoch FROM received_at) * 1000000)::bigint AS received_at_us
+             (extract(epoch FROM received_at) * 1000000)::bigint AS received_at_us, trace_context
          FROM webhook_inbox
          WHERE provider = $1 AND event_id = $2 AND status = 'pending'
            AND (next_attempt_at IS NULL OR next_attempt_at <= now())
@@ -336,7 +379,7 @@ pub(crate) async fn count_next(pool: &PgPool, base: Duration) -> Result<Option<T
          FROM next
          WHERE w.provider = next.provider AND w.event_id = next.event_id
          RETURNING w.provider, w.event_id, w.event_type, w.payload::text AS payload, w.headers, w.attempts - 1 AS attempts,
-             (extract(epoch FROM w.received_at) * 1000000)::bigint AS received_at_us",
+             (extract(epoch FROM w.received_at) * 1000000)::bigint AS received_at_us, w.trace_context",
     )
     .bind(base.as_millis() as i64)
     .fetch_optional(super::Autocommit(pool))
@@ -351,7 +394,7 @@ pub(crate) async fn take_counted(
 ) -> Result<Vec<Taken>, sqlx::Error> {
     super::query_as(
         "SELECT provider, event_id, event_type, payload::text AS payload, headers, attempts - 1 AS attempts,
-             (extract(epoch FROM received_at) * 1000000)::bigint AS received_at_us
+             (extract(epoch FROM received_at) * 1000000)::bigint AS received_at_us, trace_context
          FROM webhook_inbox
          WHERE provider = $1 AND event_id = $2 AND status = 'pending'
          FOR UPDATE SKIP LOCKED",

@@ -24,18 +24,21 @@ pub struct Message<'a> {
 /// Writes a message unless one with the same key exists; true when written.
 /// In a handler, [`crate::Event::enqueue`] also records which event wrote it.
 pub async fn enqueue(conn: &mut PgConnection, m: &Message<'_>) -> Result<bool, sqlx::Error> {
-    enqueue_for(conn, m, None).await
+    enqueue_for(conn, m, None, None).await
 }
 
-/// [`enqueue`], recording the event whose handler wrote it (`provider`, `event_id`).
+/// [`enqueue`], recording the event whose handler wrote it (`provider`,
+/// `event_id`), and the `traceparent` of its processing when traces are on.
 pub(crate) async fn enqueue_for(
     conn: &mut PgConnection,
     m: &Message<'_>,
     event: Option<(&str, &str)>,
+    trace_context: Option<&str>,
 ) -> Result<bool, sqlx::Error> {
     let row: Option<(i64,)> = super::query_as(
-        "INSERT INTO transactional_outbox (aggregate_type, aggregate_id, payload, message_key, event_provider, event_id)
-         VALUES ($1, $2, $3, $4, $5, $6)
+        "INSERT INTO transactional_outbox
+             (aggregate_type, aggregate_id, payload, message_key, event_provider, event_id, trace_context)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)
          ON CONFLICT (message_key) DO NOTHING
          RETURNING id",
     )
@@ -45,6 +48,7 @@ pub(crate) async fn enqueue_for(
     .bind(&m.message_key)
     .bind(event.map(|e| e.0))
     .bind(event.map(|e| e.1))
+    .bind(trace_context)
     .fetch_optional(conn)
     .await?;
     Ok(row.is_some())
@@ -61,6 +65,9 @@ pub struct Outgoing {
     pub message_key: String,
     /// Attempts including this one.
     pub attempts: i32,
+    /// As leased, the `traceparent` of the processing that wrote it; as handed
+    /// to the sinks, the relay's own span's (sent on as `traceparent`). None without traces.
+    pub trace_context: Option<String>,
 }
 
 #[cfg(feature = "relay")]
@@ -84,7 +91,7 @@ pub async fn lease_unsent(
          UPDATE transactional_outbox AS o
          SET attempts = o.attempts + 1, next_attempt_at = now() + $2 * interval '1 millisecond'
          FROM batch WHERE o.id = batch.id
-         RETURNING o.id, o.aggregate_type, o.aggregate_id, o.payload, o.message_key, o.attempts",
+         RETURNING o.id, o.aggregate_type, o.aggregate_id, o.payload, o.message_key, o.attempts, o.trace_context",
     )
     .bind(limit)
     .bind(lease.as_millis() as i64)

@@ -105,21 +105,20 @@ async fn serve(app: &App, env: &Env<'_>, config: &mut ReceiveConfig, host: &str,
     // The console at /console, with a `dev` operator whose password is new at each start.
     let password = crate::console::generate_password();
     crate::console::set_user(&pool, "dev", crate::console::Role::Operator, &password).await?;
-    crate::serve::metrics::install().context("installing the Prometheus recorder")?;
     let stack = crate::serve::Stack {
         app,
         env,
         config,
         pool,
         roles: crate::serve::Roles::everything(),
-        serve: crate::serve::ServeConfig::read(env)?,
+        serve: crate::config::ServeConfig::read(env)?,
         counted: true,
     };
     stack
         .run(listener, None, crate::runtime::shutdown_signal(), |addr, _| {
             say!(
                 "console: http://{addr}{}/  (sign in as dev, password {password}; more users: inbox console user add)",
-                crate::serve::server::CONSOLE_PATH
+                crate::serve::CONSOLE_PATH
             );
             say!("inbox dev ready: POST http://{addr}/webhooks/{{provider}}  (Ctrl-C stops)");
         })

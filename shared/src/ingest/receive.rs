@@ -24,7 +24,7 @@ use crate::{
         },
     },
     process::handlers::Handlers,
-    runtime::metrics::Metrics,
+    runtime::{metrics::Metrics, trace},
 };
 
 /// Everything the receive handler needs.
@@ -155,9 +155,7 @@ impl Receiver {
     /// choice: a Lambda instance has one delivery at a time.
     #[cfg(feature = "serve")]
     pub fn with_group_commit(mut self, config: claim::group::GroupConfig) -> Self {
-        self.group = config.is_on().then(|| {
-            claim::group::Grouper::start(self.connections.clone(), config, crate::serve::metrics::group_committed)
-        });
+        self.group = config.is_on().then(|| claim::group::Grouper::start(self.connections.clone(), config));
         self
     }
 
@@ -279,6 +277,36 @@ impl Receiver {
             });
         };
         let provider = scheme.provider();
+        // The root of the delivery's trace (traces on: `inbox serve` with an OTLP endpoint).
+        let mut span = trace::start("receive", trace::Kind::Server, None);
+        if let Some(span) = &mut span {
+            span.set("webhook.provider", provider.as_str());
+        }
+        let result = self.receive_as(provider, scheme, method, headers, body, stored_failed, span.as_ref()).await;
+        if let Some(span) = &mut span {
+            match &result {
+                Ok(Received::Claimed(Claimed::Single(c))) => span.set("webhook.claim", format!("{c:?}").to_lowercase()),
+                Ok(Received::Claimed(Claimed::Batch(b))) => {
+                    span.set("webhook.claim", format!("{} accepted, {} duplicates", b.accepted, b.duplicates))
+                }
+                Ok(_) => {}
+                Err(e) => span.fail(e.to_string()),
+            }
+        }
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn receive_as(
+        &self,
+        provider: Provider,
+        scheme: &dyn crate::ingest::providers::Scheme,
+        method: &Method,
+        headers: &HeaderMap,
+        body: &[u8],
+        stored_failed: &mut usize,
+        span: Option<&trace::Span>,
+    ) -> Result<Received, ReceiveError> {
         if method != Method::POST {
             return Err(ReceiveError::MethodNotAllowed);
         }
@@ -303,6 +331,7 @@ impl Receiver {
         if let Events::Single(e) = &events {
             tracing::Span::current().record("event_id", e.event_id.as_str());
         }
+        let trace_context = span.map(trace::Span::traceparent);
         let headers = kept_headers(headers, &scheme.kept_headers());
         let envelope = Envelope {
             provider,
@@ -315,6 +344,7 @@ impl Receiver {
                 .and_then(|f| f.get(verified.secret_index))
                 .map(String::as_str),
             replay_guard: scheme.guards_replays(),
+            trace_context: trace_context.as_deref(),
         };
         let inline = self.inline.contains(&provider).then_some(&self.handlers);
         let claimed = match (&events, inline) {
@@ -327,6 +357,7 @@ impl Receiver {
                     headers: headers.clone(),
                     secret_index: envelope.secret_index,
                     secret_fingerprint: envelope.secret_fingerprint.map(str::to_string),
+                    trace_context: trace_context.clone(),
                 };
                 self.group.as_ref().expect("checked above").claim(row).await.map(Claimed::Single)
             }

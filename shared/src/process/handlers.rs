@@ -42,6 +42,8 @@ pub struct Event<T = serde_json::Value> {
     pub received_at: SystemTime,
     /// The delivery's headers that the provider's scheme keeps (lower-cased names).
     pub headers: Headers,
+    /// The `traceparent` of its processing's span, for the messages it writes (traces on).
+    trace_context: Option<String>,
 }
 
 impl<T> Event<T> {
@@ -50,7 +52,8 @@ impl<T> Event<T> {
     /// wrote it: its page (`inbox show`, [`crate::ops::event_messages`]) lists
     /// it with its delivery state.
     pub async fn enqueue(&self, conn: &mut PgConnection, message: &crate::Message<'_>) -> Result<bool, sqlx::Error> {
-        crate::db::outbox::enqueue_for(conn, message, Some((self.provider.as_str(), &self.event_id))).await
+        let event = Some((self.provider.as_str(), self.event_id.as_str()));
+        crate::db::outbox::enqueue_for(conn, message, event, self.trace_context.as_deref()).await
     }
 }
 
@@ -301,6 +304,8 @@ pub(crate) mod erased {
         pub attempts: i32,
         pub received_at: SystemTime,
         pub headers: Headers,
+        /// Its processing's span, when traces are on.
+        pub trace_context: Option<String>,
     }
 
     impl RawEvent {
@@ -319,6 +324,7 @@ pub(crate) mod erased {
                 attempts: self.attempts,
                 received_at: self.received_at,
                 headers: self.headers,
+                trace_context: self.trace_context,
             })
         }
     }

@@ -20,7 +20,10 @@ use crate::{
         inbox::{self, Finished, Status, Taken},
     },
     process::handlers::{erased::Prepared, erased::RawEvent, HandlerError, Handlers, Headers, Outcome},
-    runtime::stage::{Pass, Stage, Tally},
+    runtime::{
+        stage::{Pass, Stage, Tally},
+        trace,
+    },
 };
 
 /// The worker's settings (`WorkerConfig::read` takes them from the environment).
@@ -298,16 +301,25 @@ impl Worker {
             if Instant::now() >= deadline {
                 break; // left pending; its lock goes with the commit
             }
-            match self.prepare(&row, &mut counts) {
-                Ok(prepared) => runs.push((prepared.lock_key(), prepared, row)),
+            // A child of the delivery's receive span, when traces are on.
+            let mut span = trace::start("process", trace::Kind::Consumer, row.trace_context.as_deref());
+            if let Some(span) = &mut span {
+                span.set("webhook.provider", row.provider.as_str());
+                span.set("webhook.event_type", crate::core::text::escape(&row.event_type));
+                span.set("webhook.event_id", crate::core::text::escape(&row.event_id));
+            }
+            let traceparent = span.as_ref().map(trace::Span::traceparent);
+            match self.prepare(&row, traceparent, &mut counts) {
+                Ok(prepared) => runs.push((prepared.lock_key(), prepared, row, span)),
                 Err(end) => {
                     counts.taken += 1;
+                    ended(span.as_mut(), &end);
                     finished.push(finished_as(row, end));
                 }
             }
         }
         runs.sort_by(|a, b| a.0.cmp(&b.0));
-        for (_, prepared, row) in runs {
+        for (_, prepared, row, mut span) in runs {
             if Instant::now() >= deadline {
                 break;
             }
@@ -320,13 +332,17 @@ impl Worker {
                         Finish::Done
                     }
                     Err(HandlerError::Database(e)) if db::is_connection_lost(&e) => return Err(e),
-                    Err(_) => {
+                    Err(e) => {
                         // Its writes, and the batch's, go; the batch runs again guarded.
+                        if let Some(span) = &mut span {
+                            span.fail(format!("rolled back with its batch, to run again with savepoints: {e}"));
+                        }
                         tx.rollback().await?;
                         return Ok(Batch::Redo);
                     }
                 },
             };
+            ended(span.as_mut(), &end);
             finished.push(finished_as(row, end));
         }
         inbox::finish(&mut tx, &finished).await?;
@@ -337,7 +353,12 @@ impl Worker {
     /// The event, ready for its handler, or how the event ends without one (no
     /// handler: unhandled; an unknown provider, or a payload that does not
     /// decode as the handler's type: failed).
-    fn prepare(&self, row: &Taken, counts: &mut Counts) -> Result<Box<dyn Prepared + '_>, Finish> {
+    fn prepare(
+        &self,
+        row: &Taken,
+        trace_context: Option<String>,
+        counts: &mut Counts,
+    ) -> Result<Box<dyn Prepared + '_>, Finish> {
         let Ok(provider) = Provider::try_from(row.provider.as_str()) else {
             counts.failed += 1;
             return Err(Finish::Failed(format!("unknown provider {:?}", row.provider)));
@@ -354,6 +375,7 @@ impl Worker {
             attempts: row.attempts,
             received_at: RawEvent::received_at_micros(row.received_at_us),
             headers: row.headers.as_ref().map(|h| Headers::from_json(&h.0)).unwrap_or_default(),
+            trace_context,
         };
         handler.prepare(event).map_err(|unusable| {
             counts.failed += 1;
@@ -402,6 +424,23 @@ impl Worker {
             counts.failed += 1;
             tracing::warn!(provider = %row.provider, event_id = %Escaped(&row.event_id), reason = %Escaped(&reason), "event failed");
             Finish::Failed(reason)
+        }
+    }
+}
+
+/// How the event's processing ended, on its span.
+fn ended(span: Option<&mut trace::Span>, end: &Finish) {
+    let Some(span) = span else { return };
+    match end {
+        Finish::Done => span.set("webhook.outcome", "done"),
+        Finish::Unhandled => span.set("webhook.outcome", "unhandled"),
+        Finish::Retry { reason, .. } => {
+            span.set("webhook.outcome", "retry");
+            span.fail(crate::core::text::escape(reason));
+        }
+        Finish::Failed(reason) => {
+            span.set("webhook.outcome", "failed");
+            span.fail(crate::core::text::escape(reason));
         }
     }
 }

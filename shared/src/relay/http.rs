@@ -51,7 +51,12 @@ impl HttpSink {
             let Ok(key) = reqwest::header::HeaderValue::from_str(&m.message_key) else {
                 return SinkReply::Rejected("message_key is not a valid header value".into());
             };
-            let sent = self.client.post(&self.url).header("Idempotency-Key", key).json(&m.payload.0).send().await;
+            let mut request = self.client.post(&self.url).header("Idempotency-Key", key);
+            // The relay's span, when traces are on: the consumer's spans join the delivery's trace.
+            if let Some(traceparent) = &m.trace_context {
+                request = request.header("traceparent", traceparent);
+            }
+            let sent = request.json(&m.payload.0).send().await;
             let response = match sent {
                 Ok(r) => r,
                 // Without the URL: it may carry credentials.

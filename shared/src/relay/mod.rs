@@ -20,7 +20,10 @@ pub use http::HttpSink;
 use crate::{
     core::backoff::backoff,
     db::outbox::{self, Dispatch, Outgoing},
-    runtime::stage::{Pass, Stage, Tally},
+    runtime::{
+        stage::{Pass, Stage, Tally},
+        trace,
+    },
 };
 
 /// What a sink replied about one message.
@@ -155,6 +158,29 @@ impl Relay {
                 unstarted.extend(chunk.iter().chain(chunks.flatten()));
                 break;
             }
+            // Each message's span, a child of the processing that wrote it (traces on); the
+            // sinks send it on (the HTTP sink as `traceparent`).
+            let mut spans: Vec<Option<trace::Span>> = chunk
+                .iter()
+                .map(|m| {
+                    let mut span = trace::start("relay", trace::Kind::Producer, m.trace_context.as_deref());
+                    if let Some(span) = &mut span {
+                        span.set("messaging.message.id", crate::core::text::escape(&m.message_key));
+                    }
+                    span
+                })
+                .collect();
+            let traced: Vec<Outgoing>;
+            let chunk = if spans.iter().any(Option::is_some) {
+                traced = chunk
+                    .iter()
+                    .zip(&spans)
+                    .map(|(m, span)| Outgoing { trace_context: span.as_ref().map(trace::Span::traceparent), ..m.clone() })
+                    .collect();
+                &traced[..]
+            } else {
+                chunk
+            };
             let outcomes =
                 match tokio::time::timeout(deadline.saturating_duration_since(Instant::now()), self.deliver(chunk))
                     .await
@@ -170,11 +196,17 @@ impl Relay {
                 };
             let dispatches: Vec<(i64, i32, Dispatch)> =
                 chunk.iter().zip(outcomes).map(|(m, d)| (m.id, m.attempts, self.dispatch(m.attempts, d))).collect();
-            for (_, _, d) in &dispatches {
+            for ((_, _, d), span) in dispatches.iter().zip(&mut spans) {
                 match d {
                     Dispatch::Sent => relayed.sent += 1,
                     Dispatch::Retry { .. } => relayed.retried += 1,
                     Dispatch::Dead(_) => relayed.dead += 1,
+                }
+                if let Some(span) = span {
+                    match d {
+                        Dispatch::Sent => span.set("webhook.outcome", "sent"),
+                        Dispatch::Retry { reason, .. } | Dispatch::Dead(reason) => span.fail(crate::core::text::escape(reason)),
+                    }
                 }
             }
             outbox::record_results(&self.pool, &dispatches).await?;

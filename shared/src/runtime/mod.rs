@@ -5,6 +5,7 @@ pub mod deadline;
 pub mod metrics;
 pub mod stage;
 pub mod telemetry;
+pub mod trace;
 
 /// Completes at Ctrl-C or SIGTERM: when a long-running server (`inbox dev`, `inbox console`) stops.
 #[cfg(feature = "console")]

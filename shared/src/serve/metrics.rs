@@ -7,8 +7,8 @@
 //! `webhook_inbox_<name>`, and an age in milliseconds
 //! `webhook_inbox_<name>_seconds`, in seconds as Prometheus has it. Beside
 //! them: receive's latency (`webhook_inbox_receive_duration_seconds`), its
-//! group commits (`webhook_inbox_receive_group_size`), and the passes that
-//! failed (`webhook_inbox_pass_errors_total{function}`).
+//! group commits (`webhook_inbox_receive_group_size`, recorded by the
+//! committers), and the passes that failed (`webhook_inbox_pass_errors_total{function}`).
 //!
 //! Without the recorder installed ([`install`], once per process) every call
 //! here does nothing.
@@ -17,10 +17,7 @@ use std::{sync::OnceLock, time::Duration};
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::{
-    ingest::claim::group::GroupDone,
-    runtime::metrics::{Kind, Metrics, Unit},
-};
+use crate::runtime::metrics::{Kind, Metrics, Unit};
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
@@ -79,14 +76,6 @@ pub fn record(m: &Metrics) {
 pub fn delivered(m: &Metrics, took: Duration) {
     record(m);
     metrics::histogram!("webhook_inbox_receive_duration_seconds").record(took.as_secs_f64());
-}
-
-/// A group commit at receive.
-pub(crate) fn group_committed(g: GroupDone) {
-    metrics::histogram!("webhook_inbox_receive_group_size").record(g.size as f64);
-    if g.one_by_one {
-        metrics::counter!("webhook_inbox_receive_groups_one_by_one_total").increment(1);
-    }
 }
 
 /// A stage's pass that failed (the database, most often).

@@ -9,8 +9,11 @@
 //! [`GroupConfig`]), the worker, the relay, prune and reconcile on their
 //! schedules, and the console. Beside them, on the admin port, `/healthz`
 //! (alive), `/readyz` (the database reachable and every migration applied)
-//! and Prometheus `/metrics` ([`metrics`](self) has the names); the main port
-//! answers `/healthz` and `/readyz` too, for a load balancer's checks.
+//! and Prometheus `/metrics` (the repository's `docs/serve.md` lists every
+//! metric); the main port answers `/healthz` and `/readyz` too, for a load
+//! balancer's checks. With `OTEL_EXPORTER_OTLP_ENDPOINT`, each delivery is one
+//! OpenTelemetry trace from its receive through its processing to the relay of
+//! the messages its handler wrote.
 //!
 //! On SIGTERM (or Ctrl-C) it drains: `/readyz` answers 503, no new
 //! connection is taken, every delivery in flight is answered once its claim
@@ -50,10 +53,11 @@ use std::{
 use anyhow::{Context, Result};
 use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
 
+pub(crate) use self::server::CONSOLE_PATH;
 pub use crate::ingest::claim::group::GroupConfig;
 use crate::{
     app::App,
-    config::{ConfigError, Env, SinkConfig},
+    config::{ConfigError, Env, ServeConfig, SinkConfig},
     db,
     process::worker::{Worker, WorkerConfig},
     prune::{Pruner, RetentionConfig},
@@ -171,18 +175,6 @@ pub struct Settings {
     pub migrate: bool,
 }
 
-/// The service's own settings, read from the environment (`ServeConfig::read`).
-#[derive(Clone, Debug)]
-pub struct ServeConfig {
-    /// `INBOX_DRAIN_TIMEOUT_MS`, default 25000: how long a shutdown waits for
-    /// the requests and batches in flight (within a container's usual 30 s).
-    pub drain_timeout: Duration,
-    /// `INBOX_WORKERS`, default 2: workers taking batches at once (process role).
-    pub workers: usize,
-    /// Receive's group commit.
-    pub group: GroupConfig,
-}
-
 /// Whether the instance takes traffic: `/readyz`.
 struct Readiness {
     draining: AtomicBool,
@@ -296,7 +288,10 @@ pub async fn run(app: App, settings: Settings) -> Result<()> {
         None => env.parse("INBOX_ADMIN_PORT", 9090)?,
     };
     let serve = ServeConfig::read(&env)?;
-    metrics::install().context("installing the Prometheus recorder")?;
+    let traces = crate::config::otlp_traces(&env)?;
+    if let Some((endpoint, service)) = &traces {
+        crate::runtime::trace::install(endpoint, service).context("starting the OTLP trace exporter")?;
+    }
     let pool = db::pool(&config.db)?;
     if settings.migrate {
         app.migrate(&pool).await.context("applying migrations")?;
@@ -313,12 +308,16 @@ pub async fn run(app: App, settings: Settings) -> Result<()> {
         )
     };
     let stack = Stack { app: &app, env: &env, config: &config, pool, roles, serve, counted: true };
-    stack
+    let served = stack
         .run(main, admin, crate::runtime::shutdown_signal(), |addr, admin| {
             let admin = admin.map_or(String::new(), |a| format!("; /healthz, /readyz and /metrics on http://{a}"));
-            say(&format!("inbox serve ready on http://{addr}{admin}"));
+            let traces = traces.as_ref().map_or(String::new(), |_| "; traces over OTLP".into());
+            say(&format!("inbox serve ready on http://{addr}{admin}{traces}"));
         })
-        .await
+        .await;
+    // The spans still buffered go out before the process ends.
+    tokio::task::spawn_blocking(crate::runtime::trace::shutdown).await?;
+    served
 }
 
 /// The stages and listeners of one instance: `inbox serve`'s, and `inbox dev`'s.
@@ -344,6 +343,9 @@ impl Stack<'_> {
         ready: impl FnOnce(SocketAddr, Option<SocketAddr>),
     ) -> Result<()> {
         let Stack { app, env, config, pool, roles, serve, counted } = self;
+        if counted {
+            metrics::install().context("installing the Prometheus recorder")?;
+        }
         let readiness = Arc::new(Readiness {
             draining: AtomicBool::new(false),
             migrated: AtomicBool::new(false),

@@ -59,6 +59,7 @@ pub struct Site {
     pub counted: bool,
 }
 
+#[cfg(feature = "internals")]
 impl Site {
     /// Webhooks only.
     pub fn webhooks(receiver: Arc<Receiver>) -> Self {

@@ -197,6 +197,7 @@ async fn claim_times(url: &str, schema: &str, round: usize, n: usize) -> Result<
             secret_index: Some(0),
             secret_fingerprint: None,
             replay_guard: false,
+            trace_context: None,
         };
         let event = NewEvent::pending(id, "payment_intent.succeeded", raw.clone());
         let started = Instant::now();

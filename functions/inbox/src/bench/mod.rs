@@ -589,7 +589,7 @@ async fn http(config: &ReceiveConfig, c: usize, load: Load, until: Until) -> Res
     config.db.pool_size = c as u32;
     // As `inbox serve` receives: group commit as its environment sets it (INBOX_GROUP_COMMIT_MAX=1
     // turns it off), every delivery counted in the Prometheus metrics.
-    let group = webhook_inbox::serve::ServeConfig::read(&webhook_inbox::config::Env::process())?.group;
+    let group = webhook_inbox::config::ServeConfig::read(&webhook_inbox::config::Env::process())?.group;
     webhook_inbox::serve::metrics::install()?;
     let receiver = Arc::new(Receiver::new(db::Connections::new(&config.db)?, &config).with_group_commit(group));
     let site = server::Site { receiver: Some(receiver), router: None, routed: |_| false, counted: true };

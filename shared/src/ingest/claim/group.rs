@@ -21,10 +21,8 @@ use std::{collections::HashSet, sync::Arc, time::Duration};
 use tokio::sync::{mpsc, oneshot, Mutex};
 
 use super::{claim_single, Claim};
-use crate::{
-    core::{event::NewEvent, provider::Provider},
-    db::{self, inbox::Envelope, Connections},
-};
+pub use crate::db::inbox::GroupRow as Row;
+use crate::db::{self, Connections};
 
 /// How receive groups its claims (`ServeConfig::read` takes it from the environment).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,29 +50,6 @@ impl GroupConfig {
     }
 }
 
-/// A delivery of one event, to claim with its group.
-pub struct Row {
-    pub provider: Provider,
-    pub event: NewEvent,
-    pub raw_body: Vec<u8>,
-    pub headers: serde_json::Value,
-    pub secret_index: Option<i16>,
-    pub secret_fingerprint: Option<String>,
-}
-
-impl Row {
-    fn envelope(&self) -> Envelope<'_> {
-        Envelope {
-            provider: self.provider,
-            raw_body: &self.raw_body,
-            headers: &self.headers,
-            secret_index: self.secret_index,
-            secret_fingerprint: self.secret_fingerprint.as_deref(),
-            replay_guard: false,
-        }
-    }
-}
-
 /// A row in the queue, and where its answer goes.
 struct Waiting {
     row: Row,
@@ -86,22 +61,14 @@ pub struct Grouper {
     queue: mpsc::Sender<Waiting>,
 }
 
-/// What one group came to, for the metrics.
-#[derive(Clone, Copy, Debug)]
-pub struct GroupDone {
-    pub size: usize,
-    /// Claimed one by one after PostgreSQL refused a value of the group.
-    pub one_by_one: bool,
-}
-
 impl Grouper {
     /// Starts `config.committers` committers on `connections`. They end when the
     /// grouper is dropped, once the queue is empty.
-    pub fn start(connections: Arc<Connections>, config: GroupConfig, on_group: fn(GroupDone)) -> Self {
+    pub fn start(connections: Arc<Connections>, config: GroupConfig) -> Self {
         let (queue, received) = mpsc::channel(config.max * config.committers * 4);
         let received = Arc::new(Mutex::new(received));
         for _ in 0..config.committers {
-            tokio::spawn(committer(connections.clone(), received.clone(), config, on_group));
+            tokio::spawn(committer(connections.clone(), received.clone(), config));
         }
         Grouper { queue }
     }
@@ -121,7 +88,6 @@ async fn committer(
     connections: Arc<Connections>,
     received: Arc<Mutex<mpsc::Receiver<Waiting>>>,
     config: GroupConfig,
-    on_group: fn(GroupDone),
 ) {
     loop {
         let group = {
@@ -142,9 +108,11 @@ async fn committer(
             }
             group
         };
-        let size = group.len();
-        let one_by_one = commit(&connections, group).await;
-        on_group(GroupDone { size, one_by_one });
+        // Prometheus (`inbox serve`'s /metrics), when a recorder is installed; else nothing.
+        ::metrics::histogram!("webhook_inbox_receive_group_size").record(group.len() as f64);
+        if commit(&connections, group).await {
+            ::metrics::counter!("webhook_inbox_receive_groups_one_by_one_total").increment(1);
+        }
     }
 }
 

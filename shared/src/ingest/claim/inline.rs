@@ -59,6 +59,7 @@ pub(crate) async fn claim_and_apply(
             attempts: 0,
             received_at: SystemTime::now(),
             headers: Headers::from_json(env.headers),
+            trace_context: env.trace_context.map(str::to_string),
         };
         // A payload that does not decode as the handler's type fails here, as the worker would fail it.
         let prepared = match handler.prepare(event) {
