@@ -387,7 +387,7 @@ pub struct ServeConfig {
 impl ServeConfig {
     /// `INBOX_DRAIN_TIMEOUT_MS` (25000), `INBOX_WORKERS` (2), and receive's
     /// group commit: `INBOX_GROUP_COMMIT_MAX` (64; 1 turns it off),
-    /// `INBOX_GROUP_COMMIT_WAIT_US` (0) and `INBOX_GROUP_COMMIT_COMMITTERS` (4).
+    /// `INBOX_GROUP_COMMIT_WAIT_US` (0) and `INBOX_GROUP_COMMIT_COMMITTERS` (2).
     pub fn read(env: &Env) -> Result<Self, ConfigError> {
         let group = crate::ingest::claim::group::GroupConfig::default();
         Ok(ServeConfig {

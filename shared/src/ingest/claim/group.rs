@@ -32,14 +32,14 @@ pub struct GroupConfig {
     /// `INBOX_GROUP_COMMIT_WAIT_US`, default 0: how long a group waits for more
     /// deliveries once it has its first (beyond those already queued).
     pub wait: Duration,
-    /// `INBOX_GROUP_COMMIT_COMMITTERS`, default 4: groups committing at once
+    /// `INBOX_GROUP_COMMIT_COMMITTERS`, default 2: groups committing at once
     /// (each on one of receive's connections, so at most `INBOX_DB_POOL_SIZE`).
     pub committers: usize,
 }
 
 impl Default for GroupConfig {
     fn default() -> Self {
-        GroupConfig { max: 64, wait: Duration::ZERO, committers: 4 }
+        GroupConfig { max: 64, wait: Duration::ZERO, committers: 2 }
     }
 }
 
