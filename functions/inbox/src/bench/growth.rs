@@ -81,7 +81,7 @@ impl Bench {
             migrated_schema(pool, &config.db, schema).await?;
         }
         let seeding = Instant::now();
-        let seed = schema_pool(&config.db, FULL)?;
+        let seed = schema_pool(&config.db, FULL, 2)?;
         // Small payloads: the claim's cost is in the indexes, whose keys are the
         // same as for full-size events.
         sqlx::query(
@@ -165,17 +165,17 @@ fn schema_url(url: &str, schema: &str) -> String {
     format!("{url}{sep}options=-c%20search_path%3D{schema}")
 }
 
-/// A pool on `schema` with no statement timeout (for seeding).
-fn schema_pool(db: &DbConfig, schema: &str) -> Result<PgPool> {
+/// A pool of `size` connections on `schema` with no statement timeout (for seeding).
+pub(super) fn schema_pool(db: &DbConfig, schema: &str, size: u32) -> Result<PgPool> {
     let url = db.url.as_deref().context("no database")?;
-    let cfg = DbConfig { pool_size: 2, statement_timeout: Duration::ZERO, ..db.clone() };
+    let cfg = DbConfig { pool_size: size, statement_timeout: Duration::ZERO, ..db.clone() };
     Ok(db::pool_from(PgConnectOptions::from_str(url)?.options([("search_path", schema)]), &cfg))
 }
 
 /// `schema`, dropped if there, created and migrated.
 pub(super) async fn migrated_schema(pool: &PgPool, db: &DbConfig, schema: &str) -> Result<()> {
     sqlx::raw_sql(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}")).execute(pool).await?;
-    let p = schema_pool(db, schema)?;
+    let p = schema_pool(db, schema, 2)?;
     db::schema::migrate(&p).await.with_context(|| format!("migrating {schema}"))?;
     p.close().await;
     Ok(())
