@@ -233,8 +233,8 @@ impl Bench {
             clean(&pool).await?;
             self.prune(&pool, &config, &mut report).await?;
         }
-        if let Some(empty) = &empty {
-            self.process(&pool, &url, empty.clone(), &mut report).await?;
+        if let Some(empty) = empty {
+            self.process(&pool, &url, empty, &mut report).await?;
         }
         if self.runs("relay") {
             clean(&pool).await?;
