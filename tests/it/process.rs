@@ -850,6 +850,67 @@ async fn an_event_that_kills_its_connection_fails_after_its_attempts_and_blocks_
     assert_eq!(unhandled, 5, "nothing ran for them: no attempt spent, careful mode or not");
 }
 
+/// Kills its connection on an event's first `kills` runs (the payload's), then
+/// applies it; remembers, per event, whether the run that applied it was
+/// careful (its attempt committed before it ran).
+#[derive(Default, Clone)]
+struct FlakyLink {
+    runs: Arc<std::sync::Mutex<std::collections::HashMap<String, (u64, bool)>>>,
+}
+
+impl Handler for FlakyLink {
+    type Payload = Value;
+    async fn handle(&self, conn: &mut PgConnection, event: &Event) -> Result<Outcome, HandlerError> {
+        let runs = self.runs.lock().unwrap().get(&event.event_id).map_or(0, |r| r.0);
+        if runs < event.payload["kills"].as_u64().unwrap_or(0) {
+            self.runs.lock().unwrap().insert(event.event_id.clone(), (runs + 1, false));
+            sqlx::query("SELECT pg_terminate_backend(pg_backend_pid())").execute(&mut *conn).await?;
+        }
+        let counted: i32 = sqlx::query_scalar("SELECT attempts FROM webhook_inbox WHERE provider = 'github' AND event_id = $1")
+            .bind(&event.event_id)
+            .fetch_one(&mut *conn)
+            .await?;
+        self.runs.lock().unwrap().insert(event.event_id.clone(), (runs + 1, counted > event.attempts));
+        Ok(Outcome::NoEffect)
+    }
+}
+
+/// After a lost connection the worker goes careful for one pass, then back to
+/// batches, even when that pass lost its connection too: a network that cuts
+/// a connection now and then must not keep it one event at a time for as long
+/// as cuts keep coming (the full fault suite's connection cuts did, and it
+/// fell behind the storm).
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn a_careful_pass_that_loses_its_connection_too_hands_back_to_batches(pool: PgPool) {
+    let flaky = FlakyLink::default();
+    let handlers = Handlers::new().on(Provider::GITHUB, "flaky", flaky.clone()).unwrap();
+    // Backoffs that outlast the test: an event counted and cut stays out of the way.
+    let config = WorkerConfig { batch_size: 10, retry_base: Duration::from_secs(60), ..fast_worker_config() };
+    let w = Worker::new(pool.clone(), handlers, config);
+    for i in 0..30 {
+        // d-00 cuts its first two runs (the batch's, then its careful one), d-05 its first.
+        let kills = match i {
+            0 => 2,
+            5 => 1,
+            _ => 0,
+        };
+        stored(&pool, Provider::GITHUB, &format!("d-{i:02}"), "flaky", json!({ "kills": kills })).await;
+    }
+    for _ in 0..20 {
+        let _ = w.run_once(later()).await; // the cut passes fail; that is the point
+    }
+    let pending: Vec<String> =
+        sqlx::query_scalar("SELECT event_id FROM webhook_inbox WHERE status = 'pending' ORDER BY event_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(pending, ["d-00"], "d-00 counted and held back by its backoff; every other event applied");
+    let runs = flaky.runs.lock().unwrap();
+    let careful: Vec<String> = (1..30).map(|i| format!("d-{i:02}")).filter(|id| runs[id].1).collect();
+    // d-05's cut sent the worker careful again for one batch's worth (d-01 to d-10); then batches.
+    assert_eq!(careful, (1..=10).map(|i| format!("d-{i:02}")).collect::<Vec<_>>());
+}
+
 // ---------- receive tells process (INBOX_PROCESS_QUEUE_URL) ----------
 
 /// After the commit, one message per new pending event; the SQS path then

@@ -135,8 +135,8 @@ pub struct Worker {
     /// [`Handlers::keys`]: the events a batch fetches the payload of.
     handled: Vec<String>,
     config: WorkerConfig,
-    /// Set when a batch lost its connection: the next pass goes event by event,
-    /// counting each attempt before it runs (see [`Worker::run_careful`]).
+    /// Set when a batch lost its connection: the next pass (one) goes event by
+    /// event, counting each attempt before it runs (see [`Worker::run_careful`]).
     careful: std::sync::atomic::AtomicBool,
     /// Batches still to run with a savepoint per event, after one whose
     /// handler failed (see [`Worker::run_once`]).
@@ -229,11 +229,17 @@ impl Worker {
     /// After a batch lost its connection (an event that crashes the backend, a
     /// statement timeout on the whole session, ...), the batch rolled back and
     /// no attempt was counted: the same event would sink every batch forever.
-    /// So, event by event, each attempt is committed before the event runs
-    /// (and the event is held back by its backoff meanwhile); one that keeps
-    /// cutting the connection reaches its maximum and fails, and the others
-    /// go on. A full careful batch without a loss returns to normal batches.
+    /// So, for one pass, event by event, each attempt is committed before the
+    /// event runs (and the event is held back by its backoff meanwhile): the
+    /// pass ends at the first event that loses its connection again, counted
+    /// and held back, or after a batch's worth. Then batches resume, whatever
+    /// the pass came to: an event that keeps cutting the connection sinks one
+    /// batch per backoff, reaches its maximum attempts and fails, and the
+    /// others go on; a network that keeps cutting connections now and then
+    /// costs a short careful pass per cut, not careful mode for as long as cuts
+    /// keep coming.
     async fn run_careful(&self, deadline: Instant) -> Result<Counts, sqlx::Error> {
+        self.careful.store(false, std::sync::atomic::Ordering::Relaxed);
         let mut total = Counts::default();
         for _ in 0..self.config.batch_size {
             if Instant::now() >= deadline {
@@ -251,7 +257,6 @@ impl Worker {
             };
             total.add(&counts);
         }
-        self.careful.store(false, std::sync::atomic::Ordering::Relaxed);
         Ok(total)
     }
 
