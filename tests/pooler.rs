@@ -188,8 +188,14 @@ async fn every_stage(pool_options: PgPoolOptions, opts: PgConnectOptions, mode: 
         overlap: Duration::from_secs(300),
         window: Duration::from_secs(2 * 3600),
     };
-    let found =
-        StripeEvents::new(api.uri(), Secret::new("sk")).unwrap().reconcile(&pool, &config, later()).await.unwrap();
+    let found = webhook_inbox::reconciliation::Source::reconcile(
+        &StripeEvents::new(api.uri(), Secret::new("sk")).unwrap(),
+        &pool,
+        &config,
+        later(),
+    )
+    .await
+    .unwrap();
     assert_eq!((found.applied, found.already_known), (1, 2));
 
     let log = bouncer.log();

@@ -21,6 +21,8 @@ pub struct App {
     handlers: Handlers,
     migrations: Option<&'static Migrator>,
     schemes: Vec<Arc<dyn Scheme>>,
+    #[cfg(feature = "reconcile")]
+    sources: Vec<Arc<dyn crate::reconcile::Source>>,
     /// The crate's own tables beyond the inbox's (the reference domain's), and their history table.
     pub(crate) own_tables: Option<(&'static Migrator, &'static str)>,
 }
@@ -28,7 +30,7 @@ pub struct App {
 impl App {
     /// An application with these handlers and no migrations of its own.
     pub fn new(handlers: Handlers) -> Self {
-        App { handlers, migrations: None, schemes: Vec::new(), own_tables: None }
+        App { handlers, ..App::default() }
     }
 
     /// The application's own migrations (`sqlx::migrate!()`), applied after
@@ -46,6 +48,21 @@ impl App {
     pub fn with_scheme(mut self, scheme: impl Scheme + 'static) -> Self {
         self.schemes.push(Arc::new(scheme));
         self
+    }
+
+    /// A provider API of its own for reconcile to read (see
+    /// [`crate::reconciliation::Source`]), besides the built-in ones the
+    /// environment configures: the `reconcile` function, `inbox serve` and
+    /// `inbox reconcile --once` built from this app run it.
+    #[cfg(feature = "reconcile")]
+    pub fn with_source(mut self, source: impl crate::reconcile::Source + 'static) -> Self {
+        self.sources.push(Arc::new(source));
+        self
+    }
+
+    #[cfg(feature = "reconcile")]
+    pub(crate) fn sources(&self) -> &[Arc<dyn crate::reconcile::Source>] {
+        &self.sources
     }
 
     /// The handlers.

@@ -146,15 +146,16 @@ pub async fn relay() -> Result<(), Error> {
     .await
 }
 
-/// `reconcile` (scheduled): fetches what providers never delivered.
+/// `reconcile` (scheduled): fetches what providers never delivered, from the
+/// sources the environment configures and `app`'s own ([`App::with_source`]).
 #[cfg(feature = "reconcile")]
-pub async fn reconcile() -> Result<(), Error> {
+pub async fn reconcile(app: App) -> Result<(), Error> {
     use crate::reconcile::Reconciler;
     config::init_logging();
     let env = config::Env::resolved().await?;
-    let reconciler = Reconciler::read(&env)?;
+    let reconciler = Reconciler::read(&env, &app)?;
     if !reconciler.is_configured() {
-        return Err("nothing to reconcile: set STRIPE_API_KEY, or SHOPIFY_SHOP_DOMAIN and SHOPIFY_ACCESS_TOKEN".into());
+        return Err(crate::reconcile::NOTHING_TO_RECONCILE.into());
     }
     let pool = db::pool(&DbConfig::read(&env, 1)?)?;
     let margin = config::deadline_margin(&env)?;

@@ -225,6 +225,18 @@ pub mod schemes {
     pub use crate::ingest::providers::{Challenged, Delivery, Events, Rejected, RejectionKind, Scheme, Verified};
 }
 
+/// Reconciliation's sources: the provider APIs reconcile reads for what
+/// was never delivered. Stripe's events, Shopify's orders and GitHub's hook
+/// deliveries are built in (configured by the environment); a team adds its
+/// own by implementing [`Source`](reconciliation::Source) and adding it with
+/// [`App::with_source`]. It claims what it finds with
+/// [`claim`](reconciliation::claim), through the webhook claim, and may keep
+/// its checkpoint with [`walk`](reconciliation::walk).
+#[cfg(feature = "reconcile")]
+pub mod reconciliation {
+    pub use crate::reconcile::{claim, walk, Found, ReconcileConfig, ReconcileError, Source};
+}
+
 pub use crate::core::provider::Provider;
 #[cfg(feature = "service")]
 pub use app::App;

@@ -11,15 +11,33 @@
 //! (`RECONCILE_WINDOW_MINUTES`) and saves the checkpoint after each: a first
 //! run's 72 hours, or a backlog after an outage, take several bounded runs,
 //! each starting where the last stopped, instead of timing out forever.
+//!
+//! GitHub keeps no time filter on its hook deliveries: [`GithubDeliveries`]
+//! lists each hook's deliveries newest first down to its checkpoint and
+//! fetches the payload of each one the inbox does not hold.
+//!
+//! Every source has one shape, [`Source`]: a name, and a run that claims what
+//! the inbox is missing through [`claim`] (the webhook claim, as
+//! `source = 'reconcile'`). A team adds its own with [`crate::App::with_source`],
+//! the way it adds a handler.
 
-use std::time::{Duration, Instant};
+mod github;
+
+pub use github::{GithubDeliveries, Hook};
+
+use std::{
+    future::Future,
+    pin::Pin,
+    time::{Duration, Instant},
+};
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
 use crate::{
     core::error::ConfigError,
+    core::text::Escaped,
     core::payload,
     core::{
         http::{http_client, retry_after},
@@ -30,14 +48,36 @@ use crate::{
     ingest::providers::{body_digest_id, stripe::Stripe, Delivery, Events, InitialStatus, NewEvent, Provider, Scheme},
 };
 
+/// Why a source's run stopped (its checkpoint stays where the last complete window left it).
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
+    /// The provider's API answered with an error status.
     #[error("{api} answered HTTP {status}: {body}")]
-    Api { api: &'static str, status: u16, body: String },
+    Api {
+        /// The API (`"Stripe"`).
+        api: &'static str,
+        /// The HTTP status.
+        status: u16,
+        /// The answer's body, cut to 500 characters.
+        body: String,
+    },
+    /// The request did not get an answer.
     #[error("{api} request failed: {source}")]
-    Request { api: &'static str, source: reqwest::Error },
+    Request {
+        /// The API.
+        api: &'static str,
+        /// Why.
+        source: reqwest::Error,
+    },
+    /// The answer was not what the API documents.
     #[error("{api} sent an unexpected body: {reason}")]
-    Body { api: &'static str, reason: String },
+    Body {
+        /// The API.
+        api: &'static str,
+        /// What was wrong with it.
+        reason: String,
+    },
+    /// The inbox's database.
     #[error("database: {0}")]
     Database(#[from] sqlx::Error),
 }
@@ -45,9 +85,11 @@ pub enum ReconcileError {
 /// What a run found.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Found {
+    /// Events (orders, deliveries) the API listed.
     pub fetched: usize,
     /// Events the inbox did not have (Shopify: order snapshots), claimed.
     pub applied: usize,
+    /// Events the inbox already held.
     pub already_known: usize,
     /// Kept as `failed` rows with their reason (unusable, or refused by PostgreSQL).
     pub failed: usize,
@@ -57,7 +99,8 @@ pub struct Found {
 }
 
 impl Found {
-    fn add(&mut self, o: &Found) {
+    /// Adds another run's (or window's) counts; `finished` stays as it is.
+    pub fn add(&mut self, o: &Found) {
         self.fetched += o.fetched;
         self.applied += o.applied;
         self.already_known += o.already_known;
@@ -65,6 +108,7 @@ impl Found {
     }
 }
 
+/// How far back reconcile looks, and in which steps.
 #[derive(Debug, Clone)]
 pub struct ReconcileConfig {
     /// `RECONCILE_LOOKBACK_HOURS` (72): how far back the first run looks.
@@ -75,10 +119,12 @@ pub struct ReconcileConfig {
     pub window: Duration,
 }
 
-/// Walks `source` from its checkpoint to now, window by window, and moves the
-/// checkpoint to each window's end once everything found in it has committed;
-/// a window cut short by the deadline ends the run, unfinished.
-async fn walk<F, Fut>(
+/// Walks `source` (its checkpoint's name) from its checkpoint to now, window
+/// by window (`[start, end)` in Unix seconds), and moves the checkpoint to
+/// each window's end once everything `window` found in it has committed; a
+/// window that comes back incomplete (the deadline came first) ends the run,
+/// unfinished. For an API that filters by time, as Stripe's and Shopify's do.
+pub async fn walk<F, Fut>(
     pool: &PgPool,
     source: &str,
     config: &ReconcileConfig,
@@ -114,6 +160,112 @@ async fn windows(pool: &PgPool, source: &str, config: &ReconcileConfig) -> Resul
         start += step;
     }
     Ok(windows)
+}
+
+/// Claims `event`, fetched from `provider`'s API, through the webhook claim
+/// (`source = 'reconcile'`; `body` its bytes as stored, `headers` what receive
+/// would have kept), counting it in `found`: new, already known, or kept as
+/// `failed` (an event made [`NewEvent::unusable`]). Each event in its own
+/// statement, as a webhook's: a payload PostgreSQL refuses is kept `failed`
+/// without it, and the next one goes on.
+pub async fn claim(
+    conn: &mut PgConnection,
+    provider: Provider,
+    body: &[u8],
+    headers: &serde_json::Value,
+    event: &NewEvent,
+    found: &mut Found,
+) -> Result<(), sqlx::Error> {
+    let env = Envelope {
+        provider,
+        raw_body: body,
+        headers,
+        secret_index: None,
+        secret_fingerprint: None,
+        replay_guard: false,
+        trace_context: None,
+    };
+    let claimed = claim::claim_one(conn, &env, event).await?;
+    found.fetched += 1;
+    match (event.status, claimed) {
+        (InitialStatus::Pending, Claim::New) => found.applied += 1,
+        (InitialStatus::Pending, Claim::Duplicate | Claim::Replay) => found.already_known += 1,
+        (InitialStatus::Failed, _) => {
+            tracing::warn!(%provider, reason = ?event.failure_reason.as_deref().map(crate::core::text::escape), "fetched event kept as failed");
+            found.failed += 1;
+        }
+    }
+    Ok(())
+}
+
+/// A provider API that reconcile reads: the built-in ones ([`StripeEvents`],
+/// [`ShopifyOrders`], [`GithubDeliveries`]) and a team's own, added with
+/// [`crate::App::with_source`]. A run claims, with [`claim`], what the inbox
+/// is missing since the source's checkpoint ([`walk`] keeps one for an API
+/// that filters by time), asks for nothing past `deadline`, and says with
+/// [`Found::finished`] whether it got to the present.
+///
+/// ```no_run
+/// use std::{future::Future, pin::Pin, time::Instant};
+///
+/// use webhook_inbox::reconciliation::{claim, walk, Found, ReconcileConfig, ReconcileError, Source};
+/// use webhook_inbox::{schemes::NewEvent, sqlx::PgPool, App, Handlers, Provider};
+///
+/// /// Acme's `GET /events?from=&to=`, one JSON event per line.
+/// struct AcmeEvents {
+///     client: reqwest::Client,
+/// }
+///
+/// impl AcmeEvents {
+///     async fn window(&self, pool: &PgPool, from: i64, to: i64) -> Result<(Found, bool), ReconcileError> {
+///         let api = "Acme";
+///         let url = format!("https://api.acme.example/events?from={from}&to={to}");
+///         let text = self.client.get(url).send().await.and_then(|r| r.error_for_status());
+///         let text = text.map_err(|source| ReconcileError::Request { api, source })?;
+///         let text = text.text().await.map_err(|source| ReconcileError::Request { api, source })?;
+///         let (mut found, mut conn) = (Found::default(), pool.acquire().await?);
+///         for line in text.lines() {
+///             let json: Option<serde_json::Value> = serde_json::from_str(line).ok();
+///             let id = json.as_ref().and_then(|j| j["id"].as_str()).map(str::to_string);
+///             let event = NewEvent::from_json(line.as_bytes(), id, "acme.event");
+///             let acme = Provider::try_from("acme").expect("a valid name");
+///             claim(&mut conn, acme, line.as_bytes(), &serde_json::json!({}), &event, &mut found).await?;
+///         }
+///         Ok((found, true))
+///     }
+/// }
+///
+/// impl Source for AcmeEvents {
+///     fn name(&self) -> String {
+///         "acme events".into()
+///     }
+///
+///     fn reconcile<'a>(
+///         &'a self,
+///         pool: &'a PgPool,
+///         config: &'a ReconcileConfig,
+///         _deadline: Instant,
+///     ) -> Pin<Box<dyn Future<Output = Result<Found, ReconcileError>> + Send + 'a>> {
+///         Box::pin(walk(pool, "acme:events", config, move |from, to| self.window(pool, from, to)))
+///     }
+/// }
+///
+/// // The `reconcile` function, `inbox serve` and `inbox reconcile --once` built from this app run it.
+/// let app = App::new(Handlers::new()).with_source(AcmeEvents { client: reqwest::Client::new() });
+/// # drop(app);
+/// ```
+pub trait Source: Send + Sync {
+    /// The source in logs, reports and metrics: its first word is the
+    /// provider (`"stripe events"`, `"github repos/o/r/hooks/1"`).
+    fn name(&self) -> String;
+
+    /// One run; an error stops this source alone, its checkpoint unmoved.
+    fn reconcile<'a>(
+        &'a self,
+        pool: &'a PgPool,
+        config: &'a ReconcileConfig,
+        deadline: Instant,
+    ) -> Pin<Box<dyn Future<Output = Result<Found, ReconcileError>> + Send + 'a>>;
 }
 
 /// GET with `429`/`Retry-After` honoured (up to 5 tries, at most 30 s a wait).
@@ -173,17 +325,6 @@ impl StripeEvents {
         Ok(StripeEvents { client, base: base.into().trim_end_matches('/').to_string(), key })
     }
 
-    /// Lists undelivered events created since the checkpoint, window by window
-    /// (newest first within one, paginated with `starting_after`), and claims
-    /// each through the webhook claim; no page is asked for past `deadline`.
-    pub async fn reconcile(
-        &self,
-        pool: &PgPool,
-        config: &ReconcileConfig,
-        deadline: Instant,
-    ) -> Result<Found, ReconcileError> {
-        walk(pool, "stripe:events", config, |start, end| self.window(pool, start, end, deadline)).await
-    }
 
     /// One window, all its pages; false if the deadline came first.
     async fn window(
@@ -196,7 +337,7 @@ impl StripeEvents {
         let mut found = Found::default();
         let parser = Stripe::new(vec![]);
         let headers = http::HeaderMap::new();
-        let empty = serde_json::json!({});
+        let kept = serde_json::json!({});
         let mut starting_after: Option<String> = None;
         loop {
             if Instant::now() >= deadline {
@@ -236,20 +377,7 @@ impl StripeEvents {
                 let Events::Single(event) = parser.events(&Delivery { headers: &headers, body, now: 0 }) else {
                     continue;
                 };
-                let env = Envelope {
-                    provider: Provider::STRIPE,
-                    raw_body: body,
-                    headers: &empty,
-                    secret_index: None,
-                    secret_fingerprint: None,
-                    replay_guard: false,
-                    trace_context: None,
-                };
-                match claim::claim_one(&mut conn, &env, &event).await? {
-                    Claim::New => found.applied += 1,
-                    Claim::Duplicate | Claim::Replay => found.already_known += 1,
-                }
-                found.fetched += 1;
+                claim(&mut conn, Provider::STRIPE, body, &kept, &event, &mut found).await?;
             }
             drop(conn);
             if !page.has_more || page.data.is_empty() {
@@ -344,18 +472,6 @@ impl ShopifyOrders {
         })
     }
 
-    /// Orders updated since the checkpoint, window by window and page by page
-    /// (`Link: rel="next"`), each claimed as an `orders/updated` event (see
-    /// [`ORDER_TOPIC`]): a snapshot claimed before is a duplicate. No page is
-    /// asked for past `deadline`.
-    pub async fn reconcile(
-        &self,
-        pool: &PgPool,
-        config: &ReconcileConfig,
-        deadline: Instant,
-    ) -> Result<Found, ReconcileError> {
-        walk(pool, "shopify:orders", config, |start, end| self.window(pool, start, end, deadline)).await
-    }
 
     /// One window, all its pages; false if the deadline came first.
     async fn window(
@@ -398,29 +514,10 @@ impl ShopifyOrders {
             let page: OrderPage = serde_json::from_str(&text)
                 .map_err(|e| ReconcileError::Body { api: "Shopify", reason: e.to_string() })?;
             let mut conn = pool.acquire().await?;
-            let headers = serde_json::json!({});
+            let kept = serde_json::json!({});
             for raw in &page.orders {
-                found.fetched += 1;
                 let order = raw.get();
-                let event = order_event(order);
-                let env = Envelope {
-                    provider: Provider::SHOPIFY,
-                    raw_body: order.as_bytes(),
-                    headers: &headers,
-                    secret_index: None,
-                    secret_fingerprint: None,
-                    replay_guard: false,
-                    trace_context: None,
-                };
-                let claim = claim::claim_one(&mut conn, &env, &event).await?;
-                match (event.status, claim) {
-                    (InitialStatus::Pending, Claim::New) => found.applied += 1,
-                    (InitialStatus::Pending, Claim::Duplicate | Claim::Replay) => found.already_known += 1,
-                    (InitialStatus::Failed, _) => {
-                        tracing::warn!(reason = ?event.failure_reason, "order from the Admin API kept as failed");
-                        found.failed += 1;
-                    }
-                }
+                claim(&mut conn, Provider::SHOPIFY, order.as_bytes(), &kept, &order_event(order), &mut found).await?;
             }
             drop(conn);
             match next {
@@ -435,11 +532,53 @@ impl ShopifyOrders {
     }
 }
 
-/// What a run did: each source's counts, and why any source failed.
+/// Lists undelivered events created since the checkpoint, window by window
+/// (newest first within one, paginated with `starting_after`), and claims
+/// each through the webhook claim; no page is asked for past `deadline`.
+impl Source for StripeEvents {
+    fn name(&self) -> String {
+        "stripe events".into()
+    }
+
+    fn reconcile<'a>(
+        &'a self,
+        pool: &'a PgPool,
+        config: &'a ReconcileConfig,
+        deadline: Instant,
+    ) -> Pin<Box<dyn Future<Output = Result<Found, ReconcileError>> + Send + 'a>> {
+        Box::pin(walk(pool, "stripe:events", config, move |start, end| self.window(pool, start, end, deadline)))
+    }
+}
+
+/// Orders updated since the checkpoint, window by window and page by page
+/// (`Link: rel="next"`), each claimed as an `orders/updated` event (see
+/// [`ORDER_TOPIC`]): a snapshot claimed before is a duplicate. No page is
+/// asked for past `deadline`.
+impl Source for ShopifyOrders {
+    fn name(&self) -> String {
+        "shopify orders".into()
+    }
+
+    fn reconcile<'a>(
+        &'a self,
+        pool: &'a PgPool,
+        config: &'a ReconcileConfig,
+        deadline: Instant,
+    ) -> Pin<Box<dyn Future<Output = Result<Found, ReconcileError>> + Send + 'a>> {
+        Box::pin(walk(pool, "shopify:orders", config, move |start, end| self.window(pool, start, end, deadline)))
+    }
+}
+
+/// What to say when there is nothing to reconcile.
+pub const NOTHING_TO_RECONCILE: &str = "nothing to reconcile: set STRIPE_API_KEY, SHOPIFY_SHOP_DOMAIN and SHOPIFY_ACCESS_TOKEN, or GITHUB_API_TOKEN and GITHUB_HOOKS (or add a source to the app)";
+
+/// What a run did: each source's counts, and why any source failed (by [`Source::name`]).
 #[derive(Debug, Default, serde::Serialize)]
 pub struct Reconciled {
-    pub sources: std::collections::BTreeMap<&'static str, Found>,
-    pub failed: std::collections::BTreeMap<&'static str, String>,
+    /// The sources that ran to the present, or to the deadline.
+    pub sources: std::collections::BTreeMap<String, Found>,
+    /// The sources whose run failed, and why.
+    pub failed: std::collections::BTreeMap<String, String>,
 }
 
 impl Reconciled {
@@ -466,47 +605,53 @@ impl Reconciled {
     }
 }
 
-/// Every configured reconciliation, as the `reconcile` function runs them.
+/// Every configured source, as the `reconcile` function runs them.
 pub struct Reconciler {
-    stripe: Option<StripeEvents>,
-    shopify: Option<ShopifyOrders>,
+    sources: Vec<std::sync::Arc<dyn Source>>,
     config: ReconcileConfig,
 }
 
 impl Reconciler {
-    pub fn new(stripe: Option<StripeEvents>, shopify: Option<ShopifyOrders>, config: ReconcileConfig) -> Self {
-        Reconciler { stripe, shopify, config }
+    /// No source yet.
+    pub fn new(config: ReconcileConfig) -> Self {
+        Reconciler { sources: Vec::new(), config }
     }
 
+    /// One more source.
+    pub fn with_source(mut self, source: std::sync::Arc<dyn Source>) -> Self {
+        self.sources.push(source);
+        self
+    }
+
+    /// At least one source.
     pub fn is_configured(&self) -> bool {
-        self.stripe.is_some() || self.shopify.is_some()
+        !self.sources.is_empty()
     }
 
-    /// Runs each configured source once, each on its own: one failing does not
-    /// stop the other; none asks for a page past `deadline`. The Lambda and
+    /// The sources' names, in the order they run.
+    pub fn names(&self) -> Vec<String> {
+        self.sources.iter().map(|s| s.name()).collect()
+    }
+
+    /// Runs each source once, each on its own: one failing does not stop the
+    /// others; none asks for a page past `deadline`. The Lambda and
     /// `inbox reconcile --once` both report it.
     pub async fn run_once(&self, pool: &PgPool, deadline: Instant) -> Reconciled {
-        let mut runs = Vec::new();
-        if let Some(s) = &self.stripe {
-            runs.push(("stripe events", s.reconcile(pool, &self.config, deadline).await));
-        }
-        if let Some(s) = &self.shopify {
-            runs.push(("shopify orders", s.reconcile(pool, &self.config, deadline).await));
-        }
         let mut out = Reconciled::default();
-        for (source, result) in runs {
-            match result {
+        for source in &self.sources {
+            let name = source.name();
+            match source.reconcile(pool, &self.config, deadline).await {
                 Ok(found) if !found.finished => {
-                    tracing::warn!(source, ?found, "reconciled up to the deadline; the next run resumes");
-                    out.sources.insert(source, found);
+                    tracing::warn!(source = %Escaped(&name), ?found, "reconciled up to the deadline; the next run resumes");
+                    out.sources.insert(name, found);
                 }
                 Ok(found) => {
-                    tracing::info!(source, ?found, "reconciled");
-                    out.sources.insert(source, found);
+                    tracing::info!(source = %Escaped(&name), ?found, "reconciled");
+                    out.sources.insert(name, found);
                 }
                 Err(e) => {
-                    tracing::error!(source, error = %e, "reconcile failed");
-                    out.failed.insert(source, e.to_string());
+                    tracing::error!(source = %Escaped(&name), error = %Escaped(&e.to_string()), "reconcile failed");
+                    out.failed.insert(name, e.to_string());
                 }
             }
         }

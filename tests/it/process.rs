@@ -866,10 +866,11 @@ impl Handler for FlakyLink {
             self.runs.lock().unwrap().insert(event.event_id.clone(), (runs + 1, false));
             sqlx::query("SELECT pg_terminate_backend(pg_backend_pid())").execute(&mut *conn).await?;
         }
-        let counted: i32 = sqlx::query_scalar("SELECT attempts FROM webhook_inbox WHERE provider = 'github' AND event_id = $1")
-            .bind(&event.event_id)
-            .fetch_one(&mut *conn)
-            .await?;
+        let counted: i32 =
+            sqlx::query_scalar("SELECT attempts FROM webhook_inbox WHERE provider = 'github' AND event_id = $1")
+                .bind(&event.event_id)
+                .fetch_one(&mut *conn)
+                .await?;
         self.runs.lock().unwrap().insert(event.event_id.clone(), (runs + 1, counted > event.attempts));
         Ok(Outcome::NoEffect)
     }

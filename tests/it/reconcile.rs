@@ -1,5 +1,5 @@
-//! Reconcile against a real PostgreSQL and local fakes of the Stripe and
-//! Shopify APIs (wiremock).
+//! Reconcile against a real PostgreSQL and local fakes of the Stripe,
+//! Shopify and GitHub APIs (wiremock).
 
 use inbox_tests::later;
 use serde_json::{json, Value};
@@ -8,7 +8,8 @@ use webhook_inbox::{
     config::Secret,
     ingest::claim::{self, Envelope},
     ingest::providers::{NewEvent, Provider},
-    reconcile::{ReconcileConfig, ShopifyOrders, StripeEvents},
+    reconcile::{GithubDeliveries, Hook, ReconcileConfig, Reconciler, ShopifyOrders, StripeEvents},
+    reconciliation::Source,
     Handlers, Stage, Worker,
 };
 use wiremock::{
@@ -299,7 +300,7 @@ async fn a_stripe_event_postgres_or_our_check_refuses_is_kept_failed_and_the_pag
         .await;
     let api = StripeEvents::new(server.uri(), Secret::new("sk_test_fake")).unwrap();
     let found = api.reconcile(&pool, &config(), later()).await.unwrap();
-    assert_eq!((found.fetched, found.applied), (4, 4));
+    assert_eq!((found.fetched, found.applied, found.failed), (4, 2, 2));
     let rows: Vec<(String, String, String)> =
         sqlx::query_as("SELECT event_id, status, source FROM webhook_inbox ORDER BY event_id")
             .fetch_all(&pool)
@@ -407,14 +408,256 @@ async fn a_run_reports_each_source_and_one_failing_does_not_stop_the_other(pool:
         .await;
     let shopify = MockServer::start().await;
     Mock::given(method("GET")).respond_with(ResponseTemplate::new(500).set_body_string("down")).mount(&shopify).await;
-    let reconciler = webhook_inbox::reconcile::Reconciler::new(
-        Some(StripeEvents::new(stripe.uri(), Secret::new("sk_test_fake")).unwrap()),
-        Some(ShopifyOrders::new(shopify.uri(), "2024-10", Secret::new("shpat_fake")).unwrap()),
-        config(),
-    );
+    let reconciler = Reconciler::new(config())
+        .with_source(std::sync::Arc::new(StripeEvents::new(stripe.uri(), Secret::new("sk_test_fake")).unwrap()))
+        .with_source(std::sync::Arc::new(
+            ShopifyOrders::new(shopify.uri(), "2024-10", Secret::new("shpat_fake")).unwrap(),
+        ));
     let reconciled = reconciler.run_once(&pool, later()).await;
     assert_eq!(reconciled.sources["stripe events"].applied, 1);
     assert!(reconciled.failed["shopify orders"].contains("HTTP 500"), "{reconciled:?}");
     let report = serde_json::to_value(&reconciled).unwrap();
     assert_eq!(report["sources"]["stripe events"]["fetched"], 1);
+}
+
+// ---------- GitHub: hook deliveries ----------
+
+/// A delivery as GitHub's list shows it, `n` minutes ago.
+fn listed(id: u64, guid: &str, minutes_ago: u64, event: &str) -> Value {
+    let at = std::time::SystemTime::now() - std::time::Duration::from_secs(60 * minutes_ago);
+    let at = httpdate_rfc3339(at);
+    json!({"id": id, "guid": guid, "delivered_at": at, "redelivery": false, "duration": 0.27, "status": "Invalid HTTP Response: 503",
+           "status_code": 503, "event": event, "action": "opened", "installation_id": null, "repository_id": 1})
+}
+
+/// `2026-12-02T18:00:00Z`.
+fn httpdate_rfc3339(t: std::time::SystemTime) -> String {
+    let secs = t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil from days (Howard Hinnant).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+/// The delivery with its request, as `GET .../deliveries/<id>` answers.
+fn detail(id: u64, guid: &str, event: &str, payload: Value) -> Value {
+    json!({"id": id, "guid": guid, "event": event, "action": payload["action"],
+           "request": {"headers": {"X-GitHub-Delivery": guid, "X-GitHub-Event": event, "X-GitHub-Hook-ID": "12",
+                                   "X-Hub-Signature-256": "sha256=00", "User-Agent": "GitHub-Hookshot/abc", "Content-Type": "application/json"},
+                       "payload": payload},
+           "response": {"headers": {}, "payload": "down"}})
+}
+
+const HOOK: &str = "repos/octo/hello/hooks/12";
+
+async fn github_api(server: &MockServer) {
+    let page2 = format!("{}/{HOOK}/deliveries?per_page=100&cursor=v1_2", server.uri());
+    // Page 1: d-3 (missing), d-2 twice (a redelivery shares its guid; missing), d-1 (arrived as a webhook).
+    Mock::given(method("GET"))
+        .and(path(format!("/{HOOK}/deliveries")))
+        .and(header("authorization", "Bearer ghp_fake"))
+        .and(query_param("per_page", "100"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .insert_header("Link", format!(r#"<{page2}>; rel="next""#).as_str())
+                .set_body_json(json!([
+                    listed(4, "d-3", 5, "issues"),
+                    listed(3, "d-2", 6, "issues"),
+                    listed(2, "d-2", 7, "issues"),
+                    listed(1, "d-1", 8, "issues")
+                ])),
+        )
+        .with_priority(2)
+        .mount(server)
+        .await;
+    // Page 2: d-0 (missing), d-bad (its payload gone: 404), and one from before the lookback (not taken).
+    Mock::given(method("GET"))
+        .and(path(format!("/{HOOK}/deliveries")))
+        .and(query_param("cursor", "v1_2"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!([
+            listed(11, "d-0", 9, "pull_request"),
+            listed(12, "d-bad", 10, "issues"),
+            listed(13, "d-old", 60 * 24 * 5, "issues")
+        ])))
+        .with_priority(1)
+        .mount(server)
+        .await;
+    for (id, guid, event, action) in [
+        (4, "d-3", "issues", "opened"),
+        (3, "d-2", "issues", "closed"),
+        (1, "d-1", "issues", "opened"),
+        (11, "d-0", "pull_request", "opened"),
+    ] {
+        Mock::given(method("GET"))
+            .and(path(format!("/{HOOK}/deliveries/{id}")))
+            .respond_with(ResponseTemplate::new(200).set_body_json(detail(
+                id,
+                guid,
+                event,
+                json!({"action": action, "n": id}),
+            )))
+            .mount(server)
+            .await;
+    }
+    Mock::given(method("GET"))
+        .and(path(format!("/{HOOK}/deliveries/12")))
+        .respond_with(ResponseTemplate::new(404).set_body_json(json!({"message": "Not Found"})))
+        .mount(server)
+        .await;
+}
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn github_reconcile_claims_exactly_the_missing_deliveries_across_pages_and_nothing_twice(pool: PgPool) {
+    let server = MockServer::start().await;
+    github_api(&server).await;
+    // d-1 did arrive, as receive claims it.
+    let body = json!({"action": "opened", "n": 1}).to_string();
+    let headers = json!({"x-github-delivery": "d-1"});
+    let env = Envelope {
+        provider: Provider::GITHUB,
+        raw_body: body.as_bytes(),
+        headers: &headers,
+        secret_index: Some(0),
+        secret_fingerprint: None,
+        replay_guard: true,
+        trace_context: None,
+    };
+    claim::claim(&pool, &env, &NewEvent::pending("d-1".into(), "issues.opened", body.clone())).await.unwrap();
+
+    let hook = GithubDeliveries::new(server.uri(), Secret::new("ghp_fake"), Hook::parse(HOOK).unwrap()).unwrap();
+    assert_eq!(hook.name(), "github repos/octo/hello/hooks/12");
+    let first = hook.reconcile(&pool, &config(), later()).await.unwrap();
+    assert_eq!(
+        (first.fetched, first.applied, first.already_known, first.failed, first.finished),
+        (5, 3, 1, 1, true),
+        "{first:?}"
+    );
+    let rows: Vec<(String, String, String, String)> =
+        sqlx::query_as("SELECT event_id, event_type, status, source FROM webhook_inbox ORDER BY event_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let ids: Vec<(&str, &str, &str, &str)> =
+        rows.iter().map(|r| (r.0.as_str(), r.1.as_str(), r.2.as_str(), r.3.as_str())).collect();
+    assert_eq!(
+        ids,
+        [
+            ("d-0", "pull_request.opened", "pending", "reconcile"),
+            ("d-1", "issues.opened", "pending", "webhook"),
+            ("d-2", "issues.closed", "pending", "reconcile"),
+            ("d-3", "issues.opened", "pending", "reconcile"),
+            ("reconcile:github:d-bad", "issues", "failed", "reconcile"),
+        ],
+        "under receive's event id, with receive's event type (the event and the payload's action)"
+    );
+    let (payload, headers): (Value, Value) =
+        sqlx::query_as("SELECT payload, headers FROM webhook_inbox WHERE event_id = 'd-0'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(payload, json!({"action": "opened", "n": 11}), "the payload of the delivery's request");
+    assert_eq!(
+        headers,
+        json!({"x-github-delivery": "d-0", "x-github-event": "pull_request", "x-github-hook-id": "12",
+               "x-hub-signature-256": "sha256=00", "content-type": "application/json"}),
+        "the headers receive keeps, as GitHub recorded them"
+    );
+    let details: Vec<String> = server
+        .received_requests()
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.url.path().to_string())
+        .filter(|p| !p.ends_with("/deliveries"))
+        .collect();
+    assert_eq!(
+        details.len(),
+        4,
+        "one payload fetched per missing guid (d-2 once, d-1 never, d-old never): {details:?}"
+    );
+
+    let checkpoint: i64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM checkpoint)::bigint FROM reconcile_checkpoints WHERE source = 'github:repos/octo/hello/hooks/12'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    assert!((now - 10..=now + 1).contains(&checkpoint), "checkpointed per hook at the run's start");
+
+    // The next run walks down to the checkpoint (less 5 minutes' overlap): these are older.
+    server.reset().await;
+    github_api(&server).await;
+    let second = hook.reconcile(&pool, &config(), later()).await.unwrap();
+    assert_eq!((second.fetched, second.finished), (0, true), "{second:?}");
+    assert_eq!(server.received_requests().await.unwrap().len(), 1, "one page, no payload fetched");
+    // Without the checkpoint, the same deliveries again: nothing claimed twice.
+    sqlx::query("DELETE FROM reconcile_checkpoints").execute(&pool).await.unwrap();
+    let third = hook.reconcile(&pool, &config(), later()).await.unwrap();
+    assert_eq!((third.applied, third.already_known, third.failed), (0, 4, 1), "run twice, nothing twice: {third:?}");
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_inbox").fetch_one(&pool).await.unwrap();
+    assert_eq!(count, 5);
+}
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn github_reconcile_stops_on_an_api_error_with_its_checkpoint_unmoved_and_claims_it_next_time(pool: PgPool) {
+    let server = MockServer::start().await;
+    // The second page fails first: the run stops, what the first page found stays claimed.
+    Mock::given(method("GET"))
+        .and(path(format!("/{HOOK}/deliveries")))
+        .and(query_param("cursor", "v1_2"))
+        .respond_with(ResponseTemplate::new(502).set_body_string("<html>bad gateway</html>"))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&server)
+        .await;
+    github_api(&server).await;
+    let hook = GithubDeliveries::new(server.uri(), Secret::new("ghp_fake"), Hook::parse(HOOK).unwrap()).unwrap();
+    let err = hook.reconcile(&pool, &config(), later()).await.unwrap_err();
+    assert!(err.to_string().contains("HTTP 502"), "{err}");
+    let checkpoints: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM reconcile_checkpoints").fetch_one(&pool).await.unwrap();
+    assert_eq!(checkpoints, 0, "no checkpoint from a run that failed");
+    let claimed: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_inbox").fetch_one(&pool).await.unwrap();
+    assert_eq!(claimed, 3, "the first page's d-3, d-2 and d-1 are claimed (committed one by one)");
+    let again = hook.reconcile(&pool, &config(), later()).await.unwrap();
+    assert_eq!((again.applied, again.already_known, again.failed, again.finished), (1, 3, 1, true), "{again:?}");
+
+    // A link to another host is not followed: the token stays home.
+    let other = MockServer::start().await;
+    Mock::given(method("GET"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .insert_header("Link", format!(r#"<{}/{HOOK}/deliveries?cursor=x>; rel="next""#, other.uri()).as_str())
+                .set_body_json(json!([listed(99, "d-99", 1, "issues")])),
+        )
+        .mount(&other)
+        .await;
+    let hostile = MockServer::start().await;
+    Mock::given(method("GET"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .insert_header(
+                    "Link",
+                    format!(r#"<{}/app/hook/deliveries?cursor=x>; rel="next""#, other.uri()).as_str(),
+                )
+                .set_body_json(json!([listed(1, "d-1", 1, "issues")])),
+        )
+        .mount(&hostile)
+        .await;
+    let err = GithubDeliveries::new(hostile.uri(), Secret::new("ghp_fake"), Hook::parse("app").unwrap())
+        .unwrap()
+        .reconcile(&pool, &config(), later())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("another host"), "{err}");
+    assert!(other.received_requests().await.unwrap().is_empty(), "nothing sent to the other host");
 }

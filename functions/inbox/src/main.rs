@@ -366,11 +366,8 @@ async fn run(cli: Cli) -> Result<()> {
             );
             let env = config::Env::resolved().await?;
             let pool = database(&env)?;
-            let reconciler = Reconciler::read(&env)?;
-            anyhow::ensure!(
-                reconciler.is_configured(),
-                "nothing to reconcile: set STRIPE_API_KEY, or SHOPIFY_SHOP_DOMAIN and SHOPIFY_ACCESS_TOKEN"
-            );
+            let reconciler = Reconciler::read(&env, &webhook_inbox::reference::app())?;
+            anyhow::ensure!(reconciler.is_configured(), webhook_inbox::reconcile::NOTHING_TO_RECONCILE);
             let reconciled = reconciler.run_once(&pool, one_pass_deadline()).await;
             for (source, f) in &reconciled.sources {
                 say!(

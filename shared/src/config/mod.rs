@@ -591,7 +591,7 @@ mod tests {
         let p = RetentionConfig::read(&env).unwrap();
         assert_eq!((p.done_days(Provider::STRIPE), p.failed_days, p.outbox_days, p.batch_size), (60, 180, 7, 1000));
         assert_eq!(ReconcileConfig::read(&env).unwrap().first_lookback, Duration::from_secs(72 * 3600));
-        assert!(!Reconciler::read(&env).unwrap().is_configured());
+        assert!(!Reconciler::read(&env, &crate::App::default()).unwrap().is_configured());
         assert_eq!(deadline_margin(&env).unwrap(), Duration::from_millis(7000));
         assert_eq!(log_settings(&env), (None, false));
     }
@@ -631,6 +631,9 @@ mod tests {
             ("STRIPE_API_KEY", "sk_test_x"),
             ("SHOPIFY_SHOP_DOMAIN", "s.myshopify.com"),
             ("SHOPIFY_ACCESS_TOKEN", "shpat_x"),
+            ("GITHUB_API_TOKEN", "ghp_x"),
+            ("GITHUB_API_BASE", "https://ghe.example/api/v3"),
+            ("GITHUB_HOOKS", "repos/o/r/hooks/1, app"),
             ("RUST_LOG", "debug"),
             ("AWS_LAMBDA_FUNCTION_NAME", "receive"),
         ];
@@ -665,7 +668,18 @@ mod tests {
             (45, 90, 200, 8, 500)
         );
         assert_eq!(ReconcileConfig::read(&env).unwrap().first_lookback, Duration::from_secs(24 * 3600));
-        assert!(Reconciler::read(&env).unwrap().is_configured());
+        let reconciler = Reconciler::read(&env, &crate::App::default()).unwrap();
+        assert_eq!(
+            reconciler.names(),
+            ["stripe events", "shopify orders", "github repos/o/r/hooks/1", "github app/hook"]
+        );
+        let bad = |pairs: &[(&str, &str)]| {
+            Reconciler::read(&Env::from_pairs(pairs), &crate::App::default()).err().map(|e| e.to_string())
+        };
+        assert!(bad(&[("GITHUB_API_TOKEN", "t")]).is_some_and(|e| e.contains("GITHUB_HOOKS")), "a token without hooks");
+        assert!(
+            bad(&[("GITHUB_API_TOKEN", "t"), ("GITHUB_HOOKS", "repos/o/r")]).is_some_and(|e| e.contains("not a hook"))
+        );
         assert_eq!(log_settings(&env), (Some("debug".into()), true));
     }
 

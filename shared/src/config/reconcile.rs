@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use super::{invalid, ConfigError, Env};
 use crate::{
+    app::App,
     core::secret::Secret,
-    reconcile::{ReconcileConfig, Reconciler, ShopifyOrders, StripeEvents},
+    reconcile::{GithubDeliveries, Hook, ReconcileConfig, Reconciler, ShopifyOrders, StripeEvents},
 };
 
 impl ReconcileConfig {
@@ -47,9 +48,46 @@ impl ShopifyOrders {
     }
 }
 
+impl GithubDeliveries {
+    /// `GITHUB_API_TOKEN` (none: no GitHub reconciliation), `GITHUB_API_BASE`
+    /// (`https://api.github.com`), `GITHUB_HOOKS` (comma-separated; required
+    /// with the token): one source per hook.
+    pub fn read(env: &Env) -> Result<Vec<Self>, ConfigError> {
+        let Some(token) = env.var("GITHUB_API_TOKEN") else {
+            return Ok(Vec::new());
+        };
+        let base = env.var("GITHUB_API_BASE").unwrap_or_else(|| "https://api.github.com".into());
+        let hooks = env.var("GITHUB_HOOKS").unwrap_or_default();
+        let hooks: Vec<Hook> = hooks
+            .split(',')
+            .filter(|h| !h.trim().is_empty())
+            .map(|h| Hook::parse(h).map_err(|reason| invalid("GITHUB_HOOKS", reason)))
+            .collect::<Result<_, _>>()?;
+        if hooks.is_empty() {
+            return Err(invalid(
+                "GITHUB_HOOKS",
+                "GITHUB_API_TOKEN is set but no hook is named: repos/<owner>/<repo>/hooks/<id>, orgs/<org>/hooks/<id> or app",
+            ));
+        }
+        let token = Secret::new(token);
+        hooks.into_iter().map(|hook| Self::new(base.clone(), token.clone(), hook)).collect()
+    }
+}
+
 impl Reconciler {
-    /// Reads these settings from `env` (the variables are named on each field).
-    pub fn read(env: &Env) -> Result<Self, ConfigError> {
-        Ok(Reconciler::new(StripeEvents::read(env)?, ShopifyOrders::read(env)?, ReconcileConfig::read(env)?))
+    /// The sources configured in `env` (Stripe, Shopify, each GitHub hook;
+    /// the variables are named on each), then `app`'s own ([`App::with_source`]).
+    pub fn read(env: &Env, app: &App) -> Result<Self, ConfigError> {
+        let mut reconciler = Reconciler::new(ReconcileConfig::read(env)?);
+        if let Some(stripe) = StripeEvents::read(env)? {
+            reconciler = reconciler.with_source(std::sync::Arc::new(stripe));
+        }
+        if let Some(shopify) = ShopifyOrders::read(env)? {
+            reconciler = reconciler.with_source(std::sync::Arc::new(shopify));
+        }
+        for hook in GithubDeliveries::read(env)? {
+            reconciler = reconciler.with_source(std::sync::Arc::new(hook));
+        }
+        Ok(app.sources().iter().fold(reconciler, |r, source| r.with_source(source.clone())))
     }
 }

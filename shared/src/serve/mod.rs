@@ -370,11 +370,12 @@ impl Stack<'_> {
         }
         let relay_config = if sinks.is_empty() { None } else { Some(RelayConfig::read(env)?) };
         let retention = if roles.has(Role::Prune) { Some(RetentionConfig::read(env)?) } else { None };
-        let reconciler = if roles.has(Role::Reconcile) { Some(Reconciler::read(env)?) } else { None };
+        let reconciler = if roles.has(Role::Reconcile) { Some(Reconciler::read(env, app)?) } else { None };
         let reconciler = reconciler.filter(Reconciler::is_configured);
         anyhow::ensure!(
             !(roles.named && roles.has(Role::Reconcile) && reconciler.is_none()),
-            "the reconcile role has nothing to reconcile: set STRIPE_API_KEY, or SHOPIFY_SHOP_DOMAIN and SHOPIFY_ACCESS_TOKEN"
+            "the reconcile role has {}",
+            crate::reconcile::NOTHING_TO_RECONCILE
         );
         let console = if roles.has(Role::Console) {
             let read = crate::console::read_pool(env, &config.db)?.unwrap_or_else(|| pool.clone());

@@ -1,0 +1,359 @@
+//! GitHub's hook deliveries. GitHub does not redeliver on its own: a delivery
+//! it could not make is gone unless someone asks for it, and it keeps each
+//! hook's deliveries, with the request's headers and payload, for three days.
+//! So reconcile lists them (`GET /<hook>/deliveries`, newest first, cursor
+//! pages through `Link`) down to the hook's checkpoint, and claims each one
+//! whose `guid` the inbox does not hold, through the webhook claim: the event
+//! id receive uses (`X-GitHub-Delivery`), the type it makes (`X-GitHub-Event`
+//! and the payload's `action`), the payload of `GET /<hook>/deliveries/<id>`.
+
+use std::{collections::HashSet, future::Future, pin::Pin, time::Instant};
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use sqlx::PgPool;
+
+use super::{claim, get, next_link, now_epoch, same_origin, Found, ReconcileConfig, ReconcileError, Source};
+use crate::{
+    core::{error::ConfigError, http::http_client, secret::Secret},
+    db::checkpoints,
+    ingest::providers::{
+        github::{Github, DELIVERY, EVENT},
+        Delivery, Events, NewEvent, Provider, Scheme,
+    },
+};
+
+const API: &str = "GitHub";
+
+/// A hook whose deliveries reconcile reads, as `GITHUB_HOOKS` names it:
+/// `repos/<owner>/<repo>/hooks/<id>`, `orgs/<org>/hooks/<id>`, or `app` (the
+/// GitHub App's hook, `app/hook`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hook(String);
+
+impl Hook {
+    /// The hook's API path, checked: names GitHub allows, a numeric id.
+    pub fn parse(text: &str) -> Result<Hook, String> {
+        let name = |p: &str| {
+            !p.is_empty()
+                && p.len() <= 100
+                && p != "."
+                && p != ".."
+                && p.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        };
+        let id = |p: &str| !p.is_empty() && p.len() <= 20 && p.bytes().all(|b| b.is_ascii_digit());
+        let parts: Vec<&str> = text.trim().split('/').collect();
+        match parts.as_slice() {
+            ["app"] | ["app", "hook"] => Ok(Hook("app/hook".into())),
+            ["repos", owner, repo, "hooks", n] if name(owner) && name(repo) && id(n) => {
+                Ok(Hook(format!("repos/{owner}/{repo}/hooks/{n}")))
+            }
+            ["orgs", org, "hooks", n] if name(org) && id(n) => Ok(Hook(format!("orgs/{org}/hooks/{n}"))),
+            _ => Err(format!(
+                "{:?} is not a hook: repos/<owner>/<repo>/hooks/<id>, orgs/<org>/hooks/<id> or app",
+                crate::core::text::escape(text)
+            )),
+        }
+    }
+
+    /// Its API path (`repos/o/r/hooks/1`, `orgs/o/hooks/2`, `app/hook`).
+    pub fn path(&self) -> &str {
+        &self.0
+    }
+}
+
+/// One hook's deliveries: `GITHUB_API_BASE` (default `https://api.github.com`),
+/// `GITHUB_API_TOKEN`, one source per hook of `GITHUB_HOOKS`, each with its
+/// own checkpoint (`github:<hook path>`).
+pub struct GithubDeliveries {
+    client: reqwest::Client,
+    base: String,
+    token: Secret,
+    hook: Hook,
+}
+
+/// A delivery as the list shows it (no payload).
+#[derive(Deserialize)]
+struct Listed {
+    id: Option<u64>,
+    guid: Option<String>,
+    delivered_at: Option<String>,
+    event: Option<String>,
+}
+
+/// A delivery with its request.
+#[derive(Deserialize)]
+struct Detail<'a> {
+    #[serde(borrow)]
+    request: Option<Request<'a>>,
+}
+
+#[derive(Deserialize)]
+struct Request<'a> {
+    #[serde(default)]
+    headers: serde_json::Map<String, serde_json::Value>,
+    #[serde(borrow)]
+    payload: Option<&'a RawValue>,
+}
+
+impl GithubDeliveries {
+    /// `hook`'s deliveries at `base` (`https://api.github.com`, or GitHub Enterprise's `/api/v3`).
+    pub fn new(base: impl Into<String>, token: Secret, hook: Hook) -> Result<Self, ConfigError> {
+        let client = http_client(std::time::Duration::from_secs(30)).map_err(|e| ConfigError::Invalid {
+            var: "GITHUB_API_TOKEN".into(),
+            reason: format!("cannot build an HTTP client: {e}"),
+        })?;
+        Ok(GithubDeliveries { client, base: base.into().trim_end_matches('/').to_string(), token, hook })
+    }
+
+    fn request(&self, url: &str) -> Result<reqwest::RequestBuilder, ReconcileError> {
+        let mut auth = HeaderValue::from_bytes(&[b"Bearer ", self.token.expose()].concat()).map_err(|_| {
+            ReconcileError::Body { api: API, reason: "GITHUB_API_TOKEN is not a valid header value".into() }
+        })?;
+        auth.set_sensitive(true);
+        Ok(self
+            .client
+            .get(url)
+            .header(reqwest::header::AUTHORIZATION, auth)
+            .header(reqwest::header::ACCEPT, "application/vnd.github+json")
+            .header("X-GitHub-Api-Version", "2022-11-28"))
+    }
+
+    /// The whole walk: pages newest first down to the checkpoint (less the
+    /// overlap; the first run, the lookback), then the checkpoint moves to
+    /// when the walk began. One cut short by the deadline, or failed, leaves
+    /// it where it was: the next run walks the same deliveries again, and the
+    /// ones claimed meanwhile are in the inbox.
+    async fn walk(&self, pool: &PgPool, config: &ReconcileConfig, deadline: Instant) -> Result<Found, ReconcileError> {
+        let checkpoint_name = format!("github:{}", self.hook.path());
+        let began = now_epoch();
+        let since = checkpoints::load(pool, &checkpoint_name)
+            .await?
+            .map_or(began - config.first_lookback.as_secs_f64(), |c| c - config.overlap.as_secs_f64());
+        let mut found = Found::default();
+        let mut seen = HashSet::new();
+        let mut url = format!("{}/{}/deliveries?per_page=100", self.base, self.hook.path());
+        loop {
+            if Instant::now() >= deadline {
+                return Ok(found);
+            }
+            let response = get(API, self.request(&url)?).await?;
+            let next = response.headers().get(reqwest::header::LINK).and_then(|v| v.to_str().ok()).and_then(next_link);
+            let text = response.text().await.map_err(|source| ReconcileError::Request { api: API, source })?;
+            let page: Vec<Box<RawValue>> = serde_json::from_str(&text)
+                .map_err(|e| ReconcileError::Body { api: API, reason: format!("not a list of deliveries: {e}") })?;
+            let mut older = false;
+            let mut wanted = Vec::new();
+            for raw in &page {
+                let listed: Listed = serde_json::from_str(raw.get())
+                    .unwrap_or(Listed { id: None, guid: None, delivered_at: None, event: None });
+                match listed.delivered_at.as_deref().and_then(epoch_of) {
+                    Some(at) if at < since => older = true,
+                    // A delivery without a readable time is taken: better twice-checked than missed.
+                    _ => {
+                        // A redelivery shares its guid: one claim per guid.
+                        if listed.guid.as_ref().map_or(true, |g| seen.insert(g.clone())) {
+                            wanted.push(listed);
+                        }
+                    }
+                }
+            }
+            if !self.claim_missing(pool, &wanted, deadline, &mut found).await? {
+                return Ok(found);
+            }
+            match next {
+                Some(link) if !older && !page.is_empty() => {
+                    if !same_origin(&self.base, &link) {
+                        return Err(ReconcileError::Body {
+                            api: API,
+                            reason: "the next page's link leads to another host; not followed, the token stays home"
+                                .into(),
+                        });
+                    }
+                    url = link;
+                }
+                _ => break,
+            }
+        }
+        checkpoints::save(pool, &checkpoint_name, began).await?;
+        found.finished = true;
+        Ok(found)
+    }
+
+    /// Claims those of `listed` whose guid the inbox does not hold, each with
+    /// its payload fetched; false if the deadline came first.
+    async fn claim_missing(
+        &self,
+        pool: &PgPool,
+        listed: &[Listed],
+        deadline: Instant,
+        found: &mut Found,
+    ) -> Result<bool, ReconcileError> {
+        let guids: Vec<&str> = listed.iter().filter_map(|l| l.guid.as_deref()).collect();
+        let known: HashSet<String> = crate::db::query_scalar(
+            "SELECT event_id FROM webhook_inbox WHERE provider = 'github' AND event_id = ANY($1)",
+        )
+        .bind(&guids)
+        .fetch_all(crate::db::Autocommit(pool))
+        .await?
+        .into_iter()
+        .collect();
+        let mut conn = pool.acquire().await?;
+        for delivery in listed {
+            if delivery.guid.as_ref().is_some_and(|g| known.contains(g)) {
+                found.fetched += 1;
+                found.already_known += 1;
+                continue;
+            }
+            if Instant::now() >= deadline {
+                return Ok(false);
+            }
+            let (body, kept, event) = self.fetch(delivery).await?;
+            claim(&mut conn, Provider::GITHUB, body.as_bytes(), &kept, &event, found).await?;
+        }
+        Ok(true)
+    }
+
+    /// The delivery as receive would have made it, or, when it cannot be
+    /// used, a `failed` event of its own (`reconcile:github:<guid or id>`, so
+    /// that it never stands in the way of the delivery itself).
+    async fn fetch(&self, delivery: &Listed) -> Result<(String, serde_json::Value, NewEvent), ReconcileError> {
+        let listed_event = delivery.event.clone().unwrap_or_else(|| "unknown".into());
+        let unusable = |reason: String| {
+            let key = delivery.guid.clone().or(delivery.id.map(|id| id.to_string())).unwrap_or_default();
+            let id = format!("reconcile:github:{key}");
+            let id = if key.is_empty() || id.chars().count() > crate::core::event::MAX_EVENT_ID_CHARS {
+                "reconcile:github:unidentified".to_string()
+            } else {
+                id
+            };
+            (String::new(), serde_json::json!({}), NewEvent::unusable(id, &listed_event, None, reason))
+        };
+        let (Some(id), Some(guid)) = (delivery.id, delivery.guid.as_deref()) else {
+            return Ok(unusable("the listed delivery has no id or no guid".into()));
+        };
+        let url = format!("{}/{}/deliveries/{id}", self.base, self.hook.path());
+        let text = match get(API, self.request(&url)?).await {
+            Ok(response) => response.text().await.map_err(|source| ReconcileError::Request { api: API, source })?,
+            // Gone since it was listed (older than GitHub keeps): this one alone.
+            Err(ReconcileError::Api { status: 404, .. }) => {
+                return Ok(unusable(format!("delivery {id} is no longer kept by GitHub (HTTP 404)")))
+            }
+            Err(e) => return Err(e),
+        };
+        let detail: Detail<'_> = match serde_json::from_str(&text) {
+            Ok(detail) => detail,
+            Err(e) => return Ok(unusable(format!("delivery {id}: unexpected body: {e}"))),
+        };
+        let Some(Request { headers: sent, payload: Some(payload) }) = detail.request else {
+            return Ok(unusable(format!("delivery {id} has no request payload")));
+        };
+        // Receive's input, rebuilt: the two headers the scheme reads, and the payload's JSON.
+        let mut headers = HeaderMap::new();
+        for (name, value) in [(DELIVERY, guid), (EVENT, listed_event.as_str()), ("content-type", "application/json")] {
+            match HeaderValue::from_str(value) {
+                Ok(v) => headers.insert(HeaderName::from_static(name), v),
+                Err(_) => return Ok(unusable(format!("delivery {id}: its {name} is not a header value"))),
+            };
+        }
+        let scheme = Github::new(vec![]);
+        let body = payload.get().to_string();
+        let Events::Single(event) = scheme.events(&Delivery { headers: &headers, body: body.as_bytes(), now: 0 }) else {
+            return Ok(unusable(format!("delivery {id} does not make one event")));
+        };
+        // The headers receive keeps, as GitHub recorded them.
+        let keep = scheme.kept_headers();
+        let kept: serde_json::Map<String, serde_json::Value> = sent
+            .into_iter()
+            .map(|(name, value)| (name.to_ascii_lowercase(), value))
+            .filter(|(name, value)| keep.contains(&name.as_str()) && value.is_string())
+            .collect();
+        Ok((body, serde_json::Value::Object(kept), event))
+    }
+}
+
+impl Source for GithubDeliveries {
+    fn name(&self) -> String {
+        format!("github {}", self.hook.path())
+    }
+
+    fn reconcile<'a>(
+        &'a self,
+        pool: &'a PgPool,
+        config: &'a ReconcileConfig,
+        deadline: Instant,
+    ) -> Pin<Box<dyn Future<Output = Result<Found, ReconcileError>> + Send + 'a>> {
+        Box::pin(self.walk(pool, config, deadline))
+    }
+}
+
+/// Unix seconds of an RFC 3339 time as GitHub writes it (`2026-12-02T18:00:00Z`,
+/// fractions and offsets allowed); `None` for anything else.
+fn epoch_of(text: &str) -> Option<f64> {
+    let b = text.as_bytes();
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') || b[13] != b':' || b[16] != b':' {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| -> Option<i64> {
+        let s = text.get(r)?;
+        s.bytes().all(|c| c.is_ascii_digit()).then(|| s.parse().ok()).flatten()
+    };
+    let (y, mo, d, h, mi, s) = (num(0..4)?, num(5..7)?, num(8..10)?, num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || s > 60 {
+        return None;
+    }
+    let mut rest = &text[19..];
+    let mut fraction = 0.0;
+    if let Some(f) = rest.strip_prefix('.') {
+        let digits = f.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return None;
+        }
+        fraction = format!("0.{}", &f[..digits]).parse().ok()?;
+        rest = &f[digits..];
+    }
+    let offset = match rest {
+        "Z" | "z" => 0,
+        _ if rest.len() == 6 && matches!(rest.as_bytes()[0], b'+' | b'-') && rest.as_bytes()[3] == b':' => {
+            let sign = if rest.starts_with('-') { -1 } else { 1 };
+            let (oh, om): (i64, i64) = (rest[1..3].parse().ok()?, rest[4..6].parse().ok()?);
+            sign * (oh * 3600 + om * 60)
+        }
+        _ => return None,
+    };
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let (y, mo) = if mo <= 2 { (y - 1, mo + 9) } else { (y, mo - 3) };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * mo + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some((days * 86_400 + h * 3600 + mi * 60 + s - offset) as f64 + fraction)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn github_times_are_read_as_unix_seconds() {
+        assert_eq!(epoch_of("1970-01-01T00:00:00Z"), Some(0.0));
+        assert_eq!(epoch_of("2019-06-03T00:57:16Z"), Some(1_559_523_436.0));
+        assert_eq!(epoch_of("2019-06-03T02:57:16+02:00"), Some(1_559_523_436.0));
+        assert_eq!(epoch_of("2024-02-29T12:00:00.5Z"), Some(1_709_208_000.5));
+        for bad in ["", "2019-06-03", "2019-13-03T00:57:16Z", "2019-06-03T00:57:16", "2019-06-03T00:57:16+0200", "２019-06-03T00:57:16Z", "2019-06-03T00:57:16.Z"] {
+            assert_eq!(epoch_of(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn hooks_are_the_three_paths_github_has() {
+        assert_eq!(Hook::parse("repos/octo/hello-world/hooks/12").unwrap().path(), "repos/octo/hello-world/hooks/12");
+        assert_eq!(Hook::parse(" orgs/octo/hooks/7 ").unwrap().path(), "orgs/octo/hooks/7");
+        assert_eq!(Hook::parse("app").unwrap().path(), "app/hook");
+        for bad in ["", "repos/octo/hooks/1", "repos/../x/hooks/1", "repos/o/r/hooks/x", "orgs/o/hooks/1/../../x", "users/o/hooks/1", "repos/o/r?x=1/hooks/1", "/repos/o/r/hooks/1"] {
+            assert!(Hook::parse(bad).is_err(), "{bad}");
+        }
+    }
+}
