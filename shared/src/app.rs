@@ -23,6 +23,7 @@ pub struct App {
     schemes: Vec<Arc<dyn Scheme>>,
     #[cfg(feature = "reconcile")]
     sources: Vec<Arc<dyn crate::reconcile::Source>>,
+    apis: crate::process::hints::Apis,
     /// The crate's own tables beyond the inbox's (the reference domain's), and their history table.
     pub(crate) own_tables: Option<(&'static Migrator, &'static str)>,
 }
@@ -58,6 +59,18 @@ impl App {
     pub fn with_source(mut self, source: impl crate::reconcile::Source + 'static) -> Self {
         self.sources.push(Arc::new(source));
         self
+    }
+
+    /// `api` to fetch `provider`'s objects from, for hint handlers
+    /// ([`crate::hints::HintHandler`]); Stripe's ([`crate::hints::StripeApi`])
+    /// comes from `STRIPE_API_KEY` without it.
+    pub fn with_api(mut self, provider: crate::Provider, api: impl crate::hints::ObjectApi + 'static) -> Self {
+        self.apis = self.apis.with(provider, Arc::new(api));
+        self
+    }
+
+    pub(crate) fn apis(&self) -> &crate::process::hints::Apis {
+        &self.apis
     }
 
     #[cfg(feature = "reconcile")]

@@ -77,7 +77,8 @@ pub async fn process(app: App) -> Result<(), Error> {
     // One invocation at a time, one batch at a time: one connection.
     let pool = db::pool(&DbConfig::read(&env, 1)?)?;
     let margin = config::deadline_margin(&env)?;
-    let worker = Arc::new(Worker::new(pool, app.handlers().clone(), WorkerConfig::read(&env)?));
+    let apis = crate::process::hints::Apis::read(&env, &app)?;
+    let worker = Arc::new(Worker::new(pool, app.handlers().clone(), WorkerConfig::read(&env)?).with_apis(apis));
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
         let worker = worker.clone();
         async move {

@@ -237,6 +237,17 @@ pub mod reconciliation {
     pub use crate::reconcile::{claim, walk, Found, ReconcileConfig, ReconcileError, Source};
 }
 
+/// Events as hints: a [`HintHandler`](hints::HintHandler) names the object
+/// an event is about; the worker fetches its current state from the
+/// provider's API outside any transaction and the handler applies it (see
+/// the module's reasoning in the README's "Events as hints").
+#[cfg(feature = "service")]
+pub mod hints {
+    #[cfg(feature = "http-client")]
+    pub use crate::process::hints::StripeApi;
+    pub use crate::process::hints::{Apis, FetchError, Fetched, HintHandler, Object, ObjectApi};
+}
+
 pub use crate::core::provider::Provider;
 #[cfg(feature = "service")]
 pub use app::App;

@@ -629,7 +629,8 @@ impl Reconciler {
     }
 
     /// The sources' names, in the order they run.
-    pub fn names(&self) -> Vec<String> {
+    #[cfg(test)]
+    pub(crate) fn names(&self) -> Vec<String> {
         self.sources.iter().map(|s| s.name()).collect()
     }
 

@@ -6,6 +6,7 @@ mod database;
 mod declared;
 mod group;
 mod handlers;
+mod hints;
 mod hostile;
 mod layout;
 mod listing;

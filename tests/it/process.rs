@@ -720,6 +720,22 @@ async fn inline_mode_applies_the_effect_before_the_200_and_a_replay_changes_noth
     assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM payments").await, 1);
 }
 
+/// A hint handler's event is never fetched inside receive's transaction: it is
+/// claimed pending, untouched, for the worker.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn inline_mode_leaves_a_hint_handlers_event_to_the_worker(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let r = inline_receiver(opts, vec![Provider::STRIPE]);
+    let body = json!({"id": "evt_sub", "type": "customer.subscription.updated", "data": {"object": {"id": "sub_1"}}})
+        .to_string()
+        .into_bytes();
+    let sig = stripe_header(STRIPE[0], &body);
+    assert_eq!(post(&r, "stripe", &[("Stripe-Signature", &sig)], &body).await.1, json!({"status": "accepted"}));
+    let state: (String, i32, Option<String>) =
+        sqlx::query_as("SELECT status, attempts, failure_reason FROM webhook_inbox").fetch_one(&pool).await.unwrap();
+    assert_eq!(state, ("pending".into(), 0, None));
+}
+
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn an_inline_handler_that_fails_still_commits_the_claim_as_pending(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();

@@ -6,6 +6,7 @@
 //! live with the stages that use them. A deployed function's secrets come
 //! from AWS Secrets Manager ([`secrets_manager`]) through [`Env::resolved`].
 
+mod hints;
 #[cfg(feature = "reconcile")]
 mod reconcile;
 #[cfg(feature = "relay")]

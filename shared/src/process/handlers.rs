@@ -293,6 +293,7 @@ impl Handlers {
 /// Handlers with their payload type erased: what the registry holds.
 pub(crate) mod erased {
     use super::*;
+    use crate::process::hints::{Fetched, HintHandler, Object};
 
     /// A taken event before its handler is known to want it: its payload still text.
     pub struct RawEvent {
@@ -342,6 +343,14 @@ pub(crate) mod erased {
     pub trait Prepared: Send + Sync {
         fn lock_key(&self) -> Option<String>;
         fn run<'a>(&'a self, conn: &'a mut PgConnection) -> BoxFuture<'a>;
+        /// For a [`HintHandler`]'s event: the object to fetch before it runs.
+        fn hint(&self) -> Option<Result<Object, HandlerError>> {
+            None
+        }
+        /// A [`HintHandler`]'s event with its object fetched.
+        fn run_fetched<'a>(&'a self, conn: &'a mut PgConnection, _fetched: &'a Fetched) -> BoxFuture<'a> {
+            self.run(conn)
+        }
     }
 
     /// Turns what [`Handlers::on`] takes into a registered handler.
@@ -351,6 +360,42 @@ pub(crate) mod erased {
 
     /// `M` for a [`Handler`].
     pub struct ByTrait;
+    /// `M` for a [`HintHandler`].
+    pub struct ByHint;
+
+    struct Hinted<H>(H);
+    struct HintedEvent<'h, H: HintHandler>(&'h H, Event<H::Payload>);
+
+    impl<H: HintHandler> Erase<ByHint> for H {
+        fn erase(self) -> Arc<dyn Erased> {
+            Arc::new(Hinted(self))
+        }
+    }
+
+    impl<H: HintHandler> Erased for Hinted<H> {
+        fn prepare<'h>(&'h self, event: RawEvent) -> Result<Box<dyn Prepared + 'h>, String> {
+            Ok(Box::new(HintedEvent(&self.0, event.decode()?)))
+        }
+        fn exclusive(&self) -> bool {
+            false
+        }
+    }
+
+    impl<H: HintHandler> Prepared for HintedEvent<'_, H> {
+        fn lock_key(&self) -> Option<String> {
+            self.0.lock_key(&self.1)
+        }
+        /// Never without its object: the worker fetches it first, inline mode leaves the event pending.
+        fn run<'a>(&'a self, _conn: &'a mut PgConnection) -> BoxFuture<'a> {
+            Box::pin(async { Err(HandlerError::transient("its object is fetched first, by the worker")) })
+        }
+        fn hint(&self) -> Option<Result<Object, HandlerError>> {
+            Some(self.0.object(&self.1))
+        }
+        fn run_fetched<'a>(&'a self, conn: &'a mut PgConnection, fetched: &'a Fetched) -> BoxFuture<'a> {
+            Box::pin(self.0.apply(conn, &self.1, fetched))
+        }
+    }
     /// `M` for an async fn or closure with payload `T`.
     pub struct ByFn<T>(std::marker::PhantomData<fn() -> T>);
 

@@ -2,6 +2,7 @@
 //! two triggers (schedule and SQS), as plain functions tests call directly.
 
 pub mod handlers;
+pub mod hints;
 pub mod worker;
 
 use std::time::Instant;

@@ -19,7 +19,10 @@ use crate::{
         self,
         inbox::{self, Finished, Status, Taken},
     },
-    process::handlers::{erased::Prepared, erased::RawEvent, HandlerError, Handlers, Headers, Outcome},
+    process::{
+        handlers::{erased::Prepared, erased::RawEvent, HandlerError, Handlers, Headers, Outcome},
+        hints::{Apis, FetchError, Fetched, Object},
+    },
     runtime::{
         stage::{Pass, Stage, Tally},
         trace,
@@ -114,6 +117,8 @@ enum Finish {
         counted: bool,
     },
     Failed(String),
+    /// A hint handler's event, pending while its object is fetched ([`HINT_LEASE`]).
+    Lease,
 }
 
 impl Stage for Worker {
@@ -135,6 +140,8 @@ pub struct Worker {
     /// [`Handlers::keys`]: the events a batch fetches the payload of.
     handled: Vec<String>,
     config: WorkerConfig,
+    /// The APIs hint handlers' objects are fetched from.
+    apis: Apis,
     /// Set when a batch lost its connection: the next pass (one) goes event by
     /// event, counting each attempt before it runs (see [`Worker::run_careful`]).
     careful: std::sync::atomic::AtomicBool,
@@ -159,11 +166,25 @@ enum Mode {
 }
 
 /// What a batch came to.
-enum Batch {
-    Done(Counts),
+enum Batch<'h> {
+    /// Committed; its hint handlers' events wait for their objects.
+    Done(Counts, Vec<Deferred<'h>>),
     /// A handler failed in an optimistic batch: rolled back, nothing recorded.
     Redo,
 }
+
+/// A hint handler's event, held by its lease while its object is fetched.
+struct Deferred<'h> {
+    provider: String,
+    event_id: String,
+    object: Object,
+    prepared: Box<dyn Prepared + 'h>,
+    span: Option<trace::Span>,
+}
+
+/// How long a hint handler's event is held back while its object is fetched
+/// (the fetch's own tries fit well within it); then any worker may take it.
+const HINT_LEASE: Duration = Duration::from_secs(60);
 
 impl Worker {
     /// A worker on `pool` with these handlers.
@@ -174,9 +195,17 @@ impl Worker {
             handlers,
             handled,
             config,
+            apis: Apis::default(),
             careful: std::sync::atomic::AtomicBool::new(false),
             guarded: std::sync::atomic::AtomicU32::new(0),
         }
+    }
+
+    /// The APIs its hint handlers' objects are fetched from
+    /// ([`crate::process::hints`]); none by default.
+    pub fn with_apis(mut self, apis: Apis) -> Self {
+        self.apis = apis;
+        self
     }
 
     /// Its settings.
@@ -217,10 +246,54 @@ impl Worker {
         if result.as_ref().is_err_and(db::is_connection_lost) {
             self.careful.store(true, Ordering::Relaxed);
         }
-        result.map(done)
+        let (mut counts, deferred) = done(result?);
+        counts.add(&self.fetch_and_apply(deferred, deadline).await?);
+        Ok(counts)
     }
 
-    async fn take_and_apply(&self, deadline: Instant, mode: Mode) -> Result<Batch, sqlx::Error> {
+    /// The batch's hint handlers' events, now that it committed: each
+    /// object fetched with no transaction open, then applied in a
+    /// transaction of the event's own. Past `deadline` the rest wait for
+    /// their lease to end.
+    async fn fetch_and_apply(&self, deferred: Vec<Deferred<'_>>, deadline: Instant) -> Result<Counts, sqlx::Error> {
+        let mut counts = Counts::default();
+        for mut d in deferred {
+            if Instant::now() >= deadline {
+                break;
+            }
+            let provider = Provider::try_from(d.provider.as_str()).ok();
+            let fetched = match provider.and_then(|p| self.apis.get(p)) {
+                Some(api) => api.fetch(&d.object).await,
+                None => Err(FetchError::Transient(format!(
+                    "no API to fetch {} objects from (for Stripe: STRIPE_API_KEY)",
+                    d.provider
+                ))),
+            };
+            let mut tx = self.pool.begin().await?;
+            // Still ours: pending, held by the lease, not taken by another worker meanwhile.
+            let Some(row) = inbox::take_counted(&mut tx, &d.provider, &d.event_id).await?.pop() else {
+                continue;
+            };
+            // take_counted reads a counted attempt; this one is not counted yet.
+            let row = Taken { attempts: row.attempts + 1, ..row };
+            counts.taken += 1;
+            let end = match &fetched {
+                Ok(fetched) => self.apply_to(&mut tx, &row, d.prepared.as_ref(), Some(fetched), &mut counts).await?,
+                Err(FetchError::Transient(reason)) => {
+                    self.after_failure(&row, HandlerError::Transient(reason.clone()), &mut counts)
+                }
+                Err(e @ (FetchError::NotFound(_) | FetchError::Permanent(_))) => {
+                    self.after_failure(&row, HandlerError::Permanent(e.to_string()), &mut counts)
+                }
+            };
+            ended(d.span.as_mut(), &end);
+            inbox::finish(&mut tx, &[finished_row(row, end, false)]).await?;
+            tx.commit().await?;
+        }
+        Ok(counts)
+    }
+
+    async fn take_and_apply(&self, deadline: Instant, mode: Mode) -> Result<Batch<'_>, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         let rows = inbox::take_pending(&mut tx, self.config.batch_size, &self.handled).await?;
         self.apply_all(tx, rows, deadline, false, mode).await
@@ -253,7 +326,9 @@ impl Worker {
             } else {
                 let mut tx = self.pool.begin().await?;
                 let rows = inbox::take_counted(&mut tx, &row.provider, &row.event_id).await?;
-                done(self.apply_all(tx, rows, deadline, true, Mode::Guarded).await?)
+                let (mut counts, deferred) = done(self.apply_all(tx, rows, deadline, true, Mode::Guarded).await?);
+                counts.add(&self.fetch_and_apply(deferred, deadline).await?);
+                counts
             };
             total.add(&counts);
         }
@@ -272,7 +347,9 @@ impl Worker {
     pub async fn run_event(&self, provider: &str, event_id: &str) -> Result<Counts, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         let rows = inbox::take_one(&mut tx, provider, event_id).await?;
-        Ok(done(self.apply_all(tx, rows, far_future(), false, Mode::Guarded).await?))
+        let (mut counts, deferred) = done(self.apply_all(tx, rows, far_future(), false, Mode::Guarded).await?);
+        counts.add(&self.fetch_and_apply(deferred, far_future()).await?);
+        Ok(counts)
     }
 
     /// `precounted`: the attempt was already committed (careful mode).
@@ -283,22 +360,11 @@ impl Worker {
         deadline: Instant,
         precounted: bool,
         mode: Mode,
-    ) -> Result<Batch, sqlx::Error> {
+    ) -> Result<Batch<'_>, sqlx::Error> {
         let mut counts = Counts::default();
         let mut finished = Vec::with_capacity(rows.len());
-        let finished_as = |row: Taken, end: Finish| {
-            let counted = |yes: bool| i32::from(yes && !precounted);
-            let (status, delay, reason, attempts) = match end {
-                Finish::Done => (Status::Done, None, None, counted(true)),
-                // Nothing ran: no attempt spent (and careful mode's, counted before, undone).
-                Finish::Unhandled => (Status::Unhandled, None, None, -i32::from(precounted)),
-                Finish::Retry { after, reason, counted: counted_attempt } => {
-                    (Status::Pending, Some(after), Some(reason), counted(counted_attempt))
-                }
-                Finish::Failed(reason) => (Status::Failed, None, Some(reason), counted(true)),
-            };
-            Finished { provider: row.provider, event_id: row.event_id, status, delay, reason, attempts }
-        };
+        let finished_as = |row: Taken, end: Finish| finished_row(row, end, precounted);
+        let mut deferred = Vec::new();
         // Events no handler can run end at once; the others run in the order of
         // their lock keys (see [`crate::Handler::lock_key`]), receive order among equals.
         let mut runs = Vec::new();
@@ -328,9 +394,27 @@ impl Worker {
             if Instant::now() >= deadline {
                 break;
             }
+            let end = match prepared.hint() {
+                // Fetched after the commit, outside any transaction; held meanwhile by its lease.
+                Some(Ok(object)) => {
+                    let lease = Finish::Lease;
+                    let (provider, event_id) = (row.provider.clone(), row.event_id.clone());
+                    finished.push(finished_as(row, lease));
+                    deferred.push(Deferred { provider, event_id, object, prepared, span });
+                    continue;
+                }
+                Some(Err(e)) => {
+                    counts.taken += 1;
+                    let end = self.after_failure(&row, e, &mut counts);
+                    ended(span.as_mut(), &end);
+                    finished.push(finished_as(row, end));
+                    continue;
+                }
+                None => mode,
+            };
             counts.taken += 1;
-            let end = match mode {
-                Mode::Guarded => self.apply(&mut tx, &row, prepared.as_ref(), &mut counts).await?,
+            let end = match end {
+                Mode::Guarded => self.apply_to(&mut tx, &row, prepared.as_ref(), None, &mut counts).await?,
                 Mode::Optimistic => match prepared.run(&mut tx).await {
                     Ok(outcome) => {
                         count_outcome(outcome, &mut counts);
@@ -352,7 +436,7 @@ impl Worker {
         }
         inbox::finish(&mut tx, &finished).await?;
         tx.commit().await?;
-        Ok(Batch::Done(counts))
+        Ok(Batch::Done(counts, deferred))
     }
 
     /// The event, ready for its handler, or how the event ends without one (no
@@ -389,17 +473,23 @@ impl Worker {
         })
     }
 
-    /// One event inside its own savepoint. `Err` only when the batch cannot go on
-    /// (the connection is gone); every event-level failure is a [`Finish`].
-    async fn apply(
+    /// One event inside its own savepoint (a hint handler's with its object
+    /// `fetched`). `Err` only when the batch cannot go on (the connection is
+    /// gone); every event-level failure is a [`Finish`].
+    async fn apply_to(
         &self,
         tx: &mut Transaction<'static, Postgres>,
         row: &Taken,
         prepared: &dyn Prepared,
+        fetched: Option<&Fetched>,
         counts: &mut Counts,
     ) -> Result<Finish, sqlx::Error> {
         let mut savepoint = tx.begin().await?;
-        match prepared.run(&mut savepoint).await {
+        let result = match fetched {
+            Some(fetched) => prepared.run_fetched(&mut savepoint, fetched).await,
+            None => prepared.run(&mut savepoint).await,
+        };
+        match result {
             Ok(outcome) => {
                 savepoint.commit().await?;
                 count_outcome(outcome, counts);
@@ -439,6 +529,7 @@ fn ended(span: Option<&mut trace::Span>, end: &Finish) {
     match end {
         Finish::Done => span.set("webhook.outcome", "done"),
         Finish::Unhandled => span.set("webhook.outcome", "unhandled"),
+        Finish::Lease => span.set("webhook.outcome", "fetching"),
         Finish::Retry { reason, .. } => {
             span.set("webhook.outcome", "retry");
             span.fail(crate::core::text::escape(reason));
@@ -457,10 +548,27 @@ fn count_outcome(outcome: Outcome, counts: &mut Counts) {
     }
 }
 
-/// A guarded batch's counts (it is never redone).
-fn done(batch: Batch) -> Counts {
+/// How `row` is recorded as it ends; `precounted`: its attempt was already
+/// committed (careful mode).
+fn finished_row(row: Taken, end: Finish, precounted: bool) -> Finished {
+    let counted = |yes: bool| i32::from(yes && !precounted);
+    let (status, delay, reason, attempts) = match end {
+        Finish::Done => (Status::Done, None, None, counted(true)),
+        // Nothing ran: no attempt spent (and careful mode's, counted before, undone).
+        Finish::Unhandled => (Status::Unhandled, None, None, -i32::from(precounted)),
+        Finish::Lease => (Status::Pending, Some(HINT_LEASE), None, -i32::from(precounted)),
+        Finish::Retry { after, reason, counted: counted_attempt } => {
+            (Status::Pending, Some(after), Some(reason), counted(counted_attempt))
+        }
+        Finish::Failed(reason) => (Status::Failed, None, Some(reason), counted(true)),
+    };
+    Finished { provider: row.provider, event_id: row.event_id, status, delay, reason, attempts }
+}
+
+/// A guarded batch's counts and its hint handlers' events (it is never redone).
+fn done(batch: Batch<'_>) -> (Counts, Vec<Deferred<'_>>) {
     match batch {
-        Batch::Done(counts) => counts,
+        Batch::Done(counts, deferred) => (counts, deferred),
         Batch::Redo => unreachable!("a guarded batch is never redone"),
     }
 }

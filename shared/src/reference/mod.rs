@@ -3,6 +3,8 @@
 //! - `orders`: Shopify order snapshots, version-guarded upserts.
 //! - `payments`: Stripe `payment_intent.succeeded`, keyed by the PaymentIntent.
 //! - `deposits`: Marqeta `gpa.credit` completions, deltas applied once per token.
+//! - `subscriptions`: Stripe `customer.subscription.*` as hints, the
+//!   subscription fetched from the API (`STRIPE_API_KEY`) and kept as it is there.
 //!
 //! Its tables come from its own migrations ([`MIGRATIONS`]), applied only where
 //! the domain is used: the stock binaries, `inbox dev`, the demo, the bench and
@@ -11,6 +13,7 @@
 pub mod deposits;
 pub mod orders;
 pub mod payments;
+pub mod subscriptions;
 
 use sqlx::migrate::Migrator;
 
@@ -36,14 +39,20 @@ pub fn app() -> App {
 }
 
 impl Handlers {
-    /// The reference domain: Shopify orders, Stripe payments, Marqeta deposits.
+    /// The reference domain: Shopify orders, Stripe payments and
+    /// subscriptions, Marqeta deposits.
     /// (Registered here, so the handler registry knows nothing of the domain.)
     pub fn reference() -> Self {
         let registered = orders::TOPICS
             .iter()
             .try_fold(Handlers::new(), |h, topic| h.on(Provider::SHOPIFY, topic, orders::OrderSnapshotHandler))
             .and_then(|h| h.on(Provider::STRIPE, payments::EVENT_TYPE, payments::PaymentSucceededHandler))
-            .and_then(|h| h.on(Provider::MARQETA, deposits::EVENT_TYPE, deposits::DepositHandler));
+            .and_then(|h| h.on(Provider::MARQETA, deposits::EVENT_TYPE, deposits::DepositHandler))
+            .and_then(|h| {
+                subscriptions::EVENT_TYPES
+                    .iter()
+                    .try_fold(h, |h, t| h.on(Provider::STRIPE, t, subscriptions::SubscriptionHandler))
+            });
         // Each pair once, with a valid name: a test calls this.
         registered.expect("the reference handlers are registered once each")
     }

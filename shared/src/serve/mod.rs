@@ -360,6 +360,7 @@ impl Stack<'_> {
 
         // Every setting read, and every role checked, before anything starts.
         let worker_config = WorkerConfig::read(env)?;
+        let apis = crate::process::hints::Apis::read(env, app)?;
         let sinks = if roles.has(Role::Relay) { SinkConfig::read(env)?.build().await? } else { vec![] };
         if roles.has(Role::Relay) && sinks.is_empty() {
             anyhow::ensure!(
@@ -402,7 +403,8 @@ impl Stack<'_> {
         }
         if roles.has(Role::Process) {
             for _ in 0..serve.workers {
-                let worker = Worker::new(pool.clone(), app.handlers().clone(), worker_config.clone());
+                let worker =
+                    Worker::new(pool.clone(), app.handlers().clone(), worker_config.clone()).with_apis(apis.clone());
                 stages.push(spawn_stage(worker, worker_config.poll, gate.clone(), counted, |c| {
                     let mut m = Metrics::new("process");
                     c.count_into(&mut m);

@@ -69,6 +69,9 @@ pub(crate) async fn claim_and_apply(
                 continue;
             }
         };
+        if prepared.hint().is_some() {
+            continue; // its object is fetched by the worker, never inside this transaction
+        }
         let mut savepoint = tx.begin().await?;
         match prepared.run(&mut savepoint).await {
             Ok(_) => {
