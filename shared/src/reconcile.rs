@@ -198,8 +198,8 @@ pub async fn claim(
     Ok(())
 }
 
-/// A provider API that reconcile reads: the built-in ones ([`StripeEvents`],
-/// [`ShopifyOrders`], [`GithubDeliveries`]) and a team's own, added with
+/// A provider API that reconcile reads: the built-in ones (Stripe's events,
+/// Shopify's orders, GitHub's hook deliveries) and a team's own, added with
 /// [`crate::App::with_source`]. A run claims, with [`claim`], what the inbox
 /// is missing since the source's checkpoint ([`walk`] keeps one for an API
 /// that filters by time), asks for nothing past `deadline`, and says with

@@ -61,7 +61,7 @@ pub struct Fetched {
 
 impl Fetched {
     /// A state with no counter of its own: its version is when it was asked for.
-    pub fn asked_at(object: serde_json::Value, asked_at: SystemTime) -> Self {
+    pub fn new(object: serde_json::Value, asked_at: SystemTime) -> Self {
         let micros = asked_at.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64);
         Fetched { object, asked_at, version: micros }
     }
@@ -214,7 +214,7 @@ mod stripe {
             };
             match status {
                 200 => match serde_json::from_str(&text) {
-                    Ok(object) => Ok(Fetched::asked_at(object, asked_at)),
+                    Ok(object) => Ok(Fetched::new(object, asked_at)),
                     Err(e) => Err((FetchError::Transient(format!("{what}: the answer is not JSON: {e}")), None)),
                 },
                 404 => Err((FetchError::NotFound(format!("{what}: HTTP 404 {}", message())), None)),

@@ -186,6 +186,9 @@ struct Deferred<'h> {
 /// (the fetch's own tries fit well within it); then any worker may take it.
 const HINT_LEASE: Duration = Duration::from_secs(60);
 
+/// Objects fetched at once, after a batch.
+const HINT_FETCHES: usize = 8;
+
 impl Worker {
     /// A worker on `pool` with these handlers.
     pub fn new(pool: PgPool, handlers: Handlers, config: WorkerConfig) -> Self {
@@ -202,7 +205,7 @@ impl Worker {
     }
 
     /// The APIs its hint handlers' objects are fetched from
-    /// ([`crate::process::hints`]); none by default.
+    /// ([`crate::hints`]); none by default.
     pub fn with_apis(mut self, apis: Apis) -> Self {
         self.apis = apis;
         self
@@ -251,23 +254,20 @@ impl Worker {
         Ok(counts)
     }
 
-    /// The batch's hint handlers' events, now that it committed: each
-    /// object fetched with no transaction open, then applied in a
-    /// transaction of the event's own. Past `deadline` the rest wait for
-    /// their lease to end.
+    /// The batch's hint handlers' events, now that it committed: their
+    /// objects fetched with no transaction open ([`HINT_FETCHES`] at a time),
+    /// then each applied in a transaction of its own. A fetch the deadline
+    /// cuts short leaves its event to wait for its lease to end.
     async fn fetch_and_apply(&self, deferred: Vec<Deferred<'_>>, deadline: Instant) -> Result<Counts, sqlx::Error> {
+        use futures_util::StreamExt;
+        let until = tokio::time::Instant::from_std(deadline);
+        type Fetch<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Result<Fetched, FetchError>>> + Send + 'a>>;
+        let fetches: Vec<Fetch<'_>> = deferred.iter().map(|d| Box::pin(self.fetch(d, until)) as Fetch<'_>).collect();
+        let fetches: Vec<_> = futures_util::stream::iter(fetches).buffered(HINT_FETCHES).collect().await;
         let mut counts = Counts::default();
-        for mut d in deferred {
-            if Instant::now() >= deadline {
-                break;
-            }
-            let provider = Provider::try_from(d.provider.as_str()).ok();
-            let fetched = match provider.and_then(|p| self.apis.get(p)) {
-                Some(api) => api.fetch(&d.object).await,
-                None => Err(FetchError::Transient(format!(
-                    "no API to fetch {} objects from (for Stripe: STRIPE_API_KEY)",
-                    d.provider
-                ))),
+        for (mut d, fetched) in deferred.into_iter().zip(fetches) {
+            let Some(fetched) = fetched else {
+                continue; // the deadline came first
             };
             let mut tx = self.pool.begin().await?;
             // Still ours: pending, held by the lease, not taken by another worker meanwhile.
@@ -291,6 +291,18 @@ impl Worker {
             tx.commit().await?;
         }
         Ok(counts)
+    }
+
+    /// `d`'s object, or `None` if `until` came first.
+    async fn fetch(&self, d: &Deferred<'_>, until: tokio::time::Instant) -> Option<Result<Fetched, FetchError>> {
+        let provider = Provider::try_from(d.provider.as_str()).ok();
+        match provider.and_then(|p| self.apis.get(p)) {
+            Some(api) => tokio::time::timeout_at(until, api.fetch(&d.object)).await.ok(),
+            None => Some(Err(FetchError::Transient(format!(
+                "no API to fetch {} objects from (for Stripe: STRIPE_API_KEY)",
+                d.provider
+            )))),
+        }
     }
 
     async fn take_and_apply(&self, deadline: Instant, mode: Mode) -> Result<Batch<'_>, sqlx::Error> {
@@ -394,7 +406,7 @@ impl Worker {
             if Instant::now() >= deadline {
                 break;
             }
-            let end = match prepared.hint() {
+            let mode = match prepared.hint() {
                 // Fetched after the commit, outside any transaction; held meanwhile by its lease.
                 Some(Ok(object)) => {
                     let lease = Finish::Lease;
@@ -413,7 +425,7 @@ impl Worker {
                 None => mode,
             };
             counts.taken += 1;
-            let end = match end {
+            let end = match mode {
                 Mode::Guarded => self.apply_to(&mut tx, &row, prepared.as_ref(), None, &mut counts).await?,
                 Mode::Optimistic => match prepared.run(&mut tx).await {
                     Ok(outcome) => {
