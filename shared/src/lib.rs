@@ -234,7 +234,7 @@ pub mod schemes {
 /// its checkpoint with [`walk`](reconciliation::walk).
 #[cfg(feature = "reconcile")]
 pub mod reconciliation {
-    pub use crate::reconcile::{claim, walk, Found, ReconcileConfig, ReconcileError, Source};
+    pub use crate::reconcile::{claim, walk, Found, ReconcileConfig, ReconcileError, Source, SourceRun};
 }
 
 /// Events as hints: a [`HintHandler`](hints::HintHandler) names the object

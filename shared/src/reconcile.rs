@@ -198,6 +198,9 @@ pub async fn claim(
     Ok(())
 }
 
+/// What [`Source::reconcile`] returns: its run, boxed.
+pub type SourceRun<'a> = Pin<Box<dyn Future<Output = Result<Found, ReconcileError>> + Send + 'a>>;
+
 /// A provider API that reconcile reads: the built-in ones (Stripe's events,
 /// Shopify's orders, GitHub's hook deliveries) and a team's own, added with
 /// [`crate::App::with_source`]. A run claims, with [`claim`], what the inbox
@@ -206,9 +209,9 @@ pub async fn claim(
 /// [`Found::finished`] whether it got to the present.
 ///
 /// ```no_run
-/// use std::{future::Future, pin::Pin, time::Instant};
+/// use std::time::Instant;
 ///
-/// use webhook_inbox::reconciliation::{claim, walk, Found, ReconcileConfig, ReconcileError, Source};
+/// use webhook_inbox::reconciliation::{claim, walk, Found, ReconcileConfig, ReconcileError, Source, SourceRun};
 /// use webhook_inbox::{schemes::NewEvent, sqlx::PgPool, App, Handlers, Provider};
 ///
 /// /// Acme's `GET /events?from=&to=`, one JSON event per line.
@@ -245,7 +248,7 @@ pub async fn claim(
 ///         pool: &'a PgPool,
 ///         config: &'a ReconcileConfig,
 ///         _deadline: Instant,
-///     ) -> Pin<Box<dyn Future<Output = Result<Found, ReconcileError>> + Send + 'a>> {
+///     ) -> SourceRun<'a> {
 ///         Box::pin(walk(pool, "acme:events", config, move |from, to| self.window(pool, from, to)))
 ///     }
 /// }
@@ -265,7 +268,7 @@ pub trait Source: Send + Sync {
         pool: &'a PgPool,
         config: &'a ReconcileConfig,
         deadline: Instant,
-    ) -> Pin<Box<dyn Future<Output = Result<Found, ReconcileError>> + Send + 'a>>;
+    ) -> SourceRun<'a>;
 }
 
 /// GET with `429`/`Retry-After` honoured (up to 5 tries, at most 30 s a wait).
@@ -545,7 +548,7 @@ impl Source for StripeEvents {
         pool: &'a PgPool,
         config: &'a ReconcileConfig,
         deadline: Instant,
-    ) -> Pin<Box<dyn Future<Output = Result<Found, ReconcileError>> + Send + 'a>> {
+    ) -> SourceRun<'a> {
         Box::pin(walk(pool, "stripe:events", config, move |start, end| self.window(pool, start, end, deadline)))
     }
 }
@@ -564,7 +567,7 @@ impl Source for ShopifyOrders {
         pool: &'a PgPool,
         config: &'a ReconcileConfig,
         deadline: Instant,
-    ) -> Pin<Box<dyn Future<Output = Result<Found, ReconcileError>> + Send + 'a>> {
+    ) -> SourceRun<'a> {
         Box::pin(walk(pool, "shopify:orders", config, move |start, end| self.window(pool, start, end, deadline)))
     }
 }

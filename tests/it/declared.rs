@@ -254,7 +254,7 @@ async fn handshakes_are_answered_once_verified_and_never_stored(
     );
 
     // Twitch: webhook_callback_verification, the challenge back as text; a notification is stored.
-    let ts = iso(now());
+    let ts = inbox_tests::rfc3339(now()).replace('Z', ".123456789Z"); // as Twitch writes them, to the nanosecond
     let body = br#"{"challenge":"pogchamp-kappa-360noscope-vohiyo","subscription":{"type":"channel.follow"}}"#;
     let sig = format!("sha256={}", hmac_hex("twitch-secret-0123", &[b"m-1", ts.as_bytes(), body]));
     let headers = [
@@ -311,37 +311,6 @@ async fn woocommerces_unsigned_ping_is_answered_and_never_stored_and_nothing_els
     assert_eq!(count(&pool).await, 1, "the webhook's deliveries then flow as before");
 }
 
-/// Unix seconds as RFC 3339, as Twitch writes its timestamps.
-fn iso(secs: i64) -> String {
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    // Civil date from days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.123456789Z", rem / 3600, rem % 3600 / 60, rem % 60)
-}
-
-/// RFC 3339 for a Unix time (Howard Hinnant's civil-from-days).
-fn rfc3339(secs: i64) -> String {
-    let (days, rest) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let (d, m) = (doy - (153 * mp + 2) / 5 + 1, if mp < 10 { mp + 3 } else { mp - 9 });
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rest / 3600, rest % 3600 / 60, rest % 60)
-}
-
 /// As an attacker would, with a captured delivery of every built-in declared
 /// provider: the same signed bytes sent again with every header the event's id
 /// is read from unsigned changed. Where the provider signs what identifies the
@@ -392,7 +361,7 @@ async fn a_captured_delivery_of_any_built_in_provider_replayed_under_changed_uns
             let text = match t.format {
                 TimeFormat::Unix => now.to_string(),
                 TimeFormat::UnixMs => (now * 1000).to_string(),
-                TimeFormat::Rfc3339 => rfc3339(now),
+                TimeFormat::Rfc3339 => inbox_tests::rfc3339(now),
             };
             match &t.from {
                 Source::Header(h) => headers.push((h.clone(), text.clone())),

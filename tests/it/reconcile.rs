@@ -424,27 +424,10 @@ async fn a_run_reports_each_source_and_one_failing_does_not_stop_the_other(pool:
 
 /// A delivery as GitHub's list shows it, `n` minutes ago.
 fn listed(id: u64, guid: &str, minutes_ago: u64, event: &str) -> Value {
-    let at = std::time::SystemTime::now() - std::time::Duration::from_secs(60 * minutes_ago);
-    let at = httpdate_rfc3339(at);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let at = inbox_tests::rfc3339(now - 60 * minutes_ago as i64);
     json!({"id": id, "guid": guid, "delivered_at": at, "redelivery": false, "duration": 0.27, "status": "Invalid HTTP Response: 503",
            "status_code": 503, "event": event, "action": "opened", "installation_id": null, "repository_id": 1})
-}
-
-/// `2026-12-02T18:00:00Z`.
-fn httpdate_rfc3339(t: std::time::SystemTime) -> String {
-    let secs = t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil from days (Howard Hinnant).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
 /// The delivery with its request, as `GET .../deliveries/<id>` answers.
@@ -518,19 +501,9 @@ async fn github_api(server: &MockServer) {
 async fn github_reconcile_claims_exactly_the_missing_deliveries_across_pages_and_nothing_twice(pool: PgPool) {
     let server = MockServer::start().await;
     github_api(&server).await;
-    // d-1 did arrive, as receive claims it.
+    // d-1 did arrive, as a webhook.
     let body = json!({"action": "opened", "n": 1}).to_string();
-    let headers = json!({"x-github-delivery": "d-1"});
-    let env = Envelope {
-        provider: Provider::GITHUB,
-        raw_body: body.as_bytes(),
-        headers: &headers,
-        secret_index: Some(0),
-        secret_fingerprint: None,
-        replay_guard: true,
-        trace_context: None,
-    };
-    claim::claim(&pool, &env, &NewEvent::pending("d-1".into(), "issues.opened", body.clone())).await.unwrap();
+    inbox_tests::store(&pool, Provider::GITHUB, "d-1", "issues.opened", &body).await;
 
     let hook = GithubDeliveries::new(server.uri(), Secret::new("ghp_fake"), Hook::parse(HOOK).unwrap()).unwrap();
     assert_eq!(hook.name(), "github repos/octo/hello/hooks/12");

@@ -236,6 +236,20 @@ pub async fn store(pool: &PgPool, provider: Provider, event_id: &str, event_type
     assert_eq!(claim::claim(pool, &env, &event).await.unwrap(), Claim::New, "{event_id} is new");
 }
 
+/// RFC 3339 for a Unix time, `2026-12-02T18:00:00Z` (Howard Hinnant's civil-from-days).
+pub fn rfc3339(secs: i64) -> String {
+    let (days, rest) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let (d, m) = (doy - (153 * mp + 2) / 5 + 1, if mp < 10 { mp + 3 } else { mp - 9 });
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rest / 3600, rest % 3600 / 60, rest % 60)
+}
+
 /// Polls until `f` is true or 10 s pass.
 pub async fn eventually<F, Fut>(mut f: F) -> bool
 where

@@ -167,8 +167,10 @@ mod stripe {
         client: reqwest::Client,
         base: String,
         key: Secret,
-        tries: u32,
     }
+
+    /// Tries of one fetch.
+    const TRIES: u32 = 3;
 
     impl StripeApi {
         /// Stripe at `base` with `key`.
@@ -179,7 +181,7 @@ mod stripe {
         /// With `timeout` for each request.
         pub fn with_timeout(base: impl Into<String>, key: Secret, timeout: Duration) -> Result<Self, reqwest::Error> {
             let client = crate::core::http::http_client(timeout)?;
-            Ok(StripeApi { client, base: base.into().trim_end_matches('/').to_string(), key, tries: 3 })
+            Ok(StripeApi { client, base: base.into().trim_end_matches('/').to_string(), key })
         }
 
         async fn fetch_once(&self, object: &Object) -> Result<Fetched, (FetchError, Option<Duration>)> {
@@ -198,13 +200,13 @@ mod stripe {
                 .send()
                 .await
                 .map_err(|e| {
-                    let why = if e.is_timeout() { "timed out".to_string() } else { format!("failed: {}", without_url(&e)) };
+                    let why = if e.is_timeout() { "timed out".to_string() } else { format!("failed: {}", e.without_url()) };
                     (FetchError::Transient(format!("{what} {why}")), None)
                 })?;
             let status = response.status().as_u16();
             let wait = retry_after(response.headers());
             let text = response.text().await.map_err(|e| {
-                (FetchError::Transient(format!("{what}: reading the answer failed: {}", without_url(&e))), None)
+                (FetchError::Transient(format!("{what}: reading the answer failed: {}", e.without_url())), None)
             })?;
             let message = || {
                 serde_json::from_str::<serde_json::Value>(&text)
@@ -226,15 +228,6 @@ mod stripe {
         }
     }
 
-    /// reqwest's message without the URL (which holds the object's id only, but keep logs short).
-    fn without_url(e: &reqwest::Error) -> String {
-        let mut e = e.to_string();
-        if let Some(i) = e.find(" for url (") {
-            e.truncate(i);
-        }
-        e
-    }
-
     impl ObjectApi for StripeApi {
         fn fetch<'a>(&'a self, object: &'a Object) -> Pin<Box<dyn Future<Output = Result<Fetched, FetchError>> + Send + 'a>> {
             Box::pin(async move {
@@ -243,7 +236,7 @@ mod stripe {
                     tried += 1;
                     match self.fetch_once(object).await {
                         Ok(fetched) => return Ok(fetched),
-                        Err((FetchError::Transient(reason), wait)) if tried < self.tries => {
+                        Err((FetchError::Transient(reason), wait)) if tried < TRIES => {
                             let backoff = Duration::from_millis(250 << tried);
                             tracing::info!(reason = %crate::core::text::Escaped(&reason), "fetching again");
                             tokio::time::sleep(wait.unwrap_or(backoff).min(Duration::from_secs(5))).await;

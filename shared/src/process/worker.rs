@@ -249,7 +249,15 @@ impl Worker {
         if result.as_ref().is_err_and(db::is_connection_lost) {
             self.careful.store(true, Ordering::Relaxed);
         }
-        let (mut counts, deferred) = done(result?);
+        self.then_hints(result?, deadline).await
+    }
+
+    /// A committed batch's counts, with its hint handlers' events applied.
+    async fn then_hints(&self, batch: Batch<'_>, deadline: Instant) -> Result<Counts, sqlx::Error> {
+        let (mut counts, deferred) = match batch {
+            Batch::Done(counts, deferred) => (counts, deferred),
+            Batch::Redo => unreachable!("a guarded batch is never redone"),
+        };
         counts.add(&self.fetch_and_apply(deferred, deadline).await?);
         Ok(counts)
     }
@@ -338,9 +346,7 @@ impl Worker {
             } else {
                 let mut tx = self.pool.begin().await?;
                 let rows = inbox::take_counted(&mut tx, &row.provider, &row.event_id).await?;
-                let (mut counts, deferred) = done(self.apply_all(tx, rows, deadline, true, Mode::Guarded).await?);
-                counts.add(&self.fetch_and_apply(deferred, deadline).await?);
-                counts
+                self.then_hints(self.apply_all(tx, rows, deadline, true, Mode::Guarded).await?, deadline).await?
             };
             total.add(&counts);
         }
@@ -359,9 +365,7 @@ impl Worker {
     pub async fn run_event(&self, provider: &str, event_id: &str) -> Result<Counts, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         let rows = inbox::take_one(&mut tx, provider, event_id).await?;
-        let (mut counts, deferred) = done(self.apply_all(tx, rows, far_future(), false, Mode::Guarded).await?);
-        counts.add(&self.fetch_and_apply(deferred, far_future()).await?);
-        Ok(counts)
+        self.then_hints(self.apply_all(tx, rows, far_future(), false, Mode::Guarded).await?, far_future()).await
     }
 
     /// `precounted`: the attempt was already committed (careful mode).
@@ -575,14 +579,6 @@ fn finished_row(row: Taken, end: Finish, precounted: bool) -> Finished {
         Finish::Failed(reason) => (Status::Failed, None, Some(reason), counted(true)),
     };
     Finished { provider: row.provider, event_id: row.event_id, status, delay, reason, attempts }
-}
-
-/// A guarded batch's counts and its hint handlers' events (it is never redone).
-fn done(batch: Batch<'_>) -> (Counts, Vec<Deferred<'_>>) {
-    match batch {
-        Batch::Done(counts, deferred) => (counts, deferred),
-        Batch::Redo => unreachable!("a guarded batch is never redone"),
-    }
 }
 
 fn far_future() -> Instant {

@@ -7,18 +7,19 @@
 //! id receive uses (`X-GitHub-Delivery`), the type it makes (`X-GitHub-Event`
 //! and the payload's `action`), the payload of `GET /<hook>/deliveries/<id>`.
 
-use std::{collections::HashSet, future::Future, pin::Pin, time::Instant};
+use std::{collections::HashSet, time::Instant};
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use sqlx::PgPool;
 
-use super::{claim, get, next_link, now_epoch, same_origin, Found, ReconcileConfig, ReconcileError, Source};
+use super::{claim, get, next_link, now_epoch, same_origin, Found, ReconcileConfig, ReconcileError, Source, SourceRun};
 use crate::{
     core::{error::ConfigError, http::http_client, secret::Secret},
     db::checkpoints,
     ingest::providers::{
+        declared::{parse_time, TimeFormat},
         github::{Github, DELIVERY, EVENT},
         Delivery, Events, NewEvent, Provider, Scheme,
     },
@@ -148,8 +149,8 @@ impl GithubDeliveries {
             for raw in &page {
                 let listed: Listed = serde_json::from_str(raw.get())
                     .unwrap_or(Listed { id: None, guid: None, delivered_at: None, event: None });
-                match listed.delivered_at.as_deref().and_then(epoch_of) {
-                    Some(at) if at < since => older = true,
+                match listed.delivered_at.as_deref().and_then(|t| parse_time(t, TimeFormat::Rfc3339)) {
+                    Some(at) if (at as f64) < since => older = true,
                     // A delivery without a readable time is taken: better twice-checked than missed.
                     _ => {
                         // A redelivery shares its guid: one claim per guid.
@@ -283,69 +284,14 @@ impl Source for GithubDeliveries {
         pool: &'a PgPool,
         config: &'a ReconcileConfig,
         deadline: Instant,
-    ) -> Pin<Box<dyn Future<Output = Result<Found, ReconcileError>> + Send + 'a>> {
+    ) -> SourceRun<'a> {
         Box::pin(self.walk(pool, config, deadline))
     }
-}
-
-/// Unix seconds of an RFC 3339 time as GitHub writes it (`2026-12-02T18:00:00Z`,
-/// fractions and offsets allowed); `None` for anything else.
-fn epoch_of(text: &str) -> Option<f64> {
-    let b = text.as_bytes();
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') || b[13] != b':' || b[16] != b':' {
-        return None;
-    }
-    let num = |r: std::ops::Range<usize>| -> Option<i64> {
-        let s = text.get(r)?;
-        s.bytes().all(|c| c.is_ascii_digit()).then(|| s.parse().ok()).flatten()
-    };
-    let (y, mo, d, h, mi, s) = (num(0..4)?, num(5..7)?, num(8..10)?, num(11..13)?, num(14..16)?, num(17..19)?);
-    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || s > 60 {
-        return None;
-    }
-    let mut rest = &text[19..];
-    let mut fraction = 0.0;
-    if let Some(f) = rest.strip_prefix('.') {
-        let digits = f.bytes().take_while(u8::is_ascii_digit).count();
-        if digits == 0 {
-            return None;
-        }
-        fraction = format!("0.{}", &f[..digits]).parse().ok()?;
-        rest = &f[digits..];
-    }
-    let offset = match rest {
-        "Z" | "z" => 0,
-        _ if rest.len() == 6 && matches!(rest.as_bytes()[0], b'+' | b'-') && rest.as_bytes()[3] == b':' => {
-            let sign = if rest.starts_with('-') { -1 } else { 1 };
-            let (oh, om): (i64, i64) = (rest[1..3].parse().ok()?, rest[4..6].parse().ok()?);
-            sign * (oh * 3600 + om * 60)
-        }
-        _ => return None,
-    };
-    // Days from the civil date (Howard Hinnant's algorithm).
-    let (y, mo) = if mo <= 2 { (y - 1, mo + 9) } else { (y, mo - 3) };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * mo + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some((days * 86_400 + h * 3600 + mi * 60 + s - offset) as f64 + fraction)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn github_times_are_read_as_unix_seconds() {
-        assert_eq!(epoch_of("1970-01-01T00:00:00Z"), Some(0.0));
-        assert_eq!(epoch_of("2019-06-03T00:57:16Z"), Some(1_559_523_436.0));
-        assert_eq!(epoch_of("2019-06-03T02:57:16+02:00"), Some(1_559_523_436.0));
-        assert_eq!(epoch_of("2024-02-29T12:00:00.5Z"), Some(1_709_208_000.5));
-        for bad in ["", "2019-06-03", "2019-13-03T00:57:16Z", "2019-06-03T00:57:16", "2019-06-03T00:57:16+0200", "２019-06-03T00:57:16Z", "2019-06-03T00:57:16.Z"] {
-            assert_eq!(epoch_of(bad), None, "{bad}");
-        }
-    }
 
     #[test]
     fn hooks_are_the_three_paths_github_has() {
