@@ -463,10 +463,11 @@ impl Stack<'_> {
 
         shutdown.await;
         let started = Instant::now();
-        say("draining: no new connection; finishing the deliveries and batches in flight");
+        // Not ready, then said: whoever reads the line finds /readyz already answering 503.
         readiness.draining.store(true, Ordering::SeqCst);
         let _ = draining.send(true);
         let _ = stop.send(true);
+        say("draining: no new connection; finishing the deliveries and batches in flight");
         let cut = main_server.await.unwrap_or(0);
         // The stages finish their batches within what is left of the drain; past it, they are stopped
         // where they are (a batch's transaction rolls back: its events are pending again).
