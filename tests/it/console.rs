@@ -28,6 +28,7 @@ struct Answer {
     cookie: Option<String>,
     csp: String,
     body: String,
+    set_cookies: Vec<String>,
 }
 
 impl Console {
@@ -74,13 +75,15 @@ impl Console {
         let r = self.router.clone().oneshot(req).await.unwrap();
         let text =
             |name| r.headers().get(name).and_then(|v: &http::HeaderValue| v.to_str().ok()).unwrap_or("").to_string();
-        let (location, set_cookie, csp) =
-            (text(header::LOCATION), text(header::SET_COOKIE), text(header::CONTENT_SECURITY_POLICY));
+        let (location, csp) = (text(header::LOCATION), text(header::CONTENT_SECURITY_POLICY));
+        let set_cookies: Vec<String> =
+            r.headers().get_all(header::SET_COOKIE).iter().map(|v| v.to_str().unwrap().to_string()).collect();
         let status = r.status();
         let body = String::from_utf8(r.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
-        let cookie = set_cookie.strip_prefix("inbox_console=").map(|c| c.split(';').next().unwrap().to_string());
-        Answer { status, location, cookie: cookie.filter(|c| !c.is_empty()), csp, body: body.clone() }
-            .with_set_cookie(set_cookie)
+        let session = set_cookies.iter().find(|c| c.starts_with("inbox_console=")).cloned().unwrap_or_default();
+        let cookie = session.strip_prefix("inbox_console=").map(|c| c.split(';').next().unwrap().to_string());
+        Answer { status, location, cookie: cookie.filter(|c| !c.is_empty()), csp, body, set_cookies }
+            .with_set_cookie(session)
     }
 
     async fn sign_in(&self, name: &str, password: &str, next: &str) -> Answer {
@@ -206,6 +209,10 @@ async fn sign_in_leads_back_inside_the_console_only(pool: PgPool) {
         ("/event?provider=stripe&id=evt_1", "/event?provider=stripe&id=evt_1"),
         ("//attacker.example/x", "/events"),
         ("/\\attacker.example", "/events"),
+        // A browser drops tabs and newlines while parsing: `//attacker.example` to it.
+        ("/\t/attacker.example", "/events"),
+        ("/\n/attacker.example", "/events"),
+        ("/.//attacker.example", "/events"),
         ("https://attacker.example/", "/events"),
         ("javascript:alert(1)", "/events"),
         ("", "/events"),
@@ -421,4 +428,106 @@ async fn behind_a_load_balancer_each_client_address_is_limited_on_its_own(pool: 
     let other = form(&[("name", "olga"), ("password", "a long enough password"), ("next", "")]);
     let signed = c.send_from("POST", "/signin", None, Some(&other), Some("10.0.0.8")).await;
     assert_eq!(signed.status, StatusCode::SEE_OTHER, "another client still signs in");
+}
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn concurrent_guesses_are_counted_before_any_password_is_checked_and_never_queued(pool: PgPool) {
+    let c = Console::with(&pool, &pool, true).await;
+    let guess = || {
+        let form = form(&[("name", "olga"), ("password", "a wrong guess"), ("next", "")]);
+        let c = &c;
+        async move { c.send_from("POST", "/signin", None, Some(&form), Some("6.6.6.6")).await.status }
+    };
+    let mut checked = 0;
+    for wave in 0..10 {
+        let statuses = futures_util::future::join_all((0..30).map(|_| guess())).await;
+        let wave_checked = statuses.iter().filter(|s| **s == StatusCode::UNAUTHORIZED).count();
+        assert!(
+            statuses.iter().all(|s| [
+                StatusCode::UNAUTHORIZED,
+                StatusCode::TOO_MANY_REQUESTS,
+                StatusCode::SERVICE_UNAVAILABLE
+            ]
+            .contains(s)),
+            "wave {wave}: {statuses:?}"
+        );
+        assert!(wave_checked <= 2, "wave {wave}: {wave_checked} passwords checked at once (the rest answered at once)");
+        checked += wave_checked;
+    }
+    assert_eq!(checked, 5, "five password checks for one name from one client, however the guesses race");
+    let right = form(&[("name", "olga"), ("password", "a long enough password"), ("next", "")]);
+    let locked = c.send_from("POST", "/signin", None, Some(&right), Some("6.6.6.6")).await;
+    assert_eq!(locked.status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn a_stranger_locks_out_only_themselves(pool: PgPool) {
+    let c = Console::with(&pool, &pool, true).await;
+    let from = |name: &str, password: &str, client: &str| {
+        let form = form(&[("name", name), ("password", password), ("next", "")]);
+        let (c, client) = (&c, client.to_string());
+        async move { c.send_from("POST", "/signin", None, Some(&form), Some(&client)).await }
+    };
+    for _ in 0..5 {
+        assert_eq!(from("olga", "a wrong guess", "6.6.6.6").await.status, StatusCode::UNAUTHORIZED);
+    }
+    assert_eq!(from("olga", "a long enough password", "6.6.6.6").await.status, StatusCode::TOO_MANY_REQUESTS);
+    let operator = from("olga", "a long enough password", "10.0.0.8").await;
+    assert_eq!(operator.status, StatusCode::SEE_OTHER, "five requests from a stranger do not lock the operator out");
+}
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn a_lock_survives_a_flood_of_over_long_names_and_passwords_from_many_addresses(pool: PgPool) {
+    let c = Console::with(&pool, &pool, true).await;
+    let from = |name: &str, password: &str, client: &str| {
+        let form = form(&[("name", name), ("password", password), ("next", "")]);
+        let (c, client) = (&c, client.to_string());
+        async move { c.send_from("POST", "/signin", None, Some(&form), Some(&client)).await }
+    };
+    for _ in 0..5 {
+        assert_eq!(from("olga", "a wrong guess", "6.6.6.6").await.status, StatusCode::UNAUTHORIZED);
+    }
+    // Over-long passwords and names from 480 addresses (one IPv6 /64's worth): refused before anything counts them.
+    let long_password = "p".repeat(2_000);
+    for i in 0..10_000u32 {
+        let client = format!("2001:db8::{:x}:{:x}", i % 480, i);
+        let refused = if i % 2 == 0 {
+            from(&format!("guess{i}"), &long_password, &client).await
+        } else {
+            from(&"n".repeat(65 + i as usize % 100), "a wrong guess", &client).await
+        };
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{i}");
+        assert!(refused.body.contains("no user has this one"), "{}", refused.body);
+    }
+    let still = from("olga", "a long enough password", "6.6.6.6").await;
+    assert_eq!(still.status, StatusCode::TOO_MANY_REQUESTS, "the 15-minute lock holds");
+    assert!(still.body.contains("try again in 15 minutes"), "{}", still.body);
+}
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn a_name_guessed_from_many_addresses_backs_off_except_in_the_operators_own_browser(pool: PgPool) {
+    let c = Console::with(&pool, &pool, true).await;
+    let right = form(&[("name", "olga"), ("password", "a long enough password"), ("next", "")]);
+    let signed = c.send_from("POST", "/signin", None, Some(&right), Some("10.0.0.8")).await;
+    assert_eq!(signed.status, StatusCode::SEE_OTHER);
+    let device =
+        signed.set_cookies.iter().find_map(|c| c.strip_prefix("inbox_console_device=")).expect("a device cookie");
+    let device = device.split(';').next().unwrap().to_string();
+    for i in 0..10 {
+        let guess = form(&[("name", "olga"), ("password", "a wrong guess"), ("next", "")]);
+        let status = c.send_from("POST", "/signin", None, Some(&guess), Some(&format!("203.0.113.{i}"))).await.status;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+    }
+    let elsewhere = c.send_from("POST", "/signin", None, Some(&right), Some("198.51.100.1")).await;
+    assert_eq!(elsewhere.status, StatusCode::TOO_MANY_REQUESTS, "the name backs off from everywhere");
+    assert!(elsewhere.body.contains("seconds"), "{}", elsewhere.body);
+    let req = Request::post("/signin")
+        .header(header::HOST, "console.test")
+        .header("x-forwarded-for", "10.0.0.8")
+        .header(header::COOKIE, format!("inbox_console_device={device}"))
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(Body::from(right))
+        .unwrap();
+    let own = c.router.clone().oneshot(req).await.unwrap();
+    assert_eq!(own.status(), StatusCode::SEE_OTHER, "the browser that signed in before is spared the back-off");
 }

@@ -1,11 +1,9 @@
 //! Who is signed in: passwords (Argon2id), session tokens (random, stored as
-//! their SHA-256), the CSRF token of each session, and the sign-in rate limit.
+//! their SHA-256), and the CSRF token of each session.
 
 use std::{
-    collections::HashMap,
-    net::SocketAddr,
-    sync::{Arc, Mutex, OnceLock},
-    time::{Duration, Instant},
+    net::{IpAddr, SocketAddr},
+    sync::{Arc, OnceLock},
 };
 
 use argon2::{
@@ -27,6 +25,10 @@ use crate::db::console::{self, Role};
 
 /// The session cookie's name.
 pub const COOKIE: &str = "inbox_console";
+
+/// The device cookie's name: a browser that signed in as a name before is
+/// spared that name's back-off ([`super::limiter`]).
+pub const DEVICE: &str = "inbox_console_device";
 
 /// The longest password taken, in bytes: hashing is bounded work.
 pub const MAX_PASSWORD_BYTES: usize = 1024;
@@ -88,6 +90,19 @@ pub async fn sign_in(state: &State, user: &str) -> Result<Cookie<'static>, sqlx:
         .build())
 }
 
+/// The device cookie of a browser that signed in as `user`: it spares the
+/// name's back-off to this browser ([`super::limiter`]), for 180 days.
+pub fn device_cookie(state: &State, user: &str) -> Cookie<'static> {
+    // Max-Age through the parser: the builder's takes a type of the `time` crate.
+    let mut cookie = Cookie::parse(format!("{DEVICE}={}; Max-Age={}", state.limiter.device(user), 180 * 86_400))
+        .expect("a cookie of hex digits parses");
+    cookie.set_path(cookie_path(state));
+    cookie.set_secure(true);
+    cookie.set_http_only(true);
+    cookie.set_same_site(SameSite::Strict);
+    cookie
+}
+
 /// Ends the session in `jar`, if any: the cookie that removes it.
 pub async fn sign_out(state: &State, jar: &CookieJar) -> Result<Cookie<'static>, sqlx::Error> {
     if let Some(c) = jar.get(COOKIE) {
@@ -102,6 +117,37 @@ fn cookie_path(state: &State) -> String {
     } else {
         state.base.clone()
     }
+}
+
+/// Where sign-in may lead back to: `next` as a path and query inside the
+/// console at `base`, rebuilt from what a URL parser made of it, or `None`.
+/// Refused: any byte that is a control character, a space or not ASCII (a
+/// browser drops tabs and newlines while parsing, so `/\t/evil.example`
+/// would be `//evil.example` to it), a backslash (a slash to a browser), and
+/// whatever would read as another host (`//host`, `/.//host`; an empty
+/// segment anywhere), or the sign-in page itself.
+pub(super) fn inside(base: &str, next: &str) -> Option<String> {
+    if !next.bytes().all(|b| b.is_ascii_graphic()) || next.contains('\\') {
+        return None;
+    }
+    let prefix = format!("{base}/");
+    if !next.starts_with(&prefix) || next.starts_with("//") {
+        return None;
+    }
+    let origin = url::Url::parse("http://console.invalid/").expect("a valid URL");
+    let parsed = origin.join(next).ok()?;
+    if parsed.origin() != origin.origin() || parsed.username() != "" || parsed.password().is_some() {
+        return None;
+    }
+    // The path as the parser normalised it (`/a/..//b` is `//b`: another host to a browser).
+    let path = parsed.path();
+    if !path.starts_with(&prefix) || path.contains("//") || path.trim_end_matches('/').ends_with("/signin") {
+        return None;
+    }
+    Some(match parsed.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_string(),
+    })
 }
 
 /// A signed-in user, taken from the session cookie. A request without a
@@ -184,66 +230,12 @@ impl FromRequestParts<Arc<State>> for Peer {
             .filter(|a| !a.is_empty());
         let addr =
             forwarded.or_else(|| parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip().to_string()));
+        // An address as an address; anything else a balancer passed on, escaped (it reaches the log).
+        let addr = addr.map(|a| match a.parse::<IpAddr>() {
+            Ok(ip) => ip.to_string(),
+            Err(_) => crate::core::text::escape(&a).into_owned(),
+        });
         Ok(Peer(addr.unwrap_or_else(|| "unknown".into())))
-    }
-}
-
-/// Failed sign-ins counted per user name and per client over a window: past
-/// the limit, sign-in is refused (429) until the window ends, whatever the
-/// password. In memory: per process (each instance of a service counts its own).
-#[derive(Default)]
-pub struct Limiter {
-    failures: Mutex<HashMap<String, (u32, Instant)>>,
-}
-
-/// The window failures are counted over.
-const WINDOW: Duration = Duration::from_secs(15 * 60);
-/// Failed sign-ins per user name in a window.
-const PER_NAME: u32 = 5;
-/// Failed sign-ins per client address in a window.
-const PER_PEER: u32 = 20;
-/// Keys kept at most; past it the expired ones go (and, if that is not enough, all).
-const MAX_KEYS: usize = 10_000;
-
-impl Limiter {
-    fn keys(name: &str, peer: &str) -> [(String, u32); 2] {
-        [(format!("name:{name}"), PER_NAME), (format!("peer:{peer}"), PER_PEER)]
-    }
-
-    /// How long until a sign-in as `name` from `peer` may be tried, if it may not be now.
-    pub fn blocked(&self, name: &str, peer: &str) -> Option<Duration> {
-        let failures = self.failures.lock().expect("the limiter's lock");
-        Self::keys(name, peer)
-            .iter()
-            .filter_map(|(key, limit)| {
-                let (n, since) = failures.get(key)?;
-                let left = WINDOW.checked_sub(since.elapsed())?;
-                (*n >= *limit).then_some(left)
-            })
-            .max()
-    }
-
-    /// Counts a failed sign-in.
-    pub fn failed(&self, name: &str, peer: &str) {
-        let mut failures = self.failures.lock().expect("the limiter's lock");
-        if failures.len() >= MAX_KEYS {
-            failures.retain(|_, (_, since)| since.elapsed() < WINDOW);
-            if failures.len() >= MAX_KEYS {
-                failures.clear();
-            }
-        }
-        for (key, _) in Self::keys(name, peer) {
-            let entry = failures.entry(key).or_insert((0, Instant::now()));
-            if entry.1.elapsed() >= WINDOW {
-                *entry = (0, Instant::now());
-            }
-            entry.0 += 1;
-        }
-    }
-
-    /// Forgets a name's failures after it signed in.
-    pub fn succeeded(&self, name: &str) {
-        self.failures.lock().expect("the limiter's lock").remove(&format!("name:{name}"));
     }
 }
 
@@ -262,19 +254,51 @@ mod tests {
     }
 
     #[test]
-    fn the_limiter_stops_a_name_after_its_failures_and_forgets_them_on_success() {
-        let l = Limiter::default();
-        for _ in 0..PER_NAME {
-            assert_eq!(l.blocked("alice", "1.2.3.4"), None);
-            l.failed("alice", "1.2.3.4");
+    fn sign_in_leads_back_only_to_a_path_inside_the_console_as_a_browser_would_read_it() {
+        for base in ["", "/console"] {
+            let at = |p: &str| format!("{base}{p}");
+            for (next, to) in [
+                (at("/events?status=failed"), Some(at("/events?status=failed"))),
+                (at("/event?provider=stripe&id=evt_1"), Some(at("/event?provider=stripe&id=evt_1"))),
+                (at("/events?q=%2F%2Fx#frag"), Some(at("/events?q=%2F%2Fx"))),
+                (at("/%2F%2Fevil.example"), Some(at("/%2F%2Fevil.example"))),
+                (at("/%5Cevil.example"), Some(at("/%5Cevil.example"))),
+                (at("/a/../events"), Some(at("/events"))),
+            ] {
+                assert_eq!(inside(base, &next), to, "{next:?}");
+            }
+            // The WHATWG URL parser's ways to another host: control characters it strips, backslashes
+            // it reads as slashes, dot segments that leave `//`, another scheme, and the sign-in page.
+            for next in [
+                "/\t/evil.example",
+                "/\n/evil.example",
+                "/\r/evil.example",
+                "\t//evil.example",
+                " /events",
+                "/events\r\nSet-Cookie: x=1",
+                "//evil.example",
+                "///evil.example",
+                "/\\evil.example",
+                "\\\\evil.example",
+                "/.//evil.example",
+                "/..//evil.example",
+                "/events/../..//evil.example",
+                "https://evil.example/",
+                "https:evil.example",
+                "http://console.invalid/events",
+                "javascript:alert(1)",
+                "/signin",
+                "/signin/",
+                "/%0a/evil.example\u{7f}",
+                "/ünïcode",
+                "",
+            ] {
+                let next = if next.starts_with('/') && !next.starts_with("//") { at(next) } else { next.to_string() };
+                assert_eq!(inside(base, &next), None, "{next:?}");
+            }
         }
-        assert!(l.blocked("alice", "5.6.7.8").is_some(), "the name is blocked from anywhere");
-        assert_eq!(l.blocked("bob", "5.6.7.8"), None, "another name from elsewhere is not");
-        l.succeeded("alice");
-        assert_eq!(l.blocked("alice", "5.6.7.8"), None);
-        for i in 0..PER_PEER {
-            l.failed(&format!("user{i}"), "9.9.9.9");
-        }
-        assert!(l.blocked("carol", "9.9.9.9").is_some(), "a client guessing many names is blocked");
+        assert_eq!(inside("/console", "/events"), None, "outside the console's base");
+        assert_eq!(inside("/console", "/console/..//evil.example"), None);
+        assert_eq!(inside("/console", "/consolex/events"), None);
     }
 }

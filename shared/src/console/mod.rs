@@ -19,6 +19,7 @@
 
 mod auth;
 mod health;
+mod limiter;
 mod pages;
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
@@ -45,7 +46,10 @@ pub(crate) struct State {
     secrets: Secrets,
     /// Where the console is mounted: `""` (its own server) or `/console` (`inbox dev`).
     base: String,
-    limiter: auth::Limiter,
+    limiter: limiter::Limiter,
+    /// Password checks running at once: each takes Argon2's 19 MiB, and
+    /// past this many an attempt is answered 503 at once, not queued.
+    hashing: tokio::sync::Semaphore,
     /// Where a client's address comes from, for the sign-in limit.
     client_ip: ClientIp,
 }
@@ -74,6 +78,9 @@ impl ClientIp {
     }
 }
 
+/// Password checks at once (see [`State::hashing`]).
+const HASHING_AT_ONCE: usize = 2;
+
 /// How long a session lasts after sign-in.
 const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
 
@@ -97,7 +104,16 @@ pub(crate) fn router_at(
     client_ip: ClientIp,
 ) -> Router {
     let base = base.trim_end_matches('/').to_string();
-    let state = Arc::new(State { db, read, catalog, secrets, base, limiter: auth::Limiter::default(), client_ip });
+    let state = Arc::new(State {
+        db,
+        read,
+        catalog,
+        secrets,
+        base,
+        limiter: limiter::Limiter::default(),
+        hashing: tokio::sync::Semaphore::new(HASHING_AT_ONCE),
+        client_ip,
+    });
     pages::router(state)
 }
 
@@ -209,7 +225,7 @@ pub fn generate_password() -> String {
     auth::random_token(18)
 }
 
-fn check_name(name: &str) -> Result<(), UserError> {
+pub(crate) fn check_name(name: &str) -> Result<(), UserError> {
     let ok = (1..=64).contains(&name.len())
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'@' | b'-'));
     if ok {

@@ -8,7 +8,7 @@ use std::{sync::Arc, time::Duration};
 use askama::Template;
 use axum::{
     body::Body,
-    extract::{Request, State as Shared},
+    extract::{DefaultBodyLimit, Request, State as Shared},
     http::{header, HeaderMap, HeaderValue, Method, StatusCode},
     middleware::{from_fn_with_state, Next},
     response::{Html, IntoResponse, Redirect, Response},
@@ -20,6 +20,7 @@ use serde::Deserialize;
 
 use super::{
     auth::{self, Peer, Signed},
+    limiter::Refused,
     State,
 };
 use crate::{
@@ -46,6 +47,7 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/static/console.css", get(|| asset("text/css; charset=utf-8", include_str!("console.css"))))
         .route("/static/favicon.svg", get(|| asset("image/svg+xml", include_str!("favicon.svg"))))
         .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_FORM_BYTES))
         .layer(from_fn_with_state(state.clone(), finish))
         .with_state(state.clone());
     if state.base.is_empty() {
@@ -72,6 +74,8 @@ pub enum PageError {
     Forbidden(&'static str),
     /// Too many failed sign-ins: try again after this long.
     TooMany(Duration),
+    /// Sign-in is busy checking other passwords: try again in a moment.
+    Busy,
     /// The database refused or did not answer (its text goes to the log only).
     Database(sqlx::Error),
     /// A fault of the console's own (its cause goes to the log only).
@@ -90,14 +94,25 @@ struct Failure(String);
 
 impl IntoResponse for PageError {
     fn into_response(self) -> Response {
+        let mut retry_after = None;
         let (status, message) = match self {
             PageError::NotFound(what) => (StatusCode::NOT_FOUND, what),
             PageError::BadRequest(why) => (StatusCode::BAD_REQUEST, why),
             PageError::Forbidden(why) => (StatusCode::FORBIDDEN, why.to_string()),
-            PageError::TooMany(wait) => (
-                StatusCode::TOO_MANY_REQUESTS,
-                format!("Too many failed sign-ins: try again in {} minutes.", wait.as_secs().div_ceil(60)),
-            ),
+            PageError::TooMany(wait) => {
+                let seconds = wait.as_secs().max(1);
+                let message = if seconds > 60 {
+                    format!("Too many failed sign-ins: try again in {} minutes.", seconds.div_ceil(60))
+                } else {
+                    format!("Too many failed sign-ins: try again in {seconds} seconds.")
+                };
+                retry_after = Some(seconds);
+                (StatusCode::TOO_MANY_REQUESTS, message)
+            }
+            PageError::Busy => {
+                retry_after = Some(1);
+                (StatusCode::SERVICE_UNAVAILABLE, "Sign-in is busy checking other passwords: try again in a moment.".into())
+            }
             PageError::Database(e) if crate::db::sqlstate(&e).as_deref() == Some("57014") => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!(
@@ -118,6 +133,9 @@ impl IntoResponse for PageError {
             ),
         };
         let mut r = status.into_response();
+        if let Some(seconds) = retry_after {
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
         r.extensions_mut().insert(Failure(message));
         r
     }
@@ -186,6 +204,9 @@ pub(super) fn html(page: impl Template) -> Result<Response, PageError> {
     })
 }
 
+/// The largest form taken, in bytes: the console's forms are a few fields.
+pub(crate) const MAX_FORM_BYTES: usize = 64 * 1024;
+
 /// The fields of a form that was posted, or the page that says it did not
 /// arrive whole (never the framework's own words).
 struct Posted<T>(T);
@@ -195,7 +216,13 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned + Send> axum::extract::FromR
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         let form = Form::<T>::from_request(req, state).await;
-        form.map(|Form(f)| Posted(f)).map_err(|_| PageError::BadRequest("The form did not arrive whole.".into()))
+        form.map(|Form(f)| Posted(f)).map_err(|e| {
+            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                PageError::BadRequest(format!("The form is over {} KiB: nothing was done.", MAX_FORM_BYTES / 1024))
+            } else {
+                PageError::BadRequest("The form did not arrive whole.".into())
+            }
+        })
     }
 }
 
@@ -300,7 +327,8 @@ async fn home(Shared(state): Shared<Arc<State>>, _: Signed) -> Redirect {
 }
 
 async fn signin_page(Shared(state): Shared<Arc<State>>, Query(p): Query<NextParam>) -> Result<Response, PageError> {
-    html(SignInPage { nav: Nav::anonymous(&state), next: p.next, name: String::new(), error: None })
+    let next = auth::inside(&state.base, &p.next).unwrap_or_default();
+    html(SignInPage { nav: Nav::anonymous(&state), next, name: String::new(), error: None })
 }
 
 #[derive(Deserialize, Default)]
@@ -318,30 +346,43 @@ async fn signin(
     Posted(f): Posted<SignInForm>,
 ) -> Result<Response, PageError> {
     let name = f.name.trim();
-    if let Some(wait) = state.limiter.blocked(name, &peer) {
-        return Err(PageError::TooMany(wait));
+    // What no user can have is refused before the limiter, the database or the log sees it.
+    if super::check_name(name).is_err() {
+        return Err(PageError::BadRequest(
+            "A user name is 1 to 64 letters, digits, '.', '_', '@' or '-': no user has this one.".into(),
+        ));
     }
+    if f.password.len() > auth::MAX_PASSWORD_BYTES {
+        return Err(PageError::BadRequest(format!(
+            "A password is at most {} bytes: no user has this one.",
+            auth::MAX_PASSWORD_BYTES
+        )));
+    }
+    // A password check at a time per slot; past them, at once: try again.
+    let Ok(_hashing) = state.hashing.try_acquire() else { return Err(PageError::Busy) };
+    let known_device = jar.get(auth::DEVICE).is_some_and(|c| state.limiter.knows(name, c.value()));
+    // Counted as failed before the password is checked; taken back if it is right.
+    state.limiter.attempt(name, &peer, known_device).map_err(|refused| match refused {
+        Refused::Wait(wait) => PageError::TooMany(wait),
+        Refused::Full => PageError::Busy,
+    })?;
     let Some(_role) = auth::check_password(&state, name, &f.password).await? else {
-        state.limiter.failed(name, &peer);
-        tracing::warn!(user = %Escaped(name), peer = %peer, "console sign-in refused");
+        tracing::warn!(user = %name, peer = %peer, "console sign-in refused");
         let page = SignInPage {
             nav: Nav::anonymous(&state),
-            next: f.next,
-            name: clip(name, 64),
+            next: auth::inside(&state.base, &f.next).unwrap_or_default(),
+            name: name.to_string(),
             error: Some("That name and password do not match a user.".into()),
         };
         return Ok((StatusCode::UNAUTHORIZED, html(page)?).into_response());
     };
-    state.limiter.succeeded(name);
+    state.limiter.succeeded(name, &peer);
     tracing::info!(user = %name, "console sign-in");
     let cookie = auth::sign_in(&state, name).await?;
-    // Only back into the console: never to another site (`//evil`, `/\evil`).
-    let inside = f.next.starts_with(&format!("{}/", state.base))
-        && !f.next.starts_with("//")
-        && !f.next.contains('\\')
-        && !f.next.contains("/signin");
-    let to = if inside { f.next } else { format!("{}/events", state.base) };
-    Ok((jar.add(cookie), Redirect::to(&to)).into_response())
+    let device = auth::device_cookie(&state, name);
+    // Only back into the console, rebuilt from its path and query: never to another site.
+    let to = auth::inside(&state.base, &f.next).unwrap_or_else(|| format!("{}/events", state.base));
+    Ok((jar.add(cookie).add(device), Redirect::to(&to)).into_response())
 }
 
 #[derive(Deserialize, Default)]
