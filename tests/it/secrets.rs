@@ -144,3 +144,93 @@ async fn an_unreadable_response_is_reported_without_its_body() {
         assert!(err.contains(&status.to_string()), "{status}: the status is named: {err}");
     }
 }
+
+/// The `*_ARN` variables the code resolves.
+fn resolved_by_the_code() -> Vec<&'static str> {
+    let mut vars: Vec<&str> = secrets_manager::SECRET_ARNS.iter().map(|(var, _)| *var).collect();
+    vars.extend([secrets_manager::WEBHOOK_SECRETS_ARN, secrets_manager::DATABASE_SECRET_ARN]);
+    vars
+}
+
+/// The parameters a YAML value names with `!Ref`.
+fn refs(value: &str) -> Vec<String> {
+    value
+        .split("!Ref ")
+        .skip(1)
+        .map(|rest| rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == ':').collect())
+        .filter(|p: &String| p != "AWS::NoValue")
+        .collect()
+}
+
+fn indent(line: &str) -> usize {
+    line.len() - line.trim_start().len()
+}
+
+/// A function's `*_ARN` variables (with the parameters each names) and the
+/// parameters its `secretsmanager:GetSecretValue` grants, read off the lines
+/// of `template.yaml`'s block for it.
+fn arns_and_grants(block: &[&str]) -> (Vec<(String, Vec<String>)>, Vec<String>) {
+    let mut arns = Vec::new();
+    let mut grants = Vec::new();
+    let mut granting: Option<usize> = None;
+    for line in block {
+        let text = line.trim_start();
+        if let Some(at) = granting {
+            if indent(line) < at && !text.is_empty() {
+                granting = None;
+            } else {
+                grants.extend(refs(text));
+            }
+        }
+        if text == "Action: secretsmanager:GetSecretValue" {
+            granting = Some(indent(line));
+        }
+        if let Some((var, value)) = text.split_once(": ") {
+            if var.ends_with("_ARN") && var.bytes().all(|b| b.is_ascii_uppercase() || b == b'_') {
+                arns.push((var.to_string(), refs(value)));
+            }
+        }
+    }
+    (arns, grants)
+}
+
+#[test]
+fn every_arn_the_template_passes_is_resolved_by_the_code_and_granted_and_every_one_the_code_resolves_is_passed() {
+    let template = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../template.yaml")).unwrap();
+    let lines: Vec<&str> = template.lines().collect();
+    let globals = lines.iter().position(|l| *l == "Globals:").unwrap();
+    let resources = lines.iter().position(|l| *l == "Resources:").unwrap();
+    let (global_arns, _) = arns_and_grants(&lines[globals..resources]);
+    // Each resource: a line of two spaces' indent, up to the next.
+    let starts: Vec<usize> = (resources + 1..lines.len())
+        .filter(|&i| indent(lines[i]) == 2 && lines[i].trim_end().ends_with(':'))
+        .chain([lines.len()])
+        .collect();
+    let code = resolved_by_the_code();
+    let mut passed = std::collections::BTreeSet::new();
+    let mut functions = 0;
+    for pair in starts.windows(2) {
+        let block = &lines[pair[0]..pair[1]];
+        if !block.iter().any(|l| l.trim() == "Type: AWS::Serverless::Function") {
+            continue;
+        }
+        functions += 1;
+        let name = block[0].trim().trim_end_matches(':');
+        let (own, grants) = arns_and_grants(block);
+        // A function's own variable of a name the globals set stands in for it.
+        let mut all: Vec<(String, Vec<String>)> =
+            global_arns.iter().filter(|(var, _)| !own.iter().any(|(v, _)| v == var)).cloned().collect();
+        all.extend(own);
+        for (var, params) in all {
+            assert!(code.contains(&var.as_str()), "{name} is passed {var}, which the code never resolves");
+            for param in params {
+                assert!(grants.contains(&param), "{name} is passed {var} (!Ref {param}) but not granted to read it");
+            }
+            passed.insert(var);
+        }
+    }
+    assert!(functions >= 6, "every function was read ({functions})");
+    for var in code {
+        assert!(passed.contains(var), "the code resolves {var}, but no function of template.yaml is passed it");
+    }
+}

@@ -47,6 +47,7 @@ pub const SECRET_ARNS: &[(&str, &[&str])] = &[
     ),
     ("STRIPE_API_KEY_ARN", &["STRIPE_API_KEY"]),
     ("SHOPIFY_ACCESS_TOKEN_ARN", &["SHOPIFY_ACCESS_TOKEN"]),
+    ("GITHUB_API_TOKEN_ARN", &["GITHUB_API_TOKEN"]),
 ];
 
 /// The declared providers' secrets (and URLs): one JSON object of `<NAME>_WEBHOOK_SECRET` / `_URL` keys.
