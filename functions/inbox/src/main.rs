@@ -66,6 +66,9 @@ enum Command {
         admin_port: u16,
         #[arg(long, env = "INBOX_HOST", default_value = "0.0.0.0")]
         host: String,
+        /// Where the admin port listens [default: --host].
+        #[arg(long, env = "INBOX_ADMIN_HOST")]
+        admin_host: Option<String>,
         /// Apply the migrations before serving (else they must be applied: `inbox migrate`).
         #[arg(long)]
         migrate: bool,
@@ -293,11 +296,12 @@ async fn main() -> std::process::ExitCode {
 async fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Dev { port, host } => dev::run(webhook_inbox::reference::app(), &host, port).await,
-        Command::Serve { roles, port, admin_port, host, migrate } => {
+        Command::Serve { roles, port, admin_port, host, admin_host, migrate } => {
             let settings = webhook_inbox::serve::Settings {
                 roles,
                 host: Some(host),
                 port: Some(port),
+                admin_host,
                 admin_port: Some(admin_port),
                 migrate,
             };
@@ -467,7 +471,7 @@ async fn run(cli: Cli) -> Result<()> {
             let config = DbConfig::read(&config::Env::resolved().await?, 1)?;
             let url = config.url.clone().context("DATABASE_URL is not set")?;
             let version = db::schema::migrate(&db::pool(&config)?).await.context("applying migrations")?;
-            say!("the inbox's migrations applied to {} (version {version})", dev::redact_url(&url));
+            say!("the inbox's migrations applied to {} (version {version})", db::redact_url(&url));
             Ok(())
         }
     }
@@ -484,7 +488,7 @@ fn database(env: &config::Env) -> Result<sqlx::PgPool> {
 async fn operator_db() -> Result<sqlx::PgPool> {
     let config = DbConfig::read(&config::Env::resolved().await?, 1)?;
     let url = config.url.clone().context("DATABASE_URL is not set: the operator's commands work on a database")?;
-    ops::connect(db::pool(&config)?, &dev::redact_url(&url)).await
+    ops::connect(db::pool(&config)?, &db::redact_url(&url)).await
 }
 
 /// A one-pass command stops starting batches after this long, as a Lambda would at its deadline.

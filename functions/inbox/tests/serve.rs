@@ -137,6 +137,8 @@ async fn serve_is_ready_once_migrated_then_takes_deliveries_and_counts_them(
     let (status, why) = get(&serve.admin, "/readyz");
     assert_eq!(status, 503, "{why}");
     assert!(why.contains("migrations not applied") && why.contains("webhook inbox"), "{why}");
+    // The port that faces the internet says only that: the reason is the admin port's and the log's.
+    assert_eq!(get(&serve.main, "/readyz"), (503, r#"{"status":"not ready"}"#.into()));
     serve.line("waiting for migrations before the stages start", Duration::from_secs(5));
     webhook_inbox::reference::app().migrate(&pool).await.unwrap();
     eventually("ready", || get(&serve.main, "/readyz") == (200, r#"{"status":"ready"}"#.into())).await;
@@ -521,4 +523,14 @@ async fn each_delivery_is_one_trace_from_receive_through_processing_to_the_relay
         stored,
         (format!("00-{}-{}-01", receive.trace, receive.span), format!("00-{}-{}-01", process.trace, process.span))
     );
+}
+
+#[sqlx::test(migrations = false)]
+async fn the_admin_interface_binds_where_inbox_admin_host_says(_: PgPoolOptions, opts: PgConnectOptions) {
+    let serve = Serve::start(&url_of(&opts), &[], &[("INBOX_ADMIN_HOST", "127.0.0.2")]);
+    assert!(serve.main.starts_with("127.0.0.1:"), "{}", serve.main);
+    assert!(serve.admin.starts_with("127.0.0.2:"), "{}", serve.admin);
+    assert_eq!(get(&serve.admin, "/healthz").0, 200);
+    let port = serve.admin.split(':').nth(1).unwrap();
+    assert!(std::net::TcpStream::connect(format!("127.0.0.1:{port}")).is_err(), "not on the main host");
 }

@@ -220,8 +220,9 @@ pub fn retry_after(err: &sqlx::Error, attempt: u32) -> Option<Duration> {
     Some(Duration::from_millis(base / 2 + crate::core::backoff::jitter(base / 2)))
 }
 
-/// Database settings: a small pool, connected lazily, with timeouts on every session.
-#[derive(Clone, Debug)]
+/// Database settings: a small pool, connected lazily, with timeouts on every
+/// session. Its `Debug` shows the URL without its credentials.
+#[derive(Clone)]
 pub struct DbConfig {
     /// `DATABASE_URL` (its credentials from `DATABASE_SECRET_ARN` on Lambda).
     pub url: Option<String>,
@@ -241,6 +242,28 @@ pub struct DbConfig {
     pub behind_proxy: bool,
 }
 
+impl std::fmt::Debug for DbConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DbConfig")
+            .field("url", &self.url.as_deref().map(redact_url))
+            .field("pool_size", &self.pool_size)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .field("lock_timeout", &self.lock_timeout)
+            .field("statement_timeout", &self.statement_timeout)
+            .field("idle_in_transaction_timeout", &self.idle_in_transaction_timeout)
+            .field("behind_proxy", &self.behind_proxy)
+            .finish()
+    }
+}
+
+/// Where a database URL points, without any credential (user:password@ or ?password=).
+pub fn redact_url(url: &str) -> String {
+    match url.parse::<sqlx::postgres::PgConnectOptions>() {
+        Ok(o) => format!("postgres://{}:{}/{}", o.get_host(), o.get_port(), o.get_database().unwrap_or("")),
+        Err(_) => "(an unparsable URL)".into(),
+    }
+}
+
 impl DbConfig {
     /// `url` with the defaults: 4 connections, timeouts of 2 s (acquire,
     /// lock), 5 s (statement) and 10 s (idle in transaction), no pooler.
@@ -254,5 +277,20 @@ impl DbConfig {
             idle_in_transaction_timeout: Duration::from_secs(10),
             behind_proxy: false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_never_print() {
+        assert_eq!(redact_url("postgres://u:s3cret@h:5433/db"), "postgres://h:5433/db");
+        assert_eq!(redact_url("postgres://h/db?password=s3cret"), "postgres://h:5432/db");
+        assert!(!redact_url("not a url s3cret").contains("s3cret"));
+        let config = DbConfig::with_url("postgres://inbox:s3cret@db.internal:5432/inbox?password=s3cret2");
+        let debug = format!("{config:?} {config:#?}");
+        assert!(!debug.contains("s3cret") && debug.contains("db.internal:5432/inbox"), "{debug}");
     }
 }

@@ -63,7 +63,7 @@ where
 {
     let embedded = match &config.db.url {
         Some(url) => {
-            say!("using DATABASE_URL {}", redact_url(url));
+            say!("using DATABASE_URL {}", db::redact_url(url));
             None
         }
         None => {
@@ -144,24 +144,4 @@ pub fn stripe_signature(secret: &str, t: u64, body: &[u8]) -> String {
     mac.update(format!("{t}.").as_bytes());
     mac.update(body);
     format!("t={t},v1={}", hex::encode(mac.finalize().into_bytes()))
-}
-
-/// Where a database URL points, without any credential (user:password@ or ?password=).
-pub fn redact_url(url: &str) -> String {
-    match url.parse::<sqlx::postgres::PgConnectOptions>() {
-        Ok(o) => format!("postgres://{}:{}/{}", o.get_host(), o.get_port(), o.get_database().unwrap_or("")),
-        Err(_) => "(an unparsable URL)".into(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::redact_url;
-
-    #[test]
-    fn credentials_never_print() {
-        assert_eq!(redact_url("postgres://u:s3cret@h:5433/db"), "postgres://h:5433/db");
-        assert_eq!(redact_url("postgres://h/db?password=s3cret"), "postgres://h:5432/db");
-        assert!(!redact_url("not a url s3cret").contains("s3cret"));
-    }
 }

@@ -166,8 +166,12 @@ pub struct Settings {
     pub host: Option<String>,
     /// `PORT`, default 8080: the webhooks, the console, `/healthz` and `/readyz`.
     pub port: Option<u16>,
-    /// `INBOX_ADMIN_PORT`, default 9090: `/healthz`, `/readyz` and `/metrics`,
-    /// for what should not face the internet.
+    /// `INBOX_ADMIN_HOST`, default the main host: where the admin port
+    /// listens (`127.0.0.1`, or a private interface, to keep it off the one
+    /// that faces the internet).
+    pub admin_host: Option<String>,
+    /// `INBOX_ADMIN_PORT`, default 9090: `/healthz`, `/readyz` (saying why
+    /// not ready) and `/metrics`, for what should not face the internet.
     pub admin_port: Option<u16>,
     /// Apply the migrations (the inbox's, then the application's) before
     /// serving, as `inbox migrate` does; by default they must be there
@@ -182,11 +186,36 @@ struct Readiness {
     migrated: AtomicBool,
     pool: sqlx::PgPool,
     app: App,
+    /// The last answer, so that the log says each change once, not each probe.
+    last: std::sync::Mutex<Option<String>>,
 }
 
 impl Readiness {
-    /// `None` when ready, else why not.
+    fn new(pool: sqlx::PgPool, app: App) -> Self {
+        Readiness {
+            draining: AtomicBool::new(false),
+            migrated: AtomicBool::new(false),
+            pool,
+            app,
+            last: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// `None` when ready, else why not; a change is logged.
     async fn check(&self) -> Option<String> {
+        let now = self.reason().await;
+        let mut last = self.last.lock().expect("the readiness lock");
+        if *last != now {
+            match &now {
+                Some(reason) => tracing::warn!(reason = %reason, "not ready"),
+                None => tracing::info!("ready"),
+            }
+            last.clone_from(&now);
+        }
+        now
+    }
+
+    async fn reason(&self) -> Option<String> {
         if self.draining.load(Ordering::SeqCst) {
             return Some("draining: the instance is shutting down".into());
         }
@@ -214,8 +243,10 @@ impl Readiness {
     }
 }
 
-/// `/healthz`, `/readyz`, and on the admin port `/metrics`.
-fn health_router(readiness: Arc<Readiness>, with_metrics: bool) -> axum::Router {
+/// `/healthz`, `/readyz`, `/metrics` when `with_metrics`, and, on the admin port
+/// only (`admin`), why `/readyz` is not ready: the database's words name roles
+/// and hosts, not for strangers (the log has them too).
+fn health_router(readiness: Arc<Readiness>, with_metrics: bool, admin: bool) -> axum::Router {
     use axum::{
         http::{header::CONTENT_TYPE, StatusCode},
         response::IntoResponse,
@@ -229,9 +260,10 @@ fn health_router(readiness: Arc<Readiness>, with_metrics: bool) -> axum::Router 
         async move {
             match readiness.check().await {
                 None => json(StatusCode::OK, serde_json::json!({"status": "ready"})),
-                Some(reason) => {
+                Some(reason) if admin => {
                     json(StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({"status": "not ready", "reason": reason}))
                 }
+                Some(_) => json(StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({"status": "not ready"})),
             }
         }
     };
@@ -287,6 +319,8 @@ pub async fn run(app: App, settings: Settings) -> Result<()> {
         Some(p) => p,
         None => env.parse("INBOX_ADMIN_PORT", 9090)?,
     };
+    let admin_host =
+        settings.admin_host.clone().or_else(|| env.var("INBOX_ADMIN_HOST")).unwrap_or_else(|| host.clone());
     let serve = ServeConfig::read(&env)?;
     let traces = crate::config::otlp_traces(&env)?;
     if let Some((endpoint, service)) = &traces {
@@ -298,13 +332,13 @@ pub async fn run(app: App, settings: Settings) -> Result<()> {
     }
     let main = TcpListener::bind((host.as_str(), port)).await.with_context(|| format!("binding {host}:{port}"))?;
     // One port for both when they are the same (0, a free port each, is two).
-    let admin = if admin_port == port && port != 0 {
+    let admin = if admin_port == port && admin_host == host && port != 0 {
         None
     } else {
         Some(
-            TcpListener::bind((host.as_str(), admin_port))
+            TcpListener::bind((admin_host.as_str(), admin_port))
                 .await
-                .with_context(|| format!("binding {host}:{admin_port}"))?,
+                .with_context(|| format!("binding {admin_host}:{admin_port}"))?,
         )
     };
     let stack = Stack { app: &app, env: &env, config: &config, pool, roles, serve, counted: true };
@@ -346,12 +380,7 @@ impl Stack<'_> {
         if counted {
             metrics::install().context("installing the Prometheus recorder")?;
         }
-        let readiness = Arc::new(Readiness {
-            draining: AtomicBool::new(false),
-            migrated: AtomicBool::new(false),
-            pool: pool.clone(),
-            app: app.clone(),
-        });
+        let readiness = Arc::new(Readiness::new(pool.clone(), app.clone()));
         let (stop, stopped) = watch::channel(false);
         // The stages start once every migration is applied (a worker on a schema without the
         // application's tables would fail their events).
@@ -427,7 +456,7 @@ impl Stack<'_> {
             stages.push(reconcile(reconciler, pool.clone(), gate.clone(), counted));
         }
 
-        let health = health_router(readiness.clone(), admin.is_none() && counted);
+        let health = health_router(readiness.clone(), admin.is_none() && counted, false);
         let router = match console {
             Some(console) => health.clone().merge(console),
             None => health.clone(),
@@ -450,7 +479,7 @@ impl Stack<'_> {
         let admin_server = admin.map(|admin| {
             let site = server::Site {
                 receiver: None,
-                router: Some(health_router(readiness.clone(), true)),
+                router: Some(health_router(readiness.clone(), true, true)),
                 routed: |_| true,
                 counted: false,
             };
