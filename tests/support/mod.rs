@@ -366,3 +366,38 @@ pub fn http_exchange(addr: &str, request: &str) -> (u16, String) {
     stream.read_to_string(&mut response).unwrap();
     (response.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0), response)
 }
+
+/// `n` slow clients of `path` at `addr`, held open until dropped: the first
+/// half stop in the middle of their headers, the others in the middle of a
+/// body they said would be 1,000 bytes. Each is connected and has sent what
+/// it sends when this returns.
+pub fn slow_clients(addr: &str, path: &str, n: usize) -> Vec<std::net::TcpStream> {
+    use std::io::Write as _;
+    (0..n)
+        .map(|i| {
+            let mut stream = std::net::TcpStream::connect(addr).unwrap();
+            let head =
+                format!("POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/x-www-form-urlencoded\r\n");
+            let sent = if i < n / 2 {
+                format!("{head}Content-Len")
+            } else {
+                format!("{head}Content-Length: 1000\r\n\r\nname=olga&password=")
+            };
+            stream.write_all(sent.as_bytes()).unwrap();
+            stream
+        })
+        .collect()
+}
+
+/// The status of one HTTP exchange answered within `within`, else `None`.
+pub fn answered_within(addr: &str, request: &str, within: Duration) -> Option<u16> {
+    use std::io::{Read as _, Write as _};
+    let started = std::time::Instant::now();
+    let addr: std::net::SocketAddr = addr.parse().unwrap();
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, within).ok()?;
+    stream.set_read_timeout(Some(within.saturating_sub(started.elapsed()).max(Duration::from_millis(1)))).unwrap();
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).ok()?;
+    (started.elapsed() <= within).then(|| String::from_utf8_lossy(&head[9..12]).parse().ok()).flatten()
+}

@@ -22,8 +22,8 @@ use webhook_inbox::{
         worker::{Worker, WorkerConfig},
     },
     relay::{HttpSink, Relay, RelayConfig, Sink},
+    runtime::server,
     runtime::stage::Stage,
-    serve::server,
     ReceiveConfig, Receiver,
 };
 

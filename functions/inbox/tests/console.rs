@@ -251,3 +251,44 @@ async fn inbox_console_refuses_a_database_without_its_tables_and_says_how(_: PgP
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn inbox_console_answers_healthz_within_a_second_while_1024_slow_clients_hold_on(
+    _: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    let child = Command::new(env!("CARGO_BIN_EXE_inbox"))
+        .args(["console", "--port", "0"])
+        .env_clear()
+        .envs([
+            ("PATH", std::env::var("PATH").unwrap_or_default()),
+            ("RUST_LOG", "warn".into()),
+            ("DATABASE_URL", url_of(&opts)),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut child = KillOnDrop(child);
+    let line = lines_of(child.0.stdout.take().unwrap()).recv_timeout(Duration::from_secs(60)).expect("a line");
+    let addr = line.strip_prefix("inbox console ready: http://").unwrap().split('/').next().unwrap().to_string();
+    let slow = inbox_tests::slow_clients(&addr, "/signin", 1024);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for i in 0..5 {
+        let healthz = format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        assert_eq!(inbox_tests::answered_within(&addr, &healthz, Duration::from_secs(1)), Some(200), "{i}");
+    }
+    let page = format!("GET /signin HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let signin = inbox_tests::answered_within(&addr, &page, Duration::from_secs(1));
+    assert!(matches!(signin, Some(200 | 503)), "the sign-in page answers at once, if only that it is busy: {signin:?}");
+    // A client that never finishes its headers is cut off after the header timeout (10 s).
+    let mut stalled = &slow[0];
+    stalled.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let mut buf = [0u8; 256];
+    let cut = match std::io::Read::read(&mut stalled, &mut buf) {
+        Ok(_) => true,
+        Err(e) => !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+    };
+    assert!(cut, "the half-sent headers' connection was closed");
+    drop(slow);
+}

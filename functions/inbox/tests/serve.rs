@@ -534,3 +534,34 @@ async fn the_admin_interface_binds_where_inbox_admin_host_says(_: PgPoolOptions,
     let port = serve.admin.split(':').nth(1).unwrap();
     assert!(std::net::TcpStream::connect(format!("127.0.0.1:{port}")).is_err(), "not on the main host");
 }
+
+#[sqlx::test(migrations = false)]
+async fn webhooks_and_healthz_are_answered_within_a_second_while_1024_slow_console_clients_hold_on(
+    pool: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    let _pool = migrated(pool, &opts).await;
+    let serve = Serve::start(&url_of(&opts), &["--roles", "receive,console"], &[]);
+    eventually("ready", || get(&serve.main, "/readyz").0 == 200).await;
+    let slow = inbox_tests::slow_clients(&serve.main, "/console/signin", 1024);
+    // Each taken in by the server (or answered at once) before the webhooks are tried.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for i in 0..5 {
+        let healthz = format!("GET /healthz HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", serve.main);
+        assert_eq!(
+            inbox_tests::answered_within(&serve.main, &healthz, Duration::from_secs(1)),
+            Some(200),
+            "/healthz, {i}"
+        );
+        let delivery = signed_post(&serve.main, &format!("evt_slow_{i}"));
+        assert_eq!(
+            inbox_tests::answered_within(&serve.main, &delivery, Duration::from_secs(1)),
+            Some(200),
+            "a delivery, {i}"
+        );
+    }
+    let page = format!("GET /console/signin HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", serve.main);
+    let console = inbox_tests::answered_within(&serve.main, &page, Duration::from_secs(1));
+    assert!(matches!(console, Some(200 | 503)), "the console answers at once, if only that it is busy: {console:?}");
+    drop(slow);
+}

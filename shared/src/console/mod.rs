@@ -22,7 +22,7 @@ mod health;
 mod limiter;
 mod pages;
 
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use anyhow::Context as _;
 use axum::Router;
@@ -31,7 +31,9 @@ use sqlx::PgPool;
 pub use crate::db::console::{Role, User};
 use crate::{
     config::{Catalog, DbConfig, Env, Secrets},
-    db, ReceiveConfig,
+    db,
+    runtime::server,
+    ReceiveConfig,
 };
 
 /// What the pages need, shared by every request.
@@ -145,13 +147,22 @@ pub async fn run(host: &str, port: u16) -> anyhow::Result<()> {
     let pool = db::pool(&config.db)?;
     ensure_schema(&pool).await?;
     let read = read_pool(&env, &config.db)?.unwrap_or_else(|| pool.clone());
-    let app = router_at(pool, read, config.catalog, config.secrets, "", ClientIp::read(&env)?);
+    let pages = router_at(pool, read, config.catalog, config.secrets, "", ClientIp::read(&env)?);
+    let alive = || async { ([(axum::http::header::CONTENT_TYPE, "application/json")], r#"{"status":"alive"}"#) };
+    let app = Router::new().route("/healthz", axum::routing::get(alive)).merge(pages);
     let listener =
         tokio::net::TcpListener::bind((host, port)).await.with_context(|| format!("binding {host}:{port}"))?;
     say(&format!("inbox console ready: http://{}/  (Ctrl-C stops)", listener.local_addr()?));
-    axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
-        .with_graceful_shutdown(crate::runtime::shutdown_signal())
-        .await?;
+    // The same listener as `inbox serve`'s: header and body timeouts, a connection cap, a body budget.
+    let site = server::Site {
+        receiver: None,
+        router: Some(app),
+        routed: |_| true,
+        paged: |p| p != "/healthz",
+        counted: false,
+    };
+    let shutdown = crate::runtime::shutdown_signal();
+    server::serve_site(listener, site, server::Timeouts::default(), shutdown, Duration::from_secs(10)).await;
     Ok(())
 }
 

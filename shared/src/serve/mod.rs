@@ -35,9 +35,6 @@
 internal! {
     mod metrics;
 }
-internal! {
-    mod server;
-}
 
 use std::{
     collections::BTreeSet,
@@ -53,8 +50,8 @@ use std::{
 use anyhow::{Context, Result};
 use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
 
-pub(crate) use self::server::CONSOLE_PATH;
 pub use crate::ingest::claim::group::GroupConfig;
+pub(crate) use crate::runtime::server::CONSOLE_PATH;
 use crate::{
     app::App,
     config::{ConfigError, Env, ServeConfig, SinkConfig},
@@ -63,7 +60,7 @@ use crate::{
     prune::{Pruner, RetentionConfig},
     reconcile::Reconciler,
     relay::{Relay, RelayConfig},
-    runtime::{metrics::Metrics, stage},
+    runtime::{metrics::Metrics, server, stage},
     ReceiveConfig, Receiver,
 };
 
@@ -466,7 +463,8 @@ impl Stack<'_> {
         } else {
             server::console_or_health
         };
-        let site = server::Site { receiver, router: Some(router), routed: main_routed, counted };
+        let site =
+            server::Site { receiver, router: Some(router), routed: main_routed, paged: server::console, counted };
         let main_addr = main.local_addr()?;
         let admin_addr = admin.as_ref().map(TcpListener::local_addr).transpose()?;
         let timeouts = server::Timeouts::default();
@@ -481,6 +479,7 @@ impl Stack<'_> {
                 receiver: None,
                 router: Some(health_router(readiness.clone(), true, true)),
                 routed: |_| true,
+                paged: |_| false,
                 counted: false,
             };
             // It answers through the drain (`/readyz` saying so), until the end.

@@ -37,8 +37,8 @@ use webhook_inbox::{
         worker::{Worker, WorkerConfig},
     },
     reference::{deposits, payments},
+    runtime::server,
     runtime::stage::Stage,
-    serve::server,
     ReceiveConfig, Receiver,
 };
 
@@ -615,7 +615,7 @@ async fn http(config: &ReceiveConfig, c: usize, load: Load, until: Until) -> Res
     let group = webhook_inbox::config::ServeConfig::read(&webhook_inbox::config::Env::process())?.group;
     webhook_inbox::serve::metrics::install()?;
     let receiver = Arc::new(Receiver::new(db::Connections::new(&config.db)?, &config).with_group_commit(group));
-    let site = server::Site { receiver: Some(receiver), router: None, routed: |_| false, counted: true };
+    let site = server::Site { counted: true, ..server::Site::webhooks(receiver) };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let shutdown = async {
         let _ = stopped.await;

@@ -1,0 +1,386 @@
+//! The long-running servers' HTTP listener (`inbox serve`, `inbox dev`,
+//! `inbox console`): the very same [`Receiver::handle`] as the Lambda at
+//! `/webhooks/{provider}` behind a plain HTTP/1.1 listener, and the other
+//! routes (the console, the health checks) from an axum router. Slow clients
+//! are cut off everywhere: each request's headers and body have their
+//! timeouts, the bodies in memory a budget, the connections a cap, and the
+//! console's pages a share of the requests in flight (past it they are
+//! answered 503 at once), so that whatever the console's clients do, the
+//! webhooks and the health checks keep their connections. On shutdown it
+//! stops accepting, lets every request in flight finish (a delivery is
+//! answered once its claim has committed), closes idle connections, and past
+//! its drain timeout answers what is left 503.
+
+use std::{convert::Infallible, future::Future, net::SocketAddr, sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use http::{header::CONTENT_LENGTH, request::Parts, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::{body::Incoming, server::conn::http1, service::service_fn};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::{
+    net::TcpListener,
+    sync::{Semaphore, SemaphorePermit},
+};
+use tower::ServiceExt as _;
+
+use crate::ingest::receive::{respond, ReceiveError, Receiver};
+
+/// How long a client may take: to send each request's headers (an idle
+/// keep-alive connection included), then its body. A client that dawdles is
+/// cut off, so slow clients cannot hold connections forever.
+#[derive(Clone, Copy, Debug)]
+pub struct Timeouts {
+    pub header: Duration,
+    pub body: Duration,
+}
+
+/// Connections served at once, at most (fewer where the process may open
+/// fewer files: see [`connection_cap`]); past it, new ones wait in the
+/// listener's backlog rather than take a descriptor each.
+pub const MAX_CONNECTIONS: usize = 4096;
+
+/// Request bodies read at once, in bytes: each in full before it is verified,
+/// so this bounds what slow bodies can hold (the rest wait their turn, within
+/// their body timeout), whatever the number of connections.
+pub const MAX_BODY_BYTES_IN_FLIGHT: usize = 64 * 1024 * 1024;
+
+/// The console's requests in flight at once, per listener: past it, a
+/// console request is answered 503 at once and its connection closed, so
+/// that slow console clients hold no more than this many connections.
+pub const CONSOLE_IN_FLIGHT: usize = 64;
+
+/// The largest body a routed request (the console's forms) may send.
+pub const MAX_ROUTED_BODY_BYTES: usize = 64 * 1024;
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts { header: Duration::from_secs(10), body: Duration::from_secs(30) }
+    }
+}
+
+/// How many connections a listener serves at once: [`MAX_CONNECTIONS`], or
+/// fewer where the open-files limit (raised to its hard limit first) leaves
+/// less, with room for the database's connections and the rest.
+pub fn connection_cap() -> usize {
+    #[cfg(target_os = "linux")]
+    {
+        let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit and setrlimit read and write the struct given, nothing else.
+        unsafe {
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+                if limit.rlim_cur < limit.rlim_max {
+                    let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                        limit.rlim_cur = limit.rlim_max;
+                    }
+                }
+                // Room for the database's connections, the log, and the rest.
+                let open = limit.rlim_cur.saturating_sub(256);
+                return usize::try_from(open).unwrap_or(usize::MAX).clamp(64, MAX_CONNECTIONS);
+            }
+        }
+    }
+    MAX_CONNECTIONS
+}
+
+/// Where the console is served beside the webhooks.
+#[cfg(feature = "serve")]
+pub const CONSOLE_PATH: &str = "/console";
+
+/// What a listener serves.
+#[derive(Clone)]
+pub struct Site {
+    /// `POST /webhooks/{provider}` (any path the router does not take); without
+    /// it, such a path is answered 404.
+    pub receiver: Option<Arc<Receiver>>,
+    /// The paths [`Site::routed`] names: the console at [`CONSOLE_PATH`], `/healthz`, `/readyz`, `/metrics`.
+    pub router: Option<axum::Router>,
+    /// What the router takes.
+    pub routed: fn(&str) -> bool,
+    /// Of those, the console's pages: [`CONSOLE_IN_FLIGHT`] at once.
+    pub paged: fn(&str) -> bool,
+    /// Each delivery counted in the Prometheus metrics (`inbox serve`).
+    pub counted: bool,
+}
+
+impl Site {
+    /// Webhooks only.
+    pub fn webhooks(receiver: Arc<Receiver>) -> Self {
+        Site { receiver: Some(receiver), router: None, routed: |_| false, paged: |_| false, counted: false }
+    }
+}
+
+/// The console's paths beside the webhooks.
+#[cfg(feature = "serve")]
+pub fn console(path: &str) -> bool {
+    path == CONSOLE_PATH || path.starts_with("/console/")
+}
+
+/// The console's paths, and the health checks (`/healthz`, `/readyz`).
+#[cfg(feature = "serve")]
+pub fn console_or_health(path: &str) -> bool {
+    console(path) || matches!(path, "/healthz" | "/readyz")
+}
+
+/// Serves until `shutdown` completes; each connection on its own task.
+#[cfg(feature = "internals")]
+pub async fn serve(
+    listener: TcpListener,
+    receiver: Arc<Receiver>,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    serve_with(listener, receiver, Timeouts::default(), shutdown).await
+}
+
+/// [`serve`] with other [`Timeouts`].
+#[cfg(feature = "internals")]
+pub async fn serve_with(
+    listener: TcpListener,
+    receiver: Arc<Receiver>,
+    timeouts: Timeouts,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    serve_site(listener, Site::webhooks(receiver), timeouts, shutdown, Duration::from_secs(10)).await;
+    Ok(())
+}
+
+/// Serves `site` until `shutdown` completes, then drains: no new connection,
+/// each request in flight finished and each idle connection closed, within
+/// `drain`; past it, the requests still in flight are answered 503 (the
+/// provider sends again; nothing it was told of is lost). Returns how many
+/// requests were answered 503 at the end of the drain.
+pub async fn serve_site(
+    listener: TcpListener,
+    site: Site,
+    timeouts: Timeouts,
+    shutdown: impl Future<Output = ()>,
+    drain: Duration,
+) -> usize {
+    tokio::pin!(shutdown);
+    let cap = connection_cap();
+    let connections = Arc::new(Semaphore::new(cap));
+    let bodies = Arc::new(Semaphore::new(MAX_BODY_BYTES_IN_FLIGHT / 1024));
+    let pages = Arc::new(Semaphore::new(CONSOLE_IN_FLIGHT));
+    // `true` once draining; each connection finishes its request and closes.
+    let (draining, drained) = tokio::sync::watch::channel(false);
+    // Set at the end of the drain: what is still in flight is answered 503.
+    let (give_up, given_up) = tokio::sync::watch::channel(false);
+    let cut = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut backoff = Duration::ZERO;
+    loop {
+        let slot = tokio::select! {
+            slot = connections.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
+            () = &mut shutdown => break,
+        };
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => {
+                    backoff = Duration::ZERO;
+                    conn
+                }
+                Err(e) => {
+                    // Out of descriptors (EMFILE), say: wait before trying again, rather than spin.
+                    backoff = (backoff * 2).clamp(Duration::from_millis(10), Duration::from_secs(1));
+                    tracing::warn!(error = %e, retry_in = ?backoff, "accept failed");
+                    tokio::select! {
+                        () = tokio::time::sleep(backoff) => continue,
+                        () = &mut shutdown => break,
+                    }
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let (site, bodies, pages, mut drained, given_up, cut) =
+            (site.clone(), bodies.clone(), pages.clone(), drained.clone(), given_up.clone(), cut.clone());
+        tokio::spawn(async move {
+            let _slot = slot; // given back when the connection ends
+            let service = service_fn(move |req: Request<Incoming>| {
+                let (site, bodies, pages, mut given_up, cut) =
+                    (site.clone(), bodies.clone(), pages.clone(), given_up.clone(), cut.clone());
+                async move {
+                    let answer = route(&site, &bodies, &pages, req, peer, timeouts.body);
+                    let response = tokio::select! {
+                        response = answer => response,
+                        () = async move { let _ = given_up.wait_for(|g| *g).await; } => {
+                            cut.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            unavailable()
+                        }
+                    };
+                    Ok::<_, Infallible>(response)
+                }
+            });
+            let conn = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(timeouts.header)
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(conn);
+            let draining = async move {
+                let _ = drained.wait_for(|d| *d).await;
+            };
+            let ended = tokio::select! {
+                ended = conn.as_mut() => ended,
+                () = draining => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = ended {
+                tracing::debug!(error = %e, "connection ended");
+            }
+        });
+    }
+    drop(listener);
+    let _ = draining.send(true);
+    // Every connection gives its slot back when it ends.
+    let all = cap as u32;
+    if tokio::time::timeout(drain, connections.acquire_many(all)).await.is_err() {
+        let _ = give_up.send(true);
+        // The 503s written, the connections closed (a stuck client is left to its timeouts).
+        let _ = tokio::time::timeout(Duration::from_secs(1), connections.acquire_many(all)).await;
+    }
+    cut.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The router's paths to the router (the console's within its share, each
+/// body read first, under the body timeout), the rest to the receiver.
+async fn route(
+    site: &Site,
+    bodies: &Semaphore,
+    pages: &Semaphore,
+    req: Request<Incoming>,
+    peer: SocketAddr,
+    body_timeout: Duration,
+) -> Response<axum::body::Body> {
+    let path = req.uri().path();
+    let Some(router) = site.router.clone().filter(|_| (site.routed)(path)) else {
+        return match &site.receiver {
+            Some(receiver) => {
+                handle(receiver, bodies, req, body_timeout, site.counted).await.map(axum::body::Body::new)
+            }
+            None => respond(Err(ReceiveError::NoRoute)).map(|b| axum::body::Body::from(b.as_ref().to_vec())),
+        };
+    };
+    let _share = if (site.paged)(path) {
+        match pages.try_acquire() {
+            Ok(share) => Some(share),
+            Err(_) => return closing(busy()),
+        }
+    } else {
+        None
+    };
+    let (mut parts, body) = req.into_parts();
+    parts.extensions.insert(axum::extract::ConnectInfo::<SocketAddr>(peer));
+    match read_body(bodies, &parts, body, MAX_ROUTED_BODY_BYTES, body_timeout).await {
+        Ok((_budget, body)) => {
+            let req = Request::from_parts(parts, axum::body::Body::from(body));
+            router.oneshot(req).await.unwrap_or_else(|never| match never {})
+        }
+        Err(unread) => unread.response(MAX_ROUTED_BODY_BYTES).map(|b| axum::body::Body::from(b.as_ref().to_vec())),
+    }
+}
+
+/// Why a body was not read.
+enum Unread {
+    TooLarge,
+    Failed,
+    TimedOut,
+}
+
+impl Unread {
+    fn response(self, limit: usize) -> Response<lambda_http::Body> {
+        match self {
+            Unread::TooLarge => respond(Err(ReceiveError::TooLarge(limit))),
+            Unread::Failed => error(StatusCode::BAD_REQUEST, "could not read the request body"),
+            Unread::TimedOut => closing(error(
+                StatusCode::REQUEST_TIMEOUT,
+                "the request body did not arrive in time; nothing was stored",
+            )),
+        }
+    }
+}
+
+/// A body of at most `limit` bytes, read within `timeout`, with its share of
+/// the bodies in flight (its declared size, else the limit), held until the
+/// answer: the body is in memory until then. One declared over the limit is
+/// refused before it is read.
+async fn read_body<'a>(
+    bodies: &'a Semaphore,
+    parts: &Parts,
+    body: Incoming,
+    limit: usize,
+    timeout: Duration,
+) -> Result<(SemaphorePermit<'a>, Bytes), Unread> {
+    let declared = parts.headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(Unread::TooLarge);
+    }
+    let kib = (declared.map_or(limit, |n| n as usize).div_ceil(1024)).clamp(1, MAX_BODY_BYTES_IN_FLIGHT / 1024);
+    let read = async {
+        let share = bodies.acquire_many(kib as u32).await.expect("the semaphore is never closed");
+        (share, Limited::new(body, limit).collect().await)
+    };
+    match tokio::time::timeout(timeout, read).await {
+        Ok((share, Ok(collected))) => Ok((share, collected.to_bytes())),
+        Ok((_, Err(e))) if e.downcast_ref::<LengthLimitError>().is_some() => Err(Unread::TooLarge),
+        Ok((_, Err(e))) => {
+            tracing::debug!(error = %e, "reading the body failed");
+            Err(Unread::Failed)
+        }
+        Err(_) => Err(Unread::TimedOut),
+    }
+}
+
+/// The response, with the connection closed after it.
+fn closing<B>(mut r: Response<B>) -> Response<B> {
+    r.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
+    r
+}
+
+fn unavailable() -> Response<axum::body::Body> {
+    let mut r = error(StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down; nothing was stored, retry later");
+    r.headers_mut().insert(http::header::RETRY_AFTER, http::HeaderValue::from_static("5"));
+    closing(r).map(|b| axum::body::Body::from(b.as_ref().to_vec()))
+}
+
+/// The console's share of requests is taken: at once, not queued.
+fn busy() -> Response<axum::body::Body> {
+    let mut r = error(StatusCode::SERVICE_UNAVAILABLE, "the console is busy; try again in a moment");
+    r.headers_mut().insert(http::header::RETRY_AFTER, http::HeaderValue::from_static("1"));
+    r.map(|b| axum::body::Body::from(b.as_ref().to_vec()))
+}
+
+async fn handle(
+    receiver: &Receiver,
+    bodies: &Semaphore,
+    req: Request<Incoming>,
+    body_timeout: Duration,
+    counted: bool,
+) -> Response<Full<Bytes>> {
+    let limit = receiver.max_body_bytes();
+    let (parts, body) = req.into_parts();
+    let response = match read_body(bodies, &parts, body, limit, body_timeout).await {
+        Ok((_share, body)) => {
+            let req = Request::from_parts(parts, lambda_http::Body::from(Vec::from(body)));
+            #[cfg(feature = "serve")]
+            if counted {
+                let started = std::time::Instant::now();
+                let (response, metrics) = receiver.handle_counted(req).await;
+                crate::serve::metrics::delivered(&metrics, started.elapsed());
+                return response.map(|b| Full::new(Bytes::copy_from_slice(b.as_ref())));
+            }
+            let _ = counted;
+            receiver.handle(req).await
+        }
+        Err(unread) => unread.response(limit),
+    };
+    response.map(|b| Full::new(Bytes::copy_from_slice(b.as_ref())))
+}
+
+fn error(status: StatusCode, message: &str) -> Response<lambda_http::Body> {
+    let mut r = Response::new(lambda_http::Body::from(serde_json::json!({ "error": message }).to_string()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+    r
+}
