@@ -23,6 +23,19 @@ use crate::{
     Provider,
 };
 
+/// The longest reason an audit record takes, in characters (`--reason`, the
+/// console's forms): a sentence, not a document.
+pub const MAX_REASON_CHARS: usize = 500;
+
+/// An audit reason as given, or why it is refused (over [`MAX_REASON_CHARS`]).
+pub fn audit_reason(text: &str) -> Result<String, String> {
+    let n = text.chars().count();
+    if n > MAX_REASON_CHARS {
+        return Err(format!("a reason is at most {MAX_REASON_CHARS} characters (this one is {n})"));
+    }
+    Ok(text.to_string())
+}
+
 /// Whether a stored delivery's kept headers and raw bytes still verify against
 /// `secrets` (the built-in and declared schemes of `catalog`), a signed
 /// timestamp judged as at its arrival. Which secret verified is

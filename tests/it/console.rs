@@ -12,7 +12,7 @@ use sqlx::{
 };
 use tower::ServiceExt as _;
 use webhook_inbox::{
-    config::{Catalog, Secrets},
+    config::{Catalog, Env, Secrets},
     console::{self, Role},
     Provider,
 };
@@ -38,11 +38,21 @@ impl Console {
 
     /// `forwarded`: behind a load balancer, the client's address in `X-Forwarded-For`.
     async fn with(pool: &PgPool, read: &PgPool, forwarded: bool) -> Console {
+        let env = if forwarded { vec![("INBOX_CONSOLE_CLIENT_IP", "x-forwarded-for")] } else { vec![] };
+        Console::at(pool, read, "", &env).await
+    }
+
+    /// At `base`, set as `env` says.
+    async fn at(pool: &PgPool, read: &PgPool, base: &str, env: &[(&str, &str)]) -> Console {
         for (name, role) in [("olga", Role::Operator), ("vic", Role::Viewer)] {
-            console::add_user(pool, name, role, "a long enough password").await.unwrap();
+            match console::add_user(pool, name, role, "a long enough password", "the test").await {
+                Ok(()) | Err(console::UserError::Exists) => {}
+                Err(e) => panic!("{e}"),
+            }
         }
         let (catalog, secrets) = (Catalog::builtin(), Secrets::development());
-        let router = console::router(pool.clone(), read.clone(), catalog, secrets, "", forwarded);
+        let env = Env::from_pairs(env);
+        let router = console::router(pool.clone(), read.clone(), catalog, secrets, base, &env).unwrap();
         Console { router }
     }
 
@@ -193,7 +203,7 @@ async fn sessions_need_a_cookie_of_ours_end_at_sign_out_and_expire(pool: PgPool)
     assert_eq!(c.send("GET", "/events", Some(&cookie), None).await.status, StatusCode::SEE_OTHER, "expired");
 
     let (cookie, _) = c.session("vic").await;
-    console::remove_user(&pool, "vic").await.unwrap();
+    console::remove_user(&pool, "vic", "the test").await.unwrap();
     assert_eq!(
         c.send("GET", "/events", Some(&cookie), None).await.status,
         StatusCode::SEE_OTHER,
@@ -350,11 +360,12 @@ async fn outbox_retries_from_the_console_are_audited_under_the_event(pool: PgPoo
     assert!(confirm.body.contains("1 dead outbox message(s)"), "{}", confirm.body);
     let all = c.send("POST", "/outbox/retry", Some(&cookie), Some(&form(&[("csrf", &csrf)]))).await;
     assert_eq!(all.location, "/outbox?retried=1");
-    let audit: Vec<(Option<String>, i64, String, String)> =
-        sqlx::query_as("SELECT event_id, message_id, from_status, actor FROM inbox_audit ORDER BY id")
-            .fetch_all(&pool)
-            .await
-            .unwrap();
+    let audit: Vec<(Option<String>, i64, String, String)> = sqlx::query_as(
+        "SELECT event_id, message_id, from_status, actor FROM inbox_audit WHERE console_user IS NULL ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
     let other: i64 = scalar(&pool, "SELECT id FROM transactional_outbox WHERE message_key = 'receipt:in_2'").await;
     assert_eq!(
         audit,
@@ -530,4 +541,169 @@ async fn a_name_guessed_from_many_addresses_backs_off_except_in_the_operators_ow
         .unwrap();
     let own = c.router.clone().oneshot(req).await.unwrap();
     assert_eq!(own.status(), StatusCode::SEE_OTHER, "the browser that signed in before is spared the back-off");
+}
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn a_session_ends_after_its_idle_timeout_and_a_new_sign_in_ends_the_browsers_old_one(pool: PgPool) {
+    let c = Console::at(&pool, &pool, "", &[("INBOX_CONSOLE_IDLE_TIMEOUT_MS", "600000")]).await;
+    let (cookie, _) = c.session("olga").await;
+    sqlx::query("UPDATE inbox_console_sessions SET last_seen_at = now() - interval '9 minutes'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(c.send("GET", "/events", Some(&cookie), None).await.status, StatusCode::OK, "used within 10 minutes");
+    sqlx::query("UPDATE inbox_console_sessions SET last_seen_at = now() - interval '11 minutes'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(c.send("GET", "/events", Some(&cookie), None).await.status, StatusCode::SEE_OTHER, "idle too long");
+
+    // Signing in again from a browser that holds a session (its own, or one planted in it) ends that one.
+    let (old, _) = c.session("vic").await;
+    let right = form(&[("name", "olga"), ("password", "a long enough password"), ("next", "")]);
+    let again = c.send("POST", "/signin", Some(&old), Some(&right)).await;
+    assert_eq!(again.status, StatusCode::SEE_OTHER);
+    assert_eq!(c.send("GET", "/events", Some(&old), None).await.status, StatusCode::SEE_OTHER, "the old session ended");
+    let new = again.cookie.unwrap();
+    assert_eq!(c.send("GET", "/events", Some(&new), None).await.status, StatusCode::OK);
+}
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn a_user_sees_their_sessions_and_ends_the_others_and_everything_is_audited_under_their_name(pool: PgPool) {
+    let c = Console::new(&pool, &pool).await;
+    let failed = c.sign_in("olga", "not the password", "").await;
+    assert_eq!(failed.status, StatusCode::UNAUTHORIZED);
+    let (here, csrf) = c.session("olga").await;
+    let (elsewhere, _) = c.session("olga").await;
+    let (third, _) = c.session("olga").await;
+    let (vics, _) = c.session("vic").await;
+    let page = c.send("GET", "/sessions", Some(&here), None).await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert_eq!(page.body.matches("<button type=\"submit\">End</button>").count(), 2, "{}", page.body);
+    assert!(page.body.contains("this one") && page.body.contains("sign_in_failed"), "{}", page.body);
+    let id: String =
+        scalar(&pool, "SELECT encode(token_sha256, 'hex') FROM inbox_console_sessions WHERE user_name = 'vic'").await;
+    // Another user's session cannot be ended from here.
+    let other = c.send("POST", "/sessions/end", Some(&here), Some(&form(&[("csrf", &csrf), ("id", &id)]))).await;
+    assert_eq!(other.location, "/sessions?ended=0");
+    assert_eq!(c.send("GET", "/events", Some(&vics), None).await.status, StatusCode::OK);
+    let no_csrf = c.send("POST", "/sessions/end", Some(&here), Some("id=")).await;
+    assert_eq!(no_csrf.status, StatusCode::FORBIDDEN);
+    let all = c.send("POST", "/sessions/end", Some(&here), Some(&form(&[("csrf", &csrf)]))).await;
+    assert_eq!(all.location, "/sessions?ended=2");
+    for gone in [&elsewhere, &third] {
+        assert_eq!(c.send("GET", "/events", Some(gone), None).await.status, StatusCode::SEE_OTHER);
+    }
+    assert_eq!(c.send("GET", "/events", Some(&here), None).await.status, StatusCode::OK, "this one stays");
+    c.send("POST", "/signout", Some(&here), Some(&form(&[("csrf", &csrf)]))).await;
+    console::remove_user(&pool, "vic", "alice (INBOX_OPERATOR)").await.unwrap();
+
+    let audit: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT actor, action, console_user FROM inbox_audit WHERE console_user IS NOT NULL ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let row = |actor: &str, action: &str, user: &str| (actor.to_string(), action.to_string(), user.to_string());
+    assert_eq!(
+        audit,
+        [
+            row("the test", "user_add", "olga"),
+            row("the test", "user_add", "vic"),
+            row("console:olga", "sign_in_failed", "olga"),
+            row("console:olga", "sign_in", "olga"),
+            row("console:olga", "sign_in", "olga"),
+            row("console:olga", "sign_in", "olga"),
+            row("console:vic", "sign_in", "vic"),
+            row("console:olga", "session_end", "olga"),
+            row("console:olga", "sign_out", "olga"),
+            row("alice (INBOX_OPERATOR)", "user_remove", "vic"),
+        ]
+    );
+}
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn over_https_the_cookies_are_the_hosts_alone_and_the_pages_ask_for_https_ever_after(pool: PgPool) {
+    let signed_in = |c: &Console, headers: Vec<(&'static str, &'static str)>| {
+        let mut req = Request::post("/signin")
+            .header(header::HOST, "console.test")
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
+        for (k, v) in headers {
+            req = req.header(k, v);
+        }
+        let req = req.body(Body::from(form(&[("name", "olga"), ("password", "a long enough password")]))).unwrap();
+        let router = c.router.clone();
+        async move {
+            let r = router.oneshot(req).await.unwrap();
+            let cookies: Vec<String> =
+                r.headers().get_all(header::SET_COOKIE).iter().map(|v| v.to_str().unwrap().to_string()).collect();
+            let hsts = r.headers().get(header::STRICT_TRANSPORT_SECURITY).map(|v| v.to_str().unwrap().to_string());
+            (r.status(), cookies, hsts)
+        }
+    };
+    let https = Console::at(&pool, &pool, "", &[("INBOX_CONSOLE_HTTPS", "true")]).await;
+    let (status, cookies, hsts) = signed_in(&https, vec![]).await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    assert!(
+        cookies.iter().any(|c| c.starts_with("__Host-inbox_console=") && c.split("; ").any(|a| a == "Path=/")),
+        "{cookies:?}"
+    );
+    assert!(cookies.iter().any(|c| c.starts_with("__Host-inbox_console_device=")), "{cookies:?}");
+    assert!(!cookies.iter().any(|c| c.contains("Domain")), "{cookies:?}");
+    assert_eq!(hsts.as_deref(), Some("max-age=31536000"));
+    let session = cookies[..].iter().find_map(|c| c.strip_prefix("__Host-inbox_console=")).unwrap();
+    let session = session.split(';').next().unwrap();
+    let page = Request::get("/events")
+        .header(header::HOST, "console.test")
+        .header(header::COOKIE, format!("__Host-inbox_console={session}"))
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(https.router.clone().oneshot(page).await.unwrap().status(), StatusCode::OK);
+    let unprefixed = Request::get("/events")
+        .header(header::HOST, "console.test")
+        .header(header::COOKIE, format!("inbox_console={session}"))
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(
+        https.router.clone().oneshot(unprefixed).await.unwrap().status(),
+        StatusCode::SEE_OTHER,
+        "over HTTPS only the prefixed cookie is read"
+    );
+
+    // Behind a balancer trusted for the client's address, its X-Forwarded-Proto says which.
+    let balanced = Console::at(&pool, &pool, "", &[("INBOX_CONSOLE_CLIENT_IP", "x-forwarded-for")]).await;
+    let (_, cookies, hsts) =
+        signed_in(&balanced, vec![("x-forwarded-for", "10.0.0.8"), ("x-forwarded-proto", "https")]).await;
+    assert!(cookies.iter().any(|c| c.starts_with("__Host-inbox_console=")) && hsts.is_some(), "{cookies:?}");
+    let (_, cookies, hsts) =
+        signed_in(&balanced, vec![("x-forwarded-for", "10.0.0.8"), ("x-forwarded-proto", "http")]).await;
+    assert!(cookies.iter().any(|c| c.starts_with("inbox_console=")) && hsts.is_none(), "{cookies:?}");
+    // Not trusted: a client's own X-Forwarded-Proto changes nothing.
+    let plain = Console::at(&pool, &pool, "", &[]).await;
+    let (_, cookies, hsts) = signed_in(&plain, vec![("x-forwarded-proto", "https")]).await;
+    assert!(cookies.iter().any(|c| c.starts_with("inbox_console=")) && hsts.is_none(), "{cookies:?}");
+    // Under a path (`/console` beside the webhooks), no prefix: a `__Host-` cookie must be at `/`.
+    let nested = Console::at(&pool, &pool, "/console", &[("INBOX_CONSOLE_HTTPS", "true")]).await;
+    let req = Request::post("/console/signin")
+        .header(header::HOST, "console.test")
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
+    let req = req.body(Body::from(form(&[("name", "olga"), ("password", "a long enough password")]))).unwrap();
+    let r = nested.router.clone().oneshot(req).await.unwrap();
+    let cookies: Vec<&str> = r.headers().get_all(header::SET_COOKIE).iter().map(|v| v.to_str().unwrap()).collect();
+    assert!(cookies.iter().any(|c| c.starts_with("inbox_console=") && c.contains("Path=/console")), "{cookies:?}");
+    assert!(r.headers().contains_key(header::STRICT_TRANSPORT_SECURITY));
+}
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn an_audit_reason_over_its_limit_is_refused_and_nothing_is_done(pool: PgPool) {
+    failed(&pool, 1).await;
+    let c = Console::new(&pool, &pool).await;
+    let (cookie, csrf) = c.session("olga").await;
+    let long = "why ".repeat(200);
+    let replay = form(&[("provider", "stripe"), ("id", "evt_1"), ("csrf", &csrf), ("reason", &long)]);
+    let refused = c.send("POST", "/event/replay", Some(&cookie), Some(&replay)).await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+    assert!(refused.body.contains("a reason is at most 500 characters"), "{}", refused.body);
+    assert_eq!(scalar::<String>(&pool, "SELECT status FROM webhook_inbox").await, "failed");
+    assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM inbox_audit WHERE event_id IS NOT NULL").await, 0);
 }

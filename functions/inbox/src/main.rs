@@ -184,7 +184,7 @@ enum Command {
         provider: String,
         event_id: String,
         /// Why, for the audit record.
-        #[arg(long, default_value = "replayed by hand")]
+        #[arg(long, default_value = "replayed by hand", value_parser = |t: &str| webhook_inbox::ops::audit_reason(t))]
         reason: String,
         #[command(flatten)]
         out: ops::Output,
@@ -217,7 +217,7 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
         /// Why, for the audit record.
-        #[arg(long, default_value = "requeued by hand")]
+        #[arg(long, default_value = "requeued by hand", value_parser = |t: &str| webhook_inbox::ops::audit_reason(t))]
         reason: String,
         #[command(flatten)]
         out: ops::Output,
@@ -309,7 +309,7 @@ async fn run(cli: Cli) -> Result<()> {
         }
         Command::Console { command: None, port, host } => webhook_inbox::console::run(&host, port).await,
         Command::Console { command: Some(ops::ConsoleCommand::User { command }), .. } => {
-            ops::console_user(&operator_db().await?, command).await
+            ops::console_user(&operator_db().await?, command, &ops::operator(&config::Env::process())).await
         }
         Command::Bench { seconds, rounds, concurrency, events, workers, retained, growth_rows, only, out, smoke } => {
             let bench = if smoke {

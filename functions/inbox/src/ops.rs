@@ -37,7 +37,7 @@ pub enum OutboxCommand {
         #[arg(long, conflicts_with = "id")]
         dead: bool,
         /// Why, for the audit record.
-        #[arg(long, default_value = "retried by hand")]
+        #[arg(long, default_value = "retried by hand", value_parser = |t: &str| webhook_inbox::ops::audit_reason(t))]
         reason: String,
     },
 }
@@ -76,8 +76,8 @@ fn parse_role(name: &str) -> Result<Role, String> {
     Role::parse(name.trim()).ok_or_else(|| format!("{name:?} is not a role: viewer or operator"))
 }
 
-/// `inbox console user ...`.
-pub async fn console_user(pool: &PgPool, command: UserCommand) -> Result<()> {
+/// `inbox console user ...`, each change audited as `by`'s.
+pub async fn console_user(pool: &PgPool, command: UserCommand, by: &str) -> Result<()> {
     match command {
         UserCommand::Add { name, role, password_stdin } => {
             let (password, made) = if password_stdin {
@@ -87,7 +87,7 @@ pub async fn console_user(pool: &PgPool, command: UserCommand) -> Result<()> {
             } else {
                 (console::generate_password(), true)
             };
-            console::add_user(pool, &name, role, &password).await?;
+            console::add_user(pool, &name, role, &password, by).await?;
             say!("{name} added, {role}");
             if made {
                 // The one place it is ever shown: it is kept only as its hash.
@@ -96,7 +96,7 @@ pub async fn console_user(pool: &PgPool, command: UserCommand) -> Result<()> {
             Ok(())
         }
         UserCommand::Remove { name } => {
-            if !console::remove_user(pool, &name).await? {
+            if !console::remove_user(pool, &name, by).await? {
                 bail!("no console user {name:?}");
             }
             say!("{name} removed, and signed out everywhere");

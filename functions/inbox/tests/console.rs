@@ -69,11 +69,12 @@ async fn the_console_in_a_browser_signs_in_filters_opens_and_replays_and_keeps_v
         .unwrap();
     let mut child = KillOnDrop(child);
     let lines = lines_of(child.0.stdout.take().unwrap());
-    let (mut console, mut password) = (None, None);
+    let (mut console, mut operator, mut password) = (None, None, None);
     let addr = loop {
         let line = lines.recv_timeout(Duration::from_secs(120)).expect("inbox dev prints ready");
         if let Some(rest) = line.strip_prefix("console: ") {
             console = rest.split_whitespace().next().map(|u| u.trim_end_matches('/').to_string());
+            operator = rest.split("sign in as ").nth(1).and_then(|p| p.split(',').next()).map(str::to_string);
             password = rest.split("password ").nth(1).and_then(|p| p.split(';').next()).map(str::to_string);
         }
         if let Some(rest) = line.strip_prefix("inbox dev ready: POST http://") {
@@ -82,6 +83,7 @@ async fn the_console_in_a_browser_signs_in_filters_opens_and_replays_and_keeps_v
     };
     let console = console.expect("inbox dev prints the console's URL");
     let password = password.expect("inbox dev prints the dev user's password");
+    let operator = operator.expect("inbox dev prints the dev user's name");
     assert!(console.ends_with("/console"), "{console}");
 
     // A viewer, as an operator adds one: the password on stdin.
@@ -151,7 +153,7 @@ async fn the_console_in_a_browser_signs_in_filters_opens_and_replays_and_keeps_v
         .arg(repo().join("tests/console/console.mjs"))
         .envs([
             ("CONSOLE_URL", console.as_str()),
-            ("OPERATOR", "dev"),
+            ("OPERATOR", &operator),
             ("OPERATOR_PASSWORD", &password),
             ("VIEWER", "vera"),
             ("VIEWER_PASSWORD", "a viewer's long password"),
@@ -170,15 +172,16 @@ async fn the_console_in_a_browser_signs_in_filters_opens_and_replays_and_keeps_v
     // What the browser did, in the database: one replay, by the operator, and nothing else.
     assert_eq!(status(&pool, "marqeta", "transactions:tx_browser_1").await.as_deref(), Some("done"));
     assert_eq!(status(&pool, "stripe", hostile_id).await.as_deref(), Some("failed"));
-    let audit: Vec<(String, String, String, Option<String>)> =
-        sqlx::query_as("SELECT actor, action, reason, event_id FROM inbox_audit ORDER BY id")
-            .fetch_all(&pool)
-            .await
-            .unwrap();
+    let audit: Vec<(String, String, String, Option<String>)> = sqlx::query_as(
+        "SELECT actor, action, reason, event_id FROM inbox_audit WHERE console_user IS NULL ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
     assert_eq!(
         audit,
         [(
-            "console:dev".into(),
+            format!("console:{operator}"),
             "replay".into(),
             "the account exists now".into(),
             Some("transactions:tx_browser_1".into())
@@ -291,4 +294,70 @@ async fn inbox_console_answers_healthz_within_a_second_while_1024_slow_clients_h
     };
     assert!(cut, "the half-sent headers' connection was closed");
     drop(slow);
+}
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn inbox_dev_on_a_database_of_yours_changes_no_user_and_leaves_no_account_behind(
+    pool_options: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    let pool = pool_options.connect_with(opts.clone()).await.unwrap();
+    webhook_inbox::console::add_user(
+        &pool,
+        "dev",
+        webhook_inbox::console::Role::Viewer,
+        "the team's own dev viewer",
+        "ops",
+    )
+    .await
+    .unwrap();
+    let before: String = sqlx::query_scalar("SELECT password_hash FROM inbox_console_users WHERE name = 'dev'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_inbox"))
+        .args(["dev", "--port", "0"])
+        .env_clear()
+        .envs([
+            ("PATH", std::env::var("PATH").unwrap_or_default()),
+            ("RUST_LOG", "warn".into()),
+            ("DATABASE_URL", url_of(&opts)),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut child = KillOnDrop(child);
+    let lines = lines_of(child.0.stdout.take().unwrap());
+    let user = loop {
+        let line = lines.recv_timeout(Duration::from_secs(120)).expect("inbox dev prints the console's user");
+        if let Some(rest) = line.split("sign in as ").nth(1) {
+            break rest.split(',').next().unwrap().to_string();
+        }
+    };
+    assert!(user.starts_with("dev-") && user.len() == 12, "a name of its own: {user}");
+    let users: Vec<(String, String, bool)> =
+        sqlx::query_as("SELECT name, role, expires_at IS NOT NULL FROM inbox_console_users ORDER BY name")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(users, [("dev".into(), "viewer".into(), false), (user.clone(), "operator".into(), true)]);
+    let after: String = sqlx::query_scalar("SELECT password_hash FROM inbox_console_users WHERE name = 'dev'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(before, after, "the team's dev user is untouched");
+
+    Command::new("kill").args(["-TERM", &child.0.id().to_string()]).status().unwrap();
+    assert!(child.0.wait().unwrap().success());
+    let names: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM inbox_console_users ORDER BY name").fetch_all(&pool).await.unwrap();
+    assert_eq!(names, ["dev"], "its own user is gone");
+    let audit: Vec<(String, String)> =
+        sqlx::query_as("SELECT action, actor FROM inbox_audit WHERE console_user = $1 ORDER BY id")
+            .bind(&user)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(audit, [("user_add".into(), "inbox dev".into()), ("user_remove".into(), "inbox dev".into())]);
 }

@@ -12,7 +12,7 @@ use argon2::{
 };
 use axum::{
     extract::{ConnectInfo, FromRequestParts, OriginalUri},
-    http::request::Parts,
+    http::{request::Parts, HeaderMap},
     response::{IntoResponse, Redirect, Response},
 };
 use axum_extra::extract::cookie::{Cookie, CookieJar, SameSite};
@@ -21,14 +21,40 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::{pages::PageError, ClientIp, State, SESSION_TTL};
-use crate::db::console::{self, Role};
+use crate::db::console::{self, Ending, Role};
 
-/// The session cookie's name.
+/// The session cookie's name; `__Host-inbox_console` where the console is
+/// served at `/` over HTTPS (a cookie of that name is the host's alone: no
+/// other host's page, nor a page of this host over plain HTTP, can set it).
 pub const COOKIE: &str = "inbox_console";
 
-/// The device cookie's name: a browser that signed in as a name before is
-/// spared that name's back-off ([`super::limiter`]).
+/// The device cookie's name (prefixed as [`COOKIE`] is): a browser that signed
+/// in as a name before is spared that name's back-off ([`super::limiter`]).
 pub const DEVICE: &str = "inbox_console_device";
+
+/// Whether this request reached the console over HTTPS: `INBOX_CONSOLE_HTTPS`
+/// says so, or the load balancer trusted for the client's address
+/// (`INBOX_CONSOLE_CLIENT_IP=x-forwarded-for`) does, in `X-Forwarded-Proto`.
+pub fn https(state: &State, headers: &HeaderMap) -> bool {
+    state.settings.https
+        || (state.settings.client_ip == ClientIp::ForwardedFor
+            && headers
+                .get_all("x-forwarded-proto")
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .next_back()
+                .and_then(|v| v.rsplit(',').next())
+                .is_some_and(|p| p.trim().eq_ignore_ascii_case("https")))
+}
+
+/// A cookie's name for this request: `__Host-` prefixed where it can be.
+pub fn cookie_name(state: &State, headers: &HeaderMap, name: &'static str) -> String {
+    if state.base.is_empty() && https(state, headers) {
+        format!("__Host-{name}")
+    } else {
+        name.to_string()
+    }
+}
 
 /// The longest password taken, in bytes: hashing is bounded work.
 pub const MAX_PASSWORD_BYTES: usize = 1024;
@@ -77,12 +103,19 @@ pub async fn check_password(state: &State, name: &str, password: &str) -> Result
     Ok(found.filter(|_| ok).map(|(_, role)| role))
 }
 
-/// Starts a session for `user`: the cookie to set (for the browser's session;
-/// the database ends it after [`SESSION_TTL`] whatever the browser does).
-pub async fn sign_in(state: &State, user: &str) -> Result<Cookie<'static>, sqlx::Error> {
+/// Starts a session for `user` signed in from `client`, audited as
+/// `sign_in`: the cookie to set (for the browser's session; the database ends
+/// it after [`SESSION_TTL`], or after the idle timeout without use, whatever
+/// the browser does).
+pub async fn sign_in(
+    state: &State,
+    headers: &HeaderMap,
+    user: &str,
+    client: &console::Client<'_>,
+) -> Result<Cookie<'static>, sqlx::Error> {
     let token = random_token(32);
-    console::insert_session(&state.db, &sha256(&token), user, &random_token(32), SESSION_TTL).await?;
-    Ok(Cookie::build((COOKIE, token))
+    console::insert_session(&state.db, &sha256(&token), user, &random_token(32), SESSION_TTL, client).await?;
+    Ok(Cookie::build((cookie_name(state, headers, COOKIE), token))
         .path(cookie_path(state))
         .secure(true)
         .http_only(true)
@@ -90,11 +123,21 @@ pub async fn sign_in(state: &State, user: &str) -> Result<Cookie<'static>, sqlx:
         .build())
 }
 
+/// Ends the session the browser held before it signed in again, if any: a
+/// new sign-in never leaves the old one behind.
+pub async fn replace(state: &State, headers: &HeaderMap, jar: &CookieJar) -> Result<(), sqlx::Error> {
+    match jar.get(&cookie_name(state, headers, COOKIE)).filter(|c| !c.value().is_empty()) {
+        Some(old) => console::delete_session(&state.db, &sha256(old.value())).await,
+        None => Ok(()),
+    }
+}
+
 /// The device cookie of a browser that signed in as `user`: it spares the
 /// name's back-off to this browser ([`super::limiter`]), for 180 days.
-pub fn device_cookie(state: &State, user: &str) -> Cookie<'static> {
+pub fn device_cookie(state: &State, headers: &HeaderMap, user: &str) -> Cookie<'static> {
+    let name = cookie_name(state, headers, DEVICE);
     // Max-Age through the parser: the builder's takes a type of the `time` crate.
-    let mut cookie = Cookie::parse(format!("{DEVICE}={}; Max-Age={}", state.limiter.device(user), 180 * 86_400))
+    let mut cookie = Cookie::parse(format!("{name}={}; Max-Age={}", state.limiter.device(user), 180 * 86_400))
         .expect("a cookie of hex digits parses");
     cookie.set_path(cookie_path(state));
     cookie.set_secure(true);
@@ -103,12 +146,14 @@ pub fn device_cookie(state: &State, user: &str) -> Cookie<'static> {
     cookie
 }
 
-/// Ends the session in `jar`, if any: the cookie that removes it.
-pub async fn sign_out(state: &State, jar: &CookieJar) -> Result<Cookie<'static>, sqlx::Error> {
-    if let Some(c) = jar.get(COOKIE) {
-        console::delete_session(&state.db, &sha256(c.value())).await?;
-    }
-    Ok(Cookie::build((COOKIE, "")).path(cookie_path(state)).secure(true).http_only(true).build())
+/// Ends `signed`'s session, audited as `sign_out`: the cookie that removes it.
+pub async fn sign_out(state: &State, headers: &HeaderMap, signed: &Signed) -> Result<Cookie<'static>, sqlx::Error> {
+    console::end_sessions(&state.db, &signed.user, "sign_out", Ending::One(&signed.token_sha256)).await?;
+    Ok(Cookie::build((cookie_name(state, headers, COOKIE), ""))
+        .path(cookie_path(state))
+        .secure(true)
+        .http_only(true)
+        .build())
 }
 
 fn cookie_path(state: &State) -> String {
@@ -156,6 +201,8 @@ pub struct Signed {
     pub user: String,
     pub role: Role,
     pub csrf: String,
+    /// The SHA-256 of the session's token: what names this session.
+    pub token_sha256: Vec<u8>,
 }
 
 impl Signed {
@@ -189,9 +236,11 @@ impl FromRequestParts<Arc<State>> for Signed {
 
     async fn from_request_parts(parts: &mut Parts, state: &Arc<State>) -> Result<Self, Self::Rejection> {
         let jar = CookieJar::from_headers(&parts.headers);
-        if let Some(cookie) = jar.get(COOKIE).filter(|c| !c.value().is_empty()) {
-            match console::session(&state.db, &sha256(cookie.value())).await {
-                Ok(Some(s)) => return Ok(Signed { user: s.user, role: s.role, csrf: s.csrf }),
+        let name = cookie_name(state, &parts.headers, COOKIE);
+        if let Some(cookie) = jar.get(&name).filter(|c| !c.value().is_empty()) {
+            let token_sha256 = sha256(cookie.value());
+            match console::session(&state.db, &token_sha256, state.settings.idle_timeout).await {
+                Ok(Some(s)) => return Ok(Signed { user: s.user, role: s.role, csrf: s.csrf, token_sha256 }),
                 Ok(None) => {}
                 Err(e) => return Err(PageError::Database(e).into_response()),
             }
@@ -220,7 +269,7 @@ impl FromRequestParts<Arc<State>> for Peer {
     type Rejection = std::convert::Infallible;
 
     async fn from_request_parts(parts: &mut Parts, state: &Arc<State>) -> Result<Self, Self::Rejection> {
-        let forwarded = (state.client_ip == ClientIp::ForwardedFor)
+        let forwarded = (state.settings.client_ip == ClientIp::ForwardedFor)
             .then(|| {
                 let all = parts.headers.get_all("x-forwarded-for");
                 let last = all.iter().filter_map(|v| v.to_str().ok()).next_back()?;

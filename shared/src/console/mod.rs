@@ -15,7 +15,12 @@
 //! name and per client.
 //!
 //! Users are managed with `inbox console user add|remove|list`, or from code
-//! with [`add_user`], [`remove_user`] and [`list_users`].
+//! with [`add_user`], [`remove_user`] and [`list_users`]; each change, each
+//! sign-in (failed ones too), sign-out and session ended is recorded in
+//! `inbox_audit` under the user's name. Sessions end after 30 minutes without
+//! use (`INBOX_CONSOLE_IDLE_TIMEOUT_MS`) and after 12 hours whatever their
+//! use; each user sees their sessions, and ends any of them, on the
+//! console's Sessions page.
 
 mod auth;
 mod health;
@@ -52,8 +57,39 @@ pub(crate) struct State {
     /// Password checks running at once: each takes Argon2's 19 MiB, and
     /// past this many an attempt is answered 503 at once, not queued.
     hashing: tokio::sync::Semaphore,
+    settings: Settings,
+}
+
+/// How the console is reached and how long its sessions last, from the environment.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
     /// Where a client's address comes from, for the sign-in limit.
     client_ip: ClientIp,
+    /// `INBOX_CONSOLE_IDLE_TIMEOUT_MS`, default 30 minutes: a session not used
+    /// for this long ends (and after [`SESSION_TTL`] whatever its use).
+    idle_timeout: Duration,
+    /// `INBOX_CONSOLE_HTTPS`: the console is reached over HTTPS (a balancer in
+    /// front ends TLS), so its pages are sent with HSTS and, served at `/`,
+    /// its cookies with the `__Host-` prefix. Without it, a balancer trusted
+    /// for the client's address says so per request in `X-Forwarded-Proto`.
+    https: bool,
+}
+
+impl Settings {
+    pub(crate) fn read(env: &Env) -> Result<Settings, crate::config::ConfigError> {
+        let https = match env.var("INBOX_CONSOLE_HTTPS").as_deref() {
+            None | Some("false" | "0" | "no") => false,
+            Some("true" | "1" | "yes") => true,
+            Some(other) => {
+                return Err(crate::config::ConfigError::Invalid {
+                    var: "INBOX_CONSOLE_HTTPS".into(),
+                    reason: format!("{:?} is neither true nor false", crate::core::text::escape(other)),
+                })
+            }
+        };
+        let idle: u64 = env.positive("INBOX_CONSOLE_IDLE_TIMEOUT_MS", 30 * 60 * 1000)?;
+        Ok(Settings { client_ip: ClientIp::read(env)?, idle_timeout: Duration::from_millis(idle), https })
+    }
 }
 
 /// Where the console takes a client's address from, for the sign-in limit
@@ -86,13 +122,19 @@ const HASHING_AT_ONCE: usize = 2;
 /// How long a session lasts after sign-in.
 const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
 
-/// [`router_at`], for the tests (through `internals`): a team serves the console with [`run`] or `dev`.
-/// `forwarded`: the client's address from `X-Forwarded-For`.
+/// [`router_at`] with the settings `env` gives, for the tests (through
+/// `internals`): a team serves the console with [`run`], `serve` or `dev`.
 #[cfg(feature = "internals")]
 #[doc(hidden)]
-pub fn router(db: PgPool, read: PgPool, catalog: Catalog, secrets: Secrets, base: &str, forwarded: bool) -> Router {
-    let client_ip = if forwarded { ClientIp::ForwardedFor } else { ClientIp::Peer };
-    router_at(db, read, catalog, secrets, base, client_ip)
+pub fn router(
+    db: PgPool,
+    read: PgPool,
+    catalog: Catalog,
+    secrets: Secrets,
+    base: &str,
+    env: &Env,
+) -> Result<Router, crate::config::ConfigError> {
+    Ok(router_at(db, read, catalog, secrets, base, Settings::read(env)?))
 }
 
 /// The console's pages at `base` (`""` for the root), on `db` (reads on
@@ -103,7 +145,7 @@ pub(crate) fn router_at(
     catalog: Catalog,
     secrets: Secrets,
     base: &str,
-    client_ip: ClientIp,
+    settings: Settings,
 ) -> Router {
     let base = base.trim_end_matches('/').to_string();
     let state = Arc::new(State {
@@ -114,7 +156,7 @@ pub(crate) fn router_at(
         base,
         limiter: limiter::Limiter::default(),
         hashing: tokio::sync::Semaphore::new(HASHING_AT_ONCE),
-        client_ip,
+        settings,
     });
     pages::router(state)
 }
@@ -147,7 +189,7 @@ pub async fn run(host: &str, port: u16) -> anyhow::Result<()> {
     let pool = db::pool(&config.db)?;
     ensure_schema(&pool).await?;
     let read = read_pool(&env, &config.db)?.unwrap_or_else(|| pool.clone());
-    let pages = router_at(pool, read, config.catalog, config.secrets, "", ClientIp::read(&env)?);
+    let pages = router_at(pool, read, config.catalog, config.secrets, "", Settings::read(&env)?);
     let alive = || async { ([(axum::http::header::CONTENT_TYPE, "application/json")], r#"{"status":"alive"}"#) };
     let app = Router::new().route("/healthz", axum::routing::get(alive)).merge(pages);
     let listener =
@@ -201,28 +243,45 @@ pub enum UserError {
 }
 
 /// Adds a console user with this role and password (kept as its Argon2id
-/// hash); refuses a name that is taken.
-pub async fn add_user(pool: &PgPool, name: &str, role: Role, password: &str) -> Result<(), UserError> {
+/// hash), audited as `user_add` by `by` (who adds it: `INBOX_OPERATOR` for
+/// the CLI); refuses a name that is taken.
+pub async fn add_user(pool: &PgPool, name: &str, role: Role, password: &str, by: &str) -> Result<(), UserError> {
+    insert_user(pool, name, role, password, None, by).await
+}
+
+/// Adds a user that ends by itself after `expires` (and refuses a name
+/// that is taken: an existing user is never changed). `inbox dev`'s own.
+pub(crate) async fn add_expiring_user(
+    pool: &PgPool,
+    name: &str,
+    role: Role,
+    password: &str,
+    expires: Duration,
+    by: &str,
+) -> Result<(), UserError> {
+    insert_user(pool, name, role, password, Some(expires), by).await
+}
+
+async fn insert_user(
+    pool: &PgPool,
+    name: &str,
+    role: Role,
+    password: &str,
+    expires: Option<Duration>,
+    by: &str,
+) -> Result<(), UserError> {
     check_name(name)?;
     let hash = hash_password(password).await?;
-    if !db::console::insert_user(pool, name, &hash, role).await? {
+    if !db::console::insert_user(pool, by, name, &hash, role, expires).await? {
         return Err(UserError::Exists);
     }
     Ok(())
 }
 
-/// Sets this user's role and password, adding the user if need be; its
-/// sessions end. What `inbox dev` does for its own `dev` user at each start.
-pub(crate) async fn set_user(pool: &PgPool, name: &str, role: Role, password: &str) -> Result<(), UserError> {
-    check_name(name)?;
-    let hash = hash_password(password).await?;
-    db::console::upsert_user(pool, name, &hash, role).await?;
-    Ok(())
-}
-
-/// Removes a console user and signs it out everywhere; whether there was one.
-pub async fn remove_user(pool: &PgPool, name: &str) -> Result<bool, sqlx::Error> {
-    db::console::delete_user(pool, name).await
+/// Removes a console user and signs it out everywhere, audited as
+/// `user_remove` by `by`; whether there was one.
+pub async fn remove_user(pool: &PgPool, name: &str, by: &str) -> Result<bool, sqlx::Error> {
+    db::console::delete_user(pool, by, name).await
 }
 
 /// Every console user, by name (never a password's hash).

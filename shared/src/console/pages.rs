@@ -25,7 +25,10 @@ use super::{
 };
 use crate::{
     core::text::Escaped,
-    db::console::Role,
+    db::{
+        self,
+        console::{Ending, Role},
+    },
     ops::{
         self, escape, escape_json, Count, Cursor, EventQuery, Filter, IdMatch, PayloadMatch, Replayed, Requeue, Since,
         Status,
@@ -37,6 +40,8 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/", get(home))
         .route("/signin", get(signin_page).post(signin))
         .route("/signout", post(signout))
+        .route("/sessions", get(sessions))
+        .route("/sessions/end", post(end_sessions))
         .route("/events", get(events))
         .route("/event", get(event))
         .route("/event/replay", get(confirm_replay).post(replay))
@@ -143,8 +148,10 @@ impl IntoResponse for PageError {
 
 /// Every response: an action from another site refused; an error rendered as
 /// a page; the security headers (a strict Content-Security-Policy: no script,
-/// styles from this console only; no framing; nothing cached).
+/// styles from this console only; no framing; nothing cached; HSTS when
+/// reached over HTTPS).
 async fn finish(Shared(state): Shared<Arc<State>>, req: Request, next: Next) -> Response {
+    let https = auth::https(&state, req.headers());
     let mut response = if req.method() != Method::GET && req.method() != Method::HEAD && cross_site(req.headers()) {
         PageError::Forbidden("A form from another site cannot act here: nothing was done.").into_response()
     } else {
@@ -169,6 +176,10 @@ async fn finish(Shared(state): Shared<Arc<State>>, req: Request, next: Next) -> 
     h.insert("cross-origin-opener-policy", HeaderValue::from_static("same-origin"));
     if !h.contains_key(header::CACHE_CONTROL) {
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    if https {
+        // A year: a browser that has seen the console over HTTPS never asks for it over plain HTTP.
+        h.insert(header::STRICT_TRANSPORT_SECURITY, HeaderValue::from_static("max-age=31536000"));
     }
     response
 }
@@ -300,6 +311,12 @@ fn clip(text: &str, max: usize) -> String {
     }
 }
 
+/// An action's audit reason as the form gave it (`default` when empty), or the page that says it is too long.
+fn audit_reason(text: &str, default: &str) -> Result<String, PageError> {
+    let text = optional(text).unwrap_or_else(|| default.to_string());
+    ops::audit_reason(&text).map_err(|why| PageError::BadRequest(format!("Nothing was done: {why}.")))
+}
+
 fn optional(text: &str) -> Option<String> {
     let t = text.trim();
     (!t.is_empty()).then(|| t.to_string())
@@ -342,6 +359,7 @@ struct SignInForm {
 async fn signin(
     Shared(state): Shared<Arc<State>>,
     Peer(peer): Peer,
+    headers: HeaderMap,
     jar: CookieJar,
     Posted(f): Posted<SignInForm>,
 ) -> Result<Response, PageError> {
@@ -360,14 +378,17 @@ async fn signin(
     }
     // A password check at a time per slot; past them, at once: try again.
     let Ok(_hashing) = state.hashing.try_acquire() else { return Err(PageError::Busy) };
-    let known_device = jar.get(auth::DEVICE).is_some_and(|c| state.limiter.knows(name, c.value()));
+    let device = jar.get(&auth::cookie_name(&state, &headers, auth::DEVICE)).map(|c| c.value().to_string());
+    let known_device = device.is_some_and(|d| state.limiter.knows(name, &d));
     // Counted as failed before the password is checked; taken back if it is right.
     state.limiter.attempt(name, &peer, known_device).map_err(|refused| match refused {
         Refused::Wait(wait) => PageError::TooMany(wait),
         Refused::Full => PageError::Busy,
     })?;
+    let actor = format!("console:{name}");
     let Some(_role) = auth::check_password(&state, name, &f.password).await? else {
         tracing::warn!(user = %name, peer = %peer, "console sign-in refused");
+        db::console::audit(&state.db, &actor, "sign_in_failed", name, &format!("from {peer}")).await?;
         let page = SignInPage {
             nav: Nav::anonymous(&state),
             next: auth::inside(&state.base, &f.next).unwrap_or_default(),
@@ -377,9 +398,11 @@ async fn signin(
         return Ok((StatusCode::UNAUTHORIZED, html(page)?).into_response());
     };
     state.limiter.succeeded(name, &peer);
-    tracing::info!(user = %name, "console sign-in");
-    let cookie = auth::sign_in(&state, name).await?;
-    let device = auth::device_cookie(&state, name);
+    tracing::info!(user = %name, peer = %peer, "console sign-in");
+    auth::replace(&state, &headers, &jar).await?;
+    let agent = headers.get(header::USER_AGENT).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let cookie = auth::sign_in(&state, &headers, name, &db::console::Client { address: &peer, agent }).await?;
+    let device = auth::device_cookie(&state, &headers, name);
     // Only back into the console, rebuilt from its path and query: never to another site.
     let to = auth::inside(&state.base, &f.next).unwrap_or_else(|| format!("{}/events", state.base));
     Ok((jar.add(cookie).add(device), Redirect::to(&to)).into_response())
@@ -394,12 +417,101 @@ struct CsrfForm {
 async fn signout(
     Shared(state): Shared<Arc<State>>,
     signed: Signed,
+    headers: HeaderMap,
     jar: CookieJar,
     Posted(f): Posted<CsrfForm>,
 ) -> Result<Response, PageError> {
     signed.check_csrf(&f.csrf)?;
-    let gone = auth::sign_out(&state, &jar).await?;
+    let gone = auth::sign_out(&state, &headers, &signed).await?;
     Ok((jar.add(gone), Redirect::to(&format!("{}/signin", state.base))).into_response())
+}
+
+// ---- sessions ----
+
+#[derive(Template)]
+#[template(path = "console/sessions.html")]
+struct SessionsPage {
+    nav: Nav,
+    notice: Option<String>,
+    sessions: Vec<SessionRow>,
+    history: Vec<db::console::AccountRecord>,
+    idle_minutes: u64,
+}
+
+struct SessionRow {
+    id: String,
+    current: bool,
+    created_at: String,
+    last_seen_at: String,
+    client: String,
+    agent: String,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct SessionsParams {
+    ended: String,
+}
+
+/// The signed-in user's sessions, each with a button that ends it, and what
+/// the audit recorded about the user lately.
+async fn sessions(
+    Shared(state): Shared<Arc<State>>,
+    signed: Signed,
+    Query(p): Query<SessionsParams>,
+) -> Result<Response, PageError> {
+    let current = hex::encode(&signed.token_sha256);
+    let sessions = db::console::sessions_of(&state.db, &signed.user, state.settings.idle_timeout)
+        .await?
+        .into_iter()
+        .map(|s| SessionRow {
+            current: s.id == current,
+            id: s.id,
+            created_at: short_time(&s.created_at),
+            last_seen_at: short_time(&s.last_seen_at),
+            client: clip(s.client.as_deref().unwrap_or("-"), 64),
+            agent: clip(s.user_agent.as_deref().unwrap_or("-"), 120),
+        })
+        .collect();
+    let history = db::console::account_history(&state.db, &signed.user, 20)
+        .await?
+        .into_iter()
+        .map(|r| db::console::AccountRecord {
+            at: short_time(&r.at),
+            actor: clip(&r.actor, 80),
+            action: r.action,
+            reason: clip(&r.reason, 200),
+        })
+        .collect();
+    let notice = p.ended.parse::<u64>().ok().map(|n| format!("{n} session(s) ended."));
+    let idle_minutes = state.settings.idle_timeout.as_secs().div_ceil(60);
+    html(SessionsPage { nav: Nav::of(&state, &signed), notice, sessions, history, idle_minutes })
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct EndForm {
+    csrf: String,
+    /// The session to end (the SHA-256 of its token, in hex); empty: every other one.
+    id: String,
+}
+
+/// Ends one of the user's own sessions, or every other one (viewers too: it is their own).
+async fn end_sessions(
+    Shared(state): Shared<Arc<State>>,
+    signed: Signed,
+    Posted(f): Posted<EndForm>,
+) -> Result<Response, PageError> {
+    signed.check_csrf(&f.csrf)?;
+    let ended = if f.id.is_empty() {
+        db::console::end_sessions(&state.db, &signed.user, "session_end", Ending::AllBut(&signed.token_sha256)).await?
+    } else {
+        let Ok(id) = hex::decode(&f.id) else {
+            return Err(PageError::BadRequest("That is not a session of this list.".into()));
+        };
+        db::console::end_sessions(&state.db, &signed.user, "session_end", Ending::One(&id)).await?
+    };
+    Ok(Redirect::to(&format!("{}/sessions?ended={ended}", state.base)).into_response())
 }
 
 // ---- the listing ----
@@ -868,7 +980,7 @@ async fn replay(
 ) -> Result<Response, PageError> {
     signed.may_act(&f.csrf)?;
     let actor = signed.actor();
-    let reason = optional(&f.reason).unwrap_or_else(|| "replayed from the console".into());
+    let reason = audit_reason(&f.reason, "replayed from the console")?;
     let by = Requeue { actor: &actor, action: "replay", reason: &reason };
     let back = Nav::of(&state, &signed);
     match ops::replay(&state.db, &f.provider, &f.id, &by).await? {
@@ -1060,7 +1172,7 @@ async fn requeue(
         page.split_once("<!--progress-->").map(|(h, t)| (h.to_string(), t.to_string())).unwrap_or_default();
     let (lines, receiver) = tokio::sync::mpsc::unbounded_channel::<String>();
     let actor = signed.actor();
-    let reason = optional(&reason).unwrap_or_else(|| "requeued from the console".into());
+    let reason = audit_reason(&reason, "requeued from the console")?;
     tracing::info!(actor = %actor, filter = %Escaped(&describe(&filter)), "requeue started");
     tokio::spawn(async move {
         let by = Requeue { actor: &actor, action: "requeue", reason: &reason };
@@ -1204,7 +1316,7 @@ async fn retry(
 ) -> Result<Response, PageError> {
     signed.may_act(&f.csrf)?;
     let actor = signed.actor();
-    let reason = optional(&f.reason).unwrap_or_else(|| "retried from the console".into());
+    let reason = audit_reason(&f.reason, "retried from the console")?;
     let by = Requeue { actor: &actor, action: "retry_outbox", reason: &reason };
     let nav = Nav::of(&state, &signed);
     if f.id.is_empty() {

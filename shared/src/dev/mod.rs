@@ -49,10 +49,9 @@ pub async fn run(app: App, host: &str, port: u16) -> Result<()> {
     let host = host.to_string();
     // Read as the functions read it (Secrets Manager's `*_ARN` included), once.
     let env = Env::resolved().await?;
-    with_database(ReceiveConfig::read(&env, 16)?, |mut config| async move {
-        serve(&app, &env, &mut config, &host, port).await
-    })
-    .await
+    let config = ReceiveConfig::read(&env, 16)?;
+    let embedded = config.db.url.is_none();
+    with_database(config, |mut config| async move { serve(&app, &env, &mut config, &host, port, embedded).await }).await
 }
 
 /// Runs `f` on DATABASE_URL, or on an embedded throwaway PostgreSQL that is removed afterwards.
@@ -85,7 +84,15 @@ where
     result
 }
 
-async fn serve(app: &App, env: &Env<'_>, config: &mut ReceiveConfig, host: &str, port: u16) -> Result<()> {
+/// `embedded`: the database is the throwaway one [`with_database`] started.
+async fn serve(
+    app: &App,
+    env: &Env<'_>,
+    config: &mut ReceiveConfig,
+    host: &str,
+    port: u16,
+    embedded: bool,
+) -> Result<()> {
     let pool = db::pool(&config.db)?;
     app.migrate(&pool).await.context("applying migrations")?;
     if config.secrets.none_configured() {
@@ -102,28 +109,41 @@ async fn serve(app: &App, env: &Env<'_>, config: &mut ReceiveConfig, host: &str,
         say!("providers with a secret (each has a route; `inbox providers` for more): {}", live.join(", "));
     }
     let listener = TcpListener::bind((host, port)).await.with_context(|| format!("binding {host}:{port}"))?;
-    // The console at /console, with a `dev` operator whose password is new at each start.
+    // The console at /console, with an operator of its own whose password is new at each start:
+    // `dev` on its own database; on DATABASE_URL a new name, never an existing user changed,
+    // removed when it stops (and, if it is killed, expired after a day).
     let password = crate::console::generate_password();
-    crate::console::set_user(&pool, "dev", crate::console::Role::Operator, &password).await?;
+    let user = if embedded { "dev".to_string() } else { format!("dev-{}", &crate::console::generate_password()[..8]) };
+    let by = "inbox dev";
+    crate::console::add_expiring_user(&pool, &user, crate::console::Role::Operator, &password, DEV_USER_LIFE, by)
+        .await
+        .with_context(|| format!("adding the console user {user}"))?;
     let stack = crate::serve::Stack {
         app,
         env,
         config,
-        pool,
+        pool: pool.clone(),
         roles: crate::serve::Roles::everything(),
         serve: crate::config::ServeConfig::read(env)?,
         counted: true,
     };
-    stack
+    let served = stack
         .run(listener, None, crate::runtime::shutdown_signal(), |addr, _| {
             say!(
-                "console: http://{addr}{}/  (sign in as dev, password {password}; more users: inbox console user add)",
+                "console: http://{addr}{}/  (sign in as {user}, password {password}; more users: inbox console user add)",
                 crate::serve::CONSOLE_PATH
             );
             say!("inbox dev ready: POST http://{addr}/webhooks/{{provider}}  (Ctrl-C stops)");
         })
-        .await
+        .await;
+    let removed = crate::console::remove_user(&pool, &user, by).await;
+    served?;
+    removed.with_context(|| format!("removing the console user {user}"))?;
+    Ok(())
 }
+
+/// How long `inbox dev`'s console user lasts if `inbox dev` is killed before it can remove it.
+const DEV_USER_LIFE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
 fn print_development_secrets() {
     say!("no webhook secrets set: using development secrets");

@@ -412,7 +412,7 @@ impl Stack<'_> {
                 config.catalog.clone(),
                 config.secrets.clone(),
                 server::CONSOLE_PATH,
-                crate::console::ClientIp::read(env)?,
+                crate::console::Settings::read(env)?,
             ))
         } else {
             None
