@@ -158,6 +158,10 @@ internal! {
 }
 #[cfg(feature = "serve")]
 pub mod serve;
+internal! {
+    #[cfg(feature = "console")]
+    mod server;
+}
 
 #[cfg(feature = "service")]
 pub mod ops;

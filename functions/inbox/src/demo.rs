@@ -22,9 +22,8 @@ use webhook_inbox::{
         worker::{Worker, WorkerConfig},
     },
     relay::{HttpSink, Relay, RelayConfig, Sink},
-    runtime::server,
     runtime::stage::Stage,
-    ReceiveConfig, Receiver,
+    server, ReceiveConfig, Receiver,
 };
 
 /// The storm's size: PaymentIntents; orders and Marqeta batches scale with it.

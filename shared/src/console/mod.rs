@@ -36,9 +36,7 @@ use sqlx::PgPool;
 pub use crate::db::console::{Role, User};
 use crate::{
     config::{Catalog, DbConfig, Env, Secrets},
-    db,
-    runtime::server,
-    ReceiveConfig,
+    db, server, ReceiveConfig,
 };
 
 /// What the pages need, shared by every request.
@@ -196,13 +194,8 @@ pub async fn run(host: &str, port: u16) -> anyhow::Result<()> {
         tokio::net::TcpListener::bind((host, port)).await.with_context(|| format!("binding {host}:{port}"))?;
     say(&format!("inbox console ready: http://{}/  (Ctrl-C stops)", listener.local_addr()?));
     // The same listener as `inbox serve`'s: header and body timeouts, a connection cap, a body budget.
-    let site = server::Site {
-        receiver: None,
-        router: Some(app),
-        routed: |_| true,
-        paged: |p| p != "/healthz",
-        counted: false,
-    };
+    let site =
+        server::Site { receiver: None, router: Some(app), routed: |_| true, paged: |p| p != "/healthz", count: None };
     let shutdown = crate::runtime::shutdown_signal();
     server::serve_site(listener, site, server::Timeouts::default(), shutdown, Duration::from_secs(10)).await;
     Ok(())

@@ -3,8 +3,6 @@
 
 pub mod deadline;
 pub mod metrics;
-#[cfg(feature = "console")]
-pub mod server;
 pub mod stage;
 pub mod telemetry;
 pub mod trace;

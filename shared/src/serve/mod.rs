@@ -51,7 +51,7 @@ use anyhow::{Context, Result};
 use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
 
 pub use crate::ingest::claim::group::GroupConfig;
-pub(crate) use crate::runtime::server::CONSOLE_PATH;
+pub(crate) use crate::server::CONSOLE_PATH;
 use crate::{
     app::App,
     config::{ConfigError, Env, ServeConfig, SinkConfig},
@@ -60,8 +60,8 @@ use crate::{
     prune::{Pruner, RetentionConfig},
     reconcile::Reconciler,
     relay::{Relay, RelayConfig},
-    runtime::{metrics::Metrics, server, stage},
-    ReceiveConfig, Receiver,
+    runtime::{metrics::Metrics, stage},
+    server, ReceiveConfig, Receiver,
 };
 
 /// What one instance of the service does.
@@ -463,8 +463,8 @@ impl Stack<'_> {
         } else {
             server::console_or_health
         };
-        let site =
-            server::Site { receiver, router: Some(router), routed: main_routed, paged: server::console, counted };
+        let count = counted.then_some(metrics::delivered as fn(&Metrics, Duration));
+        let site = server::Site { receiver, router: Some(router), routed: main_routed, paged: server::console, count };
         let main_addr = main.local_addr()?;
         let admin_addr = admin.as_ref().map(TcpListener::local_addr).transpose()?;
         let timeouts = server::Timeouts::default();
@@ -480,7 +480,7 @@ impl Stack<'_> {
                 router: Some(health_router(readiness.clone(), true, true)),
                 routed: |_| true,
                 paged: |_| false,
-                counted: false,
+                count: None,
             };
             // It answers through the drain (`/readyz` saying so), until the end.
             tokio::spawn(server::serve_site(admin, site, timeouts, std::future::pending(), Duration::ZERO))

@@ -37,9 +37,8 @@ use webhook_inbox::{
         worker::{Worker, WorkerConfig},
     },
     reference::{deposits, payments},
-    runtime::server,
     runtime::stage::Stage,
-    ReceiveConfig, Receiver,
+    server, ReceiveConfig, Receiver,
 };
 
 /// The sections of a run, in order.
@@ -615,7 +614,8 @@ async fn http(config: &ReceiveConfig, c: usize, load: Load, until: Until) -> Res
     let group = webhook_inbox::config::ServeConfig::read(&webhook_inbox::config::Env::process())?.group;
     webhook_inbox::serve::metrics::install()?;
     let receiver = Arc::new(Receiver::new(db::Connections::new(&config.db)?, &config).with_group_commit(group));
-    let site = server::Site { counted: true, ..server::Site::webhooks(receiver) };
+    let count = Some(webhook_inbox::serve::metrics::delivered as fn(&_, _));
+    let site = server::Site { count, ..server::Site::webhooks(receiver) };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let shutdown = async {
         let _ = stopped.await;

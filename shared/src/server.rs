@@ -24,7 +24,10 @@ use tokio::{
 };
 use tower::ServiceExt as _;
 
-use crate::ingest::receive::{respond, ReceiveError, Receiver};
+use crate::{
+    ingest::receive::{respond, ReceiveError, Receiver},
+    runtime::metrics::Metrics,
+};
 
 /// How long a client may take: to send each request's headers (an idle
 /// keep-alive connection included), then its body. A client that dawdles is
@@ -100,14 +103,14 @@ pub struct Site {
     pub routed: fn(&str) -> bool,
     /// Of those, the console's pages: [`CONSOLE_IN_FLIGHT`] at once.
     pub paged: fn(&str) -> bool,
-    /// Each delivery counted in the Prometheus metrics (`inbox serve`).
-    pub counted: bool,
+    /// Where each delivery's counts and time go (`inbox serve`'s Prometheus metrics).
+    pub count: Option<fn(&Metrics, Duration)>,
 }
 
 impl Site {
     /// Webhooks only.
     pub fn webhooks(receiver: Arc<Receiver>) -> Self {
-        Site { receiver: Some(receiver), router: None, routed: |_| false, paged: |_| false, counted: false }
+        Site { receiver: Some(receiver), router: None, routed: |_| false, paged: |_| false, count: None }
     }
 }
 
@@ -256,9 +259,7 @@ async fn route(
     let path = req.uri().path();
     let Some(router) = site.router.clone().filter(|_| (site.routed)(path)) else {
         return match &site.receiver {
-            Some(receiver) => {
-                handle(receiver, bodies, req, body_timeout, site.counted).await.map(axum::body::Body::new)
-            }
+            Some(receiver) => handle(receiver, bodies, req, body_timeout, site.count).await.map(axum::body::Body::new),
             None => respond(Err(ReceiveError::NoRoute)).map(|b| axum::body::Body::from(b.as_ref().to_vec())),
         };
     };
@@ -356,22 +357,22 @@ async fn handle(
     bodies: &Semaphore,
     req: Request<Incoming>,
     body_timeout: Duration,
-    counted: bool,
+    count: Option<fn(&Metrics, Duration)>,
 ) -> Response<Full<Bytes>> {
     let limit = receiver.max_body_bytes();
     let (parts, body) = req.into_parts();
     let response = match read_body(bodies, &parts, body, limit, body_timeout).await {
         Ok((_share, body)) => {
             let req = Request::from_parts(parts, lambda_http::Body::from(Vec::from(body)));
-            #[cfg(feature = "serve")]
-            if counted {
-                let started = std::time::Instant::now();
-                let (response, metrics) = receiver.handle_counted(req).await;
-                crate::serve::metrics::delivered(&metrics, started.elapsed());
-                return response.map(|b| Full::new(Bytes::copy_from_slice(b.as_ref())));
+            match count {
+                Some(count) => {
+                    let started = std::time::Instant::now();
+                    let (response, metrics) = receiver.handle_counted(req).await;
+                    count(&metrics, started.elapsed());
+                    response
+                }
+                None => receiver.handle(req).await,
             }
-            let _ = counted;
-            receiver.handle(req).await
         }
         Err(unread) => unread.response(limit),
     };
