@@ -238,7 +238,7 @@ pub mod schemes {
 /// its checkpoint with [`walk`](reconciliation::walk).
 #[cfg(feature = "reconcile")]
 pub mod reconciliation {
-    pub use crate::reconcile::{claim, walk, Found, ReconcileConfig, ReconcileError, Source, SourceRun};
+    pub use crate::reconcile::{answer_text, claim, walk, Found, ReconcileConfig, ReconcileError, Source, SourceRun};
 }
 
 /// Events as hints: a [`HintHandler`](hints::HintHandler) names the object

@@ -37,8 +37,8 @@ use sqlx::{PgConnection, PgPool};
 
 use crate::{
     core::error::ConfigError,
-    core::text::Escaped,
     core::payload,
+    core::text::Escaped,
     core::{
         http::{http_client, retry_after},
         secret::Secret,
@@ -211,7 +211,9 @@ pub type SourceRun<'a> = Pin<Box<dyn Future<Output = Result<Found, ReconcileErro
 /// ```no_run
 /// use std::time::Instant;
 ///
-/// use webhook_inbox::reconciliation::{claim, walk, Found, ReconcileConfig, ReconcileError, Source, SourceRun};
+/// use webhook_inbox::reconciliation::{
+///     answer_text, claim, walk, Found, ReconcileConfig, ReconcileError, Source, SourceRun,
+/// };
 /// use webhook_inbox::{schemes::NewEvent, sqlx::PgPool, App, Handlers, Provider};
 ///
 /// /// Acme's `GET /events?from=&to=`, one JSON event per line.
@@ -225,7 +227,7 @@ pub type SourceRun<'a> = Pin<Box<dyn Future<Output = Result<Found, ReconcileErro
 ///         let url = format!("https://api.acme.example/events?from={from}&to={to}");
 ///         let text = self.client.get(url).send().await.and_then(|r| r.error_for_status());
 ///         let text = text.map_err(|source| ReconcileError::Request { api, source })?;
-///         let text = text.text().await.map_err(|source| ReconcileError::Request { api, source })?;
+///         let text = answer_text(api, text).await?; // at most 16 MiB
 ///         let (mut found, mut conn) = (Found::default(), pool.acquire().await?);
 ///         for line in text.lines() {
 ///             let json: Option<serde_json::Value> = serde_json::from_str(line).ok();
@@ -263,12 +265,18 @@ pub trait Source: Send + Sync {
     fn name(&self) -> String;
 
     /// One run; an error stops this source alone, its checkpoint unmoved.
-    fn reconcile<'a>(
-        &'a self,
-        pool: &'a PgPool,
-        config: &'a ReconcileConfig,
-        deadline: Instant,
-    ) -> SourceRun<'a>;
+    fn reconcile<'a>(&'a self, pool: &'a PgPool, config: &'a ReconcileConfig, deadline: Instant) -> SourceRun<'a>;
+}
+
+/// An API's answer as text, at most [`MAX_ANSWER_BYTES`](crate::core::http::MAX_ANSWER_BYTES)
+/// (16 MiB): a longer one is refused with a clear error, not read into memory.
+/// For a team's own [`Source`], as for the built-in ones.
+pub async fn answer_text(api: &'static str, response: reqwest::Response) -> Result<String, ReconcileError> {
+    use crate::core::http::{text, AnswerError, MAX_ANSWER_BYTES};
+    text(response, MAX_ANSWER_BYTES).await.map_err(|e| match e {
+        AnswerError::Failed(source) => ReconcileError::Request { api, source },
+        too_large => ReconcileError::Body { api, reason: too_large.to_string() },
+    })
 }
 
 /// GET with `429`/`Retry-After` honoured (up to 5 tries, at most 30 s a wait).
@@ -289,7 +297,7 @@ async fn get(api: &'static str, req: reqwest::RequestBuilder) -> Result<reqwest:
         }
         if !response.status().is_success() {
             let status = response.status().as_u16();
-            let body = response.text().await.unwrap_or_default();
+            let body = crate::core::http::text(response, 64 * 1024).await.unwrap_or_default();
             return Err(ReconcileError::Api { api, status, body: body.chars().take(500).collect() });
         }
         return Ok(response);
@@ -328,7 +336,6 @@ impl StripeEvents {
         Ok(StripeEvents { client, base: base.into().trim_end_matches('/').to_string(), key })
     }
 
-
     /// One window, all its pages; false if the deadline came first.
     async fn window(
         &self,
@@ -360,11 +367,7 @@ impl StripeEvents {
                 .get(format!("{}/v1/events", self.base))
                 .bearer_auth(String::from_utf8_lossy(self.key.expose()))
                 .query(&query);
-            let text = get("Stripe", req)
-                .await?
-                .text()
-                .await
-                .map_err(|source| ReconcileError::Request { api: "Stripe", source })?;
+            let text = answer_text("Stripe", get("Stripe", req).await?).await?;
             let page: EventPage<'_> = serde_json::from_str(&text)
                 .map_err(|e| ReconcileError::Body { api: "Stripe", reason: e.to_string() })?;
 
@@ -475,7 +478,6 @@ impl ShopifyOrders {
         })
     }
 
-
     /// One window, all its pages; false if the deadline came first.
     async fn window(
         &self,
@@ -513,7 +515,7 @@ impl ShopifyOrders {
             let req = self.client.get(&url).header("X-Shopify-Access-Token", token).query(&query);
             let response = get("Shopify", req).await?;
             let next = response.headers().get(reqwest::header::LINK).and_then(|v| v.to_str().ok()).and_then(next_link);
-            let text = response.text().await.map_err(|source| ReconcileError::Request { api: "Shopify", source })?;
+            let text = answer_text("Shopify", response).await?;
             let page: OrderPage = serde_json::from_str(&text)
                 .map_err(|e| ReconcileError::Body { api: "Shopify", reason: e.to_string() })?;
             let mut conn = pool.acquire().await?;
@@ -543,12 +545,7 @@ impl Source for StripeEvents {
         "stripe events".into()
     }
 
-    fn reconcile<'a>(
-        &'a self,
-        pool: &'a PgPool,
-        config: &'a ReconcileConfig,
-        deadline: Instant,
-    ) -> SourceRun<'a> {
+    fn reconcile<'a>(&'a self, pool: &'a PgPool, config: &'a ReconcileConfig, deadline: Instant) -> SourceRun<'a> {
         Box::pin(walk(pool, "stripe:events", config, move |start, end| self.window(pool, start, end, deadline)))
     }
 }
@@ -562,12 +559,7 @@ impl Source for ShopifyOrders {
         "shopify orders".into()
     }
 
-    fn reconcile<'a>(
-        &'a self,
-        pool: &'a PgPool,
-        config: &'a ReconcileConfig,
-        deadline: Instant,
-    ) -> SourceRun<'a> {
+    fn reconcile<'a>(&'a self, pool: &'a PgPool, config: &'a ReconcileConfig, deadline: Instant) -> SourceRun<'a> {
         Box::pin(walk(pool, "shopify:orders", config, move |start, end| self.window(pool, start, end, deadline)))
     }
 }

@@ -107,6 +107,7 @@ pub struct Site {
     pub count: Option<fn(&Metrics, Duration)>,
 }
 
+#[cfg(feature = "internals")]
 impl Site {
     /// Webhooks only.
     pub fn webhooks(receiver: Arc<Receiver>) -> Self {

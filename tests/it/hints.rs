@@ -229,3 +229,31 @@ async fn without_an_api_the_event_stays_pending_and_says_why(pool: PgPool) {
     assert_eq!((status.as_str(), attempts), ("pending", 1));
     assert!(reason.as_deref().is_some_and(|r| r.contains("STRIPE_API_KEY")), "{reason:?}");
 }
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn an_object_over_16_mib_fails_its_event_unread_and_the_others_flow(pool: PgPool) {
+    let server = MockServer::start().await;
+    let mut huge = subscription("sub_huge", "active");
+    huge["metadata"] = json!({"pad": "x".repeat(17 << 20)});
+    Mock::given(method("GET"))
+        .and(path("/v1/subscriptions/sub_huge"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(huge))
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/v1/subscriptions/sub_ok"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(subscription("sub_ok", "active")))
+        .mount(&server)
+        .await;
+    let huge_event = event("evt_huge", "sub_huge", "active");
+    store(&pool, Provider::STRIPE, "evt_huge", "customer.subscription.updated", &huge_event).await;
+    store(&pool, Provider::STRIPE, "evt_ok", "customer.subscription.updated", &event("evt_ok", "sub_ok", "active"))
+        .await;
+    let api = StripeApi::with_timeout(server.uri(), Secret::new("sk_test_hint"), Duration::from_secs(10)).unwrap();
+    let counts = worker(&pool, api, fast_worker_config()).run_once(later()).await.unwrap();
+    assert_eq!((counts.taken, counts.applied, counts.failed), (2, 1, 1), "{counts:?}");
+    let (status, _, reason) = inbox(&pool, "evt_huge").await;
+    assert_eq!(status, "failed");
+    assert!(reason.as_deref().is_some_and(|r| r.contains("over 16 MiB")), "{reason:?}");
+    assert_eq!(row(&pool, "sub_ok").await.unwrap().0, "active");
+}

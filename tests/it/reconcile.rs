@@ -634,3 +634,20 @@ async fn github_reconcile_stops_on_an_api_error_with_its_checkpoint_unmoved_and_
     assert!(err.to_string().contains("another host"), "{err}");
     assert!(other.received_requests().await.unwrap().is_empty(), "nothing sent to the other host");
 }
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn an_answer_over_16_mib_is_refused_unread_and_says_so(pool: PgPool) {
+    let huge = format!(r#"{{"object": "list", "has_more": false, "data": [], "pad": "{}"}}"#, "x".repeat(17 << 20));
+    let stripe = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/v1/events"))
+        .respond_with(ResponseTemplate::new(200).set_body_string(huge.clone()))
+        .mount(&stripe)
+        .await;
+    let reconciler = Reconciler::new(config())
+        .with_source(std::sync::Arc::new(StripeEvents::new(stripe.uri(), Secret::new("sk_test_fake")).unwrap()));
+    let reconciled = reconciler.run_once(&pool, later()).await;
+    let why = &reconciled.failed["stripe events"];
+    assert!(why.contains("over 16 MiB"), "{reconciled:?}");
+    assert_eq!(sqlx::query_scalar::<_, i64>("SELECT count(*) FROM webhook_inbox").fetch_one(&pool).await.unwrap(), 0);
+}

@@ -16,6 +16,40 @@ pub fn http_client(timeout: Duration) -> Result<reqwest::Client, reqwest::Error>
         .build()
 }
 
+/// The largest answer read from a provider's API, in bytes: a page of
+/// Stripe's events or Shopify's orders, one GitHub delivery or one Stripe
+/// object is at most a few MiB; an answer without end would take the memory.
+pub const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
+
+/// Why an answer was not read.
+#[derive(Debug, thiserror::Error)]
+pub enum AnswerError {
+    /// Longer than the limit (said by `Content-Length`, or found reading it).
+    #[error("the answer is over {} MiB: not read", .0 / (1024 * 1024))]
+    TooLarge(usize),
+    /// The connection failed while it was read (the error without the URL, which may carry a key).
+    #[error("reading the answer failed: {0}")]
+    Failed(reqwest::Error),
+}
+
+/// An answer's body as text (invalid UTF-8 replaced), read up to `limit` bytes.
+pub async fn text(mut response: reqwest::Response, limit: usize) -> Result<String, AnswerError> {
+    if response.content_length().is_some_and(|n| n > limit as u64) {
+        return Err(AnswerError::TooLarge(limit));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| AnswerError::Failed(e.without_url()))? {
+        if body.len() + chunk.len() > limit {
+            return Err(AnswerError::TooLarge(limit));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(match String::from_utf8(body) {
+        Ok(text) => text,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    })
+}
+
 /// `Retry-After` as seconds (whole or decimal) or an HTTP date, at most an hour.
 #[cfg(any(feature = "relay", feature = "reconcile"))]
 pub fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
@@ -25,6 +59,26 @@ pub fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An answer streamed without a length, chunk after chunk, for ever: read up to the limit only.
+    #[tokio::test]
+    async fn an_answer_without_a_length_is_read_up_to_the_limit_only() {
+        use tokio::io::AsyncWriteExt as _;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut peer, _) = listener.accept().await.unwrap();
+            let mut request = [0u8; 1024];
+            let _ = tokio::io::AsyncReadExt::read(&mut peer, &mut request).await;
+            peer.write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n").await.unwrap();
+            let chunk = format!("{:x}\r\n{}\r\n", 64 * 1024, "x".repeat(64 * 1024));
+            while peer.write_all(chunk.as_bytes()).await.is_ok() {}
+        });
+        let response =
+            http_client(Duration::from_secs(10)).unwrap().get(format!("http://{addr}/")).send().await.unwrap();
+        assert!(response.content_length().is_none());
+        assert!(matches!(text(response, 1 << 20).await, Err(AnswerError::TooLarge(_))));
+    }
     use reqwest::header::{HeaderMap, HeaderValue, RETRY_AFTER};
 
     fn after(v: &str) -> Option<Duration> {

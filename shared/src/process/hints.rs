@@ -86,7 +86,10 @@ pub enum FetchError {
 /// Stripe; a team adds its own with [`crate::App::with_api`]).
 pub trait ObjectApi: Send + Sync {
     /// The object's current state; no transaction is open while it runs.
-    fn fetch<'a>(&'a self, object: &'a Object) -> Pin<Box<dyn Future<Output = Result<Fetched, FetchError>> + Send + 'a>>;
+    fn fetch<'a>(
+        &'a self,
+        object: &'a Object,
+    ) -> Pin<Box<dyn Future<Output = Result<Fetched, FetchError>> + Send + 'a>>;
 }
 
 /// The APIs the worker fetches from, by provider.
@@ -156,7 +159,10 @@ mod stripe {
     use std::{future::Future, pin::Pin, time::Duration};
 
     use super::{FetchError, Fetched, Object, ObjectApi};
-    use crate::core::{http::retry_after, secret::Secret};
+    use crate::core::{
+        http::{retry_after, AnswerError},
+        secret::Secret,
+    };
 
     /// Stripe's API: `GET /v1/<kind>/<id>` with `STRIPE_API_KEY`, at
     /// `STRIPE_API_BASE` (default `https://api.stripe.com`). Each request has
@@ -185,9 +191,15 @@ mod stripe {
         }
 
         async fn fetch_once(&self, object: &Object) -> Result<Fetched, (FetchError, Option<Duration>)> {
-            let what = format!("GET /v1/{}/{}", crate::core::text::escape(&object.kind), crate::core::text::escape(&object.id));
+            let what = format!(
+                "GET /v1/{}/{}",
+                crate::core::text::escape(&object.kind),
+                crate::core::text::escape(&object.id)
+            );
             // Stripe's ids and collections are letters, digits and `_`: anything else goes nowhere.
-            let plain = |s: &str| !s.is_empty() && s.len() <= 255 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+            let plain = |s: &str| {
+                !s.is_empty() && s.len() <= 255 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
+            };
             if !plain(&object.kind) || !plain(&object.id) || object.id.starts_with('.') {
                 return Err((FetchError::Permanent(format!("{what}: not a Stripe object id")), None));
             }
@@ -200,14 +212,18 @@ mod stripe {
                 .send()
                 .await
                 .map_err(|e| {
-                    let why = if e.is_timeout() { "timed out".to_string() } else { format!("failed: {}", e.without_url()) };
+                    let why =
+                        if e.is_timeout() { "timed out".to_string() } else { format!("failed: {}", e.without_url()) };
                     (FetchError::Transient(format!("{what} {why}")), None)
                 })?;
             let status = response.status().as_u16();
             let wait = retry_after(response.headers());
-            let text = response.text().await.map_err(|e| {
-                (FetchError::Transient(format!("{what}: reading the answer failed: {}", e.without_url())), None)
-            })?;
+            let text =
+                crate::core::http::text(response, crate::core::http::MAX_ANSWER_BYTES).await.map_err(|e| match e {
+                    // The same object will be as large next time.
+                    AnswerError::TooLarge(_) => (FetchError::Permanent(format!("{what}: {e}")), None),
+                    AnswerError::Failed(_) => (FetchError::Transient(format!("{what}: {e}")), None),
+                })?;
             let message = || {
                 serde_json::from_str::<serde_json::Value>(&text)
                     .ok()
@@ -221,7 +237,9 @@ mod stripe {
                 },
                 404 => Err((FetchError::NotFound(format!("{what}: HTTP 404 {}", message())), None)),
                 429 => Err((FetchError::Transient(format!("{what}: HTTP 429 (rate limited)")), wait)),
-                401 | 403 => Err((FetchError::Transient(format!("{what}: HTTP {status}: STRIPE_API_KEY was refused")), None)),
+                401 | 403 => {
+                    Err((FetchError::Transient(format!("{what}: HTTP {status}: STRIPE_API_KEY was refused")), None))
+                }
                 500..=599 => Err((FetchError::Transient(format!("{what}: HTTP {status}")), None)),
                 _ => Err((FetchError::Permanent(format!("{what}: HTTP {status} {}", message())), None)),
             }
@@ -229,7 +247,10 @@ mod stripe {
     }
 
     impl ObjectApi for StripeApi {
-        fn fetch<'a>(&'a self, object: &'a Object) -> Pin<Box<dyn Future<Output = Result<Fetched, FetchError>> + Send + 'a>> {
+        fn fetch<'a>(
+            &'a self,
+            object: &'a Object,
+        ) -> Pin<Box<dyn Future<Output = Result<Fetched, FetchError>> + Send + 'a>> {
             Box::pin(async move {
                 let mut tried = 0;
                 loop {

@@ -141,14 +141,18 @@ impl GithubDeliveries {
             }
             let response = get(API, self.request(&url)?).await?;
             let next = response.headers().get(reqwest::header::LINK).and_then(|v| v.to_str().ok()).and_then(next_link);
-            let text = response.text().await.map_err(|source| ReconcileError::Request { api: API, source })?;
+            let text = super::answer_text(API, response).await?;
             let page: Vec<Box<RawValue>> = serde_json::from_str(&text)
                 .map_err(|e| ReconcileError::Body { api: API, reason: format!("not a list of deliveries: {e}") })?;
             let mut older = false;
             let mut wanted = Vec::new();
             for raw in &page {
-                let listed: Listed = serde_json::from_str(raw.get())
-                    .unwrap_or(Listed { id: None, guid: None, delivered_at: None, event: None });
+                let listed: Listed = serde_json::from_str(raw.get()).unwrap_or(Listed {
+                    id: None,
+                    guid: None,
+                    delivered_at: None,
+                    event: None,
+                });
                 match listed.delivered_at.as_deref().and_then(|t| parse_time(t, TimeFormat::Rfc3339)) {
                     Some(at) if (at as f64) < since => older = true,
                     // A delivery without a readable time is taken: better twice-checked than missed.
@@ -236,7 +240,7 @@ impl GithubDeliveries {
         };
         let url = format!("{}/{}/deliveries/{id}", self.base, self.hook.path());
         let text = match get(API, self.request(&url)?).await {
-            Ok(response) => response.text().await.map_err(|source| ReconcileError::Request { api: API, source })?,
+            Ok(response) => super::answer_text(API, response).await?,
             // Gone since it was listed (older than GitHub keeps): this one alone.
             Err(ReconcileError::Api { status: 404, .. }) => {
                 return Ok(unusable(format!("delivery {id} is no longer kept by GitHub (HTTP 404)")))
@@ -260,7 +264,8 @@ impl GithubDeliveries {
         }
         let scheme = Github::new(vec![]);
         let body = payload.get().to_string();
-        let Events::Single(event) = scheme.events(&Delivery { headers: &headers, body: body.as_bytes(), now: 0 }) else {
+        let Events::Single(event) = scheme.events(&Delivery { headers: &headers, body: body.as_bytes(), now: 0 })
+        else {
             return Ok(unusable(format!("delivery {id} does not make one event")));
         };
         // The headers receive keeps, as GitHub recorded them.
@@ -279,12 +284,7 @@ impl Source for GithubDeliveries {
         format!("github {}", self.hook.path())
     }
 
-    fn reconcile<'a>(
-        &'a self,
-        pool: &'a PgPool,
-        config: &'a ReconcileConfig,
-        deadline: Instant,
-    ) -> SourceRun<'a> {
+    fn reconcile<'a>(&'a self, pool: &'a PgPool, config: &'a ReconcileConfig, deadline: Instant) -> SourceRun<'a> {
         Box::pin(self.walk(pool, config, deadline))
     }
 }
@@ -298,7 +298,16 @@ mod tests {
         assert_eq!(Hook::parse("repos/octo/hello-world/hooks/12").unwrap().path(), "repos/octo/hello-world/hooks/12");
         assert_eq!(Hook::parse(" orgs/octo/hooks/7 ").unwrap().path(), "orgs/octo/hooks/7");
         assert_eq!(Hook::parse("app").unwrap().path(), "app/hook");
-        for bad in ["", "repos/octo/hooks/1", "repos/../x/hooks/1", "repos/o/r/hooks/x", "orgs/o/hooks/1/../../x", "users/o/hooks/1", "repos/o/r?x=1/hooks/1", "/repos/o/r/hooks/1"] {
+        for bad in [
+            "",
+            "repos/octo/hooks/1",
+            "repos/../x/hooks/1",
+            "repos/o/r/hooks/x",
+            "orgs/o/hooks/1/../../x",
+            "users/o/hooks/1",
+            "repos/o/r?x=1/hooks/1",
+            "/repos/o/r/hooks/1",
+        ] {
             assert!(Hook::parse(bad).is_err(), "{bad}");
         }
     }
