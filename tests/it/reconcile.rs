@@ -444,6 +444,7 @@ const HOOK: &str = "repos/octo/hello/hooks/12";
 async fn github_api(server: &MockServer) {
     let page2 = format!("{}/{HOOK}/deliveries?per_page=100&cursor=v1_2", server.uri());
     // Page 1: d-3 (missing), d-2 twice (a redelivery shares its guid; missing), d-1 (arrived as a webhook).
+    // The newest 6 minutes old: older than the next run's overlap (5 minutes) even a second or more later.
     Mock::given(method("GET"))
         .and(path(format!("/{HOOK}/deliveries")))
         .and(header("authorization", "Bearer ghp_fake"))
@@ -452,10 +453,10 @@ async fn github_api(server: &MockServer) {
             ResponseTemplate::new(200)
                 .insert_header("Link", format!(r#"<{page2}>; rel="next""#).as_str())
                 .set_body_json(json!([
-                    listed(4, "d-3", 5, "issues"),
-                    listed(3, "d-2", 6, "issues"),
-                    listed(2, "d-2", 7, "issues"),
-                    listed(1, "d-1", 8, "issues")
+                    listed(4, "d-3", 6, "issues"),
+                    listed(3, "d-2", 7, "issues"),
+                    listed(2, "d-2", 8, "issues"),
+                    listed(1, "d-1", 9, "issues")
                 ])),
         )
         .with_priority(2)
@@ -466,8 +467,8 @@ async fn github_api(server: &MockServer) {
         .and(path(format!("/{HOOK}/deliveries")))
         .and(query_param("cursor", "v1_2"))
         .respond_with(ResponseTemplate::new(200).set_body_json(json!([
-            listed(11, "d-0", 9, "pull_request"),
-            listed(12, "d-bad", 10, "issues"),
+            listed(11, "d-0", 10, "pull_request"),
+            listed(12, "d-bad", 11, "issues"),
             listed(13, "d-old", 60 * 24 * 5, "issues")
         ])))
         .with_priority(1)
