@@ -214,6 +214,42 @@ try {
   await p3.goto(`${url}/events`);
   assert.match(p3.url(), /\/signin/);
   check('sign-out ends the session');
+
+  // ---- sessions: the operator is signed in twice (JavaScript off, and on); one ends the other ----
+  await p2.getByRole('link', { name: new RegExp(env('OPERATOR')) }).click();
+  await p2.waitForURL(/\/sessions/);
+  const sessions = p2.locator('main table').first().locator('tbody tr');
+  assert.equal(await sessions.count(), 2, 'two sessions of the operator');
+  assert.equal(await p2.getByText('this one').count(), 1, 'this one is marked');
+  assert.match(await p2.locator('main').innerText(), /sign_in_failed/, 'the wrong password is in its history');
+  await p2.screenshot({ path: `${shots}/sessions.png`, fullPage: true });
+  await p2.getByRole('button', { name: 'End every other session' }).click();
+  await p2.waitForURL(/ended=1/);
+  assert.equal(await sessions.count(), 1, 'one session left');
+  await page.goto(`${url}/events`);
+  assert.match(page.url(), /\/signin/, 'the other browser is signed out');
+  check('the sessions page lists the operator\'s sessions and ends the other one');
+
+  // ---- five wrong passwords lock the viewer out, here; the operator still signs in from here ----
+  const guesser = await context({ javaScriptEnabled: false });
+  const p4 = await guesser.newPage();
+  await p4.goto(`${url}/signin`);
+  for (let i = 0; i < 5; i++) {
+    await p4.fill('#name', env('VIEWER'));
+    await p4.fill('#password', `wrong guess ${i}`);
+    await p4.click('button[type=submit]');
+    assert.match(await p4.locator('[role=alert]').innerText(), /do not match/, `guess ${i + 1} refused`);
+  }
+  await p4.fill('#name', env('VIEWER'));
+  await p4.fill('#password', env('VIEWER_PASSWORD'));
+  await p4.click('button[type=submit]');
+  assert.match(await p4.locator('main').innerText(), /Too many failed sign-ins: try again in 15 minutes/);
+  await p4.screenshot({ path: `${shots}/locked.png`, fullPage: true });
+  check('the sixth try is refused, right password or not, and says how long to wait');
+  const after = await context();
+  const p5 = await after.newPage();
+  await signIn(p5, env('OPERATOR'), env('OPERATOR_PASSWORD'));
+  check('another user still signs in from the same address');
 } finally {
   await browser.close();
 }

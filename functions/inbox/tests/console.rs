@@ -192,7 +192,7 @@ async fn the_console_in_a_browser_signs_in_filters_opens_and_replays_and_keeps_v
         .await
         .unwrap();
     assert_eq!(balance, "12.50", "the replayed deposit was applied once");
-    for shot in ["events.png", "event.png", "event-failed.png", "health.png"] {
+    for shot in ["events.png", "event.png", "event-failed.png", "health.png", "sessions.png", "locked.png"] {
         assert!(screenshots.join(shot).exists(), "{shot} was written");
     }
 }
