@@ -268,9 +268,9 @@ pub trait Source: Send + Sync {
     fn reconcile<'a>(&'a self, pool: &'a PgPool, config: &'a ReconcileConfig, deadline: Instant) -> SourceRun<'a>;
 }
 
-/// An API's answer as text, at most [`MAX_ANSWER_BYTES`](crate::core::http::MAX_ANSWER_BYTES)
-/// (16 MiB): a longer one is refused with a clear error, not read into memory.
-/// For a team's own [`Source`], as for the built-in ones.
+/// An API's answer as text, at most 16 MiB: a longer one is refused with a
+/// clear error ([`ReconcileError::Body`]), not read into memory. For a
+/// team's own [`Source`], as for the built-in ones.
 pub async fn answer_text(api: &'static str, response: reqwest::Response) -> Result<String, ReconcileError> {
     use crate::core::http::{text, AnswerError, MAX_ANSWER_BYTES};
     text(response, MAX_ANSWER_BYTES).await.map_err(|e| match e {

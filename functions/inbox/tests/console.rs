@@ -361,3 +361,71 @@ async fn inbox_dev_on_a_database_of_yours_changes_no_user_and_leaves_no_account_
             .unwrap();
     assert_eq!(audit, [("user_add".into(), "inbox dev".into()), ("user_remove".into(), "inbox dev".into())]);
 }
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap_or("VmRSS: 0 kB");
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// 100 wrong sign-ins at once, from one client: two passwords are checked at
+/// a time (each takes Argon2's 19 MiB), the rest answered at once, so the
+/// process stays small.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn a_flood_of_concurrent_sign_ins_checks_two_passwords_at_a_time_and_stays_small(
+    _: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    let child = Command::new(env!("CARGO_BIN_EXE_inbox"))
+        .args(["console", "--port", "0"])
+        .env_clear()
+        .envs([
+            ("PATH", std::env::var("PATH").unwrap_or_default()),
+            ("RUST_LOG", "error".into()),
+            ("DATABASE_URL", url_of(&opts)),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut child = KillOnDrop(child);
+    let pid = child.0.id();
+    let line = lines_of(child.0.stdout.take().unwrap()).recv_timeout(Duration::from_secs(60)).expect("a line");
+    let addr = line.strip_prefix("inbox console ready: http://").unwrap().split('/').next().unwrap().to_string();
+    let before = rss_kib(pid);
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut peak = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(rss_kib(pid));
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            peak
+        })
+    };
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(100));
+    let guesses: Vec<_> = (0..100)
+        .map(|i| {
+            let (addr, barrier) = (addr.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let body = format!("name=guess{i}&password=a+wrong+guess");
+                let request = format!(
+                    "POST /signin HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                barrier.wait();
+                http_exchange(&addr, &request).0
+            })
+        })
+        .collect();
+    let statuses: Vec<u16> = guesses.into_iter().map(|g| g.join().unwrap()).collect();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let peak = sampler.join().unwrap();
+    let checked = statuses.iter().filter(|s| **s == 401).count();
+    assert!(statuses.iter().all(|s| [401, 429, 503].contains(s)), "{statuses:?}");
+    assert!(checked <= 20, "{checked} passwords checked for one client (its limit is 20): {statuses:?}");
+    println!("RSS {before} KiB before, {peak} KiB at the peak; {checked} checked");
+    assert!(peak < before + 100 * 1024, "RSS grew from {before} KiB to {peak} KiB");
+}
