@@ -25,47 +25,72 @@ use tokio::{
 use tower::ServiceExt as _;
 
 use crate::{
+    config::{ConfigError, Env},
     ingest::receive::{respond, ReceiveError, Receiver},
     runtime::metrics::Metrics,
 };
 
-/// How long a client may take: to send each request's headers (an idle
-/// keep-alive connection included), then its body. A client that dawdles is
-/// cut off, so slow clients cannot hold connections forever.
+/// What a listener allows its clients, from the environment
+/// ([`Limits::read`]): how long a client may take to send each request's
+/// headers (an idle keep-alive connection included), then its body (a client
+/// that dawdles is cut off, so slow clients cannot hold connections for
+/// ever); how many connections are served at once (past it, new ones wait in
+/// the listener's backlog rather than take a descriptor each); and how many of
+/// the console's requests at once (past it, a console request is answered
+/// 503 at once and its connection closed, so that slow console clients hold
+/// no more connections than that).
 #[derive(Clone, Copy, Debug)]
-pub struct Timeouts {
-    pub header: Duration,
-    pub body: Duration,
+pub struct Limits {
+    /// `INBOX_HEADER_TIMEOUT_MS`, 10 s.
+    pub header_timeout: Duration,
+    /// `INBOX_BODY_TIMEOUT_MS`, 30 s.
+    pub body_timeout: Duration,
+    /// `INBOX_MAX_CONNECTIONS`, 4096, or fewer where the open-files limit
+    /// leaves less room ([`connection_cap`]).
+    pub max_connections: usize,
+    /// `INBOX_CONSOLE_MAX_IN_FLIGHT`, 64.
+    pub console_in_flight: usize,
 }
 
-/// Connections served at once, at most (fewer where the process may open
-/// fewer files: see [`connection_cap`]); past it, new ones wait in the
-/// listener's backlog rather than take a descriptor each.
-pub const MAX_CONNECTIONS: usize = 4096;
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            max_connections: 4096,
+            console_in_flight: 64,
+        }
+    }
+}
+
+impl Limits {
+    /// The limits the environment sets, the defaults where it sets none.
+    pub fn read(env: &Env) -> Result<Limits, ConfigError> {
+        let d = Limits::default();
+        let ms = |name, default: Duration| -> Result<Duration, ConfigError> {
+            Ok(Duration::from_millis(env.positive(name, default.as_millis() as u64)?))
+        };
+        Ok(Limits {
+            header_timeout: ms("INBOX_HEADER_TIMEOUT_MS", d.header_timeout)?,
+            body_timeout: ms("INBOX_BODY_TIMEOUT_MS", d.body_timeout)?,
+            max_connections: env.positive("INBOX_MAX_CONNECTIONS", d.max_connections)?,
+            console_in_flight: env.positive("INBOX_CONSOLE_MAX_IN_FLIGHT", d.console_in_flight)?,
+        })
+    }
+}
 
 /// Request bodies read at once, in bytes: each in full before it is verified,
 /// so this bounds what slow bodies can hold (the rest wait their turn, within
 /// their body timeout), whatever the number of connections.
 pub const MAX_BODY_BYTES_IN_FLIGHT: usize = 64 * 1024 * 1024;
 
-/// The console's requests in flight at once, per listener: past it, a
-/// console request is answered 503 at once and its connection closed, so
-/// that slow console clients hold no more than this many connections.
-pub const CONSOLE_IN_FLIGHT: usize = 64;
-
 /// The largest body a routed request (the console's forms) may send.
 pub const MAX_ROUTED_BODY_BYTES: usize = 64 * 1024;
 
-impl Default for Timeouts {
-    fn default() -> Self {
-        Timeouts { header: Duration::from_secs(10), body: Duration::from_secs(30) }
-    }
-}
-
-/// How many connections a listener serves at once: [`MAX_CONNECTIONS`], or
-/// fewer where the open-files limit (raised to its hard limit first) leaves
-/// less, with room for the database's connections and the rest.
-pub fn connection_cap() -> usize {
+/// How many connections a listener serves at once: `max`, or fewer where
+/// the open-files limit (raised to its hard limit first) leaves less, with
+/// room for the database's connections and the rest.
+pub fn connection_cap(max: usize) -> usize {
     #[cfg(target_os = "linux")]
     {
         let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
@@ -80,11 +105,11 @@ pub fn connection_cap() -> usize {
                 }
                 // Room for the database's connections, the log, and the rest.
                 let open = limit.rlim_cur.saturating_sub(256);
-                return usize::try_from(open).unwrap_or(usize::MAX).clamp(64, MAX_CONNECTIONS);
+                return usize::try_from(open).unwrap_or(usize::MAX).clamp(64.min(max), max);
             }
         }
     }
-    MAX_CONNECTIONS
+    max
 }
 
 /// Where the console is served beside the webhooks.
@@ -101,7 +126,7 @@ pub struct Site {
     pub router: Option<axum::Router>,
     /// What the router takes.
     pub routed: fn(&str) -> bool,
-    /// Of those, the console's pages: [`CONSOLE_IN_FLIGHT`] at once.
+    /// Of those, the console's pages: [`Limits::console_in_flight`] at once.
     pub paged: fn(&str) -> bool,
     /// Where each delivery's counts and time go (`inbox serve`'s Prometheus metrics).
     pub count: Option<fn(&Metrics, Duration)>,
@@ -134,18 +159,18 @@ pub async fn serve(
     receiver: Arc<Receiver>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    serve_with(listener, receiver, Timeouts::default(), shutdown).await
+    serve_with(listener, receiver, Limits::default(), shutdown).await
 }
 
-/// [`serve`] with other [`Timeouts`].
+/// [`serve`] with other [`Limits`].
 #[cfg(feature = "internals")]
 pub async fn serve_with(
     listener: TcpListener,
     receiver: Arc<Receiver>,
-    timeouts: Timeouts,
+    limits: Limits,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    serve_site(listener, Site::webhooks(receiver), timeouts, shutdown, Duration::from_secs(10)).await;
+    serve_site(listener, Site::webhooks(receiver), limits, shutdown, Duration::from_secs(10)).await;
     Ok(())
 }
 
@@ -157,15 +182,15 @@ pub async fn serve_with(
 pub async fn serve_site(
     listener: TcpListener,
     site: Site,
-    timeouts: Timeouts,
+    limits: Limits,
     shutdown: impl Future<Output = ()>,
     drain: Duration,
 ) -> usize {
     tokio::pin!(shutdown);
-    let cap = connection_cap();
+    let cap = connection_cap(limits.max_connections);
     let connections = Arc::new(Semaphore::new(cap));
     let bodies = Arc::new(Semaphore::new(MAX_BODY_BYTES_IN_FLIGHT / 1024));
-    let pages = Arc::new(Semaphore::new(CONSOLE_IN_FLIGHT));
+    let pages = Arc::new(Semaphore::new(limits.console_in_flight));
     // `true` once draining; each connection finishes its request and closes.
     let (draining, drained) = tokio::sync::watch::channel(false);
     // Set at the end of the drain: what is still in flight is answered 503.
@@ -204,7 +229,7 @@ pub async fn serve_site(
                 let (site, bodies, pages, mut given_up, cut) =
                     (site.clone(), bodies.clone(), pages.clone(), given_up.clone(), cut.clone());
                 async move {
-                    let answer = route(&site, &bodies, &pages, req, peer, timeouts.body);
+                    let answer = route(&site, &bodies, &pages, req, peer, limits.body_timeout);
                     let response = tokio::select! {
                         response = answer => response,
                         () = async move { let _ = given_up.wait_for(|g| *g).await; } => {
@@ -217,7 +242,7 @@ pub async fn serve_site(
             });
             let conn = http1::Builder::new()
                 .timer(TokioTimer::new())
-                .header_read_timeout(timeouts.header)
+                .header_read_timeout(limits.header_timeout)
                 .serve_connection(TokioIo::new(stream), service);
             tokio::pin!(conn);
             let draining = async move {
@@ -385,4 +410,28 @@ fn error(status: StatusCode, message: &str) -> Response<lambda_http::Body> {
     *r.status_mut() = status;
     r.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_limits_come_from_the_environment_and_zero_is_refused() {
+        let d = Limits::read(&Env::from_pairs(&[])).unwrap();
+        assert_eq!((d.header_timeout, d.body_timeout), (Duration::from_secs(10), Duration::from_secs(30)));
+        assert_eq!((d.max_connections, d.console_in_flight), (4096, 64));
+        let pairs = [
+            ("INBOX_HEADER_TIMEOUT_MS", "2000"),
+            ("INBOX_BODY_TIMEOUT_MS", "5000"),
+            ("INBOX_MAX_CONNECTIONS", "10000"),
+            ("INBOX_CONSOLE_MAX_IN_FLIGHT", "8"),
+        ];
+        let l = Limits::read(&Env::from_pairs(&pairs)).unwrap();
+        assert_eq!((l.header_timeout, l.body_timeout), (Duration::from_secs(2), Duration::from_secs(5)));
+        assert_eq!((l.max_connections, l.console_in_flight), (10_000, 8));
+        let zero = [("INBOX_CONSOLE_MAX_IN_FLIGHT", "0")];
+        assert!(Limits::read(&Env::from_pairs(&zero)).unwrap_err().to_string().contains("INBOX_CONSOLE_MAX_IN_FLIGHT"));
+        assert!(connection_cap(100) <= 100);
+    }
 }

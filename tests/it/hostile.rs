@@ -228,8 +228,11 @@ async fn dev_server_cuts_off_clients_that_send_headers_or_bodies_too_slowly(_: P
     use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let timeouts =
-        webhook_inbox::server::Timeouts { header: Duration::from_millis(300), body: Duration::from_millis(300) };
+    let timeouts = webhook_inbox::server::Limits {
+        header_timeout: Duration::from_millis(300),
+        body_timeout: Duration::from_millis(300),
+        ..Default::default()
+    };
     let receiver = std::sync::Arc::new(receiver(opts, secrets(false)));
     let server = tokio::spawn(webhook_inbox::server::serve_with(listener, receiver, timeouts, std::future::pending()));
 
@@ -477,7 +480,11 @@ async fn a_storm_of_ordinary_and_hostile_deliveries_applies_every_ordinary_effec
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let receiver = std::sync::Arc::new(receiver(opts, secrets(false)));
-    let timeouts = webhook_inbox::server::Timeouts { header: Duration::from_secs(2), body: Duration::from_secs(2) };
+    let timeouts = webhook_inbox::server::Limits {
+        header_timeout: Duration::from_secs(2),
+        body_timeout: Duration::from_secs(2),
+        ..Default::default()
+    };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(webhook_inbox::server::serve_with(listener, receiver, timeouts, async {
         let _ = stopped.await;

@@ -188,16 +188,18 @@ pub async fn run(host: &str, port: u16) -> anyhow::Result<()> {
     ensure_schema(&pool).await?;
     let read = read_pool(&env, &config.db)?.unwrap_or_else(|| pool.clone());
     let pages = router_at(pool, read, config.catalog, config.secrets, "", Settings::read(&env)?);
+    let limits = server::Limits::read(&env)?;
     let alive = || async { ([(axum::http::header::CONTENT_TYPE, "application/json")], r#"{"status":"alive"}"#) };
     let app = Router::new().route("/healthz", axum::routing::get(alive)).merge(pages);
     let listener =
         tokio::net::TcpListener::bind((host, port)).await.with_context(|| format!("binding {host}:{port}"))?;
     say(&format!("inbox console ready: http://{}/  (Ctrl-C stops)", listener.local_addr()?));
-    // The same listener as `inbox serve`'s: header and body timeouts, a connection cap, a body budget.
+    // The same listener as `inbox serve`'s: header and body timeouts, a connection cap, a body budget
+    // (INBOX_HEADER_TIMEOUT_MS, INBOX_BODY_TIMEOUT_MS, INBOX_MAX_CONNECTIONS, INBOX_CONSOLE_MAX_IN_FLIGHT).
     let site =
         server::Site { receiver: None, router: Some(app), routed: |_| true, paged: |p| p != "/healthz", count: None };
     let shutdown = crate::runtime::shutdown_signal();
-    server::serve_site(listener, site, server::Timeouts::default(), shutdown, Duration::from_secs(10)).await;
+    server::serve_site(listener, site, limits, shutdown, Duration::from_secs(10)).await;
     Ok(())
 }
 

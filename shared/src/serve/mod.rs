@@ -385,6 +385,7 @@ impl Stack<'_> {
         let gate = Gate { schema: schema_ready, stopped: stopped.clone() };
 
         // Every setting read, and every role checked, before anything starts.
+        let limits = server::Limits::read(env)?;
         let worker_config = WorkerConfig::read(env)?;
         let apis = crate::process::hints::Apis::read(env, app)?;
         let sinks = if roles.has(Role::Relay) { SinkConfig::read(env)?.build().await? } else { vec![] };
@@ -467,7 +468,6 @@ impl Stack<'_> {
         let site = server::Site { receiver, router: Some(router), routed: main_routed, paged: server::console, count };
         let main_addr = main.local_addr()?;
         let admin_addr = admin.as_ref().map(TcpListener::local_addr).transpose()?;
-        let timeouts = server::Timeouts::default();
 
         // Draining begins at `shutdown`: not ready, then the listeners drain.
         let (draining, drain_started) = watch::channel(false);
@@ -483,10 +483,10 @@ impl Stack<'_> {
                 count: None,
             };
             // It answers through the drain (`/readyz` saying so), until the end.
-            tokio::spawn(server::serve_site(admin, site, timeouts, std::future::pending(), Duration::ZERO))
+            tokio::spawn(server::serve_site(admin, site, limits, std::future::pending(), Duration::ZERO))
         });
         let drain = serve.drain_timeout;
-        let main_server = tokio::spawn(server::serve_site(main, site, timeouts, until_draining(drain_started), drain));
+        let main_server = tokio::spawn(server::serve_site(main, site, limits, until_draining(drain_started), drain));
         ready(main_addr, admin_addr);
 
         shutdown.await;

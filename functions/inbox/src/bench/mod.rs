@@ -621,7 +621,7 @@ async fn http(config: &ReceiveConfig, c: usize, load: Load, until: Until) -> Res
         let _ = stopped.await;
     };
     let server =
-        tokio::spawn(server::serve_site(listener, site, server::Timeouts::default(), shutdown, Duration::from_secs(5)));
+        tokio::spawn(server::serve_site(listener, site, server::Limits::default(), shutdown, Duration::from_secs(5)));
 
     let generator = std::thread::spawn(move || -> Result<(Vec<Duration>, f64, Duration)> {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
