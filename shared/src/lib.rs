@@ -93,75 +93,97 @@
 // targets build that, through `internals`.
 #![cfg_attr(not(any(feature = "service", feature = "internals")), allow(dead_code, unused_imports))]
 
-/// The modules that are the stock binaries' and the tests' internals: private,
-/// unless the unstable `internals` feature (for this repository's own `inbox`
-/// binary, fuzz targets and tests; no compatibility promised) makes them reachable.
-macro_rules! internal {
-    ($(#[$attr:meta])* mod $name:ident;) => {
-        $(#[$attr])*
-        #[cfg(feature = "internals")]
-        #[doc(hidden)]
-        pub mod $name;
-        $(#[$attr])*
-        #[cfg(not(feature = "internals"))]
-        mod $name;
-    };
-}
+// The modules that are the stock binaries' and the tests' internals: private,
+// unless the unstable `internals` feature (for this repository's own `inbox`
+// binary, fuzz targets and tests; no compatibility promised) makes them
+// reachable. Each is declared twice, once per case, as plain `mod` items:
+// rustfmt follows those (it does not look inside a macro's).
 
-internal! {
-    #[cfg(feature = "service")]
-    mod app;
-}
+#[cfg(feature = "service")]
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod app;
+#[cfg(feature = "service")]
+#[cfg(not(feature = "internals"))]
+mod app;
 #[cfg(feature = "service")]
 pub mod config;
 #[cfg(feature = "console")]
 pub mod console;
-internal! {
-    mod core;
-}
-internal! {
-    #[cfg(feature = "service")]
-    mod db;
-}
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod core;
+#[cfg(not(feature = "internals"))]
+mod core;
+#[cfg(feature = "service")]
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod db;
+#[cfg(feature = "service")]
+#[cfg(not(feature = "internals"))]
+mod db;
 #[cfg(feature = "dev")]
 pub mod dev;
-internal! {
-    mod ingest;
-}
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod ingest;
+#[cfg(not(feature = "internals"))]
+mod ingest;
 #[cfg(feature = "service")]
 pub mod lambda;
-internal! {
-    #[cfg(feature = "migrate")]
-    mod migrate;
-}
-internal! {
-    #[cfg(feature = "service")]
-    mod process;
-}
-internal! {
-    #[cfg(feature = "service")]
-    mod prune;
-}
-internal! {
-    #[cfg(feature = "reconcile")]
-    mod reconcile;
-}
+#[cfg(feature = "migrate")]
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod migrate;
+#[cfg(feature = "migrate")]
+#[cfg(not(feature = "internals"))]
+mod migrate;
+#[cfg(feature = "service")]
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod process;
+#[cfg(feature = "service")]
+#[cfg(not(feature = "internals"))]
+mod process;
+#[cfg(feature = "service")]
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod prune;
+#[cfg(feature = "service")]
+#[cfg(not(feature = "internals"))]
+mod prune;
+#[cfg(feature = "reconcile")]
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod reconcile;
+#[cfg(feature = "reconcile")]
+#[cfg(not(feature = "internals"))]
+mod reconcile;
 #[cfg(feature = "service")]
 pub mod reference;
-internal! {
-    #[cfg(feature = "relay")]
-    mod relay;
-}
-internal! {
-    #[cfg(feature = "service")]
-    mod runtime;
-}
+#[cfg(feature = "relay")]
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod relay;
+#[cfg(feature = "relay")]
+#[cfg(not(feature = "internals"))]
+mod relay;
+#[cfg(feature = "service")]
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod runtime;
+#[cfg(feature = "service")]
+#[cfg(not(feature = "internals"))]
+mod runtime;
 #[cfg(feature = "serve")]
 pub mod serve;
-internal! {
-    #[cfg(feature = "console")]
-    mod server;
-}
+#[cfg(feature = "console")]
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod server;
+#[cfg(feature = "console")]
+#[cfg(not(feature = "internals"))]
+mod server;
 
 #[cfg(feature = "service")]
 pub mod ops;

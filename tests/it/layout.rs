@@ -116,3 +116,43 @@ fn the_build_your_own_page_quotes_the_example_as_it_is() {
     }
     assert!(quoted >= 7, "{quoted} blocks");
 }
+
+/// Every `.rs` file of the repository, the build's output and the npm packages aside.
+fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy();
+        if path.is_dir() {
+            if !matches!(name.as_ref(), "target" | "node_modules" | ".git") {
+                rust_files(&path, out);
+            }
+        } else if name.ends_with(".rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// `rustfmt --check` on each file by itself, not through `cargo fmt`, which
+/// skips what it cannot reach by plain `mod` items (a module declared inside a
+/// macro, a file no crate names): no way of declaring a module hides a file.
+#[test]
+fn every_rust_file_of_the_repository_is_formatted() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files = Vec::new();
+    rust_files(&repo, &mut files);
+    assert!(files.len() > 100, "the repository's files were found: {}", files.len());
+    assert!(files.iter().any(|f| f.ends_with("shared/src/db/inbox.rs")), "the library's internal modules included");
+    let out = std::process::Command::new("rustfmt")
+        .args(["--edition", "2021", "--check"])
+        .args(&files)
+        .current_dir(&repo)
+        .output()
+        .expect("rustfmt runs (rustup component add rustfmt)");
+    let said = String::from_utf8_lossy(&out.stdout);
+    let unformatted: Vec<&str> = said.lines().filter_map(|l| l.strip_prefix("Diff in ")).collect();
+    assert!(
+        out.status.success(),
+        "not formatted (cargo fmt, or rustfmt FILE): {unformatted:?}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

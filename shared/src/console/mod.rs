@@ -246,6 +246,7 @@ pub async fn add_user(pool: &PgPool, name: &str, role: Role, password: &str, by:
 
 /// Adds a user that ends by itself after `expires` (and refuses a name
 /// that is taken: an existing user is never changed). `inbox dev`'s own.
+#[cfg(feature = "dev")]
 pub(crate) async fn add_expiring_user(
     pool: &PgPool,
     name: &str,

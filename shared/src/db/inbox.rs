@@ -194,7 +194,7 @@ pub(crate) async fn insert<'e>(
         .bind(Json(env.headers))
         .bind(env.secret_index)
         .bind(env.secret_fingerprint)
-            .bind(env.trace_context)
+        .bind(env.trace_context)
         .fetch_optional(ex)
         .await?;
     Ok(if row.is_some() { Inserted::New } else { Inserted::Duplicate })
@@ -218,7 +218,7 @@ pub(crate) async fn insert_batch<'e>(
         .bind(Json(env.headers))
         .bind(env.secret_index)
         .bind(env.secret_fingerprint)
-            .bind(env.trace_context)
+        .bind(env.trace_context)
         .fetch_all(ex)
         .await?;
     Ok(rows.into_iter().map(|(id,)| id).collect())

@@ -2,9 +2,9 @@
 //! duplicate, refused), added by receive from its in-memory tally; read by the
 //! console's health page.
 
+use sqlx::PgExecutor;
 #[cfg(feature = "console")]
 use sqlx::PgPool;
-use sqlx::PgExecutor;
 
 /// One provider's counts in one minute (the minute in Unix seconds).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

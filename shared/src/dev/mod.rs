@@ -1,9 +1,11 @@
 //! The local tooling: [`run`], the whole stack on one machine (what `inbox dev`
 //! and a team's own `dev` binary are), on a throwaway PostgreSQL.
 
-internal! {
-    mod embedded_pg;
-}
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod embedded_pg;
+#[cfg(not(feature = "internals"))]
+mod embedded_pg;
 // Only `inbox demo`, `inbox bench` and the fault suite storm.
 #[cfg(feature = "internals")]
 #[doc(hidden)]

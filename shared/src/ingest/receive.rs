@@ -18,10 +18,10 @@ use crate::{
     ingest::providers::catalog::Catalog,
     ingest::{
         notify::ProcessQueue,
-        tally::Tally,
         providers::{
             Challenged, Delivery, Events, InitialStatus, NewEvent, Provider, Rejected, RejectionKind, Schemes,
         },
+        tally::Tally,
     },
     process::handlers::Handlers,
     runtime::{metrics::Metrics, trace},

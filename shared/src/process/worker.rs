@@ -269,7 +269,8 @@ impl Worker {
     async fn fetch_and_apply(&self, deferred: Vec<Deferred<'_>>, deadline: Instant) -> Result<Counts, sqlx::Error> {
         use futures_util::StreamExt;
         let until = tokio::time::Instant::from_std(deadline);
-        type Fetch<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Result<Fetched, FetchError>>> + Send + 'a>>;
+        type Fetch<'a> =
+            std::pin::Pin<Box<dyn std::future::Future<Output = Option<Result<Fetched, FetchError>>> + Send + 'a>>;
         let fetches: Vec<Fetch<'_>> = deferred.iter().map(|d| Box::pin(self.fetch(d, until)) as Fetch<'_>).collect();
         let fetches: Vec<_> = futures_util::stream::iter(fetches).buffered(HINT_FETCHES).collect().await;
         let mut counts = Counts::default();

@@ -175,7 +175,10 @@ impl Relay {
                 traced = chunk
                     .iter()
                     .zip(&spans)
-                    .map(|(m, span)| Outgoing { trace_context: span.as_ref().map(trace::Span::traceparent), ..m.clone() })
+                    .map(|(m, span)| Outgoing {
+                        trace_context: span.as_ref().map(trace::Span::traceparent),
+                        ..m.clone()
+                    })
                     .collect();
                 &traced[..]
             } else {
@@ -205,7 +208,9 @@ impl Relay {
                 if let Some(span) = span {
                     match d {
                         Dispatch::Sent => span.set("webhook.outcome", "sent"),
-                        Dispatch::Retry { reason, .. } | Dispatch::Dead(reason) => span.fail(crate::core::text::escape(reason)),
+                        Dispatch::Retry { reason, .. } | Dispatch::Dead(reason) => {
+                            span.fail(crate::core::text::escape(reason))
+                        }
                     }
                 }
             }

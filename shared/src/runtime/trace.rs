@@ -20,6 +20,7 @@ pub(crate) enum Kind {
     /// Processing: what a queue handed over.
     Consumer,
     /// The relay: a message sent on.
+    #[cfg_attr(not(feature = "relay"), allow(dead_code))]
     Producer,
 }
 

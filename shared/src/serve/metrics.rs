@@ -67,7 +67,9 @@ pub fn record(m: &Metrics) {
             (Kind::Gauge, Unit::Milliseconds) => {
                 metrics::gauge!(format!("webhook_inbox_{name}_seconds"), &labels(m.provider())).set(value / 1000.0)
             }
-            (Kind::Gauge, Unit::Count) => metrics::gauge!(format!("webhook_inbox_{name}"), &labels(m.provider())).set(value),
+            (Kind::Gauge, Unit::Count) => {
+                metrics::gauge!(format!("webhook_inbox_{name}"), &labels(m.provider())).set(value)
+            }
         }
     }
 }

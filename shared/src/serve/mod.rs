@@ -32,9 +32,11 @@
 //! }
 //! ```
 
-internal! {
-    mod metrics;
-}
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod metrics;
+#[cfg(not(feature = "internals"))]
+mod metrics;
 
 use std::{
     collections::BTreeSet,

@@ -84,11 +84,7 @@ impl Grouper {
     }
 }
 
-async fn committer(
-    connections: Arc<Connections>,
-    received: Arc<Mutex<mpsc::Receiver<Waiting>>>,
-    config: GroupConfig,
-) {
+async fn committer(connections: Arc<Connections>, received: Arc<Mutex<mpsc::Receiver<Waiting>>>, config: GroupConfig) {
     loop {
         let group = {
             // One committer gathers at a time; the others wait for the next group.
@@ -153,7 +149,8 @@ async fn commit(connections: &Connections, group: Vec<Waiting>) -> bool {
         }
         Err(e) => {
             tracing::error!(error = %e, size = group.len(), "group claim failed; answering 503");
-            let results = group.iter().map(|_| Err(sqlx::Error::Protocol(format!("the group claim failed: {e}")))).collect();
+            let results =
+                group.iter().map(|_| Err(sqlx::Error::Protocol(format!("the group claim failed: {e}")))).collect();
             answer(group, results);
             false
         }
