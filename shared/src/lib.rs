@@ -266,7 +266,7 @@ pub mod reconciliation {
 /// Events as hints: a [`HintHandler`](hints::HintHandler) names the object
 /// an event is about; the worker fetches its current state from the
 /// provider's API outside any transaction and the handler applies it (see
-/// the module's reasoning in the README's "Events as hints").
+/// the module's reasoning in the repository's `docs/process.md`, "Events as hints").
 #[cfg(feature = "service")]
 pub mod hints {
     #[cfg(feature = "http-client")]

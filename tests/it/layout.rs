@@ -156,3 +156,100 @@ fn every_rust_file_of_the_repository_is_formatted() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// docs/layout.md against the tree: each path it names at the start of a
+/// line exists, and every folder of `shared/src` and every entry at the top
+/// of the repository is named.
+#[test]
+fn the_layout_page_names_every_folder_and_only_what_exists() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let page = std::fs::read_to_string(repo.join("docs/layout.md")).unwrap();
+    let block = page.split("```").nth(1).expect("the layout's block");
+    let named: BTreeSet<String> = block
+        .lines()
+        .filter(|l| !l.starts_with(' ') && !l.is_empty())
+        .map(|l| l.split_whitespace().next().unwrap().trim_end_matches('/').to_string())
+        .collect();
+    for path in &named {
+        assert!(repo.join(path).exists(), "docs/layout.md names {path}, which is not in the tree");
+    }
+    let mut folders = vec![repo.join("shared/src")];
+    let mut i = 0;
+    while i < folders.len() {
+        for entry in std::fs::read_dir(&folders[i]).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                folders.push(path);
+            }
+        }
+        i += 1;
+    }
+    for folder in folders {
+        let rel = folder.strip_prefix(&repo).unwrap().to_string_lossy().into_owned();
+        assert!(named.contains(&rel), "docs/layout.md does not name {rel}/");
+    }
+    for entry in std::fs::read_dir(&repo).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') || matches!(name.as_str(), "target" | "Cargo.lock" | "rustfmt.toml") {
+            continue;
+        }
+        let named_here = named.iter().any(|n| n == &name || n.starts_with(&format!("{name}/")));
+        assert!(named_here, "docs/layout.md does not name {name}");
+    }
+}
+
+/// The variables the code reads by name (through `Env`'s readers), from its sources.
+fn variables_read(dir: &Path, out: &mut BTreeSet<String>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            variables_read(&path, out);
+            continue;
+        }
+        if path.extension().map_or(true, |e| e != "rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        for reader in [".var(\"", ".parse(\"", ".positive(\"", ".millis(\"", " ms(\""] {
+            for rest in text.split(reader).skip(1) {
+                let name: String =
+                    rest.chars().take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_').collect();
+                if name.len() > 2 && rest[name.len()..].starts_with('"') {
+                    out.insert(name);
+                }
+            }
+        }
+    }
+}
+
+/// docs/configuration.md against the code, both ways: every variable the
+/// code reads by name is on the page, and every variable its table names is
+/// read somewhere (a `<NAME>` pattern aside).
+#[test]
+fn the_configuration_page_names_every_variable_the_code_reads_and_only_those() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let page = std::fs::read_to_string(repo.join("docs/configuration.md")).unwrap();
+    let table: BTreeSet<String> = page
+        .lines()
+        .filter_map(|l| l.strip_prefix("| ")?.split(" | ").next())
+        .flat_map(|cell| cell.split('`').skip(1).step_by(2).map(str::to_string).collect::<Vec<_>>())
+        .filter(|v| v.len() > 2 && v.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
+        .collect();
+    assert!(table.len() > 50, "the table was read: {table:?}");
+    let mut read = BTreeSet::new();
+    variables_read(&repo.join("shared/src"), &mut read);
+    variables_read(&repo.join("functions"), &mut read);
+    // Outside the table: the examples' and tests' own.
+    read.remove("ACME_WEBHOOK_SECRET");
+    let undocumented: Vec<&String> =
+        read.iter().filter(|v| !table.contains(*v) && !page.contains(&format!("`{v}`"))).collect();
+    assert!(undocumented.is_empty(), "read by the code, not in docs/configuration.md: {undocumented:?}");
+    let mut sources = String::new();
+    for dir in ["shared/src", "functions"] {
+        let mut files = Vec::new();
+        rust_files(&repo.join(dir), &mut files);
+        files.iter().for_each(|f| sources.push_str(&std::fs::read_to_string(f).unwrap()));
+    }
+    let unread: Vec<&String> = table.iter().filter(|v| !sources.contains(&format!("\"{v}"))).collect();
+    assert!(unread.is_empty(), "in docs/configuration.md, never read by the code: {unread:?}");
+}

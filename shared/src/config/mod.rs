@@ -598,7 +598,7 @@ mod tests {
     }
 
     #[test]
-    fn every_variable_in_the_readme_table_is_read() {
+    fn each_stage_reads_its_variables_into_its_settings() {
         let pairs = [
             ("DATABASE_URL", "postgres://db/inbox"),
             ("INBOX_DB_POOL_SIZE", "7"),

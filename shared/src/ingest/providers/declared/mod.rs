@@ -1,6 +1,6 @@
 //! Declared providers: a signing contract written as data (`builtin.toml`, or
 //! the file `INBOX_PROVIDERS_FILE` names), checked at start-up and verified by
-//! one scheme. README "Providers" documents the format; in short:
+//! one scheme. docs/providers.md documents the format; in short:
 //!
 //! ```toml
 //! [acme]
