@@ -187,6 +187,8 @@ mod server;
 
 #[cfg(feature = "service")]
 pub mod ops;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 /// A provider's signing contract in code, for a provider that is neither
 /// built in nor declarable as data: implement [`Scheme`](schemes::Scheme) and

@@ -21,3 +21,4 @@ mod relay;
 mod retention;
 mod sdk;
 mod secrets;
+mod testing;

@@ -43,7 +43,7 @@ pub struct Event<T = serde_json::Value> {
     /// The delivery's headers that the provider's scheme keeps (lower-cased names).
     pub headers: Headers,
     /// The `traceparent` of its processing's span, for the messages it writes (traces on).
-    trace_context: Option<String>,
+    pub(crate) trace_context: Option<String>,
 }
 
 impl<T> Event<T> {

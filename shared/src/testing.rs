@@ -1,0 +1,234 @@
+//! Test support for a team's own handlers (feature `testing`, for
+//! `[dev-dependencies]`): an [`Event`] built for a handler's unit test,
+//! deliveries signed as each provider signs them, and a [`TestInbox`] that
+//! delivers through the real receive path and drains with the real worker on
+//! a test database.
+//!
+//! A handler's unit test needs no database for what it decides before it
+//! writes, and a real one for what it writes:
+//!
+//! ```no_run
+//! use webhook_inbox::{serde_json::json, sqlx::PgPool, testing, Event, HandlerError, Outcome, PgConnection, Provider};
+//!
+//! async fn refund(_conn: &mut PgConnection, event: &Event) -> Result<Outcome, HandlerError> {
+//!     match event.payload["data"]["object"]["amount_refunded"].as_i64() {
+//!         Some(0) | None => Ok(Outcome::NoEffect),
+//!         Some(_) => Ok(Outcome::Applied), // (write the refund here)
+//!     }
+//! }
+//!
+//! # async fn a_test(pool: PgPool) {
+//! let event = testing::event(Provider::STRIPE, "evt_1", "charge.refunded", json!({"data": {"object": {"amount_refunded": 0}}}));
+//! let mut conn = pool.acquire().await.unwrap();
+//! assert_eq!(refund(&mut conn, &event).await.unwrap(), Outcome::NoEffect);
+//! # }
+//! ```
+//!
+//! And the whole path, as a provider sends (in a `#[sqlx::test(migrations = false)]`):
+//!
+//! ```no_run
+//! use webhook_inbox::{sqlx::PgPool, testing::{self, TestInbox}, App, Handlers};
+//!
+//! # async fn a_test(pool: PgPool) {
+//! let app = App::new(Handlers::new()); // yours: its handlers and migrations
+//! let inbox = TestInbox::new(&pool, &app, &[("STRIPE_WEBHOOK_SECRET", "whsec_test")]).await.unwrap();
+//! let body = r#"{"id":"evt_1","type":"invoice.paid","data":{"object":{"id":"in_1"}}}"#;
+//! assert_eq!(inbox.deliver(testing::stripe("whsec_test", body)).await.status, 200);
+//! assert_eq!(inbox.deliver(testing::stripe("whsec_test", body)).await.body["status"], "duplicate");
+//! let drained = inbox.drain().await.unwrap();
+//! assert_eq!(drained.unhandled, 1); // no handler takes invoice.paid in this app
+//! # }
+//! ```
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
+use hmac::{Hmac, Mac};
+use lambda_http::Body;
+use sha2::Sha256;
+use sqlx::PgPool;
+
+use crate::{
+    app::App,
+    config::{ConfigError, Env},
+    db::Connections,
+    process::{
+        handlers::{Event, Headers},
+        worker::{Counts, Worker, WorkerConfig},
+    },
+    runtime::stage::{Stage, Tally as _},
+    Provider, ReceiveConfig, Receiver,
+};
+
+/// An event as the worker hands it to a handler: no attempt before this
+/// one, received now, no header kept. Its fields are public: set
+/// `attempts` or `headers` for a test that needs them.
+pub fn event<T>(provider: Provider, event_id: &str, event_type: &str, payload: T) -> Event<T> {
+    Event {
+        provider,
+        event_id: event_id.to_string(),
+        event_type: event_type.to_string(),
+        payload,
+        attempts: 0,
+        received_at: SystemTime::now(),
+        headers: Headers::default(),
+        trace_context: None,
+    }
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
+    let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes a key of any length");
+    parts.iter().for_each(|p| mac.update(p));
+    mac.finalize().into_bytes().to_vec()
+}
+
+fn post(provider: &str, headers: &[(&str, String)], body: &str) -> http::Request<Body> {
+    let mut request = http::Request::post(format!("/webhooks/{provider}")).header("content-type", "application/json");
+    for (name, value) in headers {
+        request = request.header(*name, value);
+    }
+    request.body(Body::from(body.to_string())).expect("a request of valid parts")
+}
+
+/// Stripe's `Stripe-Signature` for `body` at `t` (Unix seconds):
+/// `t=<t>,v1=<hex HMAC-SHA256 of "t.body", keyed by the whole secret>`.
+pub fn stripe_signature(secret: &str, t: u64, body: &[u8]) -> String {
+    format!("t={t},v1={}", hex::encode(hmac_sha256(secret.as_bytes(), &[format!("{t}.").as_bytes(), body])))
+}
+
+/// `POST /webhooks/stripe` with `body`, signed now as Stripe signs.
+pub fn stripe(secret: &str, body: &str) -> http::Request<Body> {
+    post("stripe", &[("stripe-signature", stripe_signature(secret, now(), body.as_bytes()))], body)
+}
+
+/// `POST /webhooks/shopify` with `body` as Shopify sends it: `X-Shopify-Hmac-Sha256` (base64
+/// HMAC-SHA256 of the body), `X-Shopify-Webhook-Id` and `X-Shopify-Topic`.
+pub fn shopify(secret: &str, webhook_id: &str, topic: &str, body: &str) -> http::Request<Body> {
+    let signature = B64.encode(hmac_sha256(secret.as_bytes(), &[body.as_bytes()]));
+    let headers = [
+        ("x-shopify-hmac-sha256", signature),
+        ("x-shopify-webhook-id", webhook_id.to_string()),
+        ("x-shopify-topic", topic.to_string()),
+    ];
+    post("shopify", &headers, body)
+}
+
+/// `POST /webhooks/github` with `body` as GitHub sends it: `X-Hub-Signature-256`
+/// (`sha256=<hex HMAC-SHA256 of the body>`), `X-GitHub-Delivery` and `X-GitHub-Event`.
+pub fn github(secret: &str, delivery: &str, event: &str, body: &str) -> http::Request<Body> {
+    let signature = format!("sha256={}", hex::encode(hmac_sha256(secret.as_bytes(), &[body.as_bytes()])));
+    let headers = [
+        ("x-hub-signature-256", signature),
+        ("x-github-delivery", delivery.to_string()),
+        ("x-github-event", event.to_string()),
+    ];
+    post("github", &headers, body)
+}
+
+/// `POST /webhooks/standard` with `body` as Standard Webhooks (and Svix) send
+/// it, signed now: `webhook-id`, `webhook-timestamp` and `webhook-signature`
+/// (`v1,<base64 HMAC-SHA256 of "id.timestamp.body">`, keyed by the secret's
+/// base64 after `whsec_`). A secret that is not such base64 panics: it is
+/// the test's own.
+pub fn standard(secret: &str, message_id: &str, body: &str) -> http::Request<Body> {
+    let key = B64.decode(secret.strip_prefix("whsec_").unwrap_or(secret)).expect("a whsec_ secret is base64");
+    let t = now().to_string();
+    let signed = hmac_sha256(&key, &[message_id.as_bytes(), b".", t.as_bytes(), b".", body.as_bytes()]);
+    let headers = [
+        ("webhook-id", message_id.to_string()),
+        ("webhook-timestamp", t),
+        ("webhook-signature", format!("v1,{}", B64.encode(signed))),
+    ];
+    post("standard", &headers, body)
+}
+
+/// What receive answered a delivery.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    /// The HTTP status.
+    pub status: u16,
+    /// The JSON body (`{"status":"accepted"}`, `{"status":"duplicate"}`, `{"error":...}`), or null.
+    pub body: serde_json::Value,
+}
+
+/// Why a [`TestInbox`] could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum TestInboxError {
+    /// A setting given is wrong (the variable named).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The inbox's or the application's migrations failed.
+    #[error(transparent)]
+    Migrate(#[from] crate::MigrateError),
+}
+
+/// The inbox on a test database, as it runs in production: deliveries through
+/// the real receive path (signature checks, the claim, its answer), the real
+/// worker over them with the application's handlers.
+pub struct TestInbox {
+    pool: PgPool,
+    receiver: Receiver,
+    worker: Worker,
+}
+
+impl TestInbox {
+    /// `app` on `pool`'s database, migrated here (the inbox's migrations,
+    /// then the application's), receiving with the settings `env` gives as the
+    /// environment would (`("STRIPE_WEBHOOK_SECRET", "whsec_...")`, ...).
+    /// The worker retries a transient failure after 1 ms, not 1 s.
+    pub async fn new(pool: &PgPool, app: &App, env: &[(&str, &str)]) -> Result<TestInbox, TestInboxError> {
+        app.migrate(pool).await?;
+        let config = ReceiveConfig::read(&Env::from_pairs(env), 4)?;
+        let connections = Connections::from_options((*pool.connect_options()).clone(), &config.db);
+        let receiver = Receiver::new(connections, &config).with_app(app);
+        let worker_config =
+            WorkerConfig { retry_base: Duration::from_millis(1), ..WorkerConfig::read(&Env::from_pairs(env))? };
+        let worker = Worker::new(pool.clone(), app.handlers().clone(), worker_config).with_apis(app.apis().clone());
+        Ok(TestInbox { pool: pool.clone(), receiver, worker })
+    }
+
+    /// Delivers `request` (a path `/webhooks/{provider}`) as API Gateway would
+    /// hand it to receive: its answer.
+    pub async fn deliver(&self, request: http::Request<Body>) -> Answer {
+        let response = self.receiver.handle(request).await;
+        let status = response.status().as_u16();
+        let body = serde_json::from_slice(response.body().as_ref()).unwrap_or(serde_json::Value::Null);
+        Answer { status, body }
+    }
+
+    /// One pass of the worker: one batch of the events due, as a scheduled
+    /// `process` run takes it (a retry waits for its backoff).
+    pub async fn pass(&self) -> Result<Counts, sqlx::Error> {
+        self.worker.run_once(Instant::now() + Duration::from_secs(30)).await
+    }
+
+    /// Runs the worker until no event is pending (retries included, each
+    /// after its backoff), or 30 s have passed: what it did.
+    pub async fn drain(&self) -> Result<Counts, sqlx::Error> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut total = Counts::default();
+        loop {
+            let done = match self.worker.run(deadline).await {
+                Ok(counts) => counts,
+                Err(stopped) => return Err(stopped.source),
+            };
+            total.add(&done);
+            let pending: i64 = crate::db::query_scalar("SELECT count(*) FROM webhook_inbox WHERE status = 'pending'")
+                .fetch_one(crate::db::Autocommit(&self.pool))
+                .await?;
+            if pending == 0 || Instant::now() >= deadline {
+                return Ok(total);
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// The test database.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}
