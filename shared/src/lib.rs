@@ -291,7 +291,8 @@ pub use ingest::receive::ReceiveConfig;
 pub use ingest::receive::Receiver;
 #[cfg(feature = "service")]
 pub use process::{
-    handlers::{Event, Handler, HandlerError, Handlers, Headers, IntoHandler, Outcome, RegistrationError},
+    handler::{Event, Handler, HandlerError, Headers, Outcome},
+    handlers::{Handlers, IntoHandler, RegistrationError},
     worker::{Counts, Worker, WorkerConfig},
 };
 #[cfg(feature = "service")]

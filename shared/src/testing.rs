@@ -53,7 +53,7 @@ use crate::{
     config::{ConfigError, Env},
     db::Connections,
     process::{
-        handlers::{Event, Headers},
+        handler::{Event, Headers},
         worker::{Counts, Worker, WorkerConfig},
     },
     runtime::stage::{Stage, Tally as _},

@@ -15,8 +15,11 @@ use webhook_inbox::{
     db,
     ingest::claim::{self, Claim, Claimed, Envelope},
     ingest::providers::{Events, NewEvent, Provider},
-    process::handlers::{Event, Handler, HandlerError, Handlers, Outcome},
     process::worker::{Worker, WorkerConfig},
+    process::{
+        handler::{Event, Handler, HandlerError, Outcome},
+        handlers::Handlers,
+    },
     runtime::stage::Stage,
     Receiver,
 };

@@ -6,59 +6,87 @@ use std::{
     path::Path,
 };
 
-/// The top-level modules each file of `dir` uses through `crate::...` (comments and tests aside).
-fn edges(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
-    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let mut stack = vec![src.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
+/// A file's code without its tests and comments.
+fn code_of(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap();
+    let code = text.split("#[cfg(test)]").next().unwrap();
+    code.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n")
+}
+
+/// The first names `code` reaches through `prefix` (`crate::`, `super::`):
+/// `prefix x::...` paths, and the first names of `use prefix{x::..., y, ...}` trees.
+fn reached(code: &str, prefix: &str, out: &mut BTreeSet<String>) {
+    for (i, _) in code.match_indices(prefix) {
+        // `super::super::` is not a sibling; `crate::` inside a longer path is not the crate.
+        let before = code[..i].chars().next_back().unwrap_or(' ');
+        if before.is_ascii_alphanumeric() || before == '_' || before == ':' {
+            continue;
+        }
+        let rest = &code[i + prefix.len()..];
+        if let Some(tree) = rest.strip_prefix('{') {
+            let mut depth = 0;
+            let mut item = String::new();
+            for c in tree.chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        out.insert(first_name(&item));
+                        item.clear();
+                        continue;
+                    }
+                    _ => {}
+                }
+                item.push(c);
+            }
+            out.insert(first_name(&item));
+        } else {
+            out.insert(first_name(rest));
+        }
+    }
+}
+
+/// The `.rs` files under `dir` (test modules' files aside), each with the child of `dir` it belongs to.
+fn files_by_child(dir: &Path) -> Vec<(String, std::path::PathBuf)> {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
             let path = entry.unwrap().path();
             if path.is_dir() {
                 stack.push(path);
-                continue;
+            } else if path.extension().is_some_and(|e| e == "rs") && !path.ends_with("tests.rs") {
+                let child = path.strip_prefix(dir).unwrap().components().next().unwrap();
+                files.push((child.as_os_str().to_string_lossy().trim_end_matches(".rs").to_string(), path));
             }
-            let rel = path.strip_prefix(src).unwrap();
-            let top =
-                rel.components().next().unwrap().as_os_str().to_string_lossy().trim_end_matches(".rs").to_string();
-            if top == "lib" || path.extension().map_or(true, |e| e != "rs") {
-                continue;
-            }
-            let text = std::fs::read_to_string(&path).unwrap();
-            let code = text.split("#[cfg(test)]").next().unwrap();
-            let code: String =
-                code.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n");
-            let used = out.entry(top.clone()).or_default();
-            // `crate::x` paths, and the first names of `use crate::{x::..., y, ...}` trees.
-            for (i, _) in code.match_indices("crate::") {
-                let rest = &code[i + "crate::".len()..];
-                if let Some(tree) = rest.strip_prefix('{') {
-                    let mut depth = 0;
-                    let mut item = String::new();
-                    for c in tree.chars() {
-                        match c {
-                            '{' => depth += 1,
-                            '}' if depth == 0 => break,
-                            '}' => depth -= 1,
-                            ',' if depth == 0 => {
-                                used.insert(first_name(&item));
-                                item.clear();
-                                continue;
-                            }
-                            _ => {}
-                        }
-                        item.push(c);
-                    }
-                    used.insert(first_name(&item));
-                } else {
-                    used.insert(first_name(rest));
-                }
-            }
-            used.remove(&top);
-            used.remove("");
         }
     }
-    let tops: BTreeSet<String> = out.keys().cloned().collect();
-    out.values_mut().for_each(|used| used.retain(|m| tops.contains(m)));
+    files
+}
+
+/// The edges between the children of the module at `dir` (`module`, as
+/// `crate::` names it; empty for the crate): which uses which, through
+/// `crate::module::x` anywhere below and `super::x` in a child's own file.
+fn edges(dir: &Path, module: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let crate_prefix = if module.is_empty() { "crate::".to_string() } else { format!("crate::{module}::") };
+    for (child, path) in files_by_child(dir) {
+        if matches!(child.as_str(), "lib" | "mod") {
+            continue;
+        }
+        let code = code_of(&path);
+        let used = out.entry(child.clone()).or_default();
+        reached(&code, &crate_prefix, used);
+        let own_file = path.parent() == Some(dir)
+            || path.file_name().is_some_and(|f| f == "mod.rs") && path.parent().and_then(|p| p.parent()) == Some(dir);
+        if !module.is_empty() && own_file {
+            reached(&code, "super::", used);
+        }
+        used.remove(&child);
+    }
+    let children: BTreeSet<String> = out.keys().cloned().collect();
+    out.values_mut().for_each(|used| used.retain(|m| children.contains(m)));
     out
 }
 
@@ -66,13 +94,8 @@ fn first_name(s: &str) -> String {
     s.trim().chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect()
 }
 
-#[test]
-fn the_common_crate_has_no_import_cycle_between_its_top_level_modules() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/src");
-    let graph = edges(&src);
-    assert!(graph.contains_key("core") && graph.contains_key("ingest"), "{graph:?}");
-    assert!(graph["core"].is_empty(), "core is the leaf: {:?}", graph["core"]);
-    // A depth-first search for a path back to where it started.
+/// A path of edges from a module back to itself, if there is one.
+fn cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
     fn back(graph: &BTreeMap<String, BTreeSet<String>>, from: &str, path: &mut Vec<String>) -> Option<Vec<String>> {
         for next in graph.get(from).into_iter().flatten() {
             if let Some(i) = path.iter().position(|p| p == next) {
@@ -88,11 +111,45 @@ fn the_common_crate_has_no_import_cycle_between_its_top_level_modules() {
         }
         None
     }
-    for start in graph.keys() {
-        if let Some(cycle) = back(&graph, start, &mut vec![start.clone()]) {
-            panic!("import cycle: {}", cycle.join(" -> "));
-        }
+    graph.keys().find_map(|start| back(graph, start, &mut vec![start.clone()]))
+}
+
+#[test]
+fn the_common_crate_has_no_import_cycle_between_its_top_level_modules() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/src");
+    let graph = edges(&src, "");
+    assert!(graph.contains_key("core") && graph.contains_key("ingest"), "{graph:?}");
+    assert!(graph["core"].is_empty(), "core is the leaf: {:?}", graph["core"]);
+    if let Some(cycle) = cycle(&graph) {
+        panic!("import cycle: {}", cycle.join(" -> "));
     }
+}
+
+/// Within every folder of the library too: no module uses a sibling that
+/// uses it back (through `super::` or `crate::` paths).
+#[test]
+fn no_folder_of_the_common_crate_has_an_import_cycle_between_its_modules() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/src");
+    let mut folders = vec![src.clone()];
+    let mut checked = 0;
+    while let Some(dir) = folders.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                folders.push(path);
+            }
+        }
+        if dir == src {
+            continue;
+        }
+        let module = dir.strip_prefix(&src).unwrap().to_string_lossy().replace('/', "::");
+        let graph = edges(&dir, &module);
+        if let Some(cycle) = cycle(&graph) {
+            panic!("import cycle in {module}: {}", cycle.join(" -> "));
+        }
+        checked += 1;
+    }
+    assert!(checked >= 10, "{checked} folders");
 }
 
 /// docs/build-your-own.md and the README quote the example application: each

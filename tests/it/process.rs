@@ -18,8 +18,11 @@ use webhook_inbox::{
     db,
     ingest::providers::Provider,
     process,
-    process::handlers::{Event, Handler, HandlerError, Handlers, Outcome},
     process::worker::{Counts, Worker, WorkerConfig},
+    process::{
+        handler::{Event, Handler, HandlerError, Outcome},
+        handlers::Handlers,
+    },
     reference::{
         deposits,
         orders::{self, Applied, OrderSnapshot, WasInserted},

@@ -20,7 +20,10 @@ use base64::Engine as _;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::{pages::PageError, ClientIp, State, SESSION_TTL};
+use super::{
+    page::{Nav, NavUser, PageError},
+    ClientIp, State, SESSION_TTL,
+};
 use crate::db::console::{self, Ending, Role};
 
 /// The session cookie's name; `__Host-inbox_console` where the console is
@@ -32,24 +35,9 @@ pub const COOKIE: &str = "inbox_console";
 /// in as a name before is spared that name's back-off ([`super::limiter`]).
 pub const DEVICE: &str = "inbox_console_device";
 
-/// Whether this request reached the console over HTTPS: `INBOX_CONSOLE_HTTPS`
-/// says so, or the load balancer trusted for the client's address
-/// (`INBOX_CONSOLE_CLIENT_IP=x-forwarded-for`) does, in `X-Forwarded-Proto`.
-pub fn https(state: &State, headers: &HeaderMap) -> bool {
-    state.settings.https
-        || (state.settings.client_ip == ClientIp::ForwardedFor
-            && headers
-                .get_all("x-forwarded-proto")
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .next_back()
-                .and_then(|v| v.rsplit(',').next())
-                .is_some_and(|p| p.trim().eq_ignore_ascii_case("https")))
-}
-
 /// A cookie's name for this request: `__Host-` prefixed where it can be.
 pub fn cookie_name(state: &State, headers: &HeaderMap, name: &'static str) -> String {
-    if state.base.is_empty() && https(state, headers) {
+    if state.base.is_empty() && super::page::https(state, headers) {
         format!("__Host-{name}")
     } else {
         name.to_string()
@@ -223,6 +211,14 @@ impl Signed {
             return Err(PageError::Forbidden("Viewers cannot act: nothing was done. An operator can."));
         }
         Ok(())
+    }
+
+    /// The header of a page this user is shown.
+    pub fn nav(&self, state: &State) -> Nav {
+        Nav {
+            base: state.base.clone(),
+            user: Some(NavUser { name: self.user.clone(), role: self.role, csrf: self.csrf.clone() }),
+        }
     }
 
     /// The name the audit records an action under.

@@ -13,7 +13,7 @@ use serde::Deserialize;
 
 use super::{
     auth::Signed,
-    pages::{html, Nav, PageError},
+    page::{html, short_time, Nav, PageError},
     State,
 };
 use crate::{
@@ -140,7 +140,7 @@ pub(super) async fn health(
     signed: Signed,
     Query(p): Query<HealthParams>,
 ) -> Result<Response, PageError> {
-    let nav = Nav::of(&state, &signed);
+    let nav = signed.nav(&state);
     let hours = p.hours.filter(|h| PERIODS.contains(h)).unwrap_or(3);
     let bucket = (hours * 60 + BARS - 1) / BARS;
     let bars = (hours * 60 + bucket - 1) / bucket;
@@ -194,7 +194,7 @@ pub(super) async fn health(
                 provider: e.provider.as_str().to_string(),
                 configured: format!("#{} of {}", i + 1, state.secrets.count(e.provider)),
                 deliveries: use_.map_or(0, |u| u.deliveries),
-                last: use_.map_or_else(|| "none in 7 days".into(), |u| super::pages::short_time(&u.last_received_at)),
+                last: use_.map_or_else(|| "none in 7 days".into(), |u| short_time(&u.last_received_at)),
                 retire: use_.is_none() && state.secrets.count(e.provider) > 1,
                 fingerprint,
             });
@@ -212,7 +212,7 @@ pub(super) async fn health(
                     .unwrap_or_else(|| format!("(stored before fingerprints: #{})", u.secret_index.unwrap_or(0) + 1)),
                 configured: "not configured here".into(),
                 deliveries: u.deliveries,
-                last: super::pages::short_time(&u.last_received_at),
+                last: short_time(&u.last_received_at),
                 retire: false,
             }),
         }

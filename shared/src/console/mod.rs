@@ -25,6 +25,7 @@
 mod auth;
 mod health;
 mod limiter;
+mod page;
 mod pages;
 
 use std::{sync::Arc, time::Duration};

@@ -3,24 +3,25 @@
 //! through [`escape`] first, so that no control or bidirectional character
 //! reorders what a person reads.
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
 use askama::Template;
 use axum::{
     body::Body,
-    extract::{DefaultBodyLimit, Request, State as Shared},
-    http::{header, HeaderMap, HeaderValue, Method, StatusCode},
-    middleware::{from_fn_with_state, Next},
-    response::{Html, IntoResponse, Redirect, Response},
+    extract::{DefaultBodyLimit, State as Shared},
+    http::{header, HeaderMap, StatusCode},
+    middleware::from_fn_with_state,
+    response::{IntoResponse, Redirect, Response},
     routing::{get, post},
     Router,
 };
-use axum_extra::extract::{cookie::CookieJar, Form, Query};
+use axum_extra::extract::{cookie::CookieJar, Query};
 use serde::Deserialize;
 
 use super::{
     auth::{self, Peer, Signed},
     limiter::Refused,
+    page::{clip, finish, html, optional, short_time, Nav, PageError, Posted, MAX_FORM_BYTES},
     State,
 };
 use crate::{
@@ -66,139 +67,6 @@ pub(crate) fn router(state: Arc<State>) -> Router {
     }
 }
 
-// ---- errors, headers ----
-
-/// Why a page could not be shown, as the person reading it is told.
-#[derive(Debug)]
-pub enum PageError {
-    /// No such page or event (what was looked for).
-    NotFound(String),
-    /// The request is wrong, in these words (a stranger's text in it is escaped).
-    BadRequest(String),
-    /// Not allowed, in these words.
-    Forbidden(&'static str),
-    /// Too many failed sign-ins: try again after this long.
-    TooMany(Duration),
-    /// Sign-in is busy checking other passwords: try again in a moment.
-    Busy,
-    /// The database refused or did not answer (its text goes to the log only).
-    Database(sqlx::Error),
-    /// A fault of the console's own (its cause goes to the log only).
-    Internal,
-}
-
-impl From<sqlx::Error> for PageError {
-    fn from(e: sqlx::Error) -> Self {
-        PageError::Database(e)
-    }
-}
-
-/// What [`finish`] renders as the error page: the status and the words.
-#[derive(Clone)]
-struct Failure(String);
-
-impl IntoResponse for PageError {
-    fn into_response(self) -> Response {
-        let mut retry_after = None;
-        let (status, message) = match self {
-            PageError::NotFound(what) => (StatusCode::NOT_FOUND, what),
-            PageError::BadRequest(why) => (StatusCode::BAD_REQUEST, why),
-            PageError::Forbidden(why) => (StatusCode::FORBIDDEN, why.to_string()),
-            PageError::TooMany(wait) => {
-                let seconds = wait.as_secs().max(1);
-                let message = if seconds > 60 {
-                    format!("Too many failed sign-ins: try again in {} minutes.", seconds.div_ceil(60))
-                } else {
-                    format!("Too many failed sign-ins: try again in {seconds} seconds.")
-                };
-                retry_after = Some(seconds);
-                (StatusCode::TOO_MANY_REQUESTS, message)
-            }
-            PageError::Busy => {
-                retry_after = Some(1);
-                (StatusCode::SERVICE_UNAVAILABLE, "Sign-in is busy checking other passwords: try again in a moment.".into())
-            }
-            PageError::Database(e) if crate::db::sqlstate(&e).as_deref() == Some("57014") => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!(
-                    "The query took longer than its timeout ({} s for a payload search) and was stopped: narrow it (a shorter time range, a provider, a type).",
-                    ops::SEARCH_TIMEOUT.as_secs()
-                ),
-            ),
-            PageError::Database(e) => {
-                tracing::error!(error = %Escaped(&e.to_string()), "the console's query failed");
-                (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "The database refused the query or did not answer; nothing was changed. The console's log has the cause.".into(),
-                )
-            }
-            PageError::Internal => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "The console failed to show this page; nothing was changed. The console's log has the cause.".into(),
-            ),
-        };
-        let mut r = status.into_response();
-        if let Some(seconds) = retry_after {
-            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
-        }
-        r.extensions_mut().insert(Failure(message));
-        r
-    }
-}
-
-/// Every response: an action from another site refused; an error rendered as
-/// a page; the security headers (a strict Content-Security-Policy: no script,
-/// styles from this console only; no framing; nothing cached; HSTS when
-/// reached over HTTPS).
-async fn finish(Shared(state): Shared<Arc<State>>, req: Request, next: Next) -> Response {
-    let https = auth::https(&state, req.headers());
-    let mut response = if req.method() != Method::GET && req.method() != Method::HEAD && cross_site(req.headers()) {
-        PageError::Forbidden("A form from another site cannot act here: nothing was done.").into_response()
-    } else {
-        next.run(req).await
-    };
-    if let Some(Failure(message)) = response.extensions_mut().remove::<Failure>() {
-        let page = ErrorPage { nav: Nav::anonymous(&state), status: response.status().as_u16(), message };
-        *response.body_mut() = Body::from(page.render().unwrap_or_else(|_| "error".into()));
-        response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
-    }
-    let h = response.headers_mut();
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(
-            "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
-        ),
-    );
-    h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
-    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    // same-origin, not no-referrer: a browser sends `Origin: null` with a form under no-referrer.
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
-    h.insert("cross-origin-opener-policy", HeaderValue::from_static("same-origin"));
-    if !h.contains_key(header::CACHE_CONTROL) {
-        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    }
-    if https {
-        // A year: a browser that has seen the console over HTTPS never asks for it over plain HTTP.
-        h.insert(header::STRICT_TRANSPORT_SECURITY, HeaderValue::from_static("max-age=31536000"));
-    }
-    response
-}
-
-/// Whether a request that acts came from another site: its `Origin` names
-/// another host than the one it was sent to (or is `null`), or the browser
-/// says so (`Sec-Fetch-Site: cross-site`). A request with neither header
-/// (not a browser's) is judged by its CSRF token alone.
-fn cross_site(headers: &HeaderMap) -> bool {
-    if headers.get("sec-fetch-site").is_some_and(|v| v == "cross-site") {
-        return true;
-    }
-    let Some(origin) = headers.get(header::ORIGIN) else { return false };
-    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
-    let origin = origin.to_str().unwrap_or("null");
-    let origin_host = origin.split_once("://").map(|(_, rest)| rest).unwrap_or("");
-    origin_host.is_empty() || !origin_host.eq_ignore_ascii_case(host)
-}
-
 async fn not_found() -> PageError {
     PageError::NotFound("There is no such page here.".into())
 }
@@ -208,118 +76,10 @@ async fn asset(content_type: &'static str, body: &'static str) -> Response {
     ([(header::CONTENT_TYPE, content_type), (header::CACHE_CONTROL, "max-age=3600")], body).into_response()
 }
 
-pub(super) fn html(page: impl Template) -> Result<Response, PageError> {
-    page.render().map(|s| Html(s).into_response()).map_err(|e| {
-        tracing::error!(error = %e, "rendering a console page");
-        PageError::Internal
-    })
-}
-
-/// The largest form taken, in bytes: the console's forms are a few fields.
-pub(crate) const MAX_FORM_BYTES: usize = 64 * 1024;
-
-/// The fields of a form that was posted, or the page that says it did not
-/// arrive whole (never the framework's own words).
-struct Posted<T>(T);
-
-impl<S: Send + Sync, T: serde::de::DeserializeOwned + Send> axum::extract::FromRequest<S> for Posted<T> {
-    type Rejection = PageError;
-
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let form = Form::<T>::from_request(req, state).await;
-        form.map(|Form(f)| Posted(f)).map_err(|e| {
-            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                PageError::BadRequest(format!("The form is over {} KiB: nothing was done.", MAX_FORM_BYTES / 1024))
-            } else {
-                PageError::BadRequest("The form did not arrive whole.".into())
-            }
-        })
-    }
-}
-
-// ---- what every page shows around it ----
-
-/// The header: where the console is, and who is signed in.
-pub(super) struct Nav {
-    pub(super) base: String,
-    pub(super) user: Option<NavUser>,
-}
-
-pub(super) struct NavUser {
-    pub(super) name: String,
-    pub(super) role: Role,
-    pub(super) csrf: String,
-}
-
-impl Nav {
-    fn anonymous(state: &State) -> Nav {
-        Nav { base: state.base.clone(), user: None }
-    }
-
-    pub(super) fn of(state: &State, s: &Signed) -> Nav {
-        Nav {
-            base: state.base.clone(),
-            user: Some(NavUser { name: s.user.clone(), role: s.role, csrf: s.csrf.clone() }),
-        }
-    }
-
-    fn operator(&self) -> bool {
-        self.user.as_ref().is_some_and(|u| u.role == Role::Operator)
-    }
-
-    fn csrf(&self) -> &str {
-        self.user.as_ref().map_or("", |u| u.csrf.as_str())
-    }
-
-    /// A link within the console: `path` with these query pairs (empty values left out).
-    pub(super) fn href(&self, path: &str, pairs: &[(&str, &str)]) -> String {
-        let mut query = form_urlencoded::Serializer::new(String::new());
-        for (k, v) in pairs.iter().filter(|(_, v)| !v.is_empty()) {
-            query.append_pair(k, v);
-        }
-        let query = query.finish();
-        if query.is_empty() {
-            format!("{}{path}", self.base)
-        } else {
-            format!("{}{path}?{query}", self.base)
-        }
-    }
-
-    fn event_href(&self, provider: &str, event_id: &str) -> String {
-        self.href("/event", &[("provider", provider), ("id", event_id)])
-    }
-}
-
-/// PostgreSQL's timestamp text to the second: `2026-12-01 19:10:14.123456+00` as `2026-12-01 19:10:14+00`.
-pub(super) fn short_time(t: &str) -> String {
-    match t.find('.') {
-        Some(dot) => {
-            let rest = &t[dot + 1..];
-            let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
-            format!("{}{}", &t[..dot], &rest[digits..])
-        }
-        None => t.to_string(),
-    }
-}
-
-/// A stranger's one-line text, escaped and cut to `max` characters.
-fn clip(text: &str, max: usize) -> String {
-    let text = escape(text);
-    match text.char_indices().nth(max) {
-        Some((i, _)) => format!("{}…", &text[..i]),
-        None => text.into_owned(),
-    }
-}
-
 /// An action's audit reason as the form gave it (`default` when empty), or the page that says it is too long.
 fn audit_reason(text: &str, default: &str) -> Result<String, PageError> {
     let text = optional(text).unwrap_or_else(|| default.to_string());
     ops::audit_reason(&text).map_err(|why| PageError::BadRequest(format!("Nothing was done: {why}.")))
-}
-
-fn optional(text: &str) -> Option<String> {
-    let t = text.trim();
-    (!t.is_empty()).then(|| t.to_string())
 }
 
 // ---- sign-in ----
@@ -485,7 +245,7 @@ async fn sessions(
         .collect();
     let notice = p.ended.parse::<u64>().ok().map(|n| format!("{n} session(s) ended."));
     let idle_minutes = state.settings.idle_timeout.as_secs().div_ceil(60);
-    html(SessionsPage { nav: Nav::of(&state, &signed), notice, sessions, history, idle_minutes })
+    html(SessionsPage { nav: signed.nav(&state), notice, sessions, history, idle_minutes })
 }
 
 #[derive(Deserialize, Default)]
@@ -623,7 +383,7 @@ async fn events(
     signed: Signed,
     params: Result<Query<ListParams>, axum_extra::extract::QueryRejection>,
 ) -> Result<Response, PageError> {
-    let nav = Nav::of(&state, &signed);
+    let nav = signed.nav(&state);
     let Query(mut f) =
         params.map_err(|_| PageError::BadRequest("The listing's parameters could not be read.".into()))?;
     // A payload search reads every payload in its time range: one day unless told otherwise.
@@ -778,7 +538,7 @@ async fn event(
     signed: Signed,
     Query(p): Query<EventParams>,
 ) -> Result<Response, PageError> {
-    let nav = Nav::of(&state, &signed);
+    let nav = signed.nav(&state);
     let Some(event) = ops::stored_event(&state.read, &p.provider, &p.id).await? else {
         return Err(PageError::NotFound(format!(
             "No event {} from provider {} is stored (pruned, or never received).",
@@ -924,7 +684,7 @@ async fn confirm_replay(
     Query(p): Query<EventParams>,
 ) -> Result<Response, PageError> {
     operator_only(&signed)?;
-    let nav = Nav::of(&state, &signed);
+    let nav = signed.nav(&state);
     let Some(event) = ops::stored_event(&state.read, &p.provider, &p.id).await? else {
         return Err(PageError::NotFound(format!(
             "No event {} from {} is stored.",
@@ -982,7 +742,7 @@ async fn replay(
     let actor = signed.actor();
     let reason = audit_reason(&f.reason, "replayed from the console")?;
     let by = Requeue { actor: &actor, action: "replay", reason: &reason };
-    let back = Nav::of(&state, &signed);
+    let back = signed.nav(&state);
     match ops::replay(&state.db, &f.provider, &f.id, &by).await? {
         Replayed::Requeued { .. } => {
             tracing::info!(actor = %actor, provider = %Escaped(&f.provider), event_id = %Escaped(&f.id), "replayed");
@@ -1098,7 +858,7 @@ async fn confirm_requeue(
     Query(p): Query<RequeueParams>,
 ) -> Result<Response, PageError> {
     operator_only(&signed)?;
-    let nav = Nav::of(&state, &signed);
+    let nav = signed.nav(&state);
     let back = nav.href("/events", &p.status.iter().map(|s| ("status", s.as_str())).collect::<Vec<_>>());
     let filter = match p.status.is_empty() {
         true => None,
@@ -1164,7 +924,7 @@ async fn requeue(
     signed.may_act(&f.csrf)?;
     let RequeueForm { status, provider, event_type, since, until, reason_like, reason, .. } = f;
     let filter = RequeueParams { status, provider, event_type, since, until, reason_like }.filter()?;
-    let nav = Nav::of(&state, &signed);
+    let nav = signed.nav(&state);
     let page = ProgressPage { what: describe(&filter), back: nav.href("/events", &[]), nav }
         .render()
         .map_err(|_| PageError::Internal)?;
@@ -1241,7 +1001,7 @@ async fn outbox(
     signed: Signed,
     Query(p): Query<OutboxParams>,
 ) -> Result<Response, PageError> {
-    let nav = Nav::of(&state, &signed);
+    let nav = signed.nav(&state);
     let gauges = crate::db::outbox::gauges(crate::db::Autocommit(&state.read)).await?;
     let messages = ops::list_unsent(&state.read, true, 100)
         .await?
@@ -1268,7 +1028,7 @@ async fn confirm_retry(
     Query(p): Query<RetryParams>,
 ) -> Result<Response, PageError> {
     operator_only(&signed)?;
-    let nav = Nav::of(&state, &signed);
+    let nav = signed.nav(&state);
     let gauges = crate::db::outbox::gauges(crate::db::Autocommit(&state.read)).await?;
     let (what, fields) = match p.id.parse::<i64>() {
         Ok(id) => (
@@ -1318,7 +1078,7 @@ async fn retry(
     let actor = signed.actor();
     let reason = audit_reason(&f.reason, "retried from the console")?;
     let by = Requeue { actor: &actor, action: "retry_outbox", reason: &reason };
-    let nav = Nav::of(&state, &signed);
+    let nav = signed.nav(&state);
     if f.id.is_empty() {
         let mut total = 0;
         loop {
@@ -1340,12 +1100,4 @@ async fn retry(
         nav.href("/event", &[("provider", &f.provider), ("id", &f.event), ("done", "retried")])
     };
     Ok(Redirect::to(&to).into_response())
-}
-
-#[derive(Template)]
-#[template(path = "console/error.html")]
-struct ErrorPage {
-    nav: Nav,
-    status: u16,
-    message: String,
 }

@@ -27,7 +27,7 @@ use std::{collections::HashMap, fmt, future::Future, pin::Pin, sync::Arc, time::
 use serde::de::DeserializeOwned;
 use sqlx::PgConnection;
 
-use super::handlers::{Event, HandlerError, Outcome};
+use super::handler::{Event, HandlerError, Outcome};
 use crate::core::provider::Provider;
 
 /// An object of a provider's API: its kind (the API's collection, as in

@@ -1,6 +1,7 @@
 //! Processing: the handler registry, the worker, and the `process` function's
 //! two triggers (schedule and SQS), as plain functions tests call directly.
 
+pub mod handler;
 pub mod handlers;
 pub mod hints;
 pub mod worker;

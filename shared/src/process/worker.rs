@@ -20,7 +20,8 @@ use crate::{
         inbox::{self, Finished, Status, Taken},
     },
     process::{
-        handlers::{erased::Prepared, erased::RawEvent, HandlerError, Handlers, Headers, Outcome},
+        handler::{HandlerError, Headers, Outcome},
+        handlers::{erased::Prepared, erased::RawEvent, Handlers},
         hints::{Apis, FetchError, Fetched, Object},
     },
     runtime::{

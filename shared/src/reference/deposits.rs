@@ -7,7 +7,7 @@ use sqlx::PgConnection;
 use super::{decimal, required};
 use crate::{
     db::outbox::Message,
-    process::handlers::{Event, Handler, HandlerError, Outcome},
+    process::handler::{Event, Handler, HandlerError, Outcome},
 };
 
 /// The event type receive gives a `transactions` item of type `gpa.credit`.

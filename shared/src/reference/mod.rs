@@ -20,7 +20,7 @@ use sqlx::migrate::Migrator;
 use crate::{
     app::App,
     core::provider::Provider,
-    process::handlers::{HandlerError, Handlers},
+    process::{handler::HandlerError, handlers::Handlers},
 };
 
 /// The reference domain's tables (`shared/reference-migrations`), applied

@@ -4,7 +4,7 @@ use serde_json::Value;
 use sqlx::PgConnection;
 
 use super::{decimal, required, text};
-use crate::process::handlers::{Event, Handler, HandlerError, Outcome};
+use crate::process::handler::{Event, Handler, HandlerError, Outcome};
 
 /// The topics whose payload is a whole order.
 pub const TOPICS: [&str; 6] = [

@@ -7,7 +7,7 @@ use sqlx::PgConnection;
 use super::{required, text};
 use crate::{
     db::outbox::Message,
-    process::handlers::{Event, Handler, HandlerError, Outcome},
+    process::handler::{Event, Handler, HandlerError, Outcome},
 };
 
 /// The Stripe event type this handler takes.

@@ -10,7 +10,7 @@ use sqlx::PgConnection;
 
 use super::{required, text};
 use crate::process::{
-    handlers::{Event, HandlerError, Outcome},
+    handler::{Event, HandlerError, Outcome},
     hints::{Fetched, HintHandler, Object},
 };
 

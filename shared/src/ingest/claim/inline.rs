@@ -16,7 +16,10 @@ use crate::{
     db::{self, inbox as table},
     ingest::claim::{self, BatchClaim, Claim, Claimed, Envelope},
     ingest::providers::{Events, InitialStatus, NewEvent},
-    process::handlers::{erased::RawEvent, try_lock_event, HandlerError, Handlers, Headers},
+    process::{
+        handler::{HandlerError, Headers},
+        handlers::{erased::RawEvent, try_lock_event, Handlers},
+    },
 };
 
 pub(crate) async fn claim_and_apply(
