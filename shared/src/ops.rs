@@ -8,12 +8,14 @@
 //! values, failure reasons) is in these rows as it came: print it through
 //! [`escape`] (or [`escape_json`]).
 
+pub use crate::core::selection::{BadCursor, Cursor, EventQuery, Filter, IdMatch, PayloadMatch, Since};
+pub use crate::core::status::Status;
 pub use crate::core::text::{escape, escape_json};
 pub use crate::db::audit::{history, AuditRecord};
 pub use crate::db::inbox::{
     count_matching, counts_by_status, list_events, list_failed, replay, requeue_all, secret_usage, status_counts,
-    stored_event, BadCursor, Count, Cursor, EventPage, EventQuery, EventSummary, FailedEvent, Filter, IdMatch,
-    Matching, PayloadMatch, Replayed, Requeue, Requeued, SecretUse, Since, Status, StoredEvent, SEARCH_TIMEOUT,
+    stored_event, Count, EventPage, EventSummary, FailedEvent, Matching, Replayed, Requeue, Requeued, SecretUse,
+    StoredEvent, SEARCH_TIMEOUT,
 };
 pub use crate::db::outbox::{event_messages, list_unsent, retry_dead, retry_message, OutboxMessage};
 use crate::{

@@ -14,10 +14,10 @@ use sqlx::PgPool;
 
 use crate::{
     core::error::ConfigError,
-    core::provider::Provider,
+    core::{provider::Provider, status::Status},
     db::{
         self, bodies,
-        inbox::{self, Providers, Status},
+        inbox::{self, Providers},
         outbox,
     },
     ingest::providers::catalog::Catalog,

@@ -14,3 +14,7 @@ pub mod aws;
 pub mod backoff;
 #[cfg(feature = "http-client")]
 pub mod http;
+#[cfg(feature = "service")]
+pub mod selection;
+#[cfg(feature = "service")]
+pub mod status;

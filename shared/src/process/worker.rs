@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 use sqlx::{Acquire, PgPool, Postgres, Transaction};
 
 use crate::{
-    core::provider::Provider,
+    core::{provider::Provider, status::Status},
     db::{
         self,
-        inbox::{self, Finished, Status, Taken},
+        inbox::{self, Finished, Taken},
     },
     process::{
         handler::{HandlerError, Headers, Outcome},

@@ -1,0 +1,32 @@
+//! The status of an inbox row.
+
+/// A row's `status`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// Waiting for the worker (due at `next_attempt_at`, if set).
+    Pending,
+    /// A handler applied it (with an effect or without).
+    Done,
+    /// Final, with its `failure_reason`.
+    Failed,
+    /// No handler takes its type: nothing ran. Kept like `done`, until a
+    /// handler for it is deployed and the event requeued.
+    Unhandled,
+}
+
+impl Status {
+    /// The name in the `status` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Pending => "pending",
+            Status::Done => "done",
+            Status::Failed => "failed",
+            Status::Unhandled => "unhandled",
+        }
+    }
+
+    /// The status of this name, if it is one.
+    pub fn parse(name: &str) -> Option<Status> {
+        [Status::Pending, Status::Done, Status::Failed, Status::Unhandled].into_iter().find(|s| s.as_str() == name)
+    }
+}

@@ -1,0 +1,197 @@
+//! The console's and `inbox events`' listing, a page at a time, and one stored event in full.
+
+use std::time::Duration;
+
+use sqlx::{types::Json, PgPool};
+
+use crate::{
+    core::selection::{Cursor, EventQuery, IdMatch, PayloadMatch, Since},
+    db,
+};
+
+/// How long a listing that searches payloads may run before PostgreSQL stops it.
+pub const SEARCH_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// One event in a listing. Timestamps are PostgreSQL's own text.
+#[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
+pub struct EventSummary {
+    /// The provider's name.
+    pub provider: String,
+    /// The event's id.
+    pub event_id: String,
+    /// Its type.
+    pub event_type: String,
+    /// Its status.
+    pub status: String,
+    /// Attempts made.
+    pub attempts: i32,
+    /// When receive claimed it.
+    pub received_at: String,
+    /// Why it failed (or last failed).
+    pub failure_reason: Option<String>,
+}
+
+/// A page of a listing, newest first, and where the next one starts.
+#[derive(Debug, Clone)]
+pub struct EventPage {
+    /// The events, newest first (by `received_at`, then provider and id).
+    pub events: Vec<EventSummary>,
+    /// Where the next page starts, if there is one.
+    pub next: Option<Cursor>,
+}
+
+/// The events `query` selects, newest first, `limit` of them (1 to 500)
+/// after `after` (a page's [`EventPage::next`]; none: from the newest).
+/// Keyset pagination: a page costs the same however deep it is, and events
+/// received meanwhile never shift one. A cursor that names no timestamp
+/// PostgreSQL reads is its error, when the query runs.
+pub async fn list_events(
+    pool: &PgPool,
+    query: &EventQuery,
+    after: Option<&Cursor>,
+    limit: i64,
+) -> Result<EventPage, sqlx::Error> {
+    let limit = limit.clamp(1, 500);
+    // Only the filters given, so that each combination is its own statement,
+    // planned for what it filters on (one statement of `$n IS NULL OR ...`
+    // gets one generic plan, a scan, after its fifth run).
+    let mut sql = sqlx::QueryBuilder::new(
+        "SELECT provider, event_id, event_type, status, attempts, received_at::text, failure_reason
+         FROM webhook_inbox AS w WHERE true",
+    );
+    if let Some(provider) = &query.provider {
+        sql.push(" AND provider = ").push_bind(provider);
+    }
+    if let Some(event_type) = &query.event_type {
+        sql.push(" AND event_type = ").push_bind(event_type);
+    }
+    if !query.statuses.is_empty() {
+        sql.push(" AND status = ANY(").push_bind(query.statuses.iter().map(|s| s.as_str()).collect::<Vec<_>>());
+        sql.push(")");
+    }
+    for (bound, op) in [(&query.since, ">="), (&query.until, "<")] {
+        match bound {
+            Some(Since::Ago(d)) => {
+                sql.push(format_args!(" AND received_at {op} now() - "));
+                sql.push_bind(d.as_millis() as i64).push(" * interval '1 millisecond'");
+            }
+            Some(Since::At(t)) => {
+                sql.push(format_args!(" AND received_at {op} ")).push_bind(t).push("::timestamptz");
+            }
+            None => {}
+        }
+    }
+    match &query.event_id {
+        Some(IdMatch::Exact(id)) => {
+            sql.push(" AND event_id = ").push_bind(id);
+            if query.provider.is_none() {
+                // The key is (provider, event_id): one probe per provider stored,
+                // the providers found by walking the key (a loose index scan).
+                sql.push(
+                    " AND provider IN (WITH RECURSIVE p(name) AS (
+                         SELECT min(provider) FROM webhook_inbox
+                         UNION ALL
+                         SELECT (SELECT min(provider) FROM webhook_inbox WHERE provider > p.name)
+                         FROM p WHERE p.name IS NOT NULL)
+                     SELECT name FROM p WHERE name IS NOT NULL)",
+                );
+            }
+        }
+        Some(IdMatch::Prefix(prefix)) => {
+            // Under the C collation, as `webhook_inbox_event_id_idx` orders ids: a range of it.
+            sql.push(" AND starts_with(event_id COLLATE \"C\", ").push_bind(prefix).push(")");
+        }
+        None => {}
+    }
+    match &query.payload {
+        Some(PayloadMatch::Text(text)) => {
+            sql.push(" AND strpos(payload::text, ").push_bind(text).push(") > 0");
+        }
+        Some(PayloadMatch::Json(json)) => {
+            sql.push(" AND payload @> ").push_bind(Json(json)).push("::jsonb");
+        }
+        None => {}
+    }
+    if let Some(after) = after {
+        sql.push(" AND (received_at, provider, event_id) < (").push_bind(&after.received_at).push("::timestamptz, ");
+        sql.push_bind(&after.provider).push(", ").push_bind(&after.event_id).push(")");
+    }
+    // `w.`: the column, not the output of the same name (text, which no index orders).
+    sql.push(" ORDER BY w.received_at DESC, w.provider DESC, w.event_id DESC LIMIT ").push_bind(limit + 1);
+    // Unnamed, so planned each time for its values: a prefix becomes a range
+    // of the index, and no generic plan is ever kept for a filter that needs its value.
+    let listing = db::built_query_as(&mut sql).persistent(false);
+    let mut events: Vec<EventSummary> = if query.payload.is_some() {
+        let mut tx = pool.begin().await?;
+        db::query("SELECT set_config('statement_timeout', $1, true)")
+            .bind(SEARCH_TIMEOUT.as_millis().to_string())
+            .execute(&mut *tx)
+            .await?;
+        let events = listing.fetch_all(&mut *tx).await?;
+        tx.commit().await?;
+        events
+    } else {
+        listing.fetch_all(db::Autocommit(pool)).await?
+    };
+    let more = events.len() as i64 > limit;
+    events.truncate(limit as usize);
+    let next = events.last().filter(|_| more).map(|e| Cursor {
+        received_at: e.received_at.clone(),
+        provider: e.provider.clone(),
+        event_id: e.event_id.clone(),
+    });
+    Ok(EventPage { events, next })
+}
+
+/// One stored event in full, as `inbox show` prints it. Timestamps are PostgreSQL's own text.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct StoredEvent {
+    /// The provider's name.
+    pub provider: String,
+    /// The event's id.
+    pub event_id: String,
+    /// Its type.
+    pub event_type: String,
+    /// `pending`, `done`, `unhandled` or `failed`.
+    pub status: String,
+    /// How it arrived: `webhook`, or `reconcile` (fetched from the provider's API, unsigned).
+    pub source: String,
+    /// Attempts made.
+    pub attempts: i32,
+    /// When receive claimed it.
+    pub received_at: String,
+    /// When a worker finished with it.
+    pub processed_at: Option<String>,
+    /// When a worker tries it next (an event in backoff).
+    pub next_attempt_at: Option<String>,
+    /// Why it failed (or last failed).
+    pub failure_reason: Option<String>,
+    /// The delivery's headers that were kept (a repeated header as an array of its values).
+    pub headers: Json<serde_json::Value>,
+    /// The payload as `jsonb` (none for a body that was never usable).
+    pub payload: Option<Json<serde_json::Value>>,
+    /// The signed bytes: the row's own, or its batch's (`webhook_bodies`).
+    pub raw_body: Vec<u8>,
+    /// The position of the secret that verified it, in the list configured then.
+    pub secret_index: Option<i16>,
+    /// The fingerprint of the secret that verified it (rows stored before fingerprints have none).
+    pub secret_fingerprint: Option<String>,
+    /// When it was received, in Unix seconds (re-verification checks the timestamp against it).
+    pub received_epoch: i64,
+}
+
+/// The event `event_id` of `provider`, in full, if it is stored.
+pub async fn stored_event(pool: &PgPool, provider: &str, event_id: &str) -> Result<Option<StoredEvent>, sqlx::Error> {
+    db::query_as(
+        "SELECT w.provider, w.event_id, w.event_type, w.status, w.source, w.attempts, w.received_at::text,
+                w.processed_at::text, w.next_attempt_at::text, w.failure_reason, w.headers, w.payload,
+                coalesce(b.raw_body, w.raw_body) AS raw_body, w.secret_index, w.secret_fingerprint,
+                extract(epoch FROM w.received_at)::bigint AS received_epoch
+         FROM webhook_inbox AS w LEFT JOIN webhook_bodies AS b ON b.sha256 = w.body_sha256
+         WHERE w.provider = $1 AND w.event_id = $2",
+    )
+    .bind(provider)
+    .bind(event_id)
+    .fetch_optional(db::Autocommit(pool))
+    .await
+}

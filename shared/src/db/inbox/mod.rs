@@ -1,0 +1,30 @@
+//! `webhook_inbox`: every statement on the table, one module per role. The
+//! claim is one `INSERT ... ON CONFLICT DO NOTHING RETURNING`: the primary key
+//! is the gate, so no check-then-act exists. Status literals stay in the SQL
+//! (the queue's partial index is `WHERE status = 'pending'`), all in this folder;
+//! the statuses themselves and the operator's selections are leaf types in
+//! `core` ([`Status`](crate::core::status::Status), `core::selection`).
+
+mod claim;
+mod listing;
+mod prune;
+mod queue;
+mod requeue;
+mod stats;
+
+#[cfg(feature = "serve")]
+pub(crate) use claim::insert_group;
+pub use claim::Envelope;
+#[cfg(feature = "serve")]
+pub use claim::GroupRow;
+pub(crate) use claim::{insert, insert_batch, Body, Inserted};
+pub use listing::{list_events, stored_event, EventPage, EventSummary, StoredEvent, SEARCH_TIMEOUT};
+pub use prune::{delete_received_before, Providers};
+pub(crate) use queue::{
+    count_next, finish, give_up, mark_done_inline, mark_unusable, note_inline_failure, take_counted, take_one,
+    take_pending, Finished, Taken,
+};
+pub use requeue::{
+    count_matching, list_failed, replay, requeue_all, FailedEvent, Matching, Replayed, Requeue, Requeued,
+};
+pub use stats::{counts_by_status, gauges, secret_usage, status_counts, Count, InboxGauges, SecretUse};

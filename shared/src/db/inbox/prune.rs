@@ -1,0 +1,48 @@
+//! Retention's deletes.
+
+use sqlx::PgExecutor;
+
+use crate::{core::status::Status, db};
+
+/// Which providers' rows a retention DELETE takes.
+#[derive(Debug, Clone, Copy)]
+pub enum Providers<'a> {
+    Any,
+    Only(&'a [&'a str]),
+    Except(&'a [&'a str]),
+}
+
+/// Deletes up to `limit` rows of one of `statuses` (of `providers`) received
+/// before `days` ago, skipping rows another transaction holds.
+pub async fn delete_received_before<'e>(
+    ex: impl PgExecutor<'e>,
+    providers: Providers<'_>,
+    statuses: &[Status],
+    days: u32,
+    limit: i64,
+) -> Result<u64, sqlx::Error> {
+    let (only, except): (Option<&[&str]>, &[&str]) = match providers {
+        Providers::Any => (None, &[]),
+        Providers::Only(p) => (Some(p), &[]),
+        Providers::Except(p) => (None, p),
+    };
+    let done = db::query(
+        "DELETE FROM webhook_inbox AS w
+         USING (SELECT provider, event_id FROM webhook_inbox
+                WHERE received_at < now() - make_interval(days => $3)
+                  AND status = ANY($2)
+                  AND ($1::text[] IS NULL OR provider = ANY($1))
+                  AND NOT provider = ANY($5::text[])
+                LIMIT $4
+                FOR UPDATE SKIP LOCKED) AS old
+         WHERE w.provider = old.provider AND w.event_id = old.event_id",
+    )
+    .bind(only)
+    .bind(statuses.iter().map(|s| s.as_str()).collect::<Vec<_>>())
+    .bind(days as i32)
+    .bind(limit)
+    .bind(except)
+    .execute(ex)
+    .await?;
+    Ok(done.rows_affected())
+}

@@ -1,0 +1,236 @@
+//! The queue: what the worker takes and how each event ends, and the inline
+//! handlers' marks inside receive's claim transaction.
+
+use std::time::Duration;
+
+use sqlx::{types::Json, PgConnection, PgPool};
+
+use crate::{
+    core::{provider::Provider, status::Status},
+    db,
+};
+
+/// A pending row as the worker takes it.
+#[derive(sqlx::FromRow)]
+pub(crate) struct Taken {
+    pub provider: String,
+    pub event_id: String,
+    pub event_type: String,
+    /// `jsonb` as text, decoded per row (only when a handler needs it): an
+    /// undecodable payload fails its own row, never the batch's query. A batch
+    /// fetches it only for the events a handler takes.
+    pub payload: Option<String>,
+    /// The kept headers, fetched with the payload.
+    pub headers: Option<Json<serde_json::Value>>,
+    /// Attempts before this one.
+    pub attempts: i32,
+    /// `received_at`, in microseconds since the Unix epoch.
+    pub received_at_us: i64,
+    /// The delivery's receive span (`trace_context`), when traces were on.
+    pub trace_context: Option<String>,
+}
+
+/// Up to `limit` due pending rows, in receive order, skipping those another
+/// worker holds; the payload and headers only where `handled`
+/// (`provider:event_type`) names a handler: an event no handler takes is
+/// unhandled without them.
+pub(crate) async fn take_pending(
+    conn: &mut PgConnection,
+    limit: i64,
+    handled: &[String],
+) -> Result<Vec<Taken>, sqlx::Error> {
+    db::query_as(
+        "SELECT provider, event_id, event_type,
+             CASE WHEN provider || ':' || event_type = ANY($2) THEN payload::text END AS payload,
+             CASE WHEN provider || ':' || event_type = ANY($2) THEN headers END AS headers, attempts,
+             (extract(epoch FROM received_at) * 1000000)::bigint AS received_at_us, trace_context
+         FROM webhook_inbox
+         WHERE status = 'pending' AND (next_attempt_at IS NULL OR next_attempt_at <= now())
+         ORDER BY received_at, event_id
+         LIMIT $1
+         FOR UPDATE SKIP LOCKED",
+    )
+    .bind(limit)
+    .bind(handled)
+    .fetch_all(conn)
+    .await
+}
+
+/// The SQS path: the named event, if it is due and nobody holds it.
+pub(crate) async fn take_one(
+    conn: &mut PgConnection,
+    provider: &str,
+    event_id: &str,
+) -> Result<Vec<Taken>, sqlx::Error> {
+    db::query_as(
+        "SELECT provider, event_id, event_type, payload::text AS payload, headers, attempts,
+             (extract(epoch FROM received_at) * 1000000)::bigint AS received_at_us, trace_context
+         FROM webhook_inbox
+         WHERE provider = $1 AND event_id = $2 AND status = 'pending'
+           AND (next_attempt_at IS NULL OR next_attempt_at <= now())
+         FOR UPDATE SKIP LOCKED",
+    )
+    .bind(provider)
+    .bind(event_id)
+    .fetch_all(conn)
+    .await
+}
+
+/// Careful mode: counts the next due event's attempt and holds it back by
+/// `base` doubled per attempt (it may crash again), committed before it runs.
+/// `attempts` comes back as the attempts made before this one.
+pub(crate) async fn count_next(pool: &PgPool, base: Duration) -> Result<Option<Taken>, sqlx::Error> {
+    db::query_as(
+        "WITH next AS (
+             SELECT provider, event_id FROM webhook_inbox
+             WHERE status = 'pending' AND (next_attempt_at IS NULL OR next_attempt_at <= now())
+             ORDER BY received_at, event_id
+             LIMIT 1
+             FOR UPDATE SKIP LOCKED)
+         UPDATE webhook_inbox AS w
+         SET attempts = w.attempts + 1,
+             next_attempt_at = now() + least($1 * power(2, w.attempts), 3600000) * interval '1 millisecond'
+         FROM next
+         WHERE w.provider = next.provider AND w.event_id = next.event_id
+         RETURNING w.provider, w.event_id, w.event_type, w.payload::text AS payload, w.headers, w.attempts - 1 AS attempts,
+             (extract(epoch FROM w.received_at) * 1000000)::bigint AS received_at_us, w.trace_context",
+    )
+    .bind(base.as_millis() as i64)
+    .fetch_optional(db::Autocommit(pool))
+    .await
+}
+
+/// Careful mode: the counted event, whatever its backoff says.
+pub(crate) async fn take_counted(
+    conn: &mut PgConnection,
+    provider: &str,
+    event_id: &str,
+) -> Result<Vec<Taken>, sqlx::Error> {
+    db::query_as(
+        "SELECT provider, event_id, event_type, payload::text AS payload, headers, attempts - 1 AS attempts,
+             (extract(epoch FROM received_at) * 1000000)::bigint AS received_at_us, trace_context
+         FROM webhook_inbox
+         WHERE provider = $1 AND event_id = $2 AND status = 'pending'
+         FOR UPDATE SKIP LOCKED",
+    )
+    .bind(provider)
+    .bind(event_id)
+    .fetch_all(conn)
+    .await
+}
+
+/// How one taken event ends this pass.
+pub(crate) struct Finished {
+    pub provider: String,
+    pub event_id: String,
+    pub status: Status,
+    /// For `Pending`: how long until the next attempt.
+    pub delay: Option<Duration>,
+    pub reason: Option<String>,
+    /// What this pass adds to the event's attempts: 1 for an attempt, 0
+    /// for none, -1 to undo the attempt careful mode counted before an
+    /// event that no handler takes (nothing ran).
+    pub attempts: i32,
+}
+
+/// Every outcome of a batch in one statement.
+pub(crate) async fn finish(conn: &mut PgConnection, rows: &[Finished]) -> Result<(), sqlx::Error> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let col = |f: fn(&Finished) -> Option<&str>| rows.iter().map(f).collect::<Vec<_>>();
+    let delays: Vec<Option<i64>> = rows.iter().map(|r| r.delay.map(|d| d.as_millis() as i64)).collect();
+    let attempts: Vec<i32> = rows.iter().map(|r| r.attempts).collect();
+    db::query(
+        "UPDATE webhook_inbox AS w
+         SET status = u.status,
+             attempts = w.attempts + u.attempts,
+             processed_at = CASE WHEN u.status IN ('done', 'failed', 'unhandled') THEN statement_timestamp() END,
+             next_attempt_at = now() + u.delay_ms * interval '1 millisecond',
+             failure_reason = u.reason
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::int4[])
+              AS u (provider, event_id, status, delay_ms, reason, attempts)
+         WHERE w.provider = u.provider AND w.event_id = u.event_id",
+    )
+    .bind(col(|r| Some(&r.provider)))
+    .bind(col(|r| Some(&r.event_id)))
+    .bind(col(|r| Some(r.status.as_str())))
+    .bind(&delays)
+    .bind(col(|r| r.reason.as_deref()))
+    .bind(&attempts)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Careful mode: an event that cut the connection on every attempt is failed;
+/// the attempt counted to take it this time is undone (it was not made).
+pub(crate) async fn give_up(pool: &PgPool, provider: &str, event_id: &str, reason: &str) -> Result<(), sqlx::Error> {
+    db::query(
+        "UPDATE webhook_inbox SET status = 'failed', failure_reason = $3, next_attempt_at = NULL, attempts = attempts - 1,
+             processed_at = now()
+         WHERE provider = $1 AND event_id = $2 AND status = 'pending'",
+    )
+    .bind(provider)
+    .bind(event_id)
+    .bind(reason)
+    .execute(db::Autocommit(pool))
+    .await?;
+    Ok(())
+}
+
+// ---- inline mode (inside receive's claim transaction) ----
+
+/// The inline handler applied the event: done, its one attempt counted.
+pub(crate) async fn mark_done_inline(
+    conn: &mut PgConnection,
+    provider: Provider,
+    event_id: &str,
+) -> Result<(), sqlx::Error> {
+    db::query(
+        "UPDATE webhook_inbox SET status = 'done', processed_at = now(), attempts = attempts + 1
+         WHERE provider = $1 AND event_id = $2",
+    )
+    .bind(provider.as_str())
+    .bind(event_id)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// The inline handler failed: left pending for the worker, the attempt counted, the reason kept.
+pub(crate) async fn note_inline_failure(
+    conn: &mut PgConnection,
+    provider: Provider,
+    event_id: &str,
+    reason: &str,
+) -> Result<(), sqlx::Error> {
+    db::query(
+        "UPDATE webhook_inbox SET attempts = attempts + 1, failure_reason = $3 WHERE provider = $1 AND event_id = $2",
+    )
+    .bind(provider.as_str())
+    .bind(event_id)
+    .bind(reason)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// The payload cannot be decoded: failed at once, with the reason.
+pub(crate) async fn mark_unusable(
+    conn: &mut PgConnection,
+    provider: Provider,
+    event_id: &str,
+    reason: &str,
+) -> Result<(), sqlx::Error> {
+    db::query(
+        "UPDATE webhook_inbox SET status = 'failed', failure_reason = $3, processed_at = now()
+         WHERE provider = $1 AND event_id = $2",
+    )
+    .bind(provider.as_str())
+    .bind(event_id)
+    .bind(reason)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
