@@ -23,7 +23,7 @@ pub fn jitter(max: u64) -> u64 {
 }
 
 /// `Retry-After` (seconds, whole or decimal, or an HTTP date), at most [`RETRY_CAP`].
-#[cfg(any(feature = "relay", feature = "reconcile"))]
+#[cfg(feature = "http-client")]
 pub fn retry_after_value(value: &str) -> Option<Duration> {
     let value = value.trim();
     let wait = match value.parse::<f64>() {

@@ -51,7 +51,6 @@ pub async fn text(mut response: reqwest::Response, limit: usize) -> Result<Strin
 }
 
 /// `Retry-After` as seconds (whole or decimal) or an HTTP date, at most an hour.
-#[cfg(any(feature = "relay", feature = "reconcile"))]
 pub fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     super::backoff::retry_after_value(headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?)
 }

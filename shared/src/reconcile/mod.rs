@@ -26,7 +26,7 @@ mod shopify;
 mod stripe;
 
 pub use github::{GithubDeliveries, Hook};
-pub use shopify::{ShopifyOrders, ORDER_EVENT_TYPE, ORDER_TOPIC};
+pub use shopify::ShopifyOrders;
 pub use stripe::StripeEvents;
 
 use std::{
