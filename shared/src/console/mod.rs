@@ -26,7 +26,7 @@ mod auth;
 mod health;
 mod limiter;
 mod page;
-mod pages;
+mod screens;
 
 use std::{sync::Arc, time::Duration};
 
@@ -157,7 +157,7 @@ pub(crate) fn router_at(
         hashing: tokio::sync::Semaphore::new(HASHING_AT_ONCE),
         settings,
     });
-    pages::router(state)
+    screens::router(state)
 }
 
 /// A read-only pool on `INBOX_CONSOLE_READ_DATABASE_URL`, if it is set.

@@ -1,0 +1,46 @@
+//! What every action shares: the confirmation page, the operator's check, the audit reason.
+
+use askama::Template;
+
+use crate::{
+    console::{
+        auth::Signed,
+        page::{optional, Nav, PageError},
+    },
+    db::console::Role,
+    ops,
+};
+
+/// An action's audit reason as the form gave it (`default` when empty), or the page that says it is too long.
+pub(super) fn audit_reason(text: &str, default: &str) -> Result<String, PageError> {
+    let text = optional(text).unwrap_or_else(|| default.to_string());
+    ops::audit_reason(&text).map_err(|why| PageError::BadRequest(format!("Nothing was done: {why}.")))
+}
+
+#[derive(Template)]
+#[template(path = "console/confirm.html")]
+pub(super) struct ConfirmPage {
+    pub(super) nav: Nav,
+    pub(super) title: String,
+    /// What will happen, in sentences.
+    pub(super) what: Vec<String>,
+    /// The form's action, and its hidden fields (besides the CSRF token).
+    pub(super) action: String,
+    pub(super) fields: Vec<(&'static str, String)>,
+    /// The audit's reason, prefilled; none for an action without one.
+    pub(super) reason: Option<&'static str>,
+    pub(super) button: String,
+    pub(super) back: String,
+    /// Why it cannot be done, instead of a form.
+    pub(super) refused: Option<String>,
+}
+
+pub(super) fn operator_only(signed: &Signed) -> Result<(), PageError> {
+    if signed.role != Role::Operator {
+        return Err(PageError::Forbidden("Viewers cannot act: nothing was done. An operator can."));
+    }
+    Ok(())
+}
+
+/// Requeue and retry work in batches of this many rows, each its own short transaction.
+pub(super) const BATCH: i64 = 500;
