@@ -19,7 +19,7 @@ use webhook_inbox::{
     runtime::stage::Stage,
 };
 
-const VARIANT: &str = include_str!("../../migrations-optional/hash_partitioned_inbox.sql");
+const VARIANT: &str = webhook_inbox_migrations::HASH_PARTITIONED_INBOX;
 
 fn event(id: &str) -> NewEvent {
     NewEvent::pending(id.into(), "t", "{}".into())

@@ -90,7 +90,7 @@ pub struct EventQuery {
     pub event_id: Option<IdMatch>,
     /// Whose payload holds this text or JSON. Nothing indexes payloads (an
     /// index would cost every claim): bound the search with `since`; it stops
-    /// after [`SEARCH_TIMEOUT`] with PostgreSQL's statement timeout (57014).
+    /// after [`SEARCH_TIMEOUT`](crate::ops::SEARCH_TIMEOUT) with PostgreSQL's statement timeout (57014).
     pub payload: Option<PayloadMatch>,
 }
 

@@ -20,8 +20,9 @@ use sqlx::{migrate::Migrator, Connection, Executor, PgConnection, PgPool};
 
 use super::{query, query_as, query_scalar};
 
-/// The inbox's own migrations (`shared/migrations`), embedded in every binary.
-pub static MIGRATIONS: Migrator = sqlx::migrate!("./migrations");
+/// The inbox's own migrations (the repository's top-level `migrations/`, the
+/// crate `webhook-inbox-migrations`), embedded in every binary.
+pub use webhook_inbox_migrations::INBOX as MIGRATIONS;
 
 /// Where the inbox records its applied migrations.
 pub const HISTORY_TABLE: &str = "webhook_inbox_migrations";

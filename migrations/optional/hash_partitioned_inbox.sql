@@ -1,9 +1,9 @@
 -- Optional variant: hash-partition webhook_inbox on its key (provider, event_id).
 --
--- Apply once, after the migrations in shared/migrations/, when partition-level
+-- Apply once, after the migrations in migrations/, when partition-level
 -- maintenance (VACUUM, reindex, moving partitions) matters more than a few
 -- microseconds per claim:
---     psql "$DATABASE_URL" -v ON_ERROR_STOP=1 -f migrations-optional/hash_partitioned_inbox.sql
+--     psql "$DATABASE_URL" -v ON_ERROR_STOP=1 -f migrations/optional/hash_partitioned_inbox.sql
 --
 -- Hash partitioning on the key keeps the key unique: every copy of an event
 -- hashes to the same partition, whose primary key refuses the duplicate. Expiry
