@@ -26,10 +26,9 @@ use webhook_inbox::{
     config::Secret,
     config::{Catalog, DbConfig, Env},
     db,
-    process::{handlers::Handlers, worker::Worker},
+    process::worker::Worker,
     prune::{Pruner, RetentionConfig},
     reconcile::{ReconcileConfig, StripeEvents},
-    reference,
     relay::{HttpSink, Relay, RelayConfig, Sink},
     runtime::stage::Stage,
     serve::GroupConfig,
@@ -84,7 +83,7 @@ async fn every_stage(pool_options: PgPoolOptions, opts: PgConnectOptions, mode: 
     let pool = db::pool(&db).unwrap();
 
     // migrations: three deploys at once, each all or nothing, one after the other.
-    let app = reference::app();
+    let app = stock::app();
     let (a, b, c) = tokio::join!(app.migrate(&pool), app.migrate(&pool), app.migrate(&pool));
     for result in [a, b, c] {
         result.unwrap_or_else(|e| panic!("{e}; pgbouncer log:\n{}", bouncer.log()));
@@ -95,7 +94,7 @@ async fn every_stage(pool_options: PgPoolOptions, opts: PgConnectOptions, mode: 
     .fetch_one(&direct)
     .await
     .unwrap();
-    let expected = (db::schema::MIGRATIONS.iter().count() as i64, reference::MIGRATIONS.iter().count() as i64);
+    let expected = (db::schema::MIGRATIONS.iter().count() as i64, stock::MIGRATIONS.iter().count() as i64);
     assert_eq!(applied, expected);
 
     // receive: 16 at a time, 200 payments each sent twice, and 20 Marqeta batches of 10.
@@ -158,7 +157,7 @@ async fn every_stage(pool_options: PgPoolOptions, opts: PgConnectOptions, mode: 
     assert_eq!(rows, 400 + 200);
 
     // process: the whole queue through the pooler.
-    let worker = Worker::new(pool.clone(), Handlers::reference(), inbox_tests::fast_worker_config());
+    let worker = Worker::new(pool.clone(), stock::handlers(), inbox_tests::fast_worker_config());
     let processed = worker.run(later()).await.unwrap_or_else(|e| panic!("{e}; pgbouncer log:\n{}", bouncer.log()));
     assert_eq!(processed.taken, 600);
     let payments: i64 = sqlx::query_scalar("SELECT count(*) FROM payments").fetch_one(&direct).await.unwrap();

@@ -15,17 +15,17 @@ use crate::{
 /// `process` function, inline mode and `dev` run the same handlers, and the
 /// `migrate` function applies the same migrations.
 ///
-/// The stock binaries are built from [`crate::reference::app`].
+/// The stock binaries are built from such an application too: the `stock`
+/// crate of the repository (`examples/stock`).
 #[derive(Clone, Default)]
 pub struct App {
     handlers: Handlers,
-    migrations: Option<&'static Migrator>,
+    /// The application's migrations, and the table of their history (none: sqlx's `_sqlx_migrations`).
+    migrations: Option<(&'static Migrator, Option<&'static str>)>,
     schemes: Vec<Arc<dyn Scheme>>,
     #[cfg(feature = "reconcile")]
     sources: Vec<Arc<dyn crate::reconcile::Source>>,
     apis: crate::process::hints::Apis,
-    /// The crate's own tables beyond the inbox's (the reference domain's), and their history table.
-    pub(crate) own_tables: Option<(&'static Migrator, &'static str)>,
 }
 
 impl App {
@@ -38,7 +38,18 @@ impl App {
     /// the inbox's. They keep their history in sqlx's `_sqlx_migrations`, the
     /// inbox in its own table, so neither refuses the other.
     pub fn with_migrations(mut self, migrations: &'static Migrator) -> Self {
-        self.migrations = Some(migrations);
+        self.migrations = Some((migrations, None));
+        self
+    }
+
+    /// [`App::with_migrations`], their history kept in `history_table` (made
+    /// if missing) instead of `_sqlx_migrations`: for migrations that must not
+    /// meet a team's own sqlx history (the stock application's), or an
+    /// application whose `_sqlx_migrations` belongs to another tool. The name
+    /// is a plain lowercase identifier, neither the inbox's history table nor
+    /// sqlx's; [`App::migrate`] refuses any other before it changes anything.
+    pub fn with_migrations_in(mut self, migrations: &'static Migrator, history_table: &'static str) -> Self {
+        self.migrations = Some((migrations, Some(history_table)));
         self
     }
 
@@ -86,28 +97,32 @@ impl App {
     /// Applies the inbox's pending migrations, then the application's, each
     /// set in one transaction; returns the inbox's latest version.
     pub async fn migrate(&self, pool: &PgPool) -> Result<i64, schema::MigrateError> {
-        let version = schema::migrate(pool).await?;
-        if let Some((set, table)) = self.own_tables {
-            schema::migrate_own(pool, set, table).await?;
+        if let Some((_, Some(table))) = self.migrations {
+            if let Some(why) = schema::history_table_refused(table) {
+                return Err(schema::MigrateError::HistoryTable(table, why));
+            }
         }
-        if let Some(app) = self.migrations {
-            schema::migrate_app(pool, app).await?;
+        let version = schema::migrate(pool).await?;
+        match self.migrations {
+            Some((set, Some(table))) => schema::migrate_own(pool, set, table).await?,
+            Some((set, None)) => schema::migrate_app(pool, set).await?,
+            None => {}
         }
         Ok(version)
     }
 }
 
 impl App {
-    /// The migrations not applied yet (the inbox's, the crate's own tables',
-    /// the application's), each as `version description`; empty when the
-    /// schema is up to date (what `inbox serve`'s `/readyz` waits for).
+    /// The migrations not applied yet (the inbox's, then the application's),
+    /// each as `version description`; empty when the schema is up to date
+    /// (what `inbox serve`'s `/readyz` waits for).
     pub async fn pending_migrations(&self, pool: &PgPool) -> Result<Vec<String>, sqlx::Error> {
         let mut pending = schema::pending(pool, &schema::MIGRATIONS, schema::HISTORY_TABLE).await?;
-        if let Some((set, table)) = self.own_tables {
-            pending.extend(schema::pending(pool, set, table).await?);
-        }
-        if let Some(app) = self.migrations {
-            pending.extend(schema::pending(pool, app, "_sqlx_migrations").await?);
+        if let Some((set, table)) = self.migrations {
+            if let Some((table, why)) = table.and_then(|t| Some((t, schema::history_table_refused(t)?))) {
+                return Err(sqlx::Error::Configuration(format!("{table:?} as a history table: {why}").into()));
+            }
+            pending.extend(schema::pending(pool, set, table.unwrap_or("_sqlx_migrations")).await?);
         }
         Ok(pending)
     }

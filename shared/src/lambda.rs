@@ -5,13 +5,14 @@
 //! ```no_run
 //! #[tokio::main]
 //! async fn main() -> Result<(), webhook_inbox::lambda::Error> {
-//!     webhook_inbox::lambda::process(webhook_inbox::reference::app()).await
+//!     let app = webhook_inbox::App::new(webhook_inbox::Handlers::new()); // your handlers, migrations, ...
+//!     webhook_inbox::lambda::process(app).await
 //! }
 //! ```
 //!
-//! `receive`, `process` and `migrate` take the application (its handlers for
-//! inline mode and the worker, its migrations); `relay`, `prune` and
-//! `reconcile` need none, so the stock binaries serve any application.
+//! `receive`, `process`, `migrate` and `reconcile` take the application (its
+//! handlers for inline mode and the worker, its migrations, its sources);
+//! `relay` and `prune` need none, so their stock binaries serve any application.
 
 use std::{sync::Arc, time::Duration};
 

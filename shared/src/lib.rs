@@ -65,16 +65,17 @@
 //! ```
 //!
 //! `examples/invoices` in the repository is such an application, whole: its
-//! migrations, handlers, binaries and tests. The stock binaries are built from
-//! [`reference::app`].
+//! migrations, handlers, binaries and tests. The stock binaries run one too,
+//! the repository's `examples/stock`.
 //!
 //! # What is public
 //!
 //! The items at this root, and the modules [`lambda`] (one entry point per
 //! function), [`serve`] (the same stages as a long-running service), [`dev`] (the local stack), [`ops`] (what the operator's commands
 //! do, from code), [`config`] (settings from the environment), [`schemes`]
-//! (a provider's signing contract of your own) and [`reference`](mod@reference)
-//! (the stock domain), each item at one path. Everything else is private.
+//! (a provider's signing contract of your own), [`reconciliation`] (provider
+//! APIs to reconcile from), [`hints`] (events as hints) and [`testing`] (a
+//! team's test support), each item at one path. Everything else is private.
 //!
 //! # Features
 //!
@@ -159,8 +160,6 @@ pub mod reconcile;
 #[cfg(feature = "reconcile")]
 #[cfg(not(feature = "internals"))]
 mod reconcile;
-#[cfg(feature = "service")]
-pub mod reference;
 #[cfg(feature = "relay")]
 #[cfg(feature = "internals")]
 #[doc(hidden)]

@@ -1,5 +1,5 @@
 //! Events as hints, against a real PostgreSQL and a fake Stripe API
-//! (wiremock): the reference `customer.subscription.*` handler keeps the
+//! (wiremock): the stock `customer.subscription.*` handler keeps the
 //! subscription the API answers, fetched by the worker outside any
 //! transaction.
 
@@ -11,7 +11,7 @@ use sqlx::PgPool;
 use webhook_inbox::{
     config::Secret,
     hints::{Apis, StripeApi},
-    Handlers, Provider, Worker, WorkerConfig,
+    Provider, Worker, WorkerConfig,
 };
 use wiremock::{
     matchers::{header, method, path},
@@ -32,7 +32,7 @@ fn subscription(sub: &str, status: &str) -> Value {
 }
 
 fn worker(pool: &PgPool, api: StripeApi, config: WorkerConfig) -> Worker {
-    Worker::new(pool.clone(), Handlers::reference(), config)
+    Worker::new(pool.clone(), stock::handlers(), config)
         .with_apis(Apis::default().with(Provider::STRIPE, Arc::new(api)))
 }
 
@@ -222,7 +222,7 @@ async fn an_object_the_api_does_not_have_fails_its_event_with_the_reason_and_the
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn without_an_api_the_event_stays_pending_and_says_why(pool: PgPool) {
     store(&pool, Provider::STRIPE, "evt_n", "customer.subscription.updated", &event("evt_n", "sub_n", "active")).await;
-    let w = Worker::new(pool.clone(), Handlers::reference(), fast_worker_config());
+    let w = Worker::new(pool.clone(), stock::handlers(), fast_worker_config());
     let counts = w.run_once(later()).await.unwrap();
     assert_eq!(counts.retried, 1, "{counts:?}");
     let (status, attempts, reason) = inbox(&pool, "evt_n").await;

@@ -25,7 +25,7 @@ use webhook_inbox::{
 };
 
 fn worker(pool: &PgPool) -> Worker {
-    Worker::new(pool.clone(), Handlers::reference(), fast_worker_config())
+    Worker::new(pool.clone(), stock::handlers(), fast_worker_config())
 }
 
 fn nested(depth: usize) -> String {
@@ -94,8 +94,8 @@ async fn receive_fails_at_once_what_the_worker_could_not_decode(_: PgPoolOptions
         if inline {
             cfg.inline_providers = vec![Provider::STRIPE];
         }
-        let r = Receiver::new(db::Connections::from_options(opts.clone(), &cfg.db), &cfg)
-            .with_handlers(Handlers::reference());
+        let r =
+            Receiver::new(db::Connections::from_options(opts.clone(), &cfg.db), &cfg).with_handlers(stock::handlers());
         for (id, hostile, reason) in [
             ("evt_deep", nested(128), "nested deeper than 127 levels"),
             ("evt_huge", r#"{"n":1e400}"#.to_string(), "number out of range"),

@@ -13,7 +13,7 @@ use inbox_tests::{request, secrets, stripe_header, TestApp, STRIPE};
 use serde_json::{json, Value};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use webhook_inbox::{
-    process::{self, handlers::Handlers},
+    process,
     runtime::metrics::{Metrics, NAMESPACE},
 };
 
@@ -123,7 +123,7 @@ async fn a_scheduled_process_run_writes_its_counts_and_the_queue_gauges(_: PgPoo
     assert_eq!(gauges.pending, 3);
     assert!((89_000.0..100_000.0).contains(&gauges.oldest_pending_ms), "{gauges:?}");
 
-    let worker = app.worker(Handlers::reference());
+    let worker = app.worker(stock::handlers());
     let (result, metrics) =
         process::handle_counted(&worker, json!({"source": "aws.scheduler"}), Instant::now() + Duration::from_secs(30))
             .await;

@@ -17,7 +17,7 @@ use sqlx::{
 use webhook_inbox::{
     core::http::http_client,
     db::schema::{self, MigrateError, MIGRATIONS},
-    migrate, reference, App,
+    migrate, App,
 };
 use wiremock::{matchers::method, Mock, MockServer, ResponseTemplate};
 
@@ -53,7 +53,7 @@ async fn answers(cfn: &MockServer) -> Vec<Value> {
 }
 
 async fn run(kind: &str, pool: &PgPool, cfn: &MockServer) -> Status {
-    run_app(&reference::app(), kind, pool, cfn).await
+    run_app(&stock::app(), kind, pool, cfn).await
 }
 
 async fn run_app(app: &App, kind: &str, pool: &PgPool, cfn: &MockServer) -> Status {
@@ -82,8 +82,8 @@ async fn sqlx_history(pool: &PgPool) -> Vec<i64> {
         .unwrap()
 }
 
-/// The reference domain's applied migrations, from its own history.
-async fn reference_history(pool: &PgPool) -> Vec<i64> {
+/// The stock application's applied migrations, from its own history.
+async fn stock_history(pool: &PgPool) -> Vec<i64> {
     sqlx::query_scalar("SELECT version FROM webhook_inbox_reference_migrations ORDER BY version")
         .fetch_all(pool)
         .await
@@ -167,11 +167,7 @@ async fn create_applies_the_schema_and_update_is_a_no_op(pool_options: PgPoolOpt
     .unwrap();
     assert_eq!(tables, 2);
     assert_eq!(applied(&pool).await, MIGRATIONS.iter().count() as i64);
-    assert_eq!(
-        reference_history(&pool).await,
-        versions(&reference::MIGRATIONS),
-        "the stock domain's, after the inbox's"
-    );
+    assert_eq!(stock_history(&pool).await, versions(&stock::MIGRATIONS), "the stock domain's, after the inbox's");
     assert_eq!(sqlx_history(&pool).await, Vec::<i64>::new(), "sqlx's history is left to a team");
 
     assert_eq!(run("Update", &pool, &cfn).await, Status::Success);
@@ -223,7 +219,7 @@ async fn migrations_apply_all_or_nothing_and_wait_for_sqlx_s_lock(
 }
 
 #[sqlx::test(migrations = false)]
-async fn the_inbox_s_migrations_make_no_reference_domain_table(pool_options: PgPoolOptions, options: PgConnectOptions) {
+async fn the_inbox_s_migrations_make_no_stock_table(pool_options: PgPoolOptions, options: PgConnectOptions) {
     let pool = pool_options.connect_lazy_with(options);
     schema::migrate(&pool).await.unwrap();
     let tables = tables(&pool).await;
@@ -233,8 +229,8 @@ async fn the_inbox_s_migrations_make_no_reference_domain_table(pool_options: PgP
     assert!(tables.iter().any(|t| t == "webhook_inbox"), "{tables:?}");
     assert!(!tables.iter().any(|t| t == "_sqlx_migrations"), "sqlx's history is left to the team: {tables:?}");
 
-    // The reference domain's tables come with the reference application only.
-    reference::app().migrate(&pool).await.unwrap();
+    // The stock application's tables come with the stock application only.
+    stock::app().migrate(&pool).await.unwrap();
     let tables = self::tables(&pool).await;
     for domain in ["orders", "payments", "accounts", "account_deposits"] {
         assert!(tables.iter().any(|t| t == domain), "{domain} in {tables:?}");
@@ -270,10 +266,39 @@ async fn a_team_s_sqlx_migrations_and_the_inbox_s_run_in_either_order(
     assert_eq!(invoices, 0);
 
     // Even the stock binaries run on it (a team's database once deployed with them, or `inbox dev`
-    // pointed at it): their reference domain keeps its history to itself, and the team's still runs.
-    reference::app().migrate(&pool).await.unwrap();
+    // pointed at it): their stock application keeps its history to itself, and the team's still runs.
+    stock::app().migrate(&pool).await.unwrap();
     TEAM.run(&pool).await.unwrap();
     assert_eq!(sqlx_history(&pool).await, versions(&TEAM));
+}
+
+/// `App::with_migrations_in`: an application's migrations with their history in
+/// a table of its own (as the stock application keeps its), never in sqlx's;
+/// a name that is not a plain identifier, or is the inbox's or sqlx's own
+/// history, is refused before anything is applied.
+#[sqlx::test(migrations = false)]
+async fn an_application_keeps_its_history_in_a_table_of_its_own_and_only_a_safe_one(
+    pool_options: PgPoolOptions,
+    options: PgConnectOptions,
+) {
+    let pool = pool_options.connect_lazy_with(options);
+    for bad in ["webhook_inbox_migrations", "_sqlx_migrations", "x; DROP TABLE webhook_inbox", "Billing", "", "a-b"] {
+        let app = App::default().with_migrations_in(&TEAM, bad);
+        let err = app.migrate(&pool).await.unwrap_err();
+        assert!(matches!(err, MigrateError::HistoryTable(..)), "{bad:?}: {err}");
+        assert!(app.pending_migrations(&pool).await.is_err(), "{bad:?}");
+    }
+    assert!(tables(&pool).await.is_empty(), "nothing applied: {:?}", tables(&pool).await);
+
+    let app = App::default().with_migrations_in(&TEAM, "billing_migrations");
+    assert_eq!(app.pending_migrations(&pool).await.unwrap().len(), MIGRATIONS.iter().count() + versions(&TEAM).len());
+    app.migrate(&pool).await.unwrap();
+    app.migrate(&pool).await.unwrap();
+    assert!(app.pending_migrations(&pool).await.unwrap().is_empty());
+    let recorded: Vec<i64> =
+        sqlx::query_scalar("SELECT version FROM billing_migrations ORDER BY version").fetch_all(&pool).await.unwrap();
+    assert_eq!(recorded, versions(&TEAM));
+    assert!(!tables(&pool).await.iter().any(|t| t == "_sqlx_migrations"), "sqlx's history untouched");
 }
 
 /// A pool whose sessions work in a schema of their own (created empty).
@@ -345,22 +370,22 @@ async fn a_database_migrated_by_release_0_1_0_upgrades_without_running_anything_
     assert_eq!(installed("webhook_inbox_migrations").await, before);
 }
 
-/// The stock deployment of release 0.1.0 upgrades too: the reference
-/// domain's tables, made by the inbox's migrations then, are kept with their
+/// The stock deployment of release 0.1.0 upgrades too: the stock
+/// application's tables, made by the inbox's migrations then, are kept with their
 /// rows, and its own migration is recorded in sqlx's history.
 #[sqlx::test(migrations = false)]
-async fn a_stock_database_of_release_0_1_0_keeps_its_reference_tables(
+async fn a_stock_database_of_release_0_1_0_keeps_its_stock_tables(
     pool_options: PgPoolOptions,
     options: PgConnectOptions,
 ) {
     let pool = pool_options.connect_lazy_with(options);
     RELEASE_0_1_0.run(&pool).await.unwrap();
     sqlx::query("INSERT INTO accounts (account_id, balance) VALUES ('acct_kept', 12.50)").execute(&pool).await.unwrap();
-    let app = reference::app();
+    let app = stock::app();
     app.migrate(&pool).await.unwrap();
     app.migrate(&pool).await.unwrap();
     assert_eq!(applied(&pool).await, MIGRATIONS.iter().count() as i64);
-    assert_eq!(reference_history(&pool).await, versions(&reference::MIGRATIONS));
+    assert_eq!(stock_history(&pool).await, versions(&stock::MIGRATIONS));
     assert_eq!(sqlx_history(&pool).await, Vec::<i64>::new(), "release 0.1.0's rows moved out, nothing added");
     let balance: String = sqlx::query_scalar("SELECT balance::text FROM accounts WHERE account_id = 'acct_kept'")
         .fetch_one(&pool)

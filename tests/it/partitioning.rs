@@ -14,7 +14,6 @@ use webhook_inbox::{
     db,
     ingest::claim::{self, Claim, Envelope},
     ingest::providers::{NewEvent, Provider},
-    process::handlers::Handlers,
     process::worker::{Worker, WorkerConfig},
     runtime::stage::Stage,
 };
@@ -80,7 +79,7 @@ async fn the_hash_partitioned_inbox_refuses_every_duplicate_and_spreads_keys(_: 
         let (status, answer) = post(&r, "stripe", &[("Stripe-Signature", &stripe_header(STRIPE[0], body))], body).await;
         assert_eq!((status, answer["status"].as_str()), (StatusCode::OK, Some(expected)));
     }
-    let worker = Worker::new(pool.clone(), Handlers::reference(), WorkerConfig::default());
+    let worker = Worker::new(pool.clone(), stock::handlers(), WorkerConfig::default());
     let counts = worker.run(Instant::now() + Duration::from_secs(30)).await.unwrap();
     assert_eq!(counts.taken, 202);
     let payments: i64 = sqlx::query_scalar("SELECT count(*) FROM payments").fetch_one(&pool).await.unwrap();

@@ -1,4 +1,4 @@
-//! The worker and the reference domain against a real PostgreSQL: effects
+//! The worker and the stock application against a real PostgreSQL: effects
 //! apply once under duplicates, concurrency, crashes, retries and disorder.
 
 use std::{
@@ -13,6 +13,11 @@ use sqlx::{
     postgres::{PgConnectOptions, PgPoolOptions},
     PgConnection, PgPool,
 };
+use stock::{
+    deposits,
+    orders::{self, Applied, OrderSnapshot, WasInserted},
+    payments::PaymentSucceededHandler,
+};
 use tokio::sync::Barrier;
 use webhook_inbox::{
     db,
@@ -22,11 +27,6 @@ use webhook_inbox::{
     process::{
         handler::{Event, Handler, HandlerError, Outcome},
         handlers::Handlers,
-    },
-    reference::{
-        deposits,
-        orders::{self, Applied, OrderSnapshot, WasInserted},
-        payments::PaymentSucceededHandler,
     },
     runtime::stage::{Stage, Tally},
 };
@@ -68,7 +68,7 @@ fn payment_event(event_id: &str, pi: &str, amount: i64) -> Value {
 
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn out_of_order_snapshots_leave_the_newest(pool: PgPool) {
-    let w = worker(&pool, Handlers::reference());
+    let w = worker(&pool, stock::handlers());
     // `paid` happened at 12:00:05 but arrives first; `pending` (12:00:00) arrives late.
     stored(&pool, Provider::SHOPIFY, "d-new", "orders/updated", order(1001, "paid", "120.00", "2026-09-20T12:00:05Z"))
         .await;
@@ -113,7 +113,7 @@ async fn the_upsert_tells_inserted_updated_and_stale_and_a_replay_keeps_xmin(poo
 
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_malformed_order_fails_at_once_with_its_reason(pool: PgPool) {
-    let w = worker(&pool, Handlers::reference());
+    let w = worker(&pool, stock::handlers());
     stored(&pool, Provider::SHOPIFY, "bad-total", "orders/create", order(9, "paid", "12,00", "2026-09-20T12:00:00Z"))
         .await;
     stored(&pool, Provider::SHOPIFY, "bad-time", "orders/create", order(10, "paid", "12.00", "half past noon")).await;
@@ -131,7 +131,7 @@ async fn a_malformed_order_fails_at_once_with_its_reason(pool: PgPool) {
 
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn stripe_twin_events_make_one_payment_and_one_outbox_message(pool: PgPool) {
-    let w = worker(&pool, Handlers::reference());
+    let w = worker(&pool, stock::handlers());
     stored(&pool, Provider::STRIPE, "evt_a", "payment_intent.succeeded", payment_event("evt_a", "pi_1", 2000)).await;
     stored(&pool, Provider::STRIPE, "evt_b", "payment_intent.succeeded", payment_event("evt_b", "pi_1", 2000)).await;
     let c = w.run_once(later()).await.unwrap();
@@ -162,7 +162,7 @@ async fn thirty_concurrent_duplicates_with_four_workers_apply_each_effect_once(
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let workers: Vec<_> = (0..4)
         .map(|_| {
-            let (w, mut stopped) = (Arc::new(worker(&pool, Handlers::reference())), stopped.clone());
+            let (w, mut stopped) = (Arc::new(worker(&pool, stock::handlers())), stopped.clone());
             tokio::spawn(async move {
                 w.run_until(Duration::from_millis(10), async move {
                     let _ = stopped.wait_for(|s| *s).await;
@@ -308,7 +308,7 @@ async fn a_poison_event_fails_after_its_attempts_while_a_thousand_others_are_don
 /// event spends one attempt.
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_handler_failing_mid_batch_fails_only_itself_and_every_effect_lands_once(pool: PgPool) {
-    let w = worker(&pool, Handlers::reference().on(Provider::STRIPE, "poison", Poison).unwrap());
+    let w = worker(&pool, stock::handlers().on(Provider::STRIPE, "poison", Poison).unwrap());
     for i in 0..60 {
         let id = format!("evt_fast_{i:02}");
         stored(
@@ -342,7 +342,7 @@ async fn a_handler_failing_mid_batch_fails_only_itself_and_every_effect_lands_on
 /// written in a subtransaction of its own), and the next batches keep them.
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn batches_run_without_savepoints_until_a_handler_fails_then_with_them(pool: PgPool) {
-    let w = worker(&pool, Handlers::reference().on(Provider::STRIPE, "poison", Poison).unwrap());
+    let w = worker(&pool, stock::handlers().on(Provider::STRIPE, "poison", Poison).unwrap());
     let payments = |from: i64, to: i64| {
         let pool = pool.clone();
         async move {
@@ -410,7 +410,7 @@ async fn a_deposit_for_a_missing_account_is_retried_and_lands_once_after_the_acc
 ) {
     let app = TestApp::spawn(opts, secrets(false)).await;
     let (pool, r) = (app.pool.clone(), &app.receiver);
-    let w = Worker::new(pool.clone(), Handlers::reference(), WorkerConfig { max_attempts: 10, ..fast_worker_config() });
+    let w = Worker::new(pool.clone(), stock::handlers(), WorkerConfig { max_attempts: 10, ..fast_worker_config() });
     let auth = marqeta_basic(MARQETA_USER, MARQETA_PASSWORDS[0]);
     let batch = br#"{"transactions":[{"token":"dep_1","type":"gpa.credit","state":"COMPLETION","user_token":"acct_1","amount":25.5},{"token":"auth_1","type":"authorization","state":"PENDING","user_token":"acct_1","amount":3}]}"#;
     assert_eq!(post(r, "marqeta", &[("Authorization", &auth)], batch).await.0, StatusCode::OK);
@@ -467,7 +467,7 @@ async fn concurrent_batches_crediting_shared_accounts_never_deadlock(_: PgPoolOp
     let workers_pool = PgPoolOptions::new().max_connections(4).connect_with(opts).await.unwrap();
     let workers: Vec<_> = (0..4)
         .map(|_| {
-            let (w, pool) = (worker(&workers_pool, Handlers::reference()), workers_pool.clone());
+            let (w, pool) = (worker(&workers_pool, stock::handlers()), workers_pool.clone());
             tokio::spawn(async move { drain_all(&w, &pool).await })
         })
         .collect();
@@ -544,7 +544,7 @@ async fn a_worker_cut_off_mid_batch_leaves_its_rows_and_every_effect_lands_once(
     assert!(run.await.unwrap().is_err(), "the cut worker reports an error");
     assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM payments").await, 0, "nothing half-done survives");
 
-    let c = drain_all(&worker(&pool, Handlers::reference()), &pool).await;
+    let c = drain_all(&worker(&pool, stock::handlers()), &pool).await;
     assert_eq!(c.applied, 20);
     let counts: (i64, i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM payments), (SELECT count(*) FROM transactional_outbox),
@@ -561,7 +561,7 @@ async fn a_lock_timeout_is_retried_without_spending_an_attempt(_: PgPoolOptions,
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let mut cfg = db_config();
     cfg.lock_timeout = Duration::from_millis(200);
-    let w = Worker::new(db::pool_from(opts, &cfg), Handlers::reference(), fast_worker_config());
+    let w = Worker::new(db::pool_from(opts, &cfg), stock::handlers(), fast_worker_config());
     sqlx::query("INSERT INTO accounts (account_id) VALUES ('busy')").execute(&pool).await.unwrap();
     let deposit =
         json!({"token": "dep_b", "type": "gpa.credit", "state": "COMPLETION", "user_token": "busy", "amount": 5});
@@ -590,7 +590,7 @@ async fn the_schedule_drains_batch_after_batch_and_stops_at_the_deadline(pool: P
     for i in 0..250 {
         stored(&pool, Provider::GITHUB, &format!("d-{i:03}"), "ping", json!({})).await;
     }
-    let w = worker(&pool, Handlers::reference());
+    let w = worker(&pool, stock::handlers());
     let past = process::on_schedule(&w, Instant::now()).await.unwrap();
     assert_eq!(past.taken, 0, "past the deadline no event is started");
     assert_eq!(
@@ -608,7 +608,7 @@ async fn both_triggers_fail_the_invocation_when_the_database_is_unreachable() {
     let mut cfg = db_config();
     cfg.acquire_timeout = Duration::from_millis(500);
     let options: PgConnectOptions = format!("postgres://postgres@127.0.0.1:{port}/postgres").parse().unwrap();
-    let w = Worker::new(db::pool_from(options, &cfg), Handlers::reference(), fast_worker_config());
+    let w = Worker::new(db::pool_from(options, &cfg), stock::handlers(), fast_worker_config());
     let schedule = fixture("eventbridge-schedule.json");
     let err = process::handle(&w, schedule, Instant::now() + Duration::from_secs(5)).await.unwrap_err();
     assert!(matches!(err, process::ProcessError::Database { .. }), "{err}");
@@ -636,7 +636,7 @@ async fn the_sqs_path_reports_only_the_failed_messages(pool: PgPool) {
     let deposit =
         json!({"token": "dep_9", "type": "gpa.credit", "state": "COMPLETION", "user_token": "nobody", "amount": 1});
     stored(&pool, Provider::MARQETA, "transactions:dep_9", "transactions:gpa.credit", deposit).await;
-    let w = worker(&pool, Handlers::reference());
+    let w = worker(&pool, stock::handlers());
     let event = sqs_event(&[
         ("m-ok", r#"{"provider":"stripe","event_id":"evt_ok"}"#),
         ("m-retry", r#"{"provider":"marqeta","event_id":"transactions:dep_9"}"#),
@@ -697,8 +697,7 @@ async fn merge_raises_unique_violation_where_on_conflict_returns_no_row(pool: Pg
 fn inline_receiver(opts: PgConnectOptions, providers: Vec<Provider>) -> webhook_inbox::Receiver {
     let mut cfg = config(secrets(false));
     cfg.inline_providers = providers;
-    webhook_inbox::Receiver::new(db::Connections::from_options(opts, &cfg.db), &cfg)
-        .with_handlers(Handlers::reference())
+    webhook_inbox::Receiver::new(db::Connections::from_options(opts, &cfg.db), &cfg).with_handlers(stock::handlers())
 }
 
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
@@ -758,7 +757,7 @@ async fn an_inline_handler_that_fails_still_commits_the_claim_as_pending(_: PgPo
     assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM account_deposits").await, 0);
 
     sqlx::query("INSERT INTO accounts (account_id) VALUES ('acct_x')").execute(&pool).await.unwrap();
-    drain_all(&worker(&pool, Handlers::reference()), &pool).await;
+    drain_all(&worker(&pool, stock::handlers()), &pool).await;
     assert_eq!(scalar::<String>(&pool, "SELECT balance::text FROM accounts").await, "10.00");
 }
 
@@ -967,7 +966,7 @@ async fn receive_tells_the_process_queue_of_new_events_after_the_commit(_: PgPoo
     );
     // The SQS path takes them as the Lambda would: the payment lands.
     let records: Vec<(&str, &str)> = bodies.iter().map(|b| ("m", b.as_str())).collect();
-    let w = app.worker(Handlers::reference());
+    let w = app.worker(stock::handlers());
     process::on_sqs(&w, sqs_event(&records)).await.unwrap();
     assert_eq!(app.scalar::<i64>("SELECT count(*) FROM payments").await, 1);
 

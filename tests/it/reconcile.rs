@@ -10,7 +10,7 @@ use webhook_inbox::{
     ingest::providers::{NewEvent, Provider},
     reconcile::{GithubDeliveries, Hook, ReconcileConfig, Reconciler, ShopifyOrders, StripeEvents},
     reconciliation::Source,
-    Handlers, Stage, Worker,
+    Stage, Worker,
 };
 use wiremock::{
     matchers::{header, method, path, query_param},
@@ -201,14 +201,14 @@ fn order(id: u64, status: &str, updated_at: &str) -> Value {
     json!({"id": id, "customer": {"id": 42}, "financial_status": status, "total_price": "10.00", "updated_at": updated_at})
 }
 
-/// The reference handlers (`orders/updated` among them) over what reconcile claimed.
+/// The stock handlers (`orders/updated` among them) over what reconcile claimed.
 async fn drain(pool: &PgPool) {
-    let worker = Worker::new(pool.clone(), Handlers::reference(), inbox_tests::fast_worker_config());
+    let worker = Worker::new(pool.clone(), stock::handlers(), inbox_tests::fast_worker_config());
     worker.run(later()).await.unwrap();
 }
 
 /// Each order is claimed as an `orders/updated` event, for the application's
-/// handlers; the reference domain's version guard then keeps the newest.
+/// handlers; the stock application's version guard then keeps the newest.
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn reconcile_feeds_shopify_orders_to_the_handlers_as_orders_updated_events(pool: PgPool) {
     let server = MockServer::start().await;

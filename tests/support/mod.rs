@@ -30,12 +30,12 @@ use webhook_inbox::{
     ReceiveConfig, Receiver,
 };
 
-/// The inbox's migrations, then the reference domain's: the schema the stock
+/// The inbox's migrations, then the stock application's: the schema the stock
 /// binaries make, for `#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]`.
 /// (sqlx's test harness keeps their history in `_sqlx_migrations`; the
 /// product's own runner is tested in `tests/it/migrate.rs`.)
 pub static MIGRATOR: std::sync::LazyLock<sqlx::migrate::Migrator> = std::sync::LazyLock::new(|| {
-    let both = db::schema::MIGRATIONS.iter().chain(webhook_inbox::reference::MIGRATIONS.iter());
+    let both = db::schema::MIGRATIONS.iter().chain(stock::MIGRATIONS.iter());
     sqlx::migrate::Migrator { migrations: both.cloned().collect::<Vec<_>>().into(), ..sqlx::migrate::Migrator::DEFAULT }
 });
 

@@ -205,6 +205,6 @@ async fn the_team_s_migrations_run_before_or_after_the_inbox_s(pool_options: PgP
         assert!(tables.iter().any(|t| t == table), "{table} in {tables:?}");
     }
     for reference in ["orders", "payments", "accounts", "account_deposits"] {
-        assert!(!tables.iter().any(|t| t == reference), "the reference domain's {reference} in a team's database");
+        assert!(!tables.iter().any(|t| t == reference), "the stock application's {reference} in a team's database");
     }
 }

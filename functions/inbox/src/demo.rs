@@ -17,10 +17,7 @@ use webhook_inbox::{
     core::http::http_client,
     db,
     dev::storm::{self, Consumer, Rng},
-    process::{
-        handlers::Handlers,
-        worker::{Worker, WorkerConfig},
-    },
+    process::worker::{Worker, WorkerConfig},
     relay::{HttpSink, Relay, RelayConfig, Sink},
     runtime::stage::Stage,
     server, ReceiveConfig, Receiver,
@@ -35,7 +32,7 @@ impl Demo {
     /// Runs the demo on `config`'s database; true when every invariant holds.
     pub async fn run(&self, config: ReceiveConfig) -> Result<bool> {
         let pool = db::pool(&config.db)?;
-        webhook_inbox::reference::app().migrate(&pool).await.context("applying migrations")?;
+        stock::app().migrate(&pool).await.context("applying migrations")?;
         let existing: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_inbox").fetch_one(&pool).await?;
         if existing > 0 {
             bail!("the demo checks its invariants on an empty inbox; this database holds {existing} events (unset DATABASE_URL to use a throwaway PostgreSQL)");
@@ -56,7 +53,7 @@ impl Demo {
         };
         let server = tokio::spawn(server::serve(listener, receiver, until(stopped.clone())));
         let worker_config = WorkerConfig { poll: Duration::from_millis(50), ..WorkerConfig::default() };
-        let worker = Worker::new(pool.clone(), Handlers::reference(), worker_config);
+        let worker = Worker::new(pool.clone(), stock::handlers(), worker_config);
         let worker = tokio::spawn({
             let stopped = until(stopped.clone());
             async move { worker.run_until(Duration::from_millis(50), stopped).await }

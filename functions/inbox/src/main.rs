@@ -295,7 +295,7 @@ async fn main() -> std::process::ExitCode {
 
 async fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Dev { port, host } => dev::run(webhook_inbox::reference::app(), &host, port).await,
+        Command::Dev { port, host } => dev::run(stock::app(), &host, port).await,
         Command::Serve { roles, port, admin_port, host, admin_host, migrate } => {
             let settings = webhook_inbox::serve::Settings {
                 roles,
@@ -305,7 +305,7 @@ async fn run(cli: Cli) -> Result<()> {
                 admin_port: Some(admin_port),
                 migrate,
             };
-            webhook_inbox::serve::run(webhook_inbox::reference::app(), settings).await
+            webhook_inbox::serve::run(stock::app(), settings).await
         }
         Command::Console { command: None, port, host } => webhook_inbox::console::run(&host, port).await,
         Command::Console { command: Some(ops::ConsoleCommand::User { command }), .. } => {
@@ -370,7 +370,7 @@ async fn run(cli: Cli) -> Result<()> {
             );
             let env = config::Env::resolved().await?;
             let pool = database(&env)?;
-            let reconciler = Reconciler::read(&env, &webhook_inbox::reference::app())?;
+            let reconciler = Reconciler::read(&env, &stock::app())?;
             anyhow::ensure!(reconciler.is_configured(), webhook_inbox::reconcile::NOTHING_TO_RECONCILE);
             let reconciled = reconciler.run_once(&pool, one_pass_deadline()).await;
             for (source, f) in &reconciled.sources {

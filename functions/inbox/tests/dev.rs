@@ -141,7 +141,7 @@ fn inbox_dev_runs_on_an_embedded_postgres_and_takes_signed_deliveries() {
     assert_eq!(key, "payment_succeeded:pi_1");
     println!("outbox message at the sink {:?} after the 200", started.elapsed());
 
-    // A type no reference handler takes ends `unhandled`, not done: nothing ran for it, and
+    // A type no stock handler takes ends `unhandled`, not done: nothing ran for it, and
     // one requeue by type would run a handler deployed later over it.
     let unhandled = r#"{"id":"evt_dev_2","type":"customer.created","data":{"object":{"id":"cus_1"}}}"#;
     assert_eq!(http(&addr, &signed_stripe_post(&addr, unhandled)).0, 200);
@@ -216,7 +216,7 @@ fn inbox_bench_smoke_runs_every_comparison_and_writes_the_report() {
         "## Receive, 2 in flight, all new",
         "## Receive, 2 in flight, 50% duplicates",
         "graphile-worker 0.17.3, 2000 no-op jobs",
-        "| process, 2000 events, reference handlers",
+        "| process, 2000 events, stock handlers",
         "| process (no handler, 2000 retained) / graphile-worker (no-op jobs), 2 a side |",
         "| process, 2000 events, no handler, 2 workers, empty inbox |",
         "| process (no handler), 20000 retained / empty inbox |",

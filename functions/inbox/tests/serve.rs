@@ -111,7 +111,7 @@ fn series(metrics: &str, name: &str) -> Option<f64> {
 /// The test's database with the stock binaries' schema, applied as `inbox serve --migrate` does.
 async fn migrated(pool: PgPoolOptions, opts: &PgConnectOptions) -> PgPool {
     let pool = pool.connect_with(opts.clone()).await.unwrap();
-    webhook_inbox::reference::app().migrate(&pool).await.unwrap();
+    stock::app().migrate(&pool).await.unwrap();
     pool
 }
 
@@ -140,7 +140,7 @@ async fn serve_is_ready_once_migrated_then_takes_deliveries_and_counts_them(
     // The port that faces the internet says only that: the reason is the admin port's and the log's.
     assert_eq!(get(&serve.main, "/readyz"), (503, r#"{"status":"not ready"}"#.into()));
     serve.line("waiting for migrations before the stages start", Duration::from_secs(5));
-    webhook_inbox::reference::app().migrate(&pool).await.unwrap();
+    stock::app().migrate(&pool).await.unwrap();
     eventually("ready", || get(&serve.main, "/readyz") == (200, r#"{"status":"ready"}"#.into())).await;
 
     assert_eq!(post(&serve.main, "evt_s_1"), (200, r#"{"status":"accepted"}"#.into()));

@@ -1,6 +1,6 @@
-//! Lambda `migrate` with the reference domain: [`webhook_inbox::lambda::migrate`].
+//! Lambda `migrate` with the stock application: [`webhook_inbox::lambda::migrate`].
 
 #[tokio::main]
 async fn main() -> Result<(), webhook_inbox::lambda::Error> {
-    webhook_inbox::lambda::migrate(webhook_inbox::reference::app()).await
+    webhook_inbox::lambda::migrate(stock::app()).await
 }

@@ -1,6 +1,6 @@
-//! Lambda `receive` with the reference domain: [`webhook_inbox::lambda::receive`].
+//! Lambda `receive` with the stock application: [`webhook_inbox::lambda::receive`].
 
 #[tokio::main]
 async fn main() -> Result<(), webhook_inbox::lambda::Error> {
-    webhook_inbox::lambda::receive(webhook_inbox::reference::app()).await
+    webhook_inbox::lambda::receive(stock::app()).await
 }

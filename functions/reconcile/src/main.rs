@@ -2,5 +2,5 @@
 
 #[tokio::main]
 async fn main() -> Result<(), webhook_inbox::lambda::Error> {
-    webhook_inbox::lambda::reconcile(webhook_inbox::reference::app()).await
+    webhook_inbox::lambda::reconcile(stock::app()).await
 }

@@ -29,8 +29,8 @@ pub const HISTORY_TABLE: &str = "webhook_inbox_migrations";
 
 /// Contents an inbox migration had in an earlier release, still accepted when
 /// its history is moved out of `_sqlx_migrations`: (version, SHA-384).
-/// 20261129000002 made the reference domain's tables in release 0.1.0; they
-/// are the reference domain's own migration now.
+/// 20261129000002 made the stock application's tables in release 0.1.0; they
+/// are the stock application's own migration now.
 const EARLIER_CHECKSUMS: [(i64, &str); 1] = [(
     20261129000002,
     "a191811eb9a52b60555955eaf6af3ec1f69bf5dadc922d87c417aa1f91ad3701d7f3eccbc149ffb866fa9db7cce15d6f",
@@ -57,6 +57,29 @@ pub enum MigrateError {
     /// The application's own migrations (sqlx's migrator) failed.
     #[error("the application's migrations: {0}")]
     App(#[from] sqlx::migrate::MigrateError),
+    /// The history table given for an application's migrations
+    /// ([`App::with_migrations_in`](crate::App::with_migrations_in)) is not
+    /// one it may have.
+    #[error("{0:?} cannot be a migration history table: {1}")]
+    HistoryTable(&'static str, &'static str),
+}
+
+/// Why `table` cannot hold an application's migration history, if it cannot:
+/// a plain lowercase identifier (it is written into the statements), and
+/// neither the inbox's history nor sqlx's.
+pub(crate) fn history_table_refused(table: &str) -> Option<&'static str> {
+    let plain = (1..=63).contains(&table.len())
+        && table.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+        && table.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if !plain {
+        Some("it is not a plain lowercase identifier (a-z, 0-9, _; at most 63 characters)")
+    } else if table == HISTORY_TABLE {
+        Some("it is the inbox's own")
+    } else if table == "_sqlx_migrations" {
+        Some("it is sqlx's (use App::with_migrations for that)")
+    } else {
+        None
+    }
 }
 
 /// Applies the inbox's pending migrations, all in one transaction, and
@@ -72,8 +95,8 @@ pub async fn migrate(pool: &PgPool) -> Result<i64, MigrateError> {
     Ok(latest())
 }
 
-/// Applies a set of the crate's own migrations (the inbox's, or the
-/// reference domain's), in one transaction, recorded in `table`, never in
+/// Applies a set of migrations (the inbox's, or an application's that keeps
+/// its history apart), in one transaction, recorded in `table`, never in
 /// `_sqlx_migrations`: so no set of ours is in a team's way.
 pub(crate) async fn migrate_own(pool: &PgPool, set: &Migrator, table: &'static str) -> Result<(), MigrateError> {
     let mut conn = pool.acquire().await?.detach();

@@ -2,8 +2,8 @@
 //! providers' APIs what never arrived, through the very same claim as webhooks
 //! (marked `source = 'reconcile'`): Stripe's events under their own ids,
 //! Shopify's orders as `orders/updated` events keyed by the order and its
-//! `updated_at`, for the application's handlers to apply (the reference
-//! domain's version guard makes a snapshot it has already seen change
+//! `updated_at`, for the application's handlers to apply (the stock
+//! application's version guard makes a snapshot it has already seen change
 //! nothing). Checkpoints advance only after what was found has committed, so a
 //! run that dies is simply run again: nothing lands twice.
 //!

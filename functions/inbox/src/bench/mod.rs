@@ -2,7 +2,7 @@
 //! the sides alternated over several rounds so that drift hits both:
 //! - receive over HTTP against pgbench running the identical INSERT (prepared,
 //!   same payload, same concurrency), all new and half duplicates;
-//! - process draining pending events, with no handler and with the reference
+//! - process draining pending events, with no handler and with the stock
 //!   handlers, against graphile-worker (from npm, installed by the bench)
 //!   draining as many no-op jobs carrying the same payload.
 //!
@@ -27,6 +27,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use sqlx::PgPool;
+use stock::{deposits, payments};
 use tokio::net::{TcpListener, TcpStream};
 use webhook_inbox::{
     config::{Secrets, DEV_MARQETA_PASSWORD, DEV_MARQETA_USERNAME, DEV_STRIPE},
@@ -36,7 +37,6 @@ use webhook_inbox::{
         handlers::Handlers,
         worker::{Worker, WorkerConfig},
     },
-    reference::{deposits, payments},
     runtime::stage::Stage,
     server, ReceiveConfig, Receiver,
 };
@@ -204,7 +204,7 @@ impl Bench {
         config.secrets = Secrets { stripe: dev.stripe, marqeta: dev.marqeta, ..Secrets::default() };
         // The bench's own statements (seeding, cleaning up millions of rows) may take long.
         let pool = db::pool(&db::DbConfig { statement_timeout: Duration::ZERO, ..config.db.clone() })?;
-        webhook_inbox::reference::app().migrate(&pool).await.context("applying migrations")?;
+        stock::app().migrate(&pool).await.context("applying migrations")?;
         let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
         println!(
             "inbox bench: {} rounds, receive {} s per side at {:?} in flight, process {} events with {} workers, {cores} cores",
@@ -340,7 +340,7 @@ impl Bench {
         Ok(rates)
     }
 
-    /// Drains `events` pending events with no handler, then with the reference
+    /// Drains `events` pending events with no handler, then with the stock
     /// handlers, on the inbox holding the retained rows, against graphile-worker
     /// (as many processes as we have workers).
     async fn process(&self, pool: &PgPool, url: &str, empty: Vec<f64>, report: &mut Report) -> Result<()> {
@@ -366,9 +366,9 @@ impl Bench {
             format!("process, {} events, no handler, {w} workers, {retained} retained", self.events),
             "events/s",
         );
-        let mut reference = Figure::new(
+        let mut stock = Figure::new(
             format!(
-                "process, {} events, reference handlers (payments, orders, deposits), {w} workers, {retained} retained",
+                "process, {} events, stock handlers (payments, orders, deposits), {w} workers, {retained} retained",
                 self.events
             ),
             "events/s",
@@ -377,7 +377,7 @@ impl Bench {
             let jobs = gw.drain(pool, url, self.events, w).await?;
             println!("{}, round {round}: {jobs:.0} jobs/s", peer.name);
             peer.values.push(jobs);
-            for (figure, handlers) in [(&mut bare, false), (&mut reference, true)] {
+            for (figure, handlers) in [(&mut bare, false), (&mut stock, true)] {
                 clean(pool).await?;
                 seed(pool, self.events, handlers).await?;
                 let rate = self.drain(pool, handlers).await?;
@@ -395,15 +395,15 @@ impl Bench {
             )
         });
         report.checks.push(Check {
-            values: per_round(&reference),
+            values: per_round(&stock),
             ..Check::at_least(
-                format!("process (reference handlers, {retained} retained) / graphile-worker (no-op jobs), {w} a side"),
+                format!("process (stock handlers, {retained} retained) / graphile-worker (no-op jobs), {w} a side"),
                 1.0,
             )
         });
         report.sections.push((
             format!("Process, {w} workers against {w} graphile-worker processes"),
-            vec![peer, on_empty, bare, reference],
+            vec![peer, on_empty, bare, stock],
         ));
         Ok(())
     }
@@ -461,7 +461,7 @@ impl Bench {
         let deadline = started + Duration::from_secs(3600);
         let workers: Vec<_> = (0..self.workers)
             .map(|_| {
-                let h = if handlers { Handlers::reference() } else { Handlers::new() };
+                let h = if handlers { stock::handlers() } else { Handlers::new() };
                 let worker = Worker::new(pool.clone(), h, WorkerConfig::default());
                 tokio::spawn(async move { worker.run(deadline).await.map_err(|e| anyhow::anyhow!("{e}")) })
             })
@@ -859,7 +859,7 @@ impl Report {
              the same concurrency, and each delivery twice for the duplicate runs.\n\
              - Process: {} pending events per round drained by {} workers (batches of {}, no savepoint per event \
              until a handler fails), with no handler (events no handler takes: unhandled, without effect) and \
-             with the reference handlers (a third each of Stripe payments, Shopify order snapshots and Marqeta \
+             with the stock handlers (a third each of Stripe payments, Shopify order snapshots and Marqeta \
              deposits to one account per ten deposits, each with its effect and its outbox message); against \
              graphile-worker {GRAPHILE_WORKER} (npm) draining as many no-op jobs carrying the same payload, as many \
              processes as we have workers, each of 24 concurrent jobs, `localQueue` 500, \

@@ -1,4 +1,7 @@
-//! The reference domain: the stock binaries' handlers and their tables.
+//! The stock application: the handlers and tables the repository's stock
+//! binaries run (the Lambda functions in `functions/`, `inbox dev`, `inbox
+//! serve`, the demo, the bench and the fault suite), built on the library's
+//! public API alone, as a team's application is.
 //!
 //! - `orders`: Shopify order snapshots, version-guarded upserts.
 //! - `payments`: Stripe `payment_intent.succeeded`, keyed by the PaymentIntent.
@@ -7,8 +10,7 @@
 //!   subscription fetched from the API (`STRIPE_API_KEY`) and kept as it is there.
 //!
 //! Its tables come from its own migrations ([`MIGRATIONS`]), applied only where
-//! the domain is used: the stock binaries, `inbox dev`, the demo, the bench and
-//! the fault suite. A team's database never gets them.
+//! this application runs; a team's database never gets them.
 
 pub mod deposits;
 pub mod orders;
@@ -17,45 +19,37 @@ pub mod subscriptions;
 
 use sqlx::migrate::Migrator;
 
-use crate::{
-    app::App,
-    core::provider::Provider,
-    process::{handler::HandlerError, handlers::Handlers},
-};
+use webhook_inbox::{App, HandlerError, Handlers, Provider};
 
-/// The reference domain's tables (`shared/reference-migrations`), applied
+/// The stock application's tables (`examples/stock/migrations`), applied
 /// after the inbox's, their history in [`HISTORY_TABLE`]: never in
 /// `_sqlx_migrations`, where a team's migrator would refuse them.
-pub static MIGRATIONS: Migrator = sqlx::migrate!("./reference-migrations");
+pub static MIGRATIONS: Migrator = sqlx::migrate!("./migrations");
 
-/// Where the reference domain records its applied migrations.
+/// Where the stock application records its applied migrations (its name from
+/// the releases that called this application the stock application).
 pub const HISTORY_TABLE: &str = "webhook_inbox_reference_migrations";
 
-/// The stock binaries' application: the reference handlers and their tables.
+/// The stock binaries' application: the stock handlers and their tables.
 pub fn app() -> App {
-    let mut app = App::new(Handlers::reference());
-    app.own_tables = Some((&MIGRATIONS, HISTORY_TABLE));
-    app
+    App::new(handlers()).with_migrations_in(&MIGRATIONS, HISTORY_TABLE)
 }
 
-impl Handlers {
-    /// The reference domain: Shopify orders, Stripe payments and
-    /// subscriptions, Marqeta deposits.
-    /// (Registered here, so the handler registry knows nothing of the domain.)
-    pub fn reference() -> Self {
-        let registered = orders::TOPICS
-            .iter()
-            .try_fold(Handlers::new(), |h, topic| h.on(Provider::SHOPIFY, topic, orders::OrderSnapshotHandler))
-            .and_then(|h| h.on(Provider::STRIPE, payments::EVENT_TYPE, payments::PaymentSucceededHandler))
-            .and_then(|h| h.on(Provider::MARQETA, deposits::EVENT_TYPE, deposits::DepositHandler))
-            .and_then(|h| {
-                subscriptions::EVENT_TYPES
-                    .iter()
-                    .try_fold(h, |h, t| h.on(Provider::STRIPE, t, subscriptions::SubscriptionHandler))
-            });
-        // Each pair once, with a valid name: a test calls this.
-        registered.expect("the reference handlers are registered once each")
-    }
+/// The stock handlers: Shopify orders, Stripe payments and subscriptions,
+/// Marqeta deposits.
+pub fn handlers() -> Handlers {
+    let registered = orders::TOPICS
+        .iter()
+        .try_fold(Handlers::new(), |h, topic| h.on(Provider::SHOPIFY, topic, orders::OrderSnapshotHandler))
+        .and_then(|h| h.on(Provider::STRIPE, payments::EVENT_TYPE, payments::PaymentSucceededHandler))
+        .and_then(|h| h.on(Provider::MARQETA, deposits::EVENT_TYPE, deposits::DepositHandler))
+        .and_then(|h| {
+            subscriptions::EVENT_TYPES
+                .iter()
+                .try_fold(h, |h, t| h.on(Provider::STRIPE, t, subscriptions::SubscriptionHandler))
+        });
+    // Each pair once, with a valid name: a test calls this.
+    registered.expect("the stock handlers are registered once each")
 }
 
 /// A string field, or a number written as text (ids and amounts come as either).
@@ -87,7 +81,7 @@ pub(crate) fn decimal(v: &serde_json::Value, path: &str) -> Result<String, Handl
 #[cfg(test)]
 mod tests {
     #[test]
-    fn the_reference_handlers_register() {
-        assert!(!super::Handlers::reference().is_empty());
+    fn the_stock_handlers_register() {
+        assert!(!super::handlers().is_empty());
     }
 }

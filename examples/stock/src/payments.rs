@@ -4,11 +4,8 @@
 use serde_json::{json, Value};
 use sqlx::PgConnection;
 
-use super::{required, text};
-use crate::{
-    db::outbox::Message,
-    process::handler::{Event, Handler, HandlerError, Outcome},
-};
+use crate::{required, text};
+use webhook_inbox::{Event, Handler, HandlerError, Message, Outcome};
 
 /// The Stripe event type this handler takes.
 pub const EVENT_TYPE: &str = "payment_intent.succeeded";
@@ -48,7 +45,7 @@ impl Payment {
 
 /// Inserts the payment unless its PaymentIntent is already recorded; true when new.
 pub async fn insert(conn: &mut PgConnection, p: &Payment) -> Result<bool, sqlx::Error> {
-    let row: Option<(String,)> = crate::db::query_as(
+    let row: Option<(String,)> = webhook_inbox::query_as(
         "INSERT INTO payments (payment_id, amount, currency, customer_id, stripe_event_id)
          VALUES ($1, $2, $3, $4, $5)
          ON CONFLICT (payment_id) DO NOTHING

@@ -4,11 +4,8 @@
 use serde_json::{json, Value};
 use sqlx::PgConnection;
 
-use super::{decimal, required};
-use crate::{
-    db::outbox::Message,
-    process::handler::{Event, Handler, HandlerError, Outcome},
-};
+use crate::{decimal, required};
+use webhook_inbox::{Event, Handler, HandlerError, Message, Outcome};
 
 /// The event type receive gives a `transactions` item of type `gpa.credit`.
 pub const EVENT_TYPE: &str = "transactions:gpa.credit";
@@ -58,7 +55,7 @@ pub enum Credit {
 /// does not exist yet is transient: the savepoint rolls the ledger row back too,
 /// and the event is retried until the account exists.
 pub async fn credit(conn: &mut PgConnection, event: &Event, d: &Deposit) -> Result<Credit, HandlerError> {
-    let new: Option<(String,)> = crate::db::query_as(
+    let new: Option<(String,)> = webhook_inbox::query_as(
         "INSERT INTO account_deposits (token, account_id, amount, event_id)
          VALUES ($1, $2, $3::numeric, $4)
          ON CONFLICT (token) DO NOTHING
@@ -73,7 +70,7 @@ pub async fn credit(conn: &mut PgConnection, event: &Event, d: &Deposit) -> Resu
     if new.is_none() {
         return Ok(Credit::AlreadyCredited);
     }
-    let balance: Option<String> = crate::db::query_scalar(
+    let balance: Option<String> = webhook_inbox::query_scalar(
         "UPDATE accounts SET balance = balance + $2::numeric, updated_at = now()
          WHERE account_id = $1
          RETURNING balance::text",

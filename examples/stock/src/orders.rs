@@ -3,8 +3,8 @@
 use serde_json::Value;
 use sqlx::PgConnection;
 
-use super::{decimal, required, text};
-use crate::process::handler::{Event, Handler, HandlerError, Outcome};
+use crate::{decimal, required, text};
+use webhook_inbox::{Event, Handler, HandlerError, Outcome};
 
 /// The topics whose payload is a whole order.
 pub const TOPICS: [&str; 6] = [
@@ -67,7 +67,7 @@ pub async fn upsert(conn: &mut PgConnection, o: &OrderSnapshot) -> Result<Applie
         WasInserted::Xmax => UPSERT_XMAX,
         WasInserted::ReturningOld => UPSERT_RETURNING_OLD,
     };
-    let inserted: Option<bool> = crate::db::query_scalar(sql)
+    let inserted: Option<bool> = webhook_inbox::query_scalar(sql)
         .bind(&o.order_id)
         .bind(&o.customer_id)
         .bind(&o.status)

@@ -8,10 +8,10 @@
 use serde_json::Value;
 use sqlx::PgConnection;
 
-use super::{required, text};
-use crate::process::{
-    handler::{Event, HandlerError, Outcome},
+use crate::{required, text};
+use webhook_inbox::{
     hints::{Fetched, HintHandler, Object},
+    Event, HandlerError, Outcome,
 };
 
 /// The Stripe event types this handler takes.
@@ -48,7 +48,7 @@ impl HintHandler for SubscriptionHandler {
         // On the subscription before API version 2025-03-31, on its items since.
         let period_end =
             s["current_period_end"].as_i64().or_else(|| s["items"]["data"][0]["current_period_end"].as_i64());
-        let applied = crate::db::query(
+        let applied = webhook_inbox::query(
             "INSERT INTO subscriptions (subscription_id, customer_id, status, current_period_end, object, fetched_at, version)
              VALUES ($1, $2, $3, to_timestamp($4), $5, to_timestamp($6), $7)
              ON CONFLICT (subscription_id) DO UPDATE
