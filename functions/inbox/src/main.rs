@@ -83,7 +83,8 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1")]
         host: String,
     },
-    /// Apply the inbox's migrations to DATABASE_URL (a team's own run after them, from its binaries).
+    /// Apply the migrations of what `inbox` runs to DATABASE_URL: the inbox's, then the stock
+    /// application's (a team's binaries apply their own application's: App::migrate).
     Migrate,
     /// The providers with a secret here: the URL to give each, its signature
     /// header and redelivery window (INBOX_PROVIDERS_FILE's included).
@@ -470,8 +471,11 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Migrate => {
             let config = DbConfig::read(&config::Env::resolved().await?, 1)?;
             let url = config.url.clone().context("DATABASE_URL is not set")?;
-            let version = db::schema::migrate(&db::pool(&config)?).await.context("applying migrations")?;
-            say!("the inbox's migrations applied to {} (version {version})", db::redact_url(&url));
+            let version = stock::app().migrate(&db::pool(&config)?).await.context("applying migrations")?;
+            say!(
+                "the inbox's migrations (version {version}) and the stock application's applied to {}",
+                db::redact_url(&url)
+            );
             Ok(())
         }
     }

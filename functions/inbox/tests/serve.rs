@@ -140,7 +140,14 @@ async fn serve_is_ready_once_migrated_then_takes_deliveries_and_counts_them(
     // The port that faces the internet says only that: the reason is the admin port's and the log's.
     assert_eq!(get(&serve.main, "/readyz"), (503, r#"{"status":"not ready"}"#.into()));
     serve.line("waiting for migrations before the stages start", Duration::from_secs(5));
-    stock::app().migrate(&pool).await.unwrap();
+    // One command migrates whatever `inbox serve` runs: the inbox's tables and the stock application's.
+    let migrate = Command::new(env!("CARGO_BIN_EXE_inbox"))
+        .arg("migrate")
+        .env_clear()
+        .envs([("PATH", std::env::var("PATH").unwrap_or_default()), ("DATABASE_URL", url_of(&opts))])
+        .output()
+        .unwrap();
+    assert!(migrate.status.success(), "{}", String::from_utf8_lossy(&migrate.stderr));
     eventually("ready", || get(&serve.main, "/readyz") == (200, r#"{"status":"ready"}"#.into())).await;
 
     assert_eq!(post(&serve.main, "evt_s_1"), (200, r#"{"status":"accepted"}"#.into()));
