@@ -7,7 +7,7 @@ use libfuzzer_sys::fuzz_target;
 use webhook_inbox::{
     core::payload,
     core::secret::{MarqetaAuth, Secret},
-    ingest::providers::{
+    receive::providers::{
         marqeta::{Marqeta, MAX_BATCH_ITEMS},
         Delivery, Events, InitialStatus, Scheme, MAX_EVENT_ID_CHARS,
     },

@@ -9,7 +9,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use libfuzzer_sys::fuzz_target;
 use webhook_inbox::{
     core::secret::{MarqetaAuth, Secret, Secrets},
-    ingest::providers::{
+    receive::providers::{
         catalog::{Catalog, Kind},
         Delivery, Schemes,
     },

@@ -6,8 +6,8 @@ use sqlx::{migrate::Migrator, PgPool};
 
 use crate::{
     db::schema,
-    ingest::{providers::Scheme, receive::Receiver},
     process::handlers::Handlers,
+    receive::{providers::Scheme, receiver::Receiver},
 };
 
 /// A team's application: the handlers its events run through, and the sqlx

@@ -28,12 +28,12 @@ use crate::{
     app::App,
     config::{self, DbConfig},
     db,
-    ingest::notify::ProcessQueue,
     process::{
         self,
         worker::{Worker, WorkerConfig},
     },
     prune::{Pruner, RetentionConfig},
+    receive::notify::ProcessQueue,
     runtime::{deadline, stage::Stage},
     ReceiveConfig, Receiver,
 };

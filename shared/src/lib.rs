@@ -125,11 +125,6 @@ pub mod db;
 mod db;
 #[cfg(feature = "dev")]
 pub mod dev;
-#[cfg(feature = "internals")]
-#[doc(hidden)]
-pub mod ingest;
-#[cfg(not(feature = "internals"))]
-mod ingest;
 #[cfg(feature = "service")]
 pub mod lambda;
 #[cfg(feature = "migrate")]
@@ -153,6 +148,11 @@ pub mod prune;
 #[cfg(feature = "service")]
 #[cfg(not(feature = "internals"))]
 mod prune;
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod receive;
+#[cfg(not(feature = "internals"))]
+mod receive;
 #[cfg(feature = "reconcile")]
 #[cfg(feature = "internals")]
 #[doc(hidden)]
@@ -249,7 +249,7 @@ pub mod testing;
 /// ```
 pub mod schemes {
     pub use crate::core::event::{InitialStatus, NewEvent};
-    pub use crate::ingest::providers::{Challenged, Delivery, Events, Rejected, RejectionKind, Scheme, Verified};
+    pub use crate::receive::providers::{Challenged, Delivery, Events, Rejected, RejectionKind, Scheme, Verified};
 }
 
 /// Reconciliation's sources: the provider APIs reconcile reads for what
@@ -285,15 +285,15 @@ pub use db::{
     schema::MigrateError,
 };
 #[cfg(feature = "service")]
-pub use ingest::receive::ReceiveConfig;
-#[cfg(feature = "service")]
-pub use ingest::receive::Receiver;
-#[cfg(feature = "service")]
 pub use process::{
     handler::{Event, Handler, HandlerError, Headers, Outcome},
     handlers::{Handlers, IntoHandler, RegistrationError},
     worker::{Counts, Worker, WorkerConfig},
 };
+#[cfg(feature = "service")]
+pub use receive::receiver::ReceiveConfig;
+#[cfg(feature = "service")]
+pub use receive::receiver::Receiver;
 #[cfg(feature = "service")]
 pub use runtime::stage::{Pass, Stage, Stopped, Tally};
 /// The JSON crate of [`Event`]'s default payload, `serde_json::Value`.

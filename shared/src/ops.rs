@@ -20,7 +20,7 @@ pub use crate::db::inbox::{
 pub use crate::db::outbox::{event_messages, list_unsent, retry_dead, retry_message, OutboxMessage};
 use crate::{
     config::{Catalog, Secrets},
-    ingest::providers::{verify_stored, Schemes},
+    receive::providers::{verify_stored, Schemes},
     schemes::{Rejected, RejectionKind, Verified},
     Provider,
 };

@@ -20,11 +20,11 @@ use crate::{
         inbox::{self, Providers},
         outbox,
     },
-    ingest::providers::catalog::Catalog,
+    receive::providers::catalog::Catalog,
     runtime::stage::{Pass, Stage, Tally},
 };
 
-pub use crate::ingest::providers::catalog::MAX_DAYS;
+pub use crate::receive::providers::catalog::MAX_DAYS;
 
 /// The rows kept for a provider's retention (`INBOX_RETENTION_DAYS`): done,
 /// and unhandled (nothing ran; a later handler may be replayed over them).

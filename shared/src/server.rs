@@ -26,7 +26,7 @@ use tower::ServiceExt as _;
 
 use crate::{
     config::{ConfigError, Env},
-    ingest::receive::{respond, ReceiveError, Receiver},
+    receive::receiver::{respond, ReceiveError, Receiver},
     runtime::metrics::Metrics,
 };
 

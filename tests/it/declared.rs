@@ -11,7 +11,7 @@ use sqlx::{postgres::PgConnectOptions, PgPool};
 use webhook_inbox::{
     config::Env,
     db,
-    ingest::providers::{verify_stored, Provider, Schemes},
+    receive::providers::{verify_stored, Provider, Schemes},
     ReceiveConfig, Receiver,
 };
 
@@ -321,12 +321,12 @@ async fn a_captured_delivery_of_any_built_in_provider_replayed_under_changed_uns
     _: sqlx::postgres::PgPoolOptions,
     opts: PgConnectOptions,
 ) {
-    use webhook_inbox::ingest::providers::declared::{Algorithm, Part, Source, TimeFormat};
+    use webhook_inbox::receive::providers::declared::{Algorithm, Part, Source, TimeFormat};
     let catalog = webhook_inbox::config::Catalog::builtin();
-    let declared: Vec<(Provider, webhook_inbox::ingest::providers::declared::Rules)> = catalog
+    let declared: Vec<(Provider, webhook_inbox::receive::providers::declared::Rules)> = catalog
         .entries()
         .filter_map(|e| match &e.kind {
-            webhook_inbox::ingest::providers::catalog::Kind::Declared(r)
+            webhook_inbox::receive::providers::catalog::Kind::Declared(r)
                 if r.algorithm != Algorithm::EcdsaP256Sha256 =>
             {
                 Some((e.provider, (**r).clone()))

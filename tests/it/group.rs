@@ -15,11 +15,11 @@ use sqlx::{
 use tokio::sync::Barrier;
 use webhook_inbox::{
     db,
-    ingest::claim::{
+    receive::claim::{
         group::{Grouper, Row},
         Claim,
     },
-    ingest::providers::{NewEvent, Provider},
+    receive::providers::{NewEvent, Provider},
     serve::GroupConfig,
     Receiver,
 };

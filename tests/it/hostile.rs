@@ -13,13 +13,13 @@ use sqlx::{
 };
 use webhook_inbox::{
     db,
-    ingest::claim::{self, Claim, Claimed, Envelope},
-    ingest::providers::{Events, NewEvent, Provider},
     process::worker::{Worker, WorkerConfig},
     process::{
         handler::{Event, Handler, HandlerError, Outcome},
         handlers::Handlers,
     },
+    receive::claim::{self, Claim, Claimed, Envelope},
+    receive::providers::{Events, NewEvent, Provider},
     runtime::stage::Stage,
     Receiver,
 };

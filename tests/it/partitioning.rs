@@ -12,9 +12,9 @@ use sqlx::{
 };
 use webhook_inbox::{
     db,
-    ingest::claim::{self, Claim, Envelope},
-    ingest::providers::{NewEvent, Provider},
     process::worker::{Worker, WorkerConfig},
+    receive::claim::{self, Claim, Envelope},
+    receive::providers::{NewEvent, Provider},
     runtime::stage::Stage,
 };
 

@@ -20,14 +20,13 @@ use stock::{
 };
 use tokio::sync::Barrier;
 use webhook_inbox::{
-    db,
-    ingest::providers::Provider,
-    process,
+    db, process,
     process::worker::{Counts, Worker, WorkerConfig},
     process::{
         handler::{Event, Handler, HandlerError, Outcome},
         handlers::Handlers,
     },
+    receive::providers::Provider,
     runtime::stage::{Stage, Tally},
 };
 
@@ -937,7 +936,7 @@ async fn a_careful_pass_that_loses_its_connection_too_hands_back_to_batches(pool
 /// the sender nothing (still 200, the row stored, left to the schedule).
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn receive_tells_the_process_queue_of_new_events_after_the_commit(_: PgPoolOptions, opts: PgConnectOptions) {
-    use webhook_inbox::ingest::notify::ProcessQueue;
+    use webhook_inbox::receive::notify::ProcessQueue;
     let moto = inbox_tests::Moto::start();
     let sqs = aws_sdk_sqs::Client::new(&moto.aws().await);
     let url = sqs.create_queue().queue_name("process").send().await.unwrap().queue_url().unwrap().to_string();

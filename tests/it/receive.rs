@@ -14,8 +14,8 @@ use tokio::sync::Barrier;
 use webhook_inbox::{
     db,
     dev::embedded_pg::EmbeddedPostgres,
-    ingest::claim::{self, Claim, Envelope},
-    ingest::providers::{NewEvent, Provider},
+    receive::claim::{self, Claim, Envelope},
+    receive::providers::{NewEvent, Provider},
     Receiver,
 };
 
@@ -950,7 +950,7 @@ async fn a_repeated_signature_header_re_verifies_as_receive_read_it(_: PgPoolOpt
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let cfg = config(secrets(false));
     let r = Receiver::new(db::Connections::from_options(opts, &cfg.db), &cfg);
-    let schemes = webhook_inbox::ingest::providers::Schemes::new(&cfg.catalog, &cfg.secrets);
+    let schemes = webhook_inbox::receive::providers::Schemes::new(&cfg.catalog, &cfg.secrets);
     let github = br#"{"action":"opened","number":1}"#;
     let stripe = stripe_body("evt_repeated");
     type Case<'a> = (&'a str, &'a str, Vec<(&'a str, String)>, &'a [u8]);
@@ -988,7 +988,7 @@ async fn a_repeated_signature_header_re_verifies_as_receive_read_it(_: PgPoolOpt
         .await
         .unwrap();
         let p = Provider::try_from(provider).unwrap();
-        let verified = webhook_inbox::ingest::providers::verify_stored(&schemes, p, &kept, &raw, epoch);
+        let verified = webhook_inbox::receive::providers::verify_stored(&schemes, p, &kept, &raw, epoch);
         assert!(verified.is_ok(), "{provider}: {verified:?} from {kept}");
     }
 }
@@ -1018,7 +1018,7 @@ fn declared_signature(
     body: &[u8],
 ) -> (String, String) {
     let p = Provider::try_from(provider).unwrap();
-    let webhook_inbox::ingest::providers::catalog::Kind::Declared(rules) = &cfg.catalog.get(p).unwrap().kind else {
+    let webhook_inbox::receive::providers::catalog::Kind::Declared(rules) = &cfg.catalog.get(p).unwrap().kind else {
         panic!("{provider}")
     };
     let h = http::HeaderMap::from_iter(

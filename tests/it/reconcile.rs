@@ -6,8 +6,8 @@ use serde_json::{json, Value};
 use sqlx::PgPool;
 use webhook_inbox::{
     config::Secret,
-    ingest::claim::{self, Envelope},
-    ingest::providers::{NewEvent, Provider},
+    receive::claim::{self, Envelope},
+    receive::providers::{NewEvent, Provider},
     reconcile::{GithubDeliveries, Hook, ReconcileConfig, Reconciler, ShopifyOrders, StripeEvents},
     reconciliation::Source,
     Stage, Worker,

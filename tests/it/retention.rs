@@ -19,9 +19,9 @@ use sqlx::{
 };
 use webhook_inbox::{
     config::Catalog,
-    ingest::claim::{self, Envelope},
-    ingest::providers::{NewEvent, Provider},
     prune::{Pruner, RetentionConfig},
+    receive::claim::{self, Envelope},
+    receive::providers::{NewEvent, Provider},
     runtime::stage::Stage,
 };
 

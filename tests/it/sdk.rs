@@ -18,7 +18,7 @@ use sqlx::{postgres::PgConnectOptions, PgPool};
 use webhook_inbox::{
     config::{Catalog, Env},
     db,
-    ingest::providers::{
+    receive::providers::{
         catalog::Kind,
         declared::{Rules, Source, TimeFormat},
         Delivery, Provider,

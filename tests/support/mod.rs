@@ -19,13 +19,13 @@ use webhook_inbox::{
     config::Secret,
     config::{Catalog, DbConfig, MarqetaAuth, Secrets, DEFAULT_MAX_BODY_BYTES},
     db,
-    ingest::{
-        claim::{self, Claim, Envelope},
-        providers::{NewEvent, Provider},
-    },
     process::{
         handlers::Handlers,
         worker::{Worker, WorkerConfig},
+    },
+    receive::{
+        claim::{self, Claim, Envelope},
+        providers::{NewEvent, Provider},
     },
     ReceiveConfig, Receiver,
 };

@@ -12,8 +12,8 @@ use webhook_inbox::{
     config::{Catalog, Env, Secrets},
     console::{self, Role},
     db::{self, inbox, outbox},
-    ingest::providers::catalog::Kind,
     ops::{self, Cursor, EventQuery, Filter, Replayed, Requeue, Since, Status},
+    receive::providers::catalog::Kind,
     Provider,
 };
 

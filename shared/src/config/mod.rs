@@ -26,8 +26,8 @@ use std::{collections::HashMap, time::Duration};
 pub use crate::core::error::ConfigError;
 pub use crate::core::secret::{MarqetaAuth, Secret, Secrets};
 pub use crate::db::DbConfig;
-pub use crate::ingest::providers::catalog::Catalog;
-pub use crate::ingest::receive::DEFAULT_MAX_BODY_BYTES;
+pub use crate::receive::providers::catalog::Catalog;
+pub use crate::receive::receiver::DEFAULT_MAX_BODY_BYTES;
 use crate::runtime::deadline::DEFAULT_DEADLINE_MARGIN;
 pub use providers::{
     decode_standard_secret, DEV_GITHUB, DEV_MARQETA_PASSWORD, DEV_MARQETA_USERNAME, DEV_SHOPIFY, DEV_STANDARD,

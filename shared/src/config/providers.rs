@@ -9,7 +9,7 @@ use crate::{
         provider::Provider,
         secret::{MarqetaAuth, Secret, Secrets},
     },
-    ingest::providers::catalog::{Catalog, Kind},
+    receive::providers::catalog::{Catalog, Kind},
 };
 
 impl Catalog {

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use super::{invalid, Env};
-use crate::{core::error::ConfigError, ingest::providers::catalog::Catalog, prune::RetentionConfig};
+use crate::{core::error::ConfigError, prune::RetentionConfig, receive::providers::catalog::Catalog};
 
 impl RetentionConfig {
     /// `INBOX_RETENTION_DAYS` (60) and `INBOX_RETENTION_DAYS_<PROVIDER>`,

@@ -4,9 +4,9 @@ use super::{invalid, Env};
 use crate::{
     core::{error::ConfigError, provider::Provider, secret::Secrets},
     db::DbConfig,
-    ingest::{
+    receive::{
         providers::catalog::Catalog,
-        receive::{ReceiveConfig, DEFAULT_MAX_BODY_BYTES},
+        receiver::{ReceiveConfig, DEFAULT_MAX_BODY_BYTES},
     },
 };
 

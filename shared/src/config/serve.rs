@@ -14,7 +14,7 @@ pub struct ServeConfig {
     /// `INBOX_WORKERS`, default 2: workers taking batches at once (process role).
     pub workers: usize,
     /// Receive's group commit.
-    pub group: crate::ingest::claim::group::GroupConfig,
+    pub group: crate::receive::claim::group::GroupConfig,
 }
 
 impl ServeConfig {
@@ -22,11 +22,11 @@ impl ServeConfig {
     /// group commit: `INBOX_GROUP_COMMIT_MAX` (64; 1 turns it off),
     /// `INBOX_GROUP_COMMIT_WAIT_US` (0) and `INBOX_GROUP_COMMIT_COMMITTERS` (2).
     pub fn read(env: &Env) -> Result<Self, ConfigError> {
-        let group = crate::ingest::claim::group::GroupConfig::default();
+        let group = crate::receive::claim::group::GroupConfig::default();
         Ok(ServeConfig {
             drain_timeout: env.millis("INBOX_DRAIN_TIMEOUT_MS", 25_000)?,
             workers: env.positive("INBOX_WORKERS", 2usize)?,
-            group: crate::ingest::claim::group::GroupConfig {
+            group: crate::receive::claim::group::GroupConfig {
                 max: env.positive("INBOX_GROUP_COMMIT_MAX", group.max)?,
                 wait: Duration::from_micros(env.parse("INBOX_GROUP_COMMIT_WAIT_US", 0u64)?),
                 committers: env.positive("INBOX_GROUP_COMMIT_COMMITTERS", group.committers)?,

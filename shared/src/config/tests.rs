@@ -3,9 +3,9 @@
 use super::{receive::inline_providers, *};
 use crate::{
     core::provider::Provider,
-    ingest::receive::ReceiveConfig,
     process::worker::WorkerConfig,
     prune::RetentionConfig,
+    receive::receiver::ReceiveConfig,
     reconcile::{ReconcileConfig, Reconciler},
     relay::RelayConfig,
 };
@@ -256,8 +256,8 @@ fn an_empty_key_is_refused_on_every_decoding_path() {
     }
     // A scheme given an empty key in code (not through the environment) matches nothing with it.
     let empty = [Secret::new(Vec::new())];
-    let mac = crate::ingest::providers::test_hmac(b"", b"body");
-    assert_eq!(crate::ingest::providers::first_matching::<hmac::Hmac<sha2::Sha256>>(&empty, &[b"body"], &[mac]), None);
+    let mac = crate::receive::providers::test_hmac(b"", b"body");
+    assert_eq!(crate::receive::providers::first_matching::<hmac::Hmac<sha2::Sha256>>(&empty, &[b"body"], &[mac]), None);
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //!
 //! A name is the path segment of `/webhooks/{provider}` and the `provider`
 //! column: five providers have code of their own (these constants), the others
-//! are declared (`crate::ingest::providers::declared`), built in or configured.
+//! are declared (`crate::receive::providers::declared`), built in or configured.
 
 use std::{collections::HashSet, fmt, sync::Mutex};
 

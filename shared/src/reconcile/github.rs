@@ -18,7 +18,7 @@ use super::{claim, get, next_link, now_epoch, same_origin, Found, ReconcileConfi
 use crate::{
     core::{error::ConfigError, http::http_client, secret::Secret},
     db::checkpoints,
-    ingest::providers::{
+    receive::providers::{
         declared::{parse_time, TimeFormat},
         github::{Github, DELIVERY, EVENT},
         Delivery, Events, NewEvent, Provider, Scheme,

@@ -41,8 +41,8 @@ use crate::{
     core::http::retry_after,
     core::text::Escaped,
     db::checkpoints,
-    ingest::claim::{self, Claim, Envelope},
-    ingest::providers::{InitialStatus, NewEvent, Provider},
+    receive::claim::{self, Claim, Envelope},
+    receive::providers::{InitialStatus, NewEvent, Provider},
 };
 
 /// Why a source's run stopped (its checkpoint stays where the last complete window left it).

@@ -14,7 +14,7 @@ use crate::{
     core::error::ConfigError,
     core::payload,
     core::{http::http_client, secret::Secret},
-    ingest::providers::{body_digest_id, NewEvent, Provider},
+    receive::providers::{body_digest_id, NewEvent, Provider},
 };
 
 /// Shopify's Admin API: `SHOPIFY_SHOP_DOMAIN`, `SHOPIFY_ACCESS_TOKEN`,

@@ -10,7 +10,7 @@ use super::{answer_text, claim, get, walk, Found, ReconcileConfig, ReconcileErro
 use crate::{
     core::error::ConfigError,
     core::{http::http_client, secret::Secret},
-    ingest::providers::{stripe::Stripe, Delivery, Events, Provider, Scheme},
+    receive::providers::{stripe::Stripe, Delivery, Events, Provider, Scheme},
 };
 
 /// Stripe's events API: `STRIPE_API_BASE` (default `https://api.stripe.com`), `STRIPE_API_KEY`.

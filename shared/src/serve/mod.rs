@@ -52,7 +52,7 @@ use std::{
 use anyhow::{Context, Result};
 use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
 
-pub use crate::ingest::claim::group::GroupConfig;
+pub use crate::receive::claim::group::GroupConfig;
 pub(crate) use crate::server::CONSOLE_PATH;
 use crate::{
     app::App,

@@ -15,7 +15,7 @@ use anyhow::{ensure, Context, Result};
 use sqlx::{postgres::PgConnectOptions, Connection, PgConnection, PgPool};
 use webhook_inbox::{
     db::{self, DbConfig},
-    ingest::{
+    receive::{
         claim::{claim, Claim, Envelope},
         providers::NewEvent,
     },

@@ -21,8 +21,8 @@ use sqlx::PgPool;
 use tokio::net::TcpListener;
 use webhook_inbox::{
     config::{Catalog, Secret, Secrets, DEV_STRIPE},
-    ingest::providers::{declared::STRIPE_AS_DATA, Delivery, Provider, Schemes},
     prune::{Pruner, RetentionConfig},
+    receive::providers::{declared::STRIPE_AS_DATA, Delivery, Provider, Schemes},
     relay::{http::HttpSink, Relay, RelayConfig, Sink},
     ReceiveConfig,
 };

@@ -13,8 +13,8 @@ use crate::{
         self,
         inbox::{insert, insert_batch, Body, Inserted},
     },
-    ingest::providers::{Events, NewEvent},
     process::handlers::Handlers,
+    receive::providers::{Events, NewEvent},
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -73,7 +73,7 @@ impl Scheme for Shopify {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ingest::providers::{test_support::*, InitialStatus};
+    use crate::receive::providers::{test_support::*, InitialStatus};
     use hmac::Mac;
 
     const BODY: &[u8] = br#"{"id":820982911946154508,"total_price":"49.99"}"#;

@@ -96,7 +96,7 @@ impl Stripe {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ingest::providers::{test_support::*, InitialStatus, NewEvent, RejectionKind};
+    use crate::receive::providers::{test_support::*, InitialStatus, NewEvent, RejectionKind};
     use hmac::Mac;
 
     const BODY: &[u8] = br#"{"id":"evt_1","type":"payment_intent.succeeded","data":{}}"#;

@@ -16,7 +16,7 @@ use super::{
 };
 use crate::{
     core::secret::Secret,
-    ingest::providers::{header, Delivery, Rejected},
+    receive::providers::{header, Delivery, Rejected},
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

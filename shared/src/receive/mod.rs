@@ -1,4 +1,4 @@
-//! Ingestion: each provider's signing scheme, the receive handler, the claim,
+//! Receive: each provider's signing scheme, the receive handler (receiver), the claim,
 //! and inline mode. Only `providers` is built without the `service` feature.
 
 pub mod providers;
@@ -8,6 +8,6 @@ pub mod claim;
 #[cfg(feature = "service")]
 pub mod notify;
 #[cfg(feature = "service")]
-pub mod receive;
+pub mod receiver;
 #[cfg(feature = "service")]
 pub(crate) mod tally;

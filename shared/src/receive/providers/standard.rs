@@ -114,7 +114,7 @@ impl Scheme for Standard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ingest::providers::test_support::{headers as hdrs, now};
+    use crate::receive::providers::test_support::{headers as hdrs, now};
     use hmac::Mac;
 
     const BODY: &[u8] = br#"{"type":"invoice.paid","timestamp":"2026-11-29T00:00:00Z","data":{}}"#;

@@ -89,7 +89,7 @@ impl Scheme for Github {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ingest::providers::{test_support::*, InitialStatus};
+    use crate::receive::providers::{test_support::*, InitialStatus};
     use hmac::Mac;
 
     const BODY: &[u8] = br#"{"action":"opened","issue":{"number":1}}"#;

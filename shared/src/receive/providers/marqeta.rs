@@ -193,7 +193,7 @@ impl<'de: 'a, 'a> serde::Deserialize<'de> for Groups<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ingest::providers::{test_support::*, InitialStatus};
+    use crate::receive::providers::{test_support::*, InitialStatus};
     use hmac::Mac;
 
     const BODY: &[u8] =

@@ -14,16 +14,16 @@ use serde_json::json;
 use crate::{
     core::secret::Secrets,
     db::{minutes::MinuteCounts, Connections, DbConfig},
-    ingest::claim::{self, BatchClaim, Claim, Claimed, Envelope},
-    ingest::providers::catalog::Catalog,
-    ingest::{
+    process::handlers::Handlers,
+    receive::claim::{self, BatchClaim, Claim, Claimed, Envelope},
+    receive::providers::catalog::Catalog,
+    receive::{
         notify::ProcessQueue,
         providers::{
             Challenged, Delivery, Events, InitialStatus, NewEvent, Provider, Rejected, RejectionKind, Schemes,
         },
         tally::Tally,
     },
-    process::handlers::Handlers,
     runtime::{metrics::Metrics, trace},
 };
 
@@ -173,7 +173,7 @@ impl Receiver {
     }
 
     /// Schemes of a team's own, found before the built-in ones (see `Receiver::with_app`).
-    pub(crate) fn with_schemes(mut self, schemes: &[std::sync::Arc<dyn crate::ingest::providers::Scheme>]) -> Self {
+    pub(crate) fn with_schemes(mut self, schemes: &[std::sync::Arc<dyn crate::receive::providers::Scheme>]) -> Self {
         self.schemes.add(schemes);
         self
     }
@@ -300,7 +300,7 @@ impl Receiver {
     async fn receive_as(
         &self,
         provider: Provider,
-        scheme: &dyn crate::ingest::providers::Scheme,
+        scheme: &dyn crate::receive::providers::Scheme,
         method: &Method,
         headers: &HeaderMap,
         body: &[u8],

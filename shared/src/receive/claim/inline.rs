@@ -14,12 +14,12 @@ use sqlx::{Acquire, PgConnection};
 
 use crate::{
     db::{self, inbox as table},
-    ingest::claim::{self, BatchClaim, Claim, Claimed, Envelope},
-    ingest::providers::{Events, InitialStatus, NewEvent},
     process::{
         handler::{HandlerError, Headers},
         handlers::{erased::RawEvent, try_lock_event, Handlers},
     },
+    receive::claim::{self, BatchClaim, Claim, Claimed, Envelope},
+    receive::providers::{Events, InitialStatus, NewEvent},
 };
 
 pub(crate) async fn claim_and_apply(

@@ -1,5 +1,5 @@
 use super::*;
-use crate::ingest::providers::{
+use crate::receive::providers::{
     catalog::{Catalog, Kind},
     github::Github,
     shopify::Shopify,
