@@ -65,7 +65,7 @@ impl App {
     /// A provider API of its own for reconcile to read (see
     /// [`crate::reconciliation::Source`]), besides the built-in ones the
     /// environment configures: the `reconcile` function, `inbox serve` and
-    /// `inbox reconcile --once` built from this app run it.
+    /// `inbox reconcile` built from this app run it.
     #[cfg(feature = "reconcile")]
     pub fn with_source(mut self, source: impl crate::reconcile::Source + 'static) -> Self {
         self.sources.push(Arc::new(source));

@@ -261,7 +261,10 @@ pub mod schemes {
 /// its checkpoint with [`walk`](reconciliation::walk).
 #[cfg(feature = "reconcile")]
 pub mod reconciliation {
-    pub use crate::reconcile::{answer_text, claim, walk, Found, ReconcileConfig, ReconcileError, Source, SourceRun};
+    pub use crate::reconcile::{
+        answer_text, claim, walk, Found, ReconcileConfig, ReconcileError, Reconciled, Reconciler, Source, SourceRun,
+        NOTHING_TO_RECONCILE,
+    };
 }
 
 /// Events as hints: a [`HintHandler`](hints::HintHandler) names the object
@@ -291,9 +294,13 @@ pub use process::{
     worker::{Counts, Worker, WorkerConfig},
 };
 #[cfg(feature = "service")]
+pub use prune::{Pruned, Pruner, RetentionConfig};
+#[cfg(feature = "service")]
 pub use receive::receiver::ReceiveConfig;
 #[cfg(feature = "service")]
 pub use receive::receiver::Receiver;
+#[cfg(feature = "relay")]
+pub use relay::{Relay, RelayConfig, Relayed};
 #[cfg(feature = "service")]
 pub use runtime::stage::{Pass, Stage, Stopped, Tally};
 /// The JSON crate of [`Event`]'s default payload, `serde_json::Value`.

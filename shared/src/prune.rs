@@ -30,6 +30,7 @@ pub use crate::receive::providers::catalog::MAX_DAYS;
 /// and unhandled (nothing ran; a later handler may be replayed over them).
 const FINISHED: &[Status] = &[Status::Done, Status::Unhandled];
 
+/// How long prune keeps what (`RetentionConfig::read` from the environment).
 #[derive(Debug, Clone)]
 pub struct RetentionConfig {
     /// Every provider known here, with its redelivery window.
@@ -109,7 +110,9 @@ impl RetentionConfig {
 pub struct Pruned {
     /// Done and unhandled inbox rows.
     pub done: u64,
+    /// Failed inbox rows.
     pub failed: u64,
+    /// Sent outbox messages.
     pub outbox: u64,
     /// Batch bodies (`webhook_bodies`) no row points at any more.
     pub bodies: u64,
@@ -121,7 +124,7 @@ pub struct Pruned {
 
 impl Pruned {
     /// The `prune` function's metrics: `pruned` (inbox rows), `pruned_outbox`, `pruned_bodies`, `pruned_guards`.
-    pub fn metrics(&self) -> crate::runtime::metrics::Metrics {
+    pub(crate) fn metrics(&self) -> crate::runtime::metrics::Metrics {
         let mut m = crate::runtime::metrics::Metrics::new("prune");
         m.count("pruned", self.done + self.failed)
             .count("pruned_outbox", self.outbox)
@@ -158,17 +161,21 @@ impl Stage for Pruner {
     }
 }
 
+/// The prune stage: deletes what is past its retention, in short batches. Run
+/// it as a [`Stage`] (`run`, `run_until`), or one pass with [`Pruner::run_once`].
 pub struct Pruner {
     pool: PgPool,
     config: RetentionConfig,
 }
 
 impl Pruner {
+    /// A pruner on `pool`, keeping what `config` says.
     pub fn new(pool: PgPool, config: RetentionConfig) -> Self {
         Pruner { pool, config }
     }
 
-    /// One batch of each kind; each DELETE is its own short transaction.
+    /// One batch of each kind, each DELETE its own short transaction; and
+    /// whether every batch came up short (nothing more is due).
     pub async fn run_once(&self) -> Result<(Pruned, bool), sqlx::Error> {
         let limit = self.config.batch_size;
         let mut pruned = Pruned::default();

@@ -394,7 +394,7 @@ async fn a_shopify_next_link_to_another_host_is_not_followed(pool: PgPool) {
     assert_eq!(checkpoints, 0, "a run that could not finish leaves the checkpoint where it was");
 }
 
-/// The run both the Lambda and `inbox reconcile --once` report: each source on its own.
+/// The run both the Lambda and `inbox reconcile` report: each source on its own.
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_run_reports_each_source_and_one_failing_does_not_stop_the_other(pool: PgPool) {
     let stripe = MockServer::start().await;

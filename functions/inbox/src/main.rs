@@ -26,11 +26,8 @@ use webhook_inbox::{
     config::{self, DbConfig},
     db, dev,
     ops::{Cursor, EventQuery, Filter, IdMatch, PayloadMatch, Requeue, Since, Status},
-    prune::{Pruner, RetentionConfig},
-    reconcile::Reconciler,
-    relay::{Relay, RelayConfig},
-    runtime::stage::Stage,
-    ReceiveConfig,
+    reconciliation::{Reconciler, NOTHING_TO_RECONCILE},
+    Pruner, ReceiveConfig, Relay, RelayConfig, RetentionConfig, Stage,
 };
 
 #[derive(Parser)]
@@ -100,20 +97,20 @@ enum Command {
     },
     /// One pass of the `relay` function: deliver due outbox messages, print the counts.
     Relay {
-        /// Run one pass and exit (the only mode; `inbox dev` relays continuously).
-        #[arg(long)]
+        /// One pass, as always (accepted for older scripts; `inbox dev` relays continuously).
+        #[arg(long, hide = true)]
         once: bool,
     },
     /// One pass of the `reconcile` function: fetch what providers never delivered, print the counts.
     Reconcile {
-        /// Run one pass and exit (the only mode; schedule it for more).
-        #[arg(long)]
+        /// One pass, as always (accepted for older scripts; schedule it for more).
+        #[arg(long, hide = true)]
         once: bool,
     },
     /// One pass of the `prune` function: delete what is past its retention, print the counts.
     Prune {
-        /// Run one pass and exit (the only mode; schedule it for more).
-        #[arg(long)]
+        /// One pass, as always (accepted for older scripts; schedule it for more).
+        #[arg(long, hide = true)]
         once: bool,
     },
     /// Counts by provider and status, the queue's age, the outbox backlog, failures
@@ -341,11 +338,7 @@ async fn run(cli: Cli) -> Result<()> {
             };
             dev::with_database(ReceiveConfig::from_env(16)?, |config| async move { bench.run(config).await }).await
         }
-        Command::Relay { once } => {
-            anyhow::ensure!(
-                once,
-                "inbox relay runs one pass of the relay function: pass --once (`inbox dev` relays continuously)"
-            );
+        Command::Relay { once: _ } => {
             let env = config::Env::resolved().await?;
             let sinks = config::SinkConfig::read(&env)?.build().await?;
             anyhow::ensure!(
@@ -364,15 +357,11 @@ async fn run(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
-        Command::Reconcile { once } => {
-            anyhow::ensure!(
-                once,
-                "inbox reconcile runs one pass of the reconcile function: pass --once (schedule it for more)"
-            );
+        Command::Reconcile { once: _ } => {
             let env = config::Env::resolved().await?;
             let pool = database(&env)?;
             let reconciler = Reconciler::read(&env, &stock::app())?;
-            anyhow::ensure!(reconciler.is_configured(), webhook_inbox::reconcile::NOTHING_TO_RECONCILE);
+            anyhow::ensure!(reconciler.is_configured(), NOTHING_TO_RECONCILE);
             let reconciled = reconciler.run_once(&pool, one_pass_deadline()).await;
             for (source, f) in &reconciled.sources {
                 say!(
@@ -390,11 +379,7 @@ async fn run(cli: Cli) -> Result<()> {
             anyhow::ensure!(reconciled.failed.is_empty(), "{} reconciliation(s) failed", reconciled.failed.len());
             Ok(())
         }
-        Command::Prune { once } => {
-            anyhow::ensure!(
-                once,
-                "inbox prune runs one pass of the prune function: pass --once (schedule it for more)"
-            );
+        Command::Prune { once: _ } => {
             let env = config::Env::resolved().await?;
             let pruner = Pruner::new(database(&env)?, RetentionConfig::read(&env)?);
             let pruned = pruner.run(one_pass_deadline()).await?;

@@ -252,7 +252,7 @@ pub type SourceRun<'a> = Pin<Box<dyn Future<Output = Result<Found, ReconcileErro
 ///     }
 /// }
 ///
-/// // The `reconcile` function, `inbox serve` and `inbox reconcile --once` built from this app run it.
+/// // The `reconcile` function, `inbox serve` and `inbox reconcile` built from this app run it.
 /// let app = App::new(Handlers::new()).with_source(AcmeEvents { client: reqwest::Client::new() });
 /// # drop(app);
 /// ```
@@ -321,7 +321,7 @@ impl Reconciled {
     /// The `reconcile` function's metrics, one line per source (provider):
     /// `reconciled` (new), `reconcile_fetched`, `reconcile_stored_failed`,
     /// `reconcile_errors` (the source's run failed).
-    pub fn metrics(&self) -> Vec<crate::runtime::metrics::Metrics> {
+    pub(crate) fn metrics(&self) -> Vec<crate::runtime::metrics::Metrics> {
         let provider = |source: &str| source.split(' ').next().unwrap_or("unknown").to_string();
         let mut lines = Vec::new();
         for (source, found) in &self.sources {
@@ -372,7 +372,7 @@ impl Reconciler {
 
     /// Runs each source once, each on its own: one failing does not stop the
     /// others; none asks for a page past `deadline`. The Lambda and
-    /// `inbox reconcile --once` both report it.
+    /// `inbox reconcile` both report it.
     pub async fn run_once(&self, pool: &PgPool, deadline: Instant) -> Reconciled {
         let mut out = Reconciled::default();
         for source in &self.sources {

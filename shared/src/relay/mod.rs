@@ -52,6 +52,7 @@ pub trait Sink: Send + Sync {
     fn deliver_all<'a>(&'a self, messages: &'a [Outgoing]) -> RepliesFuture<'a>;
 }
 
+/// The relay's settings (`RelayConfig::read` from the environment).
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
     /// `RELAY_BATCH_SIZE` (100): messages leased at once.
@@ -80,11 +81,16 @@ impl Default for RelayConfig {
     }
 }
 
+/// What a pass (or a run of passes) of the relay did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Relayed {
+    /// Messages leased.
     pub leased: usize,
+    /// Taken by every sink: sent.
     pub sent: usize,
+    /// Refused for now: due again after their backoff.
     pub retried: usize,
+    /// Refused for good, or out of attempts: dead (`inbox outbox --dead`).
     pub dead: usize,
     /// Leased but not started before the deadline: released at once, no attempt spent.
     pub released: usize,
@@ -92,7 +98,7 @@ pub struct Relayed {
 
 impl Relayed {
     /// The `relay` function's metrics: `relayed`, `relay_retried`, `relay_dead`.
-    pub fn metrics(&self) -> crate::runtime::metrics::Metrics {
+    pub(crate) fn metrics(&self) -> crate::runtime::metrics::Metrics {
         let mut m = crate::runtime::metrics::Metrics::new("relay");
         m.count("relayed", self.sent as u64)
             .count("relay_retried", self.retried as u64)
@@ -126,6 +132,10 @@ impl Stage for Relay {
     }
 }
 
+/// The relay stage: outbox messages to their sinks, at least once, each under
+/// its `message_key`. Run it as a [`Stage`] (`run`, `run_until`), or one batch
+/// with [`Relay::run_once`]; its sinks come from
+/// [`SinkConfig::build`](crate::config::SinkConfig::build).
 pub struct Relay {
     pool: PgPool,
     sinks: Arc<Vec<Arc<dyn Sink>>>,
@@ -133,6 +143,7 @@ pub struct Relay {
 }
 
 impl Relay {
+    /// A relay on `pool` to `sinks` (every message goes to each of them).
     pub fn new(pool: PgPool, sinks: Vec<Arc<dyn Sink>>, config: RelayConfig) -> Self {
         Relay { pool, sinks: Arc::new(sinks), config }
     }

@@ -1,7 +1,7 @@
 //! One shape for every batch stage (process, relay, prune): a config given at
 //! construction, [`Stage::run_once`] doing one bounded batch and returning its
 //! counts, and the two loops every function and command share: [`run`], bounded
-//! by a deadline (the Lambdas, `inbox relay|prune --once`), and [`run_until`],
+//! by a deadline (the Lambdas, `inbox relay|prune`), and [`run_until`],
 //! bounded by a shutdown signal (`inbox dev`).
 
 use std::{
