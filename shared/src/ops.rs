@@ -14,16 +14,98 @@ pub use crate::core::text::{escape, escape_json};
 pub use crate::db::audit::{history, AuditRecord};
 pub use crate::db::inbox::{
     count_matching, counts_by_status, list_events, list_failed, replay, requeue_all, secret_usage, status_counts,
-    stored_event, Count, EventPage, EventSummary, FailedEvent, Matching, Replayed, Requeue, Requeued, SecretUse,
-    StoredEvent, SEARCH_TIMEOUT,
+    stored_event, Count, EventPage, EventSummary, FailedEvent, InboxGauges, Matching, Replayed, Requeue, Requeued,
+    SecretUse, StoredEvent, SEARCH_TIMEOUT,
 };
-pub use crate::db::outbox::{event_messages, list_unsent, retry_dead, retry_message, OutboxMessage};
+pub use crate::db::outbox::{event_messages, list_unsent, retry_dead, retry_message, OutboxGauges, OutboxMessage};
 use crate::{
     config::{Catalog, Secrets},
-    receive::providers::{verify_stored, Schemes},
+    db,
+    receive::providers::{catalog::Kind, verify_stored, Schemes},
     schemes::{Rejected, RejectionKind, Verified},
     Provider,
 };
+
+/// The queues' gauges, as the alarms and `inbox stats` read them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct Gauges {
+    /// The inbox's: pending events, the oldest one's age, failures in the last hour.
+    pub inbox: InboxGauges,
+    /// The outbox's: the relay's backlog, its oldest message's age, dead messages.
+    pub outbox: OutboxGauges,
+}
+
+/// [`Gauges`], each from a partial index.
+pub async fn gauges(pool: &sqlx::PgPool) -> Result<Gauges, sqlx::Error> {
+    Ok(Gauges {
+        inbox: db::inbox::gauges(db::Autocommit(pool)).await?,
+        outbox: db::outbox::gauges(db::Autocommit(pool)).await?,
+    })
+}
+
+/// How a provider known here signs its deliveries, as `inbox providers` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderContract {
+    /// The provider.
+    pub provider: Provider,
+    /// Where its contract comes from: `code`, `built in`, `providers file`,
+    /// or `alias of <provider>` (with ` (providers file)` when declared there).
+    pub contract: String,
+    /// The headers its signature travels in.
+    pub signature: String,
+    /// What identifies an event and is not signed: a captured delivery sent
+    /// again could change it (empty when everything is signed).
+    pub unsigned_identity: Vec<String>,
+    /// Its signature covers the URL: `<NAME>_WEBHOOK_URL` must name the URL it
+    /// was registered with ([`Catalog::url`]).
+    pub signs_url: bool,
+    /// The longest it may redeliver an event, in days.
+    pub redelivery_days: u32,
+}
+
+/// Every provider of `catalog`, in name order, with its signing contract.
+pub fn provider_contracts(catalog: &Catalog) -> Vec<ProviderContract> {
+    catalog
+        .entries()
+        .map(|e| {
+            let p = e.provider;
+            let contract = match (&e.alias_of, &e.kind, e.configured) {
+                (Some(of), _, true) => format!("alias of {of} (providers file)"),
+                (Some(of), _, false) => format!("alias of {of}"),
+                (None, Kind::Coded, _) => "code".into(),
+                (None, _, true) => "providers file".into(),
+                (None, _, false) => "built in".into(),
+            };
+            let signature = match &e.kind {
+                Kind::Declared(r) => r.headers.join(", "),
+                Kind::Standard => "webhook-signature, svix-signature".into(),
+                Kind::Coded => match p {
+                    Provider::STRIPE => "Stripe-Signature",
+                    Provider::SHOPIFY => "X-Shopify-Hmac-Sha256",
+                    Provider::GITHUB => "X-Hub-Signature-256",
+                    Provider::MARQETA => "Authorization (Basic), X-Marqeta-Signature",
+                    _ => "webhook-signature, svix-signature",
+                }
+                .into(),
+            };
+            let unsigned_identity = match &e.kind {
+                Kind::Declared(r) => r.unsigned_identity(),
+                Kind::Coded if p == Provider::SHOPIFY => vec!["X-Shopify-Webhook-Id".into(), "X-Shopify-Topic".into()],
+                Kind::Coded if p == Provider::GITHUB => vec!["X-GitHub-Delivery".into(), "X-GitHub-Event".into()],
+                Kind::Standard | Kind::Coded => vec![],
+            };
+            let signs_url = matches!(&e.kind, Kind::Declared(r) if r.needs_url());
+            ProviderContract {
+                provider: p,
+                contract,
+                signature,
+                unsigned_identity,
+                signs_url,
+                redelivery_days: e.redelivery_days,
+            }
+        })
+        .collect()
+}
 
 /// The longest reason an audit record takes, in characters (`--reason`, the
 /// console's forms): a sentence, not a document.

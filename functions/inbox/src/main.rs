@@ -24,7 +24,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use webhook_inbox::{
     config::{self, DbConfig},
-    db, dev,
+    dev,
     ops::{Cursor, EventQuery, Filter, IdMatch, PayloadMatch, Requeue, Since, Status},
     reconciliation::{Reconciler, NOTHING_TO_RECONCILE},
     Pruner, ReceiveConfig, Relay, RelayConfig, RetentionConfig, Stage,
@@ -456,10 +456,10 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Migrate => {
             let config = DbConfig::read(&config::Env::resolved().await?, 1)?;
             let url = config.url.clone().context("DATABASE_URL is not set")?;
-            let version = stock::app().migrate(&db::pool(&config)?).await.context("applying migrations")?;
+            let version = stock::app().migrate(&config.pool()?).await.context("applying migrations")?;
             say!(
                 "the inbox's migrations (version {version}) and the stock application's applied to {}",
-                db::redact_url(&url)
+                config::redact_url(&url)
             );
             Ok(())
         }
@@ -470,14 +470,14 @@ async fn run(cli: Cli) -> Result<()> {
 fn database(env: &config::Env) -> Result<sqlx::PgPool> {
     let config = DbConfig::read(env, 1)?;
     anyhow::ensure!(config.url.is_some(), "DATABASE_URL is not set");
-    Ok(db::pool(&config)?)
+    Ok(config.pool()?)
 }
 
 /// The database of an operator's command, checked: set, reachable, migrated.
 async fn operator_db() -> Result<sqlx::PgPool> {
     let config = DbConfig::read(&config::Env::resolved().await?, 1)?;
     let url = config.url.clone().context("DATABASE_URL is not set: the operator's commands work on a database")?;
-    ops::connect(db::pool(&config)?, &db::redact_url(&url)).await
+    ops::connect(config.pool()?, &config::redact_url(&url)).await
 }
 
 /// A one-pass command stops starting batches after this long, as a Lambda would at its deadline.

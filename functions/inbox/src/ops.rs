@@ -11,9 +11,7 @@ use sqlx::PgPool;
 use webhook_inbox::{
     config::{Catalog, Env, Secrets},
     console::{self, Role},
-    db::{self, inbox, outbox},
     ops::{self, Cursor, EventQuery, Filter, Replayed, Requeue, Since, Status},
-    receive::providers::catalog::Kind,
     Provider,
 };
 
@@ -122,7 +120,7 @@ pub async fn console_user(pool: &PgPool, command: UserCommand, by: &str) -> Resu
 pub async fn connect(pool: PgPool, where_: &str) -> Result<PgPool> {
     match sqlx::query("SELECT 1 FROM webhook_inbox LIMIT 0").execute(&pool).await {
         Ok(_) => Ok(pool),
-        Err(e) if db::sqlstate(&e).as_deref() == Some("42P01") => {
+        Err(e) if e.as_database_error().and_then(|d| d.code()).as_deref() == Some("42P01") => {
             bail!("{where_} has no inbox tables: run `inbox migrate` first")
         }
         // The pool only says it timed out: one connection of its own says why (refused, no such host, ...).
@@ -169,8 +167,7 @@ pub fn operator(env: &Env<'_>) -> String {
 
 pub async fn stats(pool: &PgPool, env: &Env<'_>, out: &Output) -> Result<()> {
     let counts = ops::counts_by_status(pool).await?;
-    let gauges = inbox::gauges(db::Autocommit(pool)).await?;
-    let outbox = outbox::gauges(db::Autocommit(pool)).await?;
+    let ops::Gauges { inbox: gauges, outbox } = ops::gauges(pool).await?;
     let secrets = ops::secret_usage(pool, Duration::from_secs(7 * 86_400)).await?;
     // Where each fingerprint is in the lists configured here (none, in a shell without the secrets).
     let configured = Catalog::read(env).and_then(|c| Secrets::read(env, &c)).ok();
@@ -337,47 +334,20 @@ pub fn providers(env: &Env<'_>, base_url: &str, all: bool, out: &Output) -> Resu
     let catalog = Catalog::read(env)?;
     let secrets = Secrets::read(env, &catalog)?;
     let base = base_url.trim_end_matches('/');
-    let rows: Vec<Value> = catalog
-        .entries()
-        .filter(|e| all || secrets.is_configured(e.provider))
-        .map(|e| {
-            let p = e.provider;
-            let needs_url = matches!(&e.kind, Kind::Declared(r) if r.needs_url());
-            let url = match (needs_url, catalog.url(p)) {
+    let rows: Vec<Value> = ops::provider_contracts(&catalog)
+        .into_iter()
+        .filter(|c| all || secrets.is_configured(c.provider))
+        .map(|c| {
+            let p = c.provider;
+            let url = match (c.signs_url, catalog.url(p)) {
                 (true, Some(url)) => url.to_string(),
                 (true, None) => format!("{}_WEBHOOK_URL (not set; it is signed)", p.env_prefix()),
                 (false, _) => format!("{base}/webhooks/{p}"),
             };
-            let contract = match (&e.alias_of, &e.kind, e.configured) {
-                (Some(of), _, true) => format!("alias of {of} (providers file)"),
-                (Some(of), _, false) => format!("alias of {of}"),
-                (None, Kind::Coded, _) => "code".into(),
-                (None, _, true) => "providers file".into(),
-                (None, _, false) => "built in".into(),
-            };
-            let signature = match &e.kind {
-                Kind::Declared(r) => r.headers.join(", "),
-                Kind::Standard => "webhook-signature, svix-signature".into(),
-                Kind::Coded => match p {
-                    Provider::STRIPE => "Stripe-Signature",
-                    Provider::SHOPIFY => "X-Shopify-Hmac-Sha256",
-                    Provider::GITHUB => "X-Hub-Signature-256",
-                    Provider::MARQETA => "Authorization (Basic), X-Marqeta-Signature",
-                    _ => "webhook-signature, svix-signature",
-                }
-                .into(),
-            };
-            // What identifies an event and is not signed: a captured delivery sent again could change it.
-            let unsigned: Vec<String> = match &e.kind {
-                Kind::Declared(r) => r.unsigned_identity(),
-                Kind::Coded if p == Provider::SHOPIFY => vec!["X-Shopify-Webhook-Id".into(), "X-Shopify-Topic".into()],
-                Kind::Coded if p == Provider::GITHUB => vec!["X-GitHub-Delivery".into(), "X-GitHub-Event".into()],
-                Kind::Standard | Kind::Coded => vec![],
-            };
             json!({
                 "provider": p.as_str(), "url": url, "secrets": secrets.count(p),
-                "secret_fingerprints": secrets.fingerprints(p), "contract": contract,
-                "signature": signature, "unsigned_identity": unsigned, "redelivery_days": e.redelivery_days,
+                "secret_fingerprints": secrets.fingerprints(p), "contract": c.contract,
+                "signature": c.signature, "unsigned_identity": c.unsigned_identity, "redelivery_days": c.redelivery_days,
             })
         })
         .collect();

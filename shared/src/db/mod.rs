@@ -265,6 +265,11 @@ pub fn redact_url(url: &str) -> String {
 }
 
 impl DbConfig {
+    /// A pool on these settings, connected lazily: the first query connects.
+    pub fn pool(&self) -> Result<PgPool, sqlx::Error> {
+        pool(self)
+    }
+
     /// `url` with the defaults: 4 connections, timeouts of 2 s (acquire,
     /// lock), 5 s (statement) and 10 s (idle in transaction), no pooler.
     pub fn with_url(url: impl Into<String>) -> Self {

@@ -201,6 +201,7 @@ pub struct OutboxGauges {
     pub backlog: i64,
     /// Age of the oldest of them, 0 when there is none.
     pub oldest_backlog_ms: f64,
+    /// Messages dead: refused for good, or out of attempts.
     pub dead: i64,
 }
 

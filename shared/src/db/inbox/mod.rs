@@ -27,4 +27,4 @@ pub(crate) use queue::{
 pub use requeue::{
     count_matching, list_failed, replay, requeue_all, FailedEvent, Matching, Replayed, Requeue, Requeued,
 };
-pub use stats::{counts_by_status, gauges, secret_usage, status_counts, Count, SecretUse};
+pub use stats::{counts_by_status, gauges, secret_usage, status_counts, Count, InboxGauges, SecretUse};

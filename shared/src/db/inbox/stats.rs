@@ -9,6 +9,7 @@ use crate::{core::status::Status, db};
 /// What the scheduled `process` run reports, and `inbox stats` shows.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, sqlx::FromRow)]
 pub struct InboxGauges {
+    /// Events waiting for the worker.
     pub pending: i64,
     /// Age of the oldest pending event, 0 when none is pending.
     pub oldest_pending_ms: f64,
