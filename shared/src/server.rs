@@ -132,7 +132,7 @@ pub struct Site {
     pub count: Option<fn(&Metrics, Duration)>,
 }
 
-#[cfg(feature = "internals")]
+#[cfg(feature = "serve")]
 impl Site {
     /// Webhooks only.
     pub fn webhooks(receiver: Arc<Receiver>) -> Self {
@@ -153,7 +153,7 @@ pub fn console_or_health(path: &str) -> bool {
 }
 
 /// Serves until `shutdown` completes; each connection on its own task.
-#[cfg(feature = "internals")]
+#[cfg(feature = "serve")]
 pub async fn serve(
     listener: TcpListener,
     receiver: Arc<Receiver>,
@@ -163,7 +163,7 @@ pub async fn serve(
 }
 
 /// [`serve`] with other [`Limits`].
-#[cfg(feature = "internals")]
+#[cfg(feature = "serve")]
 pub async fn serve_with(
     listener: TcpListener,
     receiver: Arc<Receiver>,

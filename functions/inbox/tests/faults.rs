@@ -20,16 +20,14 @@ use std::{
 
 use inbox_tests::pgbouncer::PgBouncer;
 use webhook_inbox::{
-    config::Env,
-    core::http::http_client,
-    db,
-    dev::{
-        embedded_pg::EmbeddedPostgres,
-        storm::{self, Consumer, Delivery, Rng},
-    },
-    prune::{Pruner, RetentionConfig},
-    runtime::stage::Stage,
+    config::Env, core::http::http_client, db, dev::embedded_pg::EmbeddedPostgres, Pruner, RetentionConfig, Stage,
 };
+
+/// `inbox demo`'s storm: the same deliveries, signed as each provider signs, and the invariants.
+#[path = "../src/demo/storm.rs"]
+mod storm;
+
+use storm::{Consumer, Delivery, Rng};
 
 fn full() -> bool {
     std::env::var("INBOX_FAULTS").is_ok_and(|v| v == "full")

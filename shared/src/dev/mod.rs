@@ -6,10 +6,6 @@
 pub mod embedded_pg;
 #[cfg(not(feature = "internals"))]
 mod embedded_pg;
-// Only `inbox demo`, `inbox bench` and the fault suite storm.
-#[cfg(feature = "internals")]
-#[doc(hidden)]
-pub mod storm;
 
 /// `println!`, except that a closed stdout (`inbox dev | head`) is no panic.
 macro_rules! say {

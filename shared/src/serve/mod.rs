@@ -286,6 +286,18 @@ fn say(line: &str) {
     let _ = writeln!(std::io::stdout(), "{line}");
 }
 
+/// Serves `receiver` (`POST /webhooks/{provider}`) on `listener`
+/// until `shutdown` completes, then drains: the listener of [`run`] (its header
+/// and body timeouts, its connection cap, each connection on its own task),
+/// for a binary that runs receive beside stages of its own.
+pub async fn webhooks(
+    listener: TcpListener,
+    receiver: std::sync::Arc<crate::Receiver>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
+    crate::server::serve(listener, receiver, shutdown).await
+}
+
 /// Serves `app` as `settings` and the environment say, until SIGTERM or
 /// Ctrl-C, then drains (see the module's documentation). No embedded
 /// PostgreSQL and no development secret: `DATABASE_URL` and the providers'

@@ -13,15 +13,13 @@ use anyhow::{bail, Context, Result};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 use webhook_inbox::{
-    config::Secrets,
-    core::http::http_client,
-    db,
-    dev::storm::{self, Consumer, Rng},
-    process::worker::{Worker, WorkerConfig},
-    relay::{HttpSink, Relay, RelayConfig, Sink},
-    runtime::stage::Stage,
-    server, ReceiveConfig, Receiver,
+    config::{Secrets, SinkConfig},
+    ReceiveConfig, Receiver, Relay, RelayConfig, Stage, Worker, WorkerConfig,
 };
+
+mod storm;
+
+use storm::{Consumer, Rng};
 
 /// The storm's size: PaymentIntents; orders and Marqeta batches scale with it.
 pub struct Demo {
@@ -31,7 +29,7 @@ pub struct Demo {
 impl Demo {
     /// Runs the demo on `config`'s database; true when every invariant holds.
     pub async fn run(&self, config: ReceiveConfig) -> Result<bool> {
-        let pool = db::pool(&config.db)?;
+        let pool = config.db.pool()?;
         stock::app().migrate(&pool).await.context("applying migrations")?;
         let existing: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_inbox").fetch_one(&pool).await?;
         if existing > 0 {
@@ -44,14 +42,14 @@ impl Demo {
         // The stack: receive over HTTP, the worker, the relay to a sink that fails now and then.
         let mut receive = config.clone();
         receive.secrets = Secrets::development();
-        let receiver = Arc::new(Receiver::new(db::Connections::new(&receive.db)?, &receive));
+        let receiver = Arc::new(Receiver::from_config(&receive)?);
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let base = format!("http://{}/webhooks", listener.local_addr()?);
         let (stop, stopped) = tokio::sync::watch::channel(());
         let until = |mut stopped: tokio::sync::watch::Receiver<()>| async move {
             let _ = stopped.changed().await;
         };
-        let server = tokio::spawn(server::serve(listener, receiver, until(stopped.clone())));
+        let server = tokio::spawn(webhook_inbox::serve::webhooks(listener, receiver, until(stopped.clone())));
         let worker_config = WorkerConfig { poll: Duration::from_millis(50), ..WorkerConfig::default() };
         let worker = Worker::new(pool.clone(), stock::handlers(), worker_config);
         let worker = tokio::spawn({
@@ -60,8 +58,9 @@ impl Demo {
         });
         let (sink_url, sink) = Consumer::start(Some(7)).await?;
         let relay_config = RelayConfig { retry_base: Duration::from_millis(50), ..RelayConfig::default() };
-        let http_sink: Arc<dyn Sink> = Arc::new(HttpSink::new(&sink_url, Duration::from_secs(5))?);
-        let relay = Relay::new(pool.clone(), vec![http_sink], relay_config);
+        let sinks =
+            SinkConfig { http: Some((sink_url, Duration::from_secs(5))), ..SinkConfig::default() }.build().await?;
+        let relay = Relay::new(pool.clone(), sinks, relay_config);
         let relay = tokio::spawn({
             let stopped = until(stopped.clone());
             async move { relay.run_until(Duration::from_millis(50), stopped).await }
@@ -69,7 +68,9 @@ impl Demo {
 
         let started = Instant::now();
         let (waves, expected) = storm::storm(self.payments, &mut Rng(0x5eed_1234_abcd_ef01));
-        let client = http_client(Duration::from_secs(30))?;
+        // reqwest is built without a default crypto provider (the library's choice); ring is ours.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
         let mut sent = BTreeMap::<(&str, u16), usize>::new();
         for (i, wave) in waves.iter().enumerate() {
             if i > 0 {

@@ -17,10 +17,7 @@ use sha2::Sha256;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 
-use crate::{
-    config::{DEV_MARQETA_PASSWORD, DEV_MARQETA_USERNAME, DEV_SHOPIFY, DEV_STRIPE},
-    db::{inbox, outbox},
-};
+use webhook_inbox::config::{DEV_MARQETA_PASSWORD, DEV_MARQETA_USERNAME, DEV_SHOPIFY, DEV_STRIPE};
 
 /// A deterministic generator (xorshift64*): the same storm every run.
 pub struct Rng(pub u64);
@@ -76,7 +73,7 @@ fn now() -> u64 {
 }
 
 fn stripe(body: String, secret: &str) -> Delivery {
-    let sig = super::stripe_signature(secret, now(), body.as_bytes());
+    let sig = webhook_inbox::dev::stripe_signature(secret, now(), body.as_bytes());
     Delivery { provider: "stripe", headers: vec![("stripe-signature", sig)], body, forged: secret != DEV_STRIPE }
 }
 
@@ -186,9 +183,8 @@ pub fn storm(size: usize, rng: &mut Rng) -> (Vec<Vec<Delivery>>, Expected) {
 pub async fn wait_settled(pool: &PgPool, limit: Duration) -> Result<bool, sqlx::Error> {
     let until = Instant::now() + limit;
     while Instant::now() < until {
-        let inbox = inbox::gauges(crate::db::Autocommit(pool)).await?;
-        let outbox = outbox::gauges(crate::db::Autocommit(pool)).await?;
-        if inbox.pending == 0 && outbox.backlog == 0 {
+        let gauges = webhook_inbox::ops::gauges(pool).await?;
+        if gauges.inbox.pending == 0 && gauges.outbox.backlog == 0 {
             return Ok(true);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -200,11 +196,8 @@ pub async fn wait_settled(pool: &PgPool, limit: Duration) -> Result<bool, sqlx::
 /// whether it holds; `refused` is how many deliveries got 401.
 pub async fn check(pool: &PgPool, expected: &Expected, refused: usize) -> Result<Vec<(bool, String)>, sqlx::Error> {
     let mut checks = Vec::new();
-    let rows: BTreeSet<(String, String)> = crate::db::query_as("SELECT provider, event_id FROM webhook_inbox")
-        .fetch_all(pool)
-        .await?
-        .into_iter()
-        .collect();
+    let rows: BTreeSet<(String, String)> =
+        sqlx::query_as("SELECT provider, event_id FROM webhook_inbox").fetch_all(pool).await?.into_iter().collect();
     checks.push((
         rows == expected.events,
         format!("inbox rows = unique signed events: {} rows, {} expected", rows.len(), expected.events.len()),
@@ -216,23 +209,22 @@ pub async fn check(pool: &PgPool, expected: &Expected, refused: usize) -> Result
     ));
 
     let payments: BTreeMap<String, i64> =
-        crate::db::query_as("SELECT payment_id, amount FROM payments").fetch_all(pool).await?.into_iter().collect();
+        sqlx::query_as("SELECT payment_id, amount FROM payments").fetch_all(pool).await?.into_iter().collect();
     checks.push((
         payments == expected.payments,
         format!("payments = unique PaymentIntents: {} payments, {} expected", payments.len(), expected.payments.len()),
     ));
-    let poison: Option<(String, Option<String>)> = crate::db::query_as(
-        "SELECT status, failure_reason FROM webhook_inbox WHERE provider = 'stripe' AND event_id = $1",
-    )
-    .bind(&expected.poison)
-    .fetch_optional(pool)
-    .await?;
+    let poison: Option<(String, Option<String>)> =
+        sqlx::query_as("SELECT status, failure_reason FROM webhook_inbox WHERE provider = 'stripe' AND event_id = $1")
+            .bind(&expected.poison)
+            .fetch_optional(pool)
+            .await?;
     checks.push((
         matches!(&poison, Some((s, Some(_))) if s == "failed"),
         format!("the poison event is failed with its reason: {poison:?}"),
     ));
 
-    let orders: BTreeMap<String, (String, String, String)> = crate::db::query_as(
+    let orders: BTreeMap<String, (String, String, String)> = sqlx::query_as(
         "SELECT order_id, to_char(source_updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), status, total_amount::text FROM orders",
     )
     .fetch_all(pool)
@@ -245,13 +237,13 @@ pub async fn check(pool: &PgPool, expected: &Expected, refused: usize) -> Result
         format!("orders = their newest snapshot, whatever the arrival order: {} orders", orders.len()),
     ));
 
-    let deposits: i64 = crate::db::query_scalar("SELECT count(*) FROM account_deposits").fetch_one(pool).await?;
+    let deposits: i64 = sqlx::query_scalar("SELECT count(*) FROM account_deposits").fetch_one(pool).await?;
     let mut want: BTreeMap<String, i64> = BTreeMap::new();
     for (account, cents) in expected.deposits.values() {
         *want.entry(account.clone()).or_default() += cents;
     }
     let balances: BTreeMap<String, i64> =
-        crate::db::query_as("SELECT account_id, (balance * 100)::bigint FROM accounts WHERE balance > 0")
+        sqlx::query_as("SELECT account_id, (balance * 100)::bigint FROM accounts WHERE balance > 0")
             .fetch_all(pool)
             .await?
             .into_iter()
@@ -265,8 +257,7 @@ pub async fn check(pool: &PgPool, expected: &Expected, refused: usize) -> Result
         ),
     ));
 
-    let keys: Vec<String> =
-        crate::db::query_scalar("SELECT message_key FROM transactional_outbox").fetch_all(pool).await?;
+    let keys: Vec<String> = sqlx::query_scalar("SELECT message_key FROM transactional_outbox").fetch_all(pool).await?;
     let unique: BTreeSet<&String> = keys.iter().collect();
     let effects = expected.payments.len() + expected.deposits.len();
     checks.push((
