@@ -86,18 +86,17 @@
 //! metrics), `dev` the local stack on it; `full`, the default, is all of them. Without `service`
 //! only the providers' signing schemes remain (what the fuzz targets build).
 //! `internals` is not for you: it opens the private modules to this
-//! repository's own `inbox` binary, fuzz targets and tests, with no
-//! compatibility promised.
+//! repository's fuzz targets and white-box tests, with no compatibility
+//! promised (the stock binaries, `inbox` included, build without it).
 
 #![deny(missing_docs)]
 // Without `service` only the signing schemes remain, and only the fuzz
 // targets build that, through `internals`.
 #![cfg_attr(not(any(feature = "service", feature = "internals")), allow(dead_code, unused_imports))]
 
-// The modules that are the stock binaries' and the tests' internals: private,
-// unless the unstable `internals` feature (for this repository's own `inbox`
-// binary, fuzz targets and tests; no compatibility promised) makes them
-// reachable. Each is declared twice, once per case, as plain `mod` items:
+// The library's internals: private, unless the unstable `internals` feature
+// (for this repository's fuzz targets and white-box tests; no compatibility
+// promised) makes them reachable. Each is declared twice, once per case, as plain `mod` items:
 // rustfmt follows those (it does not look inside a macro's).
 
 #[cfg(feature = "service")]
@@ -250,6 +249,19 @@ pub mod testing;
 pub mod schemes {
     pub use crate::core::event::{InitialStatus, NewEvent};
     pub use crate::receive::providers::{Challenged, Delivery, Events, Rejected, RejectionKind, Scheme, Verified};
+
+    /// The scheme receive verifies `provider`'s deliveries with under
+    /// `secrets`, built in or declared in `catalog`; none for a provider
+    /// without a secret. For checking a delivery outside receive: a proxy of
+    /// your own, a test, a benchmark.
+    #[cfg(feature = "service")]
+    pub fn configured(
+        catalog: &crate::config::Catalog,
+        secrets: &crate::config::Secrets,
+        provider: crate::Provider,
+    ) -> Option<std::sync::Arc<dyn Scheme>> {
+        crate::receive::providers::Schemes::new(catalog, secrets).get_shared(provider)
+    }
 }
 
 /// Reconciliation's sources: the provider APIs reconcile reads for what

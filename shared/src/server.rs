@@ -153,7 +153,7 @@ pub fn console_or_health(path: &str) -> bool {
 }
 
 /// Serves until `shutdown` completes; each connection on its own task.
-#[cfg(feature = "serve")]
+#[cfg(feature = "internals")]
 pub async fn serve(
     listener: TcpListener,
     receiver: Arc<Receiver>,
@@ -163,7 +163,7 @@ pub async fn serve(
 }
 
 /// [`serve`] with other [`Limits`].
-#[cfg(feature = "serve")]
+#[cfg(feature = "internals")]
 pub async fn serve_with(
     listener: TcpListener,
     receiver: Arc<Receiver>,

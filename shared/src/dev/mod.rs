@@ -7,6 +7,13 @@ pub mod embedded_pg;
 #[cfg(not(feature = "internals"))]
 mod embedded_pg;
 
+/// Where the PostgreSQL binaries of the throwaway cluster are (`initdb`,
+/// `pg_ctl`, and `pgbench` beside them): `INBOX_PG_BIN`, else the newest
+/// `/usr/lib/postgresql/<version>/bin`, else the folder of `initdb` on `PATH`.
+pub fn postgres_bin_dir() -> Result<std::path::PathBuf> {
+    embedded_pg::find_bin_dir()
+}
+
 /// `println!`, except that a closed stdout (`inbox dev | head`) is no panic.
 macro_rules! say {
     ($($arg:tt)*) => {{

@@ -286,16 +286,20 @@ fn say(line: &str) {
     let _ = writeln!(std::io::stdout(), "{line}");
 }
 
-/// Serves `receiver` (`POST /webhooks/{provider}`) on `listener`
-/// until `shutdown` completes, then drains: the listener of [`run`] (its header
-/// and body timeouts, its connection cap, each connection on its own task),
-/// for a binary that runs receive beside stages of its own.
+/// Serves `receiver` (`POST /webhooks/{provider}`) on `listener` until
+/// `shutdown` completes, then drains, as [`run`] receives: its listener (the
+/// header and body timeouts, the connection cap, each connection on its own
+/// task), every delivery counted in the process's Prometheus metrics. For a
+/// binary that runs receive beside stages of its own.
 pub async fn webhooks(
     listener: TcpListener,
     receiver: std::sync::Arc<crate::Receiver>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
-    crate::server::serve(listener, receiver, shutdown).await
+    metrics::install().map_err(std::io::Error::other)?;
+    let site = server::Site { count: Some(metrics::delivered), ..server::Site::webhooks(receiver) };
+    server::serve_site(listener, site, server::Limits::default(), shutdown, Duration::from_secs(10)).await;
+    Ok(())
 }
 
 /// Serves `app` as `settings` and the environment say, until SIGTERM or

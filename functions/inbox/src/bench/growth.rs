@@ -14,12 +14,10 @@ use std::{
 use anyhow::{ensure, Context, Result};
 use sqlx::{postgres::PgConnectOptions, Connection, PgConnection, PgPool};
 use webhook_inbox::{
-    db::{self, DbConfig},
-    receive::{
-        claim::{claim, Claim, Envelope},
-        providers::NewEvent,
-    },
-    Provider, ReceiveConfig,
+    config::DbConfig,
+    reconciliation::{claim, Found},
+    schemes::NewEvent,
+    App, Provider, ReceiveConfig,
 };
 
 use super::{body, http, pgbench, signature, Bench, Check, Figure, Load, Report, Until};
@@ -160,28 +158,29 @@ async fn footprint(pool: &PgPool, schema: &str) -> Result<(f64, f64)> {
 }
 
 /// `url` with its connections' `search_path` set to `schema`.
-fn schema_url(url: &str, schema: &str) -> String {
+pub(super) fn schema_url(url: &str, schema: &str) -> String {
     let sep = if url.contains('?') { '&' } else { '?' };
     format!("{url}{sep}options=-c%20search_path%3D{schema}")
 }
 
 /// A pool of `size` connections on `schema` with no statement timeout (for seeding).
 pub(super) fn schema_pool(db: &DbConfig, schema: &str, size: u32) -> Result<PgPool> {
-    let url = db.url.as_deref().context("no database")?;
-    let cfg = DbConfig { pool_size: size, statement_timeout: Duration::ZERO, ..db.clone() };
-    Ok(db::pool_from(PgConnectOptions::from_str(url)?.options([("search_path", schema)]), &cfg))
+    let url = schema_url(db.url.as_deref().context("no database")?, schema);
+    let cfg = DbConfig { url: Some(url), pool_size: size, statement_timeout: Duration::ZERO, ..db.clone() };
+    Ok(cfg.pool()?)
 }
 
 /// `schema`, dropped if there, created and migrated.
 pub(super) async fn migrated_schema(pool: &PgPool, db: &DbConfig, schema: &str) -> Result<()> {
     sqlx::raw_sql(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}")).execute(pool).await?;
     let p = schema_pool(db, schema, 2)?;
-    db::schema::migrate(&p).await.with_context(|| format!("migrating {schema}"))?;
+    App::default().migrate(&p).await.with_context(|| format!("migrating {schema}"))?;
     p.close().await;
     Ok(())
 }
 
-/// p50 and p99 (ms) of `n` claims of new full-size events, one at a time on one connection.
+/// p50 and p99 (ms) of `n` claims of new full-size events, one at a time on one
+/// connection: the webhook claim's statement, as reconcile calls it.
 async fn claim_times(url: &str, schema: &str, round: usize, n: usize) -> Result<(f64, f64)> {
     let mut conn =
         PgConnection::connect_with(&PgConnectOptions::from_str(url)?.options([("search_path", schema)])).await?;
@@ -190,20 +189,12 @@ async fn claim_times(url: &str, schema: &str, round: usize, n: usize) -> Result<
     for i in 0..n {
         let id = format!("bench-claim-{round}-{i}");
         let raw = body(&id);
-        let env = Envelope {
-            provider: Provider::STRIPE,
-            raw_body: raw.as_bytes(),
-            headers: &headers,
-            secret_index: Some(0),
-            secret_fingerprint: None,
-            replay_guard: false,
-            trace_context: None,
-        };
         let event = NewEvent::pending(id, "payment_intent.succeeded", raw.clone());
+        let mut found = Found::default();
         let started = Instant::now();
-        let claimed = claim(&mut conn, &env, &event).await?;
+        claim(&mut conn, Provider::STRIPE, raw.as_bytes(), &headers, &event, &mut found).await?;
         times.push(started.elapsed());
-        ensure!(claimed == Claim::New, "a new event was not claimed as new");
+        ensure!(found.applied == 1, "a new event was not claimed as new: {found:?}");
     }
     conn.close().await?;
     times.sort_unstable();

@@ -3,18 +3,21 @@
 //! own call, on the console's pool settings; then payload searches and the
 //! counts at the top.
 
-use std::{str::FromStr, time::Instant};
+use std::time::Instant;
 
 use anyhow::{Context, Result};
 use base64::Engine as _;
-use sqlx::{postgres::PgConnectOptions, PgPool};
+use sqlx::PgPool;
 use webhook_inbox::{
-    db,
+    config::DbConfig,
     ops::{self, Cursor, EventQuery, IdMatch, PayloadMatch, Since, Status},
     ReceiveConfig,
 };
 
-use super::{growth::migrated_schema, Bench, Check, Figure, Report};
+use super::{
+    growth::{migrated_schema, schema_url},
+    Bench, Check, Figure, Report,
+};
 
 const SCHEMA: &str = "bench_listing";
 /// Runs of each case in a round; the figure is the median of the last `KEPT`
@@ -36,11 +39,8 @@ impl Bench {
         migrated_schema(pool, &config.db, SCHEMA).await?;
         let url = config.db.url.as_deref().context("no database")?;
         // The console's own pool settings (its statement timeout included), in the schema.
-        let options = PgConnectOptions::from_str(url)?.options([("search_path", SCHEMA)]);
-        let seed = db::pool_from(
-            options.clone(),
-            &db::DbConfig { statement_timeout: std::time::Duration::ZERO, ..config.db.clone() },
-        );
+        let in_schema = DbConfig { url: Some(schema_url(url, SCHEMA)), ..config.db.clone() };
+        let seed = DbConfig { statement_timeout: std::time::Duration::ZERO, ..in_schema.clone() }.pool()?;
         let seeding = Instant::now();
         // 60 days of events: five providers, eight types and one rare (0.01%),
         // 0.1% failed, 0.1% unhandled, 1,000 pending, the rest done.
@@ -179,7 +179,7 @@ impl Bench {
                 false,
             ),
         ];
-        let console = db::pool_from(options, &config.db);
+        let console = in_schema.pool()?;
         let mut figures: Vec<Figure> =
             cases.iter().map(|(name, ..)| Figure::new(format!("listing, {name}, {rows} events"), "ms")).collect();
         let mut counts =

@@ -30,15 +30,8 @@ use sqlx::PgPool;
 use stock::{deposits, payments};
 use tokio::net::{TcpListener, TcpStream};
 use webhook_inbox::{
-    config::{Secrets, DEV_MARQETA_PASSWORD, DEV_MARQETA_USERNAME, DEV_STRIPE},
-    db,
-    dev::embedded_pg,
-    process::{
-        handlers::Handlers,
-        worker::{Worker, WorkerConfig},
-    },
-    runtime::stage::Stage,
-    server, ReceiveConfig, Receiver,
+    config::{DbConfig, Secrets, DEV_MARQETA_PASSWORD, DEV_MARQETA_USERNAME, DEV_STRIPE},
+    dev, Handlers, ReceiveConfig, Receiver, Stage, Worker, WorkerConfig,
 };
 
 /// The sections of a run, in order.
@@ -166,7 +159,7 @@ fn pgbench_script(copies: usize) -> String {
 async fn pgbench(url: &str, c: usize, copies: usize, until: Until) -> Result<String> {
     let script = std::env::temp_dir().join(format!("inbox-bench-{}.sql", std::process::id()));
     std::fs::write(&script, pgbench_script(copies))?;
-    let pgbench = embedded_pg::find_bin_dir()?.join("pgbench");
+    let pgbench = dev::postgres_bin_dir()?.join("pgbench");
     let threads = c.min(std::thread::available_parallelism().map_or(2, |n| n.get())).to_string();
     let until = match until {
         Until::Seconds(s) => ["-T".to_string(), s.to_string()],
@@ -203,7 +196,7 @@ impl Bench {
         let dev = Secrets::development();
         config.secrets = Secrets { stripe: dev.stripe, marqeta: dev.marqeta, ..Secrets::default() };
         // The bench's own statements (seeding, cleaning up millions of rows) may take long.
-        let pool = db::pool(&db::DbConfig { statement_timeout: Duration::ZERO, ..config.db.clone() })?;
+        let pool = DbConfig { statement_timeout: Duration::ZERO, ..config.db.clone() }.pool()?;
         stock::app().migrate(&pool).await.context("applying migrations")?;
         let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
         println!(
@@ -612,16 +605,12 @@ async fn http(config: &ReceiveConfig, c: usize, load: Load, until: Until) -> Res
     // As `inbox serve` receives: group commit as its environment sets it (INBOX_GROUP_COMMIT_MAX=1
     // turns it off), every delivery counted in the Prometheus metrics.
     let group = webhook_inbox::config::ServeConfig::read(&webhook_inbox::config::Env::process())?.group;
-    webhook_inbox::serve::metrics::install()?;
-    let receiver = Arc::new(Receiver::new(db::Connections::new(&config.db)?, &config).with_group_commit(group));
-    let count = Some(webhook_inbox::serve::metrics::delivered as fn(&_, _));
-    let site = server::Site { count, ..server::Site::webhooks(receiver) };
+    let receiver = Arc::new(Receiver::from_config(&config)?.with_group_commit(group));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let shutdown = async {
         let _ = stopped.await;
     };
-    let server =
-        tokio::spawn(server::serve_site(listener, site, server::Limits::default(), shutdown, Duration::from_secs(5)));
+    let server = tokio::spawn(webhook_inbox::serve::webhooks(listener, receiver, shutdown));
 
     let generator = std::thread::spawn(move || -> Result<(Vec<Duration>, f64, Duration)> {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -828,7 +817,7 @@ async fn clean(pool: &PgPool) -> Result<()> {
 async fn versions(pool: &PgPool) -> Result<(String, String)> {
     let pg: String =
         sqlx::query_scalar("SELECT 'PostgreSQL ' || current_setting('server_version')").fetch_one(pool).await?;
-    let pgbench = embedded_pg::find_bin_dir()?.join("pgbench");
+    let pgbench = dev::postgres_bin_dir()?.join("pgbench");
     let out = tokio::process::Command::new(&pgbench).arg("--version").output().await?;
     Ok((pg, String::from_utf8_lossy(&out.stdout).trim().to_string()))
 }

@@ -20,14 +20,15 @@ use hyper_util::rt::TokioIo;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 use webhook_inbox::{
-    config::{Catalog, Secret, Secrets, DEV_STRIPE},
-    prune::{Pruner, RetentionConfig},
-    receive::providers::{declared::STRIPE_AS_DATA, Delivery, Provider, Schemes},
-    relay::{http::HttpSink, Relay, RelayConfig, Sink},
-    ReceiveConfig,
+    config::{Catalog, Secret, Secrets, SinkConfig, DEV_STRIPE},
+    schemes::{self, Delivery},
+    Provider, Pruner, ReceiveConfig, Relay, RelayConfig, RetentionConfig,
 };
 
 use super::{body, signature, Bench, Check, Figure, Load, Report, Task};
+
+/// Stripe's contract written as data, as the library's differential test judges it against the coded scheme.
+const STRIPE_AS_DATA: &str = include_str!("../../../../shared/src/receive/providers/declared/stripe_as_data.toml");
 
 /// Items per Marqeta batch, as Marqeta sends them by default.
 const BATCH_ITEMS: usize = 10;
@@ -41,7 +42,6 @@ impl Bench {
         let declared = Provider::try_from("stripe-as-data")?;
         let mut secrets = Secrets { stripe: vec![Secret::new(DEV_STRIPE)], ..Secrets::default() };
         secrets.declared.insert(declared, vec![Secret::new(DEV_STRIPE)]);
-        let schemes = Schemes::new(&catalog, &secrets);
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
         let payload = body("bench-verify");
         let mut headers = http::HeaderMap::new();
@@ -56,7 +56,7 @@ impl Bench {
         for round in 1..=self.rounds {
             let mut rates = [0.0; 2];
             for (i, (_, p)) in sides.iter().enumerate() {
-                let scheme = schemes.get(*p).context("configured above")?;
+                let scheme = schemes::configured(&catalog, &secrets, *p).context("configured above")?;
                 ensure!(scheme.verify(&d).is_ok(), "the bench's delivery does not verify with {p}");
                 let (started, mut n) = (Instant::now(), 0u64);
                 while started.elapsed() < Duration::from_secs(self.seconds) {
@@ -88,8 +88,7 @@ impl Bench {
         let catalog = Catalog::with_file(None, url).map_err(anyhow::Error::msg)?;
         let mut secrets = Secrets::default();
         secrets.declared.insert(twilio, vec![Secret::new("bench-twilio-token")]);
-        let schemes = Schemes::new(&catalog, &secrets);
-        let scheme = schemes.get(twilio).context("configured above")?;
+        let scheme = schemes::configured(&catalog, &secrets, twilio).context("configured above")?;
         let form: String = (0..16_000).map(|i| format!("Field{i:05}=value-{i:0>48}&")).collect();
         let mut headers = [http::HeaderMap::new(), http::HeaderMap::new()];
         headers[0].append("x-twilio-signature", "bm90IGEgc2lnbmF0dXJlIG9mIHRoaXMgZm9ybQ==".parse()?);
@@ -244,8 +243,8 @@ impl Bench {
                 .execute(pool)
                 .await
                 .context("seeding outbox messages")?;
-                let http: Arc<dyn Sink> = Arc::new(HttpSink::new(sink.url(), Duration::from_secs(10))?);
-                let relay = Relay::new(pool.clone(), vec![http], config.clone());
+                let http = SinkConfig { http: Some((sink.url(), Duration::from_secs(10))), ..SinkConfig::default() };
+                let relay = Relay::new(pool.clone(), http.build().await?, config.clone());
                 let started = Instant::now();
                 let window = Duration::from_secs(self.seconds);
                 let mut sent = 0;

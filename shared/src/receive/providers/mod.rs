@@ -218,6 +218,11 @@ impl Schemes {
         self.schemes.splice(0..0, schemes.iter().cloned());
     }
 
+    /// The scheme of `provider`, shared.
+    pub fn get_shared(&self, provider: Provider) -> Option<Arc<dyn Scheme>> {
+        self.schemes.iter().find(|s| s.provider() == provider).cloned()
+    }
+
     pub fn get(&self, provider: Provider) -> Option<&dyn Scheme> {
         self.find(provider.as_str())
     }
