@@ -62,8 +62,16 @@ use crate::{
 
 /// An event as the worker hands it to a handler: no attempt before this
 /// one, received now, no header kept. Its fields are public: set
-/// `attempts` or `headers` for a test that needs them.
-pub fn event<T>(provider: Provider, event_id: &str, event_type: &str, payload: T) -> Event<T> {
+/// `attempts` or `headers` for a test that needs them. The provider is named
+/// as [`Handlers::on`](crate::Handlers::on) names it (`"stripe"`, or
+/// `Provider::STRIPE`).
+///
+/// # Panics
+///
+/// If `provider` is not a provider name (a test's own mistake), naming it.
+pub fn event<T>(provider: impl AsRef<str>, event_id: &str, event_type: &str, payload: T) -> Event<T> {
+    let name = provider.as_ref();
+    let provider = Provider::try_from(name).unwrap_or_else(|_| panic!("{name:?} is not a provider name"));
     Event {
         provider,
         event_id: event_id.to_string(),

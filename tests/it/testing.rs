@@ -49,6 +49,16 @@ async fn each_signer_signs_as_its_provider_verifies(pool: PgPool) {
     assert_eq!(stored, 4);
 }
 
+/// A provider named as a handler is registered (`"stripe"`) or as a `Provider`: the same event.
+#[test]
+fn an_event_names_its_provider_as_handlers_do() {
+    let by_name = testing::event("stripe", "evt_1", "invoice.paid", ());
+    assert_eq!(by_name.provider, webhook_inbox::Provider::STRIPE);
+    let refused = std::panic::catch_unwind(|| testing::event("Not A Provider", "evt_1", "invoice.paid", ()));
+    let said = refused.err().and_then(|p| p.downcast::<String>().ok()).map(|s| *s).unwrap_or_default();
+    assert!(said.contains("\"Not A Provider\" is not a provider name"), "{said:?}");
+}
+
 #[test]
 fn an_event_for_a_handler_test_is_fresh_and_its_fields_are_the_tests() {
     let mut event = testing::event(webhook_inbox::Provider::STRIPE, "evt_1", "invoice.paid", 7);
