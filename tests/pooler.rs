@@ -27,7 +27,7 @@ use webhook_inbox::{
     config::{Catalog, DbConfig, Env},
     db,
     process::worker::Worker,
-    prune::{Pruner, RetentionConfig},
+    prune::{PruneConfig, Pruner},
     reconcile::{ReconcileConfig, StripeEvents},
     relay::{HttpSink, Relay, RelayConfig, Sink},
     runtime::stage::Stage,
@@ -171,7 +171,7 @@ async fn every_stage(pool_options: PgPoolOptions, opts: PgConnectOptions, mode: 
     assert_eq!(relayed.sent, 400);
 
     // prune: nothing is old enough, but every statement runs.
-    let pruner = Pruner::new(pool.clone(), RetentionConfig::read(&Env::from_pairs(&[])).unwrap());
+    let pruner = Pruner::new(pool.clone(), PruneConfig::read(&Env::from_pairs(&[])).unwrap());
     pruner.run(later()).await.unwrap();
 
     // reconcile: Stripe's API gives three events, one already known.

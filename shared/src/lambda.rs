@@ -32,7 +32,7 @@ use crate::{
         self,
         worker::{Worker, WorkerConfig},
     },
-    prune::{Pruner, RetentionConfig},
+    prune::{PruneConfig, Pruner},
     receive::notify::ProcessQueue,
     runtime::{deadline, stage::Stage},
     ReceiveConfig, Receiver,
@@ -98,7 +98,7 @@ pub async fn process(app: App) -> Result<(), Error> {
 pub async fn prune() -> Result<(), Error> {
     config::init_logging();
     let env = config::Env::resolved().await?;
-    let pruner = Pruner::new(db::pool(&DbConfig::read(&env, 1)?)?, RetentionConfig::read(&env)?);
+    let pruner = Pruner::new(db::pool(&DbConfig::read(&env, 1)?)?, PruneConfig::read(&env)?);
     let margin = config::deadline_margin(&env)?;
     let pruner = &pruner;
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {

@@ -68,6 +68,31 @@
 //! migrations, handlers, binaries and tests. The stock binaries run one too,
 //! the repository's `examples/stock`.
 //!
+//! # Words
+//!
+//! One name, one meaning, here and in the repository's docs:
+//!
+//! - **delivery**: one HTTP request from a provider; it carries one event, or
+//!   a batch of them.
+//! - **receive**: the stage that verifies a delivery over its raw bytes and
+//!   **claims** its events ([`Receiver`]): the `INSERT ... ON CONFLICT DO
+//!   NOTHING` that makes an event the inbox's once, whatever the redeliveries.
+//! - **event**: a row of `webhook_inbox`, keyed by provider and id; `pending`,
+//!   `done`, `failed`, or `unhandled` (no handler takes its type).
+//! - **process**: the stage that runs your **handlers** ([`Handler`]) over
+//!   pending events ([`Worker`]), each in the transaction that finishes the
+//!   event; a **pass** is one batch, [`Processed`] what it did.
+//! - **outbox**: `transactional_outbox`, the [`Message`]s handlers enqueue in
+//!   that transaction; **relay**: the stage that sends them ([`Relay`]).
+//! - **prune**: the stage that deletes what is past its **retention**, the
+//!   durations of [`PruneConfig`].
+//! - **reconcile**: the stage that claims from a provider's API what was never
+//!   delivered ([`reconciliation`]).
+//! - **replay**: one event back to pending; **requeue**: every event a filter
+//!   selects back to pending; each, like an outbox retry, with an [`ops::Audit`].
+//! - **stock application**: the handlers and tables the repository's own
+//!   binaries run (`examples/stock`); yours takes its place.
+//!
 //! # What is public
 //!
 //! The items at this root, and the modules [`lambda`] (one entry point per
@@ -303,10 +328,10 @@ pub use db::{
 pub use process::{
     handler::{Event, Handler, HandlerError, Headers, Outcome},
     handlers::{Handlers, IntoHandler, RegistrationError},
-    worker::{Counts, Worker, WorkerConfig},
+    worker::{Processed, Worker, WorkerConfig},
 };
 #[cfg(feature = "service")]
-pub use prune::{Pruned, Pruner, RetentionConfig};
+pub use prune::{PruneConfig, Pruned, Pruner};
 #[cfg(feature = "service")]
 pub use receive::receiver::ReceiveConfig;
 #[cfg(feature = "service")]

@@ -30,9 +30,9 @@ pub use crate::receive::providers::catalog::MAX_DAYS;
 /// and unhandled (nothing ran; a later handler may be replayed over them).
 const FINISHED: &[Status] = &[Status::Done, Status::Unhandled];
 
-/// How long prune keeps what (`RetentionConfig::read` from the environment).
+/// How long prune keeps what (`PruneConfig::read` from the environment).
 #[derive(Debug, Clone)]
-pub struct RetentionConfig {
+pub struct PruneConfig {
     /// Every provider known here, with its redelivery window.
     pub catalog: Catalog,
     /// `INBOX_RETENTION_DAYS` (60): days `done` and `unhandled` rows are kept.
@@ -47,7 +47,7 @@ pub struct RetentionConfig {
     pub batch_size: i64,
 }
 
-impl RetentionConfig {
+impl PruneConfig {
     /// Days a provider's `done` rows are kept.
     pub fn done_days(&self, p: Provider) -> u32 {
         self.done_days.get(&p).copied().unwrap_or(self.default_days)
@@ -165,12 +165,12 @@ impl Stage for Pruner {
 /// it as a [`Stage`] (`run`, `run_until`), or one pass with [`Pruner::run_once`].
 pub struct Pruner {
     pool: PgPool,
-    config: RetentionConfig,
+    config: PruneConfig,
 }
 
 impl Pruner {
     /// A pruner on `pool`, keeping what `config` says.
-    pub fn new(pool: PgPool, config: RetentionConfig) -> Self {
+    pub fn new(pool: PgPool, config: PruneConfig) -> Self {
         Pruner { pool, config }
     }
 
@@ -209,8 +209,8 @@ impl Pruner {
 mod tests {
     use super::*;
 
-    fn config(days: u32) -> RetentionConfig {
-        RetentionConfig {
+    fn config(days: u32) -> PruneConfig {
+        PruneConfig {
             catalog: Catalog::builtin(),
             default_days: days,
             done_days: HashMap::new(),

@@ -54,7 +54,7 @@ use crate::{
     db::Connections,
     process::{
         handler::{Event, Headers},
-        worker::{Counts, Worker, WorkerConfig},
+        worker::{Processed, Worker, WorkerConfig},
     },
     runtime::stage::{Stage, Tally as _},
     Provider, ReceiveConfig, Receiver,
@@ -210,15 +210,15 @@ impl TestInbox {
 
     /// One pass of the worker: one batch of the events due, as a scheduled
     /// `process` run takes it (a retry waits for its backoff).
-    pub async fn pass(&self) -> Result<Counts, sqlx::Error> {
+    pub async fn pass(&self) -> Result<Processed, sqlx::Error> {
         self.worker.run_once(Instant::now() + Duration::from_secs(30)).await
     }
 
     /// Runs the worker until no event is pending (retries included, each
     /// after its backoff), or 30 s have passed: what it did.
-    pub async fn drain(&self) -> Result<Counts, sqlx::Error> {
+    pub async fn drain(&self) -> Result<Processed, sqlx::Error> {
         let deadline = Instant::now() + Duration::from_secs(30);
-        let mut total = Counts::default();
+        let mut total = Processed::default();
         loop {
             let done = match self.worker.run(deadline).await {
                 Ok(counts) => counts,

@@ -13,7 +13,7 @@ use sqlx::{
 use tower::ServiceExt as _;
 use webhook_inbox::{
     config::{Catalog, Env, Secrets},
-    console::{self, Role},
+    console::{self, UserRole},
     Provider,
 };
 
@@ -44,7 +44,7 @@ impl Console {
 
     /// At `base`, set as `env` says.
     async fn at(pool: &PgPool, read: &PgPool, base: &str, env: &[(&str, &str)]) -> Console {
-        for (name, role) in [("olga", Role::Operator), ("vic", Role::Viewer)] {
+        for (name, role) in [("olga", UserRole::Operator), ("vic", UserRole::Viewer)] {
             match console::add_user(pool, name, role, "a long enough password", "the test").await {
                 Ok(()) | Err(console::UserError::Exists) => {}
                 Err(e) => panic!("{e}"),

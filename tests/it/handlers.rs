@@ -215,7 +215,7 @@ fn a_second_handler_for_one_provider_and_type_is_refused_at_start_up() {
 /// filter that names them neither takes them nor loops over them.
 #[sqlx::test(migrator = "MIGRATOR")]
 async fn requeue_all_never_takes_pending_events(pool: PgPool) {
-    use webhook_inbox::ops::{requeue_all, Filter, Requeue, Status};
+    use webhook_inbox::ops::{requeue_all, Audit, Filter, Status};
     for i in 0..30 {
         store(&pool, Provider::STANDARD, &format!("p{i}"), "x", "{}").await;
     }
@@ -224,7 +224,7 @@ async fn requeue_all_never_takes_pending_events(pool: PgPool) {
         .await
         .unwrap();
     let filter = Filter { statuses: vec![Status::Pending, Status::Unhandled], ..Filter::default() };
-    let by = Requeue { actor: "test", action: "requeue", reason: "pending named by mistake" };
+    let by = Audit { actor: "test", action: "requeue", reason: "pending named by mistake" };
     let done = requeue_all(&pool, &filter, &by, 10, |_| {}).await.unwrap();
     assert_eq!((done.matching, done.requeued, done.held), (0, 0, 0));
     let untouched: i64 = sqlx::query_scalar(

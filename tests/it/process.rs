@@ -21,7 +21,7 @@ use stock::{
 use tokio::sync::Barrier;
 use webhook_inbox::{
     db, process,
-    process::worker::{Counts, Worker, WorkerConfig},
+    process::worker::{Processed, Worker, WorkerConfig},
     process::{
         handler::{Event, Handler, HandlerError, Outcome},
         handlers::Handlers,
@@ -40,8 +40,8 @@ async fn stored(pool: &PgPool, provider: Provider, event_id: &str, event_type: &
 }
 
 /// Drains until nothing is due, waiting out short backoffs; gives up after 10 s.
-async fn drain_all(w: &Worker, pool: &PgPool) -> Counts {
-    let mut total = Counts::default();
+async fn drain_all(w: &Worker, pool: &PgPool) -> Processed {
+    let mut total = Processed::default();
     for _ in 0..1000 {
         let c = w.run(Instant::now() + Duration::from_secs(5)).await.expect("the drain never errors");
         total.add(&c);

@@ -19,15 +19,15 @@ use sqlx::{
 };
 use webhook_inbox::{
     config::Catalog,
-    prune::{Pruner, RetentionConfig},
+    prune::{PruneConfig, Pruner},
     receive::claim::{self, Envelope},
     receive::providers::{NewEvent, Provider},
     runtime::stage::Stage,
 };
 
-fn retention(batch_size: i64) -> RetentionConfig {
+fn retention(batch_size: i64) -> PruneConfig {
     let done_days: HashMap<Provider, u32> = [(Provider::SHOPIFY, 2)].into();
-    RetentionConfig {
+    PruneConfig {
         catalog: Catalog::builtin(),
         default_days: 60,
         done_days,

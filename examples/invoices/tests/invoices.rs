@@ -11,7 +11,7 @@ use sqlx::{
     PgPool,
 };
 use webhook_inbox::{
-    ops::{requeue_all, Filter, Requeue, Status},
+    ops::{requeue_all, Audit, Filter, Status},
     serde_json::{json, Value},
     testing::{self, TestInbox},
     App, HandlerError, Handlers, Outcome, Provider,
@@ -136,7 +136,7 @@ async fn events_received_before_the_handler_existed_are_backfilled_by_one_requeu
         event_type: Some("invoice.paid".into()),
         ..Filter::default()
     };
-    let by = Requeue { actor: "ops@example.com", action: "requeue", reason: "invoice.paid handler deployed" };
+    let by = Audit { actor: "ops@example.com", action: "requeue", reason: "invoice.paid handler deployed" };
     let requeued = requeue_all(&pool, &filter, &by, 500, |_| {}).await.unwrap();
     assert_eq!(requeued.requeued, 30);
     inbox.drain().await.unwrap();

@@ -25,9 +25,9 @@ use clap::{Parser, Subcommand};
 use webhook_inbox::{
     config::{self, DbConfig},
     dev,
-    ops::{Cursor, EventQuery, Filter, IdMatch, PayloadMatch, Requeue, Since, Status},
+    ops::{Audit, Cursor, EventQuery, Filter, IdMatch, PayloadMatch, Since, Status},
     reconciliation::{Reconciler, NOTHING_TO_RECONCILE},
-    Pruner, ReceiveConfig, Relay, RelayConfig, RetentionConfig, Stage,
+    PruneConfig, Pruner, ReceiveConfig, Relay, RelayConfig, Stage,
 };
 
 #[derive(Parser)]
@@ -381,7 +381,7 @@ async fn run(cli: Cli) -> Result<()> {
         }
         Command::Prune { once: _ } => {
             let env = config::Env::resolved().await?;
-            let pruner = Pruner::new(database(&env)?, RetentionConfig::read(&env)?);
+            let pruner = Pruner::new(database(&env)?, PruneConfig::read(&env)?);
             let pruned = pruner.run(one_pass_deadline()).await?;
             say!(
                 "pruned: {} done or unhandled inbox rows, {} failed inbox rows, {} sent outbox messages, {} batch bodies, {} replay guards",
@@ -419,7 +419,7 @@ async fn run(cli: Cli) -> Result<()> {
         }
         Command::Replay { provider, event_id, reason, out } => {
             let actor = ops::operator(&config::Env::process());
-            let by = Requeue { actor: &actor, action: "replay", reason: &reason };
+            let by = Audit { actor: &actor, action: "replay", reason: &reason };
             ops::replay(&operator_db().await?, &provider, &event_id, &by, &out).await
         }
         Command::Requeue {
@@ -438,7 +438,7 @@ async fn run(cli: Cli) -> Result<()> {
                 status.push(Status::Failed);
             }
             let actor = ops::operator(&config::Env::process());
-            let by = Requeue { actor: &actor, action: "requeue", reason: &reason };
+            let by = Audit { actor: &actor, action: "requeue", reason: &reason };
             let filter = Filter { statuses: status, provider, event_type, since, until, reason_like };
             ops::requeue(&operator_db().await?, &filter, &by, dry_run, &out).await
         }
@@ -448,7 +448,7 @@ async fn run(cli: Cli) -> Result<()> {
                 None => ops::outbox_list(&pool, dead, limit.max(1), &out).await,
                 Some(ops::OutboxCommand::Retry { id, dead, reason }) => {
                     let actor = ops::operator(&config::Env::process());
-                    let by = Requeue { actor: &actor, action: "retry_outbox", reason: &reason };
+                    let by = Audit { actor: &actor, action: "retry_outbox", reason: &reason };
                     ops::outbox_retry(&pool, id, dead, &by, &out).await
                 }
             }

@@ -10,8 +10,8 @@ use serde_json::{json, Value};
 use sqlx::PgPool;
 use webhook_inbox::{
     config::{Catalog, Env, Secrets},
-    console::{self, Role},
-    ops::{self, Cursor, EventQuery, Filter, Replayed, Requeue, Since, Status},
+    console::{self, UserRole},
+    ops::{self, Audit, Cursor, EventQuery, Filter, Replayed, Since, Status},
     Provider,
 };
 
@@ -56,7 +56,7 @@ pub enum UserCommand {
         name: String,
         /// viewer (reads everything, acts on nothing) or operator (also replays, requeues, retries).
         #[arg(long, value_parser = parse_role)]
-        role: Role,
+        role: UserRole,
         /// Read the password from stdin (its first line; at least 12 characters).
         #[arg(long)]
         password_stdin: bool,
@@ -70,8 +70,8 @@ pub enum UserCommand {
     },
 }
 
-fn parse_role(name: &str) -> Result<Role, String> {
-    Role::parse(name.trim()).ok_or_else(|| format!("{name:?} is not a role: viewer or operator"))
+fn parse_role(name: &str) -> Result<UserRole, String> {
+    UserRole::parse(name.trim()).ok_or_else(|| format!("{name:?} is not a role: viewer or operator"))
 }
 
 /// `inbox console user ...`, each change audited as `by`'s.
@@ -166,7 +166,7 @@ pub fn operator(env: &Env<'_>) -> String {
 }
 
 pub async fn stats(pool: &PgPool, env: &Env<'_>, out: &Output) -> Result<()> {
-    let counts = ops::counts_by_status(pool).await?;
+    let counts = ops::counts_by_provider(pool).await?;
     let ops::Gauges { inbox: gauges, outbox } = ops::gauges(pool).await?;
     let secrets = ops::secret_usage(pool, Duration::from_secs(7 * 86_400)).await?;
     // Where each fingerprint is in the lists configured here (none, in a shell without the secrets).
@@ -382,7 +382,7 @@ fn reverify(env: &Env<'_>, event: &ops::StoredEvent) -> String {
     }
 }
 
-pub async fn replay(pool: &PgPool, provider: &str, event_id: &str, by: &Requeue<'_>, out: &Output) -> Result<()> {
+pub async fn replay(pool: &PgPool, provider: &str, event_id: &str, by: &Audit<'_>, out: &Output) -> Result<()> {
     let replayed = ops::replay(pool, provider, event_id, by).await?;
     let from = match &replayed {
         Replayed::NotFound => bail!("no event {event_id:?} from provider {provider:?}"),
@@ -459,7 +459,7 @@ pub fn parse_requeue_status(text: &str) -> Result<Status, String> {
     }
 }
 
-pub async fn requeue(pool: &PgPool, filter: &Filter, by: &Requeue<'_>, dry_run: bool, out: &Output) -> Result<()> {
+pub async fn requeue(pool: &PgPool, filter: &Filter, by: &Audit<'_>, dry_run: bool, out: &Output) -> Result<()> {
     check_times(pool, &filter.since, &filter.until).await?;
     let statuses: Vec<&str> = filter.statuses.iter().map(|s| s.as_str()).collect();
     let what = format!("{} event(s)", statuses.join(" or "));
@@ -532,7 +532,7 @@ pub async fn outbox_list(pool: &PgPool, dead: bool, limit: i64, out: &Output) ->
     Ok(())
 }
 
-pub async fn outbox_retry(pool: &PgPool, id: Option<i64>, dead: bool, by: &Requeue<'_>, out: &Output) -> Result<()> {
+pub async fn outbox_retry(pool: &PgPool, id: Option<i64>, dead: bool, by: &Audit<'_>, out: &Output) -> Result<()> {
     let retried = match (id, dead) {
         (Some(id), _) => {
             if !ops::retry_message(pool, id, by).await? {

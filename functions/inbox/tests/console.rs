@@ -305,7 +305,7 @@ async fn inbox_dev_on_a_database_of_yours_changes_no_user_and_leaves_no_account_
     webhook_inbox::console::add_user(
         &pool,
         "dev",
-        webhook_inbox::console::Role::Viewer,
+        webhook_inbox::console::UserRole::Viewer,
         "the team's own dev viewer",
         "ops",
     )

@@ -20,7 +20,7 @@ use std::{
 
 use inbox_tests::pgbouncer::PgBouncer;
 use webhook_inbox::{
-    config::Env, core::http::http_client, db, dev::embedded_pg::EmbeddedPostgres, Pruner, RetentionConfig, Stage,
+    config::Env, core::http::http_client, db, dev::embedded_pg::EmbeddedPostgres, PruneConfig, Pruner, Stage,
 };
 
 /// `inbox demo`'s storm: the same deliveries, signed as each provider signs, and the invariants.
@@ -522,7 +522,7 @@ async fn faults_table() {
             .await
             .unwrap();
             let env = [("INBOX_RETENTION_DAYS", "31"), ("INBOX_FAILED_RETENTION_DAYS", "31"), ("INBOX_PRUNE_BATCH", "50")];
-            let pruner = Pruner::new(pool.clone(), RetentionConfig::read(&Env::from_pairs(&env)).unwrap());
+            let pruner = Pruner::new(pool.clone(), PruneConfig::read(&Env::from_pairs(&env)).unwrap());
             let (mut passes, mut pruned) = (0, 0);
             while ctx.storming() {
                 pruned += pruner.run(Instant::now() + Duration::from_secs(5)).await.unwrap().done;

@@ -3,9 +3,9 @@
 use std::collections::HashMap;
 
 use super::{invalid, Env};
-use crate::{core::error::ConfigError, prune::RetentionConfig, receive::providers::catalog::Catalog};
+use crate::{core::error::ConfigError, prune::PruneConfig, receive::providers::catalog::Catalog};
 
-impl RetentionConfig {
+impl PruneConfig {
     /// `INBOX_RETENTION_DAYS` (60) and `INBOX_RETENTION_DAYS_<PROVIDER>`,
     /// `INBOX_FAILED_RETENTION_DAYS` (180), `OUTBOX_RETENTION_DAYS` (7),
     /// `INBOX_PRUNE_BATCH` (1000); a retention not longer than a provider's
@@ -21,7 +21,7 @@ impl RetentionConfig {
                 done_days.insert(entry.provider, days);
             }
         }
-        let config = RetentionConfig {
+        let config = PruneConfig {
             catalog,
             default_days,
             done_days,

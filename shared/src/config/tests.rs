@@ -4,7 +4,7 @@ use super::{receive::inline_providers, *};
 use crate::{
     core::provider::Provider,
     process::worker::WorkerConfig,
-    prune::RetentionConfig,
+    prune::PruneConfig,
     receive::receiver::ReceiveConfig,
     reconcile::{ReconcileConfig, Reconciler},
     relay::RelayConfig,
@@ -101,7 +101,7 @@ fn every_stage_reads_its_defaults_from_an_empty_environment() {
         (100, 8, 10, Duration::from_secs(300))
     );
     assert_eq!(SinkConfig::read(&env).unwrap(), SinkConfig::default());
-    let p = RetentionConfig::read(&env).unwrap();
+    let p = PruneConfig::read(&env).unwrap();
     assert_eq!((p.done_days(Provider::STRIPE), p.failed_days, p.outbox_days, p.batch_size), (60, 180, 7, 1000));
     assert_eq!(ReconcileConfig::read(&env).unwrap().first_lookback, Duration::from_secs(72 * 3600));
     assert!(!Reconciler::read(&env, &crate::App::default()).unwrap().is_configured());
@@ -175,7 +175,7 @@ fn each_stage_reads_its_variables_into_its_settings() {
         (relay.concurrency, relay.batch_size, relay.max_attempts, relay.retry_base, relay.lease),
         (3, 4, 9, ms(19), ms(20))
     );
-    let p = RetentionConfig::read(&env).unwrap();
+    let p = PruneConfig::read(&env).unwrap();
     assert_eq!(
         (p.done_days(Provider::STRIPE), p.done_days(Provider::GITHUB), p.failed_days, p.outbox_days, p.batch_size),
         (45, 90, 200, 8, 500)
@@ -212,7 +212,7 @@ fn declared_providers_come_from_a_file_or_the_variable_with_their_secrets_and_ur
         assert_eq!(r.secrets.declared[&Provider::try_from("clerk").unwrap()][0].expose(), b"clerk-key");
         assert!(r.secrets.is_configured(Provider::try_from("slack").unwrap()));
         assert!(!r.secrets.is_configured(Provider::try_from("zoom").unwrap()), "no secret, no route");
-        let retention = RetentionConfig::read(&Env::from_pairs(&pairs)).unwrap();
+        let retention = PruneConfig::read(&Env::from_pairs(&pairs)).unwrap();
         assert!(retention.catalog.get(acme_p).is_some());
     }
     for (pairs, expected) in [
@@ -268,7 +268,7 @@ fn a_value_that_does_not_parse_names_its_variable() {
         let err = match var {
             "INBOX_BATCH_SIZE" => WorkerConfig::read(&env).unwrap_err(),
             "RELAY_LEASE_MS" => RelayConfig::read(&env).unwrap_err(),
-            "INBOX_RETENTION_DAYS_MARQETA" => RetentionConfig::read(&env).unwrap_err(),
+            "INBOX_RETENTION_DAYS_MARQETA" => PruneConfig::read(&env).unwrap_err(),
             _ => DbConfig::read(&env, 2).unwrap_err(),
         };
         assert_eq!(err.to_string(), format!("{var}: \"soon\" is not a valid number"));
@@ -281,12 +281,12 @@ fn a_value_that_does_not_parse_names_its_variable() {
         let pairs = [(var, "0")];
         let env = Env::from_pairs(&pairs);
         let err = match var {
-            "INBOX_PRUNE_BATCH" => RetentionConfig::read(&env).unwrap_err(),
+            "INBOX_PRUNE_BATCH" => PruneConfig::read(&env).unwrap_err(),
             v if v.starts_with("RELAY") => RelayConfig::read(&env).unwrap_err(),
             _ => WorkerConfig::read(&env).unwrap_err(),
         };
         assert_eq!(err.to_string(), format!("{var}: must be at least 1"), "0 is refused, not raised");
     }
     let short = [("INBOX_RETENTION_DAYS", "2")];
-    assert!(RetentionConfig::read(&Env::from_pairs(&short)).unwrap_err().to_string().contains("redelivery window"));
+    assert!(PruneConfig::read(&Env::from_pairs(&short)).unwrap_err().to_string().contains("redelivery window"));
 }

@@ -24,7 +24,7 @@ use super::{
     page::{Nav, NavUser, PageError},
     ClientIp, State, SESSION_TTL,
 };
-use crate::db::console::{self, Ending, Role};
+use crate::db::console::{self, Ending, UserRole};
 
 /// The session cookie's name; `__Host-inbox_console` where the console is
 /// served at `/` over HTTPS (a cookie of that name is the host's alone: no
@@ -80,7 +80,7 @@ fn verify(password: &str, hash: Option<&str>) -> bool {
 }
 
 /// Checks a sign-in: the user's role when the password is right.
-pub async fn check_password(state: &State, name: &str, password: &str) -> Result<Option<Role>, sqlx::Error> {
+pub async fn check_password(state: &State, name: &str, password: &str) -> Result<Option<UserRole>, sqlx::Error> {
     if password.len() > MAX_PASSWORD_BYTES {
         return Ok(None);
     }
@@ -187,7 +187,7 @@ pub(super) fn inside(base: &str, next: &str) -> Option<String> {
 /// valid session is sent to the sign-in page (and back here afterwards).
 pub struct Signed {
     pub user: String,
-    pub role: Role,
+    pub role: UserRole,
     pub csrf: String,
     /// The SHA-256 of the session's token: what names this session.
     pub token_sha256: Vec<u8>,
@@ -207,7 +207,7 @@ impl Signed {
     /// Refuses a viewer, and a form whose CSRF token is not this session's.
     pub fn may_act(&self, csrf: &str) -> Result<(), PageError> {
         self.check_csrf(csrf)?;
-        if self.role != Role::Operator {
+        if self.role != UserRole::Operator {
             return Err(PageError::Forbidden("Viewers cannot act: nothing was done. An operator can."));
         }
         Ok(())

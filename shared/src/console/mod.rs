@@ -5,7 +5,7 @@
 //! `inbox console` serves it on its own ([`run`]), and `inbox dev` (a team's
 //! own [`dev::run`](crate::dev::run) too) at `/console`. Sign-in is required:
 //! each user has a password kept only as its Argon2id hash, and a role
-//! ([`Role`]): a viewer reads, an operator also acts, each action with a
+//! ([`UserRole`]): a viewer reads, an operator also acts, each action with a
 //! confirmation and an audit record under the user's name. Sessions live in
 //! the database (a cookie that is `Secure`, `HttpOnly` and `SameSite=Lax`
 //! holds only a random token); every form that acts carries the session's
@@ -34,7 +34,7 @@ use anyhow::Context as _;
 use axum::Router;
 use sqlx::PgPool;
 
-pub use crate::db::console::{Role, User};
+pub use crate::db::console::{User, UserRole};
 use crate::{
     config::{Catalog, DbConfig, Env, Secrets},
     db, server, ReceiveConfig,
@@ -241,7 +241,7 @@ pub enum UserError {
 /// Adds a console user with this role and password (kept as its Argon2id
 /// hash), audited as `user_add` by `by` (who adds it: `INBOX_OPERATOR` for
 /// the CLI); refuses a name that is taken.
-pub async fn add_user(pool: &PgPool, name: &str, role: Role, password: &str, by: &str) -> Result<(), UserError> {
+pub async fn add_user(pool: &PgPool, name: &str, role: UserRole, password: &str, by: &str) -> Result<(), UserError> {
     insert_user(pool, name, role, password, None, by).await
 }
 
@@ -251,7 +251,7 @@ pub async fn add_user(pool: &PgPool, name: &str, role: Role, password: &str, by:
 pub(crate) async fn add_expiring_user(
     pool: &PgPool,
     name: &str,
-    role: Role,
+    role: UserRole,
     password: &str,
     expires: Duration,
     by: &str,
@@ -262,7 +262,7 @@ pub(crate) async fn add_expiring_user(
 async fn insert_user(
     pool: &PgPool,
     name: &str,
-    role: Role,
+    role: UserRole,
     password: &str,
     expires: Option<Duration>,
     by: &str,

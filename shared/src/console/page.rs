@@ -18,7 +18,7 @@ use axum_extra::extract::Form;
 use super::{ClientIp, State};
 use crate::{
     core::text::Escaped,
-    db::console::Role,
+    db::console::UserRole,
     ops::{self, escape},
 };
 
@@ -209,7 +209,7 @@ pub(super) struct Nav {
 
 pub(super) struct NavUser {
     pub(super) name: String,
-    pub(super) role: Role,
+    pub(super) role: UserRole,
     pub(super) csrf: String,
 }
 
@@ -219,7 +219,7 @@ impl Nav {
     }
 
     pub(super) fn operator(&self) -> bool {
-        self.user.as_ref().is_some_and(|u| u.role == Role::Operator)
+        self.user.as_ref().is_some_and(|u| u.role == UserRole::Operator)
     }
 
     pub(super) fn csrf(&self) -> &str {

@@ -11,7 +11,7 @@ use sqlx::PgPool;
 pub struct AuditRecord {
     /// When (PostgreSQL's own text).
     pub at: String,
-    /// Who ([`crate::ops::Requeue::actor`]).
+    /// Who ([`crate::ops::Audit::actor`]).
     pub actor: String,
     /// What: `replay`, `requeue`, `retry_outbox`, or a word of your own.
     pub action: String,

@@ -11,29 +11,29 @@ use sqlx::PgPool;
 /// What a console user may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Role {
+pub enum UserRole {
     /// Reads everything the console shows; can act on nothing.
     Viewer,
     /// A viewer who can also replay, requeue and retry (each audited under the user's name).
     Operator,
 }
 
-impl Role {
+impl UserRole {
     /// The name in the `role` column.
     pub fn as_str(self) -> &'static str {
         match self {
-            Role::Viewer => "viewer",
-            Role::Operator => "operator",
+            UserRole::Viewer => "viewer",
+            UserRole::Operator => "operator",
         }
     }
 
     /// The role of this name, if it is one.
-    pub fn parse(name: &str) -> Option<Role> {
-        [Role::Viewer, Role::Operator].into_iter().find(|r| r.as_str() == name)
+    pub fn parse(name: &str) -> Option<UserRole> {
+        [UserRole::Viewer, UserRole::Operator].into_iter().find(|r| r.as_str() == name)
     }
 }
 
-impl std::fmt::Display for Role {
+impl std::fmt::Display for UserRole {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
     }
@@ -45,7 +45,7 @@ pub struct User {
     /// The name signed in with.
     pub name: String,
     /// What the user may do.
-    pub role: Role,
+    pub role: UserRole,
     /// When the user was added (PostgreSQL's own text).
     pub created_at: String,
     /// Sessions signed in and not expired.
@@ -86,7 +86,7 @@ pub(crate) async fn insert_user(
     actor: &str,
     name: &str,
     hash: &str,
-    role: Role,
+    role: UserRole,
     expires: Option<Duration>,
 ) -> Result<bool, sqlx::Error> {
     let added: Option<String> = super::query_scalar(&format!(
@@ -140,7 +140,7 @@ pub(crate) async fn list_users(pool: &PgPool) -> Result<Vec<User>, sqlx::Error> 
         .into_iter()
         .map(|(name, role, created_at, sessions)| User {
             name,
-            role: Role::parse(&role).unwrap_or(Role::Viewer),
+            role: UserRole::parse(&role).unwrap_or(UserRole::Viewer),
             created_at,
             sessions,
         })
@@ -148,7 +148,7 @@ pub(crate) async fn list_users(pool: &PgPool) -> Result<Vec<User>, sqlx::Error> 
 }
 
 /// A user's password hash and role, to check a sign-in against (none for an expired user).
-pub(crate) async fn credentials(pool: &PgPool, name: &str) -> Result<Option<(String, Role)>, sqlx::Error> {
+pub(crate) async fn credentials(pool: &PgPool, name: &str) -> Result<Option<(String, UserRole)>, sqlx::Error> {
     let row: Option<(String, String)> = super::query_as(
         "SELECT password_hash, role FROM inbox_console_users
          WHERE name = $1 AND (expires_at IS NULL OR expires_at > now())",
@@ -156,14 +156,14 @@ pub(crate) async fn credentials(pool: &PgPool, name: &str) -> Result<Option<(Str
     .bind(name)
     .fetch_optional(super::Autocommit(pool))
     .await?;
-    Ok(row.map(|(hash, role)| (hash, Role::parse(&role).unwrap_or(Role::Viewer))))
+    Ok(row.map(|(hash, role)| (hash, UserRole::parse(&role).unwrap_or(UserRole::Viewer))))
 }
 
 /// A signed-in session: whose, as what, and the CSRF token its forms carry.
 #[derive(Debug, Clone)]
 pub(crate) struct Session {
     pub user: String,
-    pub role: Role,
+    pub role: UserRole,
     pub csrf: String,
 }
 
@@ -226,7 +226,7 @@ pub(crate) async fn session(
     .bind(idle.as_millis() as i64)
     .fetch_optional(super::Autocommit(pool))
     .await?;
-    Ok(row.map(|(user, role, csrf)| Session { user, role: Role::parse(&role).unwrap_or(Role::Viewer), csrf }))
+    Ok(row.map(|(user, role, csrf)| Session { user, role: UserRole::parse(&role).unwrap_or(UserRole::Viewer), csrf }))
 }
 
 /// One of a user's sessions, as the user's list of them shows it.

@@ -2,7 +2,7 @@
 
 use sqlx::{types::Json, PgConnection, PgExecutor};
 
-use super::inbox::Requeue;
+use super::inbox::Audit;
 
 /// One message to publish. `message_key` is derived from what happened (not from
 /// the row id), so a message written twice, or re-sent after a crash, carries the
@@ -301,7 +301,7 @@ macro_rules! retry_picked {
 /// its last error kept until the next attempt, with an audit record (under the
 /// event whose handler wrote it, if one did). A sent message is left alone.
 /// Returns whether it was found unsent.
-pub async fn retry_message(pool: &sqlx::PgPool, id: i64, by: &Requeue<'_>) -> Result<bool, sqlx::Error> {
+pub async fn retry_message(pool: &sqlx::PgPool, id: i64, by: &Audit<'_>) -> Result<bool, sqlx::Error> {
     let n: i64 = super::query_scalar(retry_picked!(
         "SELECT id, event_provider, event_id, attempts, last_error, dead_at FROM transactional_outbox
          WHERE id = $1 AND processed_at IS NULL FOR UPDATE"
@@ -317,7 +317,7 @@ pub async fn retry_message(pool: &sqlx::PgPool, id: i64, by: &Requeue<'_>) -> Re
 
 /// [`retry_message`] for up to `limit` dead messages, in one short statement; call it
 /// again until it returns less than `limit`.
-pub async fn retry_dead(pool: &sqlx::PgPool, limit: i64, by: &Requeue<'_>) -> Result<u64, sqlx::Error> {
+pub async fn retry_dead(pool: &sqlx::PgPool, limit: i64, by: &Audit<'_>) -> Result<u64, sqlx::Error> {
     let n: i64 = super::query_scalar(retry_picked!(
         "SELECT id, event_provider, event_id, attempts, last_error, dead_at FROM transactional_outbox
          WHERE dead_at IS NOT NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"

@@ -120,7 +120,7 @@ async fn serve(
     let password = crate::console::generate_password();
     let user = if embedded { "dev".to_string() } else { format!("dev-{}", &crate::console::generate_password()[..8]) };
     let by = "inbox dev";
-    crate::console::add_expiring_user(&pool, &user, crate::console::Role::Operator, &password, DEV_USER_LIFE, by)
+    crate::console::add_expiring_user(&pool, &user, crate::console::UserRole::Operator, &password, DEV_USER_LIFE, by)
         .await
         .with_context(|| format!("adding the console user {user}"))?;
     let stack = crate::serve::Stack {

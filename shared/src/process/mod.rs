@@ -12,7 +12,7 @@ use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
 use serde::Deserialize;
 use serde_json::Value;
 
-use self::worker::{Counts, Worker};
+use self::worker::{Processed, Worker};
 use crate::{
     db::{self, inbox, outbox},
     runtime::{
@@ -30,7 +30,7 @@ pub enum ProcessError {
     /// The counts of the batches that committed before the error are kept.
     #[error("processing stopped on a database error after {counts:?}: {source}")]
     Database {
-        counts: Counts,
+        counts: Processed,
         #[source]
         source: sqlx::Error,
     },
@@ -90,7 +90,7 @@ pub(crate) async fn gauges(pool: &sqlx::PgPool, metrics: &mut Metrics) {
 
 /// EventBridge schedule: drain batch after batch until a short batch or the
 /// deadline; an error if the drain stopped on the database.
-pub async fn on_schedule(worker: &Worker, deadline: Instant) -> Result<Counts, ProcessError> {
+pub async fn on_schedule(worker: &Worker, deadline: Instant) -> Result<Processed, ProcessError> {
     stage::run(worker, deadline).await.map_err(|Stopped { tally, source }| {
         tracing::error!(error = %source, counts = ?tally, "drain stopped");
         ProcessError::Database { counts: tally, source }
@@ -116,9 +116,9 @@ pub async fn on_sqs(worker: &Worker, event: SqsEvent) -> Result<SqsBatchResponse
     sqs_counted(worker, event).await.0
 }
 
-async fn sqs_counted(worker: &Worker, event: SqsEvent) -> (Result<SqsBatchResponse, ProcessError>, Counts) {
+async fn sqs_counted(worker: &Worker, event: SqsEvent) -> (Result<SqsBatchResponse, ProcessError>, Processed) {
     let mut response = SqsBatchResponse::default();
-    let mut counts = Counts::default();
+    let mut counts = Processed::default();
     for message in event.records {
         let id = message.message_id.clone().unwrap_or_default();
         let Some(target) = message.body.as_deref().and_then(|b| serde_json::from_str::<EventRef>(b).ok()) else {

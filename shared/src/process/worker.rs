@@ -64,7 +64,7 @@ impl WorkerConfig {
 
 /// What a pass did, event by event.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct Counts {
+pub struct Processed {
     /// Events taken from the queue.
     pub taken: usize,
     /// Applied by their handler with an effect ([`crate::Outcome::Applied`]).
@@ -79,7 +79,7 @@ pub struct Counts {
     pub failed: usize,
 }
 
-impl Counts {
+impl Processed {
     /// `claimed`, `processed` (with an effect or without), `unhandled`, `retried`, `failed`.
     pub fn count_into(&self, m: &mut crate::runtime::metrics::Metrics) {
         m.count("claimed", self.taken as u64)
@@ -90,8 +90,8 @@ impl Counts {
     }
 }
 
-impl Tally for Counts {
-    fn add(&mut self, o: &Counts) {
+impl Tally for Processed {
+    fn add(&mut self, o: &Processed) {
         self.taken += o.taken;
         self.applied += o.applied;
         self.no_effect += o.no_effect;
@@ -123,10 +123,10 @@ enum Finish {
 }
 
 impl Stage for Worker {
-    type Tally = Counts;
+    type Tally = Processed;
     const NAME: &'static str = "process";
 
-    async fn run_once(&self, deadline: Instant) -> Result<Pass<Counts>, sqlx::Error> {
+    async fn run_once(&self, deadline: Instant) -> Result<Pass<Processed>, sqlx::Error> {
         let counts = Worker::run_once(self, deadline).await?;
         Ok(Pass { tally: counts, more: counts.taken as i64 >= self.config.batch_size })
     }
@@ -169,7 +169,7 @@ enum Mode {
 /// What a batch came to.
 enum Batch<'h> {
     /// Committed; its hint handlers' events wait for their objects.
-    Done(Counts, Vec<Deferred<'h>>),
+    Done(Processed, Vec<Deferred<'h>>),
     /// A handler failed in an optimistic batch: rolled back, nothing recorded.
     Redo,
 }
@@ -230,7 +230,7 @@ impl Worker {
     /// whole and runs again with a savepoint per event, so that the failure
     /// is recorded on its own event and the others' effects commit; the next
     /// few batches keep the savepoints.
-    pub async fn run_once(&self, deadline: Instant) -> Result<Counts, sqlx::Error> {
+    pub async fn run_once(&self, deadline: Instant) -> Result<Processed, sqlx::Error> {
         use std::sync::atomic::Ordering;
         if self.careful.load(Ordering::Relaxed) {
             return self.run_careful(deadline).await;
@@ -254,7 +254,7 @@ impl Worker {
     }
 
     /// A committed batch's counts, with its hint handlers' events applied.
-    async fn then_hints(&self, batch: Batch<'_>, deadline: Instant) -> Result<Counts, sqlx::Error> {
+    async fn then_hints(&self, batch: Batch<'_>, deadline: Instant) -> Result<Processed, sqlx::Error> {
         let (mut counts, deferred) = match batch {
             Batch::Done(counts, deferred) => (counts, deferred),
             Batch::Redo => unreachable!("a guarded batch is never redone"),
@@ -267,14 +267,14 @@ impl Worker {
     /// objects fetched with no transaction open ([`HINT_FETCHES`] at a time),
     /// then each applied in a transaction of its own. A fetch the deadline
     /// cuts short leaves its event to wait for its lease to end.
-    async fn fetch_and_apply(&self, deferred: Vec<Deferred<'_>>, deadline: Instant) -> Result<Counts, sqlx::Error> {
+    async fn fetch_and_apply(&self, deferred: Vec<Deferred<'_>>, deadline: Instant) -> Result<Processed, sqlx::Error> {
         use futures_util::StreamExt;
         let until = tokio::time::Instant::from_std(deadline);
         type Fetch<'a> =
             std::pin::Pin<Box<dyn std::future::Future<Output = Option<Result<Fetched, FetchError>>> + Send + 'a>>;
         let fetches: Vec<Fetch<'_>> = deferred.iter().map(|d| Box::pin(self.fetch(d, until)) as Fetch<'_>).collect();
         let fetches: Vec<_> = futures_util::stream::iter(fetches).buffered(HINT_FETCHES).collect().await;
-        let mut counts = Counts::default();
+        let mut counts = Processed::default();
         for (mut d, fetched) in deferred.into_iter().zip(fetches) {
             let Some(fetched) = fetched else {
                 continue; // the deadline came first
@@ -333,9 +333,9 @@ impl Worker {
     /// others go on; a network that keeps cutting connections now and then
     /// costs a short careful pass per cut, not careful mode for as long as cuts
     /// keep coming.
-    async fn run_careful(&self, deadline: Instant) -> Result<Counts, sqlx::Error> {
+    async fn run_careful(&self, deadline: Instant) -> Result<Processed, sqlx::Error> {
         self.careful.store(false, std::sync::atomic::Ordering::Relaxed);
-        let mut total = Counts::default();
+        let mut total = Processed::default();
         for _ in 0..self.config.batch_size {
             if Instant::now() >= deadline {
                 return Ok(total);
@@ -355,16 +355,16 @@ impl Worker {
         Ok(total)
     }
 
-    async fn give_up(&self, row: &Taken) -> Result<Counts, sqlx::Error> {
+    async fn give_up(&self, row: &Taken) -> Result<Processed, sqlx::Error> {
         let reason = format!("attempt {}: processing lost its connection every time; given up", row.attempts);
         tracing::warn!(provider = %row.provider, event_id = %Escaped(&row.event_id), reason = %Escaped(&reason), "event failed");
         inbox::give_up(&self.pool, &row.provider, &row.event_id, &reason).await?;
-        Ok(Counts { taken: 1, failed: 1, ..Counts::default() })
+        Ok(Processed { taken: 1, failed: 1, ..Processed::default() })
     }
 
     /// One named event, if it is pending, due and nobody holds it (the SQS path);
     /// `taken` is 0 when there was nothing to do.
-    pub async fn run_event(&self, provider: &str, event_id: &str) -> Result<Counts, sqlx::Error> {
+    pub async fn run_event(&self, provider: &str, event_id: &str) -> Result<Processed, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         let rows = inbox::take_one(&mut tx, provider, event_id).await?;
         self.then_hints(self.apply_all(tx, rows, far_future(), false, Mode::Guarded).await?, far_future()).await
@@ -379,7 +379,7 @@ impl Worker {
         precounted: bool,
         mode: Mode,
     ) -> Result<Batch<'_>, sqlx::Error> {
-        let mut counts = Counts::default();
+        let mut counts = Processed::default();
         let mut finished = Vec::with_capacity(rows.len());
         let finished_as = |row: Taken, end: Finish| finished_row(row, end, precounted);
         let mut deferred = Vec::new();
@@ -464,7 +464,7 @@ impl Worker {
         &self,
         row: &Taken,
         trace_context: Option<String>,
-        counts: &mut Counts,
+        counts: &mut Processed,
     ) -> Result<Box<dyn Prepared + '_>, Finish> {
         let Ok(provider) = Provider::try_from(row.provider.as_str()) else {
             counts.failed += 1;
@@ -500,7 +500,7 @@ impl Worker {
         row: &Taken,
         prepared: &dyn Prepared,
         fetched: Option<&Fetched>,
-        counts: &mut Counts,
+        counts: &mut Processed,
     ) -> Result<Finish, sqlx::Error> {
         let mut savepoint = tx.begin().await?;
         let result = match fetched {
@@ -521,7 +521,7 @@ impl Worker {
         }
     }
 
-    fn after_failure(&self, row: &Taken, err: HandlerError, counts: &mut Counts) -> Finish {
+    fn after_failure(&self, row: &Taken, err: HandlerError, counts: &mut Processed) -> Finish {
         if err.is_contention() {
             counts.retried += 1;
             let reason = format!("contention (not counted as an attempt): {err}");
@@ -559,7 +559,7 @@ fn ended(span: Option<&mut trace::Span>, end: &Finish) {
     }
 }
 
-fn count_outcome(outcome: Outcome, counts: &mut Counts) {
+fn count_outcome(outcome: Outcome, counts: &mut Processed) {
     match outcome {
         Outcome::Applied => counts.applied += 1,
         Outcome::NoEffect => counts.no_effect += 1,

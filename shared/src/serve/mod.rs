@@ -59,7 +59,7 @@ use crate::{
     config::{ConfigError, Env, ServeConfig, SinkConfig},
     db,
     process::worker::{Worker, WorkerConfig},
-    prune::{Pruner, RetentionConfig},
+    prune::{PruneConfig, Pruner},
     reconcile::Reconciler,
     relay::{Relay, RelayConfig},
     runtime::{metrics::Metrics, stage},
@@ -415,7 +415,7 @@ impl Stack<'_> {
             say("no relay sink (RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL, RELAY_EVENT_BUS): outbox messages stay in transactional_outbox");
         }
         let relay_config = if sinks.is_empty() { None } else { Some(RelayConfig::read(env)?) };
-        let retention = if roles.has(Role::Prune) { Some(RetentionConfig::read(env)?) } else { None };
+        let retention = if roles.has(Role::Prune) { Some(PruneConfig::read(env)?) } else { None };
         let reconciler = if roles.has(Role::Reconcile) { Some(Reconciler::read(env, app)?) } else { None };
         let reconciler = reconciler.filter(Reconciler::is_configured);
         anyhow::ensure!(

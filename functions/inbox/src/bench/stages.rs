@@ -22,7 +22,7 @@ use tokio::net::TcpListener;
 use webhook_inbox::{
     config::{Catalog, Secret, Secrets, SinkConfig, DEV_STRIPE},
     schemes::{self, Delivery},
-    Provider, Pruner, ReceiveConfig, Relay, RelayConfig, RetentionConfig,
+    Provider, PruneConfig, Pruner, ReceiveConfig, Relay, RelayConfig,
 };
 
 use super::{body, signature, Bench, Check, Figure, Load, Report, Task};
@@ -155,7 +155,7 @@ impl Bench {
         // The configured retention (INBOX_RETENTION_DAYS, ...): the bench's old rows
         // are older than any retention allows, and nothing else is pruned that
         // the prune function would not prune.
-        let retention = RetentionConfig::read(&webhook_inbox::config::Env::process())?;
+        let retention = PruneConfig::read(&webhook_inbox::config::Env::process())?;
         // Enough old rows for the prune to run through most of the receive window.
         let old_rows = self.events * 10;
         let mut rows = Figure::new(format!("prune, {old_rows} old rows, while receive runs"), "rows/s");

@@ -7,7 +7,7 @@ use crate::{
         auth::Signed,
         page::{optional, Nav, PageError},
     },
-    db::console::Role,
+    db::console::UserRole,
     ops,
 };
 
@@ -36,7 +36,7 @@ pub(super) struct ConfirmPage {
 }
 
 pub(super) fn operator_only(signed: &Signed) -> Result<(), PageError> {
-    if signed.role != Role::Operator {
+    if signed.role != UserRole::Operator {
         return Err(PageError::Forbidden("Viewers cannot act: nothing was done. An operator can."));
     }
     Ok(())

@@ -18,7 +18,7 @@ use crate::console::{
 };
 use crate::{
     core::text::Escaped,
-    ops::{self, escape, escape_json, Replayed, Requeue, Status},
+    ops::{self, escape, escape_json, Audit, Replayed, Status},
 };
 
 #[derive(Deserialize, Default)]
@@ -291,7 +291,7 @@ pub(super) async fn replay(
     signed.may_act(&f.csrf)?;
     let actor = signed.actor();
     let reason = audit_reason(&f.reason, "replayed from the console")?;
-    let by = Requeue { actor: &actor, action: "replay", reason: &reason };
+    let by = Audit { actor: &actor, action: "replay", reason: &reason };
     let back = signed.nav(&state);
     match ops::replay(&state.db, &f.provider, &f.id, &by).await? {
         Replayed::Requeued { .. } => {

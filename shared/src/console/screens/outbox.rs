@@ -19,7 +19,7 @@ use crate::console::{
     page::{html, Nav, PageError, Posted},
     State,
 };
-use crate::ops::{self, Requeue};
+use crate::ops::{self, Audit};
 
 #[derive(Template)]
 #[template(path = "console/outbox.html")]
@@ -118,7 +118,7 @@ pub(super) async fn retry(
     signed.may_act(&f.csrf)?;
     let actor = signed.actor();
     let reason = audit_reason(&f.reason, "retried from the console")?;
-    let by = Requeue { actor: &actor, action: "retry_outbox", reason: &reason };
+    let by = Audit { actor: &actor, action: "retry_outbox", reason: &reason };
     let nav = signed.nav(&state);
     if f.id.is_empty() {
         let mut total = 0;

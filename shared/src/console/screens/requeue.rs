@@ -20,7 +20,7 @@ use crate::console::{
 };
 use crate::{
     core::text::Escaped,
-    ops::{self, Filter, Requeue, Since, Status},
+    ops::{self, Audit, Filter, Since, Status},
 };
 
 #[derive(Deserialize, Default)]
@@ -196,7 +196,7 @@ pub(super) async fn requeue(
     let reason = audit_reason(&reason, "requeued from the console")?;
     tracing::info!(actor = %actor, filter = %Escaped(&describe(&filter)), "requeue started");
     tokio::spawn(async move {
-        let by = Requeue { actor: &actor, action: "requeue", reason: &reason };
+        let by = Audit { actor: &actor, action: "requeue", reason: &reason };
         let mut batch = 0;
         let done = ops::requeue_all(&state.db, &filter, &by, BATCH, |r| {
             batch += 1;

@@ -24,7 +24,5 @@ pub(crate) use queue::{
     count_next, finish, give_up, mark_done_inline, mark_unusable, note_inline_failure, take_counted, take_one,
     take_pending, Finished, Taken,
 };
-pub use requeue::{
-    count_matching, list_failed, replay, requeue_all, FailedEvent, Matching, Replayed, Requeue, Requeued,
-};
-pub use stats::{counts_by_status, gauges, secret_usage, status_counts, Count, InboxGauges, SecretUse};
+pub use requeue::{count_matching, list_failed, replay, requeue_all, Audit, FailedEvent, Matching, Replayed, Requeued};
+pub use stats::{counts_by_provider, gauges, secret_usage, status_counts, Count, InboxGauges, SecretUse};

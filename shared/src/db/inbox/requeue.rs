@@ -85,12 +85,13 @@ pub async fn count_matching(pool: &PgPool, filter: &Filter) -> Result<Matching, 
     bind_filter!(db::query_as(&sql), filter).fetch_one(db::Autocommit(pool)).await
 }
 
-/// Who puts events back, and why: kept in `inbox_audit` with each event's state before.
+/// Who acts on events or outbox messages (a requeue, a replay, a retry), what,
+/// and why: kept in `inbox_audit` with each row's state before.
 #[derive(Debug, Clone)]
-pub struct Requeue<'a> {
+pub struct Audit<'a> {
     /// Who (`INBOX_OPERATOR` for the CLI, else the login name).
     pub actor: &'a str,
-    /// What: `requeue`, `replay`, or your own word.
+    /// What: `requeue`, `replay`, `retry_outbox`, or your own word.
     pub action: &'a str,
     /// Why, in the operator's words.
     pub reason: &'a str,
@@ -110,7 +111,7 @@ pub struct Requeue<'a> {
 async fn requeue(
     pool: &PgPool,
     filter: &Filter,
-    by: &Requeue<'_>,
+    by: &Audit<'_>,
     limit: i64,
     ended_before: i64,
 ) -> Result<u64, sqlx::Error> {
@@ -172,7 +173,7 @@ pub struct Requeued {
 pub async fn requeue_all(
     pool: &PgPool,
     filter: &Filter,
-    by: &Requeue<'_>,
+    by: &Audit<'_>,
     batch: i64,
     mut progress: impl FnMut(&Requeued),
 ) -> Result<Requeued, sqlx::Error> {
@@ -208,7 +209,7 @@ pub enum Replayed {
 
 /// Puts one event (done, failed or unhandled) back to `pending`, attempts
 /// reset, with an audit record, in one statement.
-pub async fn replay(pool: &PgPool, provider: &str, event_id: &str, by: &Requeue<'_>) -> Result<Replayed, sqlx::Error> {
+pub async fn replay(pool: &PgPool, provider: &str, event_id: &str, by: &Audit<'_>) -> Result<Replayed, sqlx::Error> {
     let row: Option<(String, bool, bool)> = db::query_as(
         "WITH picked AS (
              SELECT provider, event_id, status, attempts, failure_reason,

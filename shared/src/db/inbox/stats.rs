@@ -32,7 +32,7 @@ pub async fn gauges<'e>(ex: impl PgExecutor<'e>) -> Result<InboxGauges, sqlx::Er
 }
 
 /// Rows by provider and status.
-pub async fn counts_by_status(pool: &PgPool) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
+pub async fn counts_by_provider(pool: &PgPool) -> Result<Vec<(String, String, i64)>, sqlx::Error> {
     db::query_as("SELECT provider, status, count(*) FROM webhook_inbox GROUP BY 1, 2 ORDER BY 1, 2")
         .fetch_all(db::Autocommit(pool))
         .await
