@@ -34,7 +34,10 @@ use crate::{
     },
     prune::{PruneConfig, Pruner},
     receive::notify::ProcessQueue,
-    runtime::{deadline, stage::Stage},
+    runtime::{
+        deadline,
+        stage::{Reported, Stage},
+    },
     ReceiveConfig, Receiver,
 };
 
@@ -99,21 +102,7 @@ pub async fn prune() -> Result<(), Error> {
     config::init_logging();
     let env = config::Env::resolved().await?;
     let pruner = Pruner::new(db::pool(&DbConfig::read(&env, 1)?)?, PruneConfig::read(&env)?);
-    let margin = config::deadline_margin(&env)?;
-    let pruner = &pruner;
-    lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
-        let pruned = match pruner.run(deadline::drain_until(event.context.deadline, margin)).await {
-            Ok(pruned) => pruned,
-            Err(stopped) => {
-                stopped.tally.metrics().emit();
-                return Err(stopped.into());
-            }
-        };
-        pruned.metrics().emit();
-        tracing::info!(?pruned, "pruned");
-        Ok::<_, Error>(serde_json::to_value(pruned)?)
-    }))
-    .await
+    scheduled(pruner, config::deadline_margin(&env)?).await
 }
 
 /// `relay` (scheduled): delivers outbox messages until a short batch or the
@@ -131,21 +120,7 @@ pub async fn relay() -> Result<(), Error> {
         return Err("no sink configured: set RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL or RELAY_EVENT_BUS".into());
     }
     let relay = Relay::new(db::pool(&DbConfig::read(&env, 1)?)?, sinks, RelayConfig::read(&env)?);
-    let margin = config::deadline_margin(&env)?;
-    let relay = &relay;
-    lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
-        let relayed = match relay.run(deadline::drain_until(event.context.deadline, margin)).await {
-            Ok(relayed) => relayed,
-            Err(stopped) => {
-                stopped.tally.metrics().emit();
-                return Err(stopped.into());
-            }
-        };
-        relayed.metrics().emit();
-        tracing::info!(?relayed, "relayed");
-        Ok::<_, Error>(serde_json::to_value(relayed)?)
-    }))
-    .await
+    scheduled(relay, config::deadline_margin(&env)?).await
 }
 
 /// `reconcile` (scheduled): fetches what providers never delivered, from the
@@ -155,22 +130,36 @@ pub async fn reconcile(app: App) -> Result<(), Error> {
     use crate::reconcile::Reconciler;
     config::init_logging();
     let env = config::Env::resolved().await?;
-    let reconciler = Reconciler::read(&env, &app)?;
+    let reconciler = Reconciler::read(&env, &app, db::pool(&DbConfig::read(&env, 1)?)?)?;
     if !reconciler.is_configured() {
         return Err(crate::reconcile::NOTHING_TO_RECONCILE.into());
     }
-    let pool = db::pool(&DbConfig::read(&env, 1)?)?;
-    let margin = config::deadline_margin(&env)?;
-    let (reconciler, pool) = (&reconciler, &pool);
+    scheduled(reconciler, config::deadline_margin(&env)?).await
+}
+
+/// A scheduled function: each invocation runs `stage` until its work is done
+/// or the deadline less `margin`, writes its metrics, and answers its counts,
+/// or fails with what stopped it (a database error; a source that failed).
+async fn scheduled<S>(stage: S, margin: Duration) -> Result<(), Error>
+where
+    S: Stage,
+    S::Tally: Reported,
+{
+    let stage = &stage;
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
-        let deadline = deadline::drain_until(event.context.deadline, margin);
-        let reconciled = reconciler.run_once(pool, deadline).await;
-        reconciled.metrics().iter().for_each(|m| m.emit());
-        if !reconciled.failed.is_empty() {
-            let failed: Vec<String> = reconciled.failed.iter().map(|(source, e)| format!("{source}: {e}")).collect();
-            return Err(Error::from(failed.join("; ")));
+        let tally = match stage.run(deadline::drain_until(event.context.deadline, margin)).await {
+            Ok(tally) => tally,
+            Err(stopped) => {
+                stopped.tally.metrics().iter().for_each(|m| m.emit());
+                return Err(stopped.into());
+            }
+        };
+        tally.metrics().iter().for_each(|m| m.emit());
+        tracing::info!(stage = S::NAME, ?tally, "done");
+        if let Some(failed) = tally.failures() {
+            return Err(Error::from(failed));
         }
-        Ok::<_, Error>(serde_json::to_value(reconciled)?)
+        Ok::<_, Error>(serde_json::to_value(tally)?)
     }))
     .await
 }

@@ -21,7 +21,7 @@ use crate::{
         outbox,
     },
     receive::providers::catalog::Catalog,
-    runtime::stage::{Pass, Stage, Tally},
+    runtime::stage::{Pass, Reported, Stage, Tally},
 };
 
 pub use crate::receive::providers::catalog::MAX_DAYS;
@@ -122,15 +122,15 @@ pub struct Pruned {
     pub statements: u64,
 }
 
-impl Pruned {
+impl Reported for Pruned {
     /// The `prune` function's metrics: `pruned` (inbox rows), `pruned_outbox`, `pruned_bodies`, `pruned_guards`.
-    pub(crate) fn metrics(&self) -> crate::runtime::metrics::Metrics {
+    fn metrics(&self) -> Vec<crate::runtime::metrics::Metrics> {
         let mut m = crate::runtime::metrics::Metrics::new("prune");
         m.count("pruned", self.done + self.failed)
             .count("pruned_outbox", self.outbox)
             .count("pruned_bodies", self.bodies)
             .count("pruned_guards", self.guards);
-        m
+        vec![m]
     }
 }
 

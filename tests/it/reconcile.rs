@@ -408,12 +408,12 @@ async fn a_run_reports_each_source_and_one_failing_does_not_stop_the_other(pool:
         .await;
     let shopify = MockServer::start().await;
     Mock::given(method("GET")).respond_with(ResponseTemplate::new(500).set_body_string("down")).mount(&shopify).await;
-    let reconciler = Reconciler::new(config())
+    let reconciler = Reconciler::new(pool.clone(), config())
         .with_source(std::sync::Arc::new(StripeEvents::new(stripe.uri(), Secret::new("sk_test_fake")).unwrap()))
         .with_source(std::sync::Arc::new(
             ShopifyOrders::new(shopify.uri(), "2024-10", Secret::new("shpat_fake")).unwrap(),
         ));
-    let reconciled = reconciler.run_once(&pool, later()).await;
+    let reconciled = reconciler.run_once(later()).await;
     assert_eq!(reconciled.sources["stripe events"].applied, 1);
     assert!(reconciled.failed["shopify orders"].contains("HTTP 500"), "{reconciled:?}");
     let report = serde_json::to_value(&reconciled).unwrap();
@@ -645,9 +645,9 @@ async fn an_answer_over_16_mib_is_refused_unread_and_says_so(pool: PgPool) {
         .respond_with(ResponseTemplate::new(200).set_body_string(huge.clone()))
         .mount(&stripe)
         .await;
-    let reconciler = Reconciler::new(config())
+    let reconciler = Reconciler::new(pool.clone(), config())
         .with_source(std::sync::Arc::new(StripeEvents::new(stripe.uri(), Secret::new("sk_test_fake")).unwrap()));
-    let reconciled = reconciler.run_once(&pool, later()).await;
+    let reconciled = reconciler.run_once(later()).await;
     let why = &reconciled.failed["stripe events"];
     assert!(why.contains("over 16 MiB"), "{reconciled:?}");
     assert_eq!(sqlx::query_scalar::<_, i64>("SELECT count(*) FROM webhook_inbox").fetch_one(&pool).await.unwrap(), 0);

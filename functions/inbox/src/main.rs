@@ -360,9 +360,9 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Reconcile { once: _ } => {
             let env = config::Env::resolved().await?;
             let pool = database(&env)?;
-            let reconciler = Reconciler::read(&env, &stock::app())?;
+            let reconciler = Reconciler::read(&env, &stock::app(), pool)?;
             anyhow::ensure!(reconciler.is_configured(), NOTHING_TO_RECONCILE);
-            let reconciled = reconciler.run_once(&pool, one_pass_deadline()).await;
+            let reconciled = reconciler.run_once(one_pass_deadline()).await;
             for (source, f) in &reconciled.sources {
                 say!(
                     "{source}: {} fetched, {} new, {} already known, {} kept as failed{}",

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use sqlx::PgPool;
+
 use super::{invalid, ConfigError, Env};
 use crate::{
     app::App,
@@ -76,9 +78,10 @@ impl GithubDeliveries {
 
 impl Reconciler {
     /// The sources configured in `env` (Stripe, Shopify, each GitHub hook;
-    /// the variables are named on each), then `app`'s own ([`App::with_source`]).
-    pub fn read(env: &Env, app: &App) -> Result<Self, ConfigError> {
-        let mut reconciler = Reconciler::new(ReconcileConfig::read(env)?);
+    /// the variables are named on each), then `app`'s own ([`App::with_source`]),
+    /// on `pool`.
+    pub fn read(env: &Env, app: &App, pool: PgPool) -> Result<Self, ConfigError> {
+        let mut reconciler = Reconciler::new(pool, ReconcileConfig::read(env)?);
         if let Some(stripe) = StripeEvents::read(env)? {
             reconciler = reconciler.with_source(std::sync::Arc::new(stripe));
         }

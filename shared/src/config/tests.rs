@@ -10,6 +10,15 @@ use crate::{
     relay::RelayConfig,
 };
 
+/// A pool that never connects (no maintenance task, so no runtime needed):
+/// what a reader only keeps.
+fn unconnected() -> sqlx::PgPool {
+    sqlx::postgres::PgPoolOptions::new()
+        .max_lifetime(None)
+        .idle_timeout(None)
+        .connect_lazy_with(sqlx::postgres::PgConnectOptions::new())
+}
+
 #[test]
 fn traces_go_to_the_otlp_endpoint_as_the_specification_builds_it() {
     let read = |pairs: &[(&str, &str)]| otlp_traces(&Env::from_pairs(pairs));
@@ -104,7 +113,7 @@ fn every_stage_reads_its_defaults_from_an_empty_environment() {
     let p = PruneConfig::read(&env).unwrap();
     assert_eq!((p.done_days(Provider::STRIPE), p.failed_days, p.outbox_days, p.batch_size), (60, 180, 7, 1000));
     assert_eq!(ReconcileConfig::read(&env).unwrap().first_lookback, Duration::from_secs(72 * 3600));
-    assert!(!Reconciler::read(&env, &crate::App::default()).unwrap().is_configured());
+    assert!(!Reconciler::read(&env, &crate::App::default(), unconnected()).unwrap().is_configured());
     assert_eq!(deadline_margin(&env).unwrap(), Duration::from_millis(7000));
     assert_eq!(log_settings(&env), (None, false));
 }
@@ -181,10 +190,10 @@ fn each_stage_reads_its_variables_into_its_settings() {
         (45, 90, 200, 8, 500)
     );
     assert_eq!(ReconcileConfig::read(&env).unwrap().first_lookback, Duration::from_secs(24 * 3600));
-    let reconciler = Reconciler::read(&env, &crate::App::default()).unwrap();
+    let reconciler = Reconciler::read(&env, &crate::App::default(), unconnected()).unwrap();
     assert_eq!(reconciler.names(), ["stripe events", "shopify orders", "github repos/o/r/hooks/1", "github app/hook"]);
     let bad = |pairs: &[(&str, &str)]| {
-        Reconciler::read(&Env::from_pairs(pairs), &crate::App::default()).err().map(|e| e.to_string())
+        Reconciler::read(&Env::from_pairs(pairs), &crate::App::default(), unconnected()).err().map(|e| e.to_string())
     };
     assert!(bad(&[("GITHUB_API_TOKEN", "t")]).is_some_and(|e| e.contains("GITHUB_HOOKS")), "a token without hooks");
     assert!(bad(&[("GITHUB_API_TOKEN", "t"), ("GITHUB_HOOKS", "repos/o/r")]).is_some_and(|e| e.contains("not a hook")));

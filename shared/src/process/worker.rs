@@ -25,7 +25,7 @@ use crate::{
         hints::{Apis, FetchError, Fetched, Object},
     },
     runtime::{
-        stage::{Pass, Stage, Tally},
+        stage::{Pass, Reported, Stage, Tally},
         trace,
     },
 };
@@ -81,12 +81,21 @@ pub struct Processed {
 
 impl Processed {
     /// `claimed`, `processed` (with an effect or without), `unhandled`, `retried`, `failed`.
-    pub fn count_into(&self, m: &mut crate::runtime::metrics::Metrics) {
+    pub(crate) fn count_into(&self, m: &mut crate::runtime::metrics::Metrics) {
         m.count("claimed", self.taken as u64)
             .count("processed", (self.applied + self.no_effect) as u64)
             .count("unhandled", self.unhandled as u64)
             .count("retried", self.retried as u64)
             .count("failed", self.failed as u64);
+    }
+}
+
+impl Reported for Processed {
+    /// The `process` function's metrics (see [`Processed::count_into`]).
+    fn metrics(&self) -> Vec<crate::runtime::metrics::Metrics> {
+        let mut m = crate::runtime::metrics::Metrics::new("process");
+        self.count_into(&mut m);
+        vec![m]
     }
 }
 

@@ -43,6 +43,7 @@ use crate::{
     db::checkpoints,
     receive::claim::{self, Claim, Envelope},
     receive::providers::{InitialStatus, NewEvent, Provider},
+    runtime::stage::{Pass, Reported, Stage, Tally},
 };
 
 /// Why a source's run stopped (its checkpoint stays where the last complete window left it).
@@ -309,7 +310,7 @@ fn now_epoch() -> f64 {
 pub const NOTHING_TO_RECONCILE: &str = "nothing to reconcile: set STRIPE_API_KEY, SHOPIFY_SHOP_DOMAIN and SHOPIFY_ACCESS_TOKEN, or GITHUB_API_TOKEN and GITHUB_HOOKS (or add a source to the app)";
 
 /// What a run did: each source's counts, and why any source failed (by [`Source::name`]).
-#[derive(Debug, Default, serde::Serialize)]
+#[derive(Debug, Default, Clone, serde::Serialize)]
 pub struct Reconciled {
     /// The sources that ran to the present, or to the deadline.
     pub sources: std::collections::BTreeMap<String, Found>,
@@ -317,11 +318,29 @@ pub struct Reconciled {
     pub failed: std::collections::BTreeMap<String, String>,
 }
 
-impl Reconciled {
+impl Tally for Reconciled {
+    fn add(&mut self, other: &Reconciled) {
+        for (source, found) in &other.sources {
+            let mine = self.sources.entry(source.clone()).or_default();
+            mine.fetched += found.fetched;
+            mine.applied += found.applied;
+            mine.already_known += found.already_known;
+            mine.failed += found.failed;
+            mine.finished = found.finished;
+        }
+        self.failed.extend(other.failed.iter().map(|(s, e)| (s.clone(), e.clone())));
+    }
+
+    fn is_empty(&self) -> bool {
+        self.failed.is_empty() && self.sources.values().all(|f| f.fetched == 0 && f.failed == 0)
+    }
+}
+
+impl Reported for Reconciled {
     /// The `reconcile` function's metrics, one line per source (provider):
     /// `reconciled` (new), `reconcile_fetched`, `reconcile_stored_failed`,
     /// `reconcile_errors` (the source's run failed).
-    pub(crate) fn metrics(&self) -> Vec<crate::runtime::metrics::Metrics> {
+    fn metrics(&self) -> Vec<crate::runtime::metrics::Metrics> {
         let provider = |source: &str| source.split(' ').next().unwrap_or("unknown").to_string();
         let mut lines = Vec::new();
         for (source, found) in &self.sources {
@@ -339,18 +358,37 @@ impl Reconciled {
         }
         lines
     }
+
+    /// The sources whose run failed, and why.
+    fn failures(&self) -> Option<String> {
+        let failed: Vec<String> = self.failed.iter().map(|(source, e)| format!("{source}: {e}")).collect();
+        (!failed.is_empty()).then(|| failed.join("; "))
+    }
 }
 
-/// Every configured source, as the `reconcile` function runs them.
+/// The reconcile stage: every configured source, on `pool`. Run it as a
+/// [`Stage`] (one pass: each source walks from its checkpoint to the present
+/// or the deadline), or with [`Reconciler::run_once`].
 pub struct Reconciler {
+    pool: PgPool,
     sources: Vec<std::sync::Arc<dyn Source>>,
     config: ReconcileConfig,
 }
 
+impl Stage for Reconciler {
+    type Tally = Reconciled;
+    const NAME: &'static str = "reconcile";
+
+    /// One pass of every source; the next is the next run's (the schedule's).
+    async fn run_once(&self, deadline: Instant) -> Result<Pass<Reconciled>, sqlx::Error> {
+        Ok(Pass { tally: Reconciler::run_once(self, deadline).await, more: false })
+    }
+}
+
 impl Reconciler {
-    /// No source yet.
-    pub fn new(config: ReconcileConfig) -> Self {
-        Reconciler { sources: Vec::new(), config }
+    /// No source yet, on `pool`.
+    pub fn new(pool: PgPool, config: ReconcileConfig) -> Self {
+        Reconciler { pool, sources: Vec::new(), config }
     }
 
     /// One more source.
@@ -373,11 +411,11 @@ impl Reconciler {
     /// Runs each source once, each on its own: one failing does not stop the
     /// others; none asks for a page past `deadline`. The Lambda and
     /// `inbox reconcile` both report it.
-    pub async fn run_once(&self, pool: &PgPool, deadline: Instant) -> Reconciled {
+    pub async fn run_once(&self, deadline: Instant) -> Reconciled {
         let mut out = Reconciled::default();
         for source in &self.sources {
             let name = source.name();
-            match source.reconcile(pool, &self.config, deadline).await {
+            match source.reconcile(&self.pool, &self.config, deadline).await {
                 Ok(found) if !found.finished => {
                     tracing::warn!(source = %Escaped(&name), ?found, "reconciled up to the deadline; the next run resumes");
                     out.sources.insert(name, found);

@@ -21,7 +21,7 @@ use crate::{
     core::backoff::backoff,
     db::outbox::{self, Dispatch, Outgoing},
     runtime::{
-        stage::{Pass, Stage, Tally},
+        stage::{Pass, Reported, Stage, Tally},
         trace,
     },
 };
@@ -96,14 +96,14 @@ pub struct Relayed {
     pub released: usize,
 }
 
-impl Relayed {
+impl Reported for Relayed {
     /// The `relay` function's metrics: `relayed`, `relay_retried`, `relay_dead`.
-    pub(crate) fn metrics(&self) -> crate::runtime::metrics::Metrics {
+    fn metrics(&self) -> Vec<crate::runtime::metrics::Metrics> {
         let mut m = crate::runtime::metrics::Metrics::new("relay");
         m.count("relayed", self.sent as u64)
             .count("relay_retried", self.retried as u64)
             .count("relay_dead", self.dead as u64);
-        m
+        vec![m]
     }
 }
 

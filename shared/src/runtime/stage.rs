@@ -1,4 +1,4 @@
-//! One shape for every batch stage (process, relay, prune): a config given at
+//! One shape for every batch stage (process, relay, prune, reconcile): a config given at
 //! construction, [`Stage::run_once`] doing one bounded batch and returning its
 //! counts, and the two loops every function and command share: [`run`], bounded
 //! by a deadline (the Lambdas, `inbox relay|prune`), and [`run_until`],
@@ -11,11 +11,22 @@ use std::{
 };
 
 /// The counts of a pass, added up over a run.
-pub trait Tally: Default + Copy + Debug + Send + Sync + serde::Serialize + 'static {
+pub trait Tally: Default + Clone + Debug + Send + Sync + serde::Serialize + 'static {
     /// Adds another pass's counts to these.
     fn add(&mut self, other: &Self);
     /// Nothing was done (nothing is logged for the pass).
     fn is_empty(&self) -> bool;
+}
+
+/// A tally as the functions and the service report it: its metric lines, and
+/// what failed within a pass that still completed (a reconcile source, say).
+pub(crate) trait Reported: Tally {
+    /// The lines of the function's metrics (EMF on Lambda, Prometheus in `serve`).
+    fn metrics(&self) -> Vec<crate::runtime::metrics::Metrics>;
+    /// What failed, if anything did, though the pass completed.
+    fn failures(&self) -> Option<String> {
+        None
+    }
 }
 
 /// What one batch did, and whether more work may be waiting (a full batch).
@@ -27,7 +38,7 @@ pub struct Pass<T> {
     pub more: bool,
 }
 
-/// A batch stage: the worker, the relay, prune.
+/// A batch stage: the worker, the relay, prune, reconcile.
 pub trait Stage: Send + Sync {
     /// Its counts.
     type Tally: Tally;

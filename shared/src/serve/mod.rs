@@ -62,7 +62,10 @@ use crate::{
     prune::{PruneConfig, Pruner},
     reconcile::Reconciler,
     relay::{Relay, RelayConfig},
-    runtime::{metrics::Metrics, stage},
+    runtime::{
+        metrics::Metrics,
+        stage::{self, Reported},
+    },
     server, ReceiveConfig, Receiver,
 };
 
@@ -416,7 +419,8 @@ impl Stack<'_> {
         }
         let relay_config = if sinks.is_empty() { None } else { Some(RelayConfig::read(env)?) };
         let retention = if roles.has(Role::Prune) { Some(PruneConfig::read(env)?) } else { None };
-        let reconciler = if roles.has(Role::Reconcile) { Some(Reconciler::read(env, app)?) } else { None };
+        let reconciler =
+            if roles.has(Role::Reconcile) { Some(Reconciler::read(env, app, pool.clone())?) } else { None };
         let reconciler = reconciler.filter(Reconciler::is_configured);
         anyhow::ensure!(
             !(roles.named && roles.has(Role::Reconcile) && reconciler.is_none()),
@@ -450,11 +454,7 @@ impl Stack<'_> {
             for _ in 0..serve.workers {
                 let worker =
                     Worker::new(pool.clone(), app.handlers().clone(), worker_config.clone()).with_apis(apis.clone());
-                stages.push(spawn_stage(worker, worker_config.poll, gate.clone(), counted, |c| {
-                    let mut m = Metrics::new("process");
-                    c.count_into(&mut m);
-                    m
-                }));
+                stages.push(spawn_stage(worker, worker_config.poll, gate.clone(), counted));
             }
             if counted {
                 stages.push(gauges(pool.clone(), gate.clone()));
@@ -462,14 +462,15 @@ impl Stack<'_> {
         }
         if let Some(relay_config) = relay_config {
             let relay = Relay::new(pool.clone(), sinks, relay_config);
-            stages.push(spawn_stage(relay, worker_config.poll, gate.clone(), counted, |r| r.metrics()));
+            stages.push(spawn_stage(relay, worker_config.poll, gate.clone(), counted));
         }
         if let Some(retention) = retention {
             let pruner = Pruner::new(pool.clone(), retention);
-            stages.push(spawn_stage(pruner, Duration::from_secs(3600), gate.clone(), counted, |p| p.metrics()));
+            stages.push(spawn_stage(pruner, Duration::from_secs(3600), gate.clone(), counted));
         }
         if let Some(reconciler) = reconciler {
-            stages.push(reconcile(reconciler, pool.clone(), gate.clone(), counted));
+            // Every 15 minutes, as the function's schedule.
+            stages.push(spawn_stage(reconciler, Duration::from_secs(900), gate.clone(), counted));
         }
 
         let health = health_router(readiness.clone(), admin.is_none() && counted, false);
@@ -593,13 +594,11 @@ fn schema_watch(
 
 /// A batch stage, run once the gate opens until it closes (its batch in
 /// progress finished), its passes counted in the metrics when `counted`.
-fn spawn_stage<S: stage::Stage + 'static>(
-    stage: S,
-    poll: Duration,
-    mut gate: Gate,
-    counted: bool,
-    metrics_of: fn(&S::Tally) -> Metrics,
-) -> JoinHandle<()> {
+fn spawn_stage<S>(stage: S, poll: Duration, mut gate: Gate, counted: bool) -> JoinHandle<()>
+where
+    S: stage::Stage + 'static,
+    S::Tally: Reported,
+{
     tokio::spawn(async move {
         if !gate.open().await {
             return;
@@ -609,7 +608,12 @@ fn spawn_stage<S: stage::Stage + 'static>(
                 return;
             }
             match pass {
-                Ok(tally) => metrics::record(&metrics_of(tally)),
+                Ok(tally) => {
+                    tally.metrics().iter().for_each(metrics::record);
+                    if tally.failures().is_some() {
+                        metrics::pass_failed(S::NAME);
+                    }
+                }
                 Err(_) => metrics::pass_failed(S::NAME),
             }
         };
@@ -648,29 +652,6 @@ fn gauges(pool: sqlx::PgPool, mut gate: Gate) -> JoinHandle<()> {
             metrics::record(&m);
             tokio::select! {
                 () = tokio::time::sleep(Duration::from_secs(15)) => {}
-                _ = gate.stopped.wait_for(|s| *s) => return,
-            }
-        }
-    })
-}
-
-/// Reconcile every 15 minutes.
-fn reconcile(reconciler: Reconciler, pool: sqlx::PgPool, mut gate: Gate, counted: bool) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        if !gate.open().await {
-            return;
-        }
-        loop {
-            let reconciled = reconciler.run_once(&pool, Instant::now() + Duration::from_secs(600)).await;
-            tracing::info!(?reconciled, "reconciled");
-            if counted {
-                reconciled.metrics().iter().for_each(metrics::record);
-                if !reconciled.failed.is_empty() {
-                    metrics::pass_failed("reconcile");
-                }
-            }
-            tokio::select! {
-                () = tokio::time::sleep(Duration::from_secs(900)) => {}
                 _ = gate.stopped.wait_for(|s| *s) => return,
             }
         }
