@@ -1,5 +1,5 @@
 // The console in a real browser (Debian's Chromium, driven by playwright-core),
-// against an `inbox dev` that functions/inbox/tests/console.rs started and filled:
+// against an `inbox dev` that inbox/tests/console.rs started and filled:
 //   CONSOLE_URL        the console's root, e.g. http://127.0.0.1:9000/console
 //   OPERATOR, OPERATOR_PASSWORD, VIEWER, VIEWER_PASSWORD
 //   FAILED_PROVIDER, FAILED_ID    an event that failed and succeeds when replayed

@@ -1,7 +1,7 @@
 //! The console's pages in-process (its router, over real PostgreSQL): sign-in
 //! and its limit, sessions, where sign-in leads back to, bad parameters,
 //! requeue by filter with its progress, outbox retries, and reads through a
-//! read-only role. The browser's view is `functions/inbox/tests/console.rs`.
+//! read-only role. The browser's view is `inbox/tests/console.rs`.
 
 use axum::{body::Body, Router};
 use http::{header, Request, StatusCode};

@@ -299,13 +299,14 @@ fn the_configuration_page_names_every_variable_the_code_reads_and_only_those() {
     let mut read = BTreeSet::new();
     variables_read(&repo.join("shared/src"), &mut read);
     variables_read(&repo.join("functions"), &mut read);
+    variables_read(&repo.join("inbox/src"), &mut read);
     // Outside the table: the examples' and tests' own.
     read.remove("ACME_WEBHOOK_SECRET");
     let undocumented: Vec<&String> =
         read.iter().filter(|v| !table.contains(*v) && !page.contains(&format!("`{v}`"))).collect();
     assert!(undocumented.is_empty(), "read by the code, not in docs/configuration.md: {undocumented:?}");
     let mut sources = String::new();
-    for dir in ["shared/src", "functions"] {
+    for dir in ["shared/src", "functions", "inbox/src"] {
         let mut files = Vec::new();
         rust_files(&repo.join(dir), &mut files);
         files.iter().for_each(|f| sources.push_str(&std::fs::read_to_string(f).unwrap()));

@@ -23,7 +23,7 @@ pub(crate) async fn shutdown_signal() {
 /// freed (up to 32 MiB): once the console has hashed a password (Argon2id
 /// works in 19 MiB), request bodies of 1 MiB would come from the heap, whose
 /// freed memory stays with the process, instead of being mapped and given
-/// back to the system as each delivery ends (`functions/inbox/tests/dev.rs`
+/// back to the system as each delivery ends (`inbox/tests/dev.rs`
 /// measures it).
 #[cfg(feature = "console")]
 pub(crate) fn keep_large_allocations_mapped() {

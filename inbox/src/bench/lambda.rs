@@ -70,7 +70,7 @@ pub(super) async fn lambda(bench: &Bench, url: &str, report: &mut Report) -> Res
     let binaries = binaries()?;
     let receive = &binaries[0]; // FUNCTIONS starts with it
     let n = if bench.seconds <= 1 { 50 } else { 1000 };
-    let fixture: Value = serde_json::from_str(include_str!("../../../../tests/data/apigw-http-v2.json"))
+    let fixture: Value = serde_json::from_str(include_str!("../../../tests/data/apigw-http-v2.json"))
         .context("reading the API Gateway HTTP API fixture")?;
     let run = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos();
 

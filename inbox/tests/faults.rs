@@ -627,7 +627,7 @@ fn write_reliability(rows: &[Figures]) {
     assert_eq!(rows.len(), 7, "the table is written from every scenario");
     let mut doc = String::from(
         "# Reliability\n\n\
-         The fault suite (`functions/inbox/tests/faults.rs`) at its full size, run with\n\
+         The fault suite (`inbox/tests/faults.rs`) at its full size, run with\n\
          `INBOX_FAULTS=full cargo test -p inbox --test faults -- --nocapture` on the\n\
          2-core development machine. Each scenario sends the storm of `inbox demo`\n\
          (concurrent copies, late retries, Stripe twin events, Shopify snapshots out of\n\
@@ -666,7 +666,7 @@ fn write_reliability(rows: &[Figures]) {
          (`scripts/pg18`), and every stage runs behind PgBouncer in transaction and\n\
          session pooling (`tests/pooler.rs`).\n",
     );
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/reliability.md");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/reliability.md");
     std::fs::write(path, doc).unwrap();
 }
 

@@ -29,7 +29,7 @@ fn post(addr: &str, path: &str, headers: &[(&str, &str)], body: &str) -> u16 {
 }
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 async fn status(pool: &PgPool, provider: &str, id: &str) -> Option<String> {
