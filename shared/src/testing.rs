@@ -102,6 +102,91 @@ fn post(provider: &str, headers: &[(&str, String)], body: &str) -> http::Request
     request.body(Body::from(body.to_string())).expect("a request of valid parts")
 }
 
+/// A delivery of `provider`, a provider declared as data (built in, or in
+/// the providers file `catalog` was read with), signed now with `secret` (as
+/// its `<NAME>_WEBHOOK_SECRET` holds it) as its contract says. `headers` are
+/// the delivery's others: those its id or type come from, a `content-type`
+/// for a form. A timestamp the contract reads from a header or from the
+/// signature header is set to now; one the body carries is read from `body`
+/// (put a current one there). A contract that signs its URL signs
+/// `catalog`'s `<NAME>_WEBHOOK_URL`. Providers with a signer of their own here
+/// ([`stripe`], [`shopify`], [`github`], [`standard`]), an ECDSA contract
+/// (signed with the provider's private key), or a name `catalog` does not
+/// know are refused, saying so.
+pub fn declared(
+    catalog: &crate::config::Catalog,
+    provider: &str,
+    secret: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Result<http::Request<Body>, String> {
+    use crate::receive::providers::{
+        catalog::Kind,
+        declared::{json_text, Source, TimeFormat},
+    };
+    let entry = catalog.find(provider).ok_or_else(|| format!("{provider:?} is not a provider known here"))?;
+    let Kind::Declared(rules) = &entry.kind else {
+        return Err(format!("{provider} is not declared as data: sign it with its own function here"));
+    };
+    let key = rules.decode_secret(secret).map_err(|e| format!("the secret {e}"))?;
+    let mut sent = http::HeaderMap::new();
+    for (name, value) in headers {
+        let value = http::HeaderValue::try_from(*value).map_err(|e| format!("header {name}: {e}"))?;
+        sent.append(http::HeaderName::try_from(*name).map_err(|e| format!("header {name:?}: {e}"))?, value);
+    }
+    let timestamp = match &rules.timestamp {
+        None => None,
+        Some(t) => {
+            let now = now();
+            let text = match t.format {
+                TimeFormat::Unix => now.to_string(),
+                TimeFormat::UnixMs => (now * 1000).to_string(),
+                TimeFormat::Rfc3339 => rfc3339(now),
+            };
+            match &t.from {
+                Source::Header(h) => {
+                    let name = http::HeaderName::try_from(h.as_str()).map_err(|e| format!("header {h:?}: {e}"))?;
+                    sent.insert(name, http::HeaderValue::try_from(text.as_str()).map_err(|e| e.to_string())?);
+                    Some(text)
+                }
+                Source::Signature(_) => Some(text),
+                Source::Json(p) => {
+                    Some(json_text(body.as_bytes(), p).ok_or_else(|| format!("no timestamp at {p} in the body"))?)
+                }
+                other => return Err(format!("a timestamp from {other:?} cannot be signed here")),
+            }
+        }
+    };
+    let delivery = crate::schemes::Delivery { headers: &sent, body: body.as_bytes(), now: now() as i64 };
+    let signature = rules
+        .sign(key.expose(), &delivery, catalog.url(entry.provider), timestamp.as_deref())
+        .map_err(|e| e.to_string())?;
+    let header = http::HeaderName::try_from(rules.headers[0].as_str()).map_err(|e| e.to_string())?;
+    sent.insert(header, http::HeaderValue::try_from(signature).map_err(|e| e.to_string())?);
+    if !sent.contains_key(http::header::CONTENT_TYPE) {
+        sent.insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+    }
+    let mut request = http::Request::post(format!("/webhooks/{provider}"));
+    *request.headers_mut().ok_or("a request of valid parts")? = sent;
+    request.body(Body::from(body.to_string())).map_err(|e| e.to_string())
+}
+
+/// `secs` (Unix) as RFC 3339 UTC, to the second.
+fn rfc3339(secs: u64) -> String {
+    // Days to a civil date (Howard Hinnant's algorithm).
+    let z = (secs / 86_400) as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let rem = secs % 86_400;
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
+}
+
 /// Stripe's `Stripe-Signature` for `body` at `t` (Unix seconds):
 /// `t=<t>,v1=<hex HMAC-SHA256 of "t.body", keyed by the whole secret>`.
 pub fn stripe_signature(secret: &str, t: u64, body: &[u8]) -> String {

@@ -4,7 +4,7 @@
 
 use sqlx::PgPool;
 use webhook_inbox::{
-    config::DEV_STANDARD,
+    config::{Catalog, Env, DEV_STANDARD},
     testing::{self, TestInbox},
     App, Handlers,
 };
@@ -69,4 +69,64 @@ fn an_event_for_a_handler_test_is_fresh_and_its_fields_are_the_tests() {
     event.attempts = 3;
     event.headers = [("X-Shopify-Topic", "orders/paid")].into_iter().collect();
     assert_eq!(event.headers.get("x-shopify-topic"), Some("orders/paid"));
+}
+
+/// `testing::declared` signs as each contract written as data says: a
+/// timestamp in its own header (Slack, Unix seconds; Twitch, RFC 3339;
+/// HubSpot, milliseconds, with its method and URL), in the signature header
+/// (Paddle), in the body (Linear), and a team's own provider from its
+/// providers file; each accepted by the real receive path, and refused under
+/// another secret.
+#[sqlx::test(migrations = false)]
+async fn a_declared_provider_is_signed_as_its_contract_says(pool: PgPool) {
+    let acme = r#"[acme]
+signature = { header = "X-Acme-Signature", prefix = "sha256=" }
+encoding = "hex"
+signed = "{timestamp}.{body}"
+timestamp = { from = "{header:X-Acme-Timestamp}", format = "unix", tolerance_secs = 300 }
+event_id = "{json:/id}"
+event_type = "{json:/type}"
+redelivery_days = 3
+"#;
+    let env = [
+        ("SLACK_WEBHOOK_SECRET", "slack-secret"),
+        ("TWITCH_WEBHOOK_SECRET", "twitch-secret"),
+        ("HUBSPOT_WEBHOOK_SECRET", "hubspot-secret"),
+        ("HUBSPOT_WEBHOOK_URL", "https://hooks.example.com/webhooks/hubspot"),
+        ("PADDLE_WEBHOOK_SECRET", "pdl_ntfset_secret"),
+        ("LINEAR_WEBHOOK_SECRET", "linear-secret"),
+        ("ACME_WEBHOOK_SECRET", "acme-secret"),
+        ("INBOX_PROVIDERS", acme),
+    ];
+    let catalog = Catalog::read(&Env::from_pairs(&env)).unwrap();
+    let inbox = TestInbox::new(&pool, &App::new(Handlers::new()), &env).await.unwrap();
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
+    let cases: [(&str, &str, Vec<(&str, &str)>, String); 6] = [
+        ("slack", "slack-secret", vec![], r#"{"event_id":"Ev1","type":"event_callback"}"#.into()),
+        (
+            "twitch",
+            "twitch-secret",
+            vec![("Twitch-Eventsub-Message-Id", "tw-1"), ("Twitch-Eventsub-Subscription-Type", "channel.follow")],
+            "{}".into(),
+        ),
+        ("hubspot", "hubspot-secret", vec![], r#"[{"eventId":1,"subscriptionType":"contact.creation"}]"#.into()),
+        ("paddle", "pdl_ntfset_secret", vec![], r#"{"event_id":"evt_p1","event_type":"transaction.paid"}"#.into()),
+        (
+            "linear",
+            "linear-secret",
+            vec![("Linear-Delivery", "lin-1"), ("Linear-Event", "Issue")],
+            format!(r#"{{"webhookTimestamp":{now_ms},"type":"Issue"}}"#),
+        ),
+        ("acme", "acme-secret", vec![], r#"{"id":"ac_1","type":"thing.happened"}"#.into()),
+    ];
+    for (provider, secret, headers, body) in &cases {
+        let signed = testing::declared(&catalog, provider, secret, headers, body).unwrap();
+        let answer = inbox.deliver(signed).await;
+        assert_eq!(answer.status, 200, "{provider}: {answer:?}");
+        let other = testing::declared(&catalog, provider, "another-secret", headers, body).unwrap();
+        assert_eq!(inbox.deliver(other).await.status, 401, "{provider} under another secret");
+    }
+    let refused = testing::declared(&catalog, "stripe", "whsec_t", &[], "{}").unwrap_err();
+    assert!(refused.contains("not declared as data"), "{refused}");
+    assert!(testing::declared(&catalog, "nobody", "s", &[], "{}").unwrap_err().contains("not a provider known here"));
 }

@@ -42,7 +42,8 @@ pub use template::{Part, Source, Template};
 pub use time::{parse_time, TimeFormat};
 
 use contract::Respond;
-use pointer::{json_text, pointer};
+pub(crate) use pointer::json_text;
+use pointer::pointer;
 
 /// Rows one batch delivery may make; past it the delivery is kept whole as one failed row.
 pub const MAX_BATCH_ITEMS: usize = 1000;

@@ -115,7 +115,7 @@ impl<'de> Visitor<'de> for Element {
 }
 
 /// A string's value or a number's (or boolean's) digits at a pointer; nothing for null, objects, arrays and "".
-pub(super) fn json_text(body: &[u8], p: &str) -> Option<String> {
+pub(crate) fn json_text(body: &[u8], p: &str) -> Option<String> {
     let raw = pointer(std::str::from_utf8(body).ok()?, p)?.get().trim();
     let text = match raw.as_bytes().first()? {
         b'"' => serde_json::from_str::<String>(raw).ok()?,
