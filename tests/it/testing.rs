@@ -101,7 +101,9 @@ redelivery_days = 3
     let catalog = Catalog::read(&Env::from_pairs(&env)).unwrap();
     let inbox = TestInbox::new(&pool, &App::new(Handlers::new()), &env).await.unwrap();
     let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
-    let cases: [(&str, &str, Vec<(&str, &str)>, String); 6] = [
+    // A provider, its secret, the delivery's other headers, its body.
+    type Case<'a> = (&'a str, &'a str, Vec<(&'a str, &'a str)>, String);
+    let cases: [Case; 6] = [
         ("slack", "slack-secret", vec![], r#"{"event_id":"Ev1","type":"event_callback"}"#.into()),
         (
             "twitch",
