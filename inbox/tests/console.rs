@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use inbox_tests::{http_exchange, lines_of, KillOnDrop};
+use inbox_tests::{dev_ready, http_exchange, inbox_dev, lines_of, KillOnDrop};
 use sqlx::{
     postgres::{PgConnectOptions, PgPoolOptions},
     PgPool,
@@ -54,33 +54,16 @@ async fn the_console_in_a_browser_signs_in_filters_opens_and_replays_and_keeps_v
     let url = url_of(&opts);
     let pool = pool_options.connect_with(opts).await.unwrap();
     // One attempt: the deposit for an account that does not exist fails at once.
-    let child = Command::new(env!("CARGO_BIN_EXE_inbox"))
-        .args(["dev", "--port", "0"])
-        .env_clear()
-        .envs([
-            ("PATH", std::env::var("PATH").unwrap_or_default()),
-            ("RUST_LOG", "warn".into()),
-            ("DATABASE_URL", url.clone()),
-            ("INBOX_MAX_ATTEMPTS", "1".into()),
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut child = KillOnDrop(child);
-    let lines = lines_of(child.0.stdout.take().unwrap());
+    let (_child, lines) =
+        inbox_dev(env!("CARGO_BIN_EXE_inbox"), &[("DATABASE_URL", &url), ("INBOX_MAX_ATTEMPTS", "1")]);
     let (mut console, mut operator, mut password) = (None, None, None);
-    let addr = loop {
-        let line = lines.recv_timeout(Duration::from_secs(120)).expect("inbox dev prints ready");
+    let addr = dev_ready(&lines, |line| {
         if let Some(rest) = line.strip_prefix("console: ") {
             console = rest.split_whitespace().next().map(|u| u.trim_end_matches('/').to_string());
             operator = rest.split("sign in as ").nth(1).and_then(|p| p.split(',').next()).map(str::to_string);
             password = rest.split("password ").nth(1).and_then(|p| p.split(';').next()).map(str::to_string);
         }
-        if let Some(rest) = line.strip_prefix("inbox dev ready: POST http://") {
-            break rest.split('/').next().unwrap().to_string();
-        }
-    };
+    });
     let console = console.expect("inbox dev prints the console's URL");
     let password = password.expect("inbox dev prints the dev user's password");
     let operator = operator.expect("inbox dev prints the dev user's name");
@@ -315,26 +298,14 @@ async fn inbox_dev_on_a_database_of_yours_changes_no_user_and_leaves_no_account_
         .fetch_one(&pool)
         .await
         .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_inbox"))
-        .args(["dev", "--port", "0"])
-        .env_clear()
-        .envs([
-            ("PATH", std::env::var("PATH").unwrap_or_default()),
-            ("RUST_LOG", "warn".into()),
-            ("DATABASE_URL", url_of(&opts)),
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut child = KillOnDrop(child);
-    let lines = lines_of(child.0.stdout.take().unwrap());
-    let user = loop {
-        let line = lines.recv_timeout(Duration::from_secs(120)).expect("inbox dev prints the console's user");
+    let (mut child, lines) = inbox_dev(env!("CARGO_BIN_EXE_inbox"), &[("DATABASE_URL", &url_of(&opts))]);
+    let mut user = None;
+    dev_ready(&lines, |line| {
         if let Some(rest) = line.split("sign in as ").nth(1) {
-            break rest.split(',').next().unwrap().to_string();
+            user = rest.split(',').next().map(str::to_string);
         }
-    };
+    });
+    let user = user.expect("inbox dev prints the console's user");
     assert!(user.starts_with("dev-") && user.len() == 12, "a name of its own: {user}");
     let users: Vec<(String, String, bool)> =
         sqlx::query_as("SELECT name, role, expires_at IS NOT NULL FROM inbox_console_users ORDER BY name")

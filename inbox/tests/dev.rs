@@ -2,7 +2,7 @@
 //! its own PostgreSQL, say `ready` with the URL, take a signed delivery over
 //! real HTTP, and leave nothing behind when stopped.
 
-use inbox_tests::KillOnDrop;
+use inbox_tests::{dev_ready, inbox_dev, KillOnDrop};
 use std::{
     io::{BufRead, BufReader, Read, Write},
     net::TcpStream,
@@ -73,42 +73,17 @@ fn sink() -> (String, mpsc::Receiver<String>) {
 fn inbox_dev_runs_on_an_embedded_postgres_and_takes_signed_deliveries() {
     let (sink_url, sink_keys) = sink();
     // As a new user: no DATABASE_URL, no secrets, nothing inherited; a local sink for the relay.
-    let child = Command::new(env!("CARGO_BIN_EXE_inbox"))
-        .args(["dev", "--port", "0"])
-        .env_clear()
-        .envs([
-            ("PATH", std::env::var("PATH").unwrap_or_default()),
-            ("RUST_LOG", "warn".into()),
-            ("RELAY_HTTP_URL", sink_url),
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut child = KillOnDrop(child);
-    let (lines_tx, lines) = mpsc::channel();
-    let stdout = child.0.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            println!("inbox dev: {line}");
-            let _ = lines_tx.send(line);
-        }
-    });
+    let (mut child, lines) = inbox_dev(env!("CARGO_BIN_EXE_inbox"), &[("RELAY_HTTP_URL", &sink_url)]);
     let mut data_dir = None;
     let mut database_url = None;
-    let addr = loop {
-        let line = lines.recv_timeout(Duration::from_secs(120)).expect("inbox dev prints ready");
+    let addr = dev_ready(&lines, |line| {
         if let Some(rest) = line.strip_prefix("embedded PostgreSQL at ") {
             database_url = rest.split_whitespace().next().map(str::to_string);
         }
         if let Some(rest) = line.split("(data in ").nth(1) {
             data_dir = rest.split(';').next().map(str::to_string);
         }
-        if line.contains("ready") {
-            let url = line.split_whitespace().find(|w| w.starts_with("http://")).expect("the ready line has the URL");
-            break url.trim_start_matches("http://").split('/').next().unwrap().to_string();
-        }
-    };
+    });
     let data_dir = data_dir.expect("the embedded cluster's folder is printed");
 
     let body = r#"{"id":"evt_dev_1","type":"payment_intent.succeeded","data":{"object":{"id":"pi_1","amount_received":2000,"currency":"usd"}}}"#;
@@ -313,29 +288,9 @@ fn three_hundred_slow_large_bodies_are_read_in_turn_and_the_memory_given_back() 
     runtime.block_on(sqlx::query(&format!("CREATE DATABASE {name}")).execute(&admin)).unwrap();
     let url = format!("{}/{name}", base.rsplit_once('/').unwrap().0);
     // Each refused delivery would log a line: errors only.
-    let child = Command::new(env!("CARGO_BIN_EXE_inbox"))
-        .args(["dev", "--port", "0"])
-        .env_clear()
-        .envs([("PATH", std::env::var("PATH").unwrap_or_default()), ("RUST_LOG", "error".into())])
-        .env("DATABASE_URL", &url)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut child = KillOnDrop(child);
+    let (child, lines) = inbox_dev(env!("CARGO_BIN_EXE_inbox"), &[("RUST_LOG", "error"), ("DATABASE_URL", &url)]);
     let pid = child.0.id();
-    let mut stdout = BufReader::new(child.0.stdout.take().unwrap()).lines().map_while(Result::ok);
-    let ready = stdout.find(|l| l.contains("ready"));
-    // Read to the end, so that its last lines (on SIGTERM) find a reader.
-    std::thread::spawn(move || stdout.for_each(drop));
-    let addr = ready
-        .and_then(|l| l.split_whitespace().find(|w| w.starts_with("http://")).map(str::to_string))
-        .expect("inbox dev says ready")
-        .trim_start_matches("http://")
-        .split('/')
-        .next()
-        .unwrap()
-        .to_string();
+    let addr = dev_ready(&lines, |_| {});
     let before = rss_kib(pid);
     let body = vec![b'x'; 1024 * 1024];
     let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));

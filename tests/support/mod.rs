@@ -355,6 +355,40 @@ pub fn lines_of(from: impl std::io::Read + Send + 'static) -> std::sync::mpsc::R
     lines
 }
 
+/// `inbox dev --port 0` (the binary `bin`, as a test names it with
+/// `env!("CARGO_BIN_EXE_inbox")`) with nothing inherited but `PATH`, warnings
+/// logged (`RUST_LOG` in `env` overrides it) and `env`; its stdout line by line.
+pub fn inbox_dev(bin: &str, env: &[(&str, &str)]) -> (KillOnDrop, std::sync::mpsc::Receiver<String>) {
+    let mut child = std::process::Command::new(bin)
+        .args(["dev", "--port", "0"])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let lines = lines_of(child.stdout.take().unwrap());
+    (KillOnDrop(child), lines)
+}
+
+/// Reads `inbox dev`'s `lines` up to its ready line, each earlier one shown
+/// to `seen` (within two minutes: a first embedded PostgreSQL is slow); the
+/// address it serves, `host:port`.
+pub fn dev_ready(lines: &std::sync::mpsc::Receiver<String>, mut seen: impl FnMut(&str)) -> String {
+    loop {
+        let line = lines.recv_timeout(Duration::from_secs(120)).expect("inbox dev prints ready");
+        println!("inbox dev: {line}");
+        if line.contains("ready") {
+            if let Some(url) = line.split_whitespace().find(|w| w.starts_with("http://")) {
+                return url.trim_start_matches("http://").split('/').next().unwrap().to_string();
+            }
+        }
+        seen(&line);
+    }
+}
+
 /// One HTTP/1.1 exchange over a new connection (the request written as is):
 /// the status code and the whole response.
 pub fn http_exchange(addr: &str, request: &str) -> (u16, String) {
