@@ -80,7 +80,7 @@ async fn every_stage(pool_options: PgPoolOptions, opts: PgConnectOptions, mode: 
     let direct: PgPool = pool_options.connect_with(opts.clone()).await.unwrap();
     let bouncer = PgBouncer::start(opts.get_host(), opts.get_port(), servers, mode);
     let db = through(&bouncer, &opts, "proxy");
-    let pool = db::pool(&db).unwrap();
+    let pool = db.pool().unwrap();
 
     // migrations: three deploys at once, each all or nothing, one after the other.
     let app = stock::app();

@@ -310,7 +310,7 @@ where
     // The proxy starts cutting once the stack is up (its migrations done).
     armed.store(1, Ordering::SeqCst);
     let base = stack.lock().unwrap().as_ref().unwrap().base.clone();
-    let pool = db::pool(&db::DbConfig::with_url(&url)).unwrap();
+    let pool = db::DbConfig::with_url(&url).pool().unwrap();
     sqlx::query("INSERT INTO accounts (account_id) SELECT 'acct_demo_' || i FROM generate_series(0, 4) AS i")
         .execute(&pool)
         .await
@@ -492,7 +492,7 @@ async fn faults_table() {
 
     rows.extend(
         scenario("prune during ingestion", size(), Route::Direct, &[], |ctx| async move {
-            let pool = db::pool(&db::DbConfig::with_url(&ctx.link.url)).unwrap();
+            let pool = db::DbConfig::with_url(&ctx.link.url).pool().unwrap();
             // A trigger notes every row deleted while pending, or inside its retention (31 days).
             sqlx::raw_sql(
                 "CREATE TABLE prune_violations (provider text, event_id text, status text, received_at timestamptz);

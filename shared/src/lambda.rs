@@ -27,7 +27,6 @@ use lambda_http::{
 use crate::{
     app::App,
     config::{self, DbConfig},
-    db,
     process::{
         self,
         worker::{Worker, WorkerConfig},
@@ -79,7 +78,7 @@ pub async fn process(app: App) -> Result<(), Error> {
     config::init_logging();
     let env = config::Env::resolved().await?;
     // One invocation at a time, one batch at a time: one connection.
-    let pool = db::pool(&DbConfig::read(&env, 1)?)?;
+    let pool = DbConfig::read(&env, 1)?.pool()?;
     let margin = config::deadline_margin(&env)?;
     let apis = crate::process::hints::Apis::read(&env, &app)?;
     let worker = Arc::new(Worker::new(pool, app.handlers().clone(), WorkerConfig::read(&env)?).with_apis(apis));
@@ -101,7 +100,7 @@ pub async fn process(app: App) -> Result<(), Error> {
 pub async fn prune() -> Result<(), Error> {
     config::init_logging();
     let env = config::Env::resolved().await?;
-    let pruner = Pruner::new(db::pool(&DbConfig::read(&env, 1)?)?, PruneConfig::read(&env)?);
+    let pruner = Pruner::new(DbConfig::read(&env, 1)?.pool()?, PruneConfig::read(&env)?);
     scheduled(pruner, config::deadline_margin(&env)?).await
 }
 
@@ -119,7 +118,7 @@ pub async fn relay() -> Result<(), Error> {
     if sinks.is_empty() {
         return Err("no sink configured: set RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL or RELAY_EVENT_BUS".into());
     }
-    let relay = Relay::new(db::pool(&DbConfig::read(&env, 1)?)?, sinks, RelayConfig::read(&env)?);
+    let relay = Relay::new(DbConfig::read(&env, 1)?.pool()?, sinks, RelayConfig::read(&env)?);
     scheduled(relay, config::deadline_margin(&env)?).await
 }
 
@@ -130,7 +129,7 @@ pub async fn reconcile(app: App) -> Result<(), Error> {
     use crate::reconcile::Reconciler;
     config::init_logging();
     let env = config::Env::resolved().await?;
-    let reconciler = Reconciler::read(&env, &app, db::pool(&DbConfig::read(&env, 1)?)?)?;
+    let reconciler = Reconciler::read(&env, &app, DbConfig::read(&env, 1)?.pool()?)?;
     if !reconciler.is_configured() {
         return Err(crate::reconcile::NOTHING_TO_RECONCILE.into());
     }
@@ -178,7 +177,7 @@ pub async fn migrate(app: App) -> Result<(), Error> {
     // still answered, as a failure with the reason: CloudFormation would
     // otherwise wait for an answer that never comes.
     let pool =
-        async { Ok::<_, Error>(db::pool(&DbConfig::read(&config::Env::resolved().await?, 1)?)?) }.await.map_err(|e| {
+        async { Ok::<_, Error>(DbConfig::read(&config::Env::resolved().await?, 1)?.pool()?) }.await.map_err(|e| {
             tracing::error!(error = %e, "cannot start; every request is answered FAILED");
             format!("cannot start: {e}")
         });

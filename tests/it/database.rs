@@ -3,17 +3,14 @@
 //! startup parameters (PgBouncer) or pins the session on them (RDS Proxy).
 
 use sqlx::{Connection, PgConnection};
-use webhook_inbox::{
-    config::{DbConfig, Env},
-    db,
-};
+use webhook_inbox::config::{DbConfig, Env};
 
 fn server_url() -> String {
     std::env::var("DATABASE_URL").expect("DATABASE_URL")
 }
 
 async fn show(config: &DbConfig) -> (String, String) {
-    let pool = db::pool(config).unwrap();
+    let pool = config.pool().unwrap();
     sqlx::query_as("SELECT current_setting('statement_timeout'), current_setting('application_name')")
         .fetch_one(&pool)
         .await

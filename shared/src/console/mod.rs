@@ -164,7 +164,7 @@ pub(crate) fn router_at(
 pub(crate) fn read_pool(env: &Env, db: &DbConfig) -> anyhow::Result<Option<PgPool>> {
     let Some(url) = env.var("INBOX_CONSOLE_READ_DATABASE_URL") else { return Ok(None) };
     let config = DbConfig { url: Some(url), ..db.clone() };
-    Ok(Some(db::pool(&config).context("INBOX_CONSOLE_READ_DATABASE_URL")?))
+    Ok(Some(config.pool().context("INBOX_CONSOLE_READ_DATABASE_URL")?))
 }
 
 /// `inbox console`: serves the console at `http://host:port/` on
@@ -185,7 +185,7 @@ pub async fn run(host: &str, port: u16) -> anyhow::Result<()> {
     let env = Env::resolved().await?;
     let config = ReceiveConfig::read(&env, 4)?;
     anyhow::ensure!(config.db.url.is_some(), "DATABASE_URL is not set: the console shows a database's inbox");
-    let pool = db::pool(&config.db)?;
+    let pool = config.db.pool()?;
     ensure_schema(&pool).await?;
     let read = read_pool(&env, &config.db)?.unwrap_or_else(|| pool.clone());
     let pages = router_at(pool, read, config.catalog, config.secrets, "", Settings::read(&env)?);

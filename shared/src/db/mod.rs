@@ -28,12 +28,7 @@ use sqlx::{
 };
 use tokio::sync::{Semaphore, SemaphorePermit};
 
-/// A pool for everything but the claim (migrations, workers, operators' queries).
-pub fn pool(cfg: &DbConfig) -> Result<PgPool, sqlx::Error> {
-    Ok(pool_from(parse_url(cfg)?, cfg))
-}
-
-/// [`pool`] for connect options already parsed (tests get theirs from `#[sqlx::test]`).
+/// [`DbConfig::pool`] for connect options already parsed (tests get theirs from `#[sqlx::test]`).
 pub fn pool_from(options: PgConnectOptions, cfg: &DbConfig) -> PgPool {
     PgPoolOptions::new()
         .max_connections(cfg.pool_size.max(1))
@@ -265,9 +260,10 @@ pub fn redact_url(url: &str) -> String {
 }
 
 impl DbConfig {
-    /// A pool on these settings, connected lazily: the first query connects.
+    /// A pool on these settings for everything but the claim (migrations,
+    /// workers, operators' queries), connected lazily: the first query connects.
     pub fn pool(&self) -> Result<PgPool, sqlx::Error> {
-        pool(self)
+        Ok(pool_from(parse_url(self)?, self))
     }
 
     /// `url` with the defaults: 4 connections, timeouts of 2 s (acquire,

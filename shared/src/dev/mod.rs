@@ -98,7 +98,7 @@ async fn serve(
     port: u16,
     embedded: bool,
 ) -> Result<()> {
-    let pool = db::pool(&config.db)?;
+    let pool = config.db.pool()?;
     app.migrate(&pool).await.context("applying migrations")?;
     if config.secrets.none_configured() {
         config.secrets = Secrets::development();

@@ -344,7 +344,7 @@ pub async fn run(app: App, settings: Settings) -> Result<()> {
     if let Some((endpoint, service)) = &traces {
         crate::runtime::trace::install(endpoint, service).context("starting the OTLP trace exporter")?;
     }
-    let pool = db::pool(&config.db)?;
+    let pool = config.db.pool()?;
     if settings.migrate {
         app.migrate(&pool).await.context("applying migrations")?;
     }
