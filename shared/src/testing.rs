@@ -122,7 +122,7 @@ pub fn declared(
 ) -> Result<http::Request<Body>, String> {
     use crate::receive::providers::{
         catalog::Kind,
-        declared::{json_text, Source, TimeFormat},
+        declared::{format_time, json_text, Source},
     };
     let entry = catalog.find(provider).ok_or_else(|| format!("{provider:?} is not a provider known here"))?;
     let Kind::Declared(rules) = &entry.kind else {
@@ -137,12 +137,7 @@ pub fn declared(
     let timestamp = match &rules.timestamp {
         None => None,
         Some(t) => {
-            let now = now();
-            let text = match t.format {
-                TimeFormat::Unix => now.to_string(),
-                TimeFormat::UnixMs => (now * 1000).to_string(),
-                TimeFormat::Rfc3339 => rfc3339(now),
-            };
+            let text = format_time(now() as i64, t.format);
             match &t.from {
                 Source::Header(h) => {
                     let name = http::HeaderName::try_from(h.as_str()).map_err(|e| format!("header {h:?}: {e}"))?;
@@ -169,22 +164,6 @@ pub fn declared(
     let mut request = http::Request::post(format!("/webhooks/{provider}"));
     *request.headers_mut().ok_or("a request of valid parts")? = sent;
     request.body(Body::from(body.to_string())).map_err(|e| e.to_string())
-}
-
-/// `secs` (Unix) as RFC 3339 UTC, to the second.
-fn rfc3339(secs: u64) -> String {
-    // Days to a civil date (Howard Hinnant's algorithm).
-    let z = (secs / 86_400) as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let rem = secs % 86_400;
-    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
 }
 
 /// Stripe's `Stripe-Signature` for `body` at `t` (Unix seconds):

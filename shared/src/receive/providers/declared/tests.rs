@@ -208,6 +208,19 @@ fn rfc3339_times_are_read_exactly() {
     assert_eq!(parse_time("99999999999999999999", TimeFormat::Unix), None, "no overflow");
 }
 
+/// What a timestamp is written as is what it is read back as, in every format
+/// (leap days, the ends of years, the epoch and far ahead).
+#[test]
+fn timestamps_are_written_as_they_are_read() {
+    assert_eq!(format_time(1_627_207_200, TimeFormat::Rfc3339), "2021-07-25T10:00:00Z");
+    assert_eq!(format_time(1_700_000_000, TimeFormat::UnixMs), "1700000000000");
+    for secs in [0, 1_709_251_199, 1_709_251_200, 1_735_689_599, 951_782_400, 4_102_444_800, 1_764_772_345] {
+        for format in [TimeFormat::Unix, TimeFormat::UnixMs, TimeFormat::Rfc3339] {
+            assert_eq!(parse_time(&format_time(secs, format), format), Some(secs), "{secs} {format:?}");
+        }
+    }
+}
+
 #[test]
 fn json_pointers_read_strings_numbers_and_escaped_keys_but_not_containers() {
     let body = br#"{"a":{"b/c":[10,{"d~e":"x\u00e9"}]},"n":12345678901234567890123,"o":{},"z":null,"s":""}"#;

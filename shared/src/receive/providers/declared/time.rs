@@ -17,6 +17,28 @@ pub fn parse_time(text: &str, format: TimeFormat) -> Option<i64> {
     }
 }
 
+/// A timestamp's text, as a provider writes `secs` (Unix seconds) in `format`:
+/// what [`parse_time`] reads back (RFC 3339 in UTC, to the second).
+pub fn format_time(secs: i64, format: TimeFormat) -> String {
+    match format {
+        TimeFormat::Unix => secs.to_string(),
+        TimeFormat::UnixMs => (secs * 1000).to_string(),
+        TimeFormat::Rfc3339 => {
+            // A civil date from days (Howard Hinnant's algorithm, the inverse of `rfc3339`'s).
+            let (days, rest) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+            let z = days + 719_468;
+            let era = z.div_euclid(146_097);
+            let doe = z - era * 146_097;
+            let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+            let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+            let mp = (5 * doy + 2) / 153;
+            let (day, month) = (doy - (153 * mp + 2) / 5 + 1, if mp < 10 { mp + 3 } else { mp - 9 });
+            let year = yoe + era * 400 + i64::from(month <= 2);
+            format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rest / 3600, rest / 60 % 60, rest % 60)
+        }
+    }
+}
+
 /// `2021-07-25T10:00:00Z`, `2023-01-01T00:00:00.123456789+01:00`: Unix seconds.
 fn rfc3339(s: &str) -> Option<i64> {
     let b = s.as_bytes();
