@@ -378,6 +378,8 @@ pub struct Reconciler {
 impl Stage for Reconciler {
     type Tally = Reconciled;
     const NAME: &'static str = "reconcile";
+    /// Each source walks its backlog for up to ten minutes a pass (every 15 minutes in `serve`).
+    const PASS: Duration = Duration::from_secs(600);
 
     /// One pass of every source; the next is the next run's (the schedule's).
     async fn run_once(&self, deadline: Instant) -> Result<Pass<Reconciled>, sqlx::Error> {

@@ -46,6 +46,8 @@ pub trait Stage: Send + Sync {
     const NAME: &'static str;
     /// A pause between two full batches (room for concurrent work); none by default.
     const PAUSE: Duration = Duration::ZERO;
+    /// How long one pass of a long-running process ([`run_until`]) may take before it starts nothing new.
+    const PASS: Duration = Duration::from_secs(60);
 
     /// One bounded batch; past `deadline` it starts nothing new.
     fn run_once(&self, deadline: Instant) -> impl Future<Output = Result<Pass<Self::Tally>, sqlx::Error>> + Send;
@@ -115,7 +117,7 @@ pub(crate) async fn run_observed<S: Stage>(
 ) {
     tokio::pin!(shutdown);
     loop {
-        let wait = match stage.run_once(Instant::now() + Duration::from_secs(60)).await {
+        let wait = match stage.run_once(Instant::now() + S::PASS).await {
             Ok(pass) => {
                 observe(Ok(&pass.tally));
                 if !pass.tally.is_empty() {
