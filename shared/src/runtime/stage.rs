@@ -46,7 +46,7 @@ pub trait Stage: Send + Sync {
     const NAME: &'static str;
     /// A pause between two full batches (room for concurrent work); none by default.
     const PAUSE: Duration = Duration::ZERO;
-    /// How long one pass of a long-running process ([`run_until`]) may take before it starts nothing new.
+    /// How long one pass of a long-running process ([`Stage::run_until`]) may take before it starts nothing new.
     const PASS: Duration = Duration::from_secs(60);
 
     /// One bounded batch; past `deadline` it starts nothing new.
