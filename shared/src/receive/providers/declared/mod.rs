@@ -39,7 +39,9 @@ mod time;
 pub use contract::{Algorithm, Encoding, Parse, Rules, TimestampRule};
 pub use description::Description;
 pub use template::{Part, Source, Template};
-pub use time::{format_time, parse_time, TimeFormat};
+#[cfg(any(test, feature = "testing"))]
+pub use time::format_time;
+pub use time::{parse_time, TimeFormat};
 
 use contract::Respond;
 pub(crate) use pointer::json_text;

@@ -19,6 +19,7 @@ pub fn parse_time(text: &str, format: TimeFormat) -> Option<i64> {
 
 /// A timestamp's text, as a provider writes `secs` (Unix seconds) in `format`:
 /// what [`parse_time`] reads back (RFC 3339 in UTC, to the second).
+#[cfg(any(test, feature = "testing"))]
 pub fn format_time(secs: i64, format: TimeFormat) -> String {
     match format {
         TimeFormat::Unix => secs.to_string(),
