@@ -29,7 +29,7 @@ use webhook_inbox::{
     process::worker::Worker,
     prune::{PruneConfig, Pruner},
     reconcile::{ReconcileConfig, StripeEvents},
-    relay::{HttpSink, Relay, RelayConfig, Sink},
+    relay::{Destination, HttpSink, Relay, RelayConfig},
     runtime::stage::Stage,
     serve::GroupConfig,
     ReceiveConfig, Receiver,
@@ -166,7 +166,7 @@ async fn every_stage(pool_options: PgPoolOptions, opts: PgConnectOptions, mode: 
     // relay: every outbox message to a sink.
     let sink = MockServer::start().await;
     Mock::given(method("POST")).respond_with(ResponseTemplate::new(200)).mount(&sink).await;
-    let http: Arc<dyn Sink> = Arc::new(HttpSink::new(sink.uri(), Duration::from_secs(5)).unwrap());
+    let http = Destination::new("default", HttpSink::new(sink.uri(), Duration::from_secs(5)).unwrap());
     let relayed = Relay::new(pool.clone(), vec![http], RelayConfig::default()).run(later()).await.unwrap();
     assert_eq!(relayed.sent, 400);
 

@@ -220,7 +220,8 @@ enum Command {
         #[command(flatten)]
         out: ops::Output,
     },
-    /// Outbox messages waiting (or, with --dead, dead), and `outbox retry`.
+    /// Outbox messages waiting (or, with --dead, dead); `outbox retry`, and the
+    /// relay's destinations (`outbox destinations`, `pause`, `resume`).
     Outbox {
         #[command(subcommand)]
         command: Option<ops::OutboxCommand>,
@@ -340,20 +341,23 @@ async fn run(cli: Cli) -> Result<()> {
         }
         Command::Relay { once: _ } => {
             let env = config::Env::resolved().await?;
-            let sinks = config::SinkConfig::read(&env)?.build().await?;
+            let destinations = config::Destinations::read(&env)?;
             anyhow::ensure!(
-                !sinks.is_empty(),
-                "no sink configured: set RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL or RELAY_EVENT_BUS"
+                !destinations.is_empty(),
+                "no destination configured: set RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL, RELAY_EVENT_BUS or RELAY_DESTINATIONS_FILE"
             );
-            let relay = Relay::new(database(&env)?, sinks, RelayConfig::read(&env)?);
+            let relay = Relay::new(database(&env)?, destinations.build(&stock::app()).await?, RelayConfig::read(&env)?);
             let r = relay.run(one_pass_deadline()).await?;
             say!(
-                "relayed: {} leased, {} sent, {} to retry, {} dead, {} released unstarted",
+                "relayed: {} leased, {} sent, {} to retry, {} dead, {} released unstarted; {} destination(s) paused, {} open; {} message(s) for no configured destination",
                 r.leased,
                 r.sent,
                 r.retried,
                 r.dead,
-                r.released
+                r.released,
+                r.paused,
+                r.open,
+                r.unrouted
             );
             Ok(())
         }
@@ -450,6 +454,17 @@ async fn run(cli: Cli) -> Result<()> {
                     let actor = ops::operator(&config::Env::process());
                     let by = Audit { actor: &actor, action: "retry_outbox", reason: &reason };
                     ops::outbox_retry(&pool, id, dead, &by, &out).await
+                }
+                Some(ops::OutboxCommand::Destinations) => ops::destinations(&pool, &out).await,
+                Some(ops::OutboxCommand::Pause { name, reason }) => {
+                    let actor = ops::operator(&config::Env::process());
+                    let by = Audit { actor: &actor, action: "pause_destination", reason: &reason };
+                    ops::set_paused(&pool, &name, true, &by, &out).await
+                }
+                Some(ops::OutboxCommand::Resume { name, reason }) => {
+                    let actor = ops::operator(&config::Env::process());
+                    let by = Audit { actor: &actor, action: "resume_destination", reason: &reason };
+                    ops::set_paused(&pool, &name, false, &by, &out).await
                 }
             }
         }

@@ -38,6 +38,26 @@ pub enum OutboxCommand {
         #[arg(long, default_value = "retried by hand", value_parser = |t: &str| webhook_inbox::ops::audit_reason(t))]
         reason: String,
     },
+    /// Every destination: what it sends to, its state (running, paused, open,
+    /// unconfigured), its backlog and its dead messages.
+    Destinations,
+    /// Pause a destination: every relay stops sending to it within a second;
+    /// its messages wait (none dropped, none spending an attempt) until `resume`.
+    Pause {
+        /// The destination's name.
+        name: String,
+        /// Why, for the audit record.
+        #[arg(long, value_parser = |t: &str| webhook_inbox::ops::audit_reason(t))]
+        reason: String,
+    },
+    /// Resume a paused destination: its messages go, in order.
+    Resume {
+        /// The destination's name.
+        name: String,
+        /// Why, for the audit record.
+        #[arg(long, default_value = "resumed by hand", value_parser = |t: &str| webhook_inbox::ops::audit_reason(t))]
+        reason: String,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -519,6 +539,7 @@ pub async fn outbox_list(pool: &PgPool, dead: bool, limit: i64, out: &Output) ->
             vec![
                 m.id.to_string(),
                 m.message_key.clone(),
+                m.destination.clone(),
                 m.attempts.to_string(),
                 m.created_at.clone(),
                 m.dead_at.clone().or_else(|| m.next_attempt_at.clone()).unwrap_or_else(|| "due".into()),
@@ -527,7 +548,7 @@ pub async fn outbox_list(pool: &PgPool, dead: bool, limit: i64, out: &Output) ->
         })
         .collect();
     let when = if dead { "dead at" } else { "next attempt" };
-    print_table(&["id", "message_key", "attempts", "created", when, "last error"], &rows);
+    print_table(&["id", "message_key", "destination", "attempts", "created", when, "last error"], &rows);
     say!("{} {} shown (--limit {limit})", messages.len(), if dead { "dead" } else { "waiting" });
     Ok(())
 }
@@ -556,6 +577,74 @@ pub async fn outbox_retry(pool: &PgPool, id: Option<i64>, dead: bool, by: &Audit
         print_json(&json!({"retried": retried}));
     } else {
         say!("{retried} outbox message(s) due now, attempts reset");
+    }
+    Ok(())
+}
+
+pub async fn destinations(pool: &PgPool, out: &Output) -> Result<()> {
+    let destinations = ops::destinations(pool).await?;
+    if out.json {
+        print_json(&json!(destinations));
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = destinations
+        .iter()
+        .map(|d| {
+            let why = match d.state() {
+                "paused" => format!(
+                    "by {} at {}: {}",
+                    d.paused_by.as_deref().unwrap_or("?"),
+                    d.paused_at.as_deref().unwrap_or("?"),
+                    d.pause_reason.as_deref().unwrap_or("")
+                ),
+                "open" => format!(
+                    "since {} after {} failures: {}",
+                    d.opened_at.as_deref().unwrap_or("?"),
+                    d.failures,
+                    d.last_error.as_deref().unwrap_or("")
+                ),
+                "unconfigured" => "no relay has it configured: its messages wait".into(),
+                _ => String::new(),
+            };
+            vec![
+                d.name.clone(),
+                d.state().into(),
+                d.target.clone().unwrap_or_default(),
+                d.backlog.to_string(),
+                age(d.oldest_backlog_ms),
+                d.dead.to_string(),
+                why,
+            ]
+        })
+        .collect();
+    print_table(&["destination", "state", "sends to", "backlog", "oldest", "dead", "why"], &rows);
+    Ok(())
+}
+
+/// Destinations are named as the destinations file names them.
+fn destination_name(name: &str) -> Result<&str> {
+    let valid = (1..=64).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+    if !valid {
+        bail!("{} is not a destination's name (1 to 64 of a-z, 0-9, _ and -)", ops::escape(name));
+    }
+    Ok(name)
+}
+
+pub async fn set_paused(pool: &PgPool, name: &str, pause: bool, by: &Audit<'_>, out: &Output) -> Result<()> {
+    let name = destination_name(name)?;
+    let changed = if pause {
+        ops::pause_destination(pool, name, by).await?
+    } else {
+        ops::resume_destination(pool, name, by).await?
+    };
+    let (now, was) = if pause { ("paused", "paused already") } else { ("resumed", "not paused") };
+    if out.json {
+        print_json(&json!({"destination": name, "changed": changed}));
+    } else if changed {
+        say!("{name} {now}: every relay sees it within a second");
+    } else {
+        say!("{name} was {was}: nothing changed");
     }
     Ok(())
 }

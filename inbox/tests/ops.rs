@@ -406,6 +406,61 @@ async fn outbox_lists_dead_letters_and_retries_them(pool_options: PgPoolOptions,
     assert!(fails(Some(&url), &["outbox", "retry", &sent.to_string()]).contains("no unsent outbox message"));
 }
 
+/// `inbox outbox pause|resume NAME` and `inbox outbox destinations`: a
+/// destination's state, backlog and why, audited; a hostile name is refused
+/// and a stranger's text is escaped.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn outbox_pauses_resumes_and_lists_destinations(pool_options: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = pool_options.connect_with(opts.clone()).await.unwrap();
+    let url = url_of(&opts);
+    sqlx::query(
+        "INSERT INTO transactional_outbox (aggregate_type, aggregate_id, payload, message_key, destination, dead_at, last_error)
+         VALUES ('p', '1', '{}', 'b-1', 'billing', NULL, NULL), ('p', '2', '{}', 'b-2', 'billing', now(), 'HTTP 400'),
+                ('p', '3', '{}', 'e-1', 'email', NULL, NULL)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO relay_destinations (name, target, seen_at, opened_at, failures, last_error)
+                 VALUES ('email', 'http https://mail.example/', now(), now(), 10, E'HTTP 503: \x1b[31mdown')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let env = [("INBOX_OPERATOR", "carol")];
+    let paused = ok(&url, &["outbox", "pause", "billing", "--reason", "billing deploys"], &env);
+    assert!(paused.contains("billing paused"), "{paused}");
+    assert!(ok(&url, &["outbox", "pause", "billing", "--reason", "again"], &env).contains("paused already"));
+    let listed = json_of(&url, &["outbox", "destinations", "--json"]);
+    let by_name = |n: &str| listed.as_array().unwrap().iter().find(|d| d["name"] == n).unwrap().clone();
+    let billing = by_name("billing");
+    assert_eq!(
+        (billing["paused_by"].as_str(), billing["backlog"].as_i64(), billing["dead"].as_i64()),
+        (Some("carol"), Some(1), Some(1))
+    );
+    assert_eq!(by_name("email")["failures"], 10);
+    let table = ok(&url, &["outbox", "destinations"], &[]);
+    assert!(table.contains("paused") && table.contains("billing deploys") && table.contains("open"), "{table}");
+    assert!(!table.contains('\x1b') && table.contains("\\u{1b}"), "escaped: {table}");
+    assert!(ok(&url, &["outbox", "resume", "billing"], &env).contains("billing resumed"));
+    let audit: Vec<(String, String, String)> =
+        sqlx::query_as("SELECT actor, action, reason FROM inbox_audit WHERE destination = 'billing' ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        audit,
+        [
+            ("carol".into(), "pause_destination".into(), "billing deploys".into()),
+            ("carol".into(), "resume_destination".into(), "resumed by hand".into())
+        ]
+    );
+    assert!(fails(Some(&url), &["outbox", "pause", "Bad Name\x1b", "--reason", "x"])
+        .contains("is not a destination's name"));
+    assert!(fails(Some(&url), &["outbox", "pause", "billing"]).contains("--reason"), "a pause says why");
+}
+
 #[sqlx::test(migrations = false)]
 async fn a_missing_unreachable_or_empty_database_is_named(_: PgPoolOptions, opts: PgConnectOptions) {
     assert!(fails(None, &["stats"]).contains("DATABASE_URL is not set"));
@@ -583,8 +638,7 @@ async fn requeue_by_type_runs_a_handler_added_later_over_every_event_it_missed(
     // The handler is deployed; one command backfills its type.
     async fn email_receipt(conn: &mut PgConnection, event: &Event) -> Result<Outcome, HandlerError> {
         let key = format!("receipt:{}", event.event_id);
-        let message =
-            Message { aggregate_type: "invoice", aggregate_id: &event.event_id, message_key: key, payload: json!({}) };
+        let message = Message::new("invoice", &event.event_id, key, json!({}));
         event.enqueue(conn, &message).await?;
         Ok(Outcome::Applied)
     }

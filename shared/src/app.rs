@@ -25,6 +25,8 @@ pub struct App {
     schemes: Vec<Arc<dyn Scheme>>,
     #[cfg(feature = "reconcile")]
     sources: Vec<Arc<dyn crate::reconcile::Source>>,
+    #[cfg(feature = "relay")]
+    sinks: Vec<(String, Arc<dyn crate::relay::Sink>)>,
     apis: crate::process::hints::Apis,
 }
 
@@ -70,6 +72,28 @@ impl App {
     pub fn with_source(mut self, source: impl crate::reconcile::Source + 'static) -> Self {
         self.sources.push(Arc::new(source));
         self
+    }
+
+    /// A sink of its own ([`crate::sinks::Sink`]) under `name`: a destination
+    /// of `RELAY_DESTINATIONS_FILE` with `sink = "name"` sends to it, in the
+    /// `relay` function, `inbox serve` and `inbox relay` built from this app.
+    /// A later sink of the same name replaces an earlier one.
+    #[cfg(feature = "relay")]
+    pub fn with_sink(mut self, name: impl Into<String>, sink: impl crate::relay::Sink) -> Self {
+        let name = name.into();
+        self.sinks.retain(|(n, _)| *n != name);
+        self.sinks.push((name, Arc::new(sink)));
+        self
+    }
+
+    #[cfg(feature = "relay")]
+    pub(crate) fn sink(&self, name: &str) -> Option<Arc<dyn crate::relay::Sink>> {
+        self.sinks.iter().find(|(n, _)| n == name).map(|(_, s)| s.clone())
+    }
+
+    #[cfg(feature = "relay")]
+    pub(crate) fn sink_names(&self) -> Vec<String> {
+        self.sinks.iter().map(|(n, _)| n.clone()).collect()
     }
 
     /// `api` to fetch `provider`'s objects from, for hint handlers

@@ -10,9 +10,10 @@
 //! }
 //! ```
 //!
-//! `receive`, `process`, `migrate` and `reconcile` take the application (its
-//! handlers for inline mode and the worker, its migrations, its sources);
-//! `relay` and `prune` need none, so their stock binaries serve any application.
+//! `receive`, `process`, `migrate`, `reconcile` and `relay` take the
+//! application (its handlers for inline mode and the worker, its migrations,
+//! its sources, its sinks); `prune` needs none, and the stock `relay` binary
+//! serves any application without sinks of its own.
 
 use std::{sync::Arc, time::Duration};
 
@@ -104,21 +105,24 @@ pub async fn prune() -> Result<(), Error> {
     scheduled(pruner, config::deadline_margin(&env)?).await
 }
 
-/// `relay` (scheduled): delivers outbox messages until a short batch or the
-/// deadline less a margin.
+/// `relay` (scheduled, and nudged by `process` when it wrote messages):
+/// delivers outbox messages to their destinations (the `RELAY_*` variables and
+/// `RELAY_DESTINATIONS_FILE`, with `app`'s own sinks, [`App::with_sink`])
+/// until every destination's backlog is drained or the deadline less a margin.
 #[cfg(feature = "relay")]
-pub async fn relay() -> Result<(), Error> {
+pub async fn relay(app: App) -> Result<(), Error> {
     use crate::{
-        config::SinkConfig,
+        config::Destinations,
         relay::{Relay, RelayConfig},
     };
     config::init_logging();
     let env = config::Env::resolved().await?;
-    let sinks = SinkConfig::read(&env)?.build().await?;
-    if sinks.is_empty() {
-        return Err("no sink configured: set RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL or RELAY_EVENT_BUS".into());
+    let destinations = Destinations::read(&env)?;
+    if destinations.is_empty() {
+        return Err("no destination configured: set RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL, RELAY_EVENT_BUS or RELAY_DESTINATIONS_FILE".into());
     }
-    let relay = Relay::new(DbConfig::read(&env, 1)?.pool()?, sinks, RelayConfig::read(&env)?);
+    let destinations = destinations.build(&app).await?;
+    let relay = Relay::new(DbConfig::read(&env, 1)?.pool()?, destinations, RelayConfig::read(&env)?);
     scheduled(relay, config::deadline_margin(&env)?).await
 }
 

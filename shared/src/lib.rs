@@ -43,12 +43,8 @@
 //!     if paid.rows_affected() == 0 {
 //!         return Ok(Outcome::NoEffect); // a twin event, or a replay
 //!     }
-//!     let receipt = Message {
-//!         aggregate_type: "invoice",
-//!         aggregate_id: id,
-//!         message_key: format!("receipt:{id}"),
-//!         payload: serde_json::json!({ "send": "receipt", "invoice": id }),
-//!     };
+//!     let receipt = Message::new("invoice", id, format!("receipt:{id}"), serde_json::json!({ "invoice": id }))
+//!         .to("email"); // a destination of RELAY_DESTINATIONS_FILE
 //!     event.enqueue(conn, &receipt).await?; // committed with the update, or not at all
 //!     Ok(Outcome::Applied)
 //! }
@@ -315,6 +311,22 @@ pub mod hints {
     pub use crate::process::hints::{Apis, FetchError, Fetched, HintHandler, Object, ObjectApi};
 }
 
+/// Where the relay sends a destination's messages: a [`Sink`](sinks::Sink).
+/// HTTP (signed as Standard Webhooks with a [`Signer`](sinks::Signer)), SQS
+/// and EventBridge are built in; a team adds its own with
+/// [`App::with_sink`] and names it in a destination (`sink = "kafka"`). See
+/// the repository's `docs/destinations.md`.
+#[cfg(feature = "relay")]
+pub mod sinks {
+    pub use crate::core::http::http_client;
+    pub use crate::db::outbox::Outgoing;
+    pub use crate::relay::{
+        aws::{EventBridgeSink, SqsSink},
+        signing::Signer,
+        HttpSink, RepliesFuture, Sink, SinkReply,
+    };
+}
+
 pub use crate::core::provider::Provider;
 #[cfg(feature = "service")]
 pub use app::App;
@@ -337,7 +349,7 @@ pub use receive::receiver::ReceiveConfig;
 #[cfg(feature = "service")]
 pub use receive::receiver::Receiver;
 #[cfg(feature = "relay")]
-pub use relay::{Relay, RelayConfig, Relayed};
+pub use relay::{Destination, DestinationLimits, Relay, RelayConfig, Relayed};
 #[cfg(feature = "service")]
 pub use runtime::stage::{Pass, Stage, Stopped, Tally};
 /// The JSON crate of [`Event`]'s default payload, `serde_json::Value`.

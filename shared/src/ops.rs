@@ -1,7 +1,8 @@
 //! What the operator's commands (`inbox show`, `failed`, `replay`, `requeue`,
 //! `outbox`, `stats`) do, from code: find an event and its history, re-check
 //! its kept bytes, list events page by page, put events back to pending (by filter, in batches, with an
-//! audit record), retry dead outbox messages, and count what the inbox holds.
+//! audit record), retry dead outbox messages, see, pause and resume the
+//! relay's destinations, and count what the inbox holds.
 //!
 //! Each reads or writes a [`sqlx::PgPool`] in short autocommit statements,
 //! safe against a live inbox. What a stranger sent (ids, types, payload
@@ -12,6 +13,7 @@ pub use crate::core::selection::{BadCursor, Cursor, EventQuery, Filter, IdMatch,
 pub use crate::core::status::Status;
 pub use crate::core::text::{escape, escape_json};
 pub use crate::db::audit::{history, AuditRecord};
+pub use crate::db::destinations::{list as destinations, DestinationState};
 pub use crate::db::inbox::{
     count_matching, counts_by_provider, list_events, list_failed, replay, requeue_all, secret_usage, status_counts,
     stored_event, Audit, Count, EventPage, EventSummary, FailedEvent, InboxGauges, Matching, Replayed, Requeued,
@@ -118,6 +120,25 @@ pub fn audit_reason(text: &str) -> Result<String, String> {
         return Err(format!("a reason is at most {MAX_REASON_CHARS} characters (this one is {n})"));
     }
     Ok(text.to_string())
+}
+
+/// Pauses the destination `name`: every relay stops sending to it within a
+/// second (what is in flight ends; what is leased goes back untouched), and
+/// its messages wait, none dropped, none spending an attempt, to go in order
+/// on [`resume_destination`]. Audited under `by`; false when it was paused
+/// already. A name no relay has configured yet may be paused too.
+pub async fn pause_destination(pool: &sqlx::PgPool, name: &str, by: &Audit<'_>) -> Result<bool, sqlx::Error> {
+    db::destinations::set_paused(pool, name, true, by).await
+}
+
+/// Resumes a paused destination (audited under `by`); false when it was not paused.
+pub async fn resume_destination(pool: &sqlx::PgPool, name: &str, by: &Audit<'_>) -> Result<bool, sqlx::Error> {
+    db::destinations::set_paused(pool, name, false, by).await
+}
+
+/// A destination's history of pauses and resumes, oldest first.
+pub async fn destination_history(pool: &sqlx::PgPool, name: &str) -> Result<Vec<AuditRecord>, sqlx::Error> {
+    db::audit::destination_history(pool, name).await
 }
 
 /// Whether a stored delivery's kept headers and raw bytes still verify against

@@ -245,12 +245,16 @@ pub struct TestInbox {
     pool: PgPool,
     receiver: Receiver,
     worker: Worker,
+    #[cfg(feature = "relay")]
+    relay: Option<crate::relay::Relay>,
 }
 
 impl TestInbox {
     /// `app` on `pool`'s database, migrated here (the inbox's migrations,
     /// then the application's), receiving with the settings `env` gives as the
-    /// environment would (`("STRIPE_WEBHOOK_SECRET", "whsec_...")`, ...).
+    /// environment would (`("STRIPE_WEBHOOK_SECRET", "whsec_...")`, ...),
+    /// and relaying to the destinations it configures (`RELAY_DESTINATIONS`,
+    /// `RELAY_HTTP_URL`, ...) with the app's own sinks.
     /// The worker retries a transient failure after 1 ms, not 1 s.
     pub async fn new(pool: &PgPool, app: &App, env: &[(&str, &str)]) -> Result<TestInbox, TestInboxError> {
         app.migrate(pool).await?;
@@ -260,7 +264,23 @@ impl TestInbox {
         let worker_config =
             WorkerConfig { retry_base: Duration::from_millis(1), ..WorkerConfig::read(&Env::from_pairs(env))? };
         let worker = Worker::new(pool.clone(), app.handlers().clone(), worker_config).with_apis(app.apis().clone());
-        Ok(TestInbox { pool: pool.clone(), receiver, worker })
+        #[cfg(feature = "relay")]
+        let relay = {
+            let env = Env::from_pairs(env);
+            let destinations = crate::config::Destinations::read(&env)?;
+            let config = crate::relay::RelayConfig::read(&env)?;
+            match destinations.is_empty() {
+                true => None,
+                false => Some(crate::relay::Relay::new(pool.clone(), destinations.build(app).await?, config)),
+            }
+        };
+        Ok(TestInbox {
+            pool: pool.clone(),
+            receiver,
+            worker,
+            #[cfg(feature = "relay")]
+            relay,
+        })
     }
 
     /// Delivers `request` (a path `/webhooks/{provider}`) as API Gateway would
@@ -297,6 +317,20 @@ impl TestInbox {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+    }
+
+    /// One pass of the relay over the destinations the environment given to
+    /// [`TestInbox::new`] configures: each destination's due messages
+    /// delivered, as the `relay` function does, through the app's own sinks
+    /// too. An error when no destination is configured.
+    #[cfg(feature = "relay")]
+    pub async fn relay(&self) -> Result<crate::Relayed, sqlx::Error> {
+        let relay = self.relay.as_ref().ok_or_else(|| {
+            sqlx::Error::Configuration(
+                "no destination: give TestInbox::new RELAY_DESTINATIONS or RELAY_HTTP_URL".into(),
+            )
+        })?;
+        relay.run_once(Instant::now() + Duration::from_secs(30)).await
     }
 
     /// The test database.

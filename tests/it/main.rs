@@ -4,6 +4,7 @@
 mod console;
 mod database;
 mod declared;
+mod destinations;
 mod group;
 mod handlers;
 mod hints;

@@ -27,7 +27,7 @@ use webhook_inbox::{
 };
 
 #[derive(Clone, Copy, PartialEq)]
-enum Script {
+pub(crate) enum Script {
     Node,
     Python,
 }
@@ -118,7 +118,7 @@ fn oracles() -> Vec<Oracle> {
 }
 
 /// One request to the SDK script; its JSON answer.
-fn sdk(script: Script, request: Value) -> Value {
+pub(crate) fn sdk(script: Script, request: Value) -> Value {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/sdk");
     let (program, file) = match script {
         Script::Node => ("node", "sdk.mjs"),

@@ -29,6 +29,16 @@ def verify_only(req):
         raise ValueError(f"{req['provider']}: the SDK only verifies")
 
 
+def standard(req):
+    """Standard Webhooks' own Python library (what a consumer of the relay's signed deliveries runs)."""
+    from standardwebhooks.webhooks import Webhook
+
+    wh = Webhook(req["secret"])
+    if req["op"] == "sign":
+        raise ValueError("standard: only the verifier is wanted here")
+    return check("Webhook.verify", lambda: wh.verify(req["body"], req.get("headers") or {}))
+
+
 def slack(req):
     from slack_sdk.signature import SignatureVerifier
 
@@ -129,6 +139,7 @@ PROVIDERS = {
     "razorpay": razorpay,
     "gocardless": gocardless,
     "coinbase": coinbase,
+    "standard": standard,
 }
 
 

@@ -10,14 +10,17 @@ use webhook_inbox::{
     PgConnection, RegistrationError,
 };
 
+pub mod mailer;
+
 /// The team's migrations, applied after the inbox's by `migrate` and `dev`.
 pub static MIGRATIONS: Migrator = sqlx::migrate!("./migrations");
 
-/// The application every binary runs: its handlers and its migrations.
+/// The application every binary runs: its handlers, its migrations, and its
+/// own sink (`mailer`, which the `email` destination of `destinations.toml` names).
 pub fn app() -> Result<App, RegistrationError> {
     let handlers =
         Handlers::new().on("stripe", "invoice.paid", invoice_paid)?.on("shopify", "orders/paid", order_paid)?;
-    Ok(App::new(handlers).with_migrations(&MIGRATIONS))
+    Ok(App::new(handlers).with_migrations(&MIGRATIONS).with_sink("mailer", mailer::Mailer::from_env()))
 }
 
 /// What `invoice.paid` carries that this team reads (serde ignores the rest).
@@ -95,12 +98,13 @@ pub async fn invoice_paid(conn: &mut PgConnection, event: &Event<InvoicePaid>) -
     .bind(&event.event_id)
     .fetch_one(&mut *conn)
     .await?;
-    let receipt = Message {
-        aggregate_type: "invoice",
-        aggregate_id: &invoice.id,
-        // Stable: the mailer deduplicates on it (the relay sends it as the Idempotency-Key).
-        message_key: format!("receipt:{}", invoice.id),
-        payload: json!({
+    // To the `email` destination; the key is stable: the mailer deduplicates
+    // on it (the relay sends it as the Idempotency-Key).
+    let receipt = Message::new(
+        "invoice",
+        &invoice.id,
+        format!("receipt:{}", invoice.id),
+        json!({
             "event": "send_email",
             "template": "receipt",
             "to": email,
@@ -108,7 +112,8 @@ pub async fn invoice_paid(conn: &mut PgConnection, event: &Event<InvoicePaid>) -
             "amount": invoice.amount_paid,
             "currency": invoice.currency,
         }),
-    };
+    )
+    .to("email");
     event.enqueue(conn, &receipt).await?;
     Ok(Outcome::Applied)
 }

@@ -208,3 +208,36 @@ async fn the_team_s_migrations_run_before_or_after_the_inbox_s(pool_options: PgP
         assert!(!tables.iter().any(|t| t == reference), "the stock application's {reference} in a team's database");
     }
 }
+
+/// The receipt a handler writes goes to the mail API through the team's own
+/// sink, as `destinations.toml` routes it, in the API's own format.
+#[sqlx::test(migrations = false)]
+async fn a_receipt_reaches_the_mail_api_through_the_teams_own_sink(pool: PgPool) {
+    use wiremock::{
+        matchers::{header, method, path},
+        Mock, MockServer, ResponseTemplate,
+    };
+    let api = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/email/withTemplate"))
+        .and(header("x-postmark-server-token", "server-token"))
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&api)
+        .await;
+    let app = invoices::app().unwrap().with_sink("mailer", invoices::mailer::Mailer::new(api.uri(), "server-token"));
+    let mut env = SECRETS.to_vec();
+    env.push(("RELAY_DESTINATIONS", include_str!("../destinations.toml")));
+    let inbox = TestInbox::new(&pool, &app, &env).await.unwrap();
+    open_invoice(&pool, "in_mail", 500).await;
+    assert_eq!(
+        inbox.deliver(testing::stripe(STRIPE_SECRET, &invoice_paid("evt_mail", "in_mail", 500))).await.status,
+        200
+    );
+    inbox.drain().await.unwrap();
+    let relayed = inbox.relay().await.unwrap();
+    assert_eq!((relayed.sent, relayed.dead), (1, 0), "{relayed:?}");
+    let requests = api.received_requests().await.unwrap();
+    let email: Value = webhook_inbox::serde_json::from_slice(&requests[0].body).unwrap();
+    assert_eq!((email["To"].as_str(), email["TemplateAlias"].as_str()), (Some("ada@example.com"), Some("receipt")));
+    assert_eq!(email["Metadata"]["message_key"], "receipt:in_mail");
+}

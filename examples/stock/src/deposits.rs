@@ -81,18 +81,20 @@ pub async fn credit(conn: &mut PgConnection, event: &Event, d: &Deposit) -> Resu
     .await?;
     let balance =
         balance.ok_or_else(|| HandlerError::Transient(format!("account {} does not exist yet", d.account_id)))?;
-    let message = Message {
-        aggregate_type: "account",
-        aggregate_id: &d.account_id,
-        message_key: format!("balance_updated:{}", d.token),
-        payload: json!({
+    // An account's balances arrive in the order they were written.
+    let message = Message::new(
+        "account",
+        &d.account_id,
+        format!("balance_updated:{}", d.token),
+        json!({
             "event": "balance_updated",
             "account_id": d.account_id,
             "deposit_amount": d.amount,
             "balance": balance,
             "token": d.token,
         }),
-    };
+    )
+    .ordered_by(&d.account_id);
     event.enqueue(conn, &message).await?;
     Ok(Credit::Credited(balance))
 }

@@ -73,11 +73,11 @@ impl Handler for PaymentSucceededHandler {
             // A twin event (or a replay) finds the PaymentIntent recorded.
             return Ok(Outcome::NoEffect);
         }
-        let message = Message {
-            aggregate_type: "payment",
-            aggregate_id: &payment.payment_id,
-            message_key: format!("payment_succeeded:{}", payment.payment_id),
-            payload: json!({
+        let message = Message::new(
+            "payment",
+            &payment.payment_id,
+            format!("payment_succeeded:{}", payment.payment_id),
+            json!({
                 "event": "payment_succeeded",
                 "payment_id": payment.payment_id,
                 "amount": payment.amount,
@@ -85,7 +85,7 @@ impl Handler for PaymentSucceededHandler {
                 "customer_id": payment.customer_id,
                 "stripe_event_id": payment.stripe_event_id,
             }),
-        };
+        );
         event.enqueue(conn, &message).await?;
         Ok(Outcome::Applied)
     }

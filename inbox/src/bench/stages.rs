@@ -20,9 +20,10 @@ use hyper_util::rt::TokioIo;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 use webhook_inbox::{
-    config::{Catalog, Secret, Secrets, SinkConfig, DEV_STRIPE},
+    config::{Catalog, Secret, Secrets, DEV_STRIPE},
     schemes::{self, Delivery},
-    Provider, PruneConfig, Pruner, ReceiveConfig, Relay, RelayConfig,
+    sinks::HttpSink,
+    Destination, DestinationLimits, Provider, PruneConfig, Pruner, ReceiveConfig, Relay, RelayConfig,
 };
 
 use super::{body, signature, Bench, Check, Figure, Load, Report, Task};
@@ -219,6 +220,7 @@ impl Bench {
     /// once, then to one that answers after 50 ms, at the default concurrency.
     pub(super) async fn relay(&self, pool: &PgPool, report: &mut Report) -> Result<()> {
         let config = RelayConfig::default();
+        let limits = DestinationLimits::default();
         let mut figures = Vec::new();
         for delay in [Duration::ZERO, Duration::from_millis(50)] {
             let label =
@@ -226,7 +228,7 @@ impl Bench {
             let mut f = Figure::new(
                 format!(
                     "relay to an HTTP sink {label}, concurrency {}, batches of {}",
-                    config.concurrency, config.batch_size
+                    limits.concurrency, config.batch_size
                 ),
                 "messages/s",
             );
@@ -243,8 +245,8 @@ impl Bench {
                 .execute(pool)
                 .await
                 .context("seeding outbox messages")?;
-                let http = SinkConfig { http: Some((sink.url(), Duration::from_secs(10))), ..SinkConfig::default() };
-                let relay = Relay::new(pool.clone(), http.build().await?, config.clone());
+                let http = HttpSink::new(sink.url(), limits.timeout)?;
+                let relay = Relay::new(pool.clone(), vec![Destination::new("default", http)], config.clone());
                 let started = Instant::now();
                 let window = Duration::from_secs(self.seconds);
                 let mut sent = 0;

@@ -13,8 +13,8 @@ use anyhow::{bail, Context, Result};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 use webhook_inbox::{
-    config::{Secrets, SinkConfig},
-    ReceiveConfig, Receiver, Relay, RelayConfig, Stage, Worker, WorkerConfig,
+    config::Secrets, sinks::HttpSink, Destination, ReceiveConfig, Receiver, Relay, RelayConfig, Stage, Worker,
+    WorkerConfig,
 };
 
 mod storm;
@@ -58,9 +58,8 @@ impl Demo {
         });
         let (sink_url, sink) = Consumer::start(Some(7)).await?;
         let relay_config = RelayConfig { retry_base: Duration::from_millis(50), ..RelayConfig::default() };
-        let sinks =
-            SinkConfig { http: Some((sink_url, Duration::from_secs(5))), ..SinkConfig::default() }.build().await?;
-        let relay = Relay::new(pool.clone(), sinks, relay_config);
+        let http = HttpSink::new(sink_url, Duration::from_secs(5))?;
+        let relay = Relay::new(pool.clone(), vec![Destination::new("default", http)], relay_config);
         let relay = tokio::spawn({
             let stopped = until(stopped.clone());
             async move { relay.run_until(Duration::from_millis(50), stopped).await }

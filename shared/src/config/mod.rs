@@ -24,17 +24,14 @@ mod serve;
 use std::{collections::HashMap, time::Duration};
 
 pub use crate::core::error::ConfigError;
-pub use crate::core::secret::{MarqetaAuth, Secret, Secrets};
+pub use crate::core::secret::{decode_standard_secret, MarqetaAuth, Secret, Secrets};
 pub use crate::db::{redact_url, DbConfig};
 pub use crate::receive::providers::catalog::Catalog;
 pub use crate::receive::receiver::DEFAULT_MAX_BODY_BYTES;
 use crate::runtime::deadline::DEFAULT_DEADLINE_MARGIN;
-pub use providers::{
-    decode_standard_secret, DEV_GITHUB, DEV_MARQETA_PASSWORD, DEV_MARQETA_USERNAME, DEV_SHOPIFY, DEV_STANDARD,
-    DEV_STRIPE,
-};
+pub use providers::{DEV_GITHUB, DEV_MARQETA_PASSWORD, DEV_MARQETA_USERNAME, DEV_SHOPIFY, DEV_STANDARD, DEV_STRIPE};
 #[cfg(feature = "relay")]
-pub use relay::SinkConfig;
+pub use relay::{DestinationConfig, Destinations, Target};
 #[cfg(feature = "serve")]
 pub(crate) use serve::otlp_traces;
 #[cfg(feature = "serve")]

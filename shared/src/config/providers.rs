@@ -1,13 +1,11 @@
 //! The providers known (built in and declared) and their webhook secrets.
 
-use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
-
 use super::{invalid, Env};
 use crate::{
     core::{
         error::ConfigError,
         provider::Provider,
-        secret::{MarqetaAuth, Secret, Secrets},
+        secret::{decode_standard_secret, MarqetaAuth, Secret, Secrets},
     },
     receive::providers::catalog::{Catalog, Kind},
 };
@@ -167,9 +165,3 @@ pub const DEV_STANDARD: &str = "whsec_ZGV2X3N0YW5kYXJkX3dlYmhvb2tzX3NlY3JldA==";
 pub const DEV_MARQETA_USERNAME: &str = "marqeta";
 /// `inbox dev`'s Marqeta Basic password when none is set.
 pub const DEV_MARQETA_PASSWORD: &str = "dev_marqeta_password";
-
-/// Standard Webhooks keys are base64 after an optional `whsec_` prefix.
-pub fn decode_standard_secret(s: &str) -> Option<Secret> {
-    let key = B64.decode(s.strip_prefix("whsec_").unwrap_or(s)).ok()?;
-    (!key.is_empty()).then(|| Secret::new(key))
-}

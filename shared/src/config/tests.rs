@@ -7,7 +7,7 @@ use crate::{
     prune::PruneConfig,
     receive::receiver::ReceiveConfig,
     reconcile::{ReconcileConfig, Reconciler},
-    relay::RelayConfig,
+    relay::{DestinationLimits, RelayConfig},
 };
 
 /// A pool that never connects (no maintenance task, so no runtime needed):
@@ -105,11 +105,10 @@ fn every_stage_reads_its_defaults_from_an_empty_environment() {
         (100, 10, Duration::from_secs(1), Duration::from_millis(200))
     );
     let relay = RelayConfig::read(&env).unwrap();
-    assert_eq!(
-        (relay.batch_size, relay.concurrency, relay.max_attempts, relay.lease),
-        (100, 8, 10, Duration::from_secs(300))
-    );
-    assert_eq!(SinkConfig::read(&env).unwrap(), SinkConfig::default());
+    assert_eq!((relay.batch_size, relay.lease), (100, Duration::from_secs(300)));
+    assert_eq!(DestinationLimits::read(&env).unwrap(), DestinationLimits::default());
+    assert_eq!((DestinationLimits::default().concurrency, DestinationLimits::default().max_attempts), (8, 10));
+    assert!(Destinations::read(&env).unwrap().is_empty());
     let p = PruneConfig::read(&env).unwrap();
     assert_eq!((p.done_days(Provider::STRIPE), p.failed_days, p.outbox_days, p.batch_size), (60, 180, 7, 1000));
     assert_eq!(ReconcileConfig::read(&env).unwrap().first_lookback, Duration::from_secs(72 * 3600));
@@ -173,17 +172,15 @@ fn each_stage_reads_its_variables_into_its_settings() {
     let w = WorkerConfig::read(&env).unwrap();
     assert_eq!((w.batch_size, w.max_attempts, w.retry_base, w.poll), (5, 6, ms(15), ms(16)));
     assert_eq!(deadline_margin(&env).unwrap(), ms(170), "above the statement timeout (13 ms here)");
-    let sinks = SinkConfig::read(&env).unwrap();
-    assert_eq!(sinks.http, Some(("https://sink.example/hook".to_string(), ms(18))));
-    assert_eq!(
-        (sinks.sqs_queue_url.as_deref(), sinks.event_bus.as_deref()),
-        (Some("https://sqs.example/q"), Some("bus"))
-    );
+    let destinations = Destinations::read(&env).unwrap();
+    let [default] = &destinations.0[..] else { panic!("one destination: {destinations:?}") };
+    assert_eq!(default.name, "default");
+    let Target::Each(each) = &default.target else { panic!("every RELAY_* sink: {default:?}") };
+    assert!(matches!(&each[..], [Target::Http { url, signer: None }, Target::Sqs(q), Target::EventBus(b)]
+        if url == "https://sink.example/hook" && q == "https://sqs.example/q" && b == "bus"));
+    assert_eq!((default.limits.concurrency, default.limits.max_attempts, default.limits.timeout), (3, 9, ms(18)));
     let relay = RelayConfig::read(&env).unwrap();
-    assert_eq!(
-        (relay.concurrency, relay.batch_size, relay.max_attempts, relay.retry_base, relay.lease),
-        (3, 4, 9, ms(19), ms(20))
-    );
+    assert_eq!((relay.batch_size, relay.retry_base, relay.lease), (4, ms(19), ms(20)));
     let p = PruneConfig::read(&env).unwrap();
     assert_eq!(
         (p.done_days(Provider::STRIPE), p.done_days(Provider::GITHUB), p.failed_days, p.outbox_days, p.batch_size),
@@ -291,6 +288,7 @@ fn a_value_that_does_not_parse_names_its_variable() {
         let env = Env::from_pairs(&pairs);
         let err = match var {
             "INBOX_PRUNE_BATCH" => PruneConfig::read(&env).unwrap_err(),
+            "RELAY_CONCURRENCY" => DestinationLimits::read(&env).unwrap_err(),
             v if v.starts_with("RELAY") => RelayConfig::read(&env).unwrap_err(),
             _ => WorkerConfig::read(&env).unwrap_err(),
         };
@@ -298,4 +296,103 @@ fn a_value_that_does_not_parse_names_its_variable() {
     }
     let short = [("INBOX_RETENTION_DAYS", "2")];
     assert!(PruneConfig::read(&Env::from_pairs(&short)).unwrap_err().to_string().contains("redelivery window"));
+}
+
+#[test]
+fn a_destinations_file_is_read_and_each_mistake_is_refused_naming_its_key() {
+    let file = r#"
+        [destination.billing]
+        url = "https://billing.example/hooks"
+        concurrency = 16
+        rate_per_second = 50
+        timeout_ms = 2500
+        max_attempts = 3
+        circuit_failures = 4
+        circuit_cool_down_ms = 1000
+        signing_secret_env = "BILLING_SIGNING_SECRET"
+
+        [destination.audit]
+        sqs_queue_url = "https://sqs.example/audit"
+
+        [destination.kafka-events]
+        sink = "kafka"
+    "#;
+    let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let pairs = [("RELAY_DESTINATIONS", file), ("BILLING_SIGNING_SECRET", secret), ("RELAY_CONCURRENCY", "4")];
+    let read = Destinations::read(&Env::from_pairs(&pairs)).unwrap();
+    let names: Vec<&str> = read.0.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, ["audit", "billing", "kafka-events"]);
+    let billing = &read.0[1];
+    assert!(matches!(&billing.target, Target::Http { url, signer: Some(_) } if url == "https://billing.example/hooks"));
+    let ms = Duration::from_millis;
+    assert_eq!(
+        billing.limits,
+        DestinationLimits {
+            concurrency: 16,
+            rate_per_second: Some(50.0),
+            timeout: ms(2500),
+            max_attempts: 3,
+            circuit_failures: 4,
+            circuit_cool_down: ms(1000),
+        }
+    );
+    assert_eq!(read.0[0].limits.concurrency, 4, "the RELAY_* variables are every destination's defaults");
+
+    let refused = |file: &str, extra: &[(&'static str, &'static str)]| {
+        let file: &'static str = Box::leak(file.to_string().into_boxed_str());
+        let mut pairs = vec![("RELAY_DESTINATIONS", file)];
+        pairs.extend_from_slice(extra);
+        let pairs: &'static [(&str, &str)] = Box::leak(pairs.into_boxed_slice());
+        Destinations::read(&Env::from_pairs(pairs)).unwrap_err().to_string()
+    };
+    for (file, extra, expected) in [
+        ("[destination.a]\nurl = \"http://a\"\nconcurency = 3", &[][..], "unknown field `concurency`"),
+        (
+            "[destination.a]\nurl = \"http://a\"\nconcurrency = 0",
+            &[],
+            "[destination.a] concurrency: must be at least 1",
+        ),
+        ("[destination.a]\nurl = \"http://a\"\nconcurrency = \"many\"", &[], "invalid type: string \"many\""),
+        (
+            "[destination.a]\nurl = \"http://a\"\nrate_per_second = -1.0",
+            &[],
+            "[destination.a] rate_per_second: \"-1\" is not",
+        ),
+        ("[destination.a]\nurl = \"ftp://a\"", &[], "[destination.a] url: is not an http:// or https:// URL"),
+        ("[destination.a]\nconcurrency = 2", &[], "[destination.a] url: no sink: give one of"),
+        (
+            "[destination.a]\nurl = \"http://a\"\nsink = \"k\"",
+            &[],
+            "[destination.a] sink: a destination has one sink; this one names url, sink",
+        ),
+        ("[destination.Bad]\nurl = \"http://a\"", &[], "[destination.Bad] name: a destination's name is"),
+        (
+            "[destination.a]\nurl = \"http://a\"\nsigning_secret_env = \"NOPE\"",
+            &[],
+            "[destination.a] signing_secret_env: NOPE is not set",
+        ),
+        (
+            "[destination.a]\nurl = \"http://a\"\nsigning_secret_env = \"S\"",
+            &[("S", "whsec_!!")],
+            "[destination.a] signing_secret_env: S: secret #1 is not base64",
+        ),
+        (
+            "[destination.a]\nsqs_queue_url = \"q\"\nsigning_secret_env = \"S\"",
+            &[("S", secret)],
+            "[destination.a] signing_secret_env: only an HTTP destination",
+        ),
+        (
+            "[destination.default]\nurl = \"http://a\"",
+            &[("RELAY_HTTP_URL", "http://b")],
+            "[destination.default] name: is configured by RELAY_HTTP_URL",
+        ),
+        ("[destinations.a]\nurl = \"http://a\"", &[], "unknown field `destinations`"),
+        ("[destination.a", &[], "RELAY_DESTINATIONS: TOML parse error"),
+    ] {
+        let err = refused(file, extra);
+        assert!(err.starts_with("RELAY_DESTINATIONS: ") && err.contains(expected), "{file}: {err}");
+        assert!(!err.contains("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"), "never the secret: {err}");
+    }
+    let both = [("RELAY_DESTINATIONS", "x"), ("RELAY_DESTINATIONS_FILE", "/x")];
+    assert!(Destinations::read(&Env::from_pairs(&both)).unwrap_err().to_string().contains("use one or the other"));
 }

@@ -109,3 +109,10 @@ impl Secrets {
         Provider::CODED.iter().all(|p| !self.is_configured(*p)) && self.declared.values().all(Vec::is_empty)
     }
 }
+
+/// Standard Webhooks keys are base64 after an optional `whsec_` prefix.
+pub fn decode_standard_secret(s: &str) -> Option<Secret> {
+    use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
+    let key = B64.decode(s.strip_prefix("whsec_").unwrap_or(s)).ok()?;
+    (!key.is_empty()).then(|| Secret::new(key))
+}

@@ -1,5 +1,5 @@
-//! `inbox_audit`: who put which event back to pending, or gave which outbox
-//! message a fresh start, when and why. Written by the statements that do it
+//! `inbox_audit`: who put which event back to pending, gave which outbox
+//! message a fresh start, or paused or resumed which destination, when and why. Written by the statements that do it
 //! (`inbox::replay`, `inbox::requeue`, `outbox::retry_message`,
 //! `outbox::retry_dead`), in the same statement; read here.
 
@@ -13,13 +13,14 @@ pub struct AuditRecord {
     pub at: String,
     /// Who ([`crate::ops::Audit::actor`]).
     pub actor: String,
-    /// What: `replay`, `requeue`, `retry_outbox`, or a word of your own.
+    /// What: `replay`, `requeue`, `retry_outbox`, `pause_destination`,
+    /// `resume_destination`, or a word of your own.
     pub action: String,
     /// Why, in the operator's words.
     pub reason: String,
     /// The outbox message retried, for a retry (its event's record otherwise).
     pub message_id: Option<i64>,
-    /// The event's status before (a message's: `dead` or `waiting`).
+    /// The event's status before (a message's: `dead` or `waiting`; a destination's: `running` or `paused`).
     pub from_status: String,
     /// Its attempts before (reset to 0 by the requeue).
     pub attempts: i32,
@@ -35,6 +36,17 @@ pub async fn history(pool: &PgPool, provider: &str, event_id: &str) -> Result<Ve
     )
     .bind(provider)
     .bind(event_id)
+    .fetch_all(super::Autocommit(pool))
+    .await
+}
+
+/// A destination's pauses and resumes, oldest first.
+pub async fn destination_history(pool: &PgPool, destination: &str) -> Result<Vec<AuditRecord>, sqlx::Error> {
+    super::query_as(
+        "SELECT at::text, actor, action, reason, message_id, from_status, attempts, failure_reason
+         FROM inbox_audit WHERE destination = $1 ORDER BY id",
+    )
+    .bind(destination)
     .fetch_all(super::Autocommit(pool))
     .await
 }

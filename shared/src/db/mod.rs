@@ -7,6 +7,7 @@ pub mod bodies;
 pub mod checkpoints;
 #[cfg(feature = "console")]
 pub mod console;
+pub mod destinations;
 pub mod inbox;
 pub mod minutes;
 pub mod outbox;

@@ -4,21 +4,72 @@ use sqlx::{types::Json, PgConnection, PgExecutor};
 
 use super::inbox::Audit;
 
-/// One message to publish. `message_key` is derived from what happened (not from
-/// the row id), so a message written twice, or re-sent after a crash, carries the
-/// same key and consumers can deduplicate on it.
+/// One message to publish, built with [`Message::new`], sent to the
+/// destination `default` unless [`Message::to`] names another, in any order
+/// unless [`Message::ordered_by`] gives it an ordering key.
+///
+/// `message_key` is derived from what happened (not from the row id), so a
+/// message written twice, or re-sent after a crash, carries the same key and
+/// consumers can deduplicate on it.
 #[derive(Debug, Clone)]
 pub struct Message<'a> {
-    /// What the message is about (`invoice`, `payment`), for its consumers and the relay's routing.
-    pub aggregate_type: &'a str,
-    /// Which one (the invoice's id).
-    pub aggregate_id: &'a str,
-    /// Stable, derived from the business key (`receipt:in_123`): a twin event
-    /// or a replay finds it written, and consumers deduplicate on it (the
-    /// relay sends it as the `Idempotency-Key`).
-    pub message_key: String,
-    /// What the consumer gets.
-    pub payload: serde_json::Value,
+    aggregate_type: &'a str,
+    aggregate_id: &'a str,
+    message_key: String,
+    payload: serde_json::Value,
+    destination: &'a str,
+    ordering_key: Option<&'a str>,
+}
+
+impl<'a> Message<'a> {
+    /// The destination of a message that names none.
+    pub const DEFAULT_DESTINATION: &'static str = "default";
+
+    /// A message about `aggregate_id` of kind `aggregate_type` (the invoice
+    /// `in_123`), for its consumers and the relay's routing (an AMQP
+    /// destination's routing key is the `aggregate_type`), under
+    /// `message_key`: stable, derived from the business key
+    /// (`receipt:in_123`), so that a twin event or a replay finds it written,
+    /// and consumers deduplicate on it (the relay sends it as the
+    /// `Idempotency-Key`, `webhook-id`, `Nats-Msg-Id` or AMQP `message_id`).
+    /// `payload` is what the consumer gets.
+    pub fn new(
+        aggregate_type: &'a str,
+        aggregate_id: &'a str,
+        message_key: impl Into<String>,
+        payload: serde_json::Value,
+    ) -> Self {
+        Message {
+            aggregate_type,
+            aggregate_id,
+            message_key: message_key.into(),
+            payload,
+            destination: Self::DEFAULT_DESTINATION,
+            ordering_key: None,
+        }
+    }
+
+    /// Sends it to `destination` (a `[destination.NAME]` of
+    /// `RELAY_DESTINATIONS_FILE`) instead of `default`. A message for a
+    /// destination no relay has configured waits for one; it is never dropped.
+    pub fn to(mut self, destination: &'a str) -> Self {
+        self.destination = destination;
+        self
+    }
+
+    /// Gives it an ordering key: the messages of one key to one destination
+    /// are delivered one at a time, in the order they were written (their id
+    /// order); a failing one holds back the later ones of its key until it is
+    /// sent or dead.
+    pub fn ordered_by(mut self, key: &'a str) -> Self {
+        self.ordering_key = Some(key);
+        self
+    }
+
+    /// Its key.
+    pub fn key(&self) -> &str {
+        &self.message_key
+    }
 }
 
 /// Writes a message unless one with the same key exists; true when written.
@@ -37,8 +88,9 @@ pub(crate) async fn enqueue_for(
 ) -> Result<bool, sqlx::Error> {
     let row: Option<(i64,)> = super::query_as(
         "INSERT INTO transactional_outbox
-             (aggregate_type, aggregate_id, payload, message_key, event_provider, event_id, trace_context)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)
+             (aggregate_type, aggregate_id, payload, message_key, event_provider, event_id, trace_context,
+              destination, ordering_key)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
          ON CONFLICT (message_key) DO NOTHING
          RETURNING id",
     )
@@ -49,20 +101,31 @@ pub(crate) async fn enqueue_for(
     .bind(event.map(|e| e.0))
     .bind(event.map(|e| e.1))
     .bind(trace_context)
+    .bind(m.destination)
+    .bind(m.ordering_key)
     .fetch_optional(conn)
     .await?;
     Ok(row.is_some())
 }
 
 #[cfg(feature = "relay")]
-/// A message on its way out.
+/// A message on its way out, as a [`Sink`](crate::sinks::Sink) gets it.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct Outgoing {
+    /// Its id in `transactional_outbox`.
     pub id: i64,
+    /// What it is about ([`Message::new`]).
     pub aggregate_type: String,
+    /// Which one.
     pub aggregate_id: String,
+    /// What the consumer gets.
     pub payload: sqlx::types::Json<serde_json::Value>,
+    /// The key consumers deduplicate on: the same on every attempt.
     pub message_key: String,
+    /// Its destination.
+    pub destination: String,
+    /// Its ordering key, if it has one ([`Message::ordered_by`]).
+    pub ordering_key: Option<String>,
     /// Attempts including this one.
     pub attempts: i32,
     /// As leased, the `traceparent` of the processing that wrote it; as handed
@@ -71,30 +134,39 @@ pub struct Outgoing {
 }
 
 #[cfg(feature = "relay")]
-/// Leases up to `limit` due, unsent messages for `lease`, in id order, skipping
-/// those another relay holds. The lease is committed at once: no transaction
-/// stays open across the sink's network calls. A relay that dies leaves its
-/// lease to expire, and the messages go out again, under the same key.
+/// Leases up to `limit` due, unsent messages of `destination` for `lease`, in
+/// id order, skipping those another relay holds, and those behind an earlier
+/// unsent message of the same ordering key (sent, or dead, it lets the next
+/// one go). The lease is committed at once: no transaction stays open across
+/// the sink's network calls. A relay that dies leaves its lease to expire, and
+/// the messages go out again, under the same key.
 pub async fn lease_unsent(
     pool: &sqlx::PgPool,
+    destination: &str,
     limit: i64,
     lease: std::time::Duration,
 ) -> Result<Vec<Outgoing>, sqlx::Error> {
     super::query_as(
         "WITH batch AS (
-             SELECT id FROM transactional_outbox
-             WHERE processed_at IS NULL AND dead_at IS NULL
+             SELECT id FROM transactional_outbox AS o
+             WHERE destination = $3 AND processed_at IS NULL AND dead_at IS NULL
                AND (next_attempt_at IS NULL OR next_attempt_at <= now())
+               AND (ordering_key IS NULL OR NOT EXISTS (
+                   SELECT 1 FROM transactional_outbox AS e
+                   WHERE e.destination = o.destination AND e.ordering_key = o.ordering_key AND e.id < o.id
+                     AND e.processed_at IS NULL AND e.dead_at IS NULL))
              ORDER BY id
              LIMIT $1
              FOR UPDATE SKIP LOCKED)
          UPDATE transactional_outbox AS o
          SET attempts = o.attempts + 1, next_attempt_at = now() + $2 * interval '1 millisecond'
          FROM batch WHERE o.id = batch.id
-         RETURNING o.id, o.aggregate_type, o.aggregate_id, o.payload, o.message_key, o.attempts, o.trace_context",
+         RETURNING o.id, o.aggregate_type, o.aggregate_id, o.payload, o.message_key, o.destination, o.ordering_key,
+                   o.attempts, o.trace_context",
     )
     .bind(limit)
     .bind(lease.as_millis() as i64)
+    .bind(destination)
     .fetch_all(super::Autocommit(pool))
     .await
     .map(|mut rows: Vec<Outgoing>| {
@@ -119,7 +191,8 @@ pub enum Dispatch {
 /// backlog of 10,000 slowed the relay tenfold.) `processed_at` is set only
 /// here, after the sink confirmed. Each result names the lease it belongs to
 /// (the attempt number): a relay whose lease ran out and was taken over by
-/// another writes nothing, so it cannot undo the other's result.
+/// another writes nothing, so it cannot undo the other's result. A dead
+/// message that held back later messages of its ordering key says how many.
 pub async fn record_results(pool: &sqlx::PgPool, results: &[(i64, i32, Dispatch)]) -> Result<(), sqlx::Error> {
     if results.is_empty() {
         return Ok(());
@@ -146,7 +219,12 @@ pub async fn record_results(pool: &sqlx::PgPool, results: &[(i64, i32, Dispatch)
          SET processed_at = CASE WHEN r.outcome = 'sent' THEN now() END,
              dead_at = CASE WHEN r.outcome = 'dead' THEN now() END,
              next_attempt_at = CASE WHEN r.outcome = 'retry' THEN now() + r.delay_ms * interval '1 millisecond' END,
-             last_error = r.reason
+             last_error = r.reason || CASE WHEN r.outcome = 'dead' AND o.ordering_key IS NOT NULL THEN coalesce((
+                 SELECT format(' (it held back %s later message(s) of its ordering key until now)', count(*))
+                 FROM transactional_outbox AS l
+                 WHERE l.destination = o.destination AND l.ordering_key = o.ordering_key AND l.id > o.id
+                   AND l.processed_at IS NULL AND l.dead_at IS NULL
+                 HAVING count(*) > 0), '') ELSE '' END
          FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::int[]) AS r (id, outcome, delay_ms, reason, lease)
          WHERE o.id = ANY($1) AND o.id = r.id AND o.attempts = r.lease AND o.processed_at IS NULL AND o.dead_at IS NULL",
     )
@@ -227,6 +305,10 @@ pub struct OutboxMessage {
     pub aggregate_type: String,
     /// Which one.
     pub aggregate_id: String,
+    /// Where it goes.
+    pub destination: String,
+    /// Its ordering key, if it has one.
+    pub ordering_key: Option<String>,
     /// Delivery attempts so far.
     pub attempts: i32,
     /// When its handler's transaction wrote it.
@@ -244,7 +326,7 @@ pub struct OutboxMessage {
 /// Unsent messages (or, with `dead`, the dead ones), oldest first.
 pub async fn list_unsent(pool: &sqlx::PgPool, dead: bool, limit: i64) -> Result<Vec<OutboxMessage>, sqlx::Error> {
     super::query_as(
-        "SELECT id, message_key, aggregate_type, aggregate_id, attempts, created_at::text,
+        "SELECT id, message_key, aggregate_type, aggregate_id, destination, ordering_key, attempts, created_at::text,
                 next_attempt_at::text, processed_at::text AS sent_at, dead_at::text, last_error
          FROM transactional_outbox
          WHERE processed_at IS NULL AND (dead_at IS NOT NULL) = $1
@@ -264,7 +346,7 @@ pub async fn event_messages(
     event_id: &str,
 ) -> Result<Vec<OutboxMessage>, sqlx::Error> {
     super::query_as(
-        "SELECT id, message_key, aggregate_type, aggregate_id, attempts, created_at::text,
+        "SELECT id, message_key, aggregate_type, aggregate_id, destination, ordering_key, attempts, created_at::text,
                 next_attempt_at::text, processed_at::text AS sent_at, dead_at::text, last_error
          FROM transactional_outbox WHERE event_provider = $1 AND event_id = $2 ORDER BY id",
     )

@@ -5,7 +5,6 @@ use aws_sdk_eventbridge::types::PutEventsRequestEntry;
 use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
 
 use crate::{
-    core::aws::CALL_TIMEOUT,
     db::outbox::Outgoing,
     relay::{RepliesFuture, Sink, SinkReply},
 };
@@ -60,7 +59,7 @@ where
 
 /// `RELAY_SQS_QUEUE_URL`. The body is the payload; the key rides along as the
 /// `message_key` attribute. On a FIFO queue, `MessageDeduplicationId` is the key
-/// and `MessageGroupId` the aggregate id.
+/// and `MessageGroupId` the ordering key (else the aggregate id).
 pub struct SqsSink {
     client: aws_sdk_sqs::Client,
     queue_url: String,
@@ -68,6 +67,7 @@ pub struct SqsSink {
 }
 
 impl SqsSink {
+    /// To `queue_url`, through `client`.
     pub fn new(client: aws_sdk_sqs::Client, queue_url: impl Into<String>) -> Self {
         let queue_url = queue_url.into();
         SqsSink { fifo: queue_url.ends_with(".fifo"), client, queue_url }
@@ -84,7 +84,9 @@ impl SqsSink {
                     .message_body(m.payload.0.to_string())
                     .message_attributes("message_key", key)
                     .set_message_deduplication_id(self.fifo.then(|| dedup_id(&m.message_key)))
-                    .set_message_group_id(self.fifo.then(|| m.aggregate_id.clone()))
+                    .set_message_group_id(
+                        self.fifo.then(|| m.ordering_key.clone().unwrap_or_else(|| m.aggregate_id.clone())),
+                    )
                     .build()
             })
             .collect();
@@ -135,15 +137,15 @@ fn dedup_id(key: &str) -> String {
 }
 
 impl Sink for SqsSink {
-    fn name(&self) -> &'static str {
-        "sqs"
+    fn target(&self) -> String {
+        format!("sqs {}", self.queue_url)
     }
 
-    fn budget(&self) -> std::time::Duration {
-        CALL_TIMEOUT
+    fn batch_size(&self) -> usize {
+        ENTRIES_PER_CALL
     }
 
-    fn deliver_all<'a>(&'a self, messages: &'a [Outgoing]) -> RepliesFuture<'a> {
+    fn deliver<'a>(&'a self, messages: &'a [Outgoing]) -> RepliesFuture<'a> {
         Box::pin(in_calls(
             messages,
             |m| m.payload.0.to_string().len() + m.message_key.len(),
@@ -160,6 +162,7 @@ pub struct EventBridgeSink {
 }
 
 impl EventBridgeSink {
+    /// To the bus `bus`, through `client`.
     pub fn new(client: aws_sdk_eventbridge::Client, bus: impl Into<String>) -> Self {
         EventBridgeSink { client, bus: bus.into() }
     }
@@ -217,15 +220,15 @@ impl EventBridgeSink {
 }
 
 impl Sink for EventBridgeSink {
-    fn name(&self) -> &'static str {
-        "eventbridge"
+    fn target(&self) -> String {
+        format!("eventbridge {}", self.bus)
     }
 
-    fn budget(&self) -> std::time::Duration {
-        CALL_TIMEOUT
+    fn batch_size(&self) -> usize {
+        ENTRIES_PER_CALL
     }
 
-    fn deliver_all<'a>(&'a self, messages: &'a [Outgoing]) -> RepliesFuture<'a> {
+    fn deliver<'a>(&'a self, messages: &'a [Outgoing]) -> RepliesFuture<'a> {
         Box::pin(in_calls(
             messages,
             |m| m.payload.0.to_string().len() + m.message_key.len() + 512,

@@ -1,8 +1,9 @@
-//! The HTTP sink: `POST RELAY_HTTP_URL` with `Idempotency-Key: <message_key>`.
+//! The HTTP sink: `POST` the payload as JSON with `Idempotency-Key: <message_key>`,
+//! signed as Standard Webhooks signs when the destination has a signing secret.
 
 use std::time::Duration;
 
-use super::{RepliesFuture, ReplyFuture, Sink, SinkReply};
+use super::{signing::Signer, RepliesFuture, Sink, SinkReply};
 use crate::{
     core::error::ConfigError,
     core::http::{http_client, retry_after},
@@ -12,74 +13,97 @@ use crate::{
 /// Response bodies kept as a dead message's reason are cut to this many bytes.
 pub const REASON_BODY_BYTES: usize = 500;
 
-/// `RELAY_HTTP_URL`: POSTs the payload as JSON with `Idempotency-Key: <message_key>`.
+/// POSTs each message's payload as JSON to one URL, with `Idempotency-Key:
+/// <message_key>`, the relay's `traceparent` when traces are on, and, with a
+/// [`Signer`], `webhook-id`, `webhook-timestamp` and `webhook-signature`.
+/// A 2xx is delivered; a 5xx, 408, 429 (after its `Retry-After`) or no answer
+/// is retried; any other status is dead at once, with its status and the start
+/// of its body. Redirects are not followed.
 pub struct HttpSink {
     client: reqwest::Client,
     url: String,
-    timeout: Duration,
+    signer: Option<Signer>,
 }
 
 impl HttpSink {
+    /// To `url`, each request bounded by `timeout` (the connection included).
     pub fn new(url: impl Into<String>, timeout: Duration) -> Result<Self, ConfigError> {
         let client = http_client(timeout).map_err(|e| ConfigError::Invalid {
             var: "RELAY_HTTP_URL".into(),
             reason: format!("cannot build an HTTP client: {e}"),
         })?;
-        Ok(HttpSink { client, url: url.into(), timeout })
+        Ok(HttpSink { client, url: url.into(), signer: None })
+    }
+
+    /// Signs each delivery with `signer`.
+    pub fn signed(mut self, signer: Signer) -> Self {
+        self.signer = Some(signer);
+        self
     }
 }
 
 impl Sink for HttpSink {
-    fn name(&self) -> &'static str {
-        "http"
+    /// The URL without its credentials, query or fragment.
+    fn target(&self) -> String {
+        let shown = url::Url::parse(&self.url).map_or_else(
+            |_| "(not a URL)".to_string(),
+            |mut u| {
+                let _ = u.set_username("");
+                let _ = u.set_password(None);
+                u.set_query(None);
+                u.set_fragment(None);
+                u.to_string()
+            },
+        );
+        format!("http {shown}")
     }
 
-    /// The request timeout (connection included): a chunk's requests run side by side.
-    fn budget(&self) -> Duration {
-        self.timeout
-    }
-
-    fn deliver_all<'a>(&'a self, messages: &'a [Outgoing]) -> RepliesFuture<'a> {
-        Box::pin(futures_util::future::join_all(messages.iter().map(|m| self.deliver(m))))
+    fn deliver<'a>(&'a self, messages: &'a [Outgoing]) -> RepliesFuture<'a> {
+        Box::pin(futures_util::future::join_all(messages.iter().map(|m| self.post(m))))
     }
 }
 
 impl HttpSink {
-    /// One message: POST it with its key.
-    pub fn deliver<'a>(&'a self, m: &'a Outgoing) -> ReplyFuture<'a> {
-        Box::pin(async move {
-            let Ok(key) = reqwest::header::HeaderValue::from_str(&m.message_key) else {
-                return SinkReply::Rejected("message_key is not a valid header value".into());
-            };
-            let mut request = self.client.post(&self.url).header("Idempotency-Key", key);
-            // The relay's span, when traces are on: the consumer's spans join the delivery's trace.
-            if let Some(traceparent) = &m.trace_context {
-                request = request.header("traceparent", traceparent);
-            }
-            let sent = request.json(&m.payload.0).send().await;
-            let response = match sent {
-                Ok(r) => r,
-                // Without the URL: it may carry credentials.
-                Err(e) => {
-                    return SinkReply::Retryable {
-                        reason: format!("HTTP request failed: {}", e.without_url()),
-                        retry_after: None,
-                    }
-                }
-            };
-            let status = response.status();
-            if status.is_success() {
-                return SinkReply::Delivered;
-            }
-            let retry_after = retry_after(response.headers());
-            let body = response.bytes().await.unwrap_or_default();
-            let cut = &body[..body.len().min(REASON_BODY_BYTES)];
-            let reason = format!("HTTP {}: {}", status.as_u16(), String::from_utf8_lossy(cut));
-            if status.is_server_error() || status.as_u16() == 408 || status.as_u16() == 429 {
-                SinkReply::Retryable { reason, retry_after }
-            } else {
-                SinkReply::Rejected(reason)
-            }
-        })
+    async fn post(&self, m: &Outgoing) -> SinkReply {
+        let Ok(key) = reqwest::header::HeaderValue::from_str(&m.message_key) else {
+            return SinkReply::Rejected("message_key is not a valid header value".into());
+        };
+        // The exact bytes sent are the bytes signed.
+        let body = m.payload.0.to_string().into_bytes();
+        let mut request = self
+            .client
+            .post(&self.url)
+            .header("Idempotency-Key", key.clone())
+            .header(reqwest::header::CONTENT_TYPE, "application/json");
+        if let Some(signer) = &self.signer {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            let timestamp = now.as_secs() as i64;
+            request = request
+                .header("webhook-id", key)
+                .header("webhook-timestamp", timestamp.to_string())
+                .header("webhook-signature", signer.sign(&m.message_key, timestamp, &body));
+        }
+        // The relay's span, when traces are on: the consumer's spans join the delivery's trace.
+        if let Some(traceparent) = &m.trace_context {
+            request = request.header("traceparent", traceparent);
+        }
+        let response = match request.body(body).send().await {
+            Ok(r) => r,
+            // Without the URL: it may carry credentials.
+            Err(e) => return SinkReply::retry(format!("HTTP request failed: {}", e.without_url())),
+        };
+        let status = response.status();
+        if status.is_success() {
+            return SinkReply::Delivered;
+        }
+        let retry_after = retry_after(response.headers());
+        let body = response.bytes().await.unwrap_or_default();
+        let cut = &body[..body.len().min(REASON_BODY_BYTES)];
+        let reason = format!("HTTP {}: {}", status.as_u16(), String::from_utf8_lossy(cut));
+        if status.is_server_error() || status.as_u16() == 408 || status.as_u16() == 429 {
+            SinkReply::Retryable { reason, retry_after }
+        } else {
+            SinkReply::Rejected(reason)
+        }
     }
 }

@@ -56,7 +56,7 @@ pub use crate::receive::claim::group::GroupConfig;
 pub(crate) use crate::server::CONSOLE_PATH;
 use crate::{
     app::App,
-    config::{ConfigError, Env, ServeConfig, SinkConfig},
+    config::{ConfigError, Destinations, Env, ServeConfig},
     db,
     process::worker::{Worker, WorkerConfig},
     prune::{PruneConfig, Pruner},
@@ -409,15 +409,15 @@ impl Stack<'_> {
         let limits = server::Limits::read(env)?;
         let worker_config = WorkerConfig::read(env)?;
         let apis = crate::process::hints::Apis::read(env, app)?;
-        let sinks = if roles.has(Role::Relay) { SinkConfig::read(env)?.build().await? } else { vec![] };
-        if roles.has(Role::Relay) && sinks.is_empty() {
+        let destinations = if roles.has(Role::Relay) { Destinations::read(env)?.build(app).await? } else { vec![] };
+        if roles.has(Role::Relay) && destinations.is_empty() {
             anyhow::ensure!(
                 !roles.named,
-                "the relay role has no sink: set RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL or RELAY_EVENT_BUS"
+                "the relay role has no destination: set RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL, RELAY_EVENT_BUS or RELAY_DESTINATIONS_FILE"
             );
-            say("no relay sink (RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL, RELAY_EVENT_BUS): outbox messages stay in transactional_outbox");
+            say("no relay destination (RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL, RELAY_EVENT_BUS, RELAY_DESTINATIONS_FILE): outbox messages stay in transactional_outbox");
         }
-        let relay_config = if sinks.is_empty() { None } else { Some(RelayConfig::read(env)?) };
+        let relay_config = if destinations.is_empty() { None } else { Some(RelayConfig::read(env)?) };
         let retention = if roles.has(Role::Prune) { Some(PruneConfig::read(env)?) } else { None };
         let reconciler =
             if roles.has(Role::Reconcile) { Some(Reconciler::read(env, app, pool.clone())?) } else { None };
@@ -461,8 +461,14 @@ impl Stack<'_> {
             }
         }
         if let Some(relay_config) = relay_config {
-            let relay = Relay::new(pool.clone(), sinks, relay_config);
-            stages.push(spawn_stage(relay, worker_config.poll, gate.clone(), counted));
+            // Each destination on its own loop: a lane waits for nothing but its own destination.
+            let (lanes, unrouted) = Relay::new(pool.clone(), destinations, relay_config).into_lanes();
+            for lane in lanes {
+                stages.push(spawn_stage(lane, worker_config.poll, gate.clone(), counted));
+            }
+            if counted {
+                stages.push(unrouted_gauge(unrouted, gate.clone()));
+            }
         }
         if let Some(retention) = retention {
             let pruner = Pruner::new(pool.clone(), retention);
@@ -618,6 +624,25 @@ where
             }
         };
         stage::run_observed(&stage, poll, gate.closed(), observe).await
+    })
+}
+
+/// Messages no configured destination takes, every 15 s (`webhook_inbox_relay_unrouted`).
+fn unrouted_gauge(unrouted: crate::relay::Unrouted, mut gate: Gate) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        if !gate.open().await {
+            return;
+        }
+        loop {
+            match unrouted.count().await {
+                Ok(n) => metrics::record(Metrics::new("relay").gauge("relay_unrouted", n as f64)),
+                Err(e) => tracing::warn!(error = %e, "counting messages for no configured destination"),
+            }
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_secs(15)) => {}
+                _ = gate.stopped.wait_for(|s| *s) => return,
+            }
+        }
     })
 }
 

@@ -1,6 +1,6 @@
-//! Lambda `relay`: the same for every application.
+//! Lambda `relay`: the outbox to its destinations, with this team's own sinks.
 
 #[tokio::main]
 async fn main() -> Result<(), webhook_inbox::lambda::Error> {
-    webhook_inbox::lambda::relay().await
+    webhook_inbox::lambda::relay(invoices::app()?).await
 }

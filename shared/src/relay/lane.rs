@@ -1,0 +1,318 @@
+//! One destination's lane: its lease, its messages in flight (a pipeline: a
+//! message starts as soon as a slot is free), its rate, its retries and its
+//! circuit breaker. Lanes share nothing but the pool, so one destination's
+//! trouble stays its own.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    panic::AssertUnwindSafe,
+    sync::{
+        atomic::{AtomicBool, AtomicU32, Ordering},
+        Mutex,
+    },
+    time::{Duration, Instant},
+};
+
+use futures_util::FutureExt as _;
+use sqlx::PgPool;
+use tokio::task::JoinSet;
+
+use super::{sink::checked, Destination, RelayConfig, Relayed, SinkReply};
+use crate::{
+    core::{backoff::backoff, text::Escaped},
+    db::{
+        destinations::{self, Gate},
+        outbox::{self, Dispatch, Outgoing},
+    },
+    runtime::{
+        stage::{Pass, Stage},
+        trace,
+    },
+};
+
+/// Results are recorded once this many are known, or once the oldest waited this long.
+const RECORD_AT: usize = 64;
+const RECORD_WITHIN: Duration = Duration::from_millis(50);
+/// How often a busy lane looks again whether its destination was paused, or its circuit opened elsewhere.
+const GATE_EVERY: Duration = Duration::from_secs(1);
+
+pub(crate) struct Lane {
+    pool: PgPool,
+    destination: Destination,
+    config: RelayConfig,
+    /// This process's relay said, once, that it has the destination configured.
+    registered: AtomicBool,
+    /// When the rate allows the next start (this process).
+    next_start: Mutex<Instant>,
+    /// Retryable failures in a row (this process): the circuit opens at the limit.
+    failures: AtomicU32,
+}
+
+/// A delivery call that ended: its messages and their replies.
+type Flight = (Vec<Outgoing>, Vec<SinkReply>);
+
+impl Lane {
+    pub(crate) fn new(pool: PgPool, destination: Destination, config: RelayConfig) -> Self {
+        Lane {
+            pool,
+            destination,
+            config,
+            registered: AtomicBool::new(false),
+            next_start: Mutex::new(Instant::now()),
+            failures: AtomicU32::new(0),
+        }
+    }
+
+    fn name(&self) -> &str {
+        &self.destination.name
+    }
+
+    /// How many messages to lease at once: a batch, but no more than the rate
+    /// lets start within half a lease (or another relay would take them over).
+    fn lease_size(&self) -> i64 {
+        let by_rate = self
+            .destination
+            .limits
+            .rate_per_second
+            .map_or(i64::MAX, |r| (r * self.config.lease.as_secs_f64() / 2.0).floor() as i64);
+        self.config.batch_size.min(by_rate).max(1)
+    }
+
+    /// Leases, delivers and records until the backlog is drained, the
+    /// destination is paused or its circuit opens, or the deadline leaves no
+    /// room for another delivery.
+    pub(crate) async fn pass(&self, deadline: Instant) -> Result<Pass<Relayed>, sqlx::Error> {
+        let limits = &self.destination.limits;
+        if !self.registered.load(Ordering::Relaxed) {
+            let entry = (self.name().to_string(), self.destination.sink.target());
+            destinations::register(&self.pool, &[entry]).await?;
+            self.registered.store(true, Ordering::Relaxed);
+        }
+        let mut gate = destinations::gate(&self.pool, self.name(), limits.circuit_cool_down).await?;
+        let mut gate_at = Instant::now();
+        let mut t = Relayed::default();
+        let mut buffer: VecDeque<Outgoing> = VecDeque::new();
+        let mut flying: JoinSet<Flight> = JoinSet::new();
+        let mut in_flight = 0usize;
+        let mut results: Vec<(i64, i32, Dispatch)> = Vec::new();
+        let mut first_result: Option<Instant> = None;
+        let mut spans: HashMap<i64, trace::Span> = HashMap::new();
+        // No more leases this pass: nothing was due with nothing in flight, the
+        // probe is out, or the deadline leaves no room for another delivery.
+        let mut drained = false;
+        // Results recorded so far, and how many were when a lease came back
+        // empty: a lease is worth trying again only once more are (a message
+        // recorded sent or dead lets the next one of its ordering key go).
+        let mut recorded = 0u64;
+        let mut empty_at: Option<u64> = None;
+        loop {
+            if gate == Gate::Open && gate_at.elapsed() >= GATE_EVERY {
+                gate = destinations::gate(&self.pool, self.name(), limits.circuit_cool_down).await?;
+                gate_at = Instant::now();
+            }
+            let record_by = first_result.map(|at| at + RECORD_WITHIN);
+            if !results.is_empty()
+                && (results.len() >= RECORD_AT || record_by.is_some_and(|at| at <= Instant::now()) || flying.is_empty())
+            {
+                self.record(&mut results).await?;
+                recorded += 1;
+                first_result = None;
+            }
+            let sending = matches!(gate, Gate::Open | Gate::Probe);
+            if !sending && !buffer.is_empty() {
+                t.released += self.release(buffer.drain(..).collect()).await?;
+            }
+            let room = Instant::now() + limits.timeout <= deadline;
+            if buffer.is_empty() && !drained && sending && in_flight < limits.concurrency && empty_at != Some(recorded)
+            {
+                if room {
+                    let n = if gate == Gate::Probe { 1 } else { self.lease_size() };
+                    let leased = outbox::lease_unsent(&self.pool, self.name(), n, self.config.lease).await?;
+                    drained = gate == Gate::Probe || (leased.is_empty() && in_flight == 0);
+                    empty_at = leased.is_empty().then_some(recorded);
+                    t.leased += leased.len();
+                    buffer.extend(leased);
+                } else {
+                    drained = true;
+                }
+            }
+            // Start what the free slots, the rate and the deadline allow.
+            let mut wake: Option<Instant> = None;
+            while sending && !buffer.is_empty() && in_flight < limits.concurrency {
+                if Instant::now() + limits.timeout > deadline {
+                    t.released += self.release(buffer.drain(..).collect()).await?;
+                    break;
+                }
+                let k = buffer.len().min(limits.concurrency - in_flight).min(self.destination.sink.batch_size().max(1));
+                if let Some(rate) = limits.rate_per_second {
+                    let mut next = self.next_start.lock().unwrap_or_else(|e| e.into_inner());
+                    let now = Instant::now();
+                    if *next > now {
+                        wake = Some(*next);
+                        break;
+                    }
+                    *next = (*next).max(now) + Duration::from_secs_f64(k as f64 / rate);
+                }
+                let batch: Vec<Outgoing> = buffer.drain(..k).map(|m| self.traced(m, &mut spans)).collect();
+                in_flight += batch.len();
+                let sink = self.destination.sink.clone();
+                let timeout = limits.timeout;
+                flying.spawn(async move {
+                    let n = batch.len();
+                    let replies = match tokio::time::timeout(
+                        timeout,
+                        AssertUnwindSafe(sink.deliver(&batch)).catch_unwind(),
+                    )
+                    .await
+                    {
+                        Ok(Ok(replies)) => checked(n, replies),
+                        Ok(Err(_)) => vec![SinkReply::retry("the sink panicked"); n],
+                        // What the sink did is unknown: each message goes again, under the same key.
+                        Err(_) => vec![SinkReply::retry(format!("no answer within {} ms", timeout.as_millis())); n],
+                    };
+                    (batch, replies)
+                });
+            }
+            if flying.is_empty()
+                && buffer.is_empty()
+                && results.is_empty()
+                && (drained || !sending || empty_at == Some(recorded))
+            {
+                break;
+            }
+            let tick = [wake, first_result.map(|at| at + RECORD_WITHIN), Some(gate_at + GATE_EVERY)]
+                .into_iter()
+                .flatten()
+                .min()
+                .expect("the gate's tick is always there");
+            tokio::select! {
+                Some(done) = flying.join_next() => {
+                    // A delivery task cannot panic (the sink's panic is caught) or be cancelled.
+                    let Ok((batch, replies)) = done else { continue };
+                    in_flight -= batch.len();
+                    for (m, reply) in batch.iter().zip(replies) {
+                        if let Some(g) = self.observe(&reply, gate).await? {
+                            gate = g;
+                            gate_at = Instant::now();
+                        }
+                        let dispatch = self.dispatch(m.attempts, reply);
+                        t.count(&dispatch);
+                        if let Some(mut span) = spans.remove(&m.id) {
+                            match &dispatch {
+                                Dispatch::Sent => span.set("webhook.outcome", "sent"),
+                                Dispatch::Retry { reason, .. } | Dispatch::Dead(reason) => {
+                                    span.fail(crate::core::text::escape(reason))
+                                }
+                            }
+                        }
+                        if let Dispatch::Retry { reason, .. } | Dispatch::Dead(reason) = &dispatch {
+                            tracing::info!(destination = %Escaped(self.name()), message_key = %Escaped(&m.message_key), reason = %Escaped(reason), "not delivered");
+                        }
+                        results.push((m.id, m.attempts, dispatch));
+                    }
+                    first_result.get_or_insert_with(Instant::now);
+                }
+                () = tokio::time::sleep_until(tick.into()) => {}
+            }
+        }
+        self.record(&mut results).await?;
+        match gate {
+            Gate::Paused => t.paused = 1,
+            Gate::Cooling => t.open = 1,
+            Gate::Open | Gate::Probe => {}
+        }
+        // A pass ends with its backlog drained, or with the deadline: never more to do before it.
+        Ok(Pass { tally: t, more: false })
+    }
+
+    /// Counts a reply toward the circuit breaker; the gate it leaves, if it changed it.
+    async fn observe(&self, reply: &SinkReply, gate: Gate) -> Result<Option<Gate>, sqlx::Error> {
+        let limits = &self.destination.limits;
+        match reply {
+            SinkReply::Delivered => {
+                self.failures.store(0, Ordering::Relaxed);
+                if gate == Gate::Probe {
+                    destinations::close(&self.pool, self.name()).await?;
+                    tracing::info!(destination = %Escaped(self.name()), "circuit closed: the probe went through");
+                    return Ok(Some(Gate::Open));
+                }
+            }
+            SinkReply::Retryable { reason, .. } => {
+                let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+                if gate == Gate::Probe {
+                    // The probe's claim restarted the cool-down already.
+                    return Ok(Some(Gate::Cooling));
+                }
+                if gate == Gate::Open && failures >= limits.circuit_failures {
+                    destinations::open(&self.pool, self.name(), failures, reason).await?;
+                    tracing::warn!(destination = %Escaped(self.name()), failures, reason = %Escaped(reason), "circuit opened");
+                    self.failures.store(0, Ordering::Relaxed);
+                    return Ok(Some(Gate::Cooling));
+                }
+            }
+            // The destination answered: the message is at fault, not the destination.
+            SinkReply::Rejected(_) => {}
+        }
+        Ok(None)
+    }
+
+    /// The message as handed to the sink: with the relay's span as its
+    /// `traceparent`, when traces are on.
+    fn traced(&self, m: Outgoing, spans: &mut HashMap<i64, trace::Span>) -> Outgoing {
+        let Some(mut span) = trace::start("relay", trace::Kind::Producer, m.trace_context.as_deref()) else {
+            return m;
+        };
+        span.set("messaging.message.id", crate::core::text::escape(&m.message_key));
+        span.set("messaging.destination.name", crate::core::text::escape(&m.destination));
+        let m = Outgoing { trace_context: Some(span.traceparent()), ..m };
+        spans.insert(m.id, span);
+        m
+    }
+
+    async fn record(&self, results: &mut Vec<(i64, i32, Dispatch)>) -> Result<(), sqlx::Error> {
+        outbox::record_results(&self.pool, results).await?;
+        results.clear();
+        Ok(())
+    }
+
+    /// Gives leased messages back untouched; how many.
+    async fn release(&self, messages: Vec<Outgoing>) -> Result<usize, sqlx::Error> {
+        let leases: Vec<(i64, i32)> = messages.iter().map(|m| (m.id, m.attempts)).collect();
+        outbox::release(&self.pool, &leases).await?;
+        Ok(leases.len())
+    }
+
+    fn dispatch(&self, attempts: i32, reply: SinkReply) -> Dispatch {
+        match reply {
+            SinkReply::Delivered => Dispatch::Sent,
+            SinkReply::Rejected(reason) => Dispatch::Dead(reason),
+            SinkReply::Retryable { reason, .. } if attempts >= self.destination.limits.max_attempts => {
+                Dispatch::Dead(format!("after {attempts} attempts: {reason}"))
+            }
+            SinkReply::Retryable { reason, retry_after } => {
+                let after = backoff(self.config.retry_base, attempts - 1).max(retry_after.unwrap_or_default());
+                Dispatch::Retry { after, reason }
+            }
+        }
+    }
+}
+
+impl Relayed {
+    fn count(&mut self, d: &Dispatch) {
+        match d {
+            Dispatch::Sent => self.sent += 1,
+            Dispatch::Retry { .. } => self.retried += 1,
+            Dispatch::Dead(_) => self.dead += 1,
+        }
+    }
+}
+
+/// One lane on its own loop (`serve`): it waits for nothing but its destination.
+impl Stage for Lane {
+    type Tally = Relayed;
+    const NAME: &'static str = "relay";
+
+    async fn run_once(&self, deadline: Instant) -> Result<Pass<Relayed>, sqlx::Error> {
+        self.pass(deadline).await
+    }
+}
