@@ -238,7 +238,12 @@ async fn roles_choose_what_an_instance_does_and_a_role_that_cannot_run_is_refuse
     // What cannot run says so, and starts nothing.
     for (args, env, says) in [
         (vec!["--roles", "receive,bogus"], vec![], "\"bogus\" is not a role"),
-        (vec!["--roles", "relay"], vec![], "the relay role has no sink"),
+        (vec!["--roles", "relay"], vec![], "the relay role has no destination"),
+        (
+            vec!["--roles", "relay"],
+            vec![("RELAY_DESTINATIONS", "[destination.mail]\nurl = \"http://127.0.0.1:1\"\nconcurency = 4")],
+            "unknown field `concurency`",
+        ),
         (vec!["--roles", "reconcile"], vec![], "the reconcile role has nothing to reconcile"),
         (vec![], vec![("STRIPE_WEBHOOK_SECRET", "")], "no webhook secret is set"),
         (vec![], vec![("DATABASE_URL", "")], "DATABASE_URL is not set"),

@@ -380,6 +380,68 @@ async fn outbox_retries_from_the_console_are_audited_under_the_event(pool: PgPoo
     );
 }
 
+/// The Outbox page shows each destination's state; an operator pauses and
+/// resumes one (audited, CSRF-checked), a viewer cannot; a stranger's text
+/// (a sink's answer) is escaped.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn destinations_are_shown_paused_and_resumed_from_the_console(pool: PgPool) {
+    sqlx::query(
+        "INSERT INTO transactional_outbox (aggregate_type, aggregate_id, message_key, payload, destination)
+         VALUES ('invoice', 'in_1', 'receipt:in_1', '{}', 'email'), ('invoice', 'in_2', 'bill:in_2', '{}', 'billing')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO relay_destinations (name, target, seen_at, opened_at, failures, last_error)
+         VALUES ('billing', 'http https://billing.example/', now(), now(), 7, 'HTTP 503: <script>alert(1)</script>')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let c = Console::new(&pool, &pool).await;
+    let (cookie, csrf) = c.session("olga").await;
+    let page = c.send("GET", "/outbox", Some(&cookie), None).await;
+    assert!(page.body.contains("https://billing.example/") && page.body.contains("after 7 failures"), "{}", page.body);
+    assert!(!page.body.contains("<script>alert"), "escaped: {}", page.body);
+    assert!(
+        page.body.contains("unconfigured") && page.body.contains("/outbox/pause?name=email&#38;pause=yes"),
+        "{}",
+        page.body
+    );
+
+    let (viewer, viewer_csrf) = c.session("vic").await;
+    assert_eq!(c.send("GET", "/outbox/pause?name=email", Some(&viewer), None).await.status, StatusCode::FORBIDDEN);
+    let as_viewer = form(&[("name", "email"), ("pause", "yes"), ("reason", "x"), ("csrf", &viewer_csrf)]);
+    assert_eq!(c.send("POST", "/outbox/pause", Some(&viewer), Some(&as_viewer)).await.status, StatusCode::FORBIDDEN);
+    let forged = form(&[("name", "email"), ("pause", "yes"), ("reason", "x"), ("csrf", "forged")]);
+    assert_eq!(c.send("POST", "/outbox/pause", Some(&cookie), Some(&forged)).await.status, StatusCode::FORBIDDEN);
+    let bad = form(&[("name", "Email<b>"), ("pause", "yes"), ("reason", "x"), ("csrf", &csrf)]);
+    assert_eq!(c.send("POST", "/outbox/pause", Some(&cookie), Some(&bad)).await.status, StatusCode::BAD_REQUEST);
+
+    let confirm = c.send("GET", "/outbox/pause?name=email&pause=yes", Some(&cookie), None).await;
+    assert!(confirm.body.contains("Pause email?") && confirm.body.contains("none spending an attempt"));
+    let pause = form(&[("name", "email"), ("pause", "yes"), ("reason", "mail provider incident"), ("csrf", &csrf)]);
+    let paused = c.send("POST", "/outbox/pause", Some(&cookie), Some(&pause)).await;
+    assert_eq!((paused.status, paused.location.as_str()), (StatusCode::SEE_OTHER, "/outbox?paused=email"));
+    let page = c.send("GET", "/outbox?paused=email", Some(&cookie), None).await;
+    assert!(page.body.contains("mail provider incident") && page.body.contains("Resume…"), "{}", page.body);
+    let resume = form(&[("name", "email"), ("pause", "no"), ("reason", ""), ("csrf", &csrf)]);
+    assert_eq!(c.send("POST", "/outbox/pause", Some(&cookie), Some(&resume)).await.location, "/outbox?resumed=email");
+    let audit: Vec<(String, String, String)> =
+        sqlx::query_as("SELECT actor, action, reason FROM inbox_audit WHERE destination = 'email' ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        audit,
+        [
+            ("console:olga".into(), "pause_destination".into(), "mail provider incident".into()),
+            ("console:olga".into(), "resume_destination".into(), "resumed from the console".into())
+        ]
+    );
+}
+
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn pages_read_through_the_read_only_role_and_actions_write_through_the_other(
     pool_options: PgPoolOptions,

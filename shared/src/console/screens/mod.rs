@@ -42,6 +42,7 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/requeue", get(requeue::confirm_requeue).post(requeue::requeue))
         .route("/outbox", get(outbox::outbox))
         .route("/outbox/retry", get(outbox::confirm_retry).post(outbox::retry))
+        .route("/outbox/pause", get(outbox::confirm_pause).post(outbox::pause))
         .route("/health", get(super::health::health))
         .route("/static/console.css", get(|| asset("text/css; charset=utf-8", include_str!("../console.css"))))
         .route("/static/favicon.svg", get(|| asset("image/svg+xml", include_str!("../favicon.svg"))))

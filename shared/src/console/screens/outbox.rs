@@ -1,4 +1,5 @@
-//! The Outbox screen, and retrying a dead message.
+//! The Outbox screen: the relay's destinations (pausing and resuming them),
+//! and retrying a dead message.
 
 use std::sync::Arc;
 
@@ -25,16 +26,64 @@ use crate::ops::{self, Audit};
 #[template(path = "console/outbox.html")]
 struct OutboxPage {
     nav: Nav,
+    destinations: Vec<DestinationView>,
     messages: Vec<MessageView>,
     dead: i64,
     backlog: i64,
     notice: Option<String>,
 }
 
+/// A destination as the page shows it (askama escapes every field).
+struct DestinationView {
+    name: String,
+    state: &'static str,
+    target: String,
+    backlog: i64,
+    dead: i64,
+    why: String,
+    /// An operator's link to pause or resume it, with its label.
+    action: Option<(String, &'static str)>,
+}
+
+fn destination_view(d: &ops::DestinationState, nav: &Nav) -> DestinationView {
+    let why = match d.state() {
+        "paused" => format!(
+            "by {} since {}: {}",
+            d.paused_by.as_deref().unwrap_or("?"),
+            d.paused_at.as_deref().unwrap_or("?"),
+            d.pause_reason.as_deref().unwrap_or("")
+        ),
+        "open" => format!(
+            "since {} after {} failures in a row: {}",
+            d.opened_at.as_deref().unwrap_or("?"),
+            d.failures,
+            d.last_error.as_deref().unwrap_or("")
+        ),
+        "unconfigured" => "no relay has it configured: its messages wait".into(),
+        _ => String::new(),
+    };
+    let paused = d.paused_at.is_some();
+    let action = nav.operator().then(|| {
+        let href = nav.href("/outbox/pause", &[("name", &d.name), ("pause", if paused { "no" } else { "yes" })]);
+        (href, if paused { "Resume…" } else { "Pause…" })
+    });
+    DestinationView {
+        name: d.name.clone(),
+        state: d.state(),
+        target: d.target.clone().unwrap_or_default(),
+        backlog: d.backlog,
+        dead: d.dead,
+        why,
+        action,
+    }
+}
+
 #[derive(Deserialize, Default)]
 #[serde(default)]
 pub(super) struct OutboxParams {
     retried: String,
+    paused: String,
+    resumed: String,
 }
 
 pub(super) async fn outbox(
@@ -49,8 +98,16 @@ pub(super) async fn outbox(
         .iter()
         .map(|m| message_view(m, |id| nav.operator().then(|| nav.href("/outbox/retry", &[("id", &id.to_string())]))))
         .collect();
-    let notice = p.retried.parse::<u64>().ok().map(|n| format!("{n} dead message(s) due again, attempts reset."));
-    html(OutboxPage { nav, messages, dead: gauges.dead, backlog: gauges.backlog, notice })
+    let destinations = ops::destinations(&state.read).await?.iter().map(|d| destination_view(d, &nav)).collect();
+    let notice = match (p.retried.parse::<u64>(), p.paused.as_str(), p.resumed.as_str()) {
+        (Ok(n), _, _) => Some(format!("{n} dead message(s) due again, attempts reset.")),
+        (_, name, _) if !name.is_empty() => {
+            Some(format!("{name} paused: every relay stops sending to it within a second."))
+        }
+        (_, _, name) if !name.is_empty() => Some(format!("{name} resumed: its messages go, in order.")),
+        _ => None,
+    };
+    html(OutboxPage { nav, destinations, messages, dead: gauges.dead, backlog: gauges.backlog, notice })
 }
 
 #[derive(Deserialize, Default)]
@@ -141,4 +198,87 @@ pub(super) async fn retry(
         nav.href("/event", &[("provider", &f.provider), ("id", &f.event), ("done", "retried")])
     };
     Ok(Redirect::to(&to).into_response())
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub(super) struct PauseParams {
+    name: String,
+    /// `yes` to pause, `no` to resume.
+    pause: String,
+}
+
+/// A destination's name as the destinations file allows it, or a 400.
+fn destination_name(name: &str) -> Result<&str, PageError> {
+    let valid = (1..=64).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+    valid.then_some(name).ok_or_else(|| PageError::BadRequest("Not a destination's name.".into()))
+}
+
+pub(super) async fn confirm_pause(
+    Shared(state): Shared<Arc<State>>,
+    signed: Signed,
+    Query(p): Query<PauseParams>,
+) -> Result<Response, PageError> {
+    operator_only(&signed)?;
+    let name = destination_name(&p.name)?;
+    let pause = p.pause != "no";
+    let nav = signed.nav(&state);
+    let what = if pause {
+        vec![
+            format!("Every relay stops sending to {name} within a second: what is in flight ends, what is leased goes back untouched."),
+            "Its messages wait, none dropped, none spending an attempt, until it is resumed; then they go in order.".into(),
+        ]
+    } else {
+        vec![format!("The relays send {name}'s waiting messages again, in order.")]
+    };
+    let action = if pause { "pause_destination" } else { "resume_destination" };
+    let mut what = what;
+    what.push(format!("The audit records it as {action} by {}, with the reason below.", signed.actor()));
+    let back = nav.href("/outbox", &[]);
+    let page = ConfirmPage {
+        nav,
+        title: format!("{} {name}?", if pause { "Pause" } else { "Resume" }),
+        what,
+        action: "/outbox/pause".into(),
+        fields: vec![("name", name.to_string()), ("pause", if pause { "yes" } else { "no" }.to_string())],
+        reason: Some(if pause { "paused from the console" } else { "resumed from the console" }),
+        button: if pause { "Pause" } else { "Resume" }.into(),
+        back,
+        refused: None,
+    };
+    html(page)
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub(super) struct PauseForm {
+    name: String,
+    pause: String,
+    reason: String,
+    csrf: String,
+}
+
+pub(super) async fn pause(
+    Shared(state): Shared<Arc<State>>,
+    signed: Signed,
+    Posted(f): Posted<PauseForm>,
+) -> Result<Response, PageError> {
+    signed.may_act(&f.csrf)?;
+    let name = destination_name(&f.name)?;
+    let pause = f.pause != "no";
+    let actor = signed.actor();
+    let (action, default) = match pause {
+        true => ("pause_destination", "paused from the console"),
+        false => ("resume_destination", "resumed from the console"),
+    };
+    let reason = audit_reason(&f.reason, default)?;
+    let by = Audit { actor: &actor, action, reason: &reason };
+    if pause {
+        ops::pause_destination(&state.db, name, &by).await?;
+    } else {
+        ops::resume_destination(&state.db, name, &by).await?;
+    }
+    let nav = signed.nav(&state);
+    Ok(Redirect::to(&nav.href("/outbox", &[(if pause { "paused" } else { "resumed" }, name)])).into_response())
 }
