@@ -74,7 +74,9 @@ pub async fn receive(app: App) -> Result<(), Error> {
 
 /// `process`: on an EventBridge schedule, drains pending events until the
 /// deadline less a margin; on SQS, processes the events the messages name and
-/// reports partial batch failures. `app`'s handlers apply them.
+/// reports partial batch failures. `app`'s handlers apply them. With
+/// `INBOX_RELAY_QUEUE_URL`, an invocation whose handlers wrote outbox
+/// messages tells the relay's queue, so they leave at once.
 pub async fn process(app: App) -> Result<(), Error> {
     config::init_logging();
     let env = config::Env::resolved().await?;
@@ -83,12 +85,20 @@ pub async fn process(app: App) -> Result<(), Error> {
     let margin = config::deadline_margin(&env)?;
     let apis = crate::process::hints::Apis::read(&env, &app)?;
     let worker = Arc::new(Worker::new(pool, app.handlers().clone(), WorkerConfig::read(&env)?).with_apis(apis));
+    let relay_queue = match env.var("INBOX_RELAY_QUEUE_URL") {
+        Some(url) => Some(Arc::new(crate::receive::notify::RelayQueue::connect(url).await)),
+        None => None,
+    };
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
-        let worker = worker.clone();
+        let (worker, relay_queue) = (worker.clone(), relay_queue.clone());
         async move {
             let deadline = deadline::drain_until(event.context.deadline, margin);
             let (result, metrics) = process::handle_counted(&worker, event.payload, deadline).await;
             metrics.emit();
+            // The messages the handlers wrote leave now, not at the relay's next schedule.
+            if let (Some(queue), true) = (&relay_queue, worker.take_written() > 0) {
+                queue.nudge().await;
+            }
             Ok::<_, Error>(result?)
         }
     }))

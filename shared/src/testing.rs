@@ -81,6 +81,7 @@ pub fn event<T>(provider: impl AsRef<str>, event_id: &str, event_type: &str, pay
         received_at: SystemTime::now(),
         headers: Headers::default(),
         trace_context: None,
+        written: None,
     }
 }
 

@@ -34,6 +34,8 @@ pub struct Event<T = serde_json::Value> {
     pub headers: Headers,
     /// The `traceparent` of its processing's span, for the messages it writes (traces on).
     pub(crate) trace_context: Option<String>,
+    /// The worker's count of outbox messages written, for the relay's nudge.
+    pub(crate) written: Option<std::sync::Arc<std::sync::atomic::AtomicUsize>>,
 }
 
 impl<T> Event<T> {
@@ -43,7 +45,11 @@ impl<T> Event<T> {
     /// it with its delivery state.
     pub async fn enqueue(&self, conn: &mut PgConnection, message: &crate::Message<'_>) -> Result<bool, sqlx::Error> {
         let event = Some((self.provider.as_str(), self.event_id.as_str()));
-        crate::db::outbox::enqueue_for(conn, message, event, self.trace_context.as_deref()).await
+        let written = crate::db::outbox::enqueue_for(conn, message, event, self.trace_context.as_deref()).await?;
+        if let (true, Some(count)) = (written, &self.written) {
+            count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(written)
     }
 }
 

@@ -131,6 +131,8 @@ pub(crate) mod erased {
         pub headers: Headers,
         /// Its processing's span, when traces are on.
         pub trace_context: Option<String>,
+        /// The worker's count of outbox messages written.
+        pub written: Option<std::sync::Arc<std::sync::atomic::AtomicUsize>>,
     }
 
     impl RawEvent {
@@ -150,6 +152,7 @@ pub(crate) mod erased {
                 received_at: self.received_at,
                 headers: self.headers,
                 trace_context: self.trace_context,
+                written: self.written,
             })
         }
     }

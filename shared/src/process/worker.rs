@@ -158,6 +158,10 @@ pub struct Worker {
     /// Batches still to run with a savepoint per event, after one whose
     /// handler failed (see [`Worker::run_once`]).
     guarded: std::sync::atomic::AtomicU32,
+    /// Outbox messages its handlers wrote since the last look ([`Worker::take_written`]).
+    written: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// Told after a batch that wrote outbox messages (`serve`'s relay lanes wait on it).
+    nudge: Option<std::sync::Arc<tokio::sync::Notify>>,
 }
 
 /// After a handler fails in a batch without savepoints, this many batches
@@ -211,7 +215,23 @@ impl Worker {
             apis: Apis::default(),
             careful: std::sync::atomic::AtomicBool::new(false),
             guarded: std::sync::atomic::AtomicU32::new(0),
+            written: Default::default(),
+            nudge: None,
         }
+    }
+
+    /// Tells `relay` after each batch whose handlers wrote outbox messages
+    /// (a relay in the same process then starts at once, not at its next poll).
+    #[cfg(feature = "serve")]
+    pub(crate) fn with_nudge(mut self, relay: std::sync::Arc<tokio::sync::Notify>) -> Self {
+        self.nudge = Some(relay);
+        self
+    }
+
+    /// The outbox messages its handlers wrote since the last call (the
+    /// `process` function nudges the relay when there are any).
+    pub(crate) fn take_written(&self) -> usize {
+        self.written.swap(0, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The APIs its hint handlers' objects are fetched from
@@ -259,7 +279,13 @@ impl Worker {
         if result.as_ref().is_err_and(db::is_connection_lost) {
             self.careful.store(true, Ordering::Relaxed);
         }
-        self.then_hints(result?, deadline).await
+        let counts = self.then_hints(result?, deadline).await;
+        if let Some(relay) = &self.nudge {
+            if self.take_written() > 0 {
+                relay.notify_waiters();
+            }
+        }
+        counts
     }
 
     /// A committed batch's counts, with its hint handlers' events applied.
@@ -492,6 +518,7 @@ impl Worker {
             received_at: RawEvent::received_at_micros(row.received_at_us),
             headers: row.headers.as_ref().map(|h| Headers::from_json(&h.0)).unwrap_or_default(),
             trace_context,
+            written: Some(self.written.clone()),
         };
         handler.prepare(event).map_err(|unusable| {
             counts.failed += 1;

@@ -72,3 +72,33 @@ impl ProcessQueue {
         Ok(())
     }
 }
+
+/// Tells `relay` that messages are waiting: after a `process` invocation
+/// whose handlers wrote outbox messages, one SQS message `{}` goes to
+/// `INBOX_RELAY_QUEUE_URL`, and the relay function, triggered by it, runs a
+/// pass at once instead of at its next schedule. Best effort, as above.
+pub struct RelayQueue {
+    client: aws_sdk_sqs::Client,
+    url: String,
+}
+
+impl RelayQueue {
+    /// The queue at `url`, with credentials and region from the usual AWS environment.
+    pub async fn connect(url: impl Into<String>) -> Self {
+        let sdk = crate::core::aws::from_env().await;
+        RelayQueue { client: aws_sdk_sqs::Client::new(&sdk), url: url.into() }
+    }
+
+    /// One message, within [`NOTIFY_TIMEOUT`]; a failure is logged, and the schedule runs the relay anyway.
+    pub async fn nudge(&self) {
+        let sent = self.client.send_message().queue_url(&self.url).message_body("{}").send();
+        match tokio::time::timeout(NOTIFY_TIMEOUT, sent).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                let reason = aws_sdk_sqs::error::DisplayErrorContext(e).to_string();
+                tracing::warn!(%reason, "relay queue not told; the schedule will run the relay")
+            }
+            Err(_) => tracing::warn!("relay queue too slow; the schedule will run the relay"),
+        }
+    }
+}

@@ -7,7 +7,10 @@
 //! failing or paused destination holds up only its own messages.
 
 use std::{
-    sync::Arc,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
     time::{Duration, Instant},
 };
 
@@ -276,13 +279,48 @@ impl Stage for Relay {
     const NAME: &'static str = "relay";
 
     /// Every lane drains its backlog, or stops at the deadline: a pass leaves
-    /// nothing it could still do before it.
+    /// nothing it could still do before it. A lane whose backlog is drained
+    /// looks again every [`IDLE_POLL`] while another is still busy, so that a
+    /// slow destination holding the pass open (a Lambda invocation) holds up
+    /// none of the others' new messages.
     async fn run_once(&self, deadline: Instant) -> Result<Pass<Relayed>, sqlx::Error> {
-        let passes = futures_util::future::join_all(self.lanes.iter().map(|l| l.pass(deadline))).await;
+        let busy = AtomicUsize::new(self.lanes.len());
+        let passes =
+            futures_util::future::join_all(self.lanes.iter().map(|l| until_all_idle(l, deadline, &busy))).await;
         let mut relayed = Relayed { unrouted: self.unrouted().await?, ..Relayed::default() };
         for pass in passes {
-            relayed.merge(&pass?.tally);
+            relayed.merge(&pass?);
         }
         Ok(Pass { tally: relayed, more: false })
+    }
+}
+
+/// How often a lane with nothing to send looks again while another lane of the same pass is still busy.
+pub const IDLE_POLL: Duration = Duration::from_millis(250);
+
+/// One lane's passes until every lane of `busy` is idle at once, or the deadline.
+async fn until_all_idle(lane: &lane::Lane, deadline: Instant, busy: &AtomicUsize) -> Result<Relayed, sqlx::Error> {
+    let mut tally = Relayed::default();
+    let mut idle = false;
+    loop {
+        let pass = lane.pass(deadline).await?;
+        tally.add(&pass.tally);
+        let worked = pass.tally.leased > 0;
+        if worked == idle {
+            // Busy again, or idle now.
+            if worked {
+                busy.fetch_add(1, Ordering::SeqCst);
+            } else {
+                busy.fetch_sub(1, Ordering::SeqCst);
+            }
+            idle = !worked;
+        }
+        if worked {
+            continue;
+        }
+        if busy.load(Ordering::SeqCst) == 0 || Instant::now() + IDLE_POLL >= deadline {
+            return Ok(tally);
+        }
+        tokio::time::sleep(IDLE_POLL).await;
     }
 }

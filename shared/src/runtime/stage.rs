@@ -104,14 +104,16 @@ pub async fn run<S: Stage>(stage: &S, deadline: Instant) -> Result<S::Tally, Sto
 /// Runs continuously until `shutdown`: again at once after a full batch,
 /// after `poll` otherwise, and no sooner than a second after an error.
 pub async fn run_until<S: Stage>(stage: &S, poll: Duration, shutdown: impl Future<Output = ()>) {
-    run_observed(stage, poll, shutdown, |_| {}).await
+    run_observed(stage, poll, None, shutdown, |_| {}).await
 }
 
 /// [`run_until`], each pass's counts (or error) shown to `observe` (the
-/// service's metrics).
+/// service's metrics); a pass starts early when `wake` is told (the worker
+/// nudging the relay).
 pub(crate) async fn run_observed<S: Stage>(
     stage: &S,
     poll: Duration,
+    wake: Option<&tokio::sync::Notify>,
     shutdown: impl Future<Output = ()>,
     observe: impl Fn(Result<&S::Tally, &sqlx::Error>),
 ) {
@@ -135,8 +137,15 @@ pub(crate) async fn run_observed<S: Stage>(
                 poll.max(Duration::from_secs(1))
             }
         };
+        let nudged = async {
+            match wake {
+                Some(wake) => wake.notified().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             () = tokio::time::sleep(wait) => {}
+            () = nudged => {}
             () = &mut shutdown => return,
         }
     }

@@ -50,7 +50,11 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
+use tokio::{
+    net::TcpListener,
+    sync::{watch, Notify},
+    task::JoinHandle,
+};
 
 pub use crate::receive::claim::group::GroupConfig;
 pub(crate) use crate::server::CONSOLE_PATH;
@@ -450,11 +454,15 @@ impl Stack<'_> {
         if let Some(receiver) = &receiver {
             stages.push(tally_writer(receiver.clone(), gate.clone()));
         }
+        // The workers tell the relay's lanes when they wrote outbox messages: a message leaves
+        // at once, not at the lanes' next poll.
+        let nudge = Arc::new(Notify::new());
         if roles.has(Role::Process) {
             for _ in 0..serve.workers {
-                let worker =
-                    Worker::new(pool.clone(), app.handlers().clone(), worker_config.clone()).with_apis(apis.clone());
-                stages.push(spawn_stage(worker, worker_config.poll, gate.clone(), counted));
+                let worker = Worker::new(pool.clone(), app.handlers().clone(), worker_config.clone())
+                    .with_apis(apis.clone())
+                    .with_nudge(nudge.clone());
+                stages.push(spawn_stage(worker, worker_config.poll, None, gate.clone(), counted));
             }
             if counted {
                 stages.push(gauges(pool.clone(), gate.clone()));
@@ -464,7 +472,7 @@ impl Stack<'_> {
             // Each destination on its own loop: a lane waits for nothing but its own destination.
             let (lanes, unrouted) = Relay::new(pool.clone(), destinations, relay_config).into_lanes();
             for lane in lanes {
-                stages.push(spawn_stage(lane, worker_config.poll, gate.clone(), counted));
+                stages.push(spawn_stage(lane, worker_config.poll, Some(nudge.clone()), gate.clone(), counted));
             }
             if counted {
                 stages.push(unrouted_gauge(unrouted, gate.clone()));
@@ -472,11 +480,11 @@ impl Stack<'_> {
         }
         if let Some(retention) = retention {
             let pruner = Pruner::new(pool.clone(), retention);
-            stages.push(spawn_stage(pruner, Duration::from_secs(3600), gate.clone(), counted));
+            stages.push(spawn_stage(pruner, Duration::from_secs(3600), None, gate.clone(), counted));
         }
         if let Some(reconciler) = reconciler {
             // Every 15 minutes, as the function's schedule.
-            stages.push(spawn_stage(reconciler, Duration::from_secs(900), gate.clone(), counted));
+            stages.push(spawn_stage(reconciler, Duration::from_secs(900), None, gate.clone(), counted));
         }
 
         let health = health_router(readiness.clone(), admin.is_none() && counted, false);
@@ -600,7 +608,7 @@ fn schema_watch(
 
 /// A batch stage, run once the gate opens until it closes (its batch in
 /// progress finished), its passes counted in the metrics when `counted`.
-fn spawn_stage<S>(stage: S, poll: Duration, mut gate: Gate, counted: bool) -> JoinHandle<()>
+fn spawn_stage<S>(stage: S, poll: Duration, wake: Option<Arc<Notify>>, mut gate: Gate, counted: bool) -> JoinHandle<()>
 where
     S: stage::Stage + 'static,
     S::Tally: Reported,
@@ -623,7 +631,7 @@ where
                 Err(_) => metrics::pass_failed(S::NAME),
             }
         };
-        stage::run_observed(&stage, poll, gate.closed(), observe).await
+        stage::run_observed(&stage, poll, wake.as_deref(), gate.closed(), observe).await
     })
 }
 

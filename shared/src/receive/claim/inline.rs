@@ -63,6 +63,8 @@ pub(crate) async fn claim_and_apply(
             received_at: SystemTime::now(),
             headers: Headers::from_json(env.headers),
             trace_context: env.trace_context.map(str::to_string),
+            // Inline mode's messages wait for the relay's next pass.
+            written: None,
         };
         // A payload that does not decode as the handler's type fails here, as the worker would fail it.
         let prepared = match handler.prepare(event) {
