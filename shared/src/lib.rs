@@ -312,14 +312,19 @@ pub mod hints {
 }
 
 /// Where the relay sends a destination's messages: a [`Sink`](sinks::Sink).
-/// HTTP (signed as Standard Webhooks with a [`Signer`](sinks::Signer)), SQS
-/// and EventBridge are built in; a team adds its own with
+/// HTTP (signed as Standard Webhooks with a [`Signer`](sinks::Signer)), SQS,
+/// EventBridge, NATS JetStream (feature `nats`) and AMQP 0-9-1 such as
+/// RabbitMQ (feature `amqp`) are built in; a team adds its own with
 /// [`App::with_sink`] and names it in a destination (`sink = "kafka"`). See
 /// the repository's `docs/destinations.md`.
 #[cfg(feature = "relay")]
 pub mod sinks {
     pub use crate::core::http::http_client;
     pub use crate::db::outbox::Outgoing;
+    #[cfg(feature = "amqp")]
+    pub use crate::relay::amqp::AmqpSink;
+    #[cfg(feature = "nats")]
+    pub use crate::relay::nats::NatsSink;
     pub use crate::relay::{
         aws::{EventBridgeSink, SqsSink},
         signing::Signer,

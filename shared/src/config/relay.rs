@@ -70,6 +70,20 @@ pub enum Target {
     Sqs(String),
     /// `event_bus`.
     EventBus(String),
+    /// `nats_subject`, on the server `nats_url_env` names (`RELAY_NATS_URL` by default).
+    Nats {
+        /// The server's URL (it may hold credentials: never shown).
+        url: String,
+        /// The subject.
+        subject: String,
+    },
+    /// `amqp_exchange`, on the broker `amqp_url_env` names (`RELAY_AMQP_URL` by default).
+    Amqp {
+        /// The broker's URL (it may hold credentials: never shown).
+        url: String,
+        /// The exchange.
+        exchange: String,
+    },
     /// `sink`: a team's own, by the name it was registered under ([`App::with_sink`]).
     Registered(String),
     /// The `default` destination with more than one of the `RELAY_*` sinks:
@@ -103,6 +117,10 @@ struct Entry {
     url: Option<String>,
     sqs_queue_url: Option<String>,
     event_bus: Option<String>,
+    nats_subject: Option<String>,
+    nats_url_env: Option<String>,
+    amqp_exchange: Option<String>,
+    amqp_url_env: Option<String>,
     sink: Option<String>,
     concurrency: Option<usize>,
     rate_per_second: Option<f64>,
@@ -208,12 +226,39 @@ impl Destinations {
             if let Some(bus) = entry.event_bus {
                 targets.push(("event_bus", Target::EventBus(bus)));
             }
+            // A broker's URL comes from a variable: it may hold credentials.
+            let server = |key: &str, named: &Option<String>, default: &str| {
+                let var = named.as_deref().unwrap_or(default);
+                env.var(var).ok_or_else(|| at(key, format!("{} is not set", crate::core::text::escape(var))))
+            };
+            if let Some(subject) = entry.nats_subject {
+                targets.push((
+                    "nats_subject",
+                    Target::Nats { url: server("nats_url_env", &entry.nats_url_env, "RELAY_NATS_URL")?, subject },
+                ));
+            } else if entry.nats_url_env.is_some() {
+                return Err(at("nats_url_env", "without nats_subject".into()));
+            }
+            if let Some(exchange) = entry.amqp_exchange {
+                targets.push((
+                    "amqp_exchange",
+                    Target::Amqp { url: server("amqp_url_env", &entry.amqp_url_env, "RELAY_AMQP_URL")?, exchange },
+                ));
+            } else if entry.amqp_url_env.is_some() {
+                return Err(at("amqp_url_env", "without amqp_exchange".into()));
+            }
             if let Some(sink) = entry.sink {
                 targets.push(("sink", Target::Registered(sink)));
             }
             let target = match targets.len() {
                 1 => targets.remove(0),
-                0 => return Err(at("url", "no sink: give one of url, sqs_queue_url, event_bus or sink".into())),
+                0 => {
+                    return Err(at(
+                        "url",
+                        "no sink: give one of url, sqs_queue_url, event_bus, nats_subject, amqp_exchange or sink"
+                            .into(),
+                    ))
+                }
                 _ => {
                     let keys: Vec<&str> = targets.iter().map(|(k, _)| *k).collect();
                     return Err(at(keys[1], format!("a destination has one sink; this one names {}", keys.join(", "))));
@@ -295,6 +340,28 @@ async fn build(
         Target::Sqs(queue) => Arc::new(aws::SqsSink::new(aws_sdk_sqs::Client::new(aws(sdk).await), queue.clone())),
         Target::EventBus(bus) => {
             Arc::new(aws::EventBridgeSink::new(aws_sdk_eventbridge::Client::new(aws(sdk).await), bus.clone()))
+        }
+        #[cfg(feature = "nats")]
+        Target::Nats { url, subject } => {
+            Arc::new(crate::relay::nats::NatsSink::connect(url, subject.clone()).await.map_err(|reason| {
+                invalid("RELAY_DESTINATIONS_FILE", format!("[destination.{name}] nats_subject: {reason}"))
+            })?)
+        }
+        #[cfg(feature = "amqp")]
+        Target::Amqp { url, exchange } => Arc::new(crate::relay::amqp::AmqpSink::new(url.clone(), exchange.clone())),
+        #[cfg(not(feature = "nats"))]
+        Target::Nats { .. } => {
+            return Err(invalid(
+                "RELAY_DESTINATIONS_FILE",
+                format!("[destination.{name}] nats_subject: this build has no NATS sink (the `nats` feature)"),
+            ))
+        }
+        #[cfg(not(feature = "amqp"))]
+        Target::Amqp { .. } => {
+            return Err(invalid(
+                "RELAY_DESTINATIONS_FILE",
+                format!("[destination.{name}] amqp_exchange: this build has no AMQP sink (the `amqp` feature)"),
+            ))
         }
         Target::Registered(sink) => app.sink(sink).ok_or_else(|| {
             let known = app.sink_names();

@@ -16,9 +16,13 @@ use std::{
 
 use sqlx::PgPool;
 
+#[cfg(feature = "amqp")]
+pub mod amqp;
 pub mod aws;
 pub mod http;
 mod lane;
+#[cfg(feature = "nats")]
+pub mod nats;
 pub mod signing;
 pub mod sink;
 
@@ -280,7 +284,7 @@ impl Stage for Relay {
 
     /// Every lane drains its backlog, or stops at the deadline: a pass leaves
     /// nothing it could still do before it. A lane whose backlog is drained
-    /// looks again every [`IDLE_POLL`] while another is still busy, so that a
+    /// looks again every 250 ms while another is still busy, so that a
     /// slow destination holding the pass open (a Lambda invocation) holds up
     /// none of the others' new messages.
     async fn run_once(&self, deadline: Instant) -> Result<Pass<Relayed>, sqlx::Error> {
@@ -296,7 +300,7 @@ impl Stage for Relay {
 }
 
 /// How often a lane with nothing to send looks again while another lane of the same pass is still busy.
-pub const IDLE_POLL: Duration = Duration::from_millis(250);
+const IDLE_POLL: Duration = Duration::from_millis(250);
 
 /// One lane's passes until every lane of `busy` is idle at once, or the deadline.
 async fn until_all_idle(lane: &lane::Lane, deadline: Instant, busy: &AtomicUsize) -> Result<Relayed, sqlx::Error> {

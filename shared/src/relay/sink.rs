@@ -136,3 +136,16 @@ pub(crate) fn checked(messages: usize, replies: Vec<SinkReply>) -> Vec<SinkReply
     let reason = format!("the sink gave {} replies for {messages} messages", replies.len());
     vec![SinkReply::retry(reason); messages]
 }
+
+/// A server's URL as a sink's target shows it: without its credentials.
+#[cfg(any(feature = "nats", feature = "amqp"))]
+pub(crate) fn shown(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) => {
+            let _ = u.set_username("");
+            let _ = u.set_password(None);
+            u.to_string()
+        }
+        Err(_) => "(not a URL)".into(),
+    }
+}
