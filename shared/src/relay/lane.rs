@@ -24,10 +24,7 @@ use crate::{
         destinations::{self, Gate},
         outbox::{self, Dispatch, Outgoing},
     },
-    runtime::{
-        stage::{Pass, Stage},
-        trace,
-    },
+    runtime::{stage::Pass, trace},
 };
 
 /// Results are recorded once this many are known, or once the oldest waited this long.
@@ -307,12 +304,43 @@ impl Relayed {
     }
 }
 
+/// A lane's counts, as `serve` reports them: the gauges come from the
+/// database apart (one lane's view of them would overwrite another's).
+#[cfg(feature = "serve")]
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub(crate) struct LaneRelayed(Relayed);
+
+#[cfg(feature = "serve")]
+impl crate::runtime::stage::Tally for LaneRelayed {
+    fn add(&mut self, other: &Self) {
+        self.0.add(&other.0);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+#[cfg(feature = "serve")]
+impl crate::runtime::stage::Reported for LaneRelayed {
+    /// `relayed`, `relay_retried`, `relay_dead`.
+    fn metrics(&self) -> Vec<crate::runtime::metrics::Metrics> {
+        let mut m = crate::runtime::metrics::Metrics::new("relay");
+        m.count("relayed", self.0.sent as u64)
+            .count("relay_retried", self.0.retried as u64)
+            .count("relay_dead", self.0.dead as u64);
+        vec![m]
+    }
+}
+
 /// One lane on its own loop (`serve`): it waits for nothing but its destination.
-impl Stage for Lane {
-    type Tally = Relayed;
+#[cfg(feature = "serve")]
+impl crate::runtime::stage::Stage for Lane {
+    type Tally = LaneRelayed;
     const NAME: &'static str = "relay";
 
-    async fn run_once(&self, deadline: Instant) -> Result<Pass<Relayed>, sqlx::Error> {
-        self.pass(deadline).await
+    async fn run_once(&self, deadline: Instant) -> Result<Pass<LaneRelayed>, sqlx::Error> {
+        let pass = self.pass(deadline).await?;
+        Ok(Pass { tally: LaneRelayed(pass.tally), more: pass.more })
     }
 }

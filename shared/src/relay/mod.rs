@@ -255,26 +255,33 @@ impl Relay {
         &self.configured
     }
 
-    /// Each lane as a stage of its own, and the count of unrouted messages
-    /// (for `serve`, which runs each lane on its own loop: a lane waits for
-    /// nothing but its own destination).
+    /// Each lane as a stage of its own (reporting its counts), and the
+    /// relay's gauges apart (for `serve`, which runs each lane on its own
+    /// loop: a lane waits for nothing but its own destination).
     #[cfg(feature = "serve")]
-    pub(crate) fn into_lanes(self) -> (Vec<lane::Lane>, Unrouted) {
-        (self.lanes, Unrouted { pool: self.pool, configured: self.configured })
+    pub(crate) fn into_lanes(self) -> (Vec<lane::Lane>, RelayGauges) {
+        (self.lanes, RelayGauges { pool: self.pool, configured: self.configured })
     }
 }
 
-/// Counts the messages no destination of this relay takes (`serve`'s gauge).
+/// The relay's gauges (`relay_paused`, `relay_open`, `relay_unrouted`), read
+/// from the database: `serve` reports them apart from its lanes' counts.
 #[cfg(feature = "serve")]
-pub(crate) struct Unrouted {
+pub(crate) struct RelayGauges {
     pool: PgPool,
     configured: Vec<String>,
 }
 
 #[cfg(feature = "serve")]
-impl Unrouted {
-    pub(crate) async fn count(&self) -> Result<i64, sqlx::Error> {
-        crate::db::destinations::unrouted(&self.pool, &self.configured).await
+impl RelayGauges {
+    pub(crate) async fn read(&self) -> Result<crate::runtime::metrics::Metrics, sqlx::Error> {
+        let unrouted = crate::db::destinations::unrouted(&self.pool, &self.configured).await?;
+        let (paused, open) = crate::db::destinations::paused_and_open(&self.pool).await?;
+        let mut m = crate::runtime::metrics::Metrics::new("relay");
+        m.gauge("relay_paused", paused as f64)
+            .gauge("relay_open", open as f64)
+            .gauge("relay_unrouted", unrouted as f64);
+        Ok(m)
     }
 }
 

@@ -470,12 +470,12 @@ impl Stack<'_> {
         }
         if let Some(relay_config) = relay_config {
             // Each destination on its own loop: a lane waits for nothing but its own destination.
-            let (lanes, unrouted) = Relay::new(pool.clone(), destinations, relay_config).into_lanes();
+            let (lanes, relay_gauges) = Relay::new(pool.clone(), destinations, relay_config).into_lanes();
             for lane in lanes {
                 stages.push(spawn_stage(lane, worker_config.poll, Some(nudge.clone()), gate.clone(), counted));
             }
             if counted {
-                stages.push(unrouted_gauge(unrouted, gate.clone()));
+                stages.push(relay_gauges_every(relay_gauges, gate.clone()));
             }
         }
         if let Some(retention) = retention {
@@ -635,16 +635,16 @@ where
     })
 }
 
-/// Messages no configured destination takes, every 15 s (`webhook_inbox_relay_unrouted`).
-fn unrouted_gauge(unrouted: crate::relay::Unrouted, mut gate: Gate) -> JoinHandle<()> {
+/// The relay's gauges, every 15 s (`webhook_inbox_relay_paused`, `_open`, `_unrouted`).
+fn relay_gauges_every(gauges: crate::relay::RelayGauges, mut gate: Gate) -> JoinHandle<()> {
     tokio::spawn(async move {
         if !gate.open().await {
             return;
         }
         loop {
-            match unrouted.count().await {
-                Ok(n) => metrics::record(Metrics::new("relay").gauge("relay_unrouted", n as f64)),
-                Err(e) => tracing::warn!(error = %e, "counting messages for no configured destination"),
+            match gauges.read().await {
+                Ok(m) => metrics::record(&m),
+                Err(e) => tracing::warn!(error = %e, "reading the relay's gauges"),
             }
             tokio::select! {
                 () = tokio::time::sleep(Duration::from_secs(15)) => {}
