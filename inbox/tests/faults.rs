@@ -101,6 +101,8 @@ impl Stack {
                 ("INBOX_RETRY_BASE_MS", "100".into()),
                 ("RELAY_HTTP_URL", sink.to_string()),
                 ("RELAY_RETRY_BASE_MS", "100".into()),
+                // Many in flight (the consumer answers in 0 to 19 ms) whenever the stack is killed.
+                ("RELAY_CONCURRENCY", "32".into()),
                 // A relay killed between publish and mark re-sends when its lease ends.
                 ("RELAY_LEASE_MS", "2000".into()),
             ])
@@ -379,6 +381,23 @@ where
         .collect();
     let received: BTreeSet<String> = consumer.lock().unwrap().accepted.keys().cloned().collect();
     assert_eq!(received, keys, "{name}: every outbox message delivered");
+    // Order per key (an account's balance updates): each first arrived after the one written before it.
+    let keyed: Vec<(String, String)> = sqlx::query_as(
+        "SELECT ordering_key, message_key FROM transactional_outbox WHERE ordering_key IS NOT NULL ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(keyed.len() > 1, "{name}: the storm writes messages with an ordering key");
+    let arrived: std::collections::HashMap<String, usize> =
+        consumer.lock().unwrap().order.iter().enumerate().map(|(i, k)| (k.clone(), i)).collect();
+    let mut last: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for (ordering_key, message_key) in &keyed {
+        let at = arrived[message_key];
+        if let Some(before) = last.insert(ordering_key, at) {
+            assert!(before < at, "{name}: {message_key} arrived before the message written before it ({ordering_key})");
+        }
+    }
     drop(stack);
     let pg = Arc::try_unwrap(pg).ok().expect("the injector is done").into_inner().unwrap();
     pg.destroy().await.unwrap();

@@ -23,7 +23,7 @@ use webhook_inbox::{
     config::{Catalog, Secret, Secrets, DEV_STRIPE},
     schemes::{self, Delivery},
     sinks::HttpSink,
-    Destination, DestinationLimits, Provider, PruneConfig, Pruner, ReceiveConfig, Relay, RelayConfig,
+    Destination, DestinationLimits, Provider, PruneConfig, Pruner, ReceiveConfig, Relay, RelayConfig, Stage,
 };
 
 use super::{body, signature, Bench, Check, Figure, Load, Report, Task};
@@ -216,65 +216,131 @@ impl Bench {
         Ok(())
     }
 
-    /// The relay draining outbox messages to a local HTTP sink that answers at
-    /// once, then to one that answers after 50 ms, at the default concurrency.
+    /// The relay against its sink's own ceiling: to a local HTTP sink
+    /// answering at once, 64 in flight, beside `wrk` driving the same sink with
+    /// the same body at 64 connections; to one answering in 50 ms, 256 in
+    /// flight, against 256 / 50 ms; and a destination answering at once alone,
+    /// then beside one answering in 5 s.
     pub(super) async fn relay(&self, pool: &PgPool, report: &mut Report) -> Result<()> {
-        let config = RelayConfig::default();
-        let limits = DestinationLimits::default();
-        let mut figures = Vec::new();
-        for delay in [Duration::ZERO, Duration::from_millis(50)] {
-            let label =
-                if delay.is_zero() { "answering at once".to_string() } else { format!("answering in {delay:?}") };
-            let mut f = Figure::new(
-                format!(
-                    "relay to an HTTP sink {label}, concurrency {}, batches of {}",
-                    limits.concurrency, config.batch_size
-                ),
-                "messages/s",
+        let window = Duration::from_secs(self.seconds);
+        let mut wrk_rate =
+            Figure::new("wrk to the sink answering at once, 64 connections, the same body", "requests/s");
+        let mut at_once = Figure::new("relay to the sink answering at once, concurrency 64", "messages/s");
+        let mut vs_wrk = Check::at_least("relay / wrk, sink answering at once, 64 in flight", 0.8);
+        let mut slow = Figure::new("relay to a sink answering in 50 ms, concurrency 256", "messages/s");
+        let mut vs_ceiling = Check::at_least("relay / (256 / 50 ms), sink answering in 50 ms", 0.8);
+        let mut alone = Figure::new("a destination answering at once, alone, concurrency 64", "messages/s");
+        let mut beside = Figure::new("the same beside a destination answering in 5 s", "messages/s");
+        let mut isolated = Check::at_least("beside a 5 s destination / alone", 0.9);
+        for round in 1..=self.rounds {
+            let sink = SinkServer::start(Duration::ZERO).await?;
+            let peer = wrk(&sink.url(), 64, self.seconds, &body("bench-relay")).await?;
+            let ours = self.relay_rate(pool, &[("fast", &sink, 64, self.events)], window).await?;
+            let ceiling = 256.0 / 0.05;
+            let delayed = SinkServer::start(Duration::from_millis(50)).await?;
+            let queued = (ceiling * self.seconds as f64) as usize;
+            let fifty = self.relay_rate(pool, &[("fast", &delayed, 256, queued)], window).await?;
+            let n = (self.events / 2).max(100);
+            let lone = self.relay_rate(pool, &[("fast", &sink, 64, n)], window).await?;
+            let stuck = SinkServer::start(Duration::from_secs(5)).await?;
+            let shared = self.relay_rate(pool, &[("fast", &sink, 64, n), ("stuck", &stuck, 8, 16)], window).await?;
+            println!(
+                "relay, round {round}: wrk {peer:.0}/s | relay {ours:.0}/s ({:.2}) | 50 ms sink {fifty:.0}/s ({:.2} of {ceiling:.0}) | alone {lone:.0}/s, beside a 5 s one {shared:.0}/s ({:.2})",
+                ours / peer,
+                fifty / ceiling,
+                shared / lone
             );
-            for round in 1..=self.rounds {
-                let sink = SinkServer::start(delay).await?;
-                // More than the relay can send in the time given: the rate is over a full window.
-                let messages = if delay.is_zero() { self.events / 2 } else { 400 * self.seconds as usize };
-                sqlx::query(
-                    "INSERT INTO transactional_outbox (aggregate_type, aggregate_id, payload, message_key)
-                     SELECT 'bench', i::text, $2::jsonb, 'bench-relay-' || i FROM generate_series(1, $1) AS i",
-                )
-                .bind(messages as i64)
-                .bind(body("bench-relay"))
-                .execute(pool)
-                .await
-                .context("seeding outbox messages")?;
-                let http = HttpSink::new(sink.url(), limits.timeout)?;
-                let relay = Relay::new(pool.clone(), vec![Destination::new("default", http)], config.clone());
-                let started = Instant::now();
-                let window = Duration::from_secs(self.seconds);
-                let mut sent = 0;
-                while started.elapsed() < window {
-                    let r = relay.run_once(started + window + Duration::from_secs(15)).await?;
-                    ensure!(r.retried == 0 && r.dead == 0, "the sink refused messages: {r:?}");
-                    sent += r.sent;
-                    if r.leased == 0 {
-                        break;
-                    }
-                }
-                let rate = sent as f64 / started.elapsed().as_secs_f64();
-                let received = sink.received.load(Ordering::Relaxed);
-                ensure!(received >= sent as u64, "the sink got {received} messages, the relay counted {sent} sent");
-                sqlx::query("DELETE FROM transactional_outbox WHERE message_key LIKE 'bench-relay-%'")
-                    .execute(pool)
-                    .await?;
-                println!("{}, round {round}: {rate:.0} messages/s ({sent} sent)", f.name);
-                f.values.push(rate);
-            }
-            figures.push(f);
+            wrk_rate.values.push(peer);
+            at_once.values.push(ours);
+            vs_wrk.values.push(ours / peer);
+            slow.values.push(fifty);
+            vs_ceiling.values.push(fifty / ceiling);
+            alone.values.push(lone);
+            beside.values.push(shared);
+            isolated.values.push(shared / lone);
         }
-        report.sections.push(("Relay".into(), figures));
+        report.sections.push(("Relay".into(), vec![wrk_rate, at_once, slow, alone, beside]));
+        report.checks.extend([vs_wrk, vs_ceiling, isolated]);
         Ok(())
+    }
+
+    /// Seeds each destination's messages, runs one relay over all of them,
+    /// and answers the first destination's rate: its messages over the time
+    /// its sink took to receive them all (or what it received in `window`).
+    async fn relay_rate(
+        &self,
+        pool: &PgPool,
+        destinations: &[(&str, &SinkServer, usize, usize)],
+        window: Duration,
+    ) -> Result<f64> {
+        sqlx::query("DELETE FROM transactional_outbox WHERE message_key LIKE 'bench-relay-%'").execute(pool).await?;
+        sqlx::query("DELETE FROM relay_destinations").execute(pool).await?;
+        let mut lanes = Vec::new();
+        for (name, sink, concurrency, messages) in destinations {
+            sqlx::query(
+                "INSERT INTO transactional_outbox (aggregate_type, aggregate_id, payload, message_key, destination)
+                 SELECT 'bench', i::text, $2::jsonb, 'bench-relay-' || $3 || '-' || i, $3
+                 FROM generate_series(1, $1) AS i",
+            )
+            .bind(*messages as i64)
+            .bind(body("bench-relay"))
+            .bind(*name)
+            .execute(pool)
+            .await
+            .context("seeding outbox messages")?;
+            let limits = DestinationLimits {
+                concurrency: *concurrency,
+                timeout: Duration::from_secs(10),
+                ..DestinationLimits::default()
+            };
+            lanes.push(Destination::new(*name, HttpSink::new(sink.url(), limits.timeout)?).with_limits(limits));
+        }
+        sqlx::query("VACUUM ANALYZE transactional_outbox").execute(pool).await?;
+        let (_, first, _, total) = destinations[0];
+        let before = first.received.load(Ordering::Relaxed);
+        let relay = Relay::new(pool.clone(), lanes, RelayConfig::default());
+        let started = Instant::now();
+        let deadline = started + window + Duration::from_secs(10);
+        let run = tokio::spawn(async move { relay.run(deadline).await });
+        let mut received = 0;
+        while started.elapsed() < window {
+            received = first.received.load(Ordering::Relaxed) - before;
+            if received >= total as u64 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let rate = received as f64 / started.elapsed().as_secs_f64();
+        run.abort();
+        let _ = run.await;
+        sqlx::query("DELETE FROM transactional_outbox WHERE message_key LIKE 'bench-relay-%'").execute(pool).await?;
+        sqlx::query("DELETE FROM relay_destinations").execute(pool).await?;
+        Ok(rate)
     }
 }
 
-/// A local HTTP sink: answers 200 to every POST, after `delay`, counting them.
+/// `wrk` POSTing `body` to `url` at `connections` for `seconds`: requests a second.
+async fn wrk(url: &str, connections: usize, seconds: u64, body: &str) -> Result<f64> {
+    let script = std::env::temp_dir().join(format!("inbox-bench-wrk-{}.lua", std::process::id()));
+    let lua = format!(
+        "wrk.method = \"POST\"\nwrk.body = {body:?}\nwrk.headers[\"Content-Type\"] = \"application/json\"\nwrk.headers[\"Idempotency-Key\"] = \"bench-relay-1\"\n"
+    );
+    std::fs::write(&script, lua)?;
+    let out = tokio::process::Command::new("wrk")
+        .args(["-t", "2", "-c", &connections.to_string(), "-d", &format!("{seconds}s"), "-s"])
+        .arg(&script)
+        .arg(url)
+        .output()
+        .await
+        .context("running wrk (`apt-get install wrk`; scripts/test does)")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    ensure!(out.status.success(), "wrk failed: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("Requests/sec:")?.trim().parse().ok())
+        .with_context(|| format!("no Requests/sec in wrk's output: {stdout}"))
+}
+
 struct SinkServer {
     addr: SocketAddr,
     received: Arc<AtomicU64>,

@@ -276,10 +276,14 @@ pub struct Consumer {
     pub refused: usize,
     /// message_key -> every body accepted under it (the relay may send one twice).
     pub accepted: HashMap<String, Vec<bytes::Bytes>>,
+    /// Each message key, in the order it was first accepted.
+    pub order: Vec<String>,
 }
 
 impl Consumer {
     /// Serves on a free loopback port; its URL, and its state as it fills.
+    /// Each answer takes 0 to 19 ms (by its key), as a real consumer's does:
+    /// the relay has messages in flight whenever it is stopped.
     pub async fn start(refuse_every: Option<usize>) -> std::io::Result<(String, Arc<Mutex<Consumer>>)> {
         use http_body_util::{BodyExt, Full};
         use hyper::{server::conn::http1, service::service_fn, Response, StatusCode};
@@ -298,6 +302,9 @@ impl Consumer {
                             let key =
                                 req.headers().get("idempotency-key").and_then(|v| v.to_str().ok()).map(String::from);
                             let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                            let spread =
+                                key.as_deref().unwrap_or("").bytes().fold(0u64, |h, b| h.wrapping_mul(31) + b as u64);
+                            tokio::time::sleep(std::time::Duration::from_millis(spread % 20)).await;
                             let mut s = state.lock().expect("the consumer's state");
                             s.requests += 1;
                             // A refused request is retried by the relay later, under the same key.
@@ -305,7 +312,11 @@ impl Consumer {
                                 s.refused += 1;
                                 StatusCode::SERVICE_UNAVAILABLE
                             } else {
-                                s.accepted.entry(key.unwrap_or_default()).or_default().push(body);
+                                let key = key.unwrap_or_default();
+                                if !s.accepted.contains_key(&key) {
+                                    s.order.push(key.clone());
+                                }
+                                s.accepted.entry(key).or_default().push(body);
                                 StatusCode::OK
                             };
                             let mut response = Response::new(Full::new(bytes::Bytes::new()));

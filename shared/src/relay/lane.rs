@@ -177,11 +177,13 @@ impl Lane {
             {
                 break;
             }
-            let tick = [wake, first_result.map(|at| at + RECORD_WITHIN), Some(gate_at + GATE_EVERY)]
+            // The next thing due besides a result: a start the rate allows, a record, a look at the gate.
+            let gate_tick = (gate == Gate::Open).then_some(gate_at + GATE_EVERY);
+            let tick = [wake, first_result.map(|at| at + RECORD_WITHIN), gate_tick]
                 .into_iter()
                 .flatten()
                 .min()
-                .expect("the gate's tick is always there");
+                .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
             tokio::select! {
                 Some(done) = flying.join_next() => {
                     // A delivery task cannot panic (the sink's panic is caught) or be cancelled.
