@@ -198,7 +198,8 @@ async fn a_failing_destination_opens_its_circuit_then_one_probe_closes_it(pool: 
     assert_eq!(server.received_requests().await.unwrap().len(), 10);
 }
 
-/// A probe that fails keeps the circuit open for another cool-down.
+/// A probe that fails keeps the circuit open for another cool-down, and
+/// spends no attempt of its message (an outage probed for hours leaves none dead).
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_failed_probe_cools_down_again(pool: PgPool) {
     let server = answering(500, Duration::ZERO).await;
@@ -212,10 +213,13 @@ async fn a_failed_probe_cools_down_again(pool: PgPool) {
     let relay = Relay::new(pool.clone(), vec![to("default", http(&server), limits)], config());
     assert_eq!(relay.run(later()).await.unwrap().open, 1);
     tokio::time::sleep(Duration::from_millis(350)).await;
+    let attempts = "SELECT sum(attempts) FROM transactional_outbox";
+    assert_eq!(count(&pool, attempts).await, 1, "the failure that opened the circuit");
     let probe = relay.run(later()).await.unwrap();
-    assert_eq!((probe.leased, probe.retried, probe.open), (1, 1, 1));
+    assert_eq!((probe.leased, probe.released, probe.open), (1, 1, 1));
     assert_eq!(relay.run(later()).await.unwrap().leased, 0, "cooling down again");
     assert_eq!(server.received_requests().await.unwrap().len(), 2);
+    assert_eq!(count(&pool, attempts).await, 1, "a failed probe spends no attempt");
 }
 
 /// A paused destination's messages wait, none sent, none spending an attempt,

@@ -190,9 +190,17 @@ impl Lane {
                     let Ok((batch, replies)) = done else { continue };
                     in_flight -= batch.len();
                     for (m, reply) in batch.iter().zip(replies) {
+                        let probing = gate == Gate::Probe;
                         if let Some(g) = self.observe(&reply, gate).await? {
                             gate = g;
                             gate_at = Instant::now();
+                        }
+                        // A failed probe spends no attempt: the destination failed, not the message,
+                        // and an outage probed for an hour must not leave messages dead.
+                        if probing && matches!(reply, SinkReply::Retryable { .. }) {
+                            spans.remove(&m.id);
+                            t.released += self.release(vec![m.clone()]).await?;
+                            continue;
                         }
                         let dispatch = self.dispatch(m.attempts, reply);
                         t.count(&dispatch);
