@@ -447,6 +447,38 @@ async fn faults_table() {
     );
 
     rows.extend(
+        scenario("kill -9 with the relay mid-pipeline", size(), Route::Direct, &[], |ctx| async move {
+            let pool = db::DbConfig::with_url(&ctx.link.url).pool().unwrap();
+            let in_flight = "SELECT count(*) FROM transactional_outbox
+                             WHERE processed_at IS NULL AND dead_at IS NULL AND attempts > 0 AND next_attempt_at > now()";
+            let (mut kills, mut caught) = (0, 0i64);
+            while ctx.storming() {
+                // Killed only while messages are leased and on their way to the consumer.
+                let leased: i64 = sqlx::query_scalar(in_flight).fetch_one(&pool).await.unwrap_or(0);
+                if leased == 0 {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                }
+                let (link, sink, port, stack) = (ctx.link.clone(), ctx.sink.clone(), ctx.port, ctx.stack.clone());
+                tokio::task::spawn_blocking(move || {
+                    let mut guard = stack.lock().unwrap();
+                    if let Some(mut s) = guard.take() {
+                        s.kill9();
+                    }
+                    *guard = Some(Stack::start(&link, &sink, port));
+                })
+                .await
+                .unwrap();
+                kills += 1;
+                caught += leased;
+                tokio::time::sleep(Duration::from_millis(400)).await;
+            }
+            format!("inbox dev killed with SIGKILL {kills} times while the relay had messages leased ({caught} in all), and restarted")
+        })
+        .await,
+    );
+
+    rows.extend(
         scenario("PostgreSQL restarted (immediate)", size(), Route::Direct, &[], |ctx| async move {
             let mut rng = Rng(11);
             let mut restarts = 0;

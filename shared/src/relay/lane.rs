@@ -102,6 +102,10 @@ impl Lane {
         // recorded sent or dead lets the next one of its ordering key go).
         let mut recorded = 0u64;
         let mut empty_at: Option<u64> = None;
+        // The next lease and the recordings run beside the deliveries: the
+        // pipeline does not empty while a statement is on its way.
+        let mut leasing: Option<tokio::task::JoinHandle<Result<Vec<Outgoing>, sqlx::Error>>> = None;
+        let mut recording: JoinSet<Result<(), sqlx::Error>> = JoinSet::new();
         loop {
             if gate == Gate::Open && gate_at.elapsed() >= GATE_EVERY {
                 gate = destinations::gate(&self.pool, self.name(), limits.circuit_cool_down).await?;
@@ -111,8 +115,8 @@ impl Lane {
             if !results.is_empty()
                 && (results.len() >= RECORD_AT || record_by.is_some_and(|at| at <= Instant::now()) || flying.is_empty())
             {
-                self.record(&mut results).await?;
-                recorded += 1;
+                let (pool, batch) = (self.pool.clone(), std::mem::take(&mut results));
+                recording.spawn(async move { outbox::record_results(&pool, &batch).await });
                 first_result = None;
             }
             let sending = matches!(gate, Gate::Open | Gate::Probe);
@@ -120,15 +124,19 @@ impl Lane {
                 t.released += self.release(buffer.drain(..).collect()).await?;
             }
             let room = Instant::now() + limits.timeout <= deadline;
-            if buffer.is_empty() && !drained && sending && in_flight < limits.concurrency && empty_at != Some(recorded)
-            {
+            // The next lease goes out while fewer wait than the free slots could take
+            // (a probe: once, with nothing else in flight).
+            let wanted = match gate {
+                Gate::Probe => buffer.is_empty() && in_flight == 0,
+                _ => buffer.len() < limits.concurrency,
+            };
+            if leasing.is_none() && wanted && !drained && sending && empty_at != Some(recorded) {
                 if room {
                     let n = if gate == Gate::Probe { 1 } else { self.lease_size() };
-                    let leased = outbox::lease_unsent(&self.pool, self.name(), n, self.config.lease).await?;
-                    drained = gate == Gate::Probe || (leased.is_empty() && in_flight == 0);
-                    empty_at = leased.is_empty().then_some(recorded);
-                    t.leased += leased.len();
-                    buffer.extend(leased);
+                    let (pool, name, lease) = (self.pool.clone(), self.name().to_string(), self.config.lease);
+                    leasing = Some(tokio::spawn(async move { outbox::lease_unsent(&pool, &name, n, lease).await }));
+                    // The probe is one message.
+                    drained = gate == Gate::Probe;
                 } else {
                     drained = true;
                 }
@@ -173,6 +181,8 @@ impl Lane {
             if flying.is_empty()
                 && buffer.is_empty()
                 && results.is_empty()
+                && leasing.is_none()
+                && recording.is_empty()
                 && (drained || !sending || empty_at == Some(recorded))
             {
                 break;
@@ -184,7 +194,27 @@ impl Lane {
                 .flatten()
                 .min()
                 .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+            let leased = async {
+                match leasing.as_mut() {
+                    Some(lease) => lease.await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
+                lease = leased => {
+                    leasing = None;
+                    let leased = lease.map_err(|e| sqlx::Error::Io(std::io::Error::other(e)))??;
+                    if leased.is_empty() {
+                        empty_at = Some(recorded);
+                        drained |= in_flight == 0 && recording.is_empty() && results.is_empty();
+                    }
+                    t.leased += leased.len();
+                    buffer.extend(leased);
+                }
+                Some(done) = recording.join_next() => {
+                    done.map_err(|e| sqlx::Error::Io(std::io::Error::other(e)))??;
+                    recorded += 1;
+                }
                 Some(done) = flying.join_next() => {
                     // A delivery task cannot panic (the sink's panic is caught) or be cancelled.
                     let Ok((batch, replies)) = done else { continue };
@@ -222,7 +252,7 @@ impl Lane {
                 () = tokio::time::sleep_until(tick.into()) => {}
             }
         }
-        self.record(&mut results).await?;
+        outbox::record_results(&self.pool, &results).await?;
         match gate {
             Gate::Paused => t.paused = 1,
             Gate::Cooling => t.open = 1,
@@ -274,12 +304,6 @@ impl Lane {
         let m = Outgoing { trace_context: Some(span.traceparent()), ..m };
         spans.insert(m.id, span);
         m
-    }
-
-    async fn record(&self, results: &mut Vec<(i64, i32, Dispatch)>) -> Result<(), sqlx::Error> {
-        outbox::record_results(&self.pool, results).await?;
-        results.clear();
-        Ok(())
     }
 
     /// Gives leased messages back untouched; how many.
