@@ -590,22 +590,6 @@ pub async fn destinations(pool: &PgPool, out: &Output) -> Result<()> {
     let rows: Vec<Vec<String>> = destinations
         .iter()
         .map(|d| {
-            let why = match d.state() {
-                "paused" => format!(
-                    "by {} at {}: {}",
-                    d.paused_by.as_deref().unwrap_or("?"),
-                    d.paused_at.as_deref().unwrap_or("?"),
-                    d.pause_reason.as_deref().unwrap_or("")
-                ),
-                "open" => format!(
-                    "since {} after {} failures: {}",
-                    d.opened_at.as_deref().unwrap_or("?"),
-                    d.failures,
-                    d.last_error.as_deref().unwrap_or("")
-                ),
-                "unconfigured" => "no relay has it configured: its messages wait".into(),
-                _ => String::new(),
-            };
             vec![
                 d.name.clone(),
                 d.state().into(),
@@ -613,7 +597,7 @@ pub async fn destinations(pool: &PgPool, out: &Output) -> Result<()> {
                 d.backlog.to_string(),
                 age(d.oldest_backlog_ms),
                 d.dead.to_string(),
-                why,
+                d.why(),
             ]
         })
         .collect();
@@ -623,9 +607,7 @@ pub async fn destinations(pool: &PgPool, out: &Output) -> Result<()> {
 
 /// Destinations are named as the destinations file names them.
 fn destination_name(name: &str) -> Result<&str> {
-    let valid = (1..=64).contains(&name.len())
-        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
-    if !valid {
+    if !ops::is_destination_name(name) {
         bail!("{} is not a destination's name (1 to 64 of a-z, 0-9, _ and -)", ops::escape(name));
     }
     Ok(name)

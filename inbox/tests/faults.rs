@@ -77,6 +77,20 @@ impl Ctx {
     fn storming(&self) -> bool {
         self.done.load(Ordering::SeqCst) == 0
     }
+
+    /// Kills the stack with SIGKILL and starts another on the same port.
+    async fn kill9_and_restart(&self) {
+        let (link, sink, port, stack) = (self.link.clone(), self.sink.clone(), self.port, self.stack.clone());
+        tokio::task::spawn_blocking(move || {
+            let mut guard = stack.lock().unwrap();
+            if let Some(mut s) = guard.take() {
+                s.kill9();
+            }
+            *guard = Some(Stack::start(&link, &sink, port));
+        })
+        .await
+        .unwrap();
+    }
 }
 
 /// The session settings every stack runs with: a short idle-in-transaction
@@ -427,16 +441,7 @@ async fn faults_table() {
             let mut kills = 0;
             while ctx.storming() {
                 tokio::time::sleep(pause(&mut rng)).await;
-                let (link, sink, port, stack) = (ctx.link.clone(), ctx.sink.clone(), ctx.port, ctx.stack.clone());
-                tokio::task::spawn_blocking(move || {
-                    let mut guard = stack.lock().unwrap();
-                    if let Some(mut s) = guard.take() {
-                        s.kill9();
-                    }
-                    *guard = Some(Stack::start(&link, &sink, port));
-                })
-                .await
-                .unwrap();
+                ctx.kill9_and_restart().await;
                 kills += 1;
             }
             format!(
@@ -459,16 +464,7 @@ async fn faults_table() {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                     continue;
                 }
-                let (link, sink, port, stack) = (ctx.link.clone(), ctx.sink.clone(), ctx.port, ctx.stack.clone());
-                tokio::task::spawn_blocking(move || {
-                    let mut guard = stack.lock().unwrap();
-                    if let Some(mut s) = guard.take() {
-                        s.kill9();
-                    }
-                    *guard = Some(Stack::start(&link, &sink, port));
-                })
-                .await
-                .unwrap();
+                ctx.kill9_and_restart().await;
                 kills += 1;
                 caught += leased;
                 tokio::time::sleep(Duration::from_millis(400)).await;

@@ -13,7 +13,7 @@ pub use crate::core::selection::{BadCursor, Cursor, EventQuery, Filter, IdMatch,
 pub use crate::core::status::Status;
 pub use crate::core::text::{escape, escape_json};
 pub use crate::db::audit::{history, AuditRecord};
-pub use crate::db::destinations::{list as destinations, DestinationState};
+pub use crate::db::destinations::{is_destination_name, list as destinations, DestinationState};
 pub use crate::db::inbox::{
     count_matching, counts_by_provider, list_events, list_failed, replay, requeue_all, secret_usage, status_counts,
     stored_event, Audit, Count, EventPage, EventSummary, FailedEvent, InboxGauges, Matching, Replayed, Requeued,

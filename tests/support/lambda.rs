@@ -86,3 +86,9 @@ pub fn logs(mut child: Child) -> String {
     let output = child.wait_with_output().unwrap();
     format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
 }
+
+/// The URL of a test's database (`#[sqlx::test]`'s pool), for a function's `DATABASE_URL`.
+pub fn database_url(pool: &sqlx::PgPool) -> String {
+    let o = pool.connect_options();
+    format!("postgres://{}@{}:{}/{}", o.get_username(), o.get_host(), o.get_port(), o.get_database().unwrap_or(""))
+}

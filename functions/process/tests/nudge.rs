@@ -4,20 +4,13 @@
 
 use std::time::Duration;
 
-use inbox_tests::lambda::{answered, logs, runtime_api, spawn_function};
+use inbox_tests::lambda::{answered, database_url, logs, runtime_api, spawn_function};
 use serde_json::json;
-use sqlx::{postgres::PgConnectOptions, PgPool};
+use sqlx::PgPool;
 use webhook_inbox::Provider;
 
 async fn invoke(pool: &PgPool, moto: &inbox_tests::Moto, queue: &str) -> String {
-    let opts: PgConnectOptions = (*pool.connect_options()).clone();
-    let url = format!(
-        "postgres://{}@{}:{}/{}",
-        opts.get_username(),
-        opts.get_host(),
-        opts.get_port(),
-        opts.get_database().unwrap()
-    );
+    let url = database_url(pool);
     let api = runtime_api("process", json!({"source": "aws.events"})).await;
     let vars = [
         ("DATABASE_URL", url),

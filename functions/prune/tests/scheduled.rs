@@ -4,13 +4,12 @@
 
 use std::time::Duration;
 
-use inbox_tests::lambda::{answered, logs, runtime_api, spawn_function};
+use inbox_tests::lambda::{answered, database_url, logs, runtime_api, spawn_function};
 use serde_json::{json, Value};
-use sqlx::{postgres::PgConnectOptions, PgPool};
+use sqlx::PgPool;
 
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn an_invocation_prunes_what_is_past_its_retention_and_answers_the_counts(pool: PgPool) {
-    let opts: PgConnectOptions = (*pool.connect_options()).clone();
     sqlx::query(
         "INSERT INTO webhook_inbox (provider, event_id, event_type, payload, status, received_at, processed_at, raw_body, secret_index)
          SELECT 'stripe', 'evt_' || i, 'charge.refunded', '{}', 'done',
@@ -21,13 +20,7 @@ async fn an_invocation_prunes_what_is_past_its_retention_and_answers_the_counts(
     .await
     .unwrap();
     let api = runtime_api("prune", json!({"source": "aws.events"})).await;
-    let url = format!(
-        "postgres://{}@{}:{}/{}",
-        opts.get_username(),
-        opts.get_host(),
-        opts.get_port(),
-        opts.get_database().unwrap()
-    );
+    let url = database_url(&pool);
     let child = spawn_function(env!("CARGO_BIN_EXE_prune"), "prune", &api, &[("DATABASE_URL", url)]);
     let done = answered(&api, Duration::from_secs(30)).await;
     let logs = logs(child);

@@ -4,24 +4,17 @@
 
 use std::time::Duration;
 
-use inbox_tests::lambda::{logs, runtime_api, spawn_function};
+use inbox_tests::lambda::{database_url, logs, runtime_api, spawn_function};
 use serde_json::{json, Value};
-use sqlx::{postgres::PgConnectOptions, PgPool};
+use sqlx::PgPool;
 use wiremock::{matchers::method, Mock, MockServer, ResponseTemplate};
 
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_source_that_fails_fails_the_invocation_with_its_name_and_reason(pool: PgPool) {
-    let opts: PgConnectOptions = (*pool.connect_options()).clone();
     let stripe = MockServer::start().await;
     Mock::given(method("GET")).respond_with(ResponseTemplate::new(500).set_body_string("down")).mount(&stripe).await;
     let api = runtime_api("reconcile", json!({"source": "aws.events"})).await;
-    let url = format!(
-        "postgres://{}@{}:{}/{}",
-        opts.get_username(),
-        opts.get_host(),
-        opts.get_port(),
-        opts.get_database().unwrap()
-    );
+    let url = database_url(&pool);
     let vars = [("DATABASE_URL", url), ("STRIPE_API_KEY", "sk_test_fake".into()), ("STRIPE_API_BASE", stripe.uri())];
     let child = spawn_function(env!("CARGO_BIN_EXE_reconcile"), "reconcile", &api, &vars);
     let until = std::time::Instant::now() + Duration::from_secs(30);

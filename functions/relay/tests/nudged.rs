@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use inbox_tests::lambda::{answered, logs, runtime_api, spawn_function};
+use inbox_tests::lambda::{answered, database_url, logs, runtime_api, spawn_function};
 use serde_json::json;
-use sqlx::{postgres::PgConnectOptions, PgPool};
+use sqlx::PgPool;
 use wiremock::{matchers::method, Mock, MockServer, ResponseTemplate};
 
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
@@ -20,14 +20,7 @@ async fn an_sqs_nudge_runs_a_pass_and_the_messages_reach_their_destination(pool:
     .execute(&pool)
     .await
     .unwrap();
-    let opts: PgConnectOptions = (*pool.connect_options()).clone();
-    let url = format!(
-        "postgres://{}@{}:{}/{}",
-        opts.get_username(),
-        opts.get_host(),
-        opts.get_port(),
-        opts.get_database().unwrap()
-    );
+    let url = database_url(&pool);
     let nudge = json!({"Records": [{"messageId": "m-1", "receiptHandle": "h", "body": "{}",
         "eventSource": "aws:sqs", "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:relay", "awsRegion": "us-east-1",
         "attributes": {}, "messageAttributes": {}, "md5OfBody": ""}]});

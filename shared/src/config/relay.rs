@@ -138,12 +138,6 @@ struct File {
     destination: BTreeMap<String, Entry>,
 }
 
-/// A destination's name: what messages say in `Message::to`.
-fn valid_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
-}
-
 fn http_url(url: &str) -> Result<(), String> {
     match url::Url::parse(url) {
         Ok(u) if matches!(u.scheme(), "http" | "https") && u.host_str().is_some() => Ok(()),
@@ -194,7 +188,7 @@ impl Destinations {
             let at = |key: &str, reason: String| {
                 invalid(var, format!("[destination.{}] {key}: {reason}", crate::core::text::escape(&name)))
             };
-            if !valid_name(&name) {
+            if !crate::db::destinations::is_destination_name(&name) {
                 return Err(at("name", "a destination's name is 1 to 64 of a-z, 0-9, _ and -".into()));
             }
             if out.iter().any(|d| d.name == name) {

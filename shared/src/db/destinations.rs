@@ -6,6 +6,13 @@ use sqlx::PgPool;
 
 use super::inbox::Audit;
 
+/// A destination's name as messages and the destinations file say it: 1 to
+/// 64 of `a-z`, `0-9`, `_` and `-`.
+pub fn is_destination_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+}
+
 #[cfg(feature = "relay")]
 /// What a relay may do with a destination now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,6 +179,28 @@ impl DestinationState {
             "unconfigured"
         } else {
             "running"
+        }
+    }
+
+    /// Why it is in its state, in a sentence (empty while it runs). The
+    /// texts are as stored: escape them for a terminal or a page.
+    pub fn why(&self) -> String {
+        let or = |v: &Option<String>, none: &'static str| v.clone().unwrap_or_else(|| none.into());
+        match self.state() {
+            "paused" => format!(
+                "by {} since {}: {}",
+                or(&self.paused_by, "?"),
+                or(&self.paused_at, "?"),
+                or(&self.pause_reason, "")
+            ),
+            "open" => format!(
+                "since {} after {} failures: {}",
+                or(&self.opened_at, "?"),
+                self.failures,
+                or(&self.last_error, "")
+            ),
+            "unconfigured" => "no relay has it configured: its messages wait".into(),
+            _ => String::new(),
         }
     }
 }

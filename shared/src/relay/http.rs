@@ -45,17 +45,7 @@ impl HttpSink {
 impl Sink for HttpSink {
     /// The URL without its credentials, query or fragment.
     fn target(&self) -> String {
-        let shown = url::Url::parse(&self.url).map_or_else(
-            |_| "(not a URL)".to_string(),
-            |mut u| {
-                let _ = u.set_username("");
-                let _ = u.set_password(None);
-                u.set_query(None);
-                u.set_fragment(None);
-                u.to_string()
-            },
-        );
-        format!("http {shown}")
+        format!("http {}", super::sink::shown(&self.url))
     }
 
     fn deliver<'a>(&'a self, messages: &'a [Outgoing]) -> RepliesFuture<'a> {

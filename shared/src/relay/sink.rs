@@ -137,13 +137,15 @@ pub(crate) fn checked(messages: usize, replies: Vec<SinkReply>) -> Vec<SinkReply
     vec![SinkReply::retry(reason); messages]
 }
 
-/// A server's URL as a sink's target shows it: without its credentials.
-#[cfg(any(feature = "nats", feature = "amqp"))]
+/// A URL as a sink's target shows it: without its credentials, query or
+/// fragment (any may carry a token).
 pub(crate) fn shown(url: &str) -> String {
     match url::Url::parse(url) {
         Ok(mut u) => {
             let _ = u.set_username("");
             let _ = u.set_password(None);
+            u.set_query(None);
+            u.set_fragment(None);
             u.to_string()
         }
         Err(_) => "(not a URL)".into(),

@@ -46,22 +46,6 @@ struct DestinationView {
 }
 
 fn destination_view(d: &ops::DestinationState, nav: &Nav) -> DestinationView {
-    let why = match d.state() {
-        "paused" => format!(
-            "by {} since {}: {}",
-            d.paused_by.as_deref().unwrap_or("?"),
-            d.paused_at.as_deref().unwrap_or("?"),
-            d.pause_reason.as_deref().unwrap_or("")
-        ),
-        "open" => format!(
-            "since {} after {} failures in a row: {}",
-            d.opened_at.as_deref().unwrap_or("?"),
-            d.failures,
-            d.last_error.as_deref().unwrap_or("")
-        ),
-        "unconfigured" => "no relay has it configured: its messages wait".into(),
-        _ => String::new(),
-    };
     let paused = d.paused_at.is_some();
     let action = nav.operator().then(|| {
         let href = nav.href("/outbox/pause", &[("name", &d.name), ("pause", if paused { "no" } else { "yes" })]);
@@ -73,7 +57,7 @@ fn destination_view(d: &ops::DestinationState, nav: &Nav) -> DestinationView {
         target: d.target.clone().unwrap_or_default(),
         backlog: d.backlog,
         dead: d.dead,
-        why,
+        why: d.why(),
         action,
     }
 }
@@ -210,9 +194,9 @@ pub(super) struct PauseParams {
 
 /// A destination's name as the destinations file allows it, or a 400.
 fn destination_name(name: &str) -> Result<&str, PageError> {
-    let valid = (1..=64).contains(&name.len())
-        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
-    valid.then_some(name).ok_or_else(|| PageError::BadRequest("Not a destination's name.".into()))
+    ops::is_destination_name(name)
+        .then_some(name)
+        .ok_or_else(|| PageError::BadRequest("Not a destination's name.".into()))
 }
 
 pub(super) async fn confirm_pause(
