@@ -163,7 +163,7 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-struct Binary {
+pub(super) struct Binary {
     name: &'static str,
     path: PathBuf,
     env: &'static [(&'static str, &'static str)],
@@ -173,25 +173,26 @@ struct Binary {
 
 /// The function binaries beside this `inbox` (same target directory and profile).
 fn binaries() -> Result<Vec<Binary>> {
+    FUNCTIONS.iter().map(|&(name, _)| binary(name)).collect()
+}
+
+/// The function binary `name` (of [`FUNCTIONS`]) beside this `inbox`.
+pub(super) fn binary(name: &str) -> Result<Binary> {
+    let (name, env) = *FUNCTIONS.iter().find(|(n, _)| *n == name).with_context(|| format!("no function {name}"))?;
     let exe = std::env::current_exe().context("finding the inbox binary")?;
     let dir = exe.parent().context("the inbox binary has no directory")?;
     let target = dir.parent().context("the inbox binary is not in a target directory")?;
     let build = if cfg!(debug_assertions) { "cargo build --workspace" } else { "cargo build --release --workspace" };
     let mb = |path: &Path| std::fs::metadata(path).map(|m| m.len() as f64 / 1e6);
-    FUNCTIONS
-        .iter()
-        .map(|&(name, env)| {
-            let path = dir.join(name);
-            let native_mb =
-                mb(&path).with_context(|| format!("no `{name}` binary at {}: run `{build}` first", path.display()))?;
-            let bootstrap_mb = mb(&target.join("lambda").join(name).join("bootstrap")).ok();
-            Ok(Binary { name, path, env, native_mb, bootstrap_mb })
-        })
-        .collect()
+    let path = dir.join(name);
+    let native_mb =
+        mb(&path).with_context(|| format!("no `{name}` binary at {}: run `{build}` first", path.display()))?;
+    let bootstrap_mb = mb(&target.join("lambda").join(name).join("bootstrap")).ok();
+    Ok(Binary { name, path, env, native_mb, bootstrap_mb })
 }
 
 /// A signed Stripe delivery of event `id`, as API Gateway's HTTP API hands it to the function.
-fn delivery(fixture: &Value, id: &str) -> Result<Bytes> {
+pub(super) fn delivery(fixture: &Value, id: &str) -> Result<Bytes> {
     let body = body(id);
     let t = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs();
     let mut event = fixture.clone();
@@ -272,7 +273,7 @@ async fn serve(listener: TcpListener, api: Arc<StandIn>) {
 }
 
 /// One function process and its stand-in Runtime API.
-struct Instance {
+pub(super) struct Instance {
     name: &'static str,
     child: Child,
     calls: mpsc::UnboundedReceiver<Call>,
@@ -286,6 +287,11 @@ struct Instance {
 impl Instance {
     /// Execs the binary and waits for its first poll.
     async fn start(binary: &Binary, database_url: &str) -> Result<Instance> {
+        Instance::start_with(binary, database_url, &[]).await
+    }
+
+    /// [`Instance::start`], with `env` set beyond the binary's own.
+    pub(super) async fn start_with(binary: &Binary, database_url: &str, env: &[(&str, &str)]) -> Result<Instance> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let api_addr = listener.local_addr()?;
         let (calls_tx, calls) = mpsc::unbounded_channel();
@@ -308,6 +314,7 @@ impl Instance {
             .env("AWS_SECRET_ACCESS_KEY", "bench")
             .env("DATABASE_URL", database_url)
             .envs(binary.env.iter().copied())
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -339,7 +346,22 @@ impl Instance {
     }
 
     /// Hands `event` to the function; how long it took to answer, which must be 200 with `want`.
-    async fn deliver(&mut self, event: &Bytes, want: &str) -> Result<Duration> {
+    pub(super) async fn deliver(&mut self, event: &Bytes, want: &str) -> Result<Duration> {
+        let (took, body) = self.invoke(event).await?;
+        let answer: Value = serde_json::from_slice(&body).unwrap_or_default();
+        let inner: Value = answer["body"].as_str().and_then(|b| serde_json::from_str(b).ok()).unwrap_or_default();
+        ensure!(
+            answer["statusCode"] == 200 && inner["status"] == want,
+            "{} answered {} where 200 {want} was expected",
+            self.name,
+            String::from_utf8_lossy(&body)
+        );
+        Ok(took)
+    }
+
+    /// Hands `event` to the function: how long it took to answer, and the
+    /// answer; an invocation error fails.
+    pub(super) async fn invoke(&mut self, event: &Bytes) -> Result<(Duration, Bytes)> {
         self.invocations += 1;
         let expected = format!("bench-{}", self.invocations);
         self.events.send((expected.clone(), event.clone())).map_err(|_| anyhow!("the stand-in Runtime API stopped"))?;
@@ -348,16 +370,7 @@ impl Instance {
                 Call::Poll(_) => continue,
                 Call::Answer { request, took, body } => {
                     ensure!(request == expected, "{} answered request {request}, not {expected}", self.name);
-                    let answer: Value = serde_json::from_slice(&body).unwrap_or_default();
-                    let inner: Value =
-                        answer["body"].as_str().and_then(|b| serde_json::from_str(b).ok()).unwrap_or_default();
-                    ensure!(
-                        answer["statusCode"] == 200 && inner["status"] == want,
-                        "{} answered {} where 200 {want} was expected",
-                        self.name,
-                        String::from_utf8_lossy(&body)
-                    );
-                    return Ok(took);
+                    return Ok((took, body));
                 }
                 Call::Other(call) => bail!("{} reported {call}", self.name),
             }
@@ -397,7 +410,7 @@ impl Instance {
     }
 }
 
-fn drain(mut stream: impl AsyncRead + Unpin + Send + 'static) -> JoinHandle<Vec<u8>> {
+pub(super) fn drain(mut stream: impl AsyncRead + Unpin + Send + 'static) -> JoinHandle<Vec<u8>> {
     tokio::spawn(async move {
         let mut out = Vec::new();
         let _ = stream.read_to_end(&mut out).await;

@@ -11,6 +11,7 @@
 
 mod growth;
 mod lambda;
+mod latency;
 mod listing;
 mod process;
 mod receive;
@@ -42,8 +43,8 @@ use webhook_inbox::{
 };
 
 /// The sections of a run, in order.
-pub const SECTIONS: [&str; 9] =
-    ["receive", "marqeta", "prune", "process", "relay", "verify", "lambda", "growth", "listing"];
+pub const SECTIONS: [&str; 10] =
+    ["receive", "marqeta", "prune", "process", "relay", "latency", "verify", "lambda", "growth", "listing"];
 
 pub struct Bench {
     /// Seconds per side and round, for the receive comparisons.
@@ -196,6 +197,10 @@ impl Bench {
         if self.runs("relay") {
             clean(&pool).await?;
             self.relay(&pool, &mut report).await?;
+        }
+        if self.runs("latency") {
+            clean(&pool).await?;
+            self.latency(&url, &mut report).await?;
         }
         if self.runs("verify") {
             self.verify(&mut report)?;

@@ -53,9 +53,18 @@ impl Report {
              - Relay: outbox messages of about 1.5 KB to a local HTTP sink in the same process (the HTTP sink \
              of `relay`, batches of `RELAY_BATCH_SIZE`), {} s per round at most: answering at once, the relay at \
              concurrency 64 beside `wrk` (2 threads, 64 connections, the same body and headers) driving the same \
-             sink; answering in 50 ms, concurrency 256, against 256 / 50 ms; a destination answering at once \
-             alone, then in the same relay beside one answering in 5 s (its rate over the time its sink took to \
-             receive all its messages).\n\
+             sink, and to a sink in the relay's own process taking every message at once (what the relay's \
+             database work allows); answering in 50 ms, concurrency 256, against 256 / 50 ms; a destination \
+             answering at once alone, then in the same relay beside one answering in 5 s (its rate over the time \
+             its sink took to receive all its messages).\n\
+             - Received → delivered: {} signed Stripe `payment_intent.succeeded` events a round at a steady {} a \
+             second, each one's time from just before its delivery is sent to the outbox message the stock \
+             payments handler writes for it reaching a local HTTP sink. Through `inbox serve` (its own process, \
+             configured by its environment only, every role but the console); then through the `receive`, \
+             `process` and `relay` binaries, one instance each, under the stand-in Runtime API, the bench playing \
+             the two queues' event sources: each accepted event a record for `process` (batches of up to 10, \
+             the next as soon as `process` answered), each `process` invocation a nudge for `relay`; what a real \
+             queue and its poller add between two functions is not included.\n\
              - Verification: a signed Stripe delivery's signature check and event parsing, in process on \
              one thread, {} s per side and round: the coded scheme, and the same contract declared as data.\n\
              - Lambda: each function binary exec'd with a Lambda environment against a stand-in Runtime \
@@ -85,6 +94,8 @@ impl Report {
             bench.seconds,
             bench.events * 10,
             bench.seconds,
+            latency::RATE * bench.seconds,
+            latency::RATE,
             bench.seconds,
             bench.seconds,
             (bench.events / 2).max(c),

@@ -22,7 +22,7 @@ use tokio::net::TcpListener;
 use webhook_inbox::{
     config::{Catalog, Secret, Secrets, DEV_STRIPE},
     schemes::{self, Delivery},
-    sinks::HttpSink,
+    sinks::{HttpSink, Outgoing, RepliesFuture, Sink, SinkReply},
     Destination, DestinationLimits, Provider, PruneConfig, Pruner, ReceiveConfig, Relay, RelayConfig, Stage,
 };
 
@@ -226,6 +226,8 @@ impl Bench {
         let mut wrk_rate =
             Figure::new("wrk to the sink answering at once, 64 connections, the same body", "requests/s");
         let mut at_once = Figure::new("relay to the sink answering at once, concurrency 64", "messages/s");
+        let mut in_process =
+            Figure::new("relay to a sink in its own process (no network), concurrency 64", "messages/s");
         let mut vs_wrk = Check::at_least("relay / wrk, sink answering at once, 64 in flight", 0.8);
         let mut slow = Figure::new("relay to a sink answering in 50 ms, concurrency 256", "messages/s");
         let mut vs_ceiling = Check::at_least("relay / (256 / 50 ms), sink answering in 50 ms", 0.8);
@@ -235,23 +237,26 @@ impl Bench {
         for round in 1..=self.rounds {
             let sink = SinkServer::start(Duration::ZERO).await?;
             let peer = wrk(&sink.url(), 64, self.seconds, &body("bench-relay")).await?;
-            let ours = self.relay_rate(pool, &[("fast", &sink, 64, self.events)], window).await?;
+            let ours = self.relay_rate(pool, &[("fast", sink.lane(), 64, self.events)], window).await?;
+            let bare = self.relay_rate(pool, &[("fast", Lane::in_process(), 64, self.events)], window).await?;
             let ceiling = 256.0 / 0.05;
             let delayed = SinkServer::start(Duration::from_millis(50)).await?;
             let queued = (ceiling * self.seconds as f64) as usize;
-            let fifty = self.relay_rate(pool, &[("fast", &delayed, 256, queued)], window).await?;
+            let fifty = self.relay_rate(pool, &[("fast", delayed.lane(), 256, queued)], window).await?;
             let n = (self.events / 2).max(100);
-            let lone = self.relay_rate(pool, &[("fast", &sink, 64, n)], window).await?;
+            let lone = self.relay_rate(pool, &[("fast", sink.lane(), 64, n)], window).await?;
             let stuck = SinkServer::start(Duration::from_secs(5)).await?;
-            let shared = self.relay_rate(pool, &[("fast", &sink, 64, n), ("stuck", &stuck, 8, 16)], window).await?;
+            let shared =
+                self.relay_rate(pool, &[("fast", sink.lane(), 64, n), ("stuck", stuck.lane(), 8, 16)], window).await?;
             println!(
-                "relay, round {round}: wrk {peer:.0}/s | relay {ours:.0}/s ({:.2}) | 50 ms sink {fifty:.0}/s ({:.2} of {ceiling:.0}) | alone {lone:.0}/s, beside a 5 s one {shared:.0}/s ({:.2})",
+                "relay, round {round}: wrk {peer:.0}/s | relay {ours:.0}/s ({:.2}), in process {bare:.0}/s | 50 ms sink {fifty:.0}/s ({:.2} of {ceiling:.0}) | alone {lone:.0}/s, beside a 5 s one {shared:.0}/s ({:.2})",
                 ours / peer,
                 fifty / ceiling,
                 shared / lone
             );
             wrk_rate.values.push(peer);
             at_once.values.push(ours);
+            in_process.values.push(bare);
             vs_wrk.values.push(ours / peer);
             slow.values.push(fifty);
             vs_ceiling.values.push(fifty / ceiling);
@@ -259,7 +264,7 @@ impl Bench {
             beside.values.push(shared);
             isolated.values.push(shared / lone);
         }
-        report.sections.push(("Relay".into(), vec![wrk_rate, at_once, slow, alone, beside]));
+        report.sections.push(("Relay".into(), vec![wrk_rate, at_once, in_process, slow, alone, beside]));
         report.checks.extend([vs_wrk, vs_ceiling, isolated]);
         Ok(())
     }
@@ -270,7 +275,7 @@ impl Bench {
     async fn relay_rate(
         &self,
         pool: &PgPool,
-        destinations: &[(&str, &SinkServer, usize, usize)],
+        destinations: &[(&str, Lane, usize, usize)],
         window: Duration,
     ) -> Result<f64> {
         sqlx::query("DELETE FROM transactional_outbox WHERE message_key LIKE 'bench-relay-%'").execute(pool).await?;
@@ -293,10 +298,14 @@ impl Bench {
                 timeout: Duration::from_secs(10),
                 ..DestinationLimits::default()
             };
-            lanes.push(Destination::new(*name, HttpSink::new(sink.url(), limits.timeout)?).with_limits(limits));
+            let sink: Arc<dyn Sink> = match &sink.url {
+                Some(url) => Arc::new(HttpSink::new(url.clone(), limits.timeout)?),
+                None => Arc::new(Counted(sink.received.clone())),
+            };
+            lanes.push(Destination::shared(*name, sink).with_limits(limits));
         }
         sqlx::query("VACUUM ANALYZE transactional_outbox").execute(pool).await?;
-        let (_, first, _, total) = destinations[0];
+        let (_, first, _, total) = &destinations[0];
         let before = first.received.load(Ordering::Relaxed);
         let relay = Relay::new(pool.clone(), lanes, RelayConfig::default());
         let started = Instant::now();
@@ -305,7 +314,7 @@ impl Bench {
         let mut received = 0;
         while started.elapsed() < window {
             received = first.received.load(Ordering::Relaxed) - before;
-            if received >= total as u64 {
+            if received >= *total as u64 {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -376,5 +385,37 @@ impl SinkServer {
 
     fn url(&self) -> String {
         format!("http://{}/sink", self.addr)
+    }
+
+    fn lane(&self) -> Lane {
+        Lane { url: Some(self.url()), received: self.received.clone() }
+    }
+}
+
+/// Where a destination of the relay rounds sends, and its count of what arrived.
+struct Lane {
+    /// The HTTP sink's URL, or none for a [`Counted`] sink in the relay's process.
+    url: Option<String>,
+    received: Arc<AtomicU64>,
+}
+
+impl Lane {
+    fn in_process() -> Self {
+        Lane { url: None, received: Arc::default() }
+    }
+}
+
+/// A sink in the relay's own process that takes every message at once: the
+/// relay's rate with no network and no HTTP, what its database work allows.
+struct Counted(Arc<AtomicU64>);
+
+impl Sink for Counted {
+    fn target(&self) -> String {
+        "in process".into()
+    }
+
+    fn deliver<'a>(&'a self, messages: &'a [Outgoing]) -> RepliesFuture<'a> {
+        self.0.fetch_add(messages.len() as u64, Ordering::Relaxed);
+        Box::pin(std::future::ready(vec![SinkReply::Delivered; messages.len()]))
     }
 }
