@@ -202,6 +202,7 @@ fn inbox_bench_smoke_runs_every_comparison_and_writes_the_report() {
         "| receive p99, 2 in flight, prune running |",
         "| wrk to the sink answering at once, 64 connections, the same body |",
         "| relay to a sink in its own process (no network), concurrency 64 |",
+        "| pgbench, the relay's lease (100) and record statements, 2 clients |",
         "| relay to a sink answering in 50 ms, concurrency 256 |",
         "| received → delivered p99, 100 events/s through serve |",
         "| received → delivered p99, 100 events/s through the functions |",

@@ -196,7 +196,7 @@ impl Bench {
         }
         if self.runs("relay") {
             clean(&pool).await?;
-            self.relay(&pool, &mut report).await?;
+            self.relay(&pool, &url, &mut report).await?;
         }
         if self.runs("latency") {
             clean(&pool).await?;

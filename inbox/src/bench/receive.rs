@@ -21,8 +21,14 @@ pub(super) fn pgbench_script(copies: usize) -> String {
 /// pgbench running the claim's INSERT at `c` clients until `until` (each
 /// delivery `copies` times); its output.
 pub(super) async fn pgbench(url: &str, c: usize, copies: usize, until: Until) -> Result<String> {
+    run_pgbench(url, c, &pgbench_script(copies), until).await
+}
+
+/// pgbench running `script` (prepared) at `c` clients until `until`; its output.
+pub(super) async fn run_pgbench(url: &str, c: usize, script: &str, until: Until) -> Result<String> {
+    let text = script;
     let script = std::env::temp_dir().join(format!("inbox-bench-{}.sql", std::process::id()));
-    std::fs::write(&script, pgbench_script(copies))?;
+    std::fs::write(&script, text)?;
     let pgbench = dev::postgres_bin_dir()?.join("pgbench");
     let threads = c.min(std::thread::available_parallelism().map_or(2, |n| n.get())).to_string();
     let until = match until {

@@ -19,6 +19,7 @@ impl Report {
             })
             .unwrap_or_else(|| "unknown CPU".into());
         let c = bench.in_flight();
+        let (e2e, rate) = (latency::RATE * bench.seconds, latency::RATE);
         let mut doc = String::from("# Benchmarks\n\n");
         let _ = writeln!(
             doc,
@@ -53,11 +54,12 @@ impl Report {
              - Relay: outbox messages of about 1.5 KB to a local HTTP sink in the same process (the HTTP sink \
              of `relay`, batches of `RELAY_BATCH_SIZE`), {} s per round at most: answering at once, the relay at \
              concurrency 64 beside `wrk` (2 threads, 64 connections, the same body and headers) driving the same \
-             sink, and to a sink in the relay's own process taking every message at once (what the relay's \
-             database work allows); answering in 50 ms, concurrency 256, against 256 / 50 ms; a destination \
+             sink, and to a sink in the relay's own process taking every message at once, beside pgbench running \
+             the relay's own lease (100 messages, their payloads fetched) and record statements at 2 clients \
+             (what the relay's database work allows); answering in 50 ms, concurrency 256, against 256 / 50 ms; a destination \
              answering at once alone, then in the same relay beside one answering in 5 s (its rate over the time \
              its sink took to receive all its messages).\n\
-             - Received → delivered: {} signed Stripe `payment_intent.succeeded` events a round at a steady {} a \
+             - Received → delivered: {e2e} signed Stripe `payment_intent.succeeded` events a round at a steady {rate} a \
              second, each one's time from just before its delivery is sent to the outbox message the stock \
              payments handler writes for it reaching a local HTTP sink. Through `inbox serve` (its own process, \
              configured by its environment only, every role but the console); then through the `receive`, \
@@ -94,8 +96,6 @@ impl Report {
             bench.seconds,
             bench.events * 10,
             bench.seconds,
-            latency::RATE * bench.seconds,
-            latency::RATE,
             bench.seconds,
             bench.seconds,
             (bench.events / 2).max(c),

@@ -26,7 +26,11 @@ use webhook_inbox::{
     Destination, DestinationLimits, Provider, PruneConfig, Pruner, ReceiveConfig, Relay, RelayConfig, Stage,
 };
 
-use super::{body, signature, Bench, Check, Figure, Load, Report, Task};
+use super::{
+    body,
+    receive::{run_pgbench, Until},
+    signature, Bench, Check, Figure, Load, Report, Task,
+};
 
 /// Stripe's contract written as data, as the library's differential test judges it against the coded scheme.
 const STRIPE_AS_DATA: &str = include_str!("../../../shared/src/receive/providers/declared/stripe_as_data.toml");
@@ -221,13 +225,15 @@ impl Bench {
     /// the same body at 64 connections; to one answering in 50 ms, 256 in
     /// flight, against 256 / 50 ms; and a destination answering at once alone,
     /// then beside one answering in 5 s.
-    pub(super) async fn relay(&self, pool: &PgPool, report: &mut Report) -> Result<()> {
+    pub(super) async fn relay(&self, pool: &PgPool, url: &str, report: &mut Report) -> Result<()> {
         let window = Duration::from_secs(self.seconds);
         let mut wrk_rate =
             Figure::new("wrk to the sink answering at once, 64 connections, the same body", "requests/s");
         let mut at_once = Figure::new("relay to the sink answering at once, concurrency 64", "messages/s");
         let mut in_process =
             Figure::new("relay to a sink in its own process (no network), concurrency 64", "messages/s");
+        let mut statements =
+            Figure::new("pgbench, the relay's lease (100) and record statements, 2 clients", "messages/s");
         let mut vs_wrk = Check::at_least("relay / wrk, sink answering at once, 64 in flight", 0.8);
         let mut slow = Figure::new("relay to a sink answering in 50 ms, concurrency 256", "messages/s");
         let mut vs_ceiling = Check::at_least("relay / (256 / 50 ms), sink answering in 50 ms", 0.8);
@@ -239,6 +245,7 @@ impl Bench {
             let peer = wrk(&sink.url(), 64, self.seconds, &body("bench-relay")).await?;
             let ours = self.relay_rate(pool, &[("fast", sink.lane(), 64, self.events)], window).await?;
             let bare = self.relay_rate(pool, &[("fast", Lane::in_process(), 64, self.events)], window).await?;
+            let own = self.relay_statements(pool, url).await?;
             let ceiling = 256.0 / 0.05;
             let delayed = SinkServer::start(Duration::from_millis(50)).await?;
             let queued = (ceiling * self.seconds as f64) as usize;
@@ -249,14 +256,16 @@ impl Bench {
             let shared =
                 self.relay_rate(pool, &[("fast", sink.lane(), 64, n), ("stuck", stuck.lane(), 8, 16)], window).await?;
             println!(
-                "relay, round {round}: wrk {peer:.0}/s | relay {ours:.0}/s ({:.2}), in process {bare:.0}/s | 50 ms sink {fifty:.0}/s ({:.2} of {ceiling:.0}) | alone {lone:.0}/s, beside a 5 s one {shared:.0}/s ({:.2})",
+                "relay, round {round}: wrk {peer:.0}/s | relay {ours:.0}/s ({:.2}), in process {bare:.0}/s ({:.2} of its statements under pgbench, {own:.0}/s) | 50 ms sink {fifty:.0}/s ({:.2} of {ceiling:.0}) | alone {lone:.0}/s, beside a 5 s one {shared:.0}/s ({:.2})",
                 ours / peer,
+                bare / own,
                 fifty / ceiling,
                 shared / lone
             );
             wrk_rate.values.push(peer);
             at_once.values.push(ours);
             in_process.values.push(bare);
+            statements.values.push(own);
             vs_wrk.values.push(ours / peer);
             slow.values.push(fifty);
             vs_ceiling.values.push(fifty / ceiling);
@@ -264,9 +273,35 @@ impl Bench {
             beside.values.push(shared);
             isolated.values.push(shared / lone);
         }
-        report.sections.push(("Relay".into(), vec![wrk_rate, at_once, in_process, slow, alone, beside]));
+        report.sections.push(("Relay".into(), vec![wrk_rate, at_once, in_process, statements, slow, alone, beside]));
         report.checks.extend([vs_wrk, vs_ceiling, isolated]);
         Ok(())
+    }
+
+    /// The relay's own ceiling in PostgreSQL: its lease and record statements
+    /// run by pgbench (2 clients, as the relay has its next lease and its
+    /// recordings in flight) over as many messages as it could not finish in
+    /// the window; messages recorded sent a second.
+    async fn relay_statements(&self, pool: &PgPool, url: &str) -> Result<f64> {
+        sqlx::query("DELETE FROM transactional_outbox WHERE message_key LIKE 'bench-relay-%'").execute(pool).await?;
+        let seeded = 40_000 * self.seconds as usize;
+        seed_messages(pool, "fast", seeded).await?;
+        sqlx::query("VACUUM ANALYZE transactional_outbox").execute(pool).await?;
+        let started = Instant::now();
+        run_pgbench(url, 2, &relay_statements_script(), Until::Seconds(self.seconds)).await?;
+        let took = started.elapsed();
+        let (sent,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM transactional_outbox WHERE message_key LIKE 'bench-relay-%' AND processed_at IS NOT NULL",
+        )
+        .fetch_one(pool)
+        .await?;
+        sqlx::query("DELETE FROM transactional_outbox WHERE message_key LIKE 'bench-relay-%'").execute(pool).await?;
+        ensure!(sent > 0, "pgbench recorded no message of the relay's statements as sent");
+        ensure!(
+            (sent as usize) < seeded,
+            "pgbench sent all {seeded} seeded messages before its window ended: seed more"
+        );
+        Ok(sent as f64 / took.as_secs_f64())
     }
 
     /// Seeds each destination's messages, runs one relay over all of them,
@@ -282,17 +317,7 @@ impl Bench {
         sqlx::query("DELETE FROM relay_destinations").execute(pool).await?;
         let mut lanes = Vec::new();
         for (name, sink, concurrency, messages) in destinations {
-            sqlx::query(
-                "INSERT INTO transactional_outbox (aggregate_type, aggregate_id, payload, message_key, destination)
-                 SELECT 'bench', i::text, $2::jsonb, 'bench-relay-' || $3 || '-' || i, $3
-                 FROM generate_series(1, $1) AS i",
-            )
-            .bind(*messages as i64)
-            .bind(body("bench-relay"))
-            .bind(*name)
-            .execute(pool)
-            .await
-            .context("seeding outbox messages")?;
+            seed_messages(pool, name, *messages).await?;
             let limits = DestinationLimits {
                 concurrency: *concurrency,
                 timeout: Duration::from_secs(10),
@@ -326,6 +351,56 @@ impl Bench {
         sqlx::query("DELETE FROM relay_destinations").execute(pool).await?;
         Ok(rate)
     }
+}
+
+/// Seeds `n` unsent messages of about 1.5 KB for `destination`.
+async fn seed_messages(pool: &PgPool, destination: &str, n: usize) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO transactional_outbox (aggregate_type, aggregate_id, payload, message_key, destination)
+         SELECT 'bench', i::text, $2::jsonb, 'bench-relay-' || $3 || '-' || i, $3
+         FROM generate_series(1, $1) AS i",
+    )
+    .bind(n as i64)
+    .bind(body("bench-relay"))
+    .bind(destination)
+    .execute(pool)
+    .await
+    .context("seeding outbox messages")?;
+    Ok(())
+}
+
+/// A pgbench script doing what the relay asks of PostgreSQL for each 100
+/// messages to destination `fast`, each statement as `db::outbox` writes it:
+/// the lease (its payloads fetched), then every result recorded as sent.
+fn relay_statements_script() -> String {
+    let lease = "WITH batch AS (SELECT id FROM transactional_outbox AS o \
+         WHERE destination = 'fast' AND processed_at IS NULL AND dead_at IS NULL \
+         AND (next_attempt_at IS NULL OR next_attempt_at <= now()) \
+         AND (ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM transactional_outbox AS e \
+         WHERE e.destination = o.destination AND e.ordering_key = o.ordering_key AND e.id < o.id \
+         AND e.processed_at IS NULL AND e.dead_at IS NULL)) ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED), \
+         leased AS (UPDATE transactional_outbox AS o \
+         SET attempts = o.attempts + 1, next_attempt_at = now() + 300000 * interval '1 millisecond' \
+         FROM batch WHERE o.id = batch.id \
+         RETURNING o.id, o.aggregate_type, o.aggregate_id, o.payload, o.message_key, o.destination, o.ordering_key, \
+         o.attempts, o.trace_context) \
+         SELECT coalesce(array_agg(id), '{}') AS ids, coalesce(array_agg(attempts), '{}') AS leases, \
+         array_fill('sent'::text, ARRAY[count(*)::int]) AS outcomes, \
+         array_fill(NULL::bigint, ARRAY[count(*)::int]) AS delays, array_fill(NULL::text, ARRAY[count(*)::int]) AS reasons, \
+         array_agg(payload) AS payloads, array_agg(message_key) AS keys FROM leased";
+    let record = "UPDATE transactional_outbox AS o \
+         SET processed_at = CASE WHEN r.outcome = 'sent' THEN now() END, \
+         dead_at = CASE WHEN r.outcome = 'dead' THEN now() END, \
+         next_attempt_at = CASE WHEN r.outcome = 'retry' THEN now() + r.delay_ms * interval '1 millisecond' END, \
+         last_error = r.reason || CASE WHEN r.outcome = 'dead' AND o.ordering_key IS NOT NULL THEN coalesce(( \
+         SELECT format(' (it held back %s later message(s) of its ordering key until now)', count(*)) \
+         FROM transactional_outbox AS l WHERE l.destination = o.destination AND l.ordering_key = o.ordering_key \
+         AND l.id > o.id AND l.processed_at IS NULL AND l.dead_at IS NULL HAVING count(*) > 0), '') ELSE '' END \
+         FROM unnest(:ids::bigint[], :outcomes::text[], :delays::bigint[], :reasons::text[], :leases::int[]) \
+         AS r (id, outcome, delay_ms, reason, lease) \
+         WHERE o.id = ANY(:ids::bigint[]) AND o.id = r.id AND o.attempts = r.lease \
+         AND o.processed_at IS NULL AND o.dead_at IS NULL;";
+    format!("{lease}\n\\gset\n{record}\n")
 }
 
 /// `wrk` POSTing `body` to `url` at `connections` for `seconds`: requests a second.
