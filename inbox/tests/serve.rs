@@ -537,6 +537,49 @@ async fn each_delivery_is_one_trace_from_receive_through_processing_to_the_relay
     );
 }
 
+/// Each destination's counts and state are series of their own, labelled
+/// with its name: one flowing, one paused by an operator (its message
+/// waiting), beside the totals.
+#[sqlx::test(migrations = false)]
+async fn each_destination_has_its_own_series_in_the_metrics(pool: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = migrated(pool, &opts).await;
+    for (key, destination) in [("m-1", "default"), ("m-2", "default"), ("m-3", "mail")] {
+        sqlx::query(
+            "INSERT INTO transactional_outbox (aggregate_type, aggregate_id, payload, message_key, destination)
+             VALUES ('thing', $1, '{}', $1, $2)",
+        )
+        .bind(key)
+        .bind(destination)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let by = webhook_inbox::ops::Audit { actor: "alice", action: "pause_destination", reason: "mail is down" };
+    assert!(webhook_inbox::ops::pause_destination(&pool, "mail", &by).await.unwrap());
+    let (sink, sunk) = traced_sink();
+    let env = [
+        ("RELAY_HTTP_URL", sink.as_str()),
+        ("RELAY_DESTINATIONS", "[destination.mail]\nurl = \"http://127.0.0.1:1\""),
+        ("INBOX_POLL_MS", "20"),
+    ];
+    let serve = Serve::start(&url_of(&opts), &[], &env);
+    for _ in 0..2 {
+        sunk.recv_timeout(Duration::from_secs(10)).expect("default's messages reach its sink");
+    }
+    let metrics = || get(&serve.admin, "/metrics").1;
+    let relay = |name: &str, destination: &str| {
+        format!("webhook_inbox_{name}{{function=\"relay\",destination=\"{destination}\"}}")
+    };
+    eventually("default's count", || series(&metrics(), &relay("relayed_total", "default")) == Some(2.0)).await;
+    eventually("mail's state", || series(&metrics(), &relay("relay_destination_paused", "mail")) == Some(1.0)).await;
+    let m = metrics();
+    assert_eq!(series(&m, &relay("relay_destination_backlog", "mail")), Some(1.0), "{m}");
+    assert_eq!(series(&m, &relay("relay_destination_open", "mail")), Some(0.0), "{m}");
+    assert_eq!(series(&m, &relay("relay_destination_paused", "default")), Some(0.0), "{m}");
+    assert_eq!(series(&m, "webhook_inbox_relay_paused{function=\"relay\"}"), Some(1.0), "{m}");
+    assert_eq!(series(&m, &relay("relayed_total", "mail")), Some(0.0), "mail sent nothing: {m}");
+}
+
 #[sqlx::test(migrations = false)]
 async fn the_admin_interface_binds_where_inbox_admin_host_says(_: PgPoolOptions, opts: PgConnectOptions) {
     let serve = Serve::start(&url_of(&opts), &[], &[("INBOX_ADMIN_HOST", "127.0.0.2")]);

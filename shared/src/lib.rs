@@ -354,7 +354,7 @@ pub use receive::receiver::ReceiveConfig;
 #[cfg(feature = "service")]
 pub use receive::receiver::Receiver;
 #[cfg(feature = "relay")]
-pub use relay::{Destination, DestinationLimits, Relay, RelayConfig, Relayed};
+pub use relay::{Destination, DestinationLimits, DestinationRelayed, Relay, RelayConfig, Relayed};
 #[cfg(feature = "service")]
 pub use runtime::stage::{Pass, Stage, Stopped, Tally};
 /// The JSON crate of [`Event`]'s default payload, `serde_json::Value`.

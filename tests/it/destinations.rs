@@ -240,6 +240,8 @@ async fn a_paused_destination_waits_and_resumes_in_order(pool: PgPool) {
     );
     let r = relay.run(later()).await.unwrap();
     assert_eq!((r.sent, r.paused), (3, 1), "the other destination flows");
+    let (billing, email) = (r.destinations["billing"], r.destinations["email"]);
+    assert_eq!((billing.paused, billing.sent, email.paused, email.sent), (true, 0, false, 3), "{r:?}");
     assert!(paused.received_requests().await.unwrap().is_empty());
     let untouched = "SELECT count(*) FROM transactional_outbox WHERE destination = 'billing' AND attempts = 0";
     assert_eq!(count(&pool, untouched).await, 12);

@@ -51,12 +51,15 @@ fn reference(ours: &Value) -> Value {
     serde_json::from_slice(&out.stdout).expect("the library prints one JSON line")
 }
 
-/// Order-free, number-type-free, without the timestamp.
+/// Order-free (a dimension set is a set to CloudWatch), number-type-free, without the timestamp.
 fn normalized(mut doc: Value) -> Value {
     let aws = doc["_aws"].as_object_mut().unwrap();
     let stamp = aws.remove("Timestamp").expect("a Timestamp");
     assert!(stamp.as_u64().is_some_and(|t| t > 1_700_000_000_000), "milliseconds since the epoch: {stamp}");
     let directive = &mut aws.get_mut("CloudWatchMetrics").unwrap()[0];
+    for set in directive["Dimensions"].as_array_mut().unwrap() {
+        set.as_array_mut().unwrap().sort_by_key(|d| d.as_str().unwrap().to_string());
+    }
     let mut metrics = directive["Metrics"].as_array().unwrap().clone();
     metrics.sort_by_key(|m| m["Name"].as_str().unwrap().to_string());
     directive["Metrics"] = Value::Array(metrics);
@@ -140,4 +143,14 @@ async fn a_scheduled_process_run_writes_its_counts_and_the_queue_gauges(_: PgPoo
         .map(|m| (m["Name"].as_str().unwrap(), m["Unit"].as_str().unwrap()))
         .collect();
     assert!(units.contains(&("oldest_pending_age", "Milliseconds")) && units.contains(&("claimed", "Count")));
+}
+
+/// A relay destination's line: the dimension `destination` beside `function`.
+#[test]
+fn a_destinations_line_is_as_aws_writes_it() {
+    let mut m = Metrics::new("relay").for_destination("billing");
+    m.count("relayed", 3).gauge("relay_destination_open", 1.0);
+    let line = assert_as_aws_writes_it(&m);
+    assert_eq!((line["function"].as_str(), line["destination"].as_str()), (Some("relay"), Some("billing")));
+    assert_eq!(line["_aws"]["CloudWatchMetrics"][0]["Dimensions"], json!([["function", "destination"]]));
 }

@@ -242,15 +242,3 @@ pub async fn unrouted(pool: &PgPool, configured: &[String]) -> Result<i64, sqlx:
     .fetch_one(super::Autocommit(pool))
     .await
 }
-
-/// Destinations paused, and destinations whose circuit is open (and not paused).
-#[cfg(feature = "serve")]
-pub async fn paused_and_open(pool: &PgPool) -> Result<(i64, i64), sqlx::Error> {
-    super::query_as(
-        "SELECT count(*) FILTER (WHERE paused_at IS NOT NULL),
-                count(*) FILTER (WHERE opened_at IS NOT NULL AND paused_at IS NULL)
-         FROM relay_destinations",
-    )
-    .fetch_one(super::Autocommit(pool))
-    .await
-}

@@ -17,7 +17,7 @@ use futures_util::FutureExt as _;
 use sqlx::PgPool;
 use tokio::task::JoinSet;
 
-use super::{sink::checked, Destination, RelayConfig, Relayed, SinkReply};
+use super::{sink::checked, Destination, DestinationRelayed, RelayConfig, Relayed, SinkReply};
 use crate::{
     core::{backoff::backoff, text::Escaped},
     db::{
@@ -258,6 +258,14 @@ impl Lane {
             Gate::Cooling => t.open = 1,
             Gate::Open | Gate::Probe => {}
         }
+        let mine = DestinationRelayed {
+            sent: t.sent,
+            retried: t.retried,
+            dead: t.dead,
+            paused: t.paused == 1,
+            open: t.open == 1,
+        };
+        t.destinations.insert(self.name().to_string(), mine);
         // A pass ends with its backlog drained, or with the deadline: never more to do before it.
         Ok(Pass { tally: t, more: false })
     }
@@ -357,13 +365,16 @@ impl crate::runtime::stage::Tally for LaneRelayed {
 
 #[cfg(feature = "serve")]
 impl crate::runtime::stage::Reported for LaneRelayed {
-    /// `relayed`, `relay_retried`, `relay_dead`.
+    /// `relayed`, `relay_retried`, `relay_dead`, labelled with the lane's destination.
     fn metrics(&self) -> Vec<crate::runtime::metrics::Metrics> {
-        let mut m = crate::runtime::metrics::Metrics::new("relay");
-        m.count("relayed", self.0.sent as u64)
-            .count("relay_retried", self.0.retried as u64)
-            .count("relay_dead", self.0.dead as u64);
-        vec![m]
+        let each = self.0.destinations.iter().map(|(name, d)| {
+            let mut m = crate::runtime::metrics::Metrics::new("relay").for_destination(name);
+            m.count("relayed", d.sent as u64)
+                .count("relay_retried", d.retried as u64)
+                .count("relay_dead", d.dead as u64);
+            m
+        });
+        each.collect()
     }
 }
 

@@ -142,7 +142,7 @@ impl std::fmt::Debug for Destination {
 }
 
 /// What a pass (or a run of passes) of the relay did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Relayed {
     /// Messages leased.
     pub leased: usize,
@@ -162,12 +162,54 @@ pub struct Relayed {
     /// Messages waiting for a destination no relay has configured, as last
     /// counted: they wait, never dead (alarmed on).
     pub unrouted: i64,
+    /// Each destination's share of the figures above, by name.
+    pub destinations: std::collections::BTreeMap<String, DestinationRelayed>,
+}
+
+/// What a pass (or a run of passes) did for one destination.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct DestinationRelayed {
+    /// Taken by its sink.
+    pub sent: usize,
+    /// Refused for now.
+    pub retried: usize,
+    /// Dead.
+    pub dead: usize,
+    /// Paused by an operator, as last seen.
+    pub paused: bool,
+    /// Its circuit open, as last seen.
+    pub open: bool,
+}
+
+impl DestinationRelayed {
+    /// Counts add up; the state is `later`'s.
+    fn add(&mut self, later: &DestinationRelayed) {
+        self.sent += later.sent;
+        self.retried += later.retried;
+        self.dead += later.dead;
+        self.paused = later.paused;
+        self.open = later.open;
+    }
+
+    /// `relayed`, `relay_retried`, `relay_dead`, and the gauges
+    /// `relay_destination_paused` and `relay_destination_open` (1 or 0),
+    /// with the dimension `destination`.
+    fn metrics(&self, name: &str) -> crate::runtime::metrics::Metrics {
+        let mut m = crate::runtime::metrics::Metrics::new("relay").for_destination(name);
+        m.count("relayed", self.sent as u64)
+            .count("relay_retried", self.retried as u64)
+            .count("relay_dead", self.dead as u64)
+            .gauge("relay_destination_paused", f64::from(u8::from(self.paused)))
+            .gauge("relay_destination_open", f64::from(u8::from(self.open)));
+        m
+    }
 }
 
 impl Reported for Relayed {
     /// The `relay` function's metrics: `relayed`, `relay_retried`,
     /// `relay_dead`, and the gauges `relay_paused`, `relay_open` and
-    /// `relay_unrouted`.
+    /// `relay_unrouted`; then a line per destination (the dimension
+    /// `destination`) with its counts and its state.
     fn metrics(&self) -> Vec<crate::runtime::metrics::Metrics> {
         let mut m = crate::runtime::metrics::Metrics::new("relay");
         m.count("relayed", self.sent as u64)
@@ -176,7 +218,7 @@ impl Reported for Relayed {
             .gauge("relay_paused", self.paused as f64)
             .gauge("relay_open", self.open as f64)
             .gauge("relay_unrouted", self.unrouted as f64);
-        vec![m]
+        std::iter::once(m).chain(self.destinations.iter().map(|(name, d)| d.metrics(name))).collect()
     }
 }
 
@@ -191,6 +233,9 @@ impl Tally for Relayed {
         self.paused = r.paused;
         self.open = r.open;
         self.unrouted = r.unrouted;
+        for (name, d) in &r.destinations {
+            self.destinations.entry(name.clone()).or_default().add(d);
+        }
     }
 
     fn is_empty(&self) -> bool {
@@ -209,6 +254,9 @@ impl Relayed {
         self.paused += r.paused;
         self.open += r.open;
         self.unrouted += r.unrouted;
+        for (name, d) in &r.destinations {
+            self.destinations.entry(name.clone()).or_default().add(d);
+        }
     }
 }
 
@@ -274,14 +322,26 @@ pub(crate) struct RelayGauges {
 
 #[cfg(feature = "serve")]
 impl RelayGauges {
-    pub(crate) async fn read(&self) -> Result<crate::runtime::metrics::Metrics, sqlx::Error> {
+    /// `relay_paused`, `relay_open`, `relay_unrouted`; and for each
+    /// destination (the label `destination`) `relay_destination_paused`,
+    /// `relay_destination_open` (1 or 0) and `relay_destination_backlog`.
+    pub(crate) async fn read(&self) -> Result<Vec<crate::runtime::metrics::Metrics>, sqlx::Error> {
+        use crate::runtime::metrics::Metrics;
         let unrouted = crate::db::destinations::unrouted(&self.pool, &self.configured).await?;
-        let (paused, open) = crate::db::destinations::paused_and_open(&self.pool).await?;
-        let mut m = crate::runtime::metrics::Metrics::new("relay");
-        m.gauge("relay_paused", paused as f64)
-            .gauge("relay_open", open as f64)
+        let listed = crate::db::destinations::list(&self.pool).await?;
+        let flag = |on: bool| f64::from(u8::from(on));
+        let mut all = Metrics::new("relay");
+        all.gauge("relay_paused", listed.iter().filter(|d| d.state() == "paused").count() as f64)
+            .gauge("relay_open", listed.iter().filter(|d| d.state() == "open").count() as f64)
             .gauge("relay_unrouted", unrouted as f64);
-        Ok(m)
+        let each = listed.iter().map(|d| {
+            let mut m = Metrics::new("relay").for_destination(&d.name);
+            m.gauge("relay_destination_paused", flag(d.state() == "paused"))
+                .gauge("relay_destination_open", flag(d.state() == "open"))
+                .gauge("relay_destination_backlog", d.backlog as f64);
+            m
+        });
+        Ok(std::iter::once(all).chain(each).collect())
     }
 }
 
@@ -333,5 +393,56 @@ async fn until_all_idle(lane: &lane::Lane, deadline: Instant, busy: &AtomicUsize
             return Ok(tally);
         }
         tokio::time::sleep(IDLE_POLL).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::stage::Reported;
+
+    /// The function's line keeps its totals; each destination has a line of
+    /// its own, under the dimension `destination`, with its counts and state.
+    #[test]
+    fn each_destination_reports_its_counts_and_its_state_under_its_name() {
+        let mut lanes = Relayed::default();
+        let billing = Relayed {
+            paused: 1,
+            destinations: [("billing".into(), DestinationRelayed { paused: true, ..Default::default() })].into(),
+            ..Relayed::default()
+        };
+        let email = Relayed {
+            sent: 3,
+            dead: 1,
+            destinations: [("email".into(), DestinationRelayed { sent: 3, dead: 1, ..Default::default() })].into(),
+            ..Relayed::default()
+        };
+        lanes.merge(&billing);
+        lanes.merge(&email);
+        let lines: Vec<serde_json::Value> = lanes.metrics().iter().map(|m| m.document(0)).collect();
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        assert_eq!((lines[0]["relayed"].as_f64(), lines[0]["relay_paused"].as_f64()), (Some(3.0), Some(1.0)));
+        assert!(lines[0].get("destination").is_none());
+        let of = |name: &str| lines.iter().find(|l| l["destination"] == name).unwrap().clone();
+        let (billing, email) = (of("billing"), of("email"));
+        assert_eq!(
+            billing["_aws"]["CloudWatchMetrics"][0]["Dimensions"],
+            serde_json::json!([["function", "destination"]])
+        );
+        assert_eq!((billing["relay_destination_paused"].as_f64(), billing["relayed"].as_f64()), (Some(1.0), Some(0.0)));
+        let email_figures =
+            (email["relayed"].as_f64(), email["relay_dead"].as_f64(), email["relay_destination_paused"].as_f64());
+        assert_eq!(email_figures, (Some(3.0), Some(1.0), Some(0.0)));
+
+        // Over passes the counts add up and the state is the latest.
+        let mut run = lanes.clone();
+        let resumed = Relayed {
+            sent: 2,
+            destinations: [("billing".into(), DestinationRelayed { sent: 2, ..Default::default() })].into(),
+            ..Relayed::default()
+        };
+        run.add(&resumed);
+        assert_eq!(run.destinations["billing"], DestinationRelayed { sent: 2, ..Default::default() });
+        assert_eq!(run.destinations["email"].sent, 3);
     }
 }

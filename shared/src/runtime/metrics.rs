@@ -3,7 +3,8 @@
 //! in the hot path but a counter; the line is written after the answer.
 //!
 //! The namespace is `WebhookInbox`; every line has the dimension `function`,
-//! and `provider` where the counts are one provider's (receive, reconcile).
+//! `provider` where the counts are one provider's (receive, reconcile), and
+//! `destination` where they are one relay destination's.
 //! Counts are `Count`, ages `Milliseconds`.
 
 use std::{
@@ -36,6 +37,7 @@ impl Unit {
 pub struct Metrics {
     function: &'static str,
     provider: Option<String>,
+    destination: Option<String>,
     values: BTreeMap<&'static str, (f64, Unit, Kind)>,
 }
 
@@ -48,12 +50,18 @@ pub enum Kind {
 
 impl Metrics {
     pub fn new(function: &'static str) -> Self {
-        Metrics { function, provider: None, values: BTreeMap::new() }
+        Metrics { function, provider: None, destination: None, values: BTreeMap::new() }
     }
 
     /// These counts are one provider's.
     pub fn for_provider(mut self, provider: impl Into<String>) -> Self {
         self.provider = Some(provider.into());
+        self
+    }
+
+    /// These values are one relay destination's.
+    pub fn for_destination(mut self, destination: impl Into<String>) -> Self {
+        self.destination = Some(destination.into());
         self
     }
 
@@ -85,6 +93,11 @@ impl Metrics {
         self.provider.as_deref()
     }
 
+    /// The relay destination the values are of, if they are one destination's.
+    pub fn destination(&self) -> Option<&str> {
+        self.destination.as_deref()
+    }
+
     /// Each value: its name, the value, its unit and its kind.
     pub fn values(&self) -> impl Iterator<Item = (&'static str, f64, Unit, Kind)> + '_ {
         self.values.iter().map(|(name, (value, unit, kind))| (*name, *value, *unit, *kind))
@@ -102,6 +115,10 @@ impl Metrics {
         if let Some(provider) = &self.provider {
             dimensions.push("provider");
             root.insert("provider".into(), json!(provider));
+        }
+        if let Some(destination) = &self.destination {
+            dimensions.push("destination");
+            root.insert("destination".into(), json!(destination));
         }
         let definitions: Vec<Value> =
             self.values.iter().map(|(name, (_, unit, _))| json!({"Name": name, "Unit": unit.as_str()})).collect();

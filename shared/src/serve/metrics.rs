@@ -57,6 +57,9 @@ pub fn record(m: &Metrics) {
         if let Some(p) = provider {
             labels.push(("provider", p.to_string()));
         }
+        if let Some(d) = m.destination() {
+            labels.push(("destination", d.to_string()));
+        }
         labels
     };
     for (name, value, unit, kind) in m.values() {

@@ -635,7 +635,8 @@ where
     })
 }
 
-/// The relay's gauges, every 15 s (`webhook_inbox_relay_paused`, `_open`, `_unrouted`).
+/// The relay's gauges, every 15 s (`webhook_inbox_relay_paused`, `_open`,
+/// `_unrouted`, and each destination's `webhook_inbox_relay_destination_*`).
 fn relay_gauges_every(gauges: crate::relay::RelayGauges, mut gate: Gate) -> JoinHandle<()> {
     tokio::spawn(async move {
         if !gate.open().await {
@@ -643,7 +644,7 @@ fn relay_gauges_every(gauges: crate::relay::RelayGauges, mut gate: Gate) -> Join
         }
         loop {
             match gauges.read().await {
-                Ok(m) => metrics::record(&m),
+                Ok(all) => all.iter().for_each(metrics::record),
                 Err(e) => tracing::warn!(error = %e, "reading the relay's gauges"),
             }
             tokio::select! {
