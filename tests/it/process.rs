@@ -976,3 +976,95 @@ async fn receive_tells_the_process_queue_of_new_events_after_the_commit(_: PgPoo
     assert_eq!(post(&gone, "stripe", &[("Stripe-Signature", &sig)], &body).await.0, StatusCode::OK);
     assert_eq!(app.scalar::<String>("SELECT status FROM webhook_inbox WHERE event_id = 'evt_lost'").await, "pending");
 }
+
+/// A pending event, inserted as receive's claim would, on `conn` (a
+/// transaction of the caller's, to commit when it chooses).
+async fn pending_on(conn: &mut PgConnection, event_id: &str) {
+    sqlx::query(
+        "INSERT INTO webhook_inbox (provider, event_id, event_type, payload, status, raw_body, headers, secret_index)
+         VALUES ('stripe', $1, 'customer.created', '{}', 'pending', '\\x7b7d', '{}', 0)",
+    )
+    .bind(event_id)
+    .execute(conn)
+    .await
+    .unwrap();
+}
+
+/// The worker's take starts after the last event it took (it does not walk
+/// the queue's past); an event whose transaction began first but committed
+/// after later ones is behind that position, and the next pass from the
+/// queue's head takes it: none is skipped.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn an_event_committed_behind_the_workers_position_is_taken_by_its_next_full_pass(pool: PgPool) {
+    let w = Worker::new(pool.clone(), Handlers::new(), WorkerConfig { batch_size: 2, ..fast_worker_config() });
+    let later = || Instant::now() + Duration::from_secs(10);
+    // Its transaction begins first: the earliest received_at, committed last.
+    let mut late = pool.begin().await.unwrap();
+    pending_on(&mut late, "evt_late").await;
+    for id in ["evt_a", "evt_b", "evt_c"] {
+        pending_on(&mut pool.acquire().await.unwrap(), id).await;
+    }
+    assert_eq!(w.run_once(later()).await.unwrap().taken, 2, "evt_a and evt_b, from the head");
+    late.commit().await.unwrap();
+    assert_eq!(w.run_once(later()).await.unwrap().taken, 1, "evt_c, after its position");
+    let status = "SELECT status FROM webhook_inbox WHERE event_id = 'evt_late'";
+    assert_eq!(scalar::<String>(&pool, status).await, "pending", "behind the position: not walked over");
+    assert_eq!(w.run_once(later()).await.unwrap().taken, 1, "caught up: the next take is from the head");
+    assert_eq!(scalar::<String>(&pool, status).await, "unhandled");
+    assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM webhook_inbox WHERE status = 'pending'").await, 0);
+}
+
+/// Eight receivers committing 1,000 events out of order (each transaction
+/// holds its events 0 to 20 ms before it commits) while two workers take
+/// small batches all along: every event is taken, once.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn receives_committing_out_of_order_beside_two_workers_leave_no_event_behind(pool: PgPool) {
+    const RECEIVERS: usize = 8;
+    const EACH: usize = 125;
+    let config = WorkerConfig { batch_size: 10, ..fast_worker_config() };
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for _ in 0..2 {
+        let (w, stop) = (Worker::new(pool.clone(), Handlers::new(), config.clone()), stop.clone());
+        workers.push(tokio::spawn(async move {
+            let mut taken = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let pass = w.run_once(Instant::now() + Duration::from_secs(10)).await.unwrap();
+                taken += pass.taken;
+                if pass.taken == 0 {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+            taken
+        }));
+    }
+    let mut receivers = Vec::new();
+    for r in 0..RECEIVERS {
+        let pool = pool.clone();
+        receivers.push(tokio::spawn(async move {
+            for i in 0..EACH {
+                let mut tx = pool.begin().await.unwrap();
+                pending_on(&mut tx, &format!("evt_{r}_{i}")).await;
+                tokio::time::sleep(Duration::from_millis(((r * 7 + i * 13) % 21) as u64)).await;
+                tx.commit().await.unwrap();
+            }
+        }));
+    }
+    for r in receivers {
+        r.await.unwrap();
+    }
+    let until = Instant::now() + Duration::from_secs(15);
+    let left = "SELECT count(*) FROM webhook_inbox WHERE status = 'pending'";
+    while scalar::<i64>(&pool, left).await > 0 {
+        assert!(Instant::now() < until, "events still pending 15 s after the last commit");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut taken = 0;
+    for w in workers {
+        taken += w.await.unwrap();
+    }
+    assert_eq!(taken, RECEIVERS * EACH, "each event taken once");
+    let unhandled = "SELECT count(*) FROM webhook_inbox WHERE status = 'unhandled'";
+    assert_eq!(scalar::<i64>(&pool, unhandled).await, (RECEIVERS * EACH) as i64);
+}

@@ -17,7 +17,7 @@ use crate::{
     core::{provider::Provider, status::Status},
     db::{
         self,
-        inbox::{self, Finished, Taken},
+        inbox::{self, Finished, Position, Taken},
     },
     process::{
         handler::{HandlerError, Headers, Outcome},
@@ -162,6 +162,8 @@ pub struct Worker {
     written: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     /// Told after a batch that wrote outbox messages (`serve`'s relay lanes wait on it).
     nudge: Option<std::sync::Arc<tokio::sync::Notify>>,
+    /// Where the next batch's take starts (see [`super::scan`]).
+    scan: super::scan::Scan,
 }
 
 /// After a handler fails in a batch without savepoints, this many batches
@@ -217,6 +219,7 @@ impl Worker {
             guarded: std::sync::atomic::AtomicU32::new(0),
             written: Default::default(),
             nudge: None,
+            scan: Default::default(),
         }
     }
 
@@ -352,8 +355,17 @@ impl Worker {
 
     async fn take_and_apply(&self, deadline: Instant, mode: Mode) -> Result<Batch<'_>, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
-        let rows = inbox::take_pending(&mut tx, self.config.batch_size, &self.handled).await?;
-        self.apply_all(tx, rows, deadline, false, mode).await
+        let from = self.scan.start();
+        let rows = inbox::take_pending(&mut tx, self.config.batch_size, &self.handled, from.as_ref()).await?;
+        let n = rows.len();
+        let last = rows.last().map(|r| Position { received_at_us: r.received_at_us, event_id: r.event_id.clone() });
+        let batch = self.apply_all(tx, rows, deadline, false, mode).await?;
+        if let Batch::Done(counts, _) = &batch {
+            // Retried, waiting for a hint's object, or left by the deadline: pending behind the position.
+            let behind = counts.retried > 0 || counts.taken < n;
+            self.scan.taken(from.as_ref(), last, n as i64 >= self.config.batch_size, behind);
+        }
+        Ok(batch)
     }
 
     /// After a batch lost its connection (an event that crashes the backend, a

@@ -22,7 +22,7 @@ pub use listing::{list_events, stored_event, EventPage, EventSummary, StoredEven
 pub use prune::{delete_received_before, Providers};
 pub(crate) use queue::{
     count_next, finish, give_up, mark_done_inline, mark_unusable, note_inline_failure, take_counted, take_one,
-    take_pending, Finished, Taken,
+    take_pending, Finished, Position, Taken,
 };
 pub use requeue::{count_matching, list_failed, replay, requeue_all, Audit, FailedEvent, Matching, Replayed, Requeued};
 pub use stats::{counts_by_provider, gauges, secret_usage, status_counts, Count, InboxGauges, SecretUse};

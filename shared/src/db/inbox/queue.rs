@@ -10,6 +10,15 @@ use crate::{
     db,
 };
 
+/// An event's place in the queue's order, `(received_at, event_id)`: where
+/// the worker's next take starts ([`crate::process::scan`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Position {
+    /// `received_at`, in microseconds since the Unix epoch.
+    pub received_at_us: i64,
+    pub event_id: String,
+}
+
 /// A pending row as the worker takes it.
 #[derive(sqlx::FromRow)]
 pub(crate) struct Taken {
@@ -30,30 +39,45 @@ pub(crate) struct Taken {
     pub trace_context: Option<String>,
 }
 
-/// Up to `limit` due pending rows, in receive order, skipping those another
-/// worker holds; the payload and headers only where `handled`
+/// Up to `limit` due pending rows, in receive order, after `after` (from the
+/// queue's head when `None`: see [`crate::process::scan`]), skipping those
+/// another worker holds; the payload and headers only where `handled`
 /// (`provider:event_type`) names a handler: an event no handler takes is
 /// unhandled without them.
 pub(crate) async fn take_pending(
     conn: &mut PgConnection,
     limit: i64,
     handled: &[String],
+    after: Option<&Position>,
 ) -> Result<Vec<Taken>, sqlx::Error> {
-    db::query_as(
-        "SELECT provider, event_id, event_type,
-             CASE WHEN provider || ':' || event_type = ANY($2) THEN payload::text END AS payload,
-             CASE WHEN provider || ':' || event_type = ANY($2) THEN headers END AS headers, attempts,
-             (extract(epoch FROM received_at) * 1000000)::bigint AS received_at_us, trace_context
-         FROM webhook_inbox
-         WHERE status = 'pending' AND (next_attempt_at IS NULL OR next_attempt_at <= now())
-         ORDER BY received_at, event_id
-         LIMIT $1
-         FOR UPDATE SKIP LOCKED",
-    )
-    .bind(limit)
-    .bind(handled)
-    .fetch_all(conn)
-    .await
+    macro_rules! take {
+        ($bound:literal) => {
+            concat!(
+                "SELECT provider, event_id, event_type,
+                     CASE WHEN provider || ':' || event_type = ANY($2) THEN payload::text END AS payload,
+                     CASE WHEN provider || ':' || event_type = ANY($2) THEN headers END AS headers, attempts,
+                     (extract(epoch FROM received_at) * 1000000)::bigint AS received_at_us, trace_context
+                 FROM webhook_inbox
+                 WHERE status = 'pending' AND (next_attempt_at IS NULL OR next_attempt_at <= now())",
+                $bound,
+                " ORDER BY received_at, event_id LIMIT $1 FOR UPDATE SKIP LOCKED"
+            )
+        };
+    }
+    // Two statements, not one with an optional bound: a plan cached for one
+    // would not start the index scan at the position for the other.
+    match after {
+        None => db::query_as(take!("")).bind(limit).bind(handled).fetch_all(conn).await,
+        Some(p) => {
+            db::query_as(take!(" AND (received_at, event_id) > (to_timestamp(0) + $3 * interval '1 microsecond', $4)"))
+                .bind(limit)
+                .bind(handled)
+                .bind(p.received_at_us)
+                .bind(&p.event_id)
+                .fetch_all(conn)
+                .await
+        }
+    }
 }
 
 /// The SQS path: the named event, if it is due and nobody holds it.
