@@ -195,6 +195,8 @@ fn inbox_bench_smoke_runs_every_comparison_and_writes_the_report() {
         "| process (no handler, 2000 retained) / graphile-worker (no-op jobs), 2 a side |",
         "| process, 2000 events, no handler, 2 workers, empty inbox |",
         "| process (no handler), 20000 retained / empty inbox |",
+        "| process with a snapshot held open / without |",
+        "| process, 2000 events, no handler, 2 workers, 2000 retained, a snapshot held open |",
         "| receive p99 (ms), 2 in flight, all new |",
         "group commit (up to 64 deliveries a group",
         "## Receive, Marqeta batches",

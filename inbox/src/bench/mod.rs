@@ -43,8 +43,8 @@ use webhook_inbox::{
 };
 
 /// The sections of a run, in order.
-pub const SECTIONS: [&str; 10] =
-    ["receive", "marqeta", "prune", "process", "relay", "latency", "verify", "lambda", "growth", "listing"];
+pub const SECTIONS: [&str; 11] =
+    ["receive", "marqeta", "prune", "process", "snapshot", "relay", "latency", "verify", "lambda", "growth", "listing"];
 
 pub struct Bench {
     /// Seconds per side and round, for the receive comparisons.
@@ -193,6 +193,9 @@ impl Bench {
         }
         if let Some(empty) = empty {
             self.process(&pool, &url, empty, &mut report).await?;
+        }
+        if self.runs("snapshot") {
+            self.process_snapshot(&pool, &mut report).await?;
         }
         if self.runs("relay") {
             clean(&pool).await?;

@@ -137,6 +137,42 @@ impl Bench {
         Ok(())
     }
 
+    /// The worker with no handler draining with a snapshot held open from
+    /// before the drain to its end (a long report, an idle transaction, a
+    /// lagging replication slot: vacuum may then remove none of the finished
+    /// events' index entries), against the same drain without, alternated.
+    pub(super) async fn process_snapshot(&self, pool: &PgPool, report: &mut Report) -> Result<()> {
+        let name = |how: &str| {
+            Figure::new(
+                format!(
+                    "process, {} events, no handler, {} workers, {} retained, {how}",
+                    self.events, self.workers, self.retained
+                ),
+                "events/s",
+            )
+        };
+        let (mut free, mut held) = (name("no snapshot held"), name("a snapshot held open"));
+        let mut ratio = Check::at_least("process with a snapshot held open / without", 0.7);
+        for round in 1..=self.rounds {
+            for (holding, figure) in [(false, &mut free), (true, &mut held)] {
+                clean(pool).await?;
+                sqlx::raw_sql("VACUUM (ANALYZE) webhook_inbox").execute(pool).await?;
+                seed(pool, self.events, false).await?;
+                let snapshot = if holding { Some(hold_snapshot(pool).await?) } else { None };
+                let rate = self.drain(pool, false).await?;
+                if let Some(tx) = snapshot {
+                    tx.rollback().await?;
+                }
+                println!("{}, round {round}: {rate:.0} events/s", figure.name);
+                figure.values.push(rate);
+            }
+            ratio.values.push(held.values[round - 1] / free.values[round - 1]);
+        }
+        report.checks.push(ratio);
+        report.sections.push(("Process with a snapshot held open".into(), vec![free, held]));
+        Ok(())
+    }
+
     pub(super) async fn drain(&self, pool: &PgPool, handlers: bool) -> Result<f64> {
         let started = Instant::now();
         let deadline = started + Duration::from_secs(3600);
@@ -241,6 +277,19 @@ impl GraphileWorker {
         let (first, done_then) = first.context("no job was done")?;
         Ok((n as i64 - done_then).max(1) as f64 / first.elapsed().as_secs_f64())
     }
+}
+
+/// A transaction holding a snapshot (repeatable read, its first statement
+/// run) until it ends, however long: vacuum keeps every row version it may
+/// still see.
+async fn hold_snapshot(pool: &PgPool) -> Result<sqlx::Transaction<'static, sqlx::Postgres>> {
+    let mut tx = pool.begin().await?;
+    sqlx::raw_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; SET LOCAL idle_in_transaction_session_timeout = 0")
+        .execute(&mut *tx)
+        .await?;
+    let (_,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM webhook_inbox WHERE status = 'pending'").fetch_one(&mut *tx).await?;
+    Ok(tx)
 }
 
 /// `n` pending events: with `handlers`, a third each of Stripe payments,

@@ -45,6 +45,10 @@ impl Report {
              is measured on an empty inbox first; last, it alternates between two freshly migrated schemas, \
              one empty and one holding {} retained events (vacuumed and checkpointed before the first drain, \
              as an old window is settled on disk).\n\
+             - A snapshot held open: the worker with no handler drains {} pending events on the inbox holding \
+             the retained ones, with a repeatable-read transaction opened after they were written and held \
+             until the drain ends (vacuum then removes none of the finished events' row versions or index \
+             entries), alternated with the same drain without it; the table vacuumed before each.\n\
              - Marqeta batches: {c} in flight for {} s, ten new deposits per batch (Basic auth), all items \
              claimed in one statement, the body stored once.\n\
              - Prune: {} `done` rows older than any retention seeded per round; receive at {c} in flight for \
@@ -93,6 +97,7 @@ impl Report {
             bench.workers,
             WorkerConfig::default().batch_size,
             bench.growth_rows.max(bench.retained),
+            bench.events,
             bench.seconds,
             bench.events * 10,
             bench.seconds,
