@@ -539,11 +539,12 @@ async fn each_delivery_is_one_trace_from_receive_through_processing_to_the_relay
 
 /// Each destination's counts and state are series of their own, labelled
 /// with its name: one flowing, one paused by an operator (its message
-/// waiting), beside the totals.
+/// waiting), beside the totals (a message for a destination no relay has
+/// counted as unrouted).
 #[sqlx::test(migrations = false)]
 async fn each_destination_has_its_own_series_in_the_metrics(pool: PgPoolOptions, opts: PgConnectOptions) {
     let pool = migrated(pool, &opts).await;
-    for (key, destination) in [("m-1", "default"), ("m-2", "default"), ("m-3", "mail")] {
+    for (key, destination) in [("m-1", "default"), ("m-2", "default"), ("m-3", "mail"), ("m-4", "nowhere")] {
         sqlx::query(
             "INSERT INTO transactional_outbox (aggregate_type, aggregate_id, payload, message_key, destination)
              VALUES ('thing', $1, '{}', $1, $2)",
@@ -577,6 +578,7 @@ async fn each_destination_has_its_own_series_in_the_metrics(pool: PgPoolOptions,
     assert_eq!(series(&m, &relay("relay_destination_open", "mail")), Some(0.0), "{m}");
     assert_eq!(series(&m, &relay("relay_destination_paused", "default")), Some(0.0), "{m}");
     assert_eq!(series(&m, "webhook_inbox_relay_paused{function=\"relay\"}"), Some(1.0), "{m}");
+    assert_eq!(series(&m, "webhook_inbox_relay_unrouted{function=\"relay\"}"), Some(1.0), "no relay has nowhere: {m}");
     assert_eq!(series(&m, &relay("relayed_total", "mail")), Some(0.0), "mail sent nothing: {m}");
 }
 

@@ -18,17 +18,17 @@ use std::{
 
 use anyhow::{bail, ensure, Context, Result};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::{server::conn::http1, service::service_fn, Response};
-use hyper_util::rt::TokioIo;
+use http_body_util::BodyExt;
 use serde_json::{json, Value};
-use tokio::{net::TcpListener, process::Command, sync::Notify, task::JoinSet};
+use tokio::{process::Command, sync::Notify, task::JoinSet};
 use webhook_inbox::config::DEV_STRIPE;
 
 use super::{
     body,
     lambda::{self, drain, Instance},
-    percentile, signature, Bench, Check, Figure, Report, Task,
+    percentile, signature,
+    stages::local_sink,
+    Bench, Check, Figure, Report, Task,
 };
 
 /// Events a second, steady.
@@ -261,32 +261,22 @@ struct Arrivals {
 
 impl Arrivals {
     async fn start() -> Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
         let arrivals = Arc::new(Mutex::new(HashMap::new()));
         let noted = arrivals.clone();
-        let task = Task(tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let noted = noted.clone();
-                tokio::spawn(async move {
-                    let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                        let noted = noted.clone();
-                        async move {
-                            let at = Instant::now();
-                            let bytes = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-                            let id = serde_json::from_slice::<serde_json::Value>(&bytes)
-                                .ok()
-                                .and_then(|v| v["stripe_event_id"].as_str().map(str::to_owned));
-                            if let Some(id) = id {
-                                noted.lock().unwrap_or_else(PoisonError::into_inner).entry(id).or_insert(at);
-                            }
-                            Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from_static(b"{}"))))
-                        }
-                    });
-                    let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
-                });
+        let (addr, task) = local_sink(move |req: hyper::Request<hyper::body::Incoming>| {
+            let noted = noted.clone();
+            async move {
+                let at = Instant::now();
+                let bytes = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                let id = serde_json::from_slice::<Value>(&bytes)
+                    .ok()
+                    .and_then(|v| v["stripe_event_id"].as_str().map(str::to_owned));
+                if let Some(id) = id {
+                    noted.lock().unwrap_or_else(PoisonError::into_inner).entry(id).or_insert(at);
+                }
             }
-        }));
+        })
+        .await?;
         Ok(Arrivals { addr, arrivals, _task: task })
     }
 

@@ -431,30 +431,47 @@ struct SinkServer {
     _task: Task,
 }
 
+/// A local HTTP/1.1 server on a free port: each request handed to
+/// `on_request`, then answered `{}`. It stops when the task is dropped.
+pub(super) async fn local_sink<F, Fut>(on_request: F) -> Result<(SocketAddr, Task)>
+where
+    F: Fn(hyper::Request<hyper::body::Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let task = Task(tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let on_request = on_request.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |req| {
+                    let on_request = on_request.clone();
+                    async move {
+                        on_request(req).await;
+                        Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from_static(b"{}"))))
+                    }
+                });
+                let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+            });
+        }
+    }));
+    Ok((addr, task))
+}
+
 impl SinkServer {
     async fn start(delay: Duration) -> Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
         let received = Arc::new(AtomicU64::new(0));
         let count = received.clone();
-        let task = Task(tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let count = count.clone();
-                tokio::spawn(async move {
-                    let service = service_fn(move |_req| {
-                        let count = count.clone();
-                        async move {
-                            if !delay.is_zero() {
-                                tokio::time::sleep(delay).await;
-                            }
-                            count.fetch_add(1, Ordering::Relaxed);
-                            Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from_static(b"{}"))))
-                        }
-                    });
-                    let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
-                });
+        let (addr, task) = local_sink(move |_| {
+            let count = count.clone();
+            async move {
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
+                }
+                count.fetch_add(1, Ordering::Relaxed);
             }
-        }));
+        })
+        .await?;
         Ok(SinkServer { addr, received, _task: task })
     }
 
