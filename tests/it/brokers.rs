@@ -79,7 +79,7 @@ async fn nats_jetstream_acknowledges_each_message_and_drops_a_resend_under_its_k
     assert!(relay.destinations().contains(&"events".to_string()));
     write(&pool, "events", "order", 20).await;
     // A relay that published the first five and died before recording them.
-    let leased = outbox::lease_unsent(&pool, "events", 5, Duration::from_millis(100)).await.unwrap();
+    let leased = outbox::lease_unsent(&pool, "events", 5, Duration::from_millis(100), None).await.unwrap();
     let sink = webhook_inbox::sinks::NatsSink::connect(NATS, subject.clone()).await.unwrap();
     use webhook_inbox::sinks::Sink as _;
     assert!(sink.deliver(&leased).await.iter().all(|r| *r == webhook_inbox::sinks::SinkReply::Delivered));

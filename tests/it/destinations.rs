@@ -463,3 +463,119 @@ async fn a_teams_own_sink_is_registered_on_the_app_and_named_in_the_file(pool: P
     let err = destinations.build(&App::default()).await.unwrap_err().to_string();
     assert!(err.contains("[destination.events] sink: no sink is registered as \"kafka\""), "{err}");
 }
+
+/// A sink that keeps the keys it was handed, in order; the first call commits
+/// `late` first (a writer's transaction that began before the others').
+#[derive(Clone, Default)]
+struct Keeps {
+    late: Arc<tokio::sync::Mutex<Option<sqlx::Transaction<'static, sqlx::Postgres>>>>,
+    keys: Arc<Mutex<Vec<String>>>,
+}
+
+impl Sink for Keeps {
+    fn target(&self) -> String {
+        "keeps".into()
+    }
+    fn deliver<'a>(&'a self, messages: &'a [Outgoing]) -> RepliesFuture<'a> {
+        Box::pin(async move {
+            if let Some(late) = self.late.lock().await.take() {
+                late.commit().await.unwrap();
+            }
+            self.keys.lock().unwrap().extend(messages.iter().map(|m| m.message_key.clone()));
+            vec![SinkReply::Delivered; messages.len()]
+        })
+    }
+}
+
+/// A lane's lease starts after the last message it leased, so it does not
+/// walk again over the index entries of messages already sent (which a
+/// snapshot held open keeps). A message whose transaction commits after later
+/// ones' is behind that position: the lease from the head that follows a
+/// short one takes it, in the same pass.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn a_message_committed_behind_the_lanes_position_is_leased_from_the_head_after(pool: PgPool) {
+    let sink = Keeps::default();
+    // Its transaction begins first (the lowest id) and commits as the first message is delivered.
+    let mut late = pool.begin().await.unwrap();
+    enqueue(&mut late, &Message::new("thing", "late", "late", json!({})).to("events")).await.unwrap();
+    *sink.late.lock().await = Some(late);
+    write(&pool, "events", "m-", 3, None).await;
+    let one_at_a_time = DestinationLimits { concurrency: 1, ..DestinationLimits::default() };
+    let two_a_lease = RelayConfig { batch_size: 2, ..config() };
+    let relay = Relay::new(pool.clone(), vec![to("events", sink.clone(), one_at_a_time)], two_a_lease);
+    let r = relay.run(later()).await.unwrap();
+    assert_eq!(r.sent, 4, "{r:?}");
+    let keys = sink.keys.lock().unwrap().clone();
+    assert_eq!(keys, ["m-0", "m-1", "m-2", "late"], "m-2 leased after m-1, then `late` from the head");
+}
+
+/// Eight writers committing 1,000 messages out of order (each transaction
+/// holds its message 0 to 20 ms), a quarter of them under their writer's
+/// ordering key, while two relays deliver all along: each message is
+/// delivered once, and each ordering key's messages in order.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn writers_committing_out_of_order_beside_two_relays_leave_no_message_behind(pool: PgPool) {
+    const WRITERS: usize = 8;
+    const EACH: usize = 125;
+    let sink = Keeps::default();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut relays = Vec::new();
+    for _ in 0..2 {
+        let limits = DestinationLimits { concurrency: 4, ..DestinationLimits::default() };
+        let config = RelayConfig { batch_size: 10, ..config() };
+        let relay = Relay::new(pool.clone(), vec![to("events", sink.clone(), limits)], config);
+        let stop = stop.clone();
+        relays.push(tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if relay.run(later()).await.unwrap().sent == 0 {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        }));
+    }
+    let mut writers = Vec::new();
+    for w in 0..WRITERS {
+        let pool = pool.clone();
+        writers.push(tokio::spawn(async move {
+            for i in 0..EACH {
+                let mut tx = pool.begin().await.unwrap();
+                let key = format!("m-{w}-{i}");
+                let mut m = Message::new("thing", &key, key.clone(), json!({})).to("events");
+                let ordering = format!("k-{w}");
+                if i % 4 == 0 {
+                    m = m.ordered_by(&ordering);
+                }
+                enqueue(&mut tx, &m).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(((w * 7 + i * 13) % 21) as u64)).await;
+                tx.commit().await.unwrap();
+            }
+        }));
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    let until = Instant::now() + Duration::from_secs(15);
+    while count(&pool, "SELECT count(*) FROM transactional_outbox WHERE processed_at IS NULL").await > 0 {
+        assert!(Instant::now() < until, "messages still unsent 15 s after the last commit");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for r in relays {
+        r.await.unwrap();
+    }
+    let keys = sink.keys.lock().unwrap().clone();
+    let mut once = keys.clone();
+    once.sort();
+    once.dedup();
+    assert_eq!((keys.len(), once.len()), (WRITERS * EACH, WRITERS * EACH), "each message delivered once");
+    for k in (0..WRITERS).map(|w| format!("k-{w}")) {
+        let by_id: Vec<String> =
+            sqlx::query_scalar("SELECT message_key FROM transactional_outbox WHERE ordering_key = $1 ORDER BY id")
+                .bind(&k)
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        let delivered: Vec<String> = keys.iter().filter(|key| by_id.contains(key)).cloned().collect();
+        assert_eq!(delivered, by_id, "{k}: in order");
+    }
+}

@@ -187,7 +187,7 @@ async fn a_relay_killed_after_publishing_resends_with_the_same_key(pool: PgPool)
     Mock::given(method("POST")).respond_with(ResponseTemplate::new(200)).mount(&server).await;
     messages(&pool, 3).await;
     let http = HttpSink::new(format!("{}/hook", server.uri()), Duration::from_secs(5)).unwrap();
-    let leased = outbox::lease_unsent(&pool, "default", 10, Duration::from_millis(50)).await.unwrap();
+    let leased = outbox::lease_unsent(&pool, "default", 10, Duration::from_millis(50), None).await.unwrap();
     http.deliver(&leased).await; // published; the crash comes before record_results
     let sink: Arc<dyn Sink> = Arc::new(http);
     assert_eq!(relay(&pool, sink.clone()).run_once(later()).await.unwrap().leased, 0, "leased, not re-sent yet");
@@ -282,7 +282,7 @@ async fn a_fifo_queue_gets_the_key_as_deduplication_id_and_drops_a_resend(pool: 
     messages(&pool, 3).await;
     let sink = SqsSink::new(sqs.clone(), &url);
     // A relay that published and died before marking: the same messages go out twice.
-    let leased = outbox::lease_unsent(&pool, "default", 10, Duration::from_millis(10)).await.unwrap();
+    let leased = outbox::lease_unsent(&pool, "default", 10, Duration::from_millis(10), None).await.unwrap();
     assert!(sink.deliver(&leased).await.iter().all(|d| *d == webhook_inbox::relay::SinkReply::Delivered));
     tokio::time::sleep(Duration::from_millis(30)).await;
     let r = relay(&pool, Arc::new(sink)).run_once(later()).await.unwrap();
@@ -390,7 +390,7 @@ async fn a_late_result_from_an_expired_lease_changes_nothing(pool: PgPool) {
     let server = MockServer::start().await;
     Mock::given(method("POST")).respond_with(ResponseTemplate::new(200)).mount(&server).await;
     messages(&pool, 1).await;
-    let slow = outbox::lease_unsent(&pool, "default", 10, Duration::from_millis(10)).await.unwrap();
+    let slow = outbox::lease_unsent(&pool, "default", 10, Duration::from_millis(10), None).await.unwrap();
     tokio::time::sleep(Duration::from_millis(30)).await;
     assert_eq!(relay(&pool, http_sink(&server)).run_once(later()).await.unwrap().sent, 1);
     let late = [(slow[0].id, slow[0].attempts, outbox::Dispatch::Dead("HTTP 500 after the lease ran out".into()))];

@@ -152,7 +152,12 @@ impl Bench {
             )
         };
         let (mut free, mut held) = (name("no snapshot held"), name("a snapshot held open"));
+        let relay_name = |how: &str| {
+            Figure::new(format!("relay, {} messages, a sink in its own process, {how}", self.events), "messages/s")
+        };
+        let (mut relay_free, mut relay_held) = (relay_name("no snapshot held"), relay_name("a snapshot held open"));
         let mut ratio = Check::at_least("process with a snapshot held open / without", 0.7);
+        let mut relay_ratio = Check::at_least("relay with a snapshot held open / without", 0.7);
         for round in 1..=self.rounds {
             for (holding, figure) in [(false, &mut free), (true, &mut held)] {
                 clean(pool).await?;
@@ -167,9 +172,15 @@ impl Bench {
                 figure.values.push(rate);
             }
             ratio.values.push(held.values[round - 1] / free.values[round - 1]);
+            for (holding, figure) in [(false, &mut relay_free), (true, &mut relay_held)] {
+                let rate = self.relay_drain(pool, holding).await?;
+                println!("{}, round {round}: {rate:.0} messages/s", figure.name);
+                figure.values.push(rate);
+            }
+            relay_ratio.values.push(relay_held.values[round - 1] / relay_free.values[round - 1]);
         }
-        report.checks.push(ratio);
-        report.sections.push(("Process with a snapshot held open".into(), vec![free, held]));
+        report.checks.extend([ratio, relay_ratio]);
+        report.sections.push(("A snapshot held open".into(), vec![free, held, relay_free, relay_held]));
         Ok(())
     }
 
@@ -282,7 +293,7 @@ impl GraphileWorker {
 /// A transaction holding a snapshot (repeatable read, its first statement
 /// run) until it ends, however long: vacuum keeps every row version it may
 /// still see.
-async fn hold_snapshot(pool: &PgPool) -> Result<sqlx::Transaction<'static, sqlx::Postgres>> {
+pub(super) async fn hold_snapshot(pool: &PgPool) -> Result<sqlx::Transaction<'static, sqlx::Postgres>> {
     let mut tx = pool.begin().await?;
     sqlx::raw_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; SET LOCAL idle_in_transaction_session_timeout = 0")
         .execute(&mut *tx)

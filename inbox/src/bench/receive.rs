@@ -67,28 +67,36 @@ impl Bench {
         let mut p50 = Figure::new(format!("receive p50, {c} in flight, {kind}"), "ms");
         let mut p99 = Figure::new(format!("receive p99, {c} in flight, {kind}"), "ms");
         let mut load = Figure::new(format!("load generator's CPU share, {c} in flight, {kind}"), "% of the machine");
+        let mut cpu = Figure::new(format!("receive's own CPU per delivery, {c} in flight, {kind}"), "µs");
         // Group commit's targets: past pgbench's single-row ceiling, more so as more deliveries are in flight.
         let mut ratio =
             Check::at_least(format!("receive / pgbench, {c} in flight, {kind}"), if c >= 32 { 1.3 } else { 1.0 });
         let mut p99_check = Check::at_most(format!("receive p99 (ms), {c} in flight, {kind}"), 10.0);
+        let mut cpu_check = Check::at_most(format!("receive's own CPU per delivery (µs), {c} in flight, {kind}"), 45.0);
         for round in 1..=self.rounds {
             let ceiling = self.pgbench(url, c, copies).await?;
             let http = self.http(config, c, Load::Stripe { copies }).await?;
             println!(
-                "receive {c} in flight, {kind}, round {round}: pgbench {ceiling:.0}/s | HTTP {:.0}/s (p50 {:.2} ms, p99 {:.2} ms, load generator {:.0}% CPU) | {:.2}",
-                http.rate, http.p50, http.p99, http.load_share * 100.0, http.rate / ceiling
+                "receive {c} in flight, {kind}, round {round}: pgbench {ceiling:.0}/s | HTTP {:.0}/s (p50 {:.2} ms, p99 {:.2} ms, {:.0} µs CPU a delivery, load generator {:.0}% CPU) | {:.2}",
+                http.rate,
+                http.p50,
+                http.p99,
+                http.cpu_us,
+                http.load_share * 100.0,
+                http.rate / ceiling
             );
             peer.values.push(ceiling);
             ours.values.push(http.rate);
             p50.values.push(http.p50);
             p99.values.push(http.p99);
             load.values.push(http.load_share * 100.0);
+            cpu.values.push(http.cpu_us);
+            cpu_check.values.push(http.cpu_us);
             ratio.values.push(http.rate / ceiling);
             p99_check.values.push(http.p99);
         }
-        report.sections.push((format!("Receive, {c} in flight, {kind}"), vec![peer, ours, p50, p99, load]));
-        report.checks.push(ratio);
-        report.checks.push(p99_check);
+        report.sections.push((format!("Receive, {c} in flight, {kind}"), vec![peer, ours, p50, p99, cpu, load]));
+        report.checks.extend([ratio, p99_check, cpu_check]);
         Ok(())
     }
 
@@ -113,6 +121,9 @@ pub(super) struct Http {
     pub(super) p50: f64,
     pub(super) p99: f64,
     pub(super) load_share: f64,
+    /// The CPU time of the bench's process (receive: HTTP, verification, the
+    /// claims' client side) less the load generator's, per delivery, in µs.
+    pub(super) cpu_us: f64,
 }
 
 /// Seconds of CPU the calling thread has used (Linux: `/proc/thread-self/schedstat`, in ns).
@@ -120,6 +131,17 @@ pub(super) fn thread_cpu() -> Result<f64> {
     let stat = std::fs::read_to_string("/proc/thread-self/schedstat").context("reading the thread's CPU time")?;
     let ns: f64 = stat.split_whitespace().next().context("empty schedstat")?.parse()?;
     Ok(ns / 1e9)
+}
+
+/// Seconds of CPU the whole process has used, every thread's, those ended
+/// included (Linux: `/proc/self/stat`'s utime and stime, in 1/100 s).
+fn process_cpu() -> Result<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").context("reading the process's CPU time")?;
+    // The fields after the command's name, which is in parentheses: the 14th and 15th of the line.
+    let after = stat.rsplit_once(')').context("no command name in /proc/self/stat")?.1;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| -> Result<f64> { Ok(fields.get(i).context("a short /proc/self/stat")?.parse::<f64>()?) };
+    Ok((ticks(11)? + ticks(12)?) / 100.0)
 }
 
 /// A task aborted with its owner (the bench's stand-in servers and proxies).
@@ -165,6 +187,7 @@ pub(super) async fn http(config: &ReceiveConfig, c: usize, load: Load, until: Un
     };
     let server = tokio::spawn(webhook_inbox::serve::webhooks(listener, receiver, shutdown));
 
+    let process_before = process_cpu()?;
     let generator = std::thread::spawn(move || -> Result<(Vec<Duration>, f64, Duration)> {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let started = Instant::now();
@@ -182,6 +205,7 @@ pub(super) async fn http(config: &ReceiveConfig, c: usize, load: Load, until: Un
     let (mut latencies, cpu, elapsed) = tokio::task::spawn_blocking(move || generator.join())
         .await?
         .map_err(|_| anyhow::anyhow!("load generator panicked"))??;
+    let receive_cpu = process_cpu()? - process_before - cpu;
     let _ = stop.send(());
     let _ = server.await;
 
@@ -193,6 +217,7 @@ pub(super) async fn http(config: &ReceiveConfig, c: usize, load: Load, until: Un
         p50: percentile(&latencies, 0.50),
         p99: percentile(&latencies, 0.99),
         load_share: cpu / (elapsed.as_secs_f64() * cores),
+        cpu_us: receive_cpu.max(0.0) / latencies.len() as f64 * 1e6,
     })
 }
 

@@ -48,7 +48,9 @@ impl Report {
              - A snapshot held open: the worker with no handler drains {} pending events on the inbox holding \
              the retained ones, with a repeatable-read transaction opened after they were written and held \
              until the drain ends (vacuum then removes none of the finished events' row versions or index \
-             entries), alternated with the same drain without it; the table vacuumed before each.\n\
+             entries), alternated with the same drain without it; the table vacuumed before each. Then the \
+             relay the same way: as many outbox messages of about 1.5 KB to a sink in its own process \
+             (concurrency 64), with and without a snapshot held open.\n\
              - Marqeta batches: {c} in flight for {} s, ten new deposits per batch (Basic auth), all items \
              claimed in one statement, the body stored once.\n\
              - Prune: {} `done` rows older than any retention seeded per round; receive at {c} in flight for \

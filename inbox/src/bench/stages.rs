@@ -28,6 +28,7 @@ use webhook_inbox::{
 
 use super::{
     body,
+    process::hold_snapshot,
     receive::{run_pgbench, Until},
     signature, Bench, Check, Figure, Load, Report, Task,
 };
@@ -350,6 +351,39 @@ impl Bench {
         sqlx::query("DELETE FROM transactional_outbox WHERE message_key LIKE 'bench-relay-%'").execute(pool).await?;
         sqlx::query("DELETE FROM relay_destinations").execute(pool).await?;
         Ok(rate)
+    }
+}
+
+impl Bench {
+    /// The relay draining `--events` messages to a sink in its own process
+    /// (concurrency 64), with a snapshot held open from after they were
+    /// written to the drain's end (`holding`), or without: messages/s.
+    pub(super) async fn relay_drain(&self, pool: &PgPool, holding: bool) -> Result<f64> {
+        sqlx::query("DELETE FROM transactional_outbox WHERE message_key LIKE 'bench-relay-%'").execute(pool).await?;
+        sqlx::query("DELETE FROM relay_destinations").execute(pool).await?;
+        seed_messages(pool, "fast", self.events).await?;
+        sqlx::query("VACUUM ANALYZE transactional_outbox").execute(pool).await?;
+        let snapshot = if holding { Some(hold_snapshot(pool).await?) } else { None };
+        let received = Arc::new(AtomicU64::new(0));
+        let limits = DestinationLimits { concurrency: 64, timeout: Duration::from_secs(10), ..Default::default() };
+        let sink = Destination::new("fast", Counted(received.clone())).with_limits(limits);
+        let relay = Relay::new(pool.clone(), vec![sink], RelayConfig::default());
+        let started = Instant::now();
+        let relayed = relay.run(started + Duration::from_secs(3600)).await?;
+        let elapsed = started.elapsed().as_secs_f64();
+        if let Some(tx) = snapshot {
+            tx.rollback().await?;
+        }
+        let sent = received.load(Ordering::Relaxed) as usize;
+        ensure!(
+            relayed.sent == self.events && sent == self.events,
+            "the relay sent {} of {} messages ({sent} arrived)",
+            relayed.sent,
+            self.events
+        );
+        sqlx::query("DELETE FROM transactional_outbox WHERE message_key LIKE 'bench-relay-%'").execute(pool).await?;
+        sqlx::query("DELETE FROM relay_destinations").execute(pool).await?;
+        Ok(self.events as f64 / elapsed)
     }
 }
 

@@ -139,37 +139,52 @@ pub struct Outgoing {
 /// unsent message of the same ordering key (sent, or dead, it lets the next
 /// one go). The lease is committed at once: no transaction stays open across
 /// the sink's network calls. A relay that dies leaves its lease to expire, and
-/// the messages go out again, under the same key.
+/// the messages go out again, under the same key. The lease starts after the
+/// message `after` (a lane remembers the last it leased:
+/// [`crate::runtime::scan`]), or at the destination's head.
 pub async fn lease_unsent(
     pool: &sqlx::PgPool,
     destination: &str,
     limit: i64,
     lease: std::time::Duration,
+    after: Option<i64>,
 ) -> Result<Vec<Outgoing>, sqlx::Error> {
-    super::query_as(
-        "WITH batch AS (
-             SELECT id FROM transactional_outbox AS o
-             WHERE destination = $3 AND processed_at IS NULL AND dead_at IS NULL
-               AND (next_attempt_at IS NULL OR next_attempt_at <= now())
-               AND (ordering_key IS NULL OR NOT EXISTS (
-                   SELECT 1 FROM transactional_outbox AS e
-                   WHERE e.destination = o.destination AND e.ordering_key = o.ordering_key AND e.id < o.id
-                     AND e.processed_at IS NULL AND e.dead_at IS NULL))
-             ORDER BY id
-             LIMIT $1
-             FOR UPDATE SKIP LOCKED)
-         UPDATE transactional_outbox AS o
-         SET attempts = o.attempts + 1, next_attempt_at = now() + $2 * interval '1 millisecond'
-         FROM batch WHERE o.id = batch.id
-         RETURNING o.id, o.aggregate_type, o.aggregate_id, o.payload, o.message_key, o.destination, o.ordering_key,
-                   o.attempts, o.trace_context",
-    )
-    .bind(limit)
-    .bind(lease.as_millis() as i64)
-    .bind(destination)
-    .fetch_all(super::Autocommit(pool))
-    .await
-    .map(|mut rows: Vec<Outgoing>| {
+    macro_rules! lease {
+        ($bound:literal) => {
+            concat!(
+                "WITH batch AS (
+                     SELECT id FROM transactional_outbox AS o
+                     WHERE destination = $3 AND processed_at IS NULL AND dead_at IS NULL",
+                $bound,
+                "
+                       AND (next_attempt_at IS NULL OR next_attempt_at <= now())
+                       AND (ordering_key IS NULL OR NOT EXISTS (
+                           SELECT 1 FROM transactional_outbox AS e
+                           WHERE e.destination = o.destination AND e.ordering_key = o.ordering_key AND e.id < o.id
+                             AND e.processed_at IS NULL AND e.dead_at IS NULL))
+                     ORDER BY id
+                     LIMIT $1
+                     FOR UPDATE SKIP LOCKED)
+                 UPDATE transactional_outbox AS o
+                 SET attempts = o.attempts + 1, next_attempt_at = now() + $2 * interval '1 millisecond'
+                 FROM batch WHERE o.id = batch.id
+                 RETURNING o.id, o.aggregate_type, o.aggregate_id, o.payload, o.message_key, o.destination, o.ordering_key,
+                           o.attempts, o.trace_context"
+            )
+        };
+    }
+    // Two statements, not one with an optional bound: a plan cached for one
+    // would not start the index scan at the position for the other.
+    let statement = match after {
+        None => super::query_as(lease!("")),
+        Some(_) => super::query_as(lease!(" AND id > $4")),
+    };
+    let statement = statement.bind(limit).bind(lease.as_millis() as i64).bind(destination);
+    let statement = match after {
+        None => statement,
+        Some(after) => statement.bind(after),
+    };
+    statement.fetch_all(super::Autocommit(pool)).await.map(|mut rows: Vec<Outgoing>| {
         rows.sort_by_key(|m| m.id);
         rows
     })

@@ -4,7 +4,6 @@
 pub mod handler;
 pub mod handlers;
 pub mod hints;
-pub(crate) mod scan;
 pub mod worker;
 
 use std::time::Instant;

@@ -163,7 +163,7 @@ pub struct Worker {
     /// Told after a batch that wrote outbox messages (`serve`'s relay lanes wait on it).
     nudge: Option<std::sync::Arc<tokio::sync::Notify>>,
     /// Where the next batch's take starts (see [`super::scan`]).
-    scan: super::scan::Scan,
+    scan: crate::runtime::scan::Scan<Position>,
 }
 
 /// After a handler fails in a batch without savepoints, this many batches

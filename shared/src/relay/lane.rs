@@ -24,7 +24,7 @@ use crate::{
         destinations::{self, Gate},
         outbox::{self, Dispatch, Outgoing},
     },
-    runtime::{stage::Pass, trace},
+    runtime::{scan::Scan, stage::Pass, trace},
 };
 
 /// Results are recorded once this many are known, or once the oldest waited this long.
@@ -43,6 +43,8 @@ pub(crate) struct Lane {
     next_start: Mutex<Instant>,
     /// Retryable failures in a row (this process): the circuit opens at the limit.
     failures: AtomicU32,
+    /// Where the next lease starts: after the last message leased.
+    scan: Scan<i64>,
 }
 
 /// A delivery call that ended: its messages and their replies.
@@ -57,6 +59,7 @@ impl Lane {
             registered: AtomicBool::new(false),
             next_start: Mutex::new(Instant::now()),
             failures: AtomicU32::new(0),
+            scan: Scan::default(),
         }
     }
 
@@ -92,6 +95,10 @@ impl Lane {
         let mut flying: JoinSet<Flight> = JoinSet::new();
         let mut in_flight = 0usize;
         let mut results: Vec<(i64, i32, Dispatch)> = Vec::new();
+        // Whether a result in `results` leaves a message due behind the lease's
+        // position once recorded (a retry, or a message whose result lets the
+        // next one of its ordering key go).
+        let mut results_behind = false;
         let mut first_result: Option<Instant> = None;
         let mut spans: HashMap<i64, trace::Span> = HashMap::new();
         // No more leases this pass: nothing was due with nothing in flight, the
@@ -105,7 +112,9 @@ impl Lane {
         // The next lease and the recordings run beside the deliveries: the
         // pipeline does not empty while a statement is on its way.
         let mut leasing: Option<tokio::task::JoinHandle<Result<Vec<Outgoing>, sqlx::Error>>> = None;
-        let mut recording: JoinSet<Result<(), sqlx::Error>> = JoinSet::new();
+        // Where the lease on its way started (`None`: the head), and how many it asked for.
+        let mut lease_from: (Option<i64>, i64) = (None, 0);
+        let mut recording: JoinSet<Result<bool, sqlx::Error>> = JoinSet::new();
         loop {
             if gate == Gate::Open && gate_at.elapsed() >= GATE_EVERY {
                 gate = destinations::gate(&self.pool, self.name(), limits.circuit_cool_down).await?;
@@ -116,7 +125,8 @@ impl Lane {
                 && (results.len() >= RECORD_AT || record_by.is_some_and(|at| at <= Instant::now()) || flying.is_empty())
             {
                 let (pool, batch) = (self.pool.clone(), std::mem::take(&mut results));
-                recording.spawn(async move { outbox::record_results(&pool, &batch).await });
+                let behind = std::mem::take(&mut results_behind);
+                recording.spawn(async move { outbox::record_results(&pool, &batch).await.map(|()| behind) });
                 first_result = None;
             }
             let sending = matches!(gate, Gate::Open | Gate::Probe);
@@ -132,9 +142,15 @@ impl Lane {
             };
             if leasing.is_none() && wanted && !drained && sending && empty_at != Some(recorded) {
                 if room {
-                    let n = if gate == Gate::Probe { 1 } else { self.lease_size() };
+                    // The probe is the destination's first due message.
+                    let (n, from) = match gate {
+                        Gate::Probe => (1, None),
+                        _ => (self.lease_size(), self.scan.start()),
+                    };
+                    lease_from = (from, n);
                     let (pool, name, lease) = (self.pool.clone(), self.name().to_string(), self.config.lease);
-                    leasing = Some(tokio::spawn(async move { outbox::lease_unsent(&pool, &name, n, lease).await }));
+                    leasing =
+                        Some(tokio::spawn(async move { outbox::lease_unsent(&pool, &name, n, lease, from).await }));
                     // The probe is one message.
                     drained = gate == Gate::Probe;
                 } else {
@@ -204,7 +220,13 @@ impl Lane {
                 lease = leased => {
                     leasing = None;
                     let leased = lease.map_err(|e| sqlx::Error::Io(std::io::Error::other(e)))??;
-                    if leased.is_empty() {
+                    let (from, n) = lease_from;
+                    if gate != Gate::Probe {
+                        let full = leased.len() as i64 >= n;
+                        self.scan.taken(from.as_ref(), leased.last().map(|m| m.id), full, false);
+                    }
+                    // An empty lease from the position is followed by one from the head.
+                    if leased.is_empty() && from.is_none() {
                         empty_at = Some(recorded);
                         drained |= in_flight == 0 && recording.is_empty() && results.is_empty();
                     }
@@ -212,7 +234,9 @@ impl Lane {
                     buffer.extend(leased);
                 }
                 Some(done) = recording.join_next() => {
-                    done.map_err(|e| sqlx::Error::Io(std::io::Error::other(e)))??;
+                    if done.map_err(|e| sqlx::Error::Io(std::io::Error::other(e)))?? {
+                        self.scan.behind();
+                    }
                     recorded += 1;
                 }
                 Some(done) = flying.join_next() => {
@@ -245,6 +269,7 @@ impl Lane {
                         if let Dispatch::Retry { reason, .. } | Dispatch::Dead(reason) = &dispatch {
                             tracing::info!(destination = %Escaped(self.name()), message_key = %Escaped(&m.message_key), reason = %Escaped(reason), "not delivered");
                         }
+                        results_behind |= matches!(dispatch, Dispatch::Retry { .. }) || m.ordering_key.is_some();
                         results.push((m.id, m.attempts, dispatch));
                     }
                     first_result.get_or_insert_with(Instant::now);
@@ -253,6 +278,9 @@ impl Lane {
             }
         }
         outbox::record_results(&self.pool, &results).await?;
+        if results_behind {
+            self.scan.behind();
+        }
         match gate {
             Gate::Paused => t.paused = 1,
             Gate::Cooling => t.open = 1,
@@ -318,6 +346,7 @@ impl Lane {
     async fn release(&self, messages: Vec<Outgoing>) -> Result<usize, sqlx::Error> {
         let leases: Vec<(i64, i32)> = messages.iter().map(|m| (m.id, m.attempts)).collect();
         outbox::release(&self.pool, &leases).await?;
+        self.scan.behind();
         Ok(leases.len())
     }
 

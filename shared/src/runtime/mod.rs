@@ -3,6 +3,7 @@
 
 pub mod deadline;
 pub mod metrics;
+pub(crate) mod scan;
 pub mod stage;
 pub mod telemetry;
 pub mod trace;

@@ -11,8 +11,9 @@ use crate::{
 };
 
 /// An event's place in the queue's order, `(received_at, event_id)`: where
-/// the worker's next take starts ([`crate::process::scan`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// the worker's next take starts ([`crate::runtime::scan`]). Compared in
+/// Rust only to keep the position at the furthest row taken.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Position {
     /// `received_at`, in microseconds since the Unix epoch.
     pub received_at_us: i64,
@@ -40,7 +41,7 @@ pub(crate) struct Taken {
 }
 
 /// Up to `limit` due pending rows, in receive order, after `after` (from the
-/// queue's head when `None`: see [`crate::process::scan`]), skipping those
+/// queue's head when `None`: see [`crate::runtime::scan`]), skipping those
 /// another worker holds; the payload and headers only where `handled`
 /// (`provider:event_type`) names a handler: an event no handler takes is
 /// unhandled without them.
