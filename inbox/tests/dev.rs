@@ -198,6 +198,8 @@ fn inbox_bench_smoke_runs_every_comparison_and_writes_the_report() {
         "| process with a snapshot held open / without |",
         "| process, 2000 events, no handler, 2 workers, 2000 retained, a snapshot held open |",
         "| relay with a snapshot held open / without |",
+        "| lz4 / pglz, the INSERT's time per event of about 2 KB |",
+        "| lz4, WAL per event (1000 events of about 2 KB) |",
         "| relay, 2000 messages, a sink in its own process, a snapshot held open |",
         "| receive's own CPU per delivery, 2 in flight, all new |",
         "| receive's own CPU per delivery (µs), 2 in flight, all new |",

@@ -18,7 +18,7 @@ ALTER TABLE webhook_inbox RENAME TO webhook_inbox_unpartitioned;
 ALTER INDEX webhook_inbox_pkey RENAME TO webhook_inbox_unpartitioned_pkey;
 
 CREATE TABLE webhook_inbox (
-    LIKE webhook_inbox_unpartitioned INCLUDING DEFAULTS INCLUDING CONSTRAINTS,
+    LIKE webhook_inbox_unpartitioned INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING COMPRESSION,
     PRIMARY KEY (provider, event_id)
 ) PARTITION BY HASH (provider, event_id);
 

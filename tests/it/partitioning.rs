@@ -48,6 +48,12 @@ async fn the_hash_partitioned_inbox_refuses_every_duplicate_and_spreads_keys(_: 
         names
     };
     let before = indexes(pool.clone()).await;
+    let compressed: String = sqlx::query_scalar(
+        "SELECT attcompression::text FROM pg_attribute WHERE attrelid = 'webhook_inbox'::regclass AND attname = 'payload'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
     pool.execute(VARIANT).await.expect("the variant applies to a migrated inbox");
     assert_eq!(indexes(pool.clone()).await, before, "every index the migrations made is made again, by its name");
 
@@ -56,6 +62,14 @@ async fn the_hash_partitioned_inbox_refuses_every_duplicate_and_spreads_keys(_: 
         .await
         .unwrap();
     assert!(partitioned);
+    let compression: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT a.attcompression::text FROM pg_attribute AS a JOIN pg_class AS c ON c.oid = a.attrelid
+         WHERE c.relname LIKE 'webhook_inbox%' AND c.relkind IN ('r', 'p') AND a.attname IN ('payload', 'raw_body')",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(compression, [compressed], "the table and its partitions compress as the inbox did");
     assert_eq!(
         claim::claim(&pool, &env, &event("before")).await.unwrap(),
         Claim::Duplicate,
