@@ -75,9 +75,11 @@
 //!   NOTHING` that makes an event the inbox's once, whatever the redeliveries.
 //! - **event**: a row of `webhook_inbox`, keyed by provider and id; `pending`,
 //!   `done`, `failed`, or `unhandled` (no handler takes its type).
-//! - **process**: the stage that runs your **handlers** ([`Handler`]) over
-//!   pending events ([`Worker`]), each in the transaction that finishes the
-//!   event; a **pass** is one batch, [`Processed`] what it did.
+//! - **process**: the stage that runs your **handlers** ([`Handler`], one
+//!   event at a time, or [`BatchHandler`], a batch's events in a few
+//!   set-based statements) over pending events ([`Worker`]), in the
+//!   transaction that finishes the events; a **pass** is one batch,
+//!   [`Processed`] what it did.
 //! - **outbox**: `transactional_outbox`, the [`Message`]s handlers enqueue in
 //!   that transaction; **relay**: the stage that sends them ([`Relay`]).
 //! - **prune**: the stage that deletes what is past its **retention**, the
@@ -343,7 +345,7 @@ pub use db::{
 };
 #[cfg(feature = "service")]
 pub use process::{
-    handler::{Event, Handler, HandlerError, Headers, Outcome},
+    handler::{BatchHandler, Event, Handler, HandlerError, Headers, Outcome},
     handlers::{Handlers, IntoHandler, RegistrationError},
     worker::{Processed, Worker, WorkerConfig},
 };

@@ -15,7 +15,7 @@ use sqlx::{
 };
 use stock::{
     deposits,
-    orders::{self, Applied, OrderSnapshot, WasInserted},
+    orders::{self, OrderSnapshot},
     payments::PaymentSucceededHandler,
 };
 use tokio::sync::Barrier;
@@ -23,7 +23,7 @@ use webhook_inbox::{
     db, process,
     process::worker::{Processed, Worker, WorkerConfig},
     process::{
-        handler::{Event, Handler, HandlerError, Outcome},
+        handler::{BatchHandler, Event, Handler, HandlerError, Outcome},
         handlers::Handlers,
     },
     receive::providers::Provider,
@@ -93,21 +93,27 @@ async fn out_of_order_snapshots_leave_the_newest(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
-async fn the_upsert_tells_inserted_updated_and_stale_and_a_replay_keeps_xmin(pool: PgPool) {
+async fn the_upsert_keeps_the_newest_snapshot_and_a_replay_writes_no_row_version(pool: PgPool) {
     let mut conn = pool.acquire().await.unwrap();
-    // Both ways run: xmax before PostgreSQL 18, RETURNING old on 18 (scripts/pg18 runs this suite there).
-    let version: i32 = scalar(&pool, "SELECT current_setting('server_version_num')::int").await;
-    let expected = if version >= 180_000 { WasInserted::ReturningOld } else { WasInserted::Xmax };
-    assert_eq!(WasInserted::on(&conn), expected);
-    let v1 = OrderSnapshot::from_shopify(&order(5, "pending", "10.00", "2026-09-20T12:00:00Z")).unwrap();
-    let v2 = OrderSnapshot::from_shopify(&order(5, "paid", "10.00", "2026-09-20T12:00:01Z")).unwrap();
-    assert_eq!(orders::upsert(&mut conn, &v1).await.unwrap(), Applied::Inserted);
-    assert_eq!(orders::upsert(&mut conn, &v2).await.unwrap(), Applied::Updated);
+    let snapshot = |id, status, at| OrderSnapshot::from_shopify(&order(id, status, "10.00", at)).unwrap();
+    let v1 = snapshot(5, "pending", "2026-09-20T12:00:00Z");
+    let v2 = snapshot(5, "paid", "2026-09-20T12:00:01Z");
+    assert_eq!(orders::upsert_all(&mut conn, std::slice::from_ref(&v1)).await.unwrap(), [true]);
+    assert_eq!(orders::upsert_all(&mut conn, std::slice::from_ref(&v2)).await.unwrap(), [true]);
     let xmin = || async { scalar::<String>(&pool, "SELECT xmin::text FROM orders WHERE order_id = '5'").await };
     let before = xmin().await;
-    assert_eq!(orders::upsert(&mut conn, &v2).await.unwrap(), Applied::Stale, "an identical replay (a tie) is stale");
-    assert_eq!(orders::upsert(&mut conn, &v1).await.unwrap(), Applied::Stale);
+    assert_eq!(orders::upsert_all(&mut conn, &[v2]).await.unwrap(), [false], "an identical replay (a tie) is stale");
+    assert_eq!(orders::upsert_all(&mut conn, &[v1]).await.unwrap(), [false]);
     assert_eq!(xmin().await, before, "no new row version was written");
+    // One statement with three snapshots of an order: the newest is written, the first of equals.
+    let newest = snapshot(6, "paid", "2026-09-20T12:00:02Z");
+    let older = snapshot(6, "pending", "2026-09-20T12:00:01Z");
+    let tie = snapshot(6, "refunded", "2026-09-20T12:00:02Z");
+    let other = snapshot(7, "paid", "2026-09-20T12:00:00Z");
+    let written = orders::upsert_all(&mut conn, &[older, newest, tie, other]).await.unwrap();
+    assert_eq!(written, [false, true, false, true]);
+    let status: String = scalar(&pool, "SELECT status FROM orders WHERE order_id = '6'").await;
+    assert_eq!(status, "paid");
 }
 
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
@@ -335,10 +341,11 @@ async fn a_handler_failing_mid_batch_fails_only_itself_and_every_effect_lands_on
 }
 
 /// A batch with no failure runs its handlers in its own transaction, with no
-/// savepoint (two round trips fewer per event): every effect and the status
+/// savepoint (two round trips fewer per call): every effect and the status
 /// update share the batch's one transaction id. A batch with a failure is
-/// rolled back and run again with a savepoint per event (each effect then
-/// written in a subtransaction of its own), and the next batches keep them.
+/// rolled back and run again with a savepoint per handler call (the stock
+/// payment handler takes its events at once: their effects then share one
+/// subtransaction of their own), and the next batches keep them.
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn batches_run_without_savepoints_until_a_handler_fails_then_with_them(pool: PgPool) {
     let w = worker(&pool, stock::handlers().on(Provider::STRIPE, "poison", Poison).unwrap());
@@ -358,30 +365,31 @@ async fn batches_run_without_savepoints_until_a_handler_fails_then_with_them(poo
             }
         }
     };
-    // Subtransactions a batch's effects were written in: 1 is the batch's own transaction alone.
-    let writers = |pattern: &'static str| {
+    // The transactions a batch's effects and its statuses were written in: (effects, all).
+    let writers = |n: &'static str| {
         let pool = pool.clone();
         async move {
-            sqlx::query_scalar::<_, i64>("SELECT count(DISTINCT xmin::text) FROM payments WHERE payment_id LIKE $1")
-                .bind(pattern)
-                .fetch_one(&pool)
-                .await
-                .unwrap()
+            sqlx::query_as::<_, (i64, i64)>(
+                "WITH e AS (SELECT xmin::text AS x FROM payments WHERE payment_id LIKE 'pi_sp_' || $1),
+                      s AS (SELECT xmin::text AS x FROM webhook_inbox WHERE event_id LIKE 'evt_sp_' || $1)
+                 SELECT (SELECT count(DISTINCT x) FROM e), (SELECT count(DISTINCT x) FROM (TABLE e UNION TABLE s) u)",
+            )
+            .bind(n)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
         }
     };
     payments(0, 20).await;
     let c = w.run_once(later()).await.unwrap();
     assert_eq!((c.taken, c.applied), (20, 20));
-    assert_eq!(writers("pi_sp_%").await, 1, "one transaction, no savepoint");
-    let batch_xid: i64 =
-        scalar(&pool, "SELECT count(DISTINCT xmin::text) FROM webhook_inbox WHERE event_id LIKE 'evt_sp_%'").await;
-    assert_eq!(batch_xid, 1, "the statuses in the same transaction");
+    assert_eq!(writers("%").await, (1, 1), "one transaction, no savepoint");
 
     payments(20, 30).await;
     stored(&pool, Provider::STRIPE, "evt_sp_poison", "poison", json!({"id": "evt_sp_poison"})).await;
     let c = w.run_once(later()).await.unwrap();
     assert_eq!((c.taken, c.applied, c.retried), (11, 10, 1), "each counted once, after the redo");
-    assert_eq!(writers("pi_sp_2_").await, 10, "redone with a savepoint per event");
+    assert_eq!(writers("2_").await, (1, 2), "redone with a savepoint around the handler's call");
     let (payments_made, messages): (i64, i64) = (
         scalar(&pool, "SELECT count(*) FROM payments").await,
         scalar(&pool, "SELECT count(*) FROM transactional_outbox").await,
@@ -399,7 +407,7 @@ async fn batches_run_without_savepoints_until_a_handler_fails_then_with_them(poo
     .unwrap();
     payments(30, 35).await;
     w.run_once(later()).await.unwrap();
-    assert_eq!(writers("pi_sp_3_").await, 5, "guarded after a failure");
+    assert_eq!(writers("3_").await, (1, 2), "guarded after a failure");
 }
 
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
@@ -497,7 +505,7 @@ struct ParkOn(&'static str);
 impl Handler for ParkOn {
     type Payload = Value;
     async fn handle(&self, conn: &mut PgConnection, event: &Event) -> Result<Outcome, HandlerError> {
-        let outcome = PaymentSucceededHandler.handle(&mut *conn, event).await?;
+        let outcome = PaymentSucceededHandler.handle_batch(&mut *conn, std::slice::from_ref(event)).await?[0];
         if event.event_id == self.0 {
             sqlx::query("SELECT pg_sleep(60)").execute(&mut *conn).await?;
         }

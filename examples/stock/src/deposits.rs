@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 use sqlx::PgConnection;
 
 use crate::{decimal, required};
-use webhook_inbox::{Event, Handler, HandlerError, Message, Outcome};
+use webhook_inbox::{BatchHandler, Event, HandlerError, Message, Outcome};
 
 /// The event type receive gives a `transactions` item of type `gpa.credit`.
 pub const EVENT_TYPE: &str = "transactions:gpa.credit";
@@ -42,47 +42,69 @@ impl Deposit {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-/// What crediting a deposit did.
-pub enum Credit {
-    /// The new balance.
-    Credited(String),
-    /// Its token is in the ledger already: nothing changed.
-    AlreadyCredited,
+/// Records the deposits' tokens in the ledger and credits their accounts,
+/// once per token, in two statements: the accounts locked in one order, then
+/// the ledger, the balances and each new deposit's balance after it in one.
+/// For each deposit, in order, the balance it left (`None`: its token was in
+/// the ledger already, or earlier in `deposits`). An account that does not
+/// exist yet is transient: the call's writes roll back, and the deposit is
+/// retried until the account exists (the worker runs the others without it).
+pub async fn credit_all(conn: &mut PgConnection, deposits: &[Deposit]) -> Result<Vec<Option<String>>, HandlerError> {
+    if deposits.is_empty() {
+        return Ok(Vec::new());
+    }
+    let column = |f: fn(&Deposit) -> &str| deposits.iter().map(f).collect::<Vec<_>>();
+    // Concurrent batches wait for each other here instead of deadlocking in the UPDATE.
+    webhook_inbox::query(
+        "SELECT FROM accounts WHERE account_id = ANY($1) ORDER BY account_id COLLATE \"C\" FOR NO KEY UPDATE",
+    )
+    .bind(column(|d| &d.account_id))
+    .execute(&mut *conn)
+    .await?;
+    let credited: Vec<(String, Option<String>)> = webhook_inbox::query_as(
+        "WITH input AS (
+             SELECT token, account_id, amount::numeric(14, 2) AS amount, event_id, n
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY
+                  AS d (token, account_id, amount, event_id, n)
+         ), new AS (
+             INSERT INTO account_deposits (token, account_id, amount, event_id)
+             SELECT token, account_id, amount, event_id FROM input ORDER BY n
+             ON CONFLICT (token) DO NOTHING
+             RETURNING token, event_id
+         ), credited AS (
+             SELECT input.* FROM input JOIN new USING (token, event_id)
+         ), balances AS (
+             UPDATE accounts a SET balance = a.balance + c.total, updated_at = now()
+             FROM (SELECT account_id, sum(amount) AS total FROM credited GROUP BY account_id) c
+             WHERE a.account_id = c.account_id
+             RETURNING a.account_id, a.balance
+         )
+         SELECT c.token, (b.balance - coalesce(sum(c.amount) OVER later, 0))::numeric(14, 2)::text
+         FROM credited c LEFT JOIN balances b USING (account_id)
+         WINDOW later AS (PARTITION BY c.account_id ORDER BY c.n ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING)",
+    )
+    .bind(column(|d| &d.token))
+    .bind(column(|d| &d.account_id))
+    .bind(column(|d| &d.amount))
+    .bind(column(|d| &d.event_id))
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut balances = std::collections::HashMap::with_capacity(credited.len());
+    for (token, balance) in credited {
+        let Some(balance) = balance else {
+            let d = deposits.iter().find(|d| d.token == token).expect("a credited deposit is one of them");
+            return Err(HandlerError::Transient(format!("account {} does not exist yet", d.account_id)));
+        };
+        balances.insert(token, balance);
+    }
+    // The first deposit of a token is the one credited.
+    Ok(deposits.iter().map(|d| balances.remove(&d.token)).collect())
 }
 
-/// Records the token in the ledger and credits the account, once (the balance message written as `event`'s). An account that
-/// does not exist yet is transient: the savepoint rolls the ledger row back too,
-/// and the event is retried until the account exists.
-pub async fn credit(conn: &mut PgConnection, event: &Event, d: &Deposit) -> Result<Credit, HandlerError> {
-    let new: Option<(String,)> = webhook_inbox::query_as(
-        "INSERT INTO account_deposits (token, account_id, amount, event_id)
-         VALUES ($1, $2, $3::numeric, $4)
-         ON CONFLICT (token) DO NOTHING
-         RETURNING token",
-    )
-    .bind(&d.token)
-    .bind(&d.account_id)
-    .bind(&d.amount)
-    .bind(&d.event_id)
-    .fetch_optional(&mut *conn)
-    .await?;
-    if new.is_none() {
-        return Ok(Credit::AlreadyCredited);
-    }
-    let balance: Option<String> = webhook_inbox::query_scalar(
-        "UPDATE accounts SET balance = balance + $2::numeric, updated_at = now()
-         WHERE account_id = $1
-         RETURNING balance::text",
-    )
-    .bind(&d.account_id)
-    .bind(&d.amount)
-    .fetch_optional(&mut *conn)
-    .await?;
-    let balance =
-        balance.ok_or_else(|| HandlerError::Transient(format!("account {} does not exist yet", d.account_id)))?;
-    // An account's balances arrive in the order they were written.
-    let message = Message::new(
+/// The balance message of a credited deposit: an account's arrive in the order
+/// they were written.
+pub fn balance_message<'a>(d: &'a Deposit, balance: &str) -> Message<'a> {
+    Message::new(
         "account",
         &d.account_id,
         format!("balance_updated:{}", d.token),
@@ -94,25 +116,35 @@ pub async fn credit(conn: &mut PgConnection, event: &Event, d: &Deposit) -> Resu
             "token": d.token,
         }),
     )
-    .ordered_by(&d.account_id);
-    event.enqueue(conn, &message).await?;
-    Ok(Credit::Credited(balance))
+    .ordered_by(&d.account_id)
 }
 
-/// The handler of Marqeta `transactions:gpa.credit` items.
+/// The handler of Marqeta `transactions:gpa.credit` items: a batch's deposits
+/// in three statements (locks, credits, messages).
 pub struct DepositHandler;
 
-impl Handler for DepositHandler {
+impl BatchHandler for DepositHandler {
     type Payload = Value;
 
-    async fn handle(&self, conn: &mut PgConnection, event: &Event) -> Result<Outcome, HandlerError> {
-        match Deposit::from_marqeta(&event.event_id, &event.payload)? {
-            None => Ok(Outcome::NoEffect),
-            Some(deposit) => match credit(conn, event, &deposit).await? {
-                Credit::Credited(_) => Ok(Outcome::Applied),
-                Credit::AlreadyCredited => Ok(Outcome::NoEffect),
-            },
+    async fn handle_batch(&self, conn: &mut PgConnection, events: &[Event]) -> Result<Vec<Outcome>, HandlerError> {
+        let mut deposits = Vec::with_capacity(events.len());
+        // Each event's deposit, by its place in `deposits`: none for an item that is not a completed credit.
+        let mut of_event = Vec::with_capacity(events.len());
+        for event in events {
+            let deposit = Deposit::from_marqeta(&event.event_id, &event.payload)?;
+            of_event.push(deposit.map(|d| {
+                deposits.push(d);
+                deposits.len() - 1
+            }));
         }
+        let balances = credit_all(conn, &deposits).await?;
+        let credited = |i: &Option<usize>| i.and_then(|i| Some((&deposits[i], balances[i].as_deref()?)));
+        let messages: Vec<_> = (events.iter().zip(&of_event))
+            .filter_map(|(e, i)| credited(i).map(|(d, balance)| (e, balance_message(d, balance))))
+            .collect();
+        Event::enqueue_all(conn, &messages).await?;
+        let outcome = |i| if credited(i).is_some() { Outcome::Applied } else { Outcome::NoEffect };
+        Ok(of_event.iter().map(outcome).collect())
     }
 
     fn lock_key(&self, event: &Event) -> Option<String> {

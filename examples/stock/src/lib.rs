@@ -6,6 +6,10 @@
 //! - `orders`: Shopify order snapshots, version-guarded upserts.
 //! - `payments`: Stripe `payment_intent.succeeded`, keyed by the PaymentIntent.
 //! - `deposits`: Marqeta `gpa.credit` completions, deltas applied once per token.
+//!
+//! These three are batch handlers ([`webhook_inbox::BatchHandler`]): a batch's
+//! events of each in a few set-based statements. The simple form, a handler
+//! of one event, is in `examples/invoices`.
 //! - `subscriptions`: Stripe `customer.subscription.*` as hints, the
 //!   subscription fetched from the API (`STRIPE_API_KEY`) and kept as it is there.
 //!
@@ -38,9 +42,8 @@ pub fn app() -> App {
 /// The stock handlers: Shopify orders, Stripe payments and subscriptions,
 /// Marqeta deposits.
 pub fn handlers() -> Handlers {
-    let registered = orders::TOPICS
-        .iter()
-        .try_fold(Handlers::new(), |h, topic| h.on(Provider::SHOPIFY, topic, orders::OrderSnapshotHandler))
+    let registered = Handlers::new()
+        .on_each(Provider::SHOPIFY, &orders::TOPICS, orders::OrderSnapshotHandler)
         .and_then(|h| h.on(Provider::STRIPE, payments::EVENT_TYPE, payments::PaymentSucceededHandler))
         .and_then(|h| h.on(Provider::MARQETA, deposits::EVENT_TYPE, deposits::DepositHandler))
         .and_then(|h| {

@@ -4,7 +4,7 @@ use serde_json::Value;
 use sqlx::PgConnection;
 
 use crate::{decimal, required, text};
-use webhook_inbox::{Event, Handler, HandlerError, Outcome};
+use webhook_inbox::{BatchHandler, Event, HandlerError, Outcome};
 
 /// The topics whose payload is a whole order.
 pub const TOPICS: [&str; 6] = [
@@ -44,95 +44,67 @@ impl OrderSnapshot {
     }
 }
 
-/// Which branch of the upsert ran.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Applied {
-    /// The order was new.
-    Inserted,
-    /// A newer snapshot replaced the stored one.
-    Updated,
-    /// Older than (or as old as) the stored version: nothing written.
-    Stale,
-}
-
-/// The version-guarded upsert. The strict `<` makes a tie stale, so an identical
-/// replay writes no new row version. (An `IS DISTINCT FROM` on the content
-/// columns alone would be wrong: a newer snapshot with the same content would
-/// leave `source_updated_at` behind, and a late, older one could then win. With
-/// `source_updated_at` in the tuple it is always true under `<`, so it is left out.)
-/// `xmax = 0` tells an insert from an update on PostgreSQL 15-17 (18 has
-/// `RETURNING old/new`); it is an implementation detail, covered by a test.
-pub async fn upsert(conn: &mut PgConnection, o: &OrderSnapshot) -> Result<Applied, sqlx::Error> {
-    let sql = match WasInserted::on(conn) {
-        WasInserted::Xmax => UPSERT_XMAX,
-        WasInserted::ReturningOld => UPSERT_RETURNING_OLD,
-    };
-    let inserted: Option<bool> = webhook_inbox::query_scalar(sql)
-        .bind(&o.order_id)
-        .bind(&o.customer_id)
-        .bind(&o.status)
-        .bind(&o.total_amount)
-        .bind(&o.source_updated_at)
-        .fetch_optional(conn)
-        .await?;
-    Ok(match inserted {
-        Some(true) => Applied::Inserted,
-        Some(false) => Applied::Updated,
-        None => Applied::Stale,
-    })
-}
-
-/// How the upsert tells an insert from an update.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WasInserted {
-    /// `RETURNING (xmax = 0)`: a fresh row version has no deleting
-    /// transaction. Works on every version, but leans on an implementation detail.
-    Xmax,
-    /// PostgreSQL 18: `RETURNING (old.order_id IS NULL)`, no old row, an insert.
-    ReturningOld,
-}
-
-impl WasInserted {
-    /// The server's way: `RETURNING old` from PostgreSQL 18 on.
-    pub fn on(conn: &PgConnection) -> Self {
-        match conn.server_version_num() {
-            Some(v) if v >= 180_000 => WasInserted::ReturningOld,
-            _ => WasInserted::Xmax,
-        }
-    }
-}
-
-macro_rules! upsert_returning {
-    ($returning:literal) => {
-        concat!(
-            "INSERT INTO orders AS o (order_id, customer_id, status, total_amount, source_updated_at)
-             VALUES ($1, $2, $3, $4::numeric, $5::timestamptz)
+/// The version-guarded upsert of many snapshots in one statement; for each,
+/// in order, whether it was written. Of one order's snapshots the newest
+/// `updated_at` is the one tried (the first of equals); the others are
+/// superseded and not written. The strict `<` makes a tie with the stored
+/// version stale, so an identical replay writes no new row version. (An `IS
+/// DISTINCT FROM` on the content columns alone would be wrong: a newer
+/// snapshot with the same content would leave `source_updated_at` behind, and
+/// a late, older one could then win. With `source_updated_at` in the tuple it
+/// is always true under `<`, so it is left out.) The orders are written in the
+/// order of their ids (`COLLATE "C"`, the worker's order of the lock keys), so
+/// concurrent batches wait for each other instead of deadlocking.
+pub async fn upsert_all(conn: &mut PgConnection, orders: &[OrderSnapshot]) -> Result<Vec<bool>, sqlx::Error> {
+    let column = |f: fn(&OrderSnapshot) -> Option<&str>| orders.iter().map(f).collect::<Vec<_>>();
+    let written: Vec<i64> = webhook_inbox::query_scalar(
+        "WITH input AS (
+             SELECT order_id, customer_id, status, total_amount::numeric AS total_amount,
+                    source_updated_at::timestamptz AS source_updated_at, n
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) WITH ORDINALITY
+                  AS o (order_id, customer_id, status, total_amount, source_updated_at, n)
+         ), newest AS (
+             SELECT DISTINCT ON (order_id) * FROM input ORDER BY order_id, source_updated_at DESC, n
+         ), written AS (
+             INSERT INTO orders AS o (order_id, customer_id, status, total_amount, source_updated_at)
+             SELECT order_id, customer_id, status, total_amount, source_updated_at
+             FROM newest ORDER BY order_id COLLATE \"C\"
              ON CONFLICT (order_id) DO UPDATE
              SET customer_id = EXCLUDED.customer_id,
                  status = EXCLUDED.status,
                  total_amount = EXCLUDED.total_amount,
                  source_updated_at = EXCLUDED.source_updated_at
              WHERE o.source_updated_at < EXCLUDED.source_updated_at
-             RETURNING ",
-            $returning
-        )
-    };
+             RETURNING o.order_id
+         )
+         SELECT newest.n FROM newest JOIN written USING (order_id)",
+    )
+    .bind(column(|o| Some(&o.order_id)))
+    .bind(column(|o| o.customer_id.as_deref()))
+    .bind(column(|o| Some(&o.status)))
+    .bind(column(|o| Some(&o.total_amount)))
+    .bind(column(|o| Some(&o.source_updated_at)))
+    .fetch_all(conn)
+    .await?;
+    let mut applied = vec![false; orders.len()];
+    for n in written {
+        applied[n as usize - 1] = true;
+    }
+    Ok(applied)
 }
 
-const UPSERT_XMAX: &str = upsert_returning!("(xmax = 0)");
-const UPSERT_RETURNING_OLD: &str = upsert_returning!("(old.order_id IS NULL)");
-
-/// The handler of Shopify's whole-order topics ([`TOPICS`]).
+/// The handler of Shopify's whole-order topics ([`TOPICS`]): a batch's
+/// snapshots in one statement.
 pub struct OrderSnapshotHandler;
 
-impl Handler for OrderSnapshotHandler {
+impl BatchHandler for OrderSnapshotHandler {
     type Payload = Value;
 
-    async fn handle(&self, conn: &mut PgConnection, event: &Event) -> Result<Outcome, HandlerError> {
-        let order = OrderSnapshot::from_shopify(&event.payload)?;
-        let applied = upsert(conn, &order).await?;
-        tracing::debug!(order_id = %order.order_id, ?applied, "order snapshot");
-        Ok(if applied == Applied::Stale { Outcome::NoEffect } else { Outcome::Applied })
+    async fn handle_batch(&self, conn: &mut PgConnection, events: &[Event]) -> Result<Vec<Outcome>, HandlerError> {
+        let orders = events.iter().map(|e| OrderSnapshot::from_shopify(&e.payload)).collect::<Result<Vec<_>, _>>()?;
+        let applied = upsert_all(conn, &orders).await?;
+        tracing::debug!(orders = orders.len(), applied = applied.iter().filter(|a| **a).count(), "order snapshots");
+        Ok(applied.into_iter().map(|a| if a { Outcome::Applied } else { Outcome::NoEffect }).collect())
     }
 
     fn lock_key(&self, event: &Event) -> Option<String> {

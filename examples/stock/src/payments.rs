@@ -1,11 +1,13 @@
 //! Stripe `payment_intent.succeeded`: one payment per PaymentIntent, one outbox
 //! message per payment, however many events (twins included) report it.
 
+use std::collections::HashSet;
+
 use serde_json::{json, Value};
 use sqlx::PgConnection;
 
 use crate::{required, text};
-use webhook_inbox::{Event, Handler, HandlerError, Message, Outcome};
+use webhook_inbox::{BatchHandler, Event, HandlerError, Message, Outcome};
 
 /// The Stripe event type this handler takes.
 pub const EVENT_TYPE: &str = "payment_intent.succeeded";
@@ -43,51 +45,70 @@ impl Payment {
     }
 }
 
-/// Inserts the payment unless its PaymentIntent is already recorded; true when new.
-pub async fn insert(conn: &mut PgConnection, p: &Payment) -> Result<bool, sqlx::Error> {
-    let row: Option<(String,)> = webhook_inbox::query_as(
-        "INSERT INTO payments (payment_id, amount, currency, customer_id, stripe_event_id)
-         VALUES ($1, $2, $3, $4, $5)
-         ON CONFLICT (payment_id) DO NOTHING
-         RETURNING payment_id",
-    )
-    .bind(&p.payment_id)
-    .bind(p.amount)
-    .bind(&p.currency)
-    .bind(&p.customer_id)
-    .bind(&p.stripe_event_id)
-    .fetch_optional(conn)
-    .await?;
-    Ok(row.is_some())
-}
-
-/// The handler of Stripe `payment_intent.succeeded`.
-pub struct PaymentSucceededHandler;
-
-impl Handler for PaymentSucceededHandler {
-    type Payload = Value;
-
-    async fn handle(&self, conn: &mut PgConnection, event: &Event) -> Result<Outcome, HandlerError> {
-        let payment = Payment::from_stripe(&event.event_id, &event.payload)?;
-        if !insert(conn, &payment).await? {
-            // A twin event (or a replay) finds the PaymentIntent recorded.
-            return Ok(Outcome::NoEffect);
-        }
-        let message = Message::new(
+impl Payment {
+    /// The message its consumers get, once per payment.
+    pub fn message(&self) -> Message<'_> {
+        Message::new(
             "payment",
-            &payment.payment_id,
-            format!("payment_succeeded:{}", payment.payment_id),
+            &self.payment_id,
+            format!("payment_succeeded:{}", self.payment_id),
             json!({
                 "event": "payment_succeeded",
-                "payment_id": payment.payment_id,
-                "amount": payment.amount,
-                "currency": payment.currency,
-                "customer_id": payment.customer_id,
-                "stripe_event_id": payment.stripe_event_id,
+                "payment_id": self.payment_id,
+                "amount": self.amount,
+                "currency": self.currency,
+                "customer_id": self.customer_id,
+                "stripe_event_id": self.stripe_event_id,
             }),
-        );
-        event.enqueue(conn, &message).await?;
-        Ok(Outcome::Applied)
+        )
+    }
+}
+
+/// Inserts the payments whose PaymentIntent is not recorded yet, in one
+/// statement, in their order (a PaymentIntent twice in `payments`: the first
+/// is kept); the event ids of the payments inserted.
+pub async fn insert_all(conn: &mut PgConnection, payments: &[Payment]) -> Result<HashSet<String>, sqlx::Error> {
+    let column = |f: fn(&Payment) -> Option<&str>| payments.iter().map(f).collect::<Vec<_>>();
+    webhook_inbox::query_scalar(
+        "INSERT INTO payments (payment_id, amount, currency, customer_id, stripe_event_id)
+         SELECT payment_id, amount, currency, customer_id, stripe_event_id
+         FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[]) WITH ORDINALITY
+              AS p (payment_id, amount, currency, customer_id, stripe_event_id, n)
+         ORDER BY n
+         ON CONFLICT (payment_id) DO NOTHING
+         RETURNING stripe_event_id",
+    )
+    .bind(column(|p| Some(&p.payment_id)))
+    .bind(payments.iter().map(|p| p.amount).collect::<Vec<_>>())
+    .bind(column(|p| Some(&p.currency)))
+    .bind(column(|p| p.customer_id.as_deref()))
+    .bind(column(|p| Some(&p.stripe_event_id)))
+    .fetch_all(conn)
+    .await
+    .map(|ids| ids.into_iter().collect())
+}
+
+/// The handler of Stripe `payment_intent.succeeded`: a batch's payments in two
+/// statements (the payments, then their messages).
+pub struct PaymentSucceededHandler;
+
+impl BatchHandler for PaymentSucceededHandler {
+    type Payload = Value;
+
+    async fn handle_batch(&self, conn: &mut PgConnection, events: &[Event]) -> Result<Vec<Outcome>, HandlerError> {
+        let payments =
+            events.iter().map(|e| Payment::from_stripe(&e.event_id, &e.payload)).collect::<Result<Vec<_>, _>>()?;
+        let inserted = insert_all(conn, &payments).await?;
+        // A twin event (or a replay) finds its PaymentIntent recorded: no message.
+        let messages: Vec<_> = events
+            .iter()
+            .zip(&payments)
+            .filter(|(e, _)| inserted.contains(&e.event_id))
+            .map(|(e, p)| (e, p.message()))
+            .collect();
+        Event::enqueue_all(conn, &messages).await?;
+        let outcome = |e: &Event| if inserted.contains(&e.event_id) { Outcome::Applied } else { Outcome::NoEffect };
+        Ok(events.iter().map(outcome).collect())
     }
 
     fn lock_key(&self, event: &Event) -> Option<String> {

@@ -108,6 +108,48 @@ pub(crate) async fn enqueue_for(
     Ok(row.is_some())
 }
 
+/// Many messages in one statement, each with the event that wrote it and its
+/// `traceparent` ([`enqueue_for`]'s), given ids in their order: for each,
+/// whether it was written (false when its key exists, or came earlier in
+/// `messages`).
+pub(crate) async fn enqueue_all_for(
+    conn: &mut PgConnection,
+    messages: &[(&Message<'_>, (&str, &str), Option<&str>)],
+) -> Result<Vec<bool>, sqlx::Error> {
+    if messages.is_empty() {
+        return Ok(Vec::new());
+    }
+    fn column<T>(rows: &[T], f: impl Fn(&T) -> Option<String>) -> Vec<Option<String>> {
+        rows.iter().map(f).collect()
+    }
+    let payloads: Vec<Json<&serde_json::Value>> = messages.iter().map(|(m, ..)| Json(&m.payload)).collect();
+    let written: Vec<String> = super::query_scalar(
+        "INSERT INTO transactional_outbox
+             (aggregate_type, aggregate_id, payload, message_key, event_provider, event_id, trace_context,
+              destination, ordering_key)
+         SELECT a, i, p, k, ep, ei, tc, d, o
+         FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::text[], $5::text[], $6::text[], $7::text[],
+                     $8::text[], $9::text[]) WITH ORDINALITY AS m (a, i, p, k, ep, ei, tc, d, o, n)
+         ORDER BY n
+         ON CONFLICT (message_key) DO NOTHING
+         RETURNING message_key",
+    )
+    .bind(column(messages, |(m, ..)| Some(m.aggregate_type.to_string())))
+    .bind(column(messages, |(m, ..)| Some(m.aggregate_id.to_string())))
+    .bind(payloads)
+    .bind(column(messages, |(m, ..)| Some(m.message_key.clone())))
+    .bind(column(messages, |(_, e, _)| Some(e.0.to_string())))
+    .bind(column(messages, |(_, e, _)| Some(e.1.to_string())))
+    .bind(column(messages, |(_, _, t)| t.map(str::to_string)))
+    .bind(column(messages, |(m, ..)| Some(m.destination.to_string())))
+    .bind(column(messages, |(m, ..)| m.ordering_key.map(str::to_string)))
+    .fetch_all(conn)
+    .await?;
+    let mut written: std::collections::HashSet<String> = written.into_iter().collect();
+    // The first message of a key is the one written; a later one in `messages` is not.
+    Ok(messages.iter().map(|(m, ..)| written.remove(&m.message_key)).collect())
+}
+
 #[cfg(feature = "relay")]
 /// A message on its way out, as a [`Sink`](crate::sinks::Sink) gets it.
 #[derive(Debug, Clone, sqlx::FromRow)]

@@ -53,6 +53,31 @@ impl<T> Event<T> {
     }
 }
 
+impl<T> Event<T> {
+    /// Writes many outbox messages in one statement (a batch handler's),
+    /// each recorded as the event's it is paired with, as
+    /// [`enqueue`](Event::enqueue) records one; their ids follow their
+    /// order here, which is the order an ordering key delivers them in. For
+    /// each, whether it was written: false when a message with its key exists,
+    /// or comes earlier in `messages`.
+    pub async fn enqueue_all(
+        conn: &mut PgConnection,
+        messages: &[(&Event<T>, crate::Message<'_>)],
+    ) -> Result<Vec<bool>, sqlx::Error> {
+        let rows: Vec<_> = messages
+            .iter()
+            .map(|(e, m)| (m, (e.provider.as_str(), e.event_id.as_str()), e.trace_context.as_deref()))
+            .collect();
+        let written = crate::db::outbox::enqueue_all_for(conn, &rows).await?;
+        for ((event, _), _) in messages.iter().zip(&written).filter(|(_, w)| **w) {
+            if let Some(count) = &event.written {
+                count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        Ok(written)
+    }
+}
+
 /// The headers kept with an event, by lower-cased name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Headers(Vec<(String, String)>);
@@ -186,6 +211,54 @@ pub trait Handler: Send + Sync + 'static {
     /// take those locks in one order: they wait for each other, and never
     /// deadlock (which PostgreSQL only notices after `deadlock_timeout`, a
     /// second by default, and resolves by failing one of them).
+    fn lock_key(&self, _event: &Event<Self::Payload>) -> Option<String> {
+        None
+    }
+}
+
+/// A business effect for one kind of event, applied to many events at once:
+/// the worker hands it all of its batch's events for this handler (of every
+/// type it is registered for), so that a few set-based statements
+/// (`unnest`, a multi-row `INSERT ... ON CONFLICT`, a data-modifying CTE)
+/// replace a few statements per event. Register it with
+/// [`Handlers::on`](crate::Handlers::on) or, for several types at once (one
+/// batch for all of them), [`Handlers::on_each`](crate::Handlers::on_each).
+///
+/// What makes a handler safe still holds, because the same statements run
+/// with one event when they must:
+/// - It runs inside the worker's batch transaction (in a savepoint of its
+///   own once a handler in the batch has failed). If `handle_batch` fails,
+///   its writes roll back and the worker runs it again once per event, each
+///   in its own savepoint (`events` then holds that one event): the event
+///   whose data is bad fails or retries alone, with its own reason, and the
+///   others' effects commit. Inline mode, and a single event, call it with
+///   one event too.
+/// - The version guard and the business key still decide: with two events
+///   for one row in the batch, the statement must keep the effect a run one
+///   at a time would leave (the newest snapshot, one payment per business key).
+///   `INSERT ... ON CONFLICT DO UPDATE` refuses to touch one row twice in a
+///   statement, so pick each key's winner first (`DISTINCT ON`).
+/// - `events` come in the order of their [`lock_key`](BatchHandler::lock_key)s
+///   (receive order among equals): a statement that locks shared rows should
+///   take them in that order (`ORDER BY` the key, `COLLATE "C"`, before
+///   `FOR UPDATE`), so that concurrent batches never deadlock.
+/// - Its outbox messages are written with [`Event::enqueue_all`], in one statement.
+///
+/// It returns one [`Outcome`] per event, in the order of `events`; any other
+/// count is the handler's bug, and fails the events with that reason.
+pub trait BatchHandler: Send + Sync + 'static {
+    /// The payload's type: `serde_json::Value`, or the handler's own `Deserialize` type.
+    type Payload: DeserializeOwned + Send + Sync + 'static;
+
+    /// Applies `events`, returning one outcome each, in their order.
+    fn handle_batch(
+        &self,
+        conn: &mut PgConnection,
+        events: &[Event<Self::Payload>],
+    ) -> impl Future<Output = Result<Vec<Outcome>, HandlerError>> + Send;
+
+    /// The row this event's effect locks and others share, if any (see
+    /// [`Handler::lock_key`]): `events` come sorted by it.
     fn lock_key(&self, _event: &Event<Self::Payload>) -> Option<String> {
         None
     }

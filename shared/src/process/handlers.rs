@@ -16,10 +16,11 @@ use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 use sqlx::PgConnection;
 
-use super::handler::{Event, Handler, HandlerError, Headers, Outcome};
+use super::handler::{BatchHandler, Event, Handler, HandlerError, Headers, Outcome};
 use crate::core::{payload, provider::Provider};
 
-/// What [`Handlers::on`] takes: a [`Handler`], or an async fn or closure
+/// What [`Handlers::on`] takes: a [`Handler`], a [`BatchHandler`], a
+/// [`HintHandler`](crate::hints::HintHandler), or an async fn or closure
 /// `(&mut PgConnection, &Event<T>) -> Result<Outcome, HandlerError>` for any
 /// payload type `T: Deserialize`. `M` is inferred; callers never name it.
 pub trait IntoHandler<M>: erased::Erase<M> {}
@@ -80,22 +81,54 @@ impl Handlers {
     /// # Ok::<(), webhook_inbox::RegistrationError>(())
     /// ```
     pub fn on<M>(
-        mut self,
+        self,
         provider: impl AsRef<str>,
         event_type: &str,
+        handler: impl IntoHandler<M>,
+    ) -> Result<Self, RegistrationError> {
+        self.on_each(provider, &[event_type], handler)
+    }
+
+    /// Registers one `handler` for `provider`'s events of each of
+    /// `event_types`; an error if a pair has a handler already. A
+    /// [`BatchHandler`](crate::BatchHandler) registered so is given a batch's
+    /// events of all those types at once (registered once per type, it would
+    /// get a call per type).
+    ///
+    /// ```
+    /// use webhook_inbox::{Event, HandlerError, Handlers, Outcome, PgConnection};
+    ///
+    /// async fn log_it(_: &mut PgConnection, event: &Event) -> Result<Outcome, HandlerError> {
+    ///     println!("{} {}", event.event_type, event.event_id);
+    ///     Ok(Outcome::NoEffect)
+    /// }
+    ///
+    /// let handlers = Handlers::new().on_each("shopify", &["orders/create", "orders/paid"], log_it)?;
+    /// assert!(handlers.on("shopify", "orders/paid", log_it).is_err());
+    /// # Ok::<(), webhook_inbox::RegistrationError>(())
+    /// ```
+    pub fn on_each<M>(
+        mut self,
+        provider: impl AsRef<str>,
+        event_types: &[&str],
         handler: impl IntoHandler<M>,
     ) -> Result<Self, RegistrationError> {
         let name = provider.as_ref();
         let provider = Provider::try_from(name)
             .map_err(|_| RegistrationError::InvalidProvider(name.chars().take(64).collect()))?;
-        if event_type.is_empty() {
-            return Err(RegistrationError::EmptyEventType(provider));
-        }
+        let handler = handler.erase();
         let types = self.0.entry(provider).or_default();
-        if types.contains_key(event_type) {
-            return Err(RegistrationError::Duplicate { provider, event_type: event_type.to_string() });
+        for (i, event_type) in event_types.iter().enumerate() {
+            if event_type.is_empty() {
+                return Err(RegistrationError::EmptyEventType(provider));
+            }
+            if types.contains_key(*event_type) || event_types[..i].contains(event_type) {
+                return Err(RegistrationError::Duplicate { provider, event_type: event_type.to_string() });
+            }
         }
-        types.insert(event_type.to_string(), handler.erase());
+        for event_type in event_types {
+            types.insert(event_type.to_string(), handler.clone());
+        }
         Ok(self)
     }
 
@@ -164,6 +197,26 @@ pub(crate) mod erased {
         /// The event with its payload decoded for this handler, or why it does not decode.
         fn prepare<'h>(&'h self, event: RawEvent) -> Result<Box<dyn Prepared + 'h>, String>;
         fn exclusive(&self) -> bool;
+        /// A [`BatchHandler`]'s empty batch, to gather a worker batch's events in.
+        fn batch<'h>(&'h self) -> Option<Box<dyn PreparedBatch + 'h>> {
+            None
+        }
+    }
+
+    pub type BatchFuture<'a> = Pin<Box<dyn Future<Output = Result<Vec<Outcome>, HandlerError>> + Send + 'a>>;
+
+    /// A [`BatchHandler`]'s events, decoded.
+    pub trait PreparedBatch: Send + Sync {
+        /// Decodes `event` and adds it, or says why it does not decode.
+        fn push(&mut self, event: RawEvent) -> Result<(), String>;
+        /// Sorts the events by their lock keys (stably: receive order among
+        /// equals); for each new position, the position it was pushed at.
+        fn sort(&mut self) -> Vec<usize>;
+        /// The first event's lock key (after [`PreparedBatch::sort`]).
+        fn first_key(&self) -> Option<String>;
+        /// Runs the handler over all the events (`None`) or the `i`-th alone,
+        /// checking it returned an outcome per event.
+        fn run<'a>(&'a self, conn: &'a mut PgConnection, one: Option<usize>) -> BatchFuture<'a>;
     }
 
     /// An event ready for its handler.
@@ -250,6 +303,90 @@ pub(crate) mod erased {
         }
         fn run<'a>(&'a self, conn: &'a mut PgConnection) -> BoxFuture<'a> {
             Box::pin(self.0.handle(conn, &self.1))
+        }
+    }
+
+    /// `M` for a [`BatchHandler`].
+    pub struct ByBatch;
+
+    struct Batched<H>(H);
+    /// One event for a [`BatchHandler`] (inline mode).
+    struct BatchedEvent<'h, H: BatchHandler>(&'h H, Event<H::Payload>);
+    /// A worker batch's events for a [`BatchHandler`], and their lock keys.
+    struct BatchedEvents<'h, H: BatchHandler> {
+        handler: &'h H,
+        keys: Vec<Option<String>>,
+        events: Vec<Event<H::Payload>>,
+    }
+
+    impl<H: BatchHandler> Erase<ByBatch> for H {
+        fn erase(self) -> Arc<dyn Erased> {
+            Arc::new(Batched(self))
+        }
+    }
+
+    impl<H: BatchHandler> Erased for Batched<H> {
+        fn prepare<'h>(&'h self, event: RawEvent) -> Result<Box<dyn Prepared + 'h>, String> {
+            Ok(Box::new(BatchedEvent(&self.0, event.decode()?)))
+        }
+        fn exclusive(&self) -> bool {
+            false
+        }
+        fn batch<'h>(&'h self) -> Option<Box<dyn PreparedBatch + 'h>> {
+            Some(Box::new(BatchedEvents { handler: &self.0, keys: Vec::new(), events: Vec::new() }))
+        }
+    }
+
+    /// `handler` over `events`: an outcome per event, or the handler's bug said as a permanent failure.
+    async fn run_batch<H: BatchHandler>(
+        handler: &H,
+        conn: &mut PgConnection,
+        events: &[Event<H::Payload>],
+    ) -> Result<Vec<Outcome>, HandlerError> {
+        let outcomes = handler.handle_batch(conn, events).await?;
+        if outcomes.len() != events.len() {
+            return Err(HandlerError::permanent(format!(
+                "the batch handler returned {} outcomes for {} events",
+                outcomes.len(),
+                events.len()
+            )));
+        }
+        Ok(outcomes)
+    }
+
+    impl<H: BatchHandler> Prepared for BatchedEvent<'_, H> {
+        fn lock_key(&self) -> Option<String> {
+            self.0.lock_key(&self.1)
+        }
+        fn run<'a>(&'a self, conn: &'a mut PgConnection) -> BoxFuture<'a> {
+            Box::pin(async move { Ok(run_batch(self.0, conn, std::slice::from_ref(&self.1)).await?[0]) })
+        }
+    }
+
+    impl<H: BatchHandler> PreparedBatch for BatchedEvents<'_, H> {
+        fn push(&mut self, event: RawEvent) -> Result<(), String> {
+            let event = event.decode()?;
+            self.keys.push(self.handler.lock_key(&event));
+            self.events.push(event);
+            Ok(())
+        }
+        fn sort(&mut self) -> Vec<usize> {
+            let mut order: Vec<usize> = (0..self.events.len()).collect();
+            order.sort_by(|a, b| self.keys[*a].cmp(&self.keys[*b]));
+            let mut events: Vec<_> = std::mem::take(&mut self.events).into_iter().map(Some).collect();
+            self.events = order.iter().map(|i| events[*i].take().expect("each position once")).collect();
+            self.keys = order.iter().map(|i| self.keys[*i].take()).collect();
+            order
+        }
+        fn first_key(&self) -> Option<String> {
+            self.keys.first().cloned().flatten()
+        }
+        fn run<'a>(&'a self, conn: &'a mut PgConnection, one: Option<usize>) -> BatchFuture<'a> {
+            let events = match one {
+                None => &self.events[..],
+                Some(i) => std::slice::from_ref(&self.events[i]),
+            };
+            Box::pin(run_batch(self.handler, conn, events))
         }
     }
 

@@ -8,6 +8,8 @@
 //! transaction rolls back and the rows are simply pending again (no
 //! `processing` status, no lease, no reaper).
 
+mod group;
+
 use crate::core::text::Escaped;
 use std::time::{Duration, Instant};
 
@@ -23,6 +25,7 @@ use crate::{
         handler::{HandlerError, Headers, Outcome},
         handlers::{erased::Prepared, erased::RawEvent, Handlers},
         hints::{Apis, FetchError, Fetched, Object},
+        worker::group::{Groups, Run},
     },
     runtime::{
         stage::{Pass, Reported, Stage, Tally},
@@ -431,8 +434,10 @@ impl Worker {
         let finished_as = |row: Taken, end: Finish| finished_row(row, end, precounted);
         let mut deferred = Vec::new();
         // Events no handler can run end at once; the others run in the order of
-        // their lock keys (see [`crate::Handler::lock_key`]), receive order among equals.
+        // their lock keys (see [`crate::Handler::lock_key`]), receive order among
+        // equals, a batch handler's events together at its first key.
         let mut runs = Vec::new();
+        let mut groups = Groups::default();
         for row in rows {
             if Instant::now() >= deadline {
                 break; // left pending; its lock goes with the commit
@@ -445,8 +450,9 @@ impl Worker {
                 span.set("webhook.event_id", crate::core::text::escape(&row.event_id));
             }
             let traceparent = span.as_ref().map(trace::Span::traceparent);
-            match self.prepare(&row, traceparent, &mut counts) {
-                Ok(prepared) => runs.push((prepared.lock_key(), prepared, row, span)),
+            match self.prepare(&row, traceparent, &mut groups, &mut counts) {
+                Ok(Some(prepared)) => runs.push((prepared.lock_key(), Run::One(prepared, row, span))),
+                Ok(None) => groups.joined(row, span),
                 Err(end) => {
                     counts.taken += 1;
                     ended(span.as_mut(), &end);
@@ -454,11 +460,28 @@ impl Worker {
                 }
             }
         }
+        runs.extend(groups.into_runs());
         runs.sort_by(|a, b| a.0.cmp(&b.0));
-        for (_, prepared, row, mut span) in runs {
+        for (_, run) in runs {
             if Instant::now() >= deadline {
                 break;
             }
+            let (prepared, row, mut span) = match run {
+                Run::One(prepared, row, span) => (prepared, row, span),
+                Run::Group(group, mut members) => {
+                    counts.taken += members.len();
+                    let applied = self.apply_group(&mut tx, group.as_ref(), &mut members, mode, &mut counts).await?;
+                    let Some(ends) = applied else {
+                        tx.rollback().await?;
+                        return Ok(Batch::Redo);
+                    };
+                    for ((row, mut span), end) in members.into_iter().zip(ends) {
+                        ended(span.as_mut(), &end);
+                        finished.push(finished_as(row, end));
+                    }
+                    continue;
+                }
+            };
             let mode = match prepared.hint() {
                 // Fetched after the commit, outside any transaction; held meanwhile by its lease.
                 Some(Ok(object)) => {
@@ -504,15 +527,17 @@ impl Worker {
         Ok(Batch::Done(counts, deferred))
     }
 
-    /// The event, ready for its handler, or how the event ends without one (no
-    /// handler: unhandled; an unknown provider, or a payload that does not
-    /// decode as the handler's type: failed).
-    fn prepare(
-        &self,
+    /// The event, ready for its handler (`None`: added to its batch handler's
+    /// group), or how the event ends without one (no handler: unhandled; an
+    /// unknown provider, or a payload that does not decode as the handler's
+    /// type: failed).
+    fn prepare<'h>(
+        &'h self,
         row: &Taken,
         trace_context: Option<String>,
+        groups: &mut Groups<'h>,
         counts: &mut Processed,
-    ) -> Result<Box<dyn Prepared + '_>, Finish> {
+    ) -> Result<Option<Box<dyn Prepared + 'h>>, Finish> {
         let Ok(provider) = Provider::try_from(row.provider.as_str()) else {
             counts.failed += 1;
             return Err(Finish::Failed(format!("unknown provider {:?}", row.provider)));
@@ -532,7 +557,7 @@ impl Worker {
             trace_context,
             written: Some(self.written.clone()),
         };
-        handler.prepare(event).map_err(|unusable| {
+        groups.add(handler, event).map_err(|unusable| {
             counts.failed += 1;
             tracing::warn!(provider = %row.provider, event_id = %Escaped(&row.event_id), reason = %Escaped(&unusable), "event failed");
             Finish::Failed(unusable)
