@@ -277,7 +277,7 @@ async fn a_wrong_count_of_outcomes_fails_the_events_with_that_reason(pool: PgPoo
     assert_eq!(c.failed, 3);
     assert_eq!(
         status(&pool, "m2").await,
-        ("failed".into(), Some("attempt 1: the batch handler returned 2 outcomes for 1 events".into()))
+        ("failed".into(), Some("attempt 1: the batch handler returned 2 outcomes for a batch of 1".into()))
     );
     assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM miscounted").await, 0);
 }
@@ -289,4 +289,48 @@ fn a_type_twice_in_on_each_or_registered_already_is_refused() {
     let handlers = Handlers::new().on_each("stripe", &["a", "b"], Ship::default()).unwrap();
     assert!(matches!(handlers.on_each("stripe", &["c", "b"], Ship::default()),
         Err(RegistrationError::Duplicate { event_type, .. }) if event_type == "b"));
+    let none = Handlers::new().on_each("stripe", &[], Ship::default()).unwrap_err();
+    assert_eq!(none.to_string(), "a handler for stripe has an empty event type, or none");
+}
+
+/// Fails on more than one event, succeeds on one, slowly: its events run one
+/// at a time after each failed call.
+struct SlowAlone;
+
+impl BatchHandler for SlowAlone {
+    type Payload = serde_json::Value;
+
+    async fn handle_batch(&self, conn: &mut PgConnection, events: &[Event]) -> Result<Vec<Outcome>, HandlerError> {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        if events.len() > 1 {
+            return Err(HandlerError::transient("not in a batch"));
+        }
+        query("INSERT INTO slow_alone VALUES ($1)").bind(&events[0].event_id).execute(conn).await?;
+        Ok(vec![Outcome::Applied])
+    }
+}
+
+/// Past the deadline, the events of a group running one at a time are left
+/// pending, spending no attempt; those run before it are done and counted.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn a_group_running_one_at_a_time_stops_at_the_deadline(pool: PgPool) {
+    sqlx::raw_sql("CREATE TABLE slow_alone (event_id TEXT)").execute(&pool).await.unwrap();
+    for i in 0..8 {
+        store(&pool, Provider::STANDARD, &format!("slow_{i}"), "slow", "{}").await;
+    }
+    let handlers = Handlers::new().on("standard", "slow", SlowAlone).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(450);
+    let c = Worker::new(pool.clone(), handlers, fast_worker_config()).run_once(deadline).await.unwrap();
+    let (done, untouched, applied): (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE status = 'done'),
+                count(*) FILTER (WHERE status = 'pending' AND attempts = 0),
+                (SELECT count(*) FROM slow_alone)
+         FROM webhook_inbox",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!((1..8).contains(&done), "some ran before the deadline, not all: {done}");
+    assert_eq!((done + untouched, applied), (8, done), "the others untouched");
+    assert_eq!((c.taken, c.applied), (done as usize, done as usize), "only what ran is counted");
 }

@@ -6,12 +6,12 @@
 //! - `orders`: Shopify order snapshots, version-guarded upserts.
 //! - `payments`: Stripe `payment_intent.succeeded`, keyed by the PaymentIntent.
 //! - `deposits`: Marqeta `gpa.credit` completions, deltas applied once per token.
-//!
-//! These three are batch handlers ([`webhook_inbox::BatchHandler`]): a batch's
-//! events of each in a few set-based statements. The simple form, a handler
-//! of one event, is in `examples/invoices`.
 //! - `subscriptions`: Stripe `customer.subscription.*` as hints, the
 //!   subscription fetched from the API (`STRIPE_API_KEY`) and kept as it is there.
+//!
+//! The first three are batch handlers ([`webhook_inbox::BatchHandler`]): a
+//! batch's events of each in a few set-based statements. The simple form, a
+//! handler of one event, is in `examples/invoices`.
 //!
 //! Its tables come from its own migrations ([`MIGRATIONS`]), applied only where
 //! this application runs; a team's database never gets them.

@@ -51,9 +51,7 @@ impl<T> Event<T> {
         }
         Ok(written)
     }
-}
 
-impl<T> Event<T> {
     /// Writes many outbox messages in one statement (a batch handler's),
     /// each recorded as the event's it is paired with, as
     /// [`enqueue`](Event::enqueue) records one; their ids follow their
@@ -241,11 +239,18 @@ pub trait Handler: Send + Sync + 'static {
 /// - `events` come in the order of their [`lock_key`](BatchHandler::lock_key)s
 ///   (receive order among equals): a statement that locks shared rows should
 ///   take them in that order (`ORDER BY` the key, `COLLATE "C"`, before
-///   `FOR UPDATE`), so that concurrent batches never deadlock.
+///   `FOR UPDATE`), so that concurrent batches never deadlock. The worker
+///   runs the call where its first key falls among the batch's other
+///   handlers' events, so its later keys are locked before theirs: give the
+///   rows a batch handler locks keys that no other handler locks (a
+///   deadlock between two handlers is retried, spending no attempt, but
+///   costs a second).
 /// - Its outbox messages are written with [`Event::enqueue_all`], in one statement.
 ///
 /// It returns one [`Outcome`] per event, in the order of `events`; any other
-/// count is the handler's bug, and fails the events with that reason.
+/// count is the handler's bug: the call fails, its events run one at a time
+/// (with a warning in the log, as after any failed call), and an event whose
+/// call miscounts alone too fails with that reason.
 pub trait BatchHandler: Send + Sync + 'static {
     /// The payload's type: `serde_json::Value`, or the handler's own `Deserialize` type.
     type Payload: DeserializeOwned + Send + Sync + 'static;

@@ -45,8 +45,8 @@ pub enum RegistrationError {
     /// Not a provider name (see [`Provider`]).
     #[error("{0:?} is not a provider name (1 to 64 lower-case letters, digits, '-' or '_')")]
     InvalidProvider(String),
-    /// An empty event type matches no event.
-    #[error("a handler for {0} has an empty event type")]
+    /// An empty event type (or none at all) matches no event.
+    #[error("a handler for {0} has an empty event type, or none")]
     EmptyEventType(Provider),
 }
 
@@ -117,6 +117,9 @@ impl Handlers {
         let provider = Provider::try_from(name)
             .map_err(|_| RegistrationError::InvalidProvider(name.chars().take(64).collect()))?;
         let handler = handler.erase();
+        if event_types.is_empty() {
+            return Err(RegistrationError::EmptyEventType(provider));
+        }
         let types = self.0.entry(provider).or_default();
         for (i, event_type) in event_types.iter().enumerate() {
             if event_type.is_empty() {
@@ -346,7 +349,7 @@ pub(crate) mod erased {
         let outcomes = handler.handle_batch(conn, events).await?;
         if outcomes.len() != events.len() {
             return Err(HandlerError::permanent(format!(
-                "the batch handler returned {} outcomes for {} events",
+                "the batch handler returned {} outcomes for a batch of {}",
                 outcomes.len(),
                 events.len()
             )));

@@ -1,9 +1,10 @@
 //! The worker: takes pending inbox rows with `FOR UPDATE SKIP LOCKED`, in
 //! receive order, and applies each one's handler inside one transaction per
 //! batch, in the order of the handlers' lock keys (receive order among equal
-//! keys; see [`crate::Handler::lock_key`]): without a savepoint per event
-//! while no handler fails, with them for a batch that had a failure (run
-//! again from the start) and the few after it. The row locks
+//! keys; see [`crate::Handler::lock_key`]; a [`crate::BatchHandler`]'s
+//! events in one call): without a savepoint while no handler fails, with one
+//! per handler call for a batch that had a failure (run again from the
+//! start) and the few after it. The row locks
 //! are held until commit, so a worker that dies leaves nothing half-done: its
 //! transaction rolls back and the rows are simply pending again (no
 //! `processing` status, no lease, no reaper).
@@ -180,7 +181,8 @@ enum Mode {
     /// All in the batch's transaction, no savepoint: two round trips fewer per
     /// event. A handler's failure rolls the whole batch back, to be run again guarded.
     Optimistic,
-    /// A savepoint per event: a failure rolls back that event alone.
+    /// A savepoint per handler call (a batch handler's, then one per event
+    /// if it fails): a failure rolls back that event alone.
     Guarded,
 }
 
@@ -469,12 +471,14 @@ impl Worker {
             let (prepared, row, mut span) = match run {
                 Run::One(prepared, row, span) => (prepared, row, span),
                 Run::Group(group, mut members) => {
-                    counts.taken += members.len();
-                    let applied = self.apply_group(&mut tx, group.as_ref(), &mut members, mode, &mut counts).await?;
+                    let how = (mode, deadline);
+                    let applied = self.apply_group(&mut tx, group.as_ref(), &mut members, how, &mut counts).await?;
                     let Some(ends) = applied else {
                         tx.rollback().await?;
                         return Ok(Batch::Redo);
                     };
+                    // Past the deadline, the rest of the group is left pending.
+                    counts.taken += ends.len();
                     for ((row, mut span), end) in members.into_iter().zip(ends) {
                         ended(span.as_mut(), &end);
                         finished.push(finished_as(row, end));
