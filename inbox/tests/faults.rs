@@ -783,8 +783,9 @@ async fn cutting_proxy(pg_port: u16, cuts: Arc<AtomicUsize>, armed: Arc<AtomicUs
                     let n = counter.fetch_add(1, Ordering::Relaxed);
                     if splitmix(n as u64) % 10 == 0 {
                         cuts.fetch_add(1, Ordering::Relaxed);
+                        // The client never hears back; the server has it and runs it.
+                        back.abort();
                         let _ = server_write.flush().await;
-                        // The server has it; the client never hears back.
                         tokio::time::sleep(Duration::from_millis(20)).await;
                         break;
                     }

@@ -545,3 +545,20 @@ async fn an_event_lists_the_messages_its_handler_wrote_and_their_state(pool: PgP
     relay(&pool, http_sink(&server)).run(later()).await.unwrap();
     assert_eq!(keys("evt_1").await, [("receipt:in_1".to_string(), true)]);
 }
+
+/// The connection dies after the statement recording the deliveries reached the
+/// server and committed: the relay runs it again on another connection, so the
+/// pass still ends well, and nothing is sent twice.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn a_connection_cut_after_the_record_commits_costs_no_pass_and_no_resend(pool: PgPool) {
+    let server = MockServer::start().await;
+    Mock::given(method("POST")).and(path("/hook")).respond_with(ResponseTemplate::new(204)).mount(&server).await;
+    messages(&pool, 20).await;
+    let proxy = inbox_tests::cut::CutOnce::start(&pool, "SET processed_at").await;
+    let r = relay(&proxy.pool, http_sink(&server)).run_once(later()).await;
+    assert_eq!(proxy.cut(), 1, "the record's connection was cut");
+    let r = r.expect("the pass ends well: the record ran again");
+    assert_eq!(r.sent, 20);
+    assert_eq!(server.received_requests().await.unwrap().len(), 20, "nothing was sent twice");
+    assert_eq!(outbox_state(&pool).await, (20, 0, 20));
+}

@@ -2,6 +2,7 @@
 //! provider (written from `docs/providers.md`, not from the product's code), and
 //! helpers that drive the real receive handler against a real PostgreSQL.
 
+pub mod cut;
 pub mod hostile_json;
 pub mod lambda;
 pub mod pgbouncer;

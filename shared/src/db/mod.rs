@@ -201,6 +201,30 @@ pub fn is_connection_lost(err: &sqlx::Error) -> bool {
     }
 }
 
+/// Runs a statement that is safe to run twice (its guard makes a second run
+/// a no-op, or it reads) again when the connection is lost under it, up to
+/// three more times, 25 ms apart and doubling: a cut after a COMMIT loses its
+/// answer, not its work, and one lost answer must not cost the caller its pass.
+#[cfg(feature = "relay")]
+pub(crate) async fn on_lost_connection_again<T, F, Fut>(mut statement: F) -> Result<T, sqlx::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
+{
+    let mut wait = Duration::from_millis(25);
+    for _ in 0..3 {
+        match statement().await {
+            Err(e) if is_connection_lost(&e) => {
+                tracing::debug!(error = %e, "connection lost under a statement, running it again");
+                tokio::time::sleep(wait).await;
+                wait *= 2;
+            }
+            done => return done,
+        }
+    }
+    statement().await
+}
+
 /// Attempts of a transaction that keeps failing with 40001/40P01 before giving up.
 pub const MAX_TRANSACTION_ATTEMPTS: u32 = 5;
 

@@ -1,7 +1,9 @@
 //! One destination's lane: its lease, its messages in flight (a pipeline: a
 //! message starts as soon as a slot is free), its rate, its retries and its
 //! circuit breaker. Lanes share nothing but the pool, so one destination's
-//! trouble stays its own.
+//! trouble stays its own. Its statements run again when a connection is lost
+//! under them (each is safe to run twice): a cut costs no pass, and no
+//! delivery's result.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -22,6 +24,7 @@ use crate::{
     core::{backoff::backoff, text::Escaped},
     db::{
         destinations::{self, Gate},
+        on_lost_connection_again as again,
         outbox::{self, Dispatch, Outgoing},
     },
     runtime::{scan::Scan, stage::Pass, trace},
@@ -85,10 +88,10 @@ impl Lane {
         let limits = &self.destination.limits;
         if !self.registered.load(Ordering::Relaxed) {
             let entry = (self.name().to_string(), self.destination.sink.target());
-            destinations::register(&self.pool, &[entry]).await?;
+            again(|| destinations::register(&self.pool, std::slice::from_ref(&entry))).await?;
             self.registered.store(true, Ordering::Relaxed);
         }
-        let mut gate = destinations::gate(&self.pool, self.name(), limits.circuit_cool_down).await?;
+        let mut gate = again(|| destinations::gate(&self.pool, self.name(), limits.circuit_cool_down)).await?;
         let mut gate_at = Instant::now();
         let mut t = Relayed::default();
         let mut buffer: VecDeque<Outgoing> = VecDeque::new();
@@ -117,7 +120,7 @@ impl Lane {
         let mut recording: JoinSet<Result<bool, sqlx::Error>> = JoinSet::new();
         loop {
             if gate == Gate::Open && gate_at.elapsed() >= GATE_EVERY {
-                gate = destinations::gate(&self.pool, self.name(), limits.circuit_cool_down).await?;
+                gate = again(|| destinations::gate(&self.pool, self.name(), limits.circuit_cool_down)).await?;
                 gate_at = Instant::now();
             }
             let record_by = first_result.map(|at| at + RECORD_WITHIN);
@@ -126,7 +129,7 @@ impl Lane {
             {
                 let (pool, batch) = (self.pool.clone(), std::mem::take(&mut results));
                 let behind = std::mem::take(&mut results_behind);
-                recording.spawn(async move { outbox::record_results(&pool, &batch).await.map(|()| behind) });
+                recording.spawn(async move { again(|| outbox::record_results(&pool, &batch)).await.map(|()| behind) });
                 first_result = None;
             }
             let sending = matches!(gate, Gate::Open | Gate::Probe);
@@ -149,8 +152,9 @@ impl Lane {
                     };
                     lease_from = (from, n);
                     let (pool, name, lease) = (self.pool.clone(), self.name().to_string(), self.config.lease);
-                    leasing =
-                        Some(tokio::spawn(async move { outbox::lease_unsent(&pool, &name, n, lease, from).await }));
+                    leasing = Some(tokio::spawn(async move {
+                        again(|| outbox::lease_unsent(&pool, &name, n, lease, from)).await
+                    }));
                     // The probe is one message.
                     drained = gate == Gate::Probe;
                 } else {
@@ -277,7 +281,7 @@ impl Lane {
                 () = tokio::time::sleep_until(tick.into()) => {}
             }
         }
-        outbox::record_results(&self.pool, &results).await?;
+        again(|| outbox::record_results(&self.pool, &results)).await?;
         if results_behind {
             self.scan.behind();
         }
@@ -305,7 +309,7 @@ impl Lane {
             SinkReply::Delivered => {
                 self.failures.store(0, Ordering::Relaxed);
                 if gate == Gate::Probe {
-                    destinations::close(&self.pool, self.name()).await?;
+                    again(|| destinations::close(&self.pool, self.name())).await?;
                     tracing::info!(destination = %Escaped(self.name()), "circuit closed: the probe went through");
                     return Ok(Some(Gate::Open));
                 }
@@ -317,7 +321,7 @@ impl Lane {
                     return Ok(Some(Gate::Cooling));
                 }
                 if gate == Gate::Open && failures >= limits.circuit_failures {
-                    destinations::open(&self.pool, self.name(), failures, reason).await?;
+                    again(|| destinations::open(&self.pool, self.name(), failures, reason)).await?;
                     tracing::warn!(destination = %Escaped(self.name()), failures, reason = %Escaped(reason), "circuit opened");
                     self.failures.store(0, Ordering::Relaxed);
                     return Ok(Some(Gate::Cooling));
@@ -345,7 +349,7 @@ impl Lane {
     /// Gives leased messages back untouched; how many.
     async fn release(&self, messages: Vec<Outgoing>) -> Result<usize, sqlx::Error> {
         let leases: Vec<(i64, i32)> = messages.iter().map(|m| (m.id, m.attempts)).collect();
-        outbox::release(&self.pool, &leases).await?;
+        again(|| outbox::release(&self.pool, &leases)).await?;
         self.scan.behind();
         Ok(leases.len())
     }
