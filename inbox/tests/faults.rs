@@ -18,7 +18,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use inbox_tests::pgbouncer::PgBouncer;
+use inbox_tests::{cut::forward_until, pgbouncer::PgBouncer};
 use webhook_inbox::{
     config::Env, core::http::http_client, db, dev::embedded_pg::EmbeddedPostgres, PruneConfig, Pruner, Stage,
 };
@@ -733,8 +733,8 @@ async fn cutting_proxy(pg_port: u16, cuts: Arc<AtomicUsize>, armed: Arc<AtomicUs
             let _ = (client.set_nodelay(true), server.set_nodelay(true));
             let (cuts, counter, armed) = (cuts.clone(), counter.clone(), armed.clone());
             tokio::spawn(async move {
-                let (mut client_read, mut client_write) = client.into_split();
-                let (mut server_read, mut server_write) = server.into_split();
+                let (client_read, mut client_write) = client.into_split();
+                let (mut server_read, server_write) = server.into_split();
                 // Server to client, watching ReadyForQuery ('Z') for the transaction status.
                 let in_transaction = Arc::new(AtomicUsize::new(0));
                 let status = in_transaction.clone();
@@ -753,44 +753,21 @@ async fn cutting_proxy(pg_port: u16, cuts: Arc<AtomicUsize>, armed: Arc<AtomicUs
                     #[allow(unreachable_code)]
                     Ok::<(), std::io::Error>(())
                 });
-                // Untyped messages first (SSLRequest, then the startup message), typed ones after.
-                let mut typed = false;
-                loop {
-                    let mut head = vec![0u8; if typed { 5 } else { 4 }];
-                    if client_read.read_exact(&mut head).await.is_err() {
-                        break;
-                    }
-                    let len = u32::from_be_bytes(head[head.len() - 4..].try_into().unwrap()) as usize;
-                    let mut body = vec![0u8; len.saturating_sub(4)];
-                    if client_read.read_exact(&mut body).await.is_err() {
-                        break;
-                    }
-                    if server_write.write_all(&[&head[..], &body].concat()).await.is_err() {
-                        break;
-                    }
-                    // The startup message (sslmode=disable: no SSLRequest before it); typed messages follow.
-                    if !typed {
-                        typed = true;
-                        continue;
-                    }
-                    let commit = head[0] == b'Q' && body.len() >= 6 && body[..6].eq_ignore_ascii_case(b"COMMIT");
-                    let autocommit = head[0] == b'S' && in_transaction.load(Ordering::SeqCst) == 0;
+                let cut = |tag: u8, body: &[u8]| {
+                    let commit = tag == b'Q' && body.len() >= 6 && body[..6].eq_ignore_ascii_case(b"COMMIT");
+                    let autocommit = tag == b'S' && in_transaction.load(Ordering::SeqCst) == 0;
                     if armed.load(Ordering::SeqCst) == 0 || !(commit || autocommit) {
-                        continue;
+                        return false;
                     }
                     // One in ten, drawn (not every tenth: a client that polls on a timer could
                     // fall in step with a fixed period and be cut on every try).
-                    let n = counter.fetch_add(1, Ordering::Relaxed);
-                    if splitmix(n as u64) % 10 == 0 {
+                    let cutting = splitmix(counter.fetch_add(1, Ordering::Relaxed) as u64) % 10 == 0;
+                    if cutting {
                         cuts.fetch_add(1, Ordering::Relaxed);
-                        // The client never hears back; the server has it and runs it.
-                        back.abort();
-                        let _ = server_write.flush().await;
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        break;
                     }
-                }
-                back.abort();
+                    cutting
+                };
+                forward_until(client_read, server_write, back, cut, Duration::from_millis(20)).await;
             });
         }
     });

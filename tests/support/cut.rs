@@ -13,7 +13,11 @@ use std::{
 use sqlx::{postgres::PgPoolOptions, PgPool};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
-    net::{TcpListener, TcpStream},
+    net::{
+        tcp::{OwnedReadHalf, OwnedWriteHalf},
+        TcpListener, TcpStream,
+    },
+    task::JoinHandle,
 };
 
 pub struct CutOnce {
@@ -53,44 +57,61 @@ impl CutOnce {
 }
 
 async fn forward(client: TcpStream, server: TcpStream, needle: Vec<u8>, done: Arc<AtomicBool>, cuts: Arc<AtomicUsize>) {
-    let (mut client_read, mut client_write) = client.into_split();
-    let (mut server_read, mut server_write) = server.into_split();
+    let (client_read, mut client_write) = client.into_split();
+    let (mut server_read, server_write) = server.into_split();
     let back = tokio::spawn(async move { tokio::io::copy(&mut server_read, &mut client_write).await });
-    // The startup message has no type byte; every later one has.
-    let mut typed = false;
     // The statement with the needle was parsed on this connection, and then executed.
     let (mut parsed, mut executed) = (false, false);
-    loop {
-        let mut head = vec![0u8; if typed { 5 } else { 4 }];
-        if client_read.read_exact(&mut head).await.is_err() {
-            break;
-        }
-        let len = u32::from_be_bytes(head[head.len() - 4..].try_into().unwrap()) as usize;
-        let mut body = vec![0u8; len.saturating_sub(4)];
-        if client_read.read_exact(&mut body).await.is_err()
-            || server_write.write_all(&[&head[..], &body].concat()).await.is_err()
-        {
-            break;
-        }
-        if !typed {
-            typed = true;
-            continue;
-        }
+    let cut = |tag: u8, body: &[u8]| {
         let has_needle = body.windows(needle.len()).any(|w| w == needle);
-        match head[0] {
+        match tag {
             b'P' => parsed = has_needle,
             b'E' => executed = parsed,
             _ => {}
         }
-        let runs = (head[0] == b'Q' && has_needle) || (head[0] == b'S' && executed);
-        if runs && !done.swap(true, Ordering::SeqCst) {
+        let runs = (tag == b'Q' && has_needle) || (tag == b'S' && executed);
+        let cutting = runs && !done.swap(true, Ordering::SeqCst);
+        if cutting {
             cuts.fetch_add(1, Ordering::SeqCst);
-            // The client hears nothing more; the server has the statement and runs it.
-            back.abort();
-            let _ = server_write.flush().await;
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            return;
         }
-    }
+        cutting
+    };
+    forward_until(client_read, server_write, back, cut, Duration::from_millis(50)).await;
+}
+
+/// Forwards a client's messages to the server until `cut(tag, body)` says
+/// to cut after one: then `back` (what forwards the server's answers) is
+/// stopped, so the client hears nothing more, and the server gets `pause` to
+/// run what it has before its connection closes. The client
+/// must not ask for TLS (`sslmode=disable`): its first message is the startup
+/// message, untyped, and every later one has a type byte.
+pub async fn forward_until<T>(
+    mut client: OwnedReadHalf,
+    mut server: OwnedWriteHalf,
+    back: JoinHandle<T>,
+    mut cut: impl FnMut(u8, &[u8]) -> bool,
+    pause: Duration,
+) {
+    let mut typed = false;
+    let cutting = loop {
+        let mut head = vec![0u8; if typed { 5 } else { 4 }];
+        if client.read_exact(&mut head).await.is_err() {
+            break false;
+        }
+        let len = u32::from_be_bytes(head[head.len() - 4..].try_into().unwrap()) as usize;
+        let mut body = vec![0u8; len.saturating_sub(4)];
+        if client.read_exact(&mut body).await.is_err() || server.write_all(&[&head[..], &body].concat()).await.is_err()
+        {
+            break false;
+        }
+        if typed && cut(head[0], &body) {
+            break true;
+        }
+        typed = true;
+    };
     back.abort();
+    if cutting {
+        let _ = server.flush().await;
+        tokio::time::sleep(pause).await;
+    }
 }
