@@ -25,11 +25,14 @@ use webhook_inbox::{
 };
 
 /// A group that waits long enough for every delivery of a test to join it, on one committer.
-const ONE_GROUP: GroupConfig = GroupConfig { max: 64, wait: Duration::from_millis(300), committers: 1 };
+const ONE_GROUP: GroupConfig =
+    GroupConfig { max: 64, wait: Duration::from_millis(300), committers: 1, stall: Duration::ZERO };
 
 fn grouped(opts: PgConnectOptions, group: GroupConfig) -> Arc<Receiver> {
     let mut cfg = config(secrets(false));
     cfg.db.pool_size = 8;
+    // Longer than any test's lock wait, so a stalled group waits for the other writer, not a timeout.
+    (cfg.db.lock_timeout, cfg.db.statement_timeout) = (Duration::from_secs(30), Duration::from_secs(30));
     Arc::new(Receiver::new(db::Connections::from_options(opts, &cfg.db), &cfg).with_group_commit(group))
 }
 
@@ -125,13 +128,104 @@ async fn the_same_key_twice_in_a_group_is_one_accepted_and_one_duplicate(_: PgPo
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn fifty_identical_deliveries_on_four_committers_claim_once(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
-    let r = grouped(opts, GroupConfig { max: 8, wait: Duration::from_millis(5), committers: 4 });
+    let r = grouped(opts, GroupConfig { max: 8, wait: Duration::from_millis(5), committers: 4, stall: Duration::ZERO });
     let answers = post_together(&pool, &r, vec![payment("evt_race"); 50]).await;
     let accepted = answers.iter().filter(|(s, a, v)| *s == StatusCode::OK && *v && a["status"] == "accepted").count();
     let duplicates =
         answers.iter().filter(|(s, a, v)| *s == StatusCode::OK && *v && a["status"] == "duplicate").count();
     assert_eq!((accepted, duplicates), (1, 49));
     assert_eq!(count(&pool).await, 1);
+}
+
+async fn post_one(r: &Receiver, id: &str) -> &'static str {
+    let body = payment(id);
+    let (status, answer) = post(r, "stripe", &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))], &body).await;
+    assert_eq!(status, StatusCode::OK, "{id}: {answer}");
+    match answer["status"].as_str() {
+        Some("accepted") => "accepted",
+        Some("duplicate") => "duplicate",
+        _ => panic!("{id}: {answer}"),
+    }
+}
+
+/// Another writer of the same key (a second receiver, a reconcile) holds its
+/// row lock, so one group waits for its commit (or `INBOX_LOCK_TIMEOUT_MS`,
+/// then 503); the deliveries that arrive meanwhile, 8 in flight, are claimed
+/// beside it by the second committer.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn a_group_stalled_on_another_writers_lock_holds_only_itself(_: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let r = grouped(opts, GroupConfig::default());
+    let mut writer = pool.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO webhook_inbox (provider, event_id, event_type, payload, raw_body, secret_index)
+         VALUES ('stripe', 'evt_held', 'payment_intent.succeeded', '{}', '\\x', 0)",
+    )
+    .execute(&mut *writer)
+    .await
+    .unwrap();
+    let held = tokio::spawn({
+        let r = r.clone();
+        async move { post_one(&r, "evt_held").await }
+    });
+    let waiting =
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()";
+    while scalar::<i64>(&pool, waiting).await == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let flowing = async {
+        for wave in 0..5 {
+            let posts = (0..8).map(|i| {
+                let r = r.clone();
+                tokio::spawn(async move { post_one(&r, &format!("evt_flow_{wave}_{i}")).await })
+            });
+            for p in posts.collect::<Vec<_>>() {
+                assert_eq!(p.await.unwrap(), "accepted");
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), flowing)
+        .await
+        .expect("the deliveries behind a stalled group waited for it");
+    assert!(!held.is_finished(), "the stalled delivery was answered before the other writer committed");
+    writer.commit().await.unwrap();
+    assert_eq!(held.await.unwrap(), "duplicate", "the other writer's row came first");
+    assert_eq!(count(&pool).await, 41);
+}
+
+/// While a group commits, the deliveries that arrive wait for it and go
+/// together in the next (one commit for all), not one by one beside it.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn deliveries_that_arrive_while_a_group_commits_wait_for_it_and_go_together(
+    _: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    sqlx::raw_sql(
+        "CREATE FUNCTION slow_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN IF NEW.event_id = 'evt_slow' THEN PERFORM pg_sleep(0.3); END IF; RETURN NEW; END $$;
+         CREATE TRIGGER slow_claim BEFORE INSERT ON webhook_inbox FOR EACH ROW EXECUTE FUNCTION slow_claim();",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let r = grouped(opts, GroupConfig { stall: Duration::from_secs(5), ..GroupConfig::default() });
+    let slow = tokio::spawn({
+        let r = r.clone();
+        async move { post_one(&r, "evt_slow").await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut arriving = Vec::new();
+    for i in 0..10 {
+        let r = r.clone();
+        arriving.push(tokio::spawn(async move { post_one(&r, &format!("evt_after_{i}")).await }));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for a in arriving {
+        assert_eq!(a.await.unwrap(), "accepted");
+    }
+    assert_eq!(slow.await.unwrap(), "accepted");
+    assert_eq!(transactions(&pool).await, 2, "the slow group, then one for the ten that arrived during it");
 }
 
 fn row(id: &str, payload: String) -> Row {

@@ -148,10 +148,11 @@ impl Report {
 pub(super) fn group_commit() -> String {
     match webhook_inbox::config::ServeConfig::read(&webhook_inbox::config::Env::process()) {
         Ok(c) if c.group.is_on() => format!(
-            "up to {} deliveries a group, {} committers, a wait of {} µs",
+            "up to {} deliveries a group, a wait of {} µs, the next group beside one committing {} µs, up to {} at once",
             c.group.max,
-            c.group.committers,
-            c.group.wait.as_micros()
+            c.group.wait.as_micros(),
+            c.group.stall.as_micros(),
+            c.group.committers
         ),
         Ok(_) => "off: one claim per delivery".into(),
         Err(e) => format!("unreadable: {e}"),

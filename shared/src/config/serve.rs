@@ -20,7 +20,8 @@ pub struct ServeConfig {
 impl ServeConfig {
     /// `INBOX_DRAIN_TIMEOUT_MS` (25000), `INBOX_WORKERS` (2), and receive's
     /// group commit: `INBOX_GROUP_COMMIT_MAX` (64; 1 turns it off),
-    /// `INBOX_GROUP_COMMIT_WAIT_US` (0) and `INBOX_GROUP_COMMIT_COMMITTERS` (2).
+    /// `INBOX_GROUP_COMMIT_WAIT_US` (0), `INBOX_GROUP_COMMIT_COMMITTERS` (2) and
+    /// `INBOX_GROUP_COMMIT_STALL_US` (5000).
     pub fn read(env: &Env) -> Result<Self, ConfigError> {
         let group = crate::receive::claim::group::GroupConfig::default();
         Ok(ServeConfig {
@@ -30,6 +31,7 @@ impl ServeConfig {
                 max: env.positive("INBOX_GROUP_COMMIT_MAX", group.max)?,
                 wait: Duration::from_micros(env.parse("INBOX_GROUP_COMMIT_WAIT_US", 0u64)?),
                 committers: env.positive("INBOX_GROUP_COMMIT_COMMITTERS", group.committers)?,
+                stall: Duration::from_micros(env.parse("INBOX_GROUP_COMMIT_STALL_US", group.stall.as_micros() as u64)?),
             },
         })
     }

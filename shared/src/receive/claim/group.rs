@@ -4,11 +4,14 @@
 //! only once that commit is done.
 //!
 //! One commit per delivery is PostgreSQL's ceiling for single-row claims
-//! (pgbench's too); a group pays it once for all its rows. Committers (a few
-//! tasks, each on a connection of receive's own) take what is queued: under a
-//! light load a delivery is alone and goes at once; under a heavy one, the
-//! deliveries that arrived while the previous group committed go together.
-//! [`GroupConfig::wait`] may hold a group open a little longer for more.
+//! (pgbench's too); a group pays it once for all its rows. One group commits
+//! at a time: under a light load a delivery is alone and goes at once; under a
+//! heavy one, the deliveries that arrived while the previous group committed
+//! go together. [`GroupConfig::wait`] may hold a group open a little longer
+//! for more. A group that stalls (a lock held by another writer of one of its
+//! keys, a slow flush) holds only itself: once it has committed for
+//! [`GroupConfig::stall`], another committer (each a task on a connection of
+//! receive's own) starts the next group beside it.
 //!
 //! A group's rows are sorted by key (concurrent groups lock in one order, so
 //! cannot deadlock); the same key twice in a group is one `accepted` (the
@@ -16,9 +19,19 @@
 //! group, its deliveries are claimed one by one, each with the single claim's
 //! own fallback, so the refused one fails (or is kept `failed`) alone.
 
-use std::{collections::HashSet, sync::Arc, time::Duration};
+use std::{
+    collections::HashSet,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
 
-use tokio::sync::{mpsc, oneshot, Mutex};
+use tokio::{
+    sync::{mpsc, oneshot, Mutex, Notify},
+    time::Instant,
+};
 
 use super::{claim_single, Claim};
 pub use crate::db::inbox::GroupRow as Row;
@@ -32,14 +45,20 @@ pub struct GroupConfig {
     /// `INBOX_GROUP_COMMIT_WAIT_US`, default 0: how long a group waits for more
     /// deliveries once it has its first (beyond those already queued).
     pub wait: Duration,
-    /// `INBOX_GROUP_COMMIT_COMMITTERS`, default 2: groups committing at once
-    /// (each on one of receive's connections, so at most `INBOX_DB_POOL_SIZE`).
+    /// `INBOX_GROUP_COMMIT_COMMITTERS`, default 2: groups committing at most
+    /// at once (each on one of receive's connections, so at most
+    /// `INBOX_DB_POOL_SIZE`).
     pub committers: usize,
+    /// `INBOX_GROUP_COMMIT_STALL_US`, default 5000: how long a group commits
+    /// before another committer starts the next group beside it. Until then
+    /// the deliveries that arrive wait for it and go together (the fewest
+    /// commits); 0 starts the next group at once.
+    pub stall: Duration,
 }
 
 impl Default for GroupConfig {
     fn default() -> Self {
-        GroupConfig { max: 64, wait: Duration::ZERO, committers: 2 }
+        GroupConfig { max: 64, wait: Duration::ZERO, committers: 2, stall: Duration::from_millis(5) }
     }
 }
 
@@ -66,9 +85,14 @@ impl Grouper {
     /// grouper is dropped, once the queue is empty.
     pub fn start(connections: Arc<Connections>, config: GroupConfig) -> Self {
         let (queue, received) = mpsc::channel(config.max * config.committers * 4);
-        let received = Arc::new(Mutex::new(received));
-        for _ in 0..config.committers {
-            tokio::spawn(committer(connections.clone(), received.clone(), config));
+        let shared = Arc::new(Committers {
+            queue: Mutex::new(received),
+            since: (0..config.committers).map(|_| AtomicU64::new(0)).collect(),
+            epoch: Instant::now(),
+            ended: Notify::new(),
+        });
+        for me in 0..config.committers {
+            tokio::spawn(committer(connections.clone(), shared.clone(), me, config));
         }
         Grouper { queue }
     }
@@ -84,12 +108,54 @@ impl Grouper {
     }
 }
 
-async fn committer(connections: Arc<Connections>, received: Arc<Mutex<mpsc::Receiver<Waiting>>>, config: GroupConfig) {
+/// What the committers share: the queue, and when each one's group began to commit.
+struct Committers {
+    queue: Mutex<mpsc::Receiver<Waiting>>,
+    /// Per committer: when its group began to commit, in µs after `epoch` plus one; 0 while it has none.
+    since: Vec<AtomicU64>,
+    epoch: Instant,
+    /// Notified when a group's commit ends.
+    ended: Notify,
+}
+
+impl Committers {
+    /// Until when the next group waits: the latest end of `stall` after a commit in progress, if still ahead.
+    fn wait_until(&self, stall: Duration) -> Option<Instant> {
+        let now = self.epoch.elapsed();
+        let stalls_at = |since: &AtomicU64| match since.load(Ordering::Acquire) {
+            0 => None,
+            us => Some(Duration::from_micros(us - 1) + stall),
+        };
+        self.since.iter().filter_map(stalls_at).filter(|at| *at > now).max().map(|at| self.epoch + at)
+    }
+
+    fn begin(&self, me: usize) {
+        self.since[me].store(self.epoch.elapsed().as_micros() as u64 + 1, Ordering::Release);
+    }
+
+    fn end(&self, me: usize) {
+        self.since[me].store(0, Ordering::Release);
+        self.ended.notify_waiters();
+    }
+}
+
+async fn committer(connections: Arc<Connections>, shared: Arc<Committers>, me: usize, config: GroupConfig) {
     loop {
         let group = {
             // One committer gathers at a time; the others wait for the next group.
-            let mut queue = received.lock().await;
+            let mut queue = shared.queue.lock().await;
             let Some(first) = queue.recv().await else { return };
+            // While a group commits, what arrives waits for it, unless it stalls.
+            loop {
+                let ended = shared.ended.notified();
+                tokio::pin!(ended);
+                ended.as_mut().enable();
+                let Some(until) = shared.wait_until(config.stall) else { break };
+                tokio::select! {
+                    _ = ended => {}
+                    _ = tokio::time::sleep_until(until) => {}
+                }
+            }
             let mut group = vec![first];
             let until = tokio::time::Instant::now() + config.wait;
             while group.len() < config.max {
@@ -106,7 +172,10 @@ async fn committer(connections: Arc<Connections>, received: Arc<Mutex<mpsc::Rece
         };
         // Prometheus (`inbox serve`'s /metrics), when a recorder is installed; else nothing.
         ::metrics::histogram!("webhook_inbox_receive_group_size").record(group.len() as f64);
-        if commit(&connections, group).await {
+        shared.begin(me);
+        let one_by_one = commit(&connections, group).await;
+        shared.end(me);
+        if one_by_one {
             ::metrics::counter!("webhook_inbox_receive_groups_one_by_one_total").increment(1);
         }
     }
