@@ -51,6 +51,7 @@ fn receiver(db: DbConfig) -> Receiver {
         max_body_bytes: 1 << 20,
         inline_providers: vec![],
         process_queue_url: None,
+        rules: Default::default(),
     };
     Receiver::new(db::Connections::new(&config.db).unwrap(), &config)
 }

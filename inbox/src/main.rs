@@ -139,7 +139,7 @@ enum Command {
         /// Exactly this event type (e.g. invoice.paid).
         #[arg(long = "type")]
         event_type: Option<String>,
-        /// In this status: pending, done, unhandled or failed (repeat, or comma-separate, for several).
+        /// In this status: pending, done, unhandled, ignored or failed (repeat, or comma-separate, for several).
         #[arg(long, value_delimiter = ',', value_parser = ops::parse_status)]
         status: Vec<Status>,
         /// Received at or after: 30m, 2h, 7d (ago), or a timestamp.
@@ -191,7 +191,7 @@ enum Command {
     /// after a fix, or unhandled (and done) ones to run a handler deployed
     /// since over them. `--dry-run` counts first.
     Requeue {
-        /// Events in this status: unhandled, failed or done (repeat, or comma-separate, for several).
+        /// Events in this status: unhandled, ignored, failed or done (repeat, or comma-separate, for several).
         #[arg(long, value_delimiter = ',', value_parser = ops::parse_requeue_status, required_unless_present = "failed")]
         status: Vec<Status>,
         /// The same as --status failed.
@@ -232,6 +232,12 @@ enum Command {
         limit: i64,
         #[command(flatten)]
         out: ops::Output,
+    },
+    /// Ignore rules (INBOX_RULES_FILE): `rules check FILE` checks a file and
+    /// tries it on the stored events.
+    Rules {
+        #[command(subcommand)]
+        command: ops::RulesCommand,
     },
     /// The whole pipeline in a minute: a storm of signed deliveries (duplicates,
     /// late retries, out-of-order snapshots, forgeries, a poison event) through
@@ -388,7 +394,7 @@ async fn run(cli: Cli) -> Result<()> {
             let pruner = Pruner::new(database(&env)?, PruneConfig::read(&env)?);
             let pruned = pruner.run(one_pass_deadline()).await?;
             say!(
-                "pruned: {} done or unhandled inbox rows, {} failed inbox rows, {} sent outbox messages, {} batch bodies, {} replay guards",
+                "pruned: {} done, unhandled or ignored inbox rows, {} failed inbox rows, {} sent outbox messages, {} batch bodies, {} replay guards",
                 pruned.done, pruned.failed, pruned.outbox, pruned.bodies, pruned.guards
             );
             Ok(())
@@ -403,6 +409,9 @@ async fn run(cli: Cli) -> Result<()> {
             .await?;
             anyhow::ensure!(ok, "an invariant does not hold (see above)");
             Ok(())
+        }
+        Command::Rules { command: ops::RulesCommand::Check { file, since, out } } => {
+            ops::rules_check(&operator_db().await?, &file, since, &out).await
         }
         Command::Stats { out } => ops::stats(&operator_db().await?, &config::Env::resolved().await?, &out).await,
         Command::Providers { base_url, all, out } => {

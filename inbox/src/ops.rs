@@ -9,7 +9,7 @@ use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 use sqlx::PgPool;
 use webhook_inbox::{
-    config::{Catalog, Env, Secrets},
+    config::{Catalog, Env, Rules, Secrets},
     console::{self, UserRole},
     ops::{self, Audit, Cursor, EventQuery, Filter, Replayed, Since, Status},
     Provider,
@@ -23,6 +23,70 @@ pub struct Output {
     /// Print JSON instead of a table.
     #[arg(long, global = true)]
     pub json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum RulesCommand {
+    /// Check a rules file (as the worker does at start-up) and try it on the
+    /// stored events: how many each ignore rule would have ignored.
+    Check {
+        /// The file (INBOX_RULES_FILE's format: docs/operate.md#ignore-rules).
+        file: std::path::PathBuf,
+        /// Only events received in the last 30m, 2h, 7d, ...
+        #[arg(long, value_parser = ago)]
+        since: Option<Duration>,
+        #[command(flatten)]
+        out: Output,
+    },
+}
+
+/// A duration ago (`30m`, `2h`, `7d`), not a timestamp.
+fn ago(text: &str) -> Result<Duration, String> {
+    match Since::parse(text)? {
+        Since::Ago(d) => Ok(d),
+        Since::At(_) => Err("a duration (30m, 2h, 7d)".into()),
+    }
+}
+
+/// `inbox rules check`: the file refused with its reason, or each rule's matches.
+pub async fn rules_check(pool: &PgPool, file: &std::path::Path, since: Option<Duration>, out: &Output) -> Result<()> {
+    let shown = ops::escape(&file.display().to_string()).into_owned();
+    let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {shown}"))?;
+    let rules = match Rules::parse(&text) {
+        Ok(rules) => rules,
+        Err(reason) => bail!("{shown}: {reason}"),
+    };
+    let found = ops::rule_matches(pool, &rules, since).await?;
+    if out.json {
+        print_json(&serde_json::to_value(&found)?);
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = found
+        .rules
+        .iter()
+        .map(|r| {
+            let example = r.example.clone().unwrap_or_else(|| "-".into());
+            vec![r.name.clone(), r.provider.clone(), r.event_type.clone(), r.matched.to_string(), example]
+        })
+        .collect();
+    print_table(&["rule", "provider", "type", "would ignore", "for example"], &rows);
+    let window = since.map_or(String::new(), |d| format!(" received in the last {}", humantime(d)));
+    say!(
+        "{shown} is valid: {} rule(s); {} stored event(s) of their providers{window} read",
+        rows.len(),
+        found.examined
+    );
+    Ok(())
+}
+
+fn humantime(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        s if s % 86_400 == 0 => format!("{}d", s / 86_400),
+        s if s % 3_600 == 0 => format!("{}h", s / 3_600),
+        s if s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -296,8 +360,14 @@ pub async fn show(pool: &PgPool, env: &Env<'_>, provider: &str, event_id: &str, 
     say!("{} {} ({}), {}, from {}", event.provider, event.event_id, event.event_type, event.status, event.source);
     say!("received {}; processed {}", event.received_at, event.processed_at.as_deref().unwrap_or("-"));
     say!("attempts {}; next attempt {}", event.attempts, event.next_attempt_at.as_deref().unwrap_or("-"));
-    if let Some(reason) = &event.failure_reason {
-        say!("failure: {reason}");
+    match &event.failure_reason {
+        Some(reason) if event.status == Status::Ignored.as_str() => say!(
+            "{reason}; to run it after all: inbox requeue --status ignored --provider {} --type {:?}",
+            event.provider,
+            event.event_type
+        ),
+        Some(reason) => say!("failure: {reason}"),
+        None => {}
     }
     if event.status == Status::Unhandled.as_str() {
         say!(
@@ -431,7 +501,7 @@ pub fn provider_name(text: &str) -> Result<String, String> {
 
 /// `--status` of `events`: any status.
 pub fn parse_status(text: &str) -> Result<Status, String> {
-    Status::parse(text).ok_or_else(|| "one of pending, done, unhandled, failed".into())
+    Status::parse(text).ok_or_else(|| "one of pending, done, unhandled, ignored, failed".into())
 }
 
 /// `--after`: a cursor a page of `events` ended with.
@@ -475,7 +545,7 @@ pub fn parse_requeue_status(text: &str) -> Result<Status, String> {
     match Status::parse(text) {
         Some(Status::Pending) => Err("pending events are queued already".into()),
         Some(status) => Ok(status),
-        None => Err("one of unhandled, failed, done".into()),
+        None => Err("one of unhandled, ignored, failed, done".into()),
     }
 }
 

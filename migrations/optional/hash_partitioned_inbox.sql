@@ -38,6 +38,7 @@ CREATE INDEX webhook_inbox_received_at_idx ON webhook_inbox (received_at);
 CREATE INDEX webhook_inbox_body_sha256_idx ON webhook_inbox (body_sha256) WHERE body_sha256 IS NOT NULL;
 CREATE INDEX webhook_inbox_failed_idx ON webhook_inbox ((coalesce(processed_at, received_at))) WHERE status = 'failed';
 CREATE INDEX webhook_inbox_unhandled_idx ON webhook_inbox (provider, event_type, received_at) WHERE status = 'unhandled';
+CREATE INDEX webhook_inbox_ignored_idx ON webhook_inbox (provider, event_type, received_at) WHERE status = 'ignored';
 CREATE INDEX webhook_inbox_failed_received_idx ON webhook_inbox (received_at) WHERE status = 'failed';
 CREATE INDEX webhook_inbox_event_id_idx ON webhook_inbox ((event_id COLLATE "C"));
 CREATE INDEX webhook_inbox_type_received_idx ON webhook_inbox (event_type, received_at);

@@ -7,7 +7,8 @@
 //! events with `FOR UPDATE SKIP LOCKED` and runs *your* handlers in the
 //! transaction that marks the event done and writes its outbox messages; the
 //! relay delivers those. An event no handler takes ends `unhandled`, and a
-//! handler deployed later is run over it with one requeue.
+//! handler deployed later is run over it with one requeue; an event a team
+//! never wants ends `ignored` by a declared rule ([`config::Rules`]).
 //!
 //! # Getting started
 //!
@@ -74,7 +75,8 @@
 //!   **claims** its events ([`Receiver`]): the `INSERT ... ON CONFLICT DO
 //!   NOTHING` that makes an event the inbox's once, whatever the redeliveries.
 //! - **event**: a row of `webhook_inbox`, keyed by provider and id; `pending`,
-//!   `done`, `failed`, or `unhandled` (no handler takes its type).
+//!   `done`, `failed`, `unhandled` (no handler takes its type), or `ignored`
+//!   (an ignore rule matched it).
 //! - **process**: the stage that runs your **handlers** ([`Handler`], one
 //!   event at a time, or [`BatchHandler`], a batch's events in a few
 //!   set-based statements) over pending events ([`Worker`]), in the

@@ -2,7 +2,8 @@
 //! `outbox`, `stats`) do, from code: find an event and its history, re-check
 //! its kept bytes, list events page by page, put events back to pending (by filter, in batches, with an
 //! audit record), retry dead outbox messages, see, pause and resume the
-//! relay's destinations, and count what the inbox holds.
+//! relay's destinations, count what the inbox holds, and try ignore rules on
+//! the stored events ([`rule_matches`]).
 //!
 //! Each reads or writes a [`sqlx::PgPool`] in short autocommit statements,
 //! safe against a live inbox. What a stranger sent (ids, types, payload
@@ -20,13 +21,87 @@ pub use crate::db::inbox::{
     SecretUse, StoredEvent, SEARCH_TIMEOUT,
 };
 pub use crate::db::outbox::{event_messages, list_unsent, retry_dead, retry_message, OutboxGauges, OutboxMessage};
+use std::time::Duration;
+
 use crate::{
     config::{Catalog, Secrets},
     db,
+    process::rules::Rules,
     receive::providers::{catalog::Kind, verify_stored, Schemes},
     schemes::{Rejected, RejectionKind, Verified},
     Provider,
 };
+
+/// What an ignore rules file would have done to the stored events ([`rule_matches`]).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct RuleMatches {
+    /// The stored events of the rules' providers that were read.
+    pub examined: u64,
+    /// Each rule, in the file's order.
+    pub rules: Vec<RuleMatch>,
+}
+
+/// One rule's share of [`RuleMatches`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct RuleMatch {
+    /// Its name (`#N` when it has none).
+    pub name: String,
+    /// Its provider.
+    pub provider: String,
+    /// Its type as written (`*` for every type).
+    pub event_type: String,
+    /// Events it would have ignored: those it is the first rule to match, as the worker decides.
+    pub matched: u64,
+    /// The first of them in key order (provider, id), to look at with `inbox show`.
+    pub example: Option<String>,
+}
+
+/// Tries `rules` on the stored events (those received in the last `since`,
+/// if given, whatever their status): how many each would have ignored, as the
+/// worker decides it (the first rule that matches). Reads the rules'
+/// providers' events in pages of the primary key, so it runs against a live
+/// inbox in short statements; the payload only where a condition reads it.
+pub async fn rule_matches(
+    pool: &sqlx::PgPool,
+    rules: &Rules,
+    since: Option<Duration>,
+) -> Result<RuleMatches, sqlx::Error> {
+    const PAGE: i64 = 5_000;
+    let mut out = RuleMatches {
+        examined: 0,
+        rules: rules
+            .ignore_rules()
+            .iter()
+            .map(|r| RuleMatch {
+                name: r.name().into(),
+                provider: r.provider().to_string(),
+                event_type: r.event_type(),
+                matched: 0,
+                example: None,
+            })
+            .collect(),
+    };
+    let mut providers: Vec<String> = out.rules.iter().map(|r| r.provider.clone()).collect();
+    providers.sort();
+    providers.dedup();
+    let ruled = rules.payload_patterns();
+    let mut after = (String::new(), String::new());
+    loop {
+        let page = db::inbox::ruled_events(pool, (&providers, &ruled), &after, since, PAGE).await?;
+        for e in &page {
+            out.examined += 1;
+            let Ok(provider) = Provider::try_from(e.provider.as_str()) else { continue };
+            let Some(rule) = rules.ignoring(provider, &e.event_type, e.payload.as_deref()) else { continue };
+            let i = rules.ignore_rules().iter().position(|r| std::ptr::eq(r, rule)).expect("one of its rules");
+            out.rules[i].matched += 1;
+            out.rules[i].example.get_or_insert_with(|| format!("{} {}", e.provider, e.event_id));
+        }
+        match page.last() {
+            Some(last) if page.len() as i64 == PAGE => after = (last.provider.clone(), last.event_id.clone()),
+            _ => return Ok(out),
+        }
+    }
+}
 
 /// The queues' gauges, as the alarms and `inbox stats` read them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]

@@ -27,15 +27,15 @@ use crate::{
 pub use crate::receive::providers::catalog::MAX_DAYS;
 
 /// The rows kept for a provider's retention (`INBOX_RETENTION_DAYS`): done,
-/// and unhandled (nothing ran; a later handler may be replayed over them).
-const FINISHED: &[Status] = &[Status::Done, Status::Unhandled];
+/// unhandled and ignored (nothing ran; a later handler may be replayed over them).
+const FINISHED: &[Status] = &[Status::Done, Status::Unhandled, Status::Ignored];
 
 /// How long prune keeps what (`PruneConfig::read` from the environment).
 #[derive(Debug, Clone)]
 pub struct PruneConfig {
     /// Every provider known here, with its redelivery window.
     pub catalog: Catalog,
-    /// `INBOX_RETENTION_DAYS` (60): days `done` and `unhandled` rows are kept.
+    /// `INBOX_RETENTION_DAYS` (60): days `done`, `unhandled` and `ignored` rows are kept.
     pub default_days: u32,
     /// `INBOX_RETENTION_DAYS_<PROVIDER>`: a provider's own.
     pub done_days: HashMap<Provider, u32>,
@@ -108,7 +108,7 @@ impl PruneConfig {
 /// What a pass deleted.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Pruned {
-    /// Done and unhandled inbox rows.
+    /// Done, unhandled and ignored inbox rows.
     pub done: u64,
     /// Failed inbox rows.
     pub failed: u64,

@@ -401,6 +401,7 @@ async fn any_stored_payload_ends_done_or_failed_and_never_stops_the_worker(_: Pg
         max_attempts: 3,
         retry_base: Duration::from_millis(1),
         poll: Duration::from_millis(10),
+        rules: Default::default(),
     };
     let w = Worker::new(pool.clone(), Handlers::new().on(Provider::STRIPE, "prop.test", ReadsPayload).unwrap(), config);
     let counts = w.run(later()).await.expect("the drain never errors");

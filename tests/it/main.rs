@@ -22,6 +22,7 @@ mod receive;
 mod reconcile;
 mod relay;
 mod retention;
+mod rules;
 mod sdk;
 mod secrets;
 mod testing;

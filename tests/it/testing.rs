@@ -132,3 +132,19 @@ redelivery_days = 3
     assert!(refused.contains("not declared as data"), "{refused}");
     assert!(testing::declared(&catalog, "nobody", "s", &[], "{}").unwrap_err().contains("not a provider known here"));
 }
+
+/// A team tries its ignore rules with the test kit: given as `INBOX_RULES`,
+/// the events they match end `ignored` and `drain()` counts them.
+#[sqlx::test(migrations = false)]
+async fn a_team_s_ignore_rules_apply_in_the_test_kit(pool: PgPool) {
+    let rules = "[[ignore]]\nprovider = \"github\"\ntype = \"ping\"\n";
+    let env = [("GITHUB_WEBHOOK_SECRET", "gh_t"), ("INBOX_RULES", rules)];
+    let inbox = TestInbox::new(&pool, &App::new(Handlers::new()), &env).await.unwrap();
+    for (id, kind) in [("gh-1", "ping"), ("gh-2", "issues")] {
+        assert_eq!(inbox.deliver(testing::github("gh_t", id, kind, "{}")).await.status, 200);
+    }
+    let drained = inbox.drain().await.unwrap();
+    assert_eq!((drained.taken, drained.ignored, drained.unhandled), (2, 1, 1), "{drained:?}");
+    let ping = webhook_inbox::ops::stored_event(inbox.pool(), "github", "gh-1").await.unwrap().unwrap();
+    assert_eq!(ping.status, "ignored");
+}

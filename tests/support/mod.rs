@@ -78,6 +78,7 @@ pub fn config(secrets: Secrets) -> ReceiveConfig {
         max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         inline_providers: vec![],
         process_queue_url: None,
+        rules: Default::default(),
     }
 }
 
@@ -217,6 +218,7 @@ pub fn fast_worker_config() -> WorkerConfig {
         max_attempts: 3,
         retry_base: Duration::from_millis(1),
         poll: Duration::from_millis(10),
+        rules: Default::default(),
     }
 }
 

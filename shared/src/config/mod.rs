@@ -26,6 +26,7 @@ use std::{collections::HashMap, time::Duration};
 pub use crate::core::error::ConfigError;
 pub use crate::core::secret::{decode_standard_secret, MarqetaAuth, Secret, Secrets};
 pub use crate::db::{redact_url, DbConfig};
+pub use crate::process::rules::{IgnoreRule, Rules};
 pub use crate::receive::providers::catalog::Catalog;
 pub use crate::receive::receiver::DEFAULT_MAX_BODY_BYTES;
 use crate::runtime::deadline::DEFAULT_DEADLINE_MARGIN;

@@ -4,6 +4,7 @@ use super::{invalid, Env};
 use crate::{
     core::{error::ConfigError, provider::Provider, secret::Secrets},
     db::DbConfig,
+    process::rules::Rules,
     receive::{
         providers::catalog::Catalog,
         receiver::{ReceiveConfig, DEFAULT_MAX_BODY_BYTES},
@@ -33,16 +34,20 @@ impl ReceiveConfig {
 
     /// The database (`DATABASE_URL`, a pool of `default_pool` unless
     /// `INBOX_DB_POOL_SIZE`), the providers and their secrets,
-    /// `INBOX_MAX_BODY_BYTES`, `INBOX_INLINE_PROVIDERS`, `INBOX_PROCESS_QUEUE_URL`.
+    /// `INBOX_MAX_BODY_BYTES`, `INBOX_INLINE_PROVIDERS`, `INBOX_PROCESS_QUEUE_URL`,
+    /// and with inline providers `INBOX_RULES_FILE`.
     pub fn read(env: &Env, default_pool: u32) -> Result<Self, ConfigError> {
         let catalog = Catalog::read(env)?;
+        let inline_providers = inline_providers(env.var("INBOX_INLINE_PROVIDERS").as_deref(), &catalog)?;
+        let rules = if inline_providers.is_empty() { Rules::default() } else { Rules::read(env)? };
         Ok(ReceiveConfig {
             db: DbConfig::read(env, default_pool)?,
             secrets: Secrets::read(env, &catalog)?,
             max_body_bytes: env.parse("INBOX_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES)?,
-            inline_providers: inline_providers(env.var("INBOX_INLINE_PROVIDERS").as_deref(), &catalog)?,
+            inline_providers,
             catalog,
             process_queue_url: env.var("INBOX_PROCESS_QUEUE_URL"),
+            rules,
         })
     }
 }

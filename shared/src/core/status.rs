@@ -12,6 +12,9 @@ pub enum Status {
     /// No handler takes its type: nothing ran. Kept like `done`, until a
     /// handler for it is deployed and the event requeued.
     Unhandled,
+    /// An ignore rule (`INBOX_RULES_FILE`) matched it: nothing ran. Kept like
+    /// `done`, and requeued like `unhandled`; `failure_reason` names the rule.
+    Ignored,
 }
 
 impl Status {
@@ -22,11 +25,14 @@ impl Status {
             Status::Done => "done",
             Status::Failed => "failed",
             Status::Unhandled => "unhandled",
+            Status::Ignored => "ignored",
         }
     }
 
     /// The status of this name, if it is one.
     pub fn parse(name: &str) -> Option<Status> {
-        [Status::Pending, Status::Done, Status::Failed, Status::Unhandled].into_iter().find(|s| s.as_str() == name)
+        [Status::Pending, Status::Done, Status::Failed, Status::Unhandled, Status::Ignored]
+            .into_iter()
+            .find(|s| s.as_str() == name)
     }
 }

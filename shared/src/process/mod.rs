@@ -4,6 +4,7 @@
 pub mod handler;
 pub mod handlers;
 pub mod hints;
+pub mod rules;
 pub mod worker;
 
 use std::time::Instant;

@@ -43,6 +43,9 @@ pub struct ReceiveConfig {
     pub inline_providers: Vec<Provider>,
     /// `INBOX_PROCESS_QUEUE_URL`: the `process` function's SQS queue, told of new events.
     pub process_queue_url: Option<String>,
+    /// `INBOX_RULES_FILE`, read only with inline providers: an event an ignore
+    /// rule matches is left to the worker, which marks it `ignored`.
+    pub rules: crate::process::rules::Rules,
 }
 
 /// `INBOX_MAX_BODY_BYTES`'s default.
@@ -113,6 +116,8 @@ pub struct Receiver {
     /// Handlers for the inline providers; the others are left to the worker.
     handlers: Handlers,
     inline: Vec<Provider>,
+    /// Events these ignore are left to the worker, even an inline provider's.
+    rules: crate::process::rules::Rules,
     /// `INBOX_PROCESS_QUEUE_URL`: told of new events once they are committed.
     process_queue: Option<ProcessQueue>,
     /// Each provider's secrets' fingerprints, in the order configured (a verified index picks one).
@@ -133,6 +138,7 @@ impl Receiver {
             max_body_bytes: config.max_body_bytes,
             handlers: Handlers::new(),
             inline: config.inline_providers.clone(),
+            rules: config.rules.clone(),
             process_queue: None,
             fingerprints: config
                 .catalog
@@ -346,7 +352,7 @@ impl Receiver {
             replay_guard: scheme.guards_replays(),
             trace_context: trace_context.as_deref(),
         };
-        let inline = self.inline.contains(&provider).then_some(&self.handlers);
+        let inline = self.inline.contains(&provider).then_some((&self.handlers, &self.rules));
         let claimed = match (&events, inline) {
             #[cfg(feature = "serve")]
             (Events::Single(e), None) if !envelope.replay_guard && self.group.is_some() => {

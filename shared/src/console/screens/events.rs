@@ -43,7 +43,8 @@ impl ListParams {
         for s in &self.status {
             match Status::parse(s) {
                 Some(s) => statuses.push(s),
-                None => errors.push(format!("{:?} is not a status (pending, done, failed, unhandled)", clip(s, 40))),
+                None => errors
+                    .push(format!("{:?} is not a status (pending, done, failed, unhandled, ignored)", clip(s, 40))),
             }
         }
         let mut time = |text: &str, what: &str| {

@@ -44,14 +44,16 @@ impl RequeueParams {
                 Some(s) => statuses.push(s),
                 None => {
                     return Err(PageError::BadRequest(format!(
-                        "{:?} is not a status a requeue takes (done, failed, unhandled).",
+                        "{:?} is not a status a requeue takes (done, failed, unhandled, ignored).",
                         clip(s, 40)
                     )))
                 }
             }
         }
         if statuses.is_empty() {
-            return Err(PageError::BadRequest("Choose the statuses to requeue (done, failed, unhandled).".into()));
+            return Err(PageError::BadRequest(
+                "Choose the statuses to requeue (done, failed, unhandled, ignored).".into(),
+            ));
         }
         let time = |t: &str| {
             optional(t).map(|t| Since::parse(&t)).transpose().map_err(|e| PageError::BadRequest(clip(&e, 200)))

@@ -152,7 +152,7 @@ pub struct StoredEvent {
     pub event_id: String,
     /// Its type.
     pub event_type: String,
-    /// `pending`, `done`, `unhandled` or `failed`.
+    /// `pending`, `done`, `unhandled`, `ignored` or `failed`.
     pub status: String,
     /// How it arrived: `webhook`, or `reconcile` (fetched from the provider's API, unsigned).
     pub source: String,
@@ -193,5 +193,43 @@ pub async fn stored_event(pool: &PgPool, provider: &str, event_id: &str) -> Resu
     .bind(provider)
     .bind(event_id)
     .fetch_optional(db::Autocommit(pool))
+    .await
+}
+
+/// An event as an ignore rule reads it: the payload only where it is `LIKE`
+/// one of `ruled` (a condition reads it).
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct RuledEvent {
+    pub provider: String,
+    pub event_id: String,
+    pub event_type: String,
+    pub payload: Option<String>,
+}
+
+/// Up to `limit` events of `providers` after `after` in key order (the primary
+/// key's index, a short statement a page), received in the last `since` if set.
+pub(crate) async fn ruled_events(
+    pool: &PgPool,
+    (providers, ruled): (&[String], &[String]),
+    after: &(String, String),
+    since: Option<Duration>,
+    limit: i64,
+) -> Result<Vec<RuledEvent>, sqlx::Error> {
+    db::query_as(
+        "SELECT provider, event_id, event_type,
+                CASE WHEN provider || ':' || event_type LIKE ANY($2) THEN payload::text END AS payload
+         FROM webhook_inbox
+         WHERE provider = ANY($1) AND (provider, event_id) > ($3, $4)
+           AND ($5::bigint IS NULL OR received_at > now() - $5 * interval '1 millisecond')
+         ORDER BY provider, event_id
+         LIMIT $6",
+    )
+    .bind(providers)
+    .bind(ruled)
+    .bind(&after.0)
+    .bind(&after.1)
+    .bind(since.map(|s| s.as_millis() as i64))
+    .bind(limit)
+    .fetch_all(db::Autocommit(pool))
     .await
 }

@@ -43,19 +43,21 @@ pub(crate) struct Taken {
 /// Up to `limit` due pending rows, in receive order, after `after` (from the
 /// queue's head when `None`: see [`crate::runtime::scan`]), skipping those
 /// another worker holds; the payload and headers only where `handled`
-/// (`provider:event_type`) names a handler: an event no handler takes is
-/// unhandled without them.
+/// (`provider:event_type`) names a handler (an event no handler takes is
+/// unhandled without them), the payload also where it is `LIKE` one of
+/// `ruled` (an ignore rule reads it).
 pub(crate) async fn take_pending(
     conn: &mut PgConnection,
     limit: i64,
-    handled: &[String],
+    (handled, ruled): (&[String], &[String]),
     after: Option<&Position>,
 ) -> Result<Vec<Taken>, sqlx::Error> {
     macro_rules! take {
         ($bound:literal) => {
             concat!(
                 "SELECT provider, event_id, event_type,
-                     CASE WHEN provider || ':' || event_type = ANY($2) THEN payload::text END AS payload,
+                     CASE WHEN provider || ':' || event_type = ANY($2) OR provider || ':' || event_type LIKE ANY($3)
+                          THEN payload::text END AS payload,
                      CASE WHEN provider || ':' || event_type = ANY($2) THEN headers END AS headers, attempts,
                      (extract(epoch FROM received_at) * 1000000)::bigint AS received_at_us, trace_context
                  FROM webhook_inbox
@@ -68,11 +70,12 @@ pub(crate) async fn take_pending(
     // Two statements, not one with an optional bound: a plan cached for one
     // would not start the index scan at the position for the other.
     match after {
-        None => db::query_as(take!("")).bind(limit).bind(handled).fetch_all(conn).await,
+        None => db::query_as(take!("")).bind(limit).bind(handled).bind(ruled).fetch_all(conn).await,
         Some(p) => {
-            db::query_as(take!(" AND (received_at, event_id) > (to_timestamp(0) + $3 * interval '1 microsecond', $4)"))
+            db::query_as(take!(" AND (received_at, event_id) > (to_timestamp(0) + $4 * interval '1 microsecond', $5)"))
                 .bind(limit)
                 .bind(handled)
+                .bind(ruled)
                 .bind(p.received_at_us)
                 .bind(&p.event_id)
                 .fetch_all(conn)
@@ -170,7 +173,7 @@ pub(crate) async fn finish(conn: &mut PgConnection, rows: &[Finished]) -> Result
         "UPDATE webhook_inbox AS w
          SET status = u.status,
              attempts = w.attempts + u.attempts,
-             processed_at = CASE WHEN u.status IN ('done', 'failed', 'unhandled') THEN statement_timestamp() END,
+             processed_at = CASE WHEN u.status IN ('done', 'failed', 'unhandled', 'ignored') THEN statement_timestamp() END,
              next_attempt_at = now() + u.delay_ms * interval '1 millisecond',
              failure_reason = u.reason
          FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::int4[])

@@ -52,16 +52,17 @@ pub enum Count {
 }
 
 /// The events in each status, without reading the inbox: each is counted up
-/// to `cap` (past it, [`Count::AtLeast`]): `pending`, `failed` and
-/// `unhandled` in their partial indexes, `done` by the first rows found; past
+/// to `cap` (past it, [`Count::AtLeast`]): `pending`, `failed`, `unhandled`
+/// and `ignored` in their partial indexes, `done` by the first rows found; past
 /// the cap, `done`, the bulk of a full inbox, is the planner's estimate of the
 /// rows less the others ([`Count::About`]). Milliseconds on an inbox of
 /// millions, where `count(*)` takes seconds.
 pub async fn status_counts(pool: &PgPool, cap: i64) -> Result<Vec<(Status, Count)>, sqlx::Error> {
-    let (pending, failed, unhandled, done, rows): (i64, i64, i64, i64, f64) = db::query_as(
+    let (pending, failed, unhandled, ignored, done, rows): (i64, i64, i64, i64, i64, f64) = db::query_as(
         "SELECT (SELECT count(*) FROM (SELECT 1 FROM webhook_inbox WHERE status = 'pending' LIMIT $1) AS p),
                 (SELECT count(*) FROM (SELECT 1 FROM webhook_inbox WHERE status = 'failed' LIMIT $1) AS f),
                 (SELECT count(*) FROM (SELECT 1 FROM webhook_inbox WHERE status = 'unhandled' LIMIT $1) AS u),
+                (SELECT count(*) FROM (SELECT 1 FROM webhook_inbox WHERE status = 'ignored' LIMIT $1) AS i),
                 (SELECT count(*) FROM (SELECT 1 FROM webhook_inbox WHERE status = 'done' LIMIT $1) AS d),
                 -- A partitioned inbox's rows are its partitions' (autovacuum never
                 -- analyzes the parent itself, so its own figure goes stale).
@@ -77,7 +78,8 @@ pub async fn status_counts(pool: &PgPool, cap: i64) -> Result<Vec<(Status, Count
     let counted = |n: i64| if n > cap { Count::AtLeast(cap) } else { Count::Exact(n) };
     let done = if done > cap {
         // More than the cap: at least that, whatever a stale estimate says.
-        Count::About((rows as i64 - pending.min(cap) - failed.min(cap) - unhandled.min(cap)).max(cap + 1))
+        let others = pending.min(cap) + failed.min(cap) + unhandled.min(cap) + ignored.min(cap);
+        Count::About((rows as i64 - others).max(cap + 1))
     } else {
         Count::Exact(done)
     };
@@ -85,6 +87,7 @@ pub async fn status_counts(pool: &PgPool, cap: i64) -> Result<Vec<(Status, Count
         (Status::Pending, counted(pending)),
         (Status::Failed, counted(failed)),
         (Status::Unhandled, counted(unhandled)),
+        (Status::Ignored, counted(ignored)),
         (Status::Done, done),
     ])
 }

@@ -26,6 +26,7 @@ use crate::{
         handler::{HandlerError, Headers, Outcome},
         handlers::{erased::Prepared, erased::RawEvent, Handlers},
         hints::{Apis, FetchError, Fetched, Object},
+        rules::Rules,
         worker::group::{Groups, Run},
     },
     runtime::{
@@ -45,6 +46,8 @@ pub struct WorkerConfig {
     pub retry_base: Duration,
     /// `INBOX_POLL_MS`, default 200: the idle wait of a continuously running worker.
     pub poll: Duration,
+    /// `INBOX_RULES_FILE`: the events that end `ignored` (none by default).
+    pub rules: Rules,
 }
 
 impl Default for WorkerConfig {
@@ -54,6 +57,7 @@ impl Default for WorkerConfig {
             max_attempts: 10,
             retry_base: Duration::from_secs(1),
             poll: Duration::from_millis(200),
+            rules: Rules::default(),
         }
     }
 }
@@ -77,6 +81,8 @@ pub struct Processed {
     pub no_effect: usize,
     /// Event types no handler takes: `unhandled`, nothing ran.
     pub unhandled: usize,
+    /// Events an ignore rule matched (`INBOX_RULES_FILE`): `ignored`, nothing ran.
+    pub ignored: usize,
     /// Left pending for a later attempt (a transient failure, contention).
     pub retried: usize,
     /// Failed for good, with the reason on the row.
@@ -89,6 +95,7 @@ impl Processed {
         m.count("claimed", self.taken as u64)
             .count("processed", (self.applied + self.no_effect) as u64)
             .count("unhandled", self.unhandled as u64)
+            .count("ignored", self.ignored as u64)
             .count("retried", self.retried as u64)
             .count("failed", self.failed as u64);
     }
@@ -109,6 +116,7 @@ impl Tally for Processed {
         self.applied += o.applied;
         self.no_effect += o.no_effect;
         self.unhandled += o.unhandled;
+        self.ignored += o.ignored;
         self.retried += o.retried;
         self.failed += o.failed;
     }
@@ -123,6 +131,8 @@ enum Finish {
     Done,
     /// No handler takes the event's type.
     Unhandled,
+    /// An ignore rule matched; why.
+    Ignored(String),
     /// `counted`: false when the event lost to another transaction (40001, 40P01,
     /// 55P03): that says nothing about the event, so it spends no attempt.
     Retry {
@@ -151,8 +161,10 @@ impl Stage for Worker {
 pub struct Worker {
     pool: PgPool,
     handlers: Handlers,
-    /// [`Handlers::keys`]: the events a batch fetches the payload of.
+    /// [`Handlers::keys`]: the events a batch fetches the payload and headers of.
     handled: Vec<String>,
+    /// [`Rules::payload_patterns`]: the events a batch fetches the payload of for a rule.
+    ruled: Vec<String>,
     config: WorkerConfig,
     /// The APIs hint handlers' objects are fetched from.
     apis: Apis,
@@ -214,10 +226,12 @@ impl Worker {
     /// A worker on `pool` with these handlers.
     pub fn new(pool: PgPool, handlers: Handlers, config: WorkerConfig) -> Self {
         let handled = handlers.keys();
+        let ruled = config.rules.payload_patterns();
         Worker {
             pool,
             handlers,
             handled,
+            ruled,
             config,
             apis: Apis::default(),
             careful: std::sync::atomic::AtomicBool::new(false),
@@ -361,7 +375,8 @@ impl Worker {
     async fn take_and_apply(&self, deadline: Instant, mode: Mode) -> Result<Batch<'_>, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         let from = self.scan.start();
-        let rows = inbox::take_pending(&mut tx, self.config.batch_size, &self.handled, from.as_ref()).await?;
+        let rows =
+            inbox::take_pending(&mut tx, self.config.batch_size, (&self.handled, &self.ruled), from.as_ref()).await?;
         let n = rows.len();
         let last = rows.last().map(|r| Position { received_at_us: r.received_at_us, event_id: r.event_id.clone() });
         let batch = self.apply_all(tx, rows, deadline, false, mode).await?;
@@ -546,6 +561,10 @@ impl Worker {
             counts.failed += 1;
             return Err(Finish::Failed(format!("unknown provider {:?}", row.provider)));
         };
+        if let Some(rule) = self.config.rules.ignoring(provider, &row.event_type, row.payload.as_deref()) {
+            counts.ignored += 1;
+            return Err(Finish::Ignored(format!("ignored by the rule {:?} (INBOX_RULES_FILE)", rule.name())));
+        }
         let Some(handler) = self.handlers.get(provider, &row.event_type) else {
             counts.unhandled += 1;
             return Err(Finish::Unhandled);
@@ -624,6 +643,7 @@ fn ended(span: Option<&mut trace::Span>, end: &Finish) {
     match end {
         Finish::Done => span.set("webhook.outcome", "done"),
         Finish::Unhandled => span.set("webhook.outcome", "unhandled"),
+        Finish::Ignored(_) => span.set("webhook.outcome", "ignored"),
         Finish::Lease => span.set("webhook.outcome", "fetching"),
         Finish::Retry { reason, .. } => {
             span.set("webhook.outcome", "retry");
@@ -651,6 +671,7 @@ fn finished_row(row: Taken, end: Finish, precounted: bool) -> Finished {
         Finish::Done => (Status::Done, None, None, counted(true)),
         // Nothing ran: no attempt spent (and careful mode's, counted before, undone).
         Finish::Unhandled => (Status::Unhandled, None, None, -i32::from(precounted)),
+        Finish::Ignored(why) => (Status::Ignored, None, Some(why), -i32::from(precounted)),
         Finish::Lease => (Status::Pending, Some(HINT_LEASE), None, -i32::from(precounted)),
         Finish::Retry { after, reason, counted: counted_attempt } => {
             (Status::Pending, Some(after), Some(reason), counted(counted_attempt))

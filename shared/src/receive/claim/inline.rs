@@ -17,6 +17,7 @@ use crate::{
     process::{
         handler::{HandlerError, Headers},
         handlers::{erased::RawEvent, try_lock_event, Handlers},
+        rules::Rules,
     },
     receive::claim::{self, BatchClaim, Claim, Claimed, Envelope},
     receive::providers::{Events, InitialStatus, NewEvent},
@@ -27,6 +28,7 @@ pub(crate) async fn claim_and_apply(
     env: &Envelope<'_>,
     events: &Events,
     handlers: &Handlers,
+    rules: &Rules,
 ) -> Result<Claimed, sqlx::Error> {
     let mut tx = conn.begin().await?;
     if let Events::Single(e) = events {
@@ -50,10 +52,14 @@ pub(crate) async fn claim_and_apply(
         }
     };
     for e in new.into_iter().filter(|e| e.status == InitialStatus::Pending) {
-        // Types with no handler stay pending: the worker marks them unhandled, and counts them.
+        // Types with no handler, and events a rule ignores, stay pending: the
+        // worker marks them unhandled or ignored, and counts them.
         let Some(handler) = handlers.get(env.provider, &e.event_type) else {
             continue;
         };
+        if rules.ignoring(env.provider, &e.event_type, e.payload.as_deref()).is_some() {
+            continue;
+        }
         let event = RawEvent {
             provider: env.provider,
             event_id: e.event_id.clone(),

@@ -13,7 +13,7 @@ use crate::{
         self,
         inbox::{insert, insert_batch, Body, Inserted},
     },
-    process::handlers::Handlers,
+    process::{handlers::Handlers, rules::Rules},
     receive::providers::{Events, NewEvent},
 };
 
@@ -130,7 +130,7 @@ pub async fn claim_delivery(
     connections: &db::Connections,
     env: &Envelope<'_>,
     events: &Events,
-    inline: Option<&Handlers>,
+    inline: Option<(&Handlers, &Rules)>,
 ) -> Result<Claimed, sqlx::Error> {
     match claim_on_a_lease(connections, env, events, inline).await {
         Err(e) if db::is_connection_lost(&e) => {
@@ -172,12 +172,12 @@ async fn claim_on_a_lease(
     connections: &db::Connections,
     env: &Envelope<'_>,
     events: &Events,
-    inline: Option<&Handlers>,
+    inline: Option<(&Handlers, &Rules)>,
 ) -> Result<Claimed, sqlx::Error> {
     let mut conn = connections.acquire().await?;
     let result = match inline {
-        Some(handlers) => {
-            match retrying!(inline::claim_and_apply(&mut conn, env, events, handlers)) {
+        Some((handlers, rules)) => {
+            match retrying!(inline::claim_and_apply(&mut conn, env, events, handlers, rules)) {
                 // A payload PostgreSQL refuses: stored by the plain claim's fallback, for the worker to see.
                 Err(e) if db::is_refused_value(&e) => claim_events(&mut conn, env, events).await,
                 other => other,
