@@ -172,7 +172,7 @@ pub(super) struct Binary {
 }
 
 /// The function binaries beside this `inbox` (same target directory and profile).
-fn binaries() -> Result<Vec<Binary>> {
+pub(super) fn binaries() -> Result<Vec<Binary>> {
     FUNCTIONS.iter().map(|&(name, _)| binary(name)).collect()
 }
 

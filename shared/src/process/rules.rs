@@ -94,9 +94,13 @@ impl Rules {
     /// Reads and checks a rules file's text; the error names the rule and the key.
     pub fn parse(text: &str) -> Result<Rules, String> {
         let file: File = toml::from_str(text).map_err(|e| {
-            // toml's message quotes the file's line; each line escaped, the lines kept.
-            let message: Vec<String> = e.to_string().trim_end().lines().map(|l| escape(l).into_owned()).collect();
-            format!("not valid: {}", message.join("\n"))
+            // One line: where, then what (toml's own display quotes the file's line under it).
+            let at = e.span().map_or(String::new(), |span| {
+                let before = text.get(..span.start).unwrap_or(text);
+                let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+                format!("line {}, column {column}: ", before.matches('\n').count() + 1)
+            });
+            format!("{at}{}", escape(e.message().trim_end()))
         })?;
         let ignore = file.ignore.into_iter().enumerate().map(|(i, entry)| IgnoreRule::new(i + 1, entry));
         Ok(Rules { ignore: ignore.collect::<Result<_, _>>()? })
@@ -364,7 +368,8 @@ mod tests {
         );
         assert!(refused(&one(r#"type = """#)).contains("type: 1 to 128 characters"));
         assert!(refused("[[ignore]]\nprovider = \"Stripe!\"").starts_with("[[ignore]] #1 provider: \"Stripe!\" is not"));
-        assert!(refused(&one("typo = 1")).contains("unknown field `typo`"));
+        assert!(refused(&one("typo = 1")).starts_with("line 4, column 1: unknown field `typo`, expected one of"));
+        assert!(refused("[[ignore]\nprovider = 1").starts_with("line 1, column "), "{}", refused("[[ignore]"));
         assert!(refused("[[ignore]]\ntype = \"ping\"").contains("missing field `provider`"));
         assert!(refused("[[alert]]\nx = 1").contains("unknown field `alert`"));
         // A stranger's text in a file is escaped in the message.
