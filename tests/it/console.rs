@@ -769,3 +769,22 @@ async fn an_audit_reason_over_its_limit_is_refused_and_nothing_is_done(pool: PgP
     assert_eq!(scalar::<String>(&pool, "SELECT status FROM webhook_inbox").await, "failed");
     assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM inbox_audit WHERE event_id IS NOT NULL").await, 0);
 }
+
+/// An ignored event: listed under its status, and its page says which rule ignored it, not that it failed.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn an_ignored_event_is_listed_and_shown_with_its_rule(pool: PgPool) {
+    inbox_tests::store(&pool, Provider::GITHUB, "gh_ping", "ping", "{}").await;
+    let reason = r##"ignored by the rule "#1" (INBOX_RULES_FILE)"##;
+    sqlx::query("UPDATE webhook_inbox SET status = 'ignored', processed_at = now(), failure_reason = $1")
+        .bind(reason)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let c = Console::new(&pool, &pool).await;
+    let (cookie, _) = c.session("olga").await;
+    let listed = c.send("GET", "/events?status=ignored", Some(&cookie), None).await;
+    assert!(listed.body.contains("gh_ping"), "{}", listed.body);
+    let page = c.send("GET", "/event?provider=github&id=gh_ping", Some(&cookie), None).await;
+    assert!(page.body.contains("Why it was ignored") && !page.body.contains("Failure reason"), "{}", page.body);
+    assert!(page.body.contains("ignored by the rule &#34;#1&#34;"), "{}", page.body);
+}

@@ -1,7 +1,8 @@
 //! Ignore rules: the events a team never wants, declared in a TOML file
-//! (`INBOX_RULES_FILE`, or its text in `INBOX_RULES`), no code. An event a rule matches is still claimed
-//! (a redelivery stays a duplicate) and ends `ignored`: no handler runs, it is
-//! kept like `done` for retention, and it can be requeued like `unhandled`.
+//! (`INBOX_RULES_FILE`, or its text in `INBOX_RULES`), no code. An event a
+//! rule matches is still claimed (a redelivery stays a duplicate) and ends
+//! `ignored`: no handler runs, it is kept like `done` for retention, and it
+//! can be requeued like `unhandled`.
 //!
 //! ```toml
 //! [[ignore]]
@@ -325,6 +326,9 @@ mod tests {
         // A payload that is no JSON, or none, meets no condition.
         assert_eq!(ignoring(&rules, Provider::STRIPE, "charge.updated", "not json"), None);
         assert_eq!(rules.ignoring(Provider::STRIPE, "charge.updated", None).map(IgnoreRule::name), None);
+        // A stranger's worst: nesting past any parser's depth, a megabyte of it; no condition holds, nothing breaks.
+        let deep = format!("{}{}", "[".repeat(500_000), "]".repeat(500_000));
+        assert_eq!(ignoring(&rules, Provider::STRIPE, "charge.updated", &deep), None);
         // Numbers compare by value: 0 is 0.0.
         assert_eq!(ignoring(&rules, Provider::SHOPIFY, "orders/paid", r#"{"total": 0.0}"#), Some("#3"));
         assert_eq!(ignoring(&rules, Provider::SHOPIFY, "orders/paid", r#"{"total": "0"}"#), None);
