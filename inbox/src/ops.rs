@@ -70,23 +70,13 @@ pub async fn rules_check(pool: &PgPool, file: &std::path::Path, since: Option<Du
         })
         .collect();
     print_table(&["rule", "provider", "type", "would ignore", "for example"], &rows);
-    let window = since.map_or(String::new(), |d| format!(" received in the last {}", humantime(d)));
+    let window = since.map_or(String::new(), |d| format!(" received in the last {}", age(d.as_millis() as f64)));
     say!(
         "{shown} is valid: {} rule(s); {} stored event(s) of their providers{window} read",
         rows.len(),
         found.examined
     );
     Ok(())
-}
-
-fn humantime(d: Duration) -> String {
-    let s = d.as_secs();
-    match s {
-        s if s % 86_400 == 0 => format!("{}d", s / 86_400),
-        s if s % 3_600 == 0 => format!("{}h", s / 3_600),
-        s if s % 60 == 0 => format!("{}m", s / 60),
-        s => format!("{s}s"),
-    }
 }
 
 #[derive(Subcommand, Debug)]
