@@ -17,6 +17,7 @@ macro_rules! say {
 mod bench;
 mod demo;
 mod ops;
+mod pauses;
 
 use std::time::{Duration, Instant};
 
@@ -233,6 +234,41 @@ enum Command {
         #[command(flatten)]
         out: ops::Output,
     },
+    /// Pause processing a provider's events, or one type of them: they are still received (200)
+    /// and wait, pending, spending no attempt, until `inbox resume`; audited.
+    Pause {
+        #[command(flatten)]
+        scope: pauses::ScopeArgs,
+        /// Why, for the audit record and for whoever finds it paused.
+        #[arg(long, value_parser = |t: &str| webhook_inbox::ops::audit_reason(t))]
+        reason: String,
+        /// `inbox pauses` says OVERDUE, and the PauseOverdue alarm fires, after this long: 30m, 4h, 2d.
+        #[arg(long, default_value = "4h", value_parser = ops::ago)]
+        alarm_after: Duration,
+        #[command(flatten)]
+        out: ops::Output,
+    },
+    /// Resume a pause: its held events are processed in receive order, then new ones as they come.
+    Resume {
+        #[command(flatten)]
+        scope: pauses::ScopeArgs,
+        /// Why, for the audit record.
+        #[arg(long, default_value = "resumed by hand", value_parser = |t: &str| webhook_inbox::ops::audit_reason(t))]
+        reason: String,
+        /// Start the resume and return: the workers release the held events on their passes.
+        #[arg(long)]
+        no_wait: bool,
+        #[command(flatten)]
+        out: ops::Output,
+    },
+    /// What is paused, since when, by whom, why, and how many events each pause holds.
+    Pauses {
+        /// A provider's pauses and resumes (its types' too), oldest first, instead.
+        #[arg(long, value_parser = ops::provider_name)]
+        history: Option<String>,
+        #[command(flatten)]
+        out: ops::Output,
+    },
     /// Ignore rules (INBOX_RULES_FILE): `rules check FILE` checks a file and
     /// tries it on the stored events.
     Rules {
@@ -413,6 +449,17 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Rules { command: ops::RulesCommand::Check { file, since, out } } => {
             ops::rules_check(&operator_db().await?, &file, since, &out).await
         }
+        Command::Pause { scope, reason, alarm_after, out } => {
+            let actor = ops::operator(&config::Env::process());
+            let by = Audit { actor: &actor, action: "pause", reason: &reason };
+            pauses::pause(&operator_db().await?, &scope, alarm_after, &by, &out).await
+        }
+        Command::Resume { scope, reason, no_wait, out } => {
+            let actor = ops::operator(&config::Env::process());
+            let by = Audit { actor: &actor, action: "resume", reason: &reason };
+            pauses::resume(&operator_db().await?, &scope, no_wait, &by, &out).await
+        }
+        Command::Pauses { history, out } => pauses::list(&operator_db().await?, history.as_deref(), &out).await,
         Command::Stats { out } => ops::stats(&operator_db().await?, &config::Env::resolved().await?, &out).await,
         Command::Providers { base_url, all, out } => {
             ops::providers(&config::Env::resolved().await?, &base_url, all, &out)

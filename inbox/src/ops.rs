@@ -41,7 +41,7 @@ pub enum RulesCommand {
 }
 
 /// A duration ago (`30m`, `2h`, `7d`), not a timestamp.
-fn ago(text: &str) -> Result<Duration, String> {
+pub fn ago(text: &str) -> Result<Duration, String> {
     match Since::parse(text)? {
         Since::Ago(d) => Ok(d),
         Since::At(_) => Err("a duration (30m, 2h, 7d)".into()),
@@ -254,7 +254,7 @@ pub async fn stats(pool: &PgPool, env: &Env<'_>, out: &Output) -> Result<()> {
             counts.iter().map(|(p, s, n)| json!({"provider": p, "status": s, "count": n})).collect();
         // No age when nothing waits: null, as the table's "-", not 0.
         let mut inbox_gauges = serde_json::to_value(gauges)?;
-        if gauges.pending == 0 {
+        if gauges.pending == gauges.held {
             inbox_gauges["oldest_pending_ms"] = Value::Null;
         }
         let mut outbox_gauges = serde_json::to_value(outbox)?;
@@ -282,6 +282,13 @@ pub async fn stats(pool: &PgPool, env: &Env<'_>, out: &Output) -> Result<()> {
         age(gauges.oldest_pending_ms),
         gauges.failed_last_hour
     );
+    if gauges.held > 0 || gauges.overdue_pauses > 0 {
+        say!(
+            "paused: {} of them held (not counted in the oldest), {} pause(s) overdue: `inbox pauses` lists them",
+            gauges.held,
+            gauges.overdue_pauses
+        );
+    }
     say!("outbox: {} waiting (oldest {}), {} dead", outbox.backlog, age(outbox.oldest_backlog_ms), outbox.dead);
     say!();
     say!("which secret verified deliveries in the last 7 days (by fingerprint; `inbox providers --json` lists those configured):");
@@ -558,7 +565,7 @@ pub async fn requeue(pool: &PgPool, filter: &Filter, by: &Audit<'_>, dry_run: bo
         }
         return Ok(());
     }
-    let bar = progress(0, out);
+    let bar = progress(0, "requeued", out);
     let done = ops::requeue_all(pool, filter, by, BATCH, |so_far| {
         bar.set_length((so_far.matching - so_far.without_payload).max(0) as u64);
         bar.set_position(so_far.requeued);
@@ -691,19 +698,19 @@ pub async fn set_paused(pool: &PgPool, name: &str, pause: bool, by: &Audit<'_>, 
     Ok(())
 }
 
-fn progress(len: u64, out: &Output) -> indicatif::ProgressBar {
+pub fn progress(len: u64, done: &str, out: &Output) -> indicatif::ProgressBar {
     if out.json {
         return indicatif::ProgressBar::hidden();
     }
     let bar = indicatif::ProgressBar::new(len);
     bar.set_style(
-        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} requeued ({eta} left)")
+        indicatif::ProgressStyle::with_template(&format!("{{bar:40}} {{pos}}/{{len}} {done} ({{eta}} left)"))
             .expect("a valid template"),
     );
     bar
 }
 
-fn age(ms: f64) -> String {
+pub fn age(ms: f64) -> String {
     match ms {
         ms if ms <= 0.0 => "-".into(),
         ms if ms < 120_000.0 => format!("{:.0} s", ms / 1000.0),
@@ -712,13 +719,13 @@ fn age(ms: f64) -> String {
     }
 }
 
-fn print_json(v: &Value) {
+pub fn print_json(v: &Value) {
     use std::io::Write as _;
     let _ = writeln!(std::io::stdout(), "{}", ops::escape_json(&serde_json::to_string_pretty(v).expect("JSON prints")));
 }
 
 /// Left-aligned columns, each as wide as its widest cell (cells are cut at 80 characters).
-fn print_table(head: &[&str], rows: &[Vec<String>]) {
+pub fn print_table(head: &[&str], rows: &[Vec<String>]) {
     let cut = |s: &str| -> String {
         let s = ops::escape(s).into_owned(); // before the widths: an escape is wider than its character
         if s.chars().count() > 80 {

@@ -461,6 +461,58 @@ async fn outbox_pauses_resumes_and_lists_destinations(pool_options: PgPoolOption
     assert!(fails(Some(&url), &["outbox", "pause", "billing"]).contains("--reason"), "a pause says why");
 }
 
+/// `inbox pause`, `inbox pauses`, `inbox resume`: a provider's events wait,
+/// held, counted by `stats`; a resume releases them (in chunks, with
+/// progress) for the worker; audited; mistakes named, a stranger's type escaped.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn pause_holds_a_provider_s_events_and_resume_releases_them(pool_options: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = pool_options.connect_with(opts.clone()).await.unwrap();
+    let url = url_of(&opts);
+    let env = [("INBOX_OPERATOR", "dana")];
+    let paused = ok(&url, &["pause", "--provider", "shopify", "--reason", "orders handler broken"], &env);
+    assert!(paused.contains("shopify paused") && paused.contains("inbox resume --provider shopify"), "{paused}");
+    let again = ok(&url, &["pause", "--provider", "shopify", "--reason", "again"], &env);
+    assert!(again.contains("paused already, by dana") && again.contains("orders handler broken"), "{again}");
+    let typed = ["pause", "--provider", "stripe", "--type", "charge.\x1b[31mupdated", "--reason", "x"];
+    ok(&url, &typed, &env);
+    for i in 0..7 {
+        row(&pool, "shopify", &format!("sh_{i}"), "pending", None, "1 minute").await;
+    }
+    sqlx::query("UPDATE webhook_inbox SET held_by = (SELECT id FROM inbox_pauses WHERE provider = 'shopify')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let table = ok(&url, &["pauses"], &[]);
+    assert!(table.contains("shopify") && table.contains("paused") && table.contains("dana"), "{table}");
+    assert!(!table.contains('\x1b') && table.contains("\\u{1b}"), "escaped: {table}");
+    let listed = json_of(&url, &["pauses", "--json"]);
+    let shopify = listed.as_array().unwrap().iter().find(|p| p["provider"] == "shopify").unwrap().clone();
+    assert_eq!((shopify["held"].as_i64(), shopify["event_type"].is_null()), (Some(7), true));
+    let stats = ok(&url, &["stats"], &[]);
+    assert!(stats.contains("paused: 7 of them held"), "{stats}");
+
+    let resumed = ok(&url, &["resume", "--provider", "shopify", "--reason", "fix deployed"], &env);
+    assert!(resumed.contains("shopify resumed: 7 held events released"), "{resumed}");
+    let held: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_inbox WHERE held_by IS NOT NULL")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(held, 0);
+    let history = json_of(&url, &["pauses", "--history", "shopify", "--json"]);
+    let actions: Vec<&str> = history.as_array().unwrap().iter().map(|r| r["action"].as_str().unwrap()).collect();
+    assert_eq!(actions, ["pause", "resume", "resumed"]);
+    assert_eq!(history[2]["reason"], "7 held events released");
+
+    assert!(fails(Some(&url), &["resume", "--provider", "shopify"]).contains("shopify is not paused"));
+    assert!(fails(Some(&url), &["pause", "--provider", "github"]).contains("--reason"), "a pause says why");
+    assert!(fails(Some(&url), &["pause", "--provider", "Not Valid", "--reason", "x"]).contains("provider"));
+    let long = "t".repeat(129);
+    assert!(fails(Some(&url), &["pause", "--provider", "github", "--type", &long, "--reason", "x"])
+        .contains("1 to 128 bytes"));
+    assert!(fails(Some(&url), &["pause", "--provider", "github", "--reason", "x", "--alarm-after", "soon"])
+        .contains("--alarm-after"));
+}
+
 #[sqlx::test(migrations = false)]
 async fn a_missing_unreachable_or_empty_database_is_named(_: PgPoolOptions, opts: PgConnectOptions) {
     assert!(fails(None, &["stats"]).contains("DATABASE_URL is not set"));

@@ -33,7 +33,9 @@ END $$;
 INSERT INTO webhook_inbox SELECT * FROM webhook_inbox_unpartitioned;
 DROP TABLE webhook_inbox_unpartitioned;
 
-CREATE INDEX webhook_inbox_pending_idx ON webhook_inbox (received_at, event_id) WHERE status = 'pending';
+CREATE INDEX webhook_inbox_queue_idx ON webhook_inbox (received_at, event_id) WHERE status = 'pending' AND held_by IS NULL;
+CREATE INDEX webhook_inbox_held_idx ON webhook_inbox (held_by, received_at, event_id) INCLUDE (event_type)
+    WHERE status = 'pending' AND held_by IS NOT NULL;
 CREATE INDEX webhook_inbox_received_at_idx ON webhook_inbox (received_at);
 CREATE INDEX webhook_inbox_body_sha256_idx ON webhook_inbox (body_sha256) WHERE body_sha256 IS NOT NULL;
 CREATE INDEX webhook_inbox_failed_idx ON webhook_inbox ((coalesce(processed_at, received_at))) WHERE status = 'failed';

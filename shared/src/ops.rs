@@ -2,8 +2,9 @@
 //! `outbox`, `stats`) do, from code: find an event and its history, re-check
 //! its kept bytes, list events page by page, put events back to pending (by filter, in batches, with an
 //! audit record), retry dead outbox messages, see, pause and resume the
-//! relay's destinations, count what the inbox holds, and try ignore rules on
-//! the stored events ([`rule_matches`]).
+//! relay's destinations, pause and resume processing by provider and type
+//! ([`pause_events`], [`resume_events`]), count what the inbox holds, and try
+//! ignore rules on the stored events ([`rule_matches`]).
 //!
 //! Each reads or writes a [`sqlx::PgPool`] in short autocommit statements,
 //! safe against a live inbox. What a stranger sent (ids, types, payload
@@ -21,6 +22,10 @@ pub use crate::db::inbox::{
     SecretUse, StoredEvent, SEARCH_TIMEOUT,
 };
 pub use crate::db::outbox::{event_messages, list_unsent, retry_dead, retry_message, OutboxGauges, OutboxMessage};
+pub use crate::db::pauses::{
+    history as pause_history, list as pauses, pause as pause_events, release, resume as resume_events, Pause, Released,
+    Scope as PauseScope, RELEASE_CHUNK,
+};
 use std::time::Duration;
 
 use crate::{

@@ -16,6 +16,7 @@ mod listing;
 mod metrics;
 mod migrate;
 mod partitioning;
+mod pauses;
 mod payload;
 mod process;
 mod receive;

@@ -11,6 +11,7 @@ pub mod destinations;
 pub mod inbox;
 pub mod minutes;
 pub mod outbox;
+pub mod pauses;
 mod pooler;
 pub mod schema;
 

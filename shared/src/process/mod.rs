@@ -79,6 +79,8 @@ pub(crate) async fn gauges(pool: &sqlx::PgPool, metrics: &mut Metrics) {
         (Ok(inbox), Ok(outbox)) => {
             metrics
                 .gauge("pending", inbox.pending as f64)
+                .gauge("held", inbox.held as f64)
+                .gauge("overdue_pauses", inbox.overdue_pauses as f64)
                 .gauge_ms("oldest_pending_age", inbox.oldest_pending_ms)
                 .gauge("failed_last_hour", inbox.failed_last_hour as f64)
                 .gauge("outbox_backlog", outbox.backlog as f64)

@@ -71,6 +71,15 @@ impl<P: Clone + Ord> Scan<P> {
         s.full_next |= behind || (from.is_some() && !full);
     }
 
+    /// Rows were put back behind the position, and must be taken before
+    /// anything after it (events a pause's resume released, in receive
+    /// order): the next take is from the head, and the position goes back
+    /// to where that take ends.
+    pub(crate) fn rewind(&self) {
+        let mut s = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        s.after = None;
+    }
+
     /// A row taken earlier is pending again behind the position (its result
     /// was recorded after the take): the next take is a full pass.
     #[cfg(feature = "relay")]

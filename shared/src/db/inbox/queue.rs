@@ -38,14 +38,49 @@ pub(crate) struct Taken {
     pub received_at_us: i64,
     /// The delivery's receive span (`trace_context`), when traces were on.
     pub trace_context: Option<String>,
+    /// The pause that holds it (marked by the take, which returns it only to
+    /// be counted): not processed.
+    #[sqlx(default)]
+    pub held_by: Option<i64>,
+    /// The pauses' release epoch the take saw ([`crate::db::pauses`]).
+    #[sqlx(default)]
+    pub epoch: i64,
 }
 
-/// Up to `limit` due pending rows, in receive order, after `after` (from the
-/// queue's head when `None`: see [`crate::runtime::scan`]), skipping those
-/// another worker holds; the payload and headers only where `handled`
-/// (`provider:event_type`) names a handler (an event no handler takes is
-/// unhandled without them), the payload also where it is `LIKE` one of
-/// `ruled` (an ignore rule reads it).
+/// The pause (if any) that holds the pending row `w`: one whose scope covers
+/// it and whose resume has not released it yet.
+macro_rules! pause_of {
+    () => {
+        "LEFT JOIN LATERAL (
+             SELECT p.id FROM inbox_pauses p
+             WHERE p.provider = w.provider AND (p.event_type IS NULL OR p.event_type = w.event_type)
+               AND (p.released_to_at IS NULL OR (w.received_at, w.event_id) > (p.released_to_at, p.released_to_id))
+             ORDER BY p.id LIMIT 1) AS p ON true"
+    };
+}
+
+/// Marks the candidates (`cand`) a pause covers `held_by` it, and returns
+/// every candidate, in receive order.
+macro_rules! hold_and_return {
+    () => {
+        "held AS (
+             UPDATE webhook_inbox w SET held_by = c.held_by FROM cand c
+             WHERE c.held_by IS NOT NULL AND w.provider = c.provider AND w.event_id = c.event_id)
+         SELECT provider, event_id, event_type, payload, headers, attempts,
+                (extract(epoch FROM received_at) * 1000000)::bigint AS received_at_us, trace_context, held_by,
+                (SELECT epoch FROM inbox_pause_epoch) AS epoch
+         FROM cand ORDER BY received_at, event_id"
+    };
+}
+
+/// Up to `limit` due pending rows no pause holds, in receive order, after
+/// `after` (from the queue's head when `None`: see [`crate::runtime::scan`]),
+/// skipping those another worker holds; the payload and headers only where
+/// `handled` (`provider:event_type`) names a handler (an event no handler
+/// takes is unhandled without them), the payload also where it is `LIKE` one
+/// of `ruled` (an ignore rule reads it). Rows a pause covers are marked
+/// `held_by` it and returned with it, to be counted, not processed. The
+/// caller holds the pauses' gate ([`crate::db::pauses::enter`]).
 pub(crate) async fn take_pending(
     conn: &mut PgConnection,
     limit: i64,
@@ -55,15 +90,21 @@ pub(crate) async fn take_pending(
     macro_rules! take {
         ($bound:literal) => {
             concat!(
-                "SELECT provider, event_id, event_type,
-                     CASE WHEN provider || ':' || event_type = ANY($2) OR provider || ':' || event_type LIKE ANY($3)
-                          THEN payload::text END AS payload,
-                     CASE WHEN provider || ':' || event_type = ANY($2) THEN headers END AS headers, attempts,
-                     (extract(epoch FROM received_at) * 1000000)::bigint AS received_at_us, trace_context
-                 FROM webhook_inbox
-                 WHERE status = 'pending' AND (next_attempt_at IS NULL OR next_attempt_at <= now())",
+                "WITH cand AS (
+                     SELECT w.provider, w.event_id, w.event_type, w.attempts, w.trace_context, w.received_at,
+                         p.id AS held_by,
+                         CASE WHEN p.id IS NULL AND (w.provider || ':' || w.event_type = ANY($2)
+                                                     OR w.provider || ':' || w.event_type LIKE ANY($3))
+                              THEN w.payload::text END AS payload,
+                         CASE WHEN p.id IS NULL AND w.provider || ':' || w.event_type = ANY($2)
+                              THEN w.headers END AS headers
+                     FROM webhook_inbox w ",
+                pause_of!(),
+                " WHERE w.status = 'pending' AND w.held_by IS NULL
+                       AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= now())",
                 $bound,
-                " ORDER BY received_at, event_id LIMIT $1 FOR UPDATE SKIP LOCKED"
+                " ORDER BY w.received_at, w.event_id LIMIT $1 FOR UPDATE OF w SKIP LOCKED), ",
+                hold_and_return!()
             )
         };
     }
@@ -72,46 +113,65 @@ pub(crate) async fn take_pending(
     match after {
         None => db::query_as(take!("")).bind(limit).bind(handled).bind(ruled).fetch_all(conn).await,
         Some(p) => {
-            db::query_as(take!(" AND (received_at, event_id) > (to_timestamp(0) + $4 * interval '1 microsecond', $5)"))
-                .bind(limit)
-                .bind(handled)
-                .bind(ruled)
-                .bind(p.received_at_us)
-                .bind(&p.event_id)
-                .fetch_all(conn)
-                .await
+            db::query_as(take!(
+                " AND (w.received_at, w.event_id) > (to_timestamp(0) + $4 * interval '1 microsecond', $5)"
+            ))
+            .bind(limit)
+            .bind(handled)
+            .bind(ruled)
+            .bind(p.received_at_us)
+            .bind(&p.event_id)
+            .fetch_all(conn)
+            .await
         }
     }
 }
 
-/// The SQS path: the named event, if it is due and nobody holds it.
+/// The SQS path: the named event, if it is due and nobody holds it; marked
+/// and returned `held_by` a pause that covers it. The caller holds the gate.
 pub(crate) async fn take_one(
     conn: &mut PgConnection,
     provider: &str,
     event_id: &str,
 ) -> Result<Vec<Taken>, sqlx::Error> {
-    db::query_as(
-        "SELECT provider, event_id, event_type, payload::text AS payload, headers, attempts,
-             (extract(epoch FROM received_at) * 1000000)::bigint AS received_at_us, trace_context
-         FROM webhook_inbox
-         WHERE provider = $1 AND event_id = $2 AND status = 'pending'
-           AND (next_attempt_at IS NULL OR next_attempt_at <= now())
-         FOR UPDATE SKIP LOCKED",
-    )
+    db::query_as(concat!(
+        "WITH cand AS (
+             SELECT w.provider, w.event_id, w.event_type, w.attempts, w.trace_context, w.received_at,
+                 p.id AS held_by, w.payload::text AS payload, w.headers
+             FROM webhook_inbox w ",
+        pause_of!(),
+        " WHERE w.provider = $1 AND w.event_id = $2 AND w.status = 'pending' AND w.held_by IS NULL
+               AND (w.next_attempt_at IS NULL OR w.next_attempt_at <= now())
+             FOR UPDATE OF w SKIP LOCKED), ",
+        hold_and_return!()
+    ))
     .bind(provider)
     .bind(event_id)
     .fetch_all(conn)
     .await
 }
 
+/// Whether a pause covers the pending row `webhook_inbox` (careful mode's
+/// takes: a paused event waits for the next batch to mark it held).
+macro_rules! not_paused {
+    () => {
+        " AND held_by IS NULL AND NOT EXISTS (
+             SELECT 1 FROM inbox_pauses p
+             WHERE p.provider = webhook_inbox.provider
+               AND (p.event_type IS NULL OR p.event_type = webhook_inbox.event_type))"
+    };
+}
+
 /// Careful mode: counts the next due event's attempt and holds it back by
 /// `base` doubled per attempt (it may crash again), committed before it runs.
 /// `attempts` comes back as the attempts made before this one.
 pub(crate) async fn count_next(pool: &PgPool, base: Duration) -> Result<Option<Taken>, sqlx::Error> {
-    db::query_as(
+    db::query_as(concat!(
         "WITH next AS (
              SELECT provider, event_id FROM webhook_inbox
-             WHERE status = 'pending' AND (next_attempt_at IS NULL OR next_attempt_at <= now())
+             WHERE status = 'pending' AND (next_attempt_at IS NULL OR next_attempt_at <= now())",
+        not_paused!(),
+        "
              ORDER BY received_at, event_id
              LIMIT 1
              FOR UPDATE SKIP LOCKED)
@@ -122,25 +182,27 @@ pub(crate) async fn count_next(pool: &PgPool, base: Duration) -> Result<Option<T
          WHERE w.provider = next.provider AND w.event_id = next.event_id
          RETURNING w.provider, w.event_id, w.event_type, w.payload::text AS payload, w.headers, w.attempts - 1 AS attempts,
              (extract(epoch FROM w.received_at) * 1000000)::bigint AS received_at_us, w.trace_context",
-    )
+    ))
     .bind(base.as_millis() as i64)
     .fetch_optional(db::Autocommit(pool))
     .await
 }
 
-/// Careful mode: the counted event, whatever its backoff says.
+/// Careful mode and a hint's fetched object: the counted event, whatever its
+/// backoff says, unless a pause covers it now. The caller holds the gate.
 pub(crate) async fn take_counted(
     conn: &mut PgConnection,
     provider: &str,
     event_id: &str,
 ) -> Result<Vec<Taken>, sqlx::Error> {
-    db::query_as(
+    db::query_as(concat!(
         "SELECT provider, event_id, event_type, payload::text AS payload, headers, attempts - 1 AS attempts,
              (extract(epoch FROM received_at) * 1000000)::bigint AS received_at_us, trace_context
          FROM webhook_inbox
-         WHERE provider = $1 AND event_id = $2 AND status = 'pending'
-         FOR UPDATE SKIP LOCKED",
-    )
+         WHERE provider = $1 AND event_id = $2 AND status = 'pending'",
+        not_paused!(),
+        " FOR UPDATE SKIP LOCKED",
+    ))
     .bind(provider)
     .bind(event_id)
     .fetch_all(conn)

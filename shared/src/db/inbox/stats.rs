@@ -9,10 +9,16 @@ use crate::{core::status::Status, db};
 /// What the scheduled `process` run reports, and `inbox stats` shows.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, sqlx::FromRow)]
 pub struct InboxGauges {
-    /// Events waiting for the worker.
+    /// Events pending: waiting for the worker, or held by a pause.
     pub pending: i64,
-    /// Age of the oldest pending event, 0 when none is pending.
+    /// Of them, held by a pause (`inbox pause`).
+    pub held: i64,
+    /// Age of the oldest pending event the worker may take, 0 when there is
+    /// none: events held by a pause are not counted (a pause that lasts too
+    /// long is `overdue_pauses`).
     pub oldest_pending_ms: f64,
+    /// Pauses older than their alarm allows (`inbox pause --alarm-after`).
+    pub overdue_pauses: i64,
     /// Events that failed in the last hour (stored as failed, or given up on).
     pub failed_last_hour: i64,
 }
@@ -20,9 +26,14 @@ pub struct InboxGauges {
 /// [`InboxGauges`], each from a partial index.
 pub async fn gauges<'e>(ex: impl PgExecutor<'e>) -> Result<InboxGauges, sqlx::Error> {
     db::query_as(
-        "SELECT (SELECT count(*) FROM webhook_inbox WHERE status = 'pending') AS pending,
+        "WITH held AS (SELECT count(*) AS n FROM webhook_inbox WHERE status = 'pending' AND held_by IS NOT NULL)
+         SELECT (SELECT count(*) FROM webhook_inbox WHERE status = 'pending' AND held_by IS NULL) + (SELECT n FROM held)
+                    AS pending,
+                (SELECT n FROM held) AS held,
                 coalesce((SELECT extract(epoch FROM now() - min(received_at)) * 1000
-                          FROM webhook_inbox WHERE status = 'pending'), 0)::float8 AS oldest_pending_ms,
+                          FROM webhook_inbox WHERE status = 'pending' AND held_by IS NULL), 0)::float8
+                    AS oldest_pending_ms,
+                (SELECT count(*) FROM inbox_pauses WHERE paused_at < now() - alarm_after) AS overdue_pauses,
                 (SELECT count(*) FROM webhook_inbox
                  WHERE status = 'failed' AND coalesce(processed_at, received_at) > now() - interval '1 hour')
                     AS failed_last_hour",
@@ -52,14 +63,17 @@ pub enum Count {
 }
 
 /// The events in each status, without reading the inbox: each is counted up
-/// to `cap` (past it, [`Count::AtLeast`]): `pending`, `failed`, `unhandled`
+/// to `cap` (past it, [`Count::AtLeast`]): `pending` (held or not), `failed`, `unhandled`
 /// and `ignored` in their partial indexes, `done` by the first rows found; past
 /// the cap, `done`, the bulk of a full inbox, is the planner's estimate of the
 /// rows less the others ([`Count::About`]). Milliseconds on an inbox of
 /// millions, where `count(*)` takes seconds.
 pub async fn status_counts(pool: &PgPool, cap: i64) -> Result<Vec<(Status, Count)>, sqlx::Error> {
     let (pending, failed, unhandled, ignored, done, rows): (i64, i64, i64, i64, i64, f64) = db::query_as(
-        "SELECT (SELECT count(*) FROM (SELECT 1 FROM webhook_inbox WHERE status = 'pending' LIMIT $1) AS p),
+        "SELECT (SELECT count(*) FROM (SELECT 1 FROM webhook_inbox WHERE status = 'pending' AND held_by IS NULL
+                                       LIMIT $1) AS p)
+                + (SELECT count(*) FROM (SELECT 1 FROM webhook_inbox WHERE status = 'pending' AND held_by IS NOT NULL
+                                         LIMIT $1) AS h),
                 (SELECT count(*) FROM (SELECT 1 FROM webhook_inbox WHERE status = 'failed' LIMIT $1) AS f),
                 (SELECT count(*) FROM (SELECT 1 FROM webhook_inbox WHERE status = 'unhandled' LIMIT $1) AS u),
                 (SELECT count(*) FROM (SELECT 1 FROM webhook_inbox WHERE status = 'ignored' LIMIT $1) AS i),

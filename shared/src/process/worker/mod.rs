@@ -87,6 +87,8 @@ pub struct Processed {
     pub retried: usize,
     /// Failed for good, with the reason on the row.
     pub failed: usize,
+    /// Left pending by a pause (`inbox pause`), no attempt spent: held until it is resumed.
+    pub held: usize,
 }
 
 impl Processed {
@@ -97,7 +99,8 @@ impl Processed {
             .count("unhandled", self.unhandled as u64)
             .count("ignored", self.ignored as u64)
             .count("retried", self.retried as u64)
-            .count("failed", self.failed as u64);
+            .count("failed", self.failed as u64)
+            .count("held", self.held as u64);
     }
 }
 
@@ -119,10 +122,11 @@ impl Tally for Processed {
         self.ignored += o.ignored;
         self.retried += o.retried;
         self.failed += o.failed;
+        self.held += o.held;
     }
 
     fn is_empty(&self) -> bool {
-        self.taken == 0
+        self.taken == 0 && self.held == 0
     }
 }
 
@@ -151,7 +155,7 @@ impl Stage for Worker {
 
     async fn run_once(&self, deadline: Instant) -> Result<Pass<Processed>, sqlx::Error> {
         let counts = Worker::run_once(self, deadline).await?;
-        Ok(Pass { tally: counts, more: counts.taken as i64 >= self.config.batch_size })
+        Ok(Pass { tally: counts, more: (counts.taken + counts.held) as i64 >= self.config.batch_size })
     }
 }
 
@@ -180,6 +184,13 @@ pub struct Worker {
     nudge: Option<std::sync::Arc<tokio::sync::Notify>>,
     /// Where the next batch's take starts (see [`super::scan`]).
     scan: crate::runtime::scan::Scan<Position>,
+    /// The pauses' release epoch its last take saw (-1: none yet): a take
+    /// from a position that sees another goes again from the head, where a
+    /// resume released events ([`db::pauses`]).
+    epoch: std::sync::atomic::AtomicI64,
+    /// A pause being resumed, seen by its last take: it releases a chunk of
+    /// its events after the batch ([`db::pauses::release`]).
+    resuming: std::sync::atomic::AtomicI64,
 }
 
 /// After a handler fails in a batch without savepoints, this many batches
@@ -239,6 +250,8 @@ impl Worker {
             written: Default::default(),
             nudge: None,
             scan: Default::default(),
+            epoch: std::sync::atomic::AtomicI64::new(-1),
+            resuming: std::sync::atomic::AtomicI64::new(0),
         }
     }
 
@@ -302,6 +315,10 @@ impl Worker {
             self.careful.store(true, Ordering::Relaxed);
         }
         let counts = self.then_hints(result?, deadline).await;
+        let resuming = self.resuming.swap(0, Ordering::Relaxed);
+        if resuming > 0 {
+            db::pauses::release(&self.pool, resuming, db::pauses::RELEASE_CHUNK).await?;
+        }
         if let Some(relay) = &self.nudge {
             if self.take_written() > 0 {
                 relay.notify_waiters();
@@ -337,7 +354,8 @@ impl Worker {
                 continue; // the deadline came first
             };
             let mut tx = self.pool.begin().await?;
-            // Still ours: pending, held by the lease, not taken by another worker meanwhile.
+            db::pauses::enter(&mut tx).await?;
+            // Still ours: pending, held by the lease, not taken by another worker meanwhile, nor paused.
             let Some(row) = inbox::take_counted(&mut tx, &d.provider, &d.event_id).await?.pop() else {
                 continue;
             };
@@ -373,16 +391,35 @@ impl Worker {
     }
 
     async fn take_and_apply(&self, deadline: Instant, mode: Mode) -> Result<Batch<'_>, sqlx::Error> {
+        use std::sync::atomic::Ordering;
+        let keys = (self.handled.as_slice(), self.ruled.as_slice());
         let mut tx = self.pool.begin().await?;
-        let from = self.scan.start();
-        let rows =
-            inbox::take_pending(&mut tx, self.config.batch_size, (&self.handled, &self.ruled), from.as_ref()).await?;
+        let (resuming, mut epoch) = db::pauses::enter(&mut tx).await?;
+        // A resume released events since the last take, maybe behind the
+        // position: from the head, where they are, and on from there.
+        let released = |e: i64| e != self.epoch.load(Ordering::Relaxed);
+        if released(epoch) {
+            self.scan.rewind();
+        }
+        let mut from = self.scan.start();
+        let mut rows = inbox::take_pending(&mut tx, self.config.batch_size, keys, from.as_ref()).await?;
+        if from.is_some() && rows.first().is_some_and(|r| released(r.epoch)) {
+            // One committed between the gate and the take: this take's marks undone.
+            tx.rollback().await?;
+            tx = self.pool.begin().await?;
+            epoch = db::pauses::enter(&mut tx).await?.1;
+            self.scan.rewind();
+            from = self.scan.start();
+            rows = inbox::take_pending(&mut tx, self.config.batch_size, keys, None).await?;
+        }
+        self.epoch.store(rows.first().map_or(epoch, |r| r.epoch), Ordering::Relaxed);
+        self.resuming.store(resuming.unwrap_or(0), Ordering::Relaxed);
         let n = rows.len();
         let last = rows.last().map(|r| Position { received_at_us: r.received_at_us, event_id: r.event_id.clone() });
         let batch = self.apply_all(tx, rows, deadline, false, mode).await?;
         if let Batch::Done(counts, _) = &batch {
             // Retried, waiting for a hint's object, or left by the deadline: pending behind the position.
-            let behind = counts.retried > 0 || counts.taken < n;
+            let behind = counts.retried > 0 || counts.taken + counts.held < n;
             self.scan.taken(from.as_ref(), last, n as i64 >= self.config.batch_size, behind);
         }
         Ok(batch)
@@ -414,6 +451,7 @@ impl Worker {
                 self.give_up(&row).await?
             } else {
                 let mut tx = self.pool.begin().await?;
+                db::pauses::enter(&mut tx).await?;
                 let rows = inbox::take_counted(&mut tx, &row.provider, &row.event_id).await?;
                 self.then_hints(self.apply_all(tx, rows, deadline, true, Mode::Guarded).await?, deadline).await?
             };
@@ -433,6 +471,7 @@ impl Worker {
     /// `taken` is 0 when there was nothing to do.
     pub async fn run_event(&self, provider: &str, event_id: &str) -> Result<Processed, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
+        db::pauses::enter(&mut tx).await?;
         let rows = inbox::take_one(&mut tx, provider, event_id).await?;
         self.then_hints(self.apply_all(tx, rows, far_future(), false, Mode::Guarded).await?, far_future()).await
     }
@@ -456,6 +495,10 @@ impl Worker {
         let mut runs = Vec::new();
         let mut groups = Groups::default();
         for row in rows {
+            if row.held_by.is_some() {
+                counts.held += 1; // marked held by the take: left to its pause
+                continue;
+            }
             if Instant::now() >= deadline {
                 break; // left pending; its lock goes with the commit
             }

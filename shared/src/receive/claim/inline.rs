@@ -51,13 +51,21 @@ pub(crate) async fn claim_and_apply(
             (Claimed::Batch(BatchClaim { accepted: new.len(), duplicates: items.len() - new.len() }), new)
         }
     };
-    for e in new.into_iter().filter(|e| e.status == InitialStatus::Pending) {
-        // Types with no handler, and events a rule ignores, stay pending: the
-        // worker marks them unhandled or ignored, and counts them.
+    let new: Vec<&NewEvent> = new.into_iter().filter(|e| e.status == InitialStatus::Pending).collect();
+    // Paused types (`inbox pause`), read under the pauses' gate once an event may run here.
+    let paused = match new.iter().any(|e| handlers.get(env.provider, &e.event_type).is_some()) {
+        true => db::pauses::paused_types(&mut tx, env.provider.as_str()).await?,
+        false => Vec::new(),
+    };
+    for e in new {
+        // Types with no handler, events a rule ignores, and paused ones stay
+        // pending: the worker marks them unhandled, ignored or held, and counts them.
         let Some(handler) = handlers.get(env.provider, &e.event_type) else {
             continue;
         };
-        if rules.ignoring(env.provider, &e.event_type, e.payload.as_deref()).is_some() {
+        if rules.ignoring(env.provider, &e.event_type, e.payload.as_deref()).is_some()
+            || paused.iter().any(|t| t.as_deref().map_or(true, |t| t == e.event_type))
+        {
             continue;
         }
         let event = RawEvent {
