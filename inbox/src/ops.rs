@@ -350,13 +350,16 @@ pub async fn show(pool: &PgPool, env: &Env<'_>, provider: &str, event_id: &str, 
             "secret_index": event.secret_index, "secret_fingerprint": event.secret_fingerprint,
             "headers": event.headers.0, "payload": event.payload.map(|p| p.0),
             "raw_body_bytes": event.raw_body.len(), "verification": verification, "history": history,
-            "outbox": messages,
+            "outbox": messages, "held_by_pause": event.held_by,
         }));
         return Ok(());
     }
     say!("{} {} ({}), {}, from {}", event.provider, event.event_id, event.event_type, event.status, event.source);
     say!("received {}; processed {}", event.received_at, event.processed_at.as_deref().unwrap_or("-"));
     say!("attempts {}; next attempt {}", event.attempts, event.next_attempt_at.as_deref().unwrap_or("-"));
+    if event.held_by.is_some() {
+        say!("held by a pause: it waits, spending no attempt, until `inbox resume` (`inbox pauses` lists the pauses)");
+    }
     match &event.failure_reason {
         Some(reason) if event.status == Status::Ignored.as_str() => say!(
             "{reason}; to run it after all: inbox requeue --status ignored --provider {} --type {:?}",

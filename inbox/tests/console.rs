@@ -152,7 +152,7 @@ async fn the_console_in_a_browser_signs_in_filters_opens_and_replays_and_keeps_v
     println!("{printed}");
     assert!(out.status.success(), "the browser checks failed:\n{printed}");
 
-    // What the browser did, in the database: one replay, by the operator, and nothing else.
+    // What the browser did, in the database: one replay and one pause and its resume, by the operator, and nothing else.
     assert_eq!(status(&pool, "marqeta", "transactions:tx_browser_1").await.as_deref(), Some("done"));
     assert_eq!(status(&pool, "stripe", hostile_id).await.as_deref(), Some("failed"));
     let audit: Vec<(String, String, String, Option<String>)> = sqlx::query_as(
@@ -161,15 +161,17 @@ async fn the_console_in_a_browser_signs_in_filters_opens_and_replays_and_keeps_v
     .fetch_all(&pool)
     .await
     .unwrap();
+    let by = format!("console:{operator}");
     assert_eq!(
         audit,
-        [(
-            format!("console:{operator}"),
-            "replay".into(),
-            "the account exists now".into(),
-            Some("transactions:tx_browser_1".into())
-        )]
+        [
+            (by.clone(), "replay".into(), "the account exists now".into(), Some("transactions:tx_browser_1".into())),
+            (by.clone(), "pause".into(), "triage bot misbehaving".into(), None),
+            (by, "resume".into(), "resumed from the console".into(), None),
+            ("inbox".into(), "resumed".into(), "1 held events released".into(), None),
+        ]
     );
+    assert_eq!(status(&pool, "github", "gh-paused-1").await.as_deref(), Some("unhandled"));
     let balance: String = sqlx::query_scalar("SELECT balance::text FROM accounts WHERE account_id = 'acct_late'")
         .fetch_one(&pool)
         .await

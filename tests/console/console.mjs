@@ -7,6 +7,7 @@
 //   SCREENSHOTS                   where to write the screenshots
 // Prints one line per check; exits non-zero at the first that fails.
 import assert from 'node:assert/strict';
+import { createHmac } from 'node:crypto';
 import { mkdirSync } from 'node:fs';
 import { chromium } from 'playwright-core';
 
@@ -162,6 +163,59 @@ try {
   await page.screenshot({ path: `${shots}/health.png`, fullPage: true });
   check('the health page charts received, duplicate, rejected and failed per minute');
 
+  // ---- pause GitHub's issues from the Pauses page; a delivery waits, held; resume, and it is processed ----
+  await page.getByRole('link', { name: 'Pauses' }).click();
+  await page.waitForURL(/\/pauses$/);
+  assert.match(await page.locator('main').innerText(), /Nothing is paused/);
+  await page.fill('#provider', 'github');
+  await page.fill('#type', 'issues.opened');
+  await page.getByRole('button', { name: 'Pause…' }).click();
+  await page.waitForURL(/\/pause\?/);
+  assert.match(await page.locator('main').innerText(), /no event of github issues\.opened is processed/);
+  await page.fill('#reason', 'triage bot misbehaving');
+  await page.getByRole('button', { name: 'Pause' }).click();
+  await page.waitForURL(/\/pauses\?paused=/);
+  assert.match(await page.locator('[role=status]').innerText(), /github issues\.opened paused/);
+  const body = JSON.stringify({ action: 'opened', issue: { number: 99, title: 'Paused in the browser test' } });
+  const signature = 'sha256=' + createHmac('sha256', 'dev_github_secret').update(body).digest('hex');
+  const delivered = await page.request.post(new URL('/webhooks/github', url).href, {
+    data: body,
+    headers: { 'Content-Type': 'application/json', 'X-GitHub-Event': 'issues', 'X-GitHub-Delivery': 'gh-paused-1',
+      'X-Hub-Signature-256': signature },
+  });
+  assert.equal(delivered.status(), 200, 'a paused provider\'s delivery is still received');
+  const pauseRow = page.locator('main table tbody tr').first();
+  let held = '';
+  for (let i = 0; i < 40 && held !== '1'; i++) {
+    await page.reload();
+    held = await pauseRow.locator('td.num').innerText();
+    if (held !== '1') await page.waitForTimeout(250);
+  }
+  assert.equal(held, '1', 'the worker holds the delivery');
+  assert.match(await pauseRow.innerText(), /triage bot misbehaving/);
+  await page.screenshot({ path: `${shots}/pauses.png`, fullPage: true });
+  await page.goto(eventUrl('github', 'gh-paused-1'));
+  assert.equal(await page.locator('h1 .status').innerText(), 'pending');
+  assert.match(await page.locator('#held').innerText(), /Held by a pause/);
+  check('a pause from the Pauses page holds a new delivery: received, pending, held, no attempt');
+  await page.goto(`${url}/pauses`);
+  await pauseRow.getByRole('link', { name: 'Resume…' }).click();
+  await page.waitForURL(/pause=no/);
+  assert.match(await page.locator('main').innerText(), /The 1 events of github issues\.opened held now are released/);
+  await page.getByRole('button', { name: 'Resume' }).click();
+  await page.waitForURL(/\/pauses\?resumed=/);
+  let resumedStatus = '';
+  for (let i = 0; i < 40 && resumedStatus !== 'unhandled'; i++) {
+    await page.goto(eventUrl('github', 'gh-paused-1'));
+    resumedStatus = await page.locator('h1 .status').innerText();
+    if (resumedStatus !== 'unhandled') await page.waitForTimeout(250);
+  }
+  assert.equal(resumedStatus, 'unhandled', 'resumed: the worker processes it (no stock handler takes issues)');
+  await page.goto(`${url}/pauses`);
+  assert.match(await page.locator('main').innerText(), /Nothing is paused/);
+  noProblems(op, 'the pauses');
+  check('resume from the Pauses page: the held delivery is processed, and nothing is paused');
+
   // ---- a hostile payload, JavaScript on: nothing in it runs ----
   const js = await context();
   const p2 = await js.newPage();
@@ -205,6 +259,8 @@ try {
   assert.equal(await p3.locator('h1 .status').innerText(), 'failed', 'the viewer changed nothing');
   await p3.goto(`${url}/events?status=failed`);
   assert.equal(await p3.getByRole('link', { name: /Requeue/ }).count(), 0, 'a viewer has no requeue button');
+  await p3.goto(`${url}/pauses`);
+  assert.equal(await p3.getByRole('button', { name: 'Pause…' }).count(), 0, 'a viewer has no pause form');
   noProblems(viewer, 'the viewer');
   check('a viewer sees no button, and its requests to act are refused (403)');
 

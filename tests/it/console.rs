@@ -461,7 +461,9 @@ async fn pages_read_through_the_read_only_role_and_actions_write_through_the_oth
     let read = PgPool::connect_with(opts.clone().username(&role)).await.unwrap();
     let c = Console::new(&pool, &read).await;
     let (cookie, csrf) = c.session("olga").await;
-    for path in ["/events", "/events?status=failed", "/event?provider=stripe&id=evt_1", "/health", "/outbox"] {
+    let paths =
+        ["/events", "/events?status=failed", "/event?provider=stripe&id=evt_1", "/health", "/outbox", "/pauses"];
+    for path in paths {
         let page = c.send("GET", path, Some(&cookie), None).await;
         assert_eq!(page.status, StatusCode::OK, "{path} reads through the read-only role: {}", page.body);
     }
@@ -787,4 +789,78 @@ async fn an_ignored_event_is_listed_and_shown_with_its_rule(pool: PgPool) {
     let page = c.send("GET", "/event?provider=github&id=gh_ping", Some(&cookie), None).await;
     assert!(page.body.contains("Why it was ignored") && !page.body.contains("Failure reason"), "{}", page.body);
     assert!(page.body.contains("ignored by the rule &#34;#1&#34;"), "{}", page.body);
+}
+
+/// The Pauses page: an operator pauses a provider's type and resumes it
+/// (confirmed, audited, CSRF-checked); a viewer sees it and cannot act; a held
+/// event's page says so; a stranger's type is escaped; a bad scope is a 400.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn a_provider_s_type_is_paused_and_resumed_from_the_pauses_page(pool: PgPool) {
+    let c = Console::new(&pool, &pool).await;
+    let (cookie, csrf) = c.session("olga").await;
+    let page = c.send("GET", "/pauses", Some(&cookie), None).await;
+    assert!(page.body.contains("Nothing is paused") && page.body.contains("Pause processing"), "{}", page.body);
+
+    let confirm = c.send("GET", "/pause?provider=shopify&type=orders%2Fpaid", Some(&cookie), None).await;
+    assert!(confirm.body.contains("Pause shopify orders/paid?"), "{}", confirm.body);
+    assert!(confirm.body.contains("spending no attempt"), "{}", confirm.body);
+    let pause = form(&[
+        ("provider", "shopify"),
+        ("type", "orders/paid"),
+        ("pause", "yes"),
+        ("reason", "orders handler broken"),
+        ("csrf", &csrf),
+    ]);
+    let paused = c.send("POST", "/pause", Some(&cookie), Some(&pause)).await;
+    assert_eq!(paused.status, StatusCode::SEE_OTHER);
+    assert_eq!(paused.location, "/pauses?paused=shopify+orders%2Fpaid");
+    let again = c.send("POST", "/pause", Some(&cookie), Some(&pause)).await;
+    assert_eq!(again.status, StatusCode::BAD_REQUEST, "paused already: nothing done");
+    let refused = c.send("GET", "/pause?provider=shopify&type=orders%2Fpaid", Some(&cookie), None).await;
+    assert!(refused.body.contains("is paused already, by console:olga"), "{}", refused.body);
+
+    inbox_tests::store(&pool, Provider::SHOPIFY, "sh_1", "orders/paid", "{}").await;
+    sqlx::query("UPDATE webhook_inbox SET held_by = (SELECT id FROM inbox_pauses)").execute(&pool).await.unwrap();
+    let event = c.send("GET", "/event?provider=shopify&id=sh_1", Some(&cookie), None).await;
+    assert!(event.body.contains("Held by a pause"), "{}", event.body);
+    let health = c.send("GET", "/health", Some(&cookie), None).await;
+    assert!(health.body.contains("Held by"), "{}", health.body);
+
+    let (viewer, viewer_csrf) = c.session("vic").await;
+    let seen = c.send("GET", "/pauses", Some(&viewer), None).await;
+    assert!(seen.body.contains("orders handler broken") && seen.body.contains(">1<"), "{}", seen.body);
+    assert!(!seen.body.contains("Resume…") && !seen.body.contains("Pause processing"), "{}", seen.body);
+    assert_eq!(c.send("GET", "/pause?provider=shopify", Some(&viewer), None).await.status, StatusCode::FORBIDDEN);
+    let as_viewer = form(&[("provider", "shopify"), ("pause", "yes"), ("reason", "x"), ("csrf", &viewer_csrf)]);
+    assert_eq!(c.send("POST", "/pause", Some(&viewer), Some(&as_viewer)).await.status, StatusCode::FORBIDDEN);
+    let forged = form(&[("provider", "shopify"), ("pause", "yes"), ("reason", "x"), ("csrf", "forged")]);
+    assert_eq!(c.send("POST", "/pause", Some(&cookie), Some(&forged)).await.status, StatusCode::FORBIDDEN);
+    for bad in ["/pause?provider=Sh%3Cb%3E".to_string(), format!("/pause?provider=shopify&type={}", "t".repeat(129))] {
+        assert_eq!(c.send("GET", &bad, Some(&cookie), None).await.status, StatusCode::BAD_REQUEST, "{bad}");
+    }
+    let hostile = form(&[("provider", "stripe"), ("type", "<script>x</script>"), ("pause", "yes"), ("csrf", &csrf)]);
+    c.send("POST", "/pause", Some(&cookie), Some(&hostile)).await;
+    let listed = c.send("GET", "/pauses", Some(&cookie), None).await;
+    assert!(!listed.body.contains("<script>x") && listed.body.contains("&#60;script&#62;x"), "{}", listed.body);
+
+    let page = c.send("GET", "/pauses", Some(&cookie), None).await;
+    assert!(page.body.contains("/pause?provider=shopify&#38;type=orders%2Fpaid&#38;pause=no"), "{}", page.body);
+    let resume = form(&[("provider", "shopify"), ("type", "orders/paid"), ("pause", "no"), ("csrf", &csrf)]);
+    let resumed = c.send("POST", "/pause", Some(&cookie), Some(&resume)).await;
+    assert_eq!(resumed.location, "/pauses?resumed=shopify+orders%2Fpaid");
+    let resuming: bool =
+        scalar(&pool, "SELECT resuming_at IS NOT NULL FROM inbox_pauses WHERE provider = 'shopify'").await;
+    assert!(resuming, "resuming: the workers release its events");
+    let audit: Vec<(String, String, String)> =
+        sqlx::query_as("SELECT actor, action, reason FROM inbox_audit WHERE provider = 'shopify' ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        audit,
+        [
+            ("console:olga".into(), "pause".into(), "orders handler broken".into()),
+            ("console:olga".into(), "resume".into(), "resumed from the console".into())
+        ]
+    );
 }

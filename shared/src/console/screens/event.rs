@@ -43,6 +43,8 @@ struct EventView {
     event_id: String,
     event_type: String,
     status: String,
+    /// Held by a pause: the Pauses page's link.
+    held: Option<String>,
     source: String,
     attempts: i32,
     received_at: String,
@@ -157,6 +159,7 @@ pub(super) async fn event(
         event_id: escape(&event.event_id).into_owned(),
         event_type: escape(&event.event_type).into_owned(),
         status: event.status.clone(),
+        held: event.held_by.map(|_| nav.href("/pauses", &[])),
         source: event.source.clone(),
         attempts: event.attempts,
         received_at: short_time(&event.received_at),

@@ -1,5 +1,5 @@
 //! The console's screens, one module each (sign-in, sessions, the events
-//! listing, one event, requeue, the outbox), what their actions share
+//! listing, one event, requeue, the outbox, pauses), what their actions share
 //! (action), and the router. Every page is a template (askama, which escapes
 //! what it writes into HTML); what a stranger sent is also passed through
 //! [`escape`](crate::ops::escape) first, so that no control or bidirectional
@@ -9,6 +9,7 @@ mod action;
 mod event;
 mod events;
 mod outbox;
+mod pauses;
 mod requeue;
 mod sessions;
 mod signin;
@@ -43,6 +44,8 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/outbox", get(outbox::outbox))
         .route("/outbox/retry", get(outbox::confirm_retry).post(outbox::retry))
         .route("/outbox/pause", get(outbox::confirm_pause).post(outbox::pause))
+        .route("/pauses", get(pauses::pauses))
+        .route("/pause", get(pauses::confirm_pause).post(pauses::pause))
         .route("/health", get(super::health::health))
         .route("/static/console.css", get(|| asset("text/css; charset=utf-8", include_str!("../console.css"))))
         .route("/static/favicon.svg", get(|| asset("image/svg+xml", include_str!("../favicon.svg"))))
