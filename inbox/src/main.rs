@@ -14,6 +14,7 @@ macro_rules! say {
     }};
 }
 
+mod alerts;
 mod bench;
 mod demo;
 mod ops;
@@ -269,6 +270,17 @@ enum Command {
         #[command(flatten)]
         out: ops::Output,
     },
+    /// Alerts (`[[alert]]` in INBOX_RULES_FILE): those open or acknowledged, newest first;
+    /// `alerts ack ID`, `alerts resolve ID` (audited), `alerts evaluate` (now).
+    Alerts {
+        #[command(subcommand)]
+        command: Option<alerts::AlertsCommand>,
+        /// The latest resolved alerts too.
+        #[arg(long)]
+        resolved: bool,
+        #[command(flatten)]
+        out: ops::Output,
+    },
     /// Ignore rules (INBOX_RULES_FILE): `rules check FILE` checks a file and
     /// tries it on the stored events.
     Rules {
@@ -460,6 +472,13 @@ async fn run(cli: Cli) -> Result<()> {
             pauses::resume(&operator_db().await?, &scope, no_wait, &by, &out).await
         }
         Command::Pauses { history, out } => pauses::list(&operator_db().await?, history.as_deref(), &out).await,
+        Command::Alerts { command, resolved, out } => {
+            let pool = operator_db().await?;
+            match command {
+                None => alerts::list(&pool, resolved, &out).await,
+                Some(command) => alerts::act(&pool, command, &ops::operator(&config::Env::process()), &out).await,
+            }
+        }
         Command::Stats { out } => ops::stats(&operator_db().await?, &config::Env::resolved().await?, &out).await,
         Command::Providers { base_url, all, out } => {
             ops::providers(&config::Env::resolved().await?, &base_url, all, &out)

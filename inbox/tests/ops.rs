@@ -513,6 +513,49 @@ async fn pause_holds_a_provider_s_events_and_resume_releases_them(pool_options: 
         .contains("--alarm-after"));
 }
 
+/// `inbox alerts evaluate`, `inbox alerts`, `ack`, `resolve`: the rules
+/// from INBOX_RULES, one alert for a storm, acknowledged and resolved
+/// (audited), its notifications in the outbox; mistakes named.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn alerts_are_evaluated_listed_acknowledged_and_resolved(pool_options: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = pool_options.connect_with(opts.clone()).await.unwrap();
+    let url = url_of(&opts);
+    let rules = "[[alert]]\nname = \"marqeta failing\"\ncondition = \"failed\"\nnotify = [{ destination = \"ops\" }]";
+    let env = [("INBOX_RULES", rules), ("INBOX_OPERATOR", "erin")];
+    assert!(ok(&url, &["alerts", "evaluate"], &env).contains("0 alert(s) opened"));
+    for i in 0..12 {
+        row(&pool, "marqeta", &format!("tx_{i}"), "failed", Some("account missing"), "1 minute").await;
+    }
+    let evaluated = ok(&url, &["alerts", "evaluate"], &env);
+    assert!(evaluated.contains("1 alert(s) opened") && evaluated.contains("1 notification(s)"), "{evaluated}");
+    let table = ok(&url, &["alerts"], &[]);
+    assert!(table.contains("marqeta failing") && table.contains("12 events of marqeta failed"), "{table}");
+    let listed = json_of(&url, &["alerts", "--json"]);
+    let id = listed[0]["id"].as_i64().unwrap().to_string();
+    assert_eq!(listed[0]["state"], "open");
+    assert!(ok(&url, &["alerts", "ack", &id, "--reason", "on it"], &env).contains("acknowledged"));
+    assert!(fails(Some(&url), &["alerts", "ack", &id]).contains("is not open"));
+    assert!(ok(&url, &["alerts", "resolve", &id], &env).contains("resolved"));
+    assert_eq!(json_of(&url, &["alerts", "--json"]), json!([]));
+    assert_eq!(json_of(&url, &["alerts", "--resolved", "--json"])[0]["resolved_by"], "erin");
+    let keys: Vec<String> =
+        sqlx::query_scalar("SELECT message_key FROM transactional_outbox ORDER BY id").fetch_all(&pool).await.unwrap();
+    assert_eq!(keys, [format!("alert:{id}:opened:ops"), format!("alert:{id}:resolved:ops")]);
+    let audit: Vec<String> =
+        sqlx::query_scalar("SELECT action FROM inbox_audit WHERE alert_id IS NOT NULL ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(audit, ["acknowledge_alert", "resolve_alert"]);
+    let out = inbox(Some(&url), &["alerts", "evaluate"], &[("INBOX_RULES", "[[alert]]\ncondition = \"failing\"")]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("INBOX_RULES") && said.contains("unknown variant `failing`"),
+        "{said}"
+    );
+    assert!(fails(Some(&url), &["alerts", "evaluate"]).contains("no [[alert]]"));
+}
+
 #[sqlx::test(migrations = false)]
 async fn a_missing_unreachable_or_empty_database_is_named(_: PgPoolOptions, opts: PgConnectOptions) {
     assert!(fails(None, &["stats"]).contains("DATABASE_URL is not set"));

@@ -85,15 +85,18 @@ pub async fn process(app: App) -> Result<(), Error> {
     let margin = config::deadline_margin(&env)?;
     let apis = crate::process::hints::Apis::read(&env, &app)?;
     let worker = Arc::new(Worker::new(pool, app.handlers().clone(), WorkerConfig::read(&env)?).with_apis(apis));
+    let alerts = Arc::new(crate::alerts::AlertRules::read(&env)?);
     let relay_queue = match env.var("INBOX_RELAY_QUEUE_URL") {
         Some(url) => Some(Arc::new(crate::receive::notify::RelayQueue::connect(url).await)),
         None => None,
     };
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
-        let (worker, relay_queue) = (worker.clone(), relay_queue.clone());
+        let (worker, relay_queue, alerts) = (worker.clone(), relay_queue.clone(), alerts.clone());
         async move {
             let deadline = deadline::drain_until(event.context.deadline, margin);
-            let (result, metrics) = process::handle_counted(&worker, event.payload, deadline).await;
+            let (result, mut metrics) = process::handle_counted(&worker, event.payload, deadline).await;
+            // Whichever invocation comes first in a minute evaluates them.
+            crate::alerts::evaluate_counted(&alerts, worker.pool(), &mut metrics).await;
             metrics.emit();
             // The messages the handlers wrote leave now, not at the relay's next schedule.
             if let (Some(queue), true) = (&relay_queue, worker.take_written() > 0) {

@@ -125,6 +125,8 @@
 // rustfmt follows those (it does not look inside a macro's).
 
 #[cfg(feature = "service")]
+pub mod alerts;
+#[cfg(feature = "service")]
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod app;

@@ -461,8 +461,15 @@ async fn pages_read_through_the_read_only_role_and_actions_write_through_the_oth
     let read = PgPool::connect_with(opts.clone().username(&role)).await.unwrap();
     let c = Console::new(&pool, &read).await;
     let (cookie, csrf) = c.session("olga").await;
-    let paths =
-        ["/events", "/events?status=failed", "/event?provider=stripe&id=evt_1", "/health", "/outbox", "/pauses"];
+    let paths = [
+        "/events",
+        "/events?status=failed",
+        "/event?provider=stripe&id=evt_1",
+        "/health",
+        "/outbox",
+        "/pauses",
+        "/alerts",
+    ];
     for path in paths {
         let page = c.send("GET", path, Some(&cookie), None).await;
         assert_eq!(page.status, StatusCode::OK, "{path} reads through the read-only role: {}", page.body);
@@ -861,6 +868,66 @@ async fn a_provider_s_type_is_paused_and_resumed_from_the_pauses_page(pool: PgPo
         [
             ("console:olga".into(), "pause".into(), "orders handler broken".into()),
             ("console:olga".into(), "resume".into(), "resumed from the console".into())
+        ]
+    );
+}
+
+/// The Alerts page: live and resolved alerts; an operator acknowledges and
+/// resolves (confirmed, audited, CSRF-checked); a viewer cannot; a
+/// stranger's text in a summary is escaped.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn alerts_are_listed_acknowledged_and_resolved_from_the_alerts_page(pool: PgPool) {
+    sqlx::query(
+        "INSERT INTO relay_destinations (name, opened_at, failures, last_error) VALUES ('billing', now(), 10, '<script>x</script>')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let rules = webhook_inbox::alerts::AlertRules::parse("[[alert]]\ncondition = \"circuit_open\"").unwrap();
+    rules.evaluate(&pool, std::time::Duration::ZERO).await.unwrap();
+    let c = Console::new(&pool, &pool).await;
+    let (cookie, csrf) = c.session("olga").await;
+    let page = c.send("GET", "/alerts", Some(&cookie), None).await;
+    assert!(
+        page.body.contains("circuit_open") && page.body.contains("the circuit of billing is open"),
+        "{}",
+        page.body
+    );
+    assert!(!page.body.contains("<script>x") && page.body.contains("&#60;script&#62;x"), "{}", page.body);
+    let id: i64 = scalar(&pool, "SELECT id FROM inbox_alerts").await;
+    assert!(page.body.contains(&format!("/alert?id={id}&#38;act=ack")), "{}", page.body);
+
+    let (viewer, viewer_csrf) = c.session("vic").await;
+    let seen = c.send("GET", "/alerts", Some(&viewer), None).await;
+    assert!(seen.body.contains("circuit_open") && !seen.body.contains("Acknowledge…"), "{}", seen.body);
+    let path = format!("/alert?id={id}&act=ack");
+    assert_eq!(c.send("GET", &path, Some(&viewer), None).await.status, StatusCode::FORBIDDEN);
+    let ack = |csrf: &str| form(&[("id", &id.to_string()), ("act", "ack"), ("reason", "on it"), ("csrf", csrf)]);
+    assert_eq!(c.send("POST", "/alert", Some(&viewer), Some(&ack(&viewer_csrf))).await.status, StatusCode::FORBIDDEN);
+    assert_eq!(c.send("POST", "/alert", Some(&cookie), Some(&ack("forged"))).await.status, StatusCode::FORBIDDEN);
+    assert_eq!(c.send("GET", "/alert?id=x&act=ack", Some(&cookie), None).await.status, StatusCode::BAD_REQUEST);
+    assert_eq!(c.send("GET", "/alert?id=1&act=delete", Some(&cookie), None).await.status, StatusCode::BAD_REQUEST);
+    assert_eq!(c.send("GET", "/alert?id=999&act=ack", Some(&cookie), None).await.status, StatusCode::NOT_FOUND);
+
+    let confirm = c.send("GET", &path, Some(&cookie), None).await;
+    assert!(confirm.body.contains(&format!("Acknowledge alert #{id}?")), "{}", confirm.body);
+    let acked = c.send("POST", "/alert", Some(&cookie), Some(&ack(&csrf))).await;
+    assert_eq!((acked.status, acked.location.as_str()), (StatusCode::SEE_OTHER, "/alerts?done=ack"));
+    assert_eq!(c.send("POST", "/alert", Some(&cookie), Some(&ack(&csrf))).await.status, StatusCode::BAD_REQUEST);
+    let resolve = form(&[("id", &id.to_string()), ("act", "resolve"), ("reason", ""), ("csrf", &csrf)]);
+    assert_eq!(c.send("POST", "/alert", Some(&cookie), Some(&resolve)).await.location, "/alerts?done=resolve");
+    let page = c.send("GET", "/alerts", Some(&cookie), None).await;
+    assert!(page.body.contains("No alert is open") && page.body.contains("resolved by console:olga"), "{}", page.body);
+    let audit: Vec<(String, String, String)> =
+        sqlx::query_as("SELECT actor, action, reason FROM inbox_audit WHERE alert_id IS NOT NULL ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        audit,
+        [
+            ("console:olga".into(), "acknowledge_alert".into(), "on it".into()),
+            ("console:olga".into(), "resolve_alert".into(), "resolved from the console".into())
         ]
     );
 }

@@ -1,6 +1,7 @@
 //! Every integration test in one binary (one link on two cores, not eight),
 //! each file a module, against a real PostgreSQL (a fresh database per test).
 
+mod alerts;
 mod batch;
 mod brokers;
 mod console;

@@ -1,7 +1,8 @@
-//! The worker's settings, and its ignore rules.
+//! The worker's settings, its ignore rules, and the alerts of the same file.
 
 use super::{invalid, Env};
 use crate::{
+    alerts::AlertRules,
     core::{error::ConfigError, text::escape},
     process::{rules::Rules, worker::WorkerConfig},
 };
@@ -26,18 +27,28 @@ impl Rules {
     /// `INBOX_RULES` holds (a Lambda function's environment, a test); none
     /// when neither is set.
     pub fn read(env: &Env) -> Result<Rules, ConfigError> {
-        match (env.var("INBOX_RULES_FILE"), env.var("INBOX_RULES")) {
-            (Some(_), Some(_)) => {
-                Err(invalid("INBOX_RULES", "set together with INBOX_RULES_FILE: use one or the other"))
-            }
-            (Some(path), None) => {
-                let shown = format!("\"{}\"", escape(&path));
-                let text = std::fs::read_to_string(&path)
-                    .map_err(|e| invalid("INBOX_RULES_FILE", format!("cannot read {shown}: {e}")))?;
-                Rules::parse(&text).map_err(|reason| invalid("INBOX_RULES_FILE", format!("{shown}: {reason}")))
-            }
-            (None, Some(text)) => Rules::parse(&text).map_err(|reason| invalid("INBOX_RULES", reason)),
-            (None, None) => Ok(Rules::default()),
+        read_rules(env, Rules::parse).map(Option::unwrap_or_default)
+    }
+}
+
+impl AlertRules {
+    /// The `[[alert]]` entries of the same file (or text) as [`Rules::read`]'s; none when neither is set.
+    pub fn read(env: &Env) -> Result<AlertRules, ConfigError> {
+        read_rules(env, AlertRules::parse).map(Option::unwrap_or_default)
+    }
+}
+
+/// The rules file (`INBOX_RULES_FILE`) or text (`INBOX_RULES`), parsed; none when neither is set.
+fn read_rules<T>(env: &Env, parse: fn(&str) -> Result<T, String>) -> Result<Option<T>, ConfigError> {
+    match (env.var("INBOX_RULES_FILE"), env.var("INBOX_RULES")) {
+        (Some(_), Some(_)) => Err(invalid("INBOX_RULES", "set together with INBOX_RULES_FILE: use one or the other")),
+        (Some(path), None) => {
+            let shown = format!("\"{}\"", escape(&path));
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| invalid("INBOX_RULES_FILE", format!("cannot read {shown}: {e}")))?;
+            parse(&text).map(Some).map_err(|reason| invalid("INBOX_RULES_FILE", format!("{shown}: {reason}")))
         }
+        (None, Some(text)) => parse(&text).map(Some).map_err(|reason| invalid("INBOX_RULES", reason)),
+        (None, None) => Ok(None),
     }
 }

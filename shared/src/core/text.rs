@@ -60,6 +60,17 @@ pub fn escape_json(json: &str) -> Cow<'_, str> {
 /// A value displayed escaped, for a log field: `reason = %Escaped(&reason)`.
 pub struct Escaped<T>(pub T);
 
+/// A TOML file's error on one line: where (line and column), then what, escaped
+/// (toml's own display quotes the file's line under it).
+pub(crate) fn toml_error(text: &str, e: &toml::de::Error) -> String {
+    let at = e.span().map_or(String::new(), |span| {
+        let before = text.get(..span.start).unwrap_or(text);
+        let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+        format!("line {}, column {column}: ", before.matches('\n').count() + 1)
+    });
+    format!("{at}{}", escape(e.message().trim_end()))
+}
+
 impl<T: fmt::Display> fmt::Display for Escaped<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&escape(&self.0.to_string()))

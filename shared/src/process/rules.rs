@@ -69,6 +69,9 @@ enum Test {
 struct File {
     #[serde(default)]
     ignore: Vec<IgnoreEntry>,
+    // The [[alert]] entries are the alerts' (crate::alerts::AlertRules).
+    #[serde(default, rename = "alert")]
+    _alert: Vec<toml::Table>,
 }
 
 #[derive(Deserialize)]
@@ -94,15 +97,7 @@ struct ConditionEntry {
 impl Rules {
     /// Reads and checks a rules file's text; the error names the rule and the key.
     pub fn parse(text: &str) -> Result<Rules, String> {
-        let file: File = toml::from_str(text).map_err(|e| {
-            // One line: where, then what (toml's own display quotes the file's line under it).
-            let at = e.span().map_or(String::new(), |span| {
-                let before = text.get(..span.start).unwrap_or(text);
-                let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-                format!("line {}, column {column}: ", before.matches('\n').count() + 1)
-            });
-            format!("{at}{}", escape(e.message().trim_end()))
-        })?;
+        let file: File = toml::from_str(text).map_err(|e| crate::core::text::toml_error(text, &e))?;
         let ignore = file.ignore.into_iter().enumerate().map(|(i, entry)| IgnoreRule::new(i + 1, entry));
         Ok(Rules { ignore: ignore.collect::<Result<_, _>>()? })
     }
@@ -375,7 +370,7 @@ mod tests {
         assert!(refused(&one("typo = 1")).starts_with("line 4, column 1: unknown field `typo`, expected one of"));
         assert!(refused("[[ignore]\nprovider = 1").starts_with("line 1, column "), "{}", refused("[[ignore]"));
         assert!(refused("[[ignore]]\ntype = \"ping\"").contains("missing field `provider`"));
-        assert!(refused("[[alert]]\nx = 1").contains("unknown field `alert`"));
+        assert!(refused("[[alerts]]\nx = 1").contains("unknown field `alerts`"));
         // A stranger's text in a file is escaped in the message.
         assert!(refused("[[ignore]]\nprovider = \"\\u001b[31m\"").contains(r#""\u{1b}[31m""#));
     }

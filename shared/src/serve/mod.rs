@@ -467,6 +467,10 @@ impl Stack<'_> {
             if counted {
                 stages.push(gauges(pool.clone(), gate.clone()));
             }
+            let alerts = crate::alerts::AlertRules::read(env)?;
+            if !alerts.is_empty() {
+                stages.push(alerts_every(pool.clone(), alerts, gate.clone()));
+            }
         }
         if let Some(relay_config) = relay_config {
             // Each destination on its own loop: a lane waits for nothing but its own destination.
@@ -669,6 +673,25 @@ fn tally_writer(receiver: Arc<Receiver>, mut gate: Gate) -> JoinHandle<()> {
             }
             if stop {
                 return;
+            }
+        }
+    })
+}
+
+/// The alerts (`[[alert]]`), evaluated once a minute by whichever process
+/// comes first: this one tries every 15 s.
+fn alerts_every(pool: sqlx::PgPool, alerts: crate::alerts::AlertRules, mut gate: Gate) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        if !gate.open().await {
+            return;
+        }
+        loop {
+            let mut m = Metrics::new("process");
+            crate::alerts::evaluate_counted(&alerts, &pool, &mut m).await;
+            metrics::record(&m);
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_secs(15)) => {}
+                _ = gate.stopped.wait_for(|s| *s) => return,
             }
         }
     })

@@ -1,11 +1,12 @@
 //! The console's screens, one module each (sign-in, sessions, the events
-//! listing, one event, requeue, the outbox, pauses), what their actions share
+//! listing, one event, requeue, the outbox, pauses, alerts), what their actions share
 //! (action), and the router. Every page is a template (askama, which escapes
 //! what it writes into HTML); what a stranger sent is also passed through
 //! [`escape`](crate::ops::escape) first, so that no control or bidirectional
 //! character reorders what a person reads.
 
 mod action;
+mod alerts;
 mod event;
 mod events;
 mod outbox;
@@ -45,6 +46,8 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/outbox/retry", get(outbox::confirm_retry).post(outbox::retry))
         .route("/outbox/pause", get(outbox::confirm_pause).post(outbox::pause))
         .route("/pauses", get(pauses::pauses))
+        .route("/alerts", get(alerts::alerts))
+        .route("/alert", get(alerts::confirm).post(alerts::act))
         .route("/pause", get(pauses::confirm_pause).post(pauses::pause))
         .route("/health", get(super::health::health))
         .route("/static/console.css", get(|| asset("text/css; charset=utf-8", include_str!("../console.css"))))
