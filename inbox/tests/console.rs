@@ -53,9 +53,10 @@ async fn the_console_in_a_browser_signs_in_filters_opens_and_replays_and_keeps_v
 
     let url = url_of(&opts);
     let pool = pool_options.connect_with(opts).await.unwrap();
-    // One attempt: the deposit for an account that does not exist fails at once.
-    let (_child, lines) =
-        inbox_dev(env!("CARGO_BIN_EXE_inbox"), &[("DATABASE_URL", &url), ("INBOX_MAX_ATTEMPTS", "1")]);
+    // One attempt: the deposit for an account that does not exist fails at once, and opens an alert.
+    let rules = "[[alert]]\nname = \"deposits failing\"\ncondition = \"failed\"\nprovider = \"marqeta\"\nthreshold = 1";
+    let env = [("DATABASE_URL", url.as_str()), ("INBOX_MAX_ATTEMPTS", "1"), ("INBOX_RULES", rules)];
+    let (_child, lines) = inbox_dev(env!("CARGO_BIN_EXE_inbox"), &env);
     let (mut console, mut operator, mut password) = (None, None, None);
     let addr = dev_ready(&lines, |line| {
         if let Some(rest) = line.strip_prefix("console: ") {
@@ -128,6 +129,9 @@ async fn the_console_in_a_browser_signs_in_filters_opens_and_replays_and_keeps_v
         assert!(Instant::now() < deadline, "both events fail at their one attempt");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // The alerts evaluated now, not at dev's next minute.
+    let evaluated = Command::new(env!("CARGO_BIN_EXE_inbox")).args(["alerts", "evaluate"]).envs(env).output().unwrap();
+    assert!(evaluated.status.success(), "{}", String::from_utf8_lossy(&evaluated.stderr));
     // Now the account exists: a replay succeeds.
     sqlx::query("INSERT INTO accounts (account_id) VALUES ('acct_late')").execute(&pool).await.unwrap();
 
@@ -167,8 +171,9 @@ async fn the_console_in_a_browser_signs_in_filters_opens_and_replays_and_keeps_v
         [
             (by.clone(), "replay".into(), "the account exists now".into(), Some("transactions:tx_browser_1".into())),
             (by.clone(), "pause".into(), "triage bot misbehaving".into(), None),
-            (by, "resume".into(), "resumed from the console".into(), None),
+            (by.clone(), "resume".into(), "resumed from the console".into(), None),
             ("inbox".into(), "resumed".into(), "1 held events released".into(), None),
+            (by, "acknowledge_alert".into(), "looking at the deposits".into(), None),
         ]
     );
     assert_eq!(status(&pool, "github", "gh-paused-1").await.as_deref(), Some("unhandled"));

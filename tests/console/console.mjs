@@ -216,6 +216,25 @@ try {
   noProblems(op, 'the pauses');
   check('resume from the Pauses page: the held delivery is processed, and nothing is paused');
 
+  // ---- the deposit that failed opened an alert; acknowledge it ----
+  await page.getByRole('link', { name: 'Alerts' }).click();
+  await page.waitForURL(/\/alerts$/);
+  const alertRow = page.locator('table.alerts tbody tr').first();
+  assert.match(await alertRow.innerText(), /deposits failing/);
+  assert.match(await alertRow.innerText(), /events of marqeta failed/);
+  assert.equal(await alertRow.locator('.status').innerText(), 'open');
+  await page.screenshot({ path: `${shots}/alerts.png`, fullPage: true });
+  await alertRow.getByRole('link', { name: 'Acknowledge…' }).click();
+  await page.waitForURL(/act=ack/);
+  await page.fill('#reason', 'looking at the deposits');
+  await page.getByRole('button', { name: 'Acknowledge' }).click();
+  await page.waitForURL(/done=ack/);
+  assert.match(await page.locator('[role=status]').innerText(), /Acknowledged/);
+  assert.equal(await alertRow.locator('.status').innerText(), 'acknowledged');
+  assert.equal(await alertRow.getByRole('link', { name: 'Acknowledge…' }).count(), 0, 'acknowledged once');
+  noProblems(op, 'the alerts');
+  check('the Alerts page shows the alert the failed deposit opened, and the operator acknowledges it');
+
   // ---- a hostile payload, JavaScript on: nothing in it runs ----
   const js = await context();
   const p2 = await js.newPage();
@@ -261,6 +280,9 @@ try {
   assert.equal(await p3.getByRole('link', { name: /Requeue/ }).count(), 0, 'a viewer has no requeue button');
   await p3.goto(`${url}/pauses`);
   assert.equal(await p3.getByRole('button', { name: 'Pause…' }).count(), 0, 'a viewer has no pause form');
+  await p3.goto(`${url}/alerts`);
+  assert.match(await p3.locator('main').innerText(), /deposits failing/);
+  assert.equal(await p3.getByRole('link', { name: /Resolve/ }).count(), 0, 'a viewer has no alert action');
   noProblems(viewer, 'the viewer');
   check('a viewer sees no button, and its requests to act are refused (403)');
 

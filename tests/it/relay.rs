@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use sqlx::PgPool;
 use webhook_inbox::{
     db::outbox,
-    relay::aws::{EventBridgeSink, SqsSink},
+    relay::aws::{EventBridgeSink, SnsSink, SqsSink},
     relay::{Destination, DestinationLimits, HttpSink, Relay, RelayConfig, Sink},
     runtime::stage::Stage,
 };
@@ -263,6 +263,56 @@ async fn sqs_deliveries_land_in_the_queue_with_their_keys(pool: PgPool) {
     let keys: HashSet<String> = got.iter().map(|(k, _, _)| k.clone()).collect();
     assert_eq!(keys, (0..23).map(|i| format!("payment_succeeded:pi_{i}")).collect::<HashSet<_>>());
     assert!(got.iter().all(|(k, body, _)| k == &format!("payment_succeeded:{}", body["payment_id"].as_str().unwrap())));
+}
+
+/// An SNS topic (an alert's channel on AWS, or any destination's): each
+/// message published once, its key an attribute, as a queue subscribed to the
+/// topic (raw delivery) receives it; a topic that does not exist is retried.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn sns_deliveries_reach_the_topic_s_subscribers_with_their_keys(pool: PgPool) {
+    let moto = inbox_tests::Moto::start();
+    let aws = moto.aws().await;
+    let (sns, sqs) = (aws_sdk_sns::Client::new(&aws), aws_sdk_sqs::Client::new(&aws));
+    let topic = sns.create_topic().name("alerts").send().await.unwrap().topic_arn().unwrap().to_string();
+    let url = sqs.create_queue().queue_name("on-call").send().await.unwrap().queue_url().unwrap().to_string();
+    let queue_arn = sqs
+        .get_queue_attributes()
+        .queue_url(&url)
+        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .unwrap()
+        .attributes()
+        .unwrap()[&aws_sdk_sqs::types::QueueAttributeName::QueueArn]
+        .clone();
+    sns.subscribe()
+        .topic_arn(&topic)
+        .protocol("sqs")
+        .endpoint(&queue_arn)
+        .attributes("RawMessageDelivery", "true")
+        .send()
+        .await
+        .unwrap();
+    messages(&pool, 23).await;
+    let r = relay(&pool, Arc::new(SnsSink::new(sns.clone(), &topic))).run(later()).await.unwrap();
+    assert_eq!((r.sent, r.dead), (23, 0), "three PublishBatch calls of at most 10");
+    let got = drain_queue(&sqs, &url, 23).await;
+    let keys: HashSet<String> = got.iter().map(|(k, _, _)| k.clone()).collect();
+    assert_eq!(keys, (0..23).map(|i| format!("payment_succeeded:pi_{i}")).collect::<HashSet<_>>());
+    assert_eq!(got.len(), 23, "each once");
+
+    sqlx::query("INSERT INTO transactional_outbox (aggregate_type, aggregate_id, payload, message_key) VALUES ('p', '1', '{}', 'late')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let gone = format!("{topic}-gone");
+    let r = relay_once_each(&pool, Arc::new(SnsSink::new(sns, gone))).run_once(later()).await.unwrap();
+    assert_eq!((r.sent, r.retried + r.dead), (0, 1), "a topic that does not exist takes nothing");
+    let error: String = sqlx::query_scalar("SELECT last_error FROM transactional_outbox WHERE message_key = 'late'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(error.contains("SNS"), "{error}");
 }
 
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]

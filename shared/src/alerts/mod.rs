@@ -193,6 +193,7 @@ async fn notify(conn: &mut PgConnection, alert: &Alert, kind: Kind, n: i32) -> R
 /// A Slack message: `{"text": ...}`, with `&`, `<` and `>` escaped as Slack's
 /// mrkdwn wants (a stranger's text in a summary links and mentions nobody).
 fn slack(alert: &Alert, kind: Kind) -> serde_json::Value {
+    use crate::core::text::short_time;
     let esc = |t: &str| crate::core::text::escape(t).replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
     let (mark, what) = match kind {
         Kind::Opened => (":rotating_light:", "opened"),
@@ -202,10 +203,10 @@ fn slack(alert: &Alert, kind: Kind) -> serde_json::Value {
     let ack = match kind {
         Kind::Resolved => format!(
             "Open since {}; resolved by {}.",
-            alert.first_seen,
+            short_time(&alert.first_seen),
             esc(alert.resolved_by.as_deref().unwrap_or("inbox"))
         ),
-        _ => format!("Since {}. `inbox alerts ack {}` stops the reminders.", alert.first_seen, alert.id),
+        _ => format!("Since {}. `inbox alerts ack {}` stops the reminders.", short_time(&alert.first_seen), alert.id),
     };
     json!({"text": format!("{mark} *{}* {what} (alert #{}): {}. {ack}", esc(&alert.rule), alert.id, esc(&alert.summary))})
 }

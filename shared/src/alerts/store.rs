@@ -175,8 +175,11 @@ pub(super) async fn measure(conn: &mut PgConnection, rule: &AlertRule) -> Result
         Condition::PauseOverdue => {
             db::query_as(
                 "SELECT provider || coalesce(' ' || event_type, ''), extract(epoch FROM now() - paused_at)::float8,
-                        format('processing of %s has been paused for %s h by %s: %s', provider || coalesce(' ' || event_type, ''),
-                               round((extract(epoch FROM now() - paused_at) / 3600)::numeric, 1), paused_by, left(reason, 200))
+                        format('processing of %s has been paused for %s by %s: %s', provider || coalesce(' ' || event_type, ''),
+                               CASE WHEN paused_at > now() - interval '2 hours'
+                                    THEN round(extract(epoch FROM now() - paused_at) / 60) || ' min'
+                                    ELSE round((extract(epoch FROM now() - paused_at) / 3600)::numeric, 1) || ' h' END,
+                               paused_by, left(reason, 200))
                  FROM inbox_pauses WHERE paused_at < now() - alarm_after",
             )
             .fetch_all(conn)

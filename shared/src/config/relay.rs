@@ -70,6 +70,8 @@ pub enum Target {
     Sqs(String),
     /// `event_bus`.
     EventBus(String),
+    /// `sns_topic_arn`.
+    Sns(String),
     /// `nats_subject`, on the server `nats_url_env` names (`RELAY_NATS_URL` by default).
     Nats {
         /// The server's URL (it may hold credentials: never shown).
@@ -117,6 +119,7 @@ struct Entry {
     url: Option<String>,
     sqs_queue_url: Option<String>,
     event_bus: Option<String>,
+    sns_topic_arn: Option<String>,
     nats_subject: Option<String>,
     nats_url_env: Option<String>,
     amqp_exchange: Option<String>,
@@ -220,6 +223,12 @@ impl Destinations {
             if let Some(bus) = entry.event_bus {
                 targets.push(("event_bus", Target::EventBus(bus)));
             }
+            if let Some(topic) = entry.sns_topic_arn {
+                if !topic.starts_with("arn:") || topic.split(':').count() != 6 {
+                    return Err(at("sns_topic_arn", "not a topic's ARN (arn:aws:sns:REGION:ACCOUNT:NAME)".into()));
+                }
+                targets.push(("sns_topic_arn", Target::Sns(topic)));
+            }
             // A broker's URL comes from a variable: it may hold credentials.
             let server = |key: &str, named: &Option<String>, default: &str| {
                 let var = named.as_deref().unwrap_or(default);
@@ -249,7 +258,7 @@ impl Destinations {
                 0 => {
                     return Err(at(
                         "url",
-                        "no sink: give one of url, sqs_queue_url, event_bus, nats_subject, amqp_exchange or sink"
+                        "no sink: give one of url, sqs_queue_url, event_bus, sns_topic_arn, nats_subject, amqp_exchange or sink"
                             .into(),
                     ))
                 }
@@ -335,6 +344,7 @@ async fn build(
         Target::EventBus(bus) => {
             Arc::new(aws::EventBridgeSink::new(aws_sdk_eventbridge::Client::new(aws(sdk).await), bus.clone()))
         }
+        Target::Sns(topic) => Arc::new(aws::SnsSink::new(aws_sdk_sns::Client::new(aws(sdk).await), topic.clone())),
         #[cfg(feature = "nats")]
         Target::Nats { url, subject } => {
             Arc::new(crate::relay::nats::NatsSink::connect(url, subject.clone()).await.map_err(|reason| {

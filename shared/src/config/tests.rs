@@ -360,6 +360,7 @@ fn a_destinations_file_is_read_and_each_mistake_is_refused_naming_its_key() {
         ),
         ("[destination.a]\nurl = \"ftp://a\"", &[], "[destination.a] url: is not an http:// or https:// URL"),
         ("[destination.a]\nconcurrency = 2", &[], "[destination.a] url: no sink: give one of"),
+        ("[destination.a]\nsns_topic_arn = \"alerts\"", &[], "[destination.a] sns_topic_arn: not a topic's ARN"),
         (
             "[destination.a]\nurl = \"http://a\"\nsink = \"k\"",
             &[],

@@ -245,17 +245,7 @@ impl Nav {
     }
 }
 
-/// PostgreSQL's timestamp text to the second: `2026-12-01 19:10:14.123456+00` as `2026-12-01 19:10:14+00`.
-pub(super) fn short_time(t: &str) -> String {
-    match t.find('.') {
-        Some(dot) => {
-            let rest = &t[dot + 1..];
-            let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
-            format!("{}{}", &t[..dot], &rest[digits..])
-        }
-        None => t.to_string(),
-    }
-}
+pub(super) use crate::core::text::short_time;
 
 /// A stranger's one-line text, escaped and cut to `max` characters.
 pub(super) fn clip(text: &str, max: usize) -> String {

@@ -60,6 +60,18 @@ pub fn escape_json(json: &str) -> Cow<'_, str> {
 /// A value displayed escaped, for a log field: `reason = %Escaped(&reason)`.
 pub struct Escaped<T>(pub T);
 
+/// PostgreSQL's timestamp text to the second: `2026-12-01 19:10:14.123456+00` as `2026-12-01 19:10:14+00`.
+pub(crate) fn short_time(t: &str) -> String {
+    match t.find('.') {
+        Some(dot) => {
+            let rest = &t[dot + 1..];
+            let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+            format!("{}{}", &t[..dot], &rest[digits..])
+        }
+        None => t.to_string(),
+    }
+}
+
 /// A TOML file's error on one line: where (line and column), then what, escaped
 /// (toml's own display quotes the file's line under it).
 pub(crate) fn toml_error(text: &str, e: &toml::de::Error) -> String {

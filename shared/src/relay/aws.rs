@@ -1,5 +1,6 @@
-//! AWS sinks for the relay (official AWS SDK for Rust): SQS `SendMessageBatch`
-//! and EventBridge `PutEvents`, with per-entry failures handled one by one.
+//! AWS sinks for the relay (official AWS SDK for Rust): SQS `SendMessageBatch`,
+//! SNS `PublishBatch` and EventBridge `PutEvents`, with per-entry failures
+//! handled one by one.
 
 use aws_sdk_eventbridge::types::PutEventsRequestEntry;
 use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
@@ -9,7 +10,7 @@ use crate::{
     relay::{RepliesFuture, Sink, SinkReply},
 };
 
-/// Both services take at most 10 entries and 256 KiB a call, and 256 KiB an entry.
+/// The three services take at most 10 entries and 256 KiB a call, and 256 KiB an entry.
 const ENTRIES_PER_CALL: usize = 10;
 const BYTES_PER_CALL: usize = 256 * 1024;
 /// Room left in an entry for attributes and, for EventBridge, the envelope.
@@ -126,7 +127,101 @@ impl SqsSink {
     }
 }
 
-/// SQS deduplication ids are at most 128 characters: a longer key is hashed.
+/// An SNS topic (`sns_topic_arn`): the message is the payload; the key rides
+/// along as the `message_key` attribute. On a FIFO topic, `MessageDeduplicationId`
+/// is the key and `MessageGroupId` the ordering key (else the aggregate id).
+pub struct SnsSink {
+    client: aws_sdk_sns::Client,
+    topic_arn: String,
+    fifo: bool,
+}
+
+impl SnsSink {
+    /// To the topic `topic_arn`, through `client`.
+    pub fn new(client: aws_sdk_sns::Client, topic_arn: impl Into<String>) -> Self {
+        let topic_arn = topic_arn.into();
+        SnsSink { fifo: topic_arn.ends_with(".fifo"), client, topic_arn }
+    }
+
+    async fn publish(&self, chunk: Vec<&Outgoing>) -> Vec<SinkReply> {
+        use aws_sdk_sns::types::{MessageAttributeValue, PublishBatchRequestEntry};
+        let entries: Result<Vec<_>, _> = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let key = MessageAttributeValue::builder().data_type("String").string_value(&m.message_key).build()?;
+                PublishBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .message(m.payload.0.to_string())
+                    .message_attributes("message_key", key)
+                    .set_message_deduplication_id(self.fifo.then(|| dedup_id(&m.message_key)))
+                    .set_message_group_id(
+                        self.fifo.then(|| m.ordering_key.clone().unwrap_or_else(|| m.aggregate_id.clone())),
+                    )
+                    .build()
+            })
+            .collect();
+        let entries = match entries {
+            Ok(e) => e,
+            Err(e) => return vec![SinkReply::Rejected(format!("SNS entry: {e}")); chunk.len()],
+        };
+        let sent = self
+            .client
+            .publish_batch()
+            .topic_arn(&self.topic_arn)
+            .set_publish_batch_request_entries(Some(entries))
+            .send()
+            .await;
+        let output = match sent {
+            Ok(o) => o,
+            Err(e) => {
+                let reason = format!("SNS PublishBatch: {}", aws_sdk_sns::error::DisplayErrorContext(&e));
+                return vec![SinkReply::Retryable { reason, retry_after: None }; chunk.len()];
+            }
+        };
+        // Only what SNS lists as successful is delivered; anything it leaves out is retried.
+        let unknown = SinkReply::Retryable { reason: "SNS reported nothing for the entry".into(), retry_after: None };
+        let mut out = vec![unknown; chunk.len()];
+        let index = |id: &str| id.parse::<usize>().ok().filter(|i| *i < chunk.len());
+        for ok in output.successful() {
+            if let Some(i) = ok.id().and_then(index) {
+                out[i] = SinkReply::Delivered;
+            }
+        }
+        for failed in output.failed() {
+            let Some(i) = index(failed.id()) else {
+                continue;
+            };
+            let reason = format!("SNS {}: {}", failed.code(), failed.message().unwrap_or(""));
+            out[i] = if failed.sender_fault() {
+                SinkReply::Rejected(reason)
+            } else {
+                SinkReply::Retryable { reason, retry_after: None }
+            };
+        }
+        out
+    }
+}
+
+impl Sink for SnsSink {
+    fn target(&self) -> String {
+        format!("sns {}", self.topic_arn)
+    }
+
+    fn batch_size(&self) -> usize {
+        ENTRIES_PER_CALL
+    }
+
+    fn deliver<'a>(&'a self, messages: &'a [Outgoing]) -> RepliesFuture<'a> {
+        Box::pin(in_calls(
+            messages,
+            |m| m.payload.0.to_string().len() + m.message_key.len(),
+            move |chunk| self.publish(chunk),
+        ))
+    }
+}
+
+/// SQS and SNS deduplication ids are at most 128 characters: a longer key is hashed.
 fn dedup_id(key: &str) -> String {
     use sha2::{Digest, Sha256};
     if key.len() <= 128 && key.chars().all(|c| c.is_ascii_graphic()) {
