@@ -17,6 +17,7 @@ macro_rules! say {
 mod alerts;
 mod bench;
 mod demo;
+mod erase;
 mod ops;
 mod pauses;
 
@@ -218,6 +219,21 @@ enum Command {
         dry_run: bool,
         /// Why, for the audit record.
         #[arg(long, default_value = "requeued by hand", value_parser = |t: &str| webhook_inbox::ops::audit_reason(t))]
+        reason: String,
+        #[command(flatten)]
+        out: ops::Output,
+    },
+    /// Erase events' personal data (payload, raw bytes, kept headers, failure reason, their outbox
+    /// messages' payloads), keeping their keys: a redelivery stays a duplicate; each audited. One event
+    /// (--provider and --id), or a selection (--provider, --type, --since, --until, --payload).
+    Erase {
+        #[command(flatten)]
+        selection: erase::Selection,
+        /// Count what would be erased, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Why (a deletion request's reference), for the audit record.
+        #[arg(long, value_parser = |t: &str| webhook_inbox::ops::audit_reason(t))]
         reason: String,
         #[command(flatten)]
         out: ops::Output,
@@ -478,6 +494,11 @@ async fn run(cli: Cli) -> Result<()> {
                 None => alerts::list(&pool, resolved, &out).await,
                 Some(command) => alerts::act(&pool, command, &ops::operator(&config::Env::process()), &out).await,
             }
+        }
+        Command::Erase { selection, dry_run, reason, out } => {
+            let actor = ops::operator(&config::Env::process());
+            let by = Audit { actor: &actor, action: "erase", reason: &reason };
+            erase::erase(&operator_db().await?, selection, dry_run, &by, &out).await
         }
         Command::Stats { out } => ops::stats(&operator_db().await?, &config::Env::resolved().await?, &out).await,
         Command::Providers { base_url, all, out } => {

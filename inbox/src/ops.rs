@@ -350,13 +350,19 @@ pub async fn show(pool: &PgPool, env: &Env<'_>, provider: &str, event_id: &str, 
             "secret_index": event.secret_index, "secret_fingerprint": event.secret_fingerprint,
             "headers": event.headers.0, "payload": event.payload.map(|p| p.0),
             "raw_body_bytes": event.raw_body.len(), "verification": verification, "history": history,
-            "outbox": messages, "held_by_pause": event.held_by,
+            "outbox": messages, "held_by_pause": event.held_by, "erased_at": event.erased_at, "erased_by": event.erased_by,
         }));
         return Ok(());
     }
     say!("{} {} ({}), {}, from {}", event.provider, event.event_id, event.event_type, event.status, event.source);
     say!("received {}; processed {}", event.received_at, event.processed_at.as_deref().unwrap_or("-"));
     say!("attempts {}; next attempt {}", event.attempts, event.next_attempt_at.as_deref().unwrap_or("-"));
+    if let Some(at) = &event.erased_at {
+        say!(
+            "erased on {at} by {}: its payload, raw bytes and headers are gone; a redelivery is still a duplicate",
+            event.erased_by.as_deref().unwrap_or("?")
+        );
+    }
     if event.held_by.is_some() {
         say!("held by a pause: it waits, spending no attempt, until `inbox resume` (`inbox pauses` lists the pauses)");
     }
@@ -480,6 +486,9 @@ pub async fn replay(pool: &PgPool, provider: &str, event_id: &str, by: &Audit<'_
         Replayed::WithoutPayload => bail!(
             "{provider} {event_id} was stored without a payload (its body was never usable; see its failure reason): no handler could take it"
         ),
+        Replayed::Erased { at, by } => {
+            bail!("{provider} {event_id} was erased on {at} by {by}: nothing is left to process")
+        }
         Replayed::Requeued { from } => from,
     };
     if out.json {
@@ -589,7 +598,7 @@ pub async fn requeue(pool: &PgPool, filter: &Filter, by: &Audit<'_>, dry_run: bo
         }
         if done.without_payload > 0 {
             say!(
-                "{} skipped: stored without a payload (their body was never usable; `inbox failed` shows why)",
+                "{} skipped: without a payload (their body was never usable, or they were erased; `inbox show` says which)",
                 done.without_payload
             );
         }

@@ -556,6 +556,47 @@ async fn alerts_are_evaluated_listed_acknowledged_and_resolved(pool_options: PgP
     assert!(fails(Some(&url), &["alerts", "evaluate"]).contains("no [[alert]]"));
 }
 
+/// `inbox erase`: a dry run counts, a selection by payload erases, one event
+/// by id, `show` says so, `replay` refuses; a selection of nothing is refused.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn erase_forgets_a_customer_and_says_what_it_did(pool_options: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = pool_options.connect_with(opts.clone()).await.unwrap();
+    let url = url_of(&opts);
+    for (id, who) in [("evt_1", "ann@example.com"), ("evt_2", "ann@example.com"), ("evt_3", "bob@example.com")] {
+        sqlx::query(
+            "INSERT INTO webhook_inbox (provider, event_id, event_type, payload, status, raw_body, secret_index, processed_at)
+             VALUES ('stripe', $1, 'charge.succeeded', jsonb_build_object('email', $2::text), 'done', convert_to($2, 'UTF8'), 0, now())",
+        )
+        .bind(id)
+        .bind(who)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let env = [("INBOX_OPERATOR", "dpo")];
+    let dry =
+        ok(&url, &["erase", "--payload", "ann@example.com", "--since", "1d", "--dry-run", "--reason", "GDPR #1"], &env);
+    assert!(dry.contains("2 event(s) selected: 2 would be erased"), "{dry}");
+    let done = ok(&url, &["erase", "--payload", "ann@example.com", "--since", "1d", "--reason", "GDPR #1"], &env);
+    assert!(done.contains("2 event(s) selected: 2 erased"), "{done}");
+    let one = ok(&url, &["erase", "--provider", "stripe", "--id", "evt_3", "--reason", "GDPR #2"], &env);
+    assert!(one.contains("stripe evt_3 erased") && one.contains("a redelivery is still a duplicate"), "{one}");
+    assert!(fails(Some(&url), &["erase", "--provider", "stripe", "--id", "evt_3", "--reason", "x"])
+        .contains("erased already"));
+    let shown = ok(&url, &["show", "stripe", "evt_1"], &[]);
+    assert!(shown.contains("erased on") && shown.contains("by dpo"), "{shown}");
+    assert!(fails(Some(&url), &["replay", "stripe", "evt_1"]).contains("was erased on"));
+    assert!(fails(Some(&url), &["erase", "--reason", "x"]).contains("name what to erase"));
+    assert!(fails(Some(&url), &["erase", "--id", "evt_1", "--reason", "x"]).contains("--provider"));
+    assert!(fails(Some(&url), &["erase", "--provider", "stripe", "--id", "evt_1"]).contains("--reason"));
+    let left: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM webhook_inbox WHERE payload IS NOT NULL OR raw_body IS NOT NULL")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(left, 0);
+}
+
 #[sqlx::test(migrations = false)]
 async fn a_missing_unreachable_or_empty_database_is_named(_: PgPoolOptions, opts: PgConnectOptions) {
     assert!(fails(None, &["stats"]).contains("DATABASE_URL is not set"));

@@ -17,9 +17,9 @@ pub use crate::core::text::{escape, escape_json};
 pub use crate::db::audit::{history, AuditRecord};
 pub use crate::db::destinations::{is_destination_name, list as destinations, DestinationState};
 pub use crate::db::inbox::{
-    count_matching, counts_by_provider, list_events, list_failed, replay, requeue_all, secret_usage, status_counts,
-    stored_event, Audit, Count, EventPage, EventSummary, FailedEvent, InboxGauges, Matching, Replayed, Requeued,
-    SecretUse, StoredEvent, SEARCH_TIMEOUT,
+    count_matching, counts_by_provider, erase, erase_matching, list_events, list_failed, replay, requeue_all,
+    secret_usage, status_counts, stored_event, Audit, Count, Erased, Erasure, EventPage, EventSummary, FailedEvent,
+    InboxGauges, Matching, Replayed, Requeued, SecretUse, StoredEvent, SEARCH_TIMEOUT,
 };
 pub use crate::db::outbox::{event_messages, list_unsent, retry_dead, retry_message, OutboxGauges, OutboxMessage};
 pub use crate::db::pauses::{

@@ -931,3 +931,20 @@ async fn alerts_are_listed_acknowledged_and_resolved_from_the_alerts_page(pool: 
         ]
     );
 }
+
+/// An erased event's page says so and offers no replay; a replay posted anyway is refused, saying why.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn an_erased_event_is_shown_as_erased_and_cannot_be_replayed(pool: PgPool) {
+    failed(&pool, 1).await;
+    let by = webhook_inbox::ops::Audit { actor: "dpo", action: "erase", reason: "GDPR" };
+    webhook_inbox::ops::erase(&pool, "stripe", "evt_1", &by).await.unwrap();
+    let c = Console::new(&pool, &pool).await;
+    let (cookie, csrf) = c.session("olga").await;
+    let page = c.send("GET", "/event?provider=stripe&id=evt_1", Some(&cookie), None).await;
+    assert!(page.body.contains("id=\"erased\"") && page.body.contains("by dpo"), "{}", page.body);
+    assert!(!page.body.contains("Replay…"), "{}", page.body);
+    let replay = form(&[("provider", "stripe"), ("id", "evt_1"), ("csrf", &csrf)]);
+    let refused = c.send("POST", "/event/replay", Some(&cookie), Some(&replay)).await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+    assert!(refused.body.contains("was erased on"), "{}", refused.body);
+}

@@ -8,6 +8,7 @@ mod console;
 mod database;
 mod declared;
 mod destinations;
+mod erase;
 mod group;
 mod handlers;
 mod hints;

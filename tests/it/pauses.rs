@@ -287,7 +287,9 @@ async fn nothing_of_a_paused_scope_is_applied_once_the_pause_returns_and_nothing
     assert!(scalar::<i64>(&pool, "SELECT count(*) FROM applied").await > stripe_before, "stripe stopped too");
     assert!(at_pause > 0, "the workers ran before the pause");
 
-    assert!(resume(&pool, &scope("shopify", None), 7).await > 0);
+    // The workers release chunks too (they see the resume in their gate): this loop may release none itself.
+    resume(&pool, &scope("shopify", None), 7).await;
+    assert!(ops::pauses(&pool).await.unwrap().is_empty(), "resumed to the end");
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop.store(true, Ordering::Relaxed);
     for t in tasks {

@@ -45,6 +45,8 @@ struct EventView {
     status: String,
     /// Held by a pause: the Pauses page's link.
     held: Option<String>,
+    /// Erased: when, and by whom.
+    erased: Option<String>,
     source: String,
     attempts: i32,
     received_at: String,
@@ -160,6 +162,10 @@ pub(super) async fn event(
         event_type: escape(&event.event_type).into_owned(),
         status: event.status.clone(),
         held: event.held_by.map(|_| nav.href("/pauses", &[])),
+        erased: event
+            .erased_at
+            .as_deref()
+            .map(|at| format!("{} by {}", short_time(at), clip(event.erased_by.as_deref().unwrap_or("?"), 100))),
         source: event.source.clone(),
         attempts: event.attempts,
         received_at: short_time(&event.received_at),
@@ -309,5 +315,10 @@ pub(super) async fn replay(
         Replayed::WithoutPayload => {
             Err(PageError::BadRequest("The event has no payload (its body was never usable): nothing was done.".into()))
         }
+        Replayed::Erased { at, by } => Err(PageError::BadRequest(format!(
+            "The event was erased on {} by {}: nothing is left to process; nothing was done.",
+            short_time(&at),
+            clip(&by, 100)
+        ))),
     }
 }

@@ -136,7 +136,7 @@ pub(super) async fn confirm_requeue(
             let mut what = vec![format!("{} match: {}.", found.matching, describe(filter))];
             if found.without_payload > 0 {
                 what.push(format!(
-                    "{} of them were stored without a payload (never usable) and are left as they are.",
+                    "{} of them have no payload (never usable, or erased) and are left as they are.",
                     found.without_payload
                 ));
             }

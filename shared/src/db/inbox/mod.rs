@@ -6,6 +6,7 @@
 //! `core` ([`Status`](crate::core::status::Status), `core::selection`).
 
 mod claim;
+mod erase;
 mod listing;
 mod prune;
 mod queue;
@@ -18,6 +19,7 @@ pub use claim::Envelope;
 #[cfg(feature = "serve")]
 pub use claim::GroupRow;
 pub(crate) use claim::{insert, insert_batch, Body, Inserted};
+pub use erase::{erase, erase_matching, Erased, Erasure};
 pub(crate) use listing::ruled_events;
 pub use listing::{list_events, stored_event, EventPage, EventSummary, StoredEvent, SEARCH_TIMEOUT};
 pub use prune::{delete_received_before, Providers};

@@ -71,7 +71,7 @@ pub async fn list_failed(pool: &PgPool, filter: &Filter, limit: i64) -> Result<V
 pub struct Matching {
     /// Events the filter selects (pending ones aside).
     pub matching: i64,
-    /// Of those, stored without a payload (a body never usable): a requeue skips them.
+    /// Of those, without a payload (a body never usable, or erased): a requeue skips them.
     pub without_payload: i64,
 }
 
@@ -203,6 +203,13 @@ pub enum Replayed {
     AlreadyPending,
     /// Stored without a payload (its body was never usable): no handler could take it.
     WithoutPayload,
+    /// Erased ([`crate::ops::erase`]): nothing is left to process.
+    Erased {
+        /// When (PostgreSQL's own text).
+        at: String,
+        /// By whom.
+        by: String,
+    },
     /// No such event.
     NotFound,
 }
@@ -210,9 +217,11 @@ pub enum Replayed {
 /// Puts one event (done, failed or unhandled) back to `pending`, attempts
 /// reset, with an audit record, in one statement.
 pub async fn replay(pool: &PgPool, provider: &str, event_id: &str, by: &Audit<'_>) -> Result<Replayed, sqlx::Error> {
-    let row: Option<(String, bool, bool)> = db::query_as(
+    // Its status, whether pending, whether replayable, when and by whom it was erased.
+    type Row = (String, bool, bool, Option<String>, Option<String>);
+    let row: Option<Row> = db::query_as(
         "WITH picked AS (
-             SELECT provider, event_id, status, attempts, failure_reason,
+             SELECT provider, event_id, status, attempts, failure_reason, erased_at, erased_by,
                     status <> 'pending' AND payload IS NOT NULL AS replayable
              FROM webhook_inbox
              WHERE provider = $1 AND event_id = $2 FOR UPDATE),
@@ -224,7 +233,7 @@ pub async fn replay(pool: &PgPool, provider: &str, event_id: &str, by: &Audit<'_
          audited AS (
              INSERT INTO inbox_audit (actor, action, reason, provider, event_id, from_status, attempts, failure_reason)
              SELECT $3, $4, $5, provider, event_id, status, attempts, failure_reason FROM picked WHERE replayable)
-         SELECT status, status = 'pending', replayable FROM picked",
+         SELECT status, status = 'pending', replayable, erased_at::text, erased_by FROM picked",
     )
     .bind(provider)
     .bind(event_id)
@@ -235,8 +244,9 @@ pub async fn replay(pool: &PgPool, provider: &str, event_id: &str, by: &Audit<'_
     .await?;
     Ok(match row {
         None => Replayed::NotFound,
-        Some((_, true, _)) => Replayed::AlreadyPending,
-        Some((_, false, false)) => Replayed::WithoutPayload,
-        Some((from, false, true)) => Replayed::Requeued { from },
+        Some((_, _, _, Some(at), by)) => Replayed::Erased { at, by: by.unwrap_or_default() },
+        Some((_, true, _, _, _)) => Replayed::AlreadyPending,
+        Some((_, false, false, _, _)) => Replayed::WithoutPayload,
+        Some((from, false, true, _, _)) => Replayed::Requeued { from },
     })
 }
