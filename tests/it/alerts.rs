@@ -293,3 +293,16 @@ async fn evaluations_racing_from_many_processes_open_one_alert(pool: PgPool) {
     assert_eq!(keys(&pool).await.len(), 2);
     assert!(!rules.evaluate(&pool, alerts::EVERY).await.unwrap().ran, "not again within the minute");
 }
+
+/// An evaluation with another file (a deploy under way, `inbox alerts
+/// evaluate` with rules of its own) leaves the alerts of rules it does not
+/// have as they are.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn an_evaluation_leaves_the_alerts_of_rules_it_does_not_have(pool: PgPool) {
+    failed(&pool, 0, 20).await;
+    assert_eq!(evaluate(&AlertRules::parse(STORM).unwrap(), &pool).await.opened, 1);
+    let other = AlertRules::parse("[[alert]]\ncondition = \"dead_outbox\"").unwrap();
+    let e = evaluate(&other, &pool).await;
+    assert_eq!((e.opened, e.resolved), (0, 0));
+    assert_eq!(alerts::list(&pool, false, 10).await.unwrap()[0].state, "open");
+}

@@ -36,7 +36,7 @@ pub struct Evaluated {
     pub ran: bool,
     /// Alerts opened.
     pub opened: usize,
-    /// Alerts resolved (their condition cleared for `resolve_after`, or their rule is gone).
+    /// Alerts resolved (their condition cleared for `resolve_after`).
     pub resolved: usize,
     /// Reminders sent.
     pub reminded: usize,
@@ -114,11 +114,9 @@ impl AlertRules {
                 }
             }
         }
-        // An alert whose rule is gone from the file is resolved, quietly: nobody watches it any more.
-        for alert in live.iter().filter(|a| self.rules().iter().all(|r| r.name != a.rule)) {
-            store::resolve(&mut tx, alert.id, "inbox (its rule was removed)").await?;
-            done.resolved += 1;
-        }
+        // An alert whose rule this file does not have is left as it is: another
+        // process may run another file (a deploy under way, `inbox alerts
+        // evaluate` with rules of its own); `inbox alerts resolve` ends it.
         done.live = live.len() + done.opened - done.resolved;
         tx.commit().await?;
         Ok(done)
