@@ -948,3 +948,43 @@ async fn an_erased_event_is_shown_as_erased_and_cannot_be_replayed(pool: PgPool)
     assert_eq!(refused.status, StatusCode::BAD_REQUEST);
     assert!(refused.body.contains("was erased on"), "{}", refused.body);
 }
+
+/// An operator erases an event from its page (confirmed, audited); a viewer cannot; a pending one is refused.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn an_operator_erases_an_event_from_its_page(pool: PgPool) {
+    failed(&pool, 1).await;
+    inbox_tests::store(&pool, Provider::GITHUB, "gh_pending", "push", "{}").await;
+    let c = Console::new(&pool, &pool).await;
+    let (cookie, csrf) = c.session("olga").await;
+    let page = c.send("GET", "/event?provider=stripe&id=evt_1", Some(&cookie), None).await;
+    assert!(page.body.contains("/event/erase?provider=stripe&#38;id=evt_1"), "{}", page.body);
+    let (viewer, viewer_csrf) = c.session("vic").await;
+    assert_eq!(
+        c.send("GET", "/event/erase?provider=stripe&id=evt_1", Some(&viewer), None).await.status,
+        StatusCode::FORBIDDEN
+    );
+    let erase = |csrf: &str| form(&[("provider", "stripe"), ("id", "evt_1"), ("reason", "GDPR #7"), ("csrf", csrf)]);
+    assert_eq!(
+        c.send("POST", "/event/erase", Some(&viewer), Some(&erase(&viewer_csrf))).await.status,
+        StatusCode::FORBIDDEN
+    );
+    let confirm = c.send("GET", "/event/erase?provider=stripe&id=evt_1", Some(&cookie), None).await;
+    assert!(
+        confirm.body.contains("Erase this event?") && confirm.body.contains("cannot be undone"),
+        "{}",
+        confirm.body
+    );
+    let erased = c.send("POST", "/event/erase", Some(&cookie), Some(&erase(&csrf))).await;
+    assert_eq!(erased.location, "/event?provider=stripe&id=evt_1&done=erased");
+    let page = c.send("GET", "/event?provider=stripe&id=evt_1&done=erased", Some(&cookie), None).await;
+    assert!(page.body.contains("by console:olga") && !page.body.contains("Erase…"), "{}", page.body);
+    assert_eq!(
+        c.send("POST", "/event/erase", Some(&cookie), Some(&erase(&csrf))).await.status,
+        StatusCode::BAD_REQUEST
+    );
+    let pending = c.send("GET", "/event/erase?provider=github&id=gh_pending", Some(&cookie), None).await;
+    assert!(pending.body.contains("is pending"), "{}", pending.body);
+    let audit: (String, String) =
+        sqlx::query_as("SELECT actor, reason FROM inbox_audit WHERE action = 'erase'").fetch_one(&pool).await.unwrap();
+    assert_eq!(audit, ("console:olga".into(), "GDPR #7".into()));
+}

@@ -64,6 +64,8 @@ struct EventView {
     history: Vec<HistoryView>,
     messages: Vec<MessageView>,
     replay: Option<String>,
+    /// An operator's link to erase it (processed, not erased yet).
+    erase: Option<String>,
     list: String,
 }
 
@@ -153,6 +155,7 @@ pub(super) async fn event(
     let notice = match p.done.as_str() {
         "replayed" => Some("Replayed: the event is pending again, its attempts reset. The worker takes it at its next pass; reload to see it."),
         "retried" => Some("The outbox message is due again, its attempts reset. The relay sends it at its next pass."),
+        "erased" => Some("Erased: its payload, raw bytes and headers are gone; its key stays, so a redelivery is still a duplicate."),
         _ => None,
     };
     let e = EventView {
@@ -219,6 +222,8 @@ pub(super) async fn event(
             })
             .collect(),
         replay,
+        erase: (nav.operator() && event.status != Status::Pending.as_str() && event.erased_at.is_none())
+            .then(|| nav.href("/event/erase", &[("provider", &event.provider), ("id", &event.event_id)])),
     };
     html(EventPage { nav, e, notice })
 }

@@ -7,6 +7,7 @@
 
 mod action;
 mod alerts;
+mod erase;
 mod event;
 mod events;
 mod outbox;
@@ -41,6 +42,7 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/events", get(events::events))
         .route("/event", get(event::event))
         .route("/event/replay", get(event::confirm_replay).post(event::replay))
+        .route("/event/erase", get(erase::confirm_erase).post(erase::erase))
         .route("/requeue", get(requeue::confirm_requeue).post(requeue::requeue))
         .route("/outbox", get(outbox::outbox))
         .route("/outbox/retry", get(outbox::confirm_retry).post(outbox::retry))
