@@ -103,27 +103,9 @@ impl SqsSink {
                 return vec![SinkReply::Retryable { reason, retry_after: None }; chunk.len()];
             }
         };
-        // Only what SQS lists as successful is delivered; anything it leaves out is retried.
-        let unknown = SinkReply::Retryable { reason: "SQS reported nothing for the entry".into(), retry_after: None };
-        let mut out = vec![unknown; chunk.len()];
-        let index = |id: &str| id.parse::<usize>().ok().filter(|i| *i < chunk.len());
-        for ok in output.successful() {
-            if let Some(i) = index(ok.id()) {
-                out[i] = SinkReply::Delivered;
-            }
-        }
-        for failed in output.failed() {
-            let Some(i) = index(failed.id()) else {
-                continue;
-            };
-            let reason = format!("SQS {}: {}", failed.code(), failed.message().unwrap_or(""));
-            out[i] = if failed.sender_fault() {
-                SinkReply::Rejected(reason)
-            } else {
-                SinkReply::Retryable { reason, retry_after: None }
-            };
-        }
-        out
+        let ok = output.successful().iter().map(|e| Some(e.id()));
+        let failed = output.failed().iter().map(|f| (f.id(), f.code(), f.message(), f.sender_fault()));
+        batch_replies("SQS", chunk.len(), ok, failed)
     }
 }
 
@@ -179,27 +161,9 @@ impl SnsSink {
                 return vec![SinkReply::Retryable { reason, retry_after: None }; chunk.len()];
             }
         };
-        // Only what SNS lists as successful is delivered; anything it leaves out is retried.
-        let unknown = SinkReply::Retryable { reason: "SNS reported nothing for the entry".into(), retry_after: None };
-        let mut out = vec![unknown; chunk.len()];
-        let index = |id: &str| id.parse::<usize>().ok().filter(|i| *i < chunk.len());
-        for ok in output.successful() {
-            if let Some(i) = ok.id().and_then(index) {
-                out[i] = SinkReply::Delivered;
-            }
-        }
-        for failed in output.failed() {
-            let Some(i) = index(failed.id()) else {
-                continue;
-            };
-            let reason = format!("SNS {}: {}", failed.code(), failed.message().unwrap_or(""));
-            out[i] = if failed.sender_fault() {
-                SinkReply::Rejected(reason)
-            } else {
-                SinkReply::Retryable { reason, retry_after: None }
-            };
-        }
-        out
+        let ok = output.successful().iter().map(|e| e.id());
+        let failed = output.failed().iter().map(|f| (f.id(), f.code(), f.message(), f.sender_fault()));
+        batch_replies("SNS", chunk.len(), ok, failed)
     }
 }
 
@@ -219,6 +183,33 @@ impl Sink for SnsSink {
             move |chunk| self.publish(chunk),
         ))
     }
+}
+
+/// A batch call's replies, entry by entry (ids are the entries' positions):
+/// what `service` lists as successful is delivered, a failure the sender
+/// caused is refused, another is retried, and an entry it leaves out is retried.
+fn batch_replies<'a>(
+    service: &str,
+    n: usize,
+    successful: impl Iterator<Item = Option<&'a str>>,
+    failed: impl Iterator<Item = (&'a str, &'a str, Option<&'a str>, bool)>,
+) -> Vec<SinkReply> {
+    let unknown =
+        SinkReply::Retryable { reason: format!("{service} reported nothing for the entry"), retry_after: None };
+    let mut out = vec![unknown; n];
+    let index = |id: &str| id.parse::<usize>().ok().filter(|i| *i < n);
+    for i in successful.flatten().filter_map(index) {
+        out[i] = SinkReply::Delivered;
+    }
+    for (id, code, message, sender_fault) in failed {
+        let Some(i) = index(id) else {
+            continue;
+        };
+        let reason = format!("{service} {code}: {}", message.unwrap_or(""));
+        out[i] =
+            if sender_fault { SinkReply::Rejected(reason) } else { SinkReply::Retryable { reason, retry_after: None } };
+    }
+    out
 }
 
 /// SQS and SNS deduplication ids are at most 128 characters: a longer key is hashed.

@@ -32,13 +32,7 @@ pub(super) async fn confirm_erase(
 ) -> Result<Response, PageError> {
     operator_only(&signed)?;
     let nav = signed.nav(&state);
-    let Some(event) = ops::stored_event(&state.read, &p.provider, &p.id).await? else {
-        return Err(PageError::NotFound(format!(
-            "No event {} from {} is stored.",
-            clip(&p.id, 200),
-            clip(&p.provider, 64)
-        )));
-    };
+    let event = super::event::stored(&state, &p.provider, &p.id).await?;
     let name = format!("{} {}", escape(&event.provider), clip(&event.event_id, 200));
     let refused = match (&event.erased_at, event.status.as_str()) {
         (Some(at), _) => Some(format!("{name} was erased already, on {}.", short_time(at))),

@@ -242,6 +242,13 @@ fn hex_dump(bytes: &[u8]) -> String {
         .join("\n")
 }
 
+/// The event an action names, or the page that says it is not stored.
+pub(super) async fn stored(state: &State, provider: &str, id: &str) -> Result<ops::StoredEvent, PageError> {
+    ops::stored_event(&state.read, provider, id).await?.ok_or_else(|| {
+        PageError::NotFound(format!("No event {} from {} is stored.", clip(id, 200), clip(provider, 64)))
+    })
+}
+
 pub(super) async fn confirm_replay(
     Shared(state): Shared<Arc<State>>,
     signed: Signed,
@@ -249,13 +256,7 @@ pub(super) async fn confirm_replay(
 ) -> Result<Response, PageError> {
     operator_only(&signed)?;
     let nav = signed.nav(&state);
-    let Some(event) = ops::stored_event(&state.read, &p.provider, &p.id).await? else {
-        return Err(PageError::NotFound(format!(
-            "No event {} from {} is stored.",
-            clip(&p.id, 200),
-            clip(&p.provider, 64)
-        )));
-    };
+    let event = stored(&state, &p.provider, &p.id).await?;
     let name = format!("{} {}", escape(&event.provider), clip(&event.event_id, 200));
     let refused = if event.status == Status::Pending.as_str() {
         Some(format!("{name} is pending already: the worker takes it at its next pass. Nothing to replay."))
