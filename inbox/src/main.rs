@@ -15,6 +15,7 @@ macro_rules! say {
 }
 
 mod alerts;
+mod archive;
 mod bench;
 mod demo;
 mod erase;
@@ -235,6 +236,24 @@ enum Command {
         /// Why (a deletion request's reference), for the audit record.
         #[arg(long, value_parser = |t: &str| webhook_inbox::ops::audit_reason(t))]
         reason: String,
+        #[command(flatten)]
+        out: ops::Output,
+    },
+    /// Prune's archive (INBOX_ARCHIVE_S3_BUCKET): `archive list` says what it holds, by provider and day.
+    Archive {
+        #[command(subcommand)]
+        command: archive::ArchiveCommand,
+    },
+    /// Put archived events back into DATABASE_URL as they were (marked restored; prune keeps them
+    /// their retention from now), keys stored already skipped: an s3://bucket/prefix (a provider's
+    /// month: s3://bucket/inbox/stripe/2026-10), a .jsonl.gz file or a folder. `inbox requeue` then
+    /// runs them through today's handlers.
+    Restore {
+        #[arg(value_parser = |t: &str| webhook_inbox::archive::Source::parse(t))]
+        source: webhook_inbox::archive::Source,
+        /// Read and count everything, change nothing.
+        #[arg(long)]
+        dry_run: bool,
         #[command(flatten)]
         out: ops::Output,
     },
@@ -461,7 +480,13 @@ async fn run(cli: Cli) -> Result<()> {
                 "pruned: {} done, unhandled or ignored inbox rows, {} failed inbox rows, {} sent outbox messages, {} batch bodies, {} replay guards",
                 pruned.done, pruned.failed, pruned.outbox, pruned.bodies, pruned.guards
             );
-            Ok(())
+            if pruned.archived + pruned.not_archived > 0 {
+                say!("archived: {} inbox rows in {} objects", pruned.archived, pruned.archive_objects);
+            }
+            match &pruned.archive_error {
+                Some(e) => anyhow::bail!("{} inbox rows kept, not archived: {e}", pruned.not_archived),
+                None => Ok(()),
+            }
         }
         Command::Demo { payments } => {
             let demo = demo::Demo { payments: payments.max(1) };
@@ -494,6 +519,10 @@ async fn run(cli: Cli) -> Result<()> {
                 None => alerts::list(&pool, resolved, &out).await,
                 Some(command) => alerts::act(&pool, command, &ops::operator(&config::Env::process()), &out).await,
             }
+        }
+        Command::Archive { command } => archive::act(command).await,
+        Command::Restore { source, dry_run, out } => {
+            archive::restore(&operator_db().await?, &source, dry_run, &out).await
         }
         Command::Erase { selection, dry_run, reason, out } => {
             let actor = ops::operator(&config::Env::process());

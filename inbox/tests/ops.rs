@@ -597,6 +597,68 @@ async fn erase_forgets_a_customer_and_says_what_it_did(pool_options: PgPoolOptio
     assert_eq!(left, 0);
 }
 
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn prune_archives_to_s3_and_restore_puts_the_events_back(pool_options: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = pool_options.connect_with(opts.clone()).await.unwrap();
+    let url = url_of(&opts);
+    for id in ["evt_1", "evt_2"] {
+        row(&pool, "stripe", id, "done", None, "100 days").await;
+    }
+    row(&pool, "stripe", "evt_recent", "done", None, "1 day").await;
+    let moto = inbox_tests::Moto::start();
+    let aws = [
+        ("INBOX_ARCHIVE_S3_BUCKET", "the-archive"),
+        ("AWS_ENDPOINT_URL", moto.url.as_str()),
+        ("AWS_ACCESS_KEY_ID", "testing"),
+        ("AWS_SECRET_ACCESS_KEY", "testing"),
+        ("AWS_REGION", "us-east-1"),
+    ];
+    // No bucket yet: nothing is deleted, and the command fails saying why.
+    let out = inbox(Some(&url), &["prune"], &aws);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("2 inbox rows kept, not archived"), "{stderr}");
+    assert!(stderr.contains("s3://the-archive/inbox/stripe/") && stderr.contains("NoSuchBucket"), "{stderr}");
+    assert_eq!(sqlx::query_scalar::<_, i64>("SELECT count(*) FROM webhook_inbox").fetch_one(&pool).await.unwrap(), 3);
+
+    moto.bucket("the-archive").await;
+    let pruned = ok(&url, &["prune"], &aws);
+    assert!(pruned.contains("pruned: 2 done") && pruned.contains("archived: 2 inbox rows in 1 objects"), "{pruned}");
+    let day: String =
+        sqlx::query_scalar("SELECT to_char(now() - interval '100 days', 'YYYY-MM-DD')").fetch_one(&pool).await.unwrap();
+    let listed = ok(&url, &["archive", "list"], &aws);
+    assert!(listed.contains("PROVIDER") && listed.contains(&format!("stripe    {day}  2")), "{listed}");
+    let objects: Value = serde_json::from_str(&ok(
+        &url,
+        &["archive", "list", "--provider", "stripe", "--day", &day[..7], "--json"],
+        &aws,
+    ))
+    .unwrap();
+    assert_eq!(objects[0]["events"], 2, "{objects}");
+
+    // Into a fresh database: a dry run first, then the month, then again (all duplicates).
+    let name = opts.get_database().unwrap();
+    let fresh = format!("restored_{}", &name[name.len() - 16..]);
+    sqlx::query(&format!("CREATE DATABASE \"{fresh}\"")).execute(&pool).await.unwrap();
+    let fresh_opts = opts.clone().database(&fresh);
+    let fresh_pool = PgPoolOptions::new().connect_with(fresh_opts.clone()).await.unwrap();
+    inbox_tests::MIGRATOR.run(&fresh_pool).await.unwrap();
+    let fresh_url = url_of(&fresh_opts);
+    let month = format!("s3://the-archive/inbox/stripe/{}", &day[..7]);
+    let dry = ok(&fresh_url, &["restore", &month, "--dry-run"], &aws);
+    assert!(dry.contains("1 object(s), 2 event(s): 2 would be restored") && dry.contains("nothing changed"), "{dry}");
+    let done = ok(&fresh_url, &["restore", &month], &aws);
+    assert!(done.contains("2 restored, 0 stored already") && done.contains("inbox requeue"), "{done}");
+    let again = ok(&fresh_url, &["restore", &month], &aws);
+    assert!(again.contains("0 restored, 2 stored already"), "{again}");
+    let requeued = ok(&fresh_url, &["requeue", "--status", "done", "--provider", "stripe"], &[]);
+    assert!(requeued.contains('2'), "{requeued}");
+    assert!(fails(Some(&fresh_url), &["restore", "s3:///x"]).contains("names no bucket"));
+    let missing = inbox(Some(&fresh_url), &["restore", "s3://the-archive/inbox/github/"], &aws);
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no object under s3://the-archive/inbox/github/"));
+    fresh_pool.close().await;
+    sqlx::query(&format!("DROP DATABASE \"{fresh}\" WITH (FORCE)")).execute(&pool).await.unwrap();
+}
+
 #[sqlx::test(migrations = false)]
 async fn a_missing_unreachable_or_empty_database_is_named(_: PgPoolOptions, opts: PgConnectOptions) {
     assert!(fails(None, &["stats"]).contains("DATABASE_URL is not set"));

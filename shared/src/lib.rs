@@ -99,14 +99,16 @@
 //! function), [`serve`] (the same stages as a long-running service), [`dev`] (the local stack), [`ops`] (what the operator's commands
 //! do, from code), [`config`] (settings from the environment), [`schemes`]
 //! (a provider's signing contract of your own), [`reconciliation`] (provider
-//! APIs to reconcile from), [`hints`] (events as hints) and [`testing`] (a
+//! APIs to reconcile from), [`hints`] (events as hints), [`alerts`],
+//! [`archive`] (prune's archive in S3, and restore) and [`testing`] (a
 //! team's test support), each item at one path. Everything else is private.
 //!
 //! # Features
 //!
 //! `service` is the database, receive, process, prune and the Lambda plumbing
 //! (Secrets Manager, SQS); `relay`, `reconcile` and `migrate` add their stage
-//! and what only it links (the outbound HTTP client, EventBridge); `serve`
+//! and what only it links (the outbound HTTP client, EventBridge), `archive`
+//! prune's archive (the S3 client, gzip); `serve`
 //! adds the long-running service (its HTTP server, the console, Prometheus
 //! metrics), `dev` the local stack on it; `full`, the default, is all of them. Without `service`
 //! only the providers' signing schemes remain (what the fuzz targets build).
@@ -133,6 +135,8 @@ pub mod app;
 #[cfg(feature = "service")]
 #[cfg(not(feature = "internals"))]
 mod app;
+#[cfg(feature = "archive")]
+pub mod archive;
 #[cfg(feature = "service")]
 pub mod config;
 #[cfg(feature = "console")]
@@ -341,6 +345,8 @@ pub mod sinks {
 pub use crate::core::provider::Provider;
 #[cfg(feature = "service")]
 pub use app::App;
+#[cfg(feature = "service")]
+pub use core::aws::ArchiveConfig;
 #[cfg(feature = "service")]
 pub use db::{
     outbox::{enqueue, Message},

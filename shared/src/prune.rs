@@ -13,7 +13,7 @@ use std::{
 use sqlx::PgPool;
 
 use crate::{
-    core::error::ConfigError,
+    core::{aws::ArchiveConfig, error::ConfigError},
     core::{provider::Provider, status::Status},
     db::{
         self, bodies,
@@ -45,6 +45,8 @@ pub struct PruneConfig {
     pub outbox_days: u32,
     /// `INBOX_PRUNE_BATCH` (1000): rows per DELETE.
     pub batch_size: i64,
+    /// `INBOX_ARCHIVE_S3_BUCKET`: archive each batch of inbox rows before deleting it.
+    pub archive: Option<ArchiveConfig>,
 }
 
 impl PruneConfig {
@@ -55,6 +57,12 @@ impl PruneConfig {
 
     /// Refuses a retention that would forget a key while its provider may still redeliver it.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if cfg!(not(feature = "archive")) && self.archive.is_some() {
+            return Err(ConfigError::Invalid {
+                var: "INBOX_ARCHIVE_S3_BUCKET".into(),
+                reason: "this build cannot archive (it lacks the webhook-inbox crate's `archive` feature)".into(),
+            });
+        }
         let days = [("OUTBOX_RETENTION_DAYS", self.outbox_days), ("INBOX_FAILED_RETENTION_DAYS", self.failed_days)];
         for (var, days) in days.into_iter().chain(
             std::iter::once(("INBOX_RETENTION_DAYS", self.default_days))
@@ -105,8 +113,8 @@ impl PruneConfig {
     }
 }
 
-/// What a pass deleted.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+/// What a pass deleted (and archived).
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Pruned {
     /// Done, unhandled and ignored inbox rows.
     pub done: u64,
@@ -120,6 +128,14 @@ pub struct Pruned {
     pub guards: u64,
     /// DELETE statements run, each its own short transaction.
     pub statements: u64,
+    /// Inbox rows archived (and so deleted), in `archive_objects` objects.
+    pub archived: u64,
+    /// Archive objects stored.
+    pub archive_objects: u64,
+    /// Inbox rows past retention kept because their archive object could not be stored.
+    pub not_archived: u64,
+    /// Why the archive could not store them (the first failure).
+    pub archive_error: Option<String>,
 }
 
 impl Reported for Pruned {
@@ -129,8 +145,15 @@ impl Reported for Pruned {
         m.count("pruned", self.done + self.failed)
             .count("pruned_outbox", self.outbox)
             .count("pruned_bodies", self.bodies)
-            .count("pruned_guards", self.guards);
+            .count("pruned_guards", self.guards)
+            .count("archived", self.archived)
+            .count("archive_failed", self.not_archived);
         vec![m]
+    }
+
+    /// An archive upload that failed (its rows are kept).
+    fn failures(&self) -> Option<String> {
+        self.archive_error.as_ref().map(|e| format!("{} rows kept, not archived: {e}", self.not_archived))
     }
 }
 
@@ -142,10 +165,16 @@ impl Tally for Pruned {
         self.bodies += p.bodies;
         self.guards += p.guards;
         self.statements += p.statements;
+        self.archived += p.archived;
+        self.archive_objects += p.archive_objects;
+        self.not_archived += p.not_archived;
+        if self.archive_error.is_none() {
+            self.archive_error.clone_from(&p.archive_error);
+        }
     }
 
     fn is_empty(&self) -> bool {
-        self.done + self.failed + self.outbox + self.bodies + self.guards == 0
+        self.done + self.failed + self.outbox + self.bodies + self.guards + self.not_archived == 0
     }
 }
 
@@ -166,12 +195,74 @@ impl Stage for Pruner {
 pub struct Pruner {
     pool: PgPool,
     config: PruneConfig,
+    #[cfg(feature = "archive")]
+    archive: tokio::sync::OnceCell<crate::archive::Archive>,
 }
 
 impl Pruner {
-    /// A pruner on `pool`, keeping what `config` says.
+    /// A pruner on `pool`, keeping what `config` says; archiving to
+    /// `config.archive`, if set, through the AWS configuration of the environment.
     pub fn new(pool: PgPool, config: PruneConfig) -> Self {
-        Pruner { pool, config }
+        Pruner {
+            pool,
+            config,
+            #[cfg(feature = "archive")]
+            archive: Default::default(),
+        }
+    }
+
+    /// This pruner, archiving to `archive` before it deletes inbox rows.
+    #[cfg(feature = "archive")]
+    pub fn with_archive(self, archive: crate::archive::Archive) -> Self {
+        Pruner { archive: archive.into(), ..self }
+    }
+
+    #[cfg(feature = "archive")]
+    async fn archive(&self) -> Option<&crate::archive::Archive> {
+        match (&self.config.archive, self.archive.get()) {
+            (_, Some(archive)) => Some(archive),
+            (None, None) => None,
+            (Some(c), None) => Some(self.archive.get_or_init(|| crate::archive::Archive::from_env(c.clone())).await),
+        }
+    }
+
+    /// Deletes a batch of inbox rows past retention; archives it first when an
+    /// archive is configured, deleting only what S3 stored. Returns the rows
+    /// deleted and whether the batch was full (more may be due).
+    #[cfg_attr(not(feature = "archive"), allow(unused_variables))]
+    async fn delete_inbox(
+        &self,
+        providers: Providers<'_>,
+        statuses: &[Status],
+        days: u32,
+        pruned: &mut Pruned,
+    ) -> Result<(u64, bool), sqlx::Error> {
+        let limit = self.config.batch_size;
+        #[cfg(feature = "archive")]
+        if let Some(archive) = self.archive().await {
+            let mut tx = self.pool.begin().await?;
+            let rows = inbox::archive_received_before(&mut *tx, providers, statuses, days, limit).await?;
+            if rows.is_empty() {
+                return Ok((0, false));
+            }
+            let shas: Vec<String> = rows.iter().filter_map(|r| r.body_sha256.clone()).collect();
+            let bodies = inbox::bodies_base64(&mut *tx, &shas).await?.into_iter().collect();
+            let taken = rows.len() as u64;
+            let stored = archive.store(rows, &bodies).await;
+            let keys: Vec<(&str, &str)> = stored.rows.iter().map(|(p, id)| (p.as_str(), id.as_str())).collect();
+            let deleted = inbox::delete_keys(&mut *tx, &keys).await?;
+            tx.commit().await?;
+            pruned.archived += deleted;
+            pruned.archive_objects += stored.objects;
+            pruned.not_archived += stored.failed;
+            if pruned.archive_error.is_none() {
+                pruned.archive_error = stored.error;
+            }
+            // A failed upload ends the run (see `run_once`): its rows stay for the next.
+            return Ok((deleted, stored.failed == 0 && taken as i64 == limit));
+        }
+        let n = inbox::delete_received_before(db::Autocommit(&self.pool), providers, statuses, days, limit).await?;
+        Ok((n, n as i64 == limit))
     }
 
     /// One batch of each kind, each DELETE its own short transaction; and
@@ -183,25 +274,22 @@ impl Pruner {
         let (groups, overridden) = self.config.done_groups();
         let default = (self.config.default_days, Providers::Except(&overridden));
         for (days, providers) in groups.iter().map(|(d, p)| (*d, Providers::Only(p))).chain([default]) {
-            let n = inbox::delete_received_before(db::Autocommit(&self.pool), providers, FINISHED, days, limit).await?;
-            short &= (n as i64) < limit;
+            let (n, full) = self.delete_inbox(providers, FINISHED, days, &mut pruned).await?;
+            short &= !full;
             pruned.done += n;
             pruned.statements += 1;
         }
-        pruned.failed = inbox::delete_received_before(
-            db::Autocommit(&self.pool),
-            Providers::Any,
-            &[Status::Failed],
-            self.config.failed_days,
-            limit,
-        )
-        .await?;
+        let (n, full) =
+            self.delete_inbox(Providers::Any, &[Status::Failed], self.config.failed_days, &mut pruned).await?;
+        pruned.failed = n;
+        short &= !full;
         pruned.outbox = outbox::delete_sent_before(db::Autocommit(&self.pool), self.config.outbox_days, limit).await?;
         pruned.bodies = bodies::delete_orphans(db::Autocommit(&self.pool), limit).await?;
         pruned.guards = bodies::delete_orphan_guards(db::Autocommit(&self.pool), limit).await?;
         pruned.statements += 4;
-        short &= [pruned.failed, pruned.outbox, pruned.bodies, pruned.guards].iter().all(|n| (*n as i64) < limit);
-        Ok((pruned, short))
+        short &= [pruned.outbox, pruned.bodies, pruned.guards].iter().all(|n| (*n as i64) < limit);
+        // An archive that failed ends the run: its rows stay, and the next run tries them again.
+        Ok((pruned.clone(), short || pruned.not_archived > 0))
     }
 }
 
@@ -217,6 +305,7 @@ mod tests {
             failed_days: 180,
             outbox_days: 7,
             batch_size: 1000,
+            archive: None,
         }
     }
 

@@ -34,6 +34,7 @@ fn retention(batch_size: i64) -> PruneConfig {
         failed_days: 180,
         outbox_days: 7,
         batch_size,
+        archive: None,
     }
 }
 

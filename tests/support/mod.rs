@@ -323,6 +323,11 @@ impl Moto {
         }
         webhook_inbox::core::aws::config(Some(&self.url)).await
     }
+
+    /// Makes an S3 bucket (prune's archive, `tests/it/archive.rs`).
+    pub async fn bucket(&self, name: &str) {
+        webhook_inbox::archive::s3_client(&self.aws().await).create_bucket().bucket(name).send().await.unwrap();
+    }
 }
 
 impl Drop for Moto {

@@ -3,12 +3,17 @@
 use std::collections::HashMap;
 
 use super::{invalid, Env};
-use crate::{core::error::ConfigError, prune::PruneConfig, receive::providers::catalog::Catalog};
+use crate::{
+    core::{aws::ArchiveConfig, error::ConfigError},
+    prune::PruneConfig,
+    receive::providers::catalog::Catalog,
+};
 
 impl PruneConfig {
     /// `INBOX_RETENTION_DAYS` (60) and `INBOX_RETENTION_DAYS_<PROVIDER>`,
     /// `INBOX_FAILED_RETENTION_DAYS` (180), `OUTBOX_RETENTION_DAYS` (7),
-    /// `INBOX_PRUNE_BATCH` (1000); a retention not longer than a provider's
+    /// `INBOX_PRUNE_BATCH` (1000), `INBOX_ARCHIVE_S3_BUCKET` and
+    /// `INBOX_ARCHIVE_S3_PREFIX` (`inbox/`); a retention not longer than a provider's
     /// redelivery window is refused, with the reason.
     pub fn read(env: &Env) -> Result<Self, ConfigError> {
         let catalog = Catalog::read(env)?;
@@ -28,6 +33,10 @@ impl PruneConfig {
             failed_days: env.parse("INBOX_FAILED_RETENTION_DAYS", 180)?,
             outbox_days: env.parse("OUTBOX_RETENTION_DAYS", 7)?,
             batch_size: env.positive("INBOX_PRUNE_BATCH", 1000i64)?,
+            archive: env.var("INBOX_ARCHIVE_S3_BUCKET").map(|bucket| ArchiveConfig {
+                bucket,
+                prefix: env.var("INBOX_ARCHIVE_S3_PREFIX").unwrap_or_else(|| "inbox/".into()),
+            }),
         };
         config.validate()?;
         Ok(config)

@@ -29,3 +29,12 @@ pub async fn from_env() -> aws_config::SdkConfig {
     static CONFIG: tokio::sync::OnceCell<aws_config::SdkConfig> = tokio::sync::OnceCell::const_new();
     CONFIG.get_or_init(|| config(None)).await.clone()
 }
+
+/// Where prune archives what it deletes (`crate::archive`, with the `archive` feature): a bucket, and a prefix in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArchiveConfig {
+    /// `INBOX_ARCHIVE_S3_BUCKET`.
+    pub bucket: String,
+    /// `INBOX_ARCHIVE_S3_PREFIX` (`inbox/`): the objects' keys start with it.
+    pub prefix: String,
+}

@@ -5,6 +5,8 @@
 //! the statuses themselves and the operator's selections are leaf types in
 //! `core` ([`Status`](crate::core::status::Status), `core::selection`).
 
+#[cfg(feature = "archive")]
+mod archive;
 mod claim;
 mod erase;
 mod listing;
@@ -13,6 +15,8 @@ mod queue;
 mod requeue;
 mod stats;
 
+#[cfg(feature = "archive")]
+pub use archive::{archive_received_before, bodies_base64, delete_keys, restore, ArchivedEvent};
 #[cfg(feature = "serve")]
 pub(crate) use claim::insert_group;
 pub use claim::Envelope;

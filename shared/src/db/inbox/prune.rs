@@ -12,6 +12,33 @@ pub enum Providers<'a> {
     Except(&'a [&'a str]),
 }
 
+impl<'a> Providers<'a> {
+    pub(super) fn binds(self) -> (Option<&'a [&'a str]>, &'a [&'a str]) {
+        match self {
+            Providers::Any => (None, &[]),
+            Providers::Only(p) => (Some(p), &[]),
+            Providers::Except(p) => (None, p),
+        }
+    }
+}
+
+/// The rows past retention: `$1` only these providers (NULL: any), `$2` the
+/// statuses, `$3` days, `$4` the limit, `$5` not these providers. A restored
+/// row is kept its retention from when it was restored too.
+macro_rules! due {
+    () => {
+        "received_at < now() - make_interval(days => $3)
+         AND (restored_at IS NULL OR restored_at < now() - make_interval(days => $3))
+         AND status = ANY($2)
+         AND ($1::text[] IS NULL OR provider = ANY($1))
+         AND NOT provider = ANY($5::text[])
+         LIMIT $4
+         FOR UPDATE SKIP LOCKED"
+    };
+}
+#[cfg(feature = "archive")]
+pub(super) use due;
+
 /// Deletes up to `limit` rows of one of `statuses` (of `providers`) received
 /// before `days` ago, skipping rows another transaction holds.
 pub async fn delete_received_before<'e>(
@@ -21,22 +48,14 @@ pub async fn delete_received_before<'e>(
     days: u32,
     limit: i64,
 ) -> Result<u64, sqlx::Error> {
-    let (only, except): (Option<&[&str]>, &[&str]) = match providers {
-        Providers::Any => (None, &[]),
-        Providers::Only(p) => (Some(p), &[]),
-        Providers::Except(p) => (None, p),
-    };
-    let done = db::query(
+    let (only, except) = providers.binds();
+    let done = db::query(concat!(
         "DELETE FROM webhook_inbox AS w
-         USING (SELECT provider, event_id FROM webhook_inbox
-                WHERE received_at < now() - make_interval(days => $3)
-                  AND status = ANY($2)
-                  AND ($1::text[] IS NULL OR provider = ANY($1))
-                  AND NOT provider = ANY($5::text[])
-                LIMIT $4
-                FOR UPDATE SKIP LOCKED) AS old
-         WHERE w.provider = old.provider AND w.event_id = old.event_id",
-    )
+         USING (SELECT provider, event_id FROM webhook_inbox WHERE ",
+        due!(),
+        ") AS old
+         WHERE w.provider = old.provider AND w.event_id = old.event_id"
+    ))
     .bind(only)
     .bind(statuses.iter().map(|s| s.as_str()).collect::<Vec<_>>())
     .bind(days as i32)
