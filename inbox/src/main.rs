@@ -399,6 +399,9 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Console { command: Some(ops::ConsoleCommand::User { command }), .. } => {
             ops::console_user(&operator_db().await?, command, &ops::operator(&config::Env::process())).await
         }
+        Command::Console { command: Some(ops::ConsoleCommand::Token { command }), .. } => {
+            ops::console_token(&operator_db().await?, command, &ops::operator(&config::Env::process())).await
+        }
         Command::Bench { seconds, rounds, concurrency, events, workers, retained, growth_rows, only, out, smoke } => {
             let bench = if smoke {
                 bench::Bench {

@@ -121,6 +121,71 @@ pub enum ConsoleCommand {
         #[command(subcommand)]
         command: UserCommand,
     },
+    /// The management API's tokens (/api/v1, docs/api.md): a viewer's reads, an operator's also acts.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TokenCommand {
+    /// Make a token; it is printed once (only its hash is kept).
+    Add {
+        /// Who calls with it (the audit names it api:NAME).
+        name: String,
+        /// viewer (reads everything, acts on nothing) or operator (also replays, requeues, erases).
+        #[arg(long, value_parser = parse_role)]
+        role: UserRole,
+    },
+    /// Revoke a token, at once.
+    Revoke { name: String },
+    /// Every token, with its role and last use.
+    List {
+        #[command(flatten)]
+        out: Output,
+    },
+}
+
+/// `inbox console token ...`, each change audited as `by`'s.
+pub async fn console_token(pool: &PgPool, command: TokenCommand, by: &str) -> Result<()> {
+    match command {
+        TokenCommand::Add { name, role } => {
+            let token = console::add_token(pool, &name, role, by).await?;
+            say!("{name} added, {role}");
+            // The one place it is ever shown: it is kept only as its hash.
+            say!("token (shown once, kept only as its hash): {token}");
+            Ok(())
+        }
+        TokenCommand::Revoke { name } => {
+            if !console::revoke_token(pool, &name, by).await? {
+                bail!("no live API token {name:?}");
+            }
+            say!("{name} revoked");
+            Ok(())
+        }
+        TokenCommand::List { out } => {
+            let tokens = console::list_tokens(pool).await?;
+            if out.json {
+                print_json(&json!({ "tokens": tokens }));
+                return Ok(());
+            }
+            let rows: Vec<Vec<String>> = tokens
+                .iter()
+                .map(|t| {
+                    vec![
+                        t.name.clone(),
+                        t.role.clone(),
+                        t.created_at.clone(),
+                        t.last_used_at.clone().unwrap_or_else(|| "never".into()),
+                        t.revoked_at.clone().unwrap_or_default(),
+                    ]
+                })
+                .collect();
+            print_table(&["name", "role", "added", "last used", "revoked"], &rows);
+            Ok(())
+        }
+    }
 }
 
 #[derive(Subcommand, Debug)]

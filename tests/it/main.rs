@@ -2,6 +2,7 @@
 //! each file a module, against a real PostgreSQL (a fresh database per test).
 
 mod alerts;
+mod api;
 mod archive;
 mod batch;
 mod brokers;

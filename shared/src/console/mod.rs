@@ -22,6 +22,7 @@
 //! use; each user sees their sessions, and ends any of them, on the
 //! console's Sessions page.
 
+mod api;
 mod auth;
 mod health;
 mod limiter;
@@ -57,6 +58,8 @@ pub(crate) struct State {
     /// past this many an attempt is answered 503 at once, not queued.
     hashing: tokio::sync::Semaphore,
     settings: Settings,
+    /// The management API's requests per token.
+    api_rate: api::RateLimit,
 }
 
 /// How the console is reached and how long its sessions last, from the environment.
@@ -72,6 +75,9 @@ pub(crate) struct Settings {
     /// its cookies with the `__Host-` prefix. Without it, a balancer trusted
     /// for the client's address says so per request in `X-Forwarded-Proto`.
     https: bool,
+    /// `INBOX_API_RATE_PER_SECOND`, default 20: the management API's requests
+    /// per second and token (twice that in a burst).
+    api_rate: u32,
 }
 
 impl Settings {
@@ -87,7 +93,12 @@ impl Settings {
             }
         };
         let idle: u64 = env.positive("INBOX_CONSOLE_IDLE_TIMEOUT_MS", 30 * 60 * 1000)?;
-        Ok(Settings { client_ip: ClientIp::read(env)?, idle_timeout: Duration::from_millis(idle), https })
+        Ok(Settings {
+            client_ip: ClientIp::read(env)?,
+            idle_timeout: Duration::from_millis(idle),
+            https,
+            api_rate: env.positive("INBOX_API_RATE_PER_SECOND", 20u32)?,
+        })
     }
 }
 
@@ -155,6 +166,7 @@ pub(crate) fn router_at(
         base,
         limiter: limiter::Limiter::default(),
         hashing: tokio::sync::Semaphore::new(HASHING_AT_ONCE),
+        api_rate: api::RateLimit::new(settings.api_rate),
         settings,
     });
     screens::router(state)
@@ -284,6 +296,32 @@ pub async fn remove_user(pool: &PgPool, name: &str, by: &str) -> Result<bool, sq
 /// Every console user, by name (never a password's hash).
 pub async fn list_users(pool: &PgPool) -> Result<Vec<User>, sqlx::Error> {
     db::console::list_users(pool).await
+}
+
+pub use crate::db::api::ApiToken;
+
+/// Makes an API token `name` for the management API (`/api/v1`), with a
+/// console role, audited as `token_add` by `by`; returns the token, the one
+/// time it is ever seen (only its SHA-256 is kept). Refuses a name taken
+/// (a revoked token's too: names in the audit stay unambiguous).
+pub async fn add_token(pool: &PgPool, name: &str, role: UserRole, by: &str) -> Result<String, UserError> {
+    check_name(name)?;
+    let token = format!("{}{}", api::TOKEN_PREFIX, auth::random_token(32));
+    match db::api::add_token(pool, name, role, &api::token_sha256(&token), by).await? {
+        true => Ok(token),
+        false => Err(UserError::Exists),
+    }
+}
+
+/// Revokes an API token at once, audited as `token_revoke` by `by`; false when
+/// there is no live token of that name.
+pub async fn revoke_token(pool: &PgPool, name: &str, by: &str) -> Result<bool, sqlx::Error> {
+    db::api::revoke_token(pool, name, by).await
+}
+
+/// Every API token, revoked ones too, by name, with its last use.
+pub async fn list_tokens(pool: &PgPool) -> Result<Vec<ApiToken>, sqlx::Error> {
+    db::api::list_tokens(pool).await
 }
 
 /// A password good for a user: random, 24 characters (what `inbox console

@@ -1,6 +1,8 @@
 //! The database: pools and connections, the schema's migrations, SQLSTATE classes, and one
 //! module per table holding every statement on it.
 
+#[cfg(feature = "console")]
+pub mod api;
 pub mod audit;
 pub mod bodies;
 #[cfg(feature = "reconcile")]

@@ -57,7 +57,8 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_FORM_BYTES))
         .layer(from_fn_with_state(state.clone(), finish))
-        .with_state(state.clone());
+        .with_state(state.clone())
+        .merge(super::api::router(state.clone()));
     if state.base.is_empty() {
         pages
     } else {

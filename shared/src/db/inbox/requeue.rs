@@ -108,7 +108,7 @@ pub struct Audit<'a> {
 /// while the requeue goes on ends after it (the worker stamps `processed_at`
 /// with its statement's time), and is not taken a second time. Pending events
 /// are never taken: they are queued already.
-async fn requeue(
+pub(crate) async fn requeue(
     pool: &PgPool,
     filter: &Filter,
     by: &Audit<'_>,
@@ -143,7 +143,7 @@ async fn requeue(
 }
 
 /// The database's clock, in microseconds since the Unix epoch.
-async fn now_micros(pool: &PgPool) -> Result<i64, sqlx::Error> {
+pub(crate) async fn now_micros(pool: &PgPool) -> Result<i64, sqlx::Error> {
     db::query_scalar("SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint")
         .fetch_one(db::Autocommit(pool))
         .await

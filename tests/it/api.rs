@@ -1,0 +1,315 @@
+//! The management API (`/api/v1`) in-process, over real PostgreSQL: tokens
+//! (hashed, roles, revocation, last use), the events listing and one event,
+//! replay and erase, requeue and erase jobs with their progress and cancel,
+//! the rate limit, and every error as JSON. schemathesis drives a running one
+//! in `inbox/tests/api.rs`.
+
+use std::time::Duration;
+
+use axum::{body::Body, Router};
+use http::{header, Request, StatusCode};
+use http_body_util::BodyExt as _;
+use serde_json::{json, Value};
+use sqlx::PgPool;
+use tower::ServiceExt as _;
+use webhook_inbox::{
+    config::{Catalog, Env, Secrets},
+    console::{self, UserRole},
+};
+
+struct Api {
+    router: Router,
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: http::HeaderMap,
+    body: Value,
+}
+
+impl Api {
+    fn new(pool: &PgPool, base: &str, env: &[(&str, &str)]) -> Api {
+        let env = Env::from_pairs(env);
+        let router =
+            console::router(pool.clone(), pool.clone(), Catalog::builtin(), Secrets::development(), base, &env)
+                .unwrap();
+        Api { router }
+    }
+
+    async fn call(&self, method: &str, path: &str, token: Option<&str>, body: Option<Value>) -> Answer {
+        let mut req = Request::builder().method(method).uri(path).header(header::HOST, "inbox.test");
+        if let Some(t) = token {
+            req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        let req = match body {
+            Some(b) => req.header(header::CONTENT_TYPE, "application/json").body(Body::from(b.to_string())),
+            None => req.body(Body::empty()),
+        }
+        .unwrap();
+        let res = self.router.clone().oneshot(req).await.unwrap();
+        let (status, headers) = (res.status(), res.headers().clone());
+        let bytes = res.into_body().collect().await.unwrap().to_bytes();
+        let body = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| panic!("{method} {path}: {status} not JSON: {}", String::from_utf8_lossy(&bytes)));
+        assert_eq!(headers[header::CACHE_CONTROL], "no-store");
+        Answer { status, headers, body }
+    }
+}
+
+async fn row(pool: &PgPool, provider: &str, id: &str, event_type: &str, status: &str, payload: Value) {
+    sqlx::query(
+        "INSERT INTO webhook_inbox (provider, event_id, event_type, payload, status, raw_body, secret_index, processed_at,
+                                    failure_reason)
+         VALUES ($1, $2, $3, $4, $5, convert_to($4::text, 'UTF8'), 0, CASE WHEN $5 <> 'pending' THEN now() END,
+                 CASE WHEN $5 = 'failed' THEN 'boom' END)",
+    )
+    .bind(provider)
+    .bind(id)
+    .bind(event_type)
+    .bind(payload)
+    .bind(status)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+async fn tokens(pool: &PgPool) -> (String, String) {
+    let operator = console::add_token(pool, "runbook", UserRole::Operator, "the test").await.unwrap();
+    let viewer = console::add_token(pool, "dashboard", UserRole::Viewer, "the test").await.unwrap();
+    (operator, viewer)
+}
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn tokens_authenticate_with_their_roles_are_kept_hashed_and_revocable(pool: PgPool) {
+    let api = Api::new(&pool, "", &[]);
+    let (operator, viewer) = tokens(&pool).await;
+    assert!(operator.starts_with("inbox_") && operator.len() > 40);
+    assert!(matches!(
+        console::add_token(&pool, "runbook", UserRole::Viewer, "x").await,
+        Err(console::UserError::Exists)
+    ));
+    // Nothing in the database holds a token.
+    let stored: String = sqlx::query_scalar("SELECT string_agg(t::text, ' ') FROM inbox_api_tokens AS t")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(!stored.contains(&operator[6..]) && !stored.contains(&viewer[6..]));
+
+    let none = api.call("GET", "/api/v1/events", None, None).await;
+    assert_eq!(none.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(none.headers[header::WWW_AUTHENTICATE], "Bearer");
+    assert!(none.body["error"].as_str().unwrap().contains("Authorization: Bearer"));
+    for bad in ["nope", "inbox_not-a-token", &format!("{operator}x")] {
+        assert_eq!(api.call("GET", "/api/v1/events", Some(bad), None).await.status, StatusCode::UNAUTHORIZED, "{bad}");
+    }
+    assert_eq!(api.call("GET", "/api/v1/events", Some(&viewer), None).await.status, StatusCode::OK);
+    row(&pool, "stripe", "evt_1", "charge.succeeded", "done", json!({})).await;
+    let refused =
+        api.call("POST", "/api/v1/events/stripe/evt_1/replay", Some(&viewer), Some(json!({"reason": "x"}))).await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN);
+    let used: Option<String> =
+        sqlx::query_scalar("SELECT last_used_at::text FROM inbox_api_tokens WHERE name = 'dashboard'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(used.is_some(), "its last use is recorded");
+
+    assert!(console::revoke_token(&pool, "dashboard", "the test").await.unwrap());
+    assert!(!console::revoke_token(&pool, "dashboard", "the test").await.unwrap());
+    assert_eq!(api.call("GET", "/api/v1/events", Some(&viewer), None).await.status, StatusCode::UNAUTHORIZED);
+    let audited: Vec<String> =
+        sqlx::query_scalar("SELECT action FROM inbox_audit WHERE api_token = 'dashboard' ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(audited, ["token_add", "token_revoke"]);
+    // The document is public, and says how to authenticate.
+    let doc = api.call("GET", "/api/v1/openapi.json", None, None).await;
+    assert_eq!(doc.status, StatusCode::OK);
+    assert_eq!(doc.body["openapi"], "3.1.0");
+    assert_eq!(doc.body["components"]["securitySchemes"]["token"]["scheme"], "bearer");
+    let unknown = api.call("GET", "/api/v1/nothing-here", Some(&operator), None).await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+}
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn events_are_listed_shown_replayed_and_erased(pool: PgPool) {
+    let api = Api::new(&pool, "/console", &[]);
+    let (operator, _) = tokens(&pool).await;
+    for i in 0..5 {
+        row(&pool, "stripe", &format!("evt_{i}"), "charge.succeeded", "done", json!({"email": "ann@example.com"}))
+            .await;
+    }
+    row(&pool, "github", "delivery/with/slashes", "push", "failed", json!({"ref": "main"})).await;
+    let op = Some(operator.as_str());
+
+    let page = api.call("GET", "/console/api/v1/events?provider=stripe&status=done&limit=2", op, None).await;
+    assert_eq!(page.status, StatusCode::OK, "{:?}", page.body);
+    assert_eq!(page.body["events"].as_array().unwrap().len(), 2);
+    let next = page.body["next"].as_str().unwrap().to_string();
+    let rest =
+        api.call("GET", &format!("/console/api/v1/events?provider=stripe&limit=10&after={next}"), op, None).await;
+    assert_eq!(rest.body["events"].as_array().unwrap().len(), 3);
+    assert!(rest.body["next"].is_null());
+    for (query, why) in [
+        ("limit=0", "limit is 1 to 500"),
+        ("status=bogus", "is not one of"),
+        ("since=yesterday", "since"),
+        ("since=2026-13-45T99:00:00Z", "PostgreSQL cannot read"),
+        ("after=garbage", "cursor"),
+        ("id=a&id_prefix=b", "not both"),
+        ("surprise=1", "unknown field"),
+    ] {
+        let bad = api.call("GET", &format!("/console/api/v1/events?{query}"), op, None).await;
+        assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{query}: {:?}", bad.body);
+        assert!(bad.body["error"].as_str().unwrap().contains(why), "{query}: {:?}", bad.body);
+    }
+
+    let shown = api.call("GET", "/console/api/v1/events/github/delivery%2Fwith%2Fslashes", op, None).await;
+    assert_eq!(shown.status, StatusCode::OK, "{:?}", shown.body);
+    assert_eq!((shown.body["status"].as_str(), shown.body["failure_reason"].as_str()), (Some("failed"), Some("boom")));
+    assert_eq!(shown.body["payload"], json!({"ref": "main"}));
+    let missing = api.call("GET", "/console/api/v1/events/github/nope", op, None).await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    let nul = api.call("GET", "/console/api/v1/events/github/a%00b", op, None).await;
+    assert!(nul.status.is_client_error(), "{:?}", nul.body);
+
+    let replay = |id: &'static str, reason: Value| {
+        let path = format!("/console/api/v1/events/github/{id}/replay");
+        let api = &api;
+        async move { api.call("POST", &path, op, Some(reason)).await }
+    };
+    let done = replay("delivery%2Fwith%2Fslashes", json!({"reason": "bug 42 fixed"})).await;
+    assert_eq!(done.status, StatusCode::OK, "{:?}", done.body);
+    assert_eq!(done.body["from_status"], "failed");
+    assert_eq!(replay("delivery%2Fwith%2Fslashes", json!({"reason": "again"})).await.status, StatusCode::CONFLICT);
+    assert_eq!(replay("delivery%2Fwith%2Fslashes", json!({"reason": ""})).await.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        replay("delivery%2Fwith%2Fslashes", json!({"reason": "x", "more": 1})).await.status,
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(replay("nope", json!({"reason": "x"})).await.status, StatusCode::NOT_FOUND);
+    let history = api.call("GET", "/console/api/v1/events/github/delivery%2Fwith%2Fslashes", op, None).await;
+    assert_eq!(history.body["history"][0]["actor"], "api:runbook");
+    assert_eq!(history.body["history"][0]["reason"], "bug 42 fixed");
+
+    let erase =
+        api.call("POST", "/console/api/v1/events/stripe/evt_0/erase", op, Some(json!({"reason": "GDPR #1"}))).await;
+    assert_eq!(erase.status, StatusCode::OK, "{:?}", erase.body);
+    let again =
+        api.call("POST", "/console/api/v1/events/stripe/evt_0/erase", op, Some(json!({"reason": "GDPR #1"}))).await;
+    assert_eq!(again.status, StatusCode::CONFLICT);
+    let erased = api.call("GET", "/console/api/v1/events/stripe/evt_0", op, None).await;
+    assert!(erased.body["payload"].is_null() && erased.body["erased_by"] == "api:runbook", "{:?}", erased.body);
+    let not_json = api.router.clone().oneshot(
+        Request::post("/console/api/v1/events/stripe/evt_1/erase")
+            .header(header::AUTHORIZATION, format!("Bearer {operator}"))
+            .body(Body::from("reason=x"))
+            .unwrap(),
+    );
+    assert_eq!(not_json.await.unwrap().status(), StatusCode::BAD_REQUEST);
+}
+
+async fn wait_for(api: &Api, token: &str, id: i64) -> Value {
+    for _ in 0..200 {
+        let job = api.call("GET", &format!("/api/v1/jobs/{id}"), Some(token), None).await.body;
+        if job["state"] != "running" {
+            return job;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("job {id} did not end");
+}
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn bulk_operations_run_as_jobs_with_an_estimate_progress_and_cancel(pool: PgPool) {
+    let api = Api::new(&pool, "", &[]);
+    let (operator, viewer) = tokens(&pool).await;
+    sqlx::query(
+        "INSERT INTO webhook_inbox (provider, event_id, event_type, payload, status, raw_body, secret_index, processed_at)
+         SELECT 'stripe', 'evt_' || i, CASE WHEN i <= 1500 THEN 'invoice.paid' ELSE 'charge.succeeded' END,
+                jsonb_build_object('n', i, 'email', CASE WHEN i % 100 = 0 THEN 'ann@example.com' END),
+                'unhandled', '{}', 0, now() - interval '1 minute'
+         FROM generate_series(1, 30000) AS i",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let op = Some(operator.as_str());
+    let requeue =
+        json!({"statuses": ["unhandled"], "provider": "stripe", "type": "invoice.paid", "reason": "handler deployed"});
+    assert_eq!(
+        api.call("POST", "/api/v1/requeue", Some(&viewer), Some(requeue.clone())).await.status,
+        StatusCode::FORBIDDEN
+    );
+    let started = api.call("POST", "/api/v1/requeue", op, Some(requeue)).await;
+    assert_eq!(started.status, StatusCode::ACCEPTED, "{:?}", started.body);
+    assert_eq!((started.body["estimate"].as_i64(), started.body["kind"].as_str()), (Some(1500), Some("requeue")));
+    let job = wait_for(&api, &operator, started.body["id"].as_i64().unwrap()).await;
+    assert_eq!((job["state"].as_str(), job["processed"].as_i64()), (Some("succeeded"), Some(1500)), "{job}");
+    let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_inbox WHERE status = 'pending'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(pending, 1500);
+    let audited: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM inbox_audit WHERE actor = 'api:runbook' AND action = 'requeue'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(audited, 1500);
+
+    // A big one, cancelled at once: it stops after a batch, and what it did is what it says.
+    let big = json!({"statuses": ["unhandled"], "reason": "everything"});
+    let started = api.call("POST", "/api/v1/requeue", op, Some(big)).await;
+    let id = started.body["id"].as_i64().unwrap();
+    let cancel = api.call("DELETE", &format!("/api/v1/jobs/{id}"), op, None).await;
+    assert_eq!(cancel.status, StatusCode::ACCEPTED, "{:?}", cancel.body);
+    let job = wait_for(&api, &operator, id).await;
+    assert_eq!(job["state"], "cancelled", "{job}");
+    let processed = job["processed"].as_i64().unwrap();
+    assert!(processed < 28_500, "{job}");
+    let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_inbox WHERE status = 'pending'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(pending, 1500 + processed, "the job's count is what it did");
+    assert_eq!(api.call("DELETE", &format!("/api/v1/jobs/{id}"), op, None).await.status, StatusCode::CONFLICT);
+    assert_eq!(api.call("GET", "/api/v1/jobs/999999", op, None).await.status, StatusCode::NOT_FOUND);
+    assert_eq!(api.call("GET", "/api/v1/jobs/abc", op, None).await.status, StatusCode::NOT_FOUND);
+    let listed = api.call("GET", "/api/v1/jobs", Some(&viewer), None).await;
+    assert_eq!(listed.body["jobs"].as_array().unwrap().len(), 2);
+
+    // Erase by selection: one customer's events, as a job.
+    let nothing = api.call("POST", "/api/v1/erase", op, Some(json!({"reason": "x"}))).await;
+    assert_eq!(nothing.status, StatusCode::BAD_REQUEST);
+    let erase = json!({"payload": "ann@example.com", "since": "1d", "reason": "GDPR #7"});
+    let started = api.call("POST", "/api/v1/erase", op, Some(erase)).await;
+    assert_eq!(started.status, StatusCode::ACCEPTED, "{:?}", started.body);
+    assert_eq!(started.body["estimate"], 300);
+    let job = wait_for(&api, &operator, started.body["id"].as_i64().unwrap()).await;
+    assert_eq!(job["state"], "succeeded", "{job}");
+    // The pending ones (requeued above) are left, as the CLI leaves them.
+    let left: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM webhook_inbox WHERE payload::text LIKE '%ann@example.com%' AND status <> 'pending'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(left, 0, "{job}");
+    let pending = job["result"]["pending"].as_i64().unwrap();
+    assert!(pending > 0 && job["result"]["erased"].as_i64().unwrap() + pending == 300, "{job}");
+}
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn each_token_is_rate_limited_on_its_own(pool: PgPool) {
+    let api = Api::new(&pool, "", &[("INBOX_API_RATE_PER_SECOND", "2")]);
+    let (operator, viewer) = tokens(&pool).await;
+    for _ in 0..4 {
+        assert_eq!(api.call("GET", "/api/v1/jobs", Some(&operator), None).await.status, StatusCode::OK);
+    }
+    let limited = api.call("GET", "/api/v1/jobs", Some(&operator), None).await;
+    assert_eq!(limited.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(limited.headers[header::RETRY_AFTER], "1");
+    assert_eq!(api.call("GET", "/api/v1/jobs", Some(&viewer), None).await.status, StatusCode::OK);
+}
