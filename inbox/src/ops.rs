@@ -416,6 +416,7 @@ pub async fn show(pool: &PgPool, env: &Env<'_>, provider: &str, event_id: &str, 
             "headers": event.headers.0, "payload": event.payload.map(|p| p.0),
             "raw_body_bytes": event.raw_body.len(), "verification": verification, "history": history,
             "outbox": messages, "held_by_pause": event.held_by, "erased_at": event.erased_at, "erased_by": event.erased_by,
+            "restored_at": event.restored_at,
         }));
         return Ok(());
     }
@@ -427,6 +428,9 @@ pub async fn show(pool: &PgPool, env: &Env<'_>, provider: &str, event_id: &str, 
             "erased on {at} by {}: its payload, raw bytes and headers are gone; a redelivery is still a duplicate",
             event.erased_by.as_deref().unwrap_or("?")
         );
+    }
+    if let Some(at) = &event.restored_at {
+        say!("restored from prune's archive on {at} (`inbox restore`)");
     }
     if event.held_by.is_some() {
         say!("held by a pause: it waits, spending no attempt, until `inbox resume` (`inbox pauses` lists the pauses)");

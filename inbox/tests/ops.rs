@@ -648,6 +648,8 @@ async fn prune_archives_to_s3_and_restore_puts_the_events_back(pool_options: PgP
     assert!(dry.contains("1 object(s), 2 event(s): 2 would be restored") && dry.contains("nothing changed"), "{dry}");
     let done = ok(&fresh_url, &["restore", &month], &aws);
     assert!(done.contains("2 restored, 0 stored already") && done.contains("inbox requeue"), "{done}");
+    let shown = ok(&fresh_url, &["show", "stripe", "evt_1"], &[]);
+    assert!(shown.contains("restored from prune's archive on"), "{shown}");
     let again = ok(&fresh_url, &["restore", &month], &aws);
     assert!(again.contains("0 restored, 2 stored already"), "{again}");
     let requeued = ok(&fresh_url, &["requeue", "--status", "done", "--provider", "stripe"], &[]);

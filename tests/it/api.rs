@@ -313,3 +313,60 @@ async fn each_token_is_rate_limited_on_its_own(pool: PgPool) {
     assert_eq!(limited.headers[header::RETRY_AFTER], "1");
     assert_eq!(api.call("GET", "/api/v1/jobs", Some(&viewer), None).await.status, StatusCode::OK);
 }
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn the_outbox_is_listed_and_retried_and_destinations_pauses_and_alerts_read(pool: PgPool) {
+    let api = Api::new(&pool, "", &[]);
+    let (operator, viewer) = tokens(&pool).await;
+    let id: i64 = sqlx::query_scalar(
+        "INSERT INTO transactional_outbox (aggregate_type, aggregate_id, payload, message_key, attempts, dead_at, last_error)
+         VALUES ('receipt', 'r1', '{}', 'receipt:r1', 10, now(), 'HTTP 500') RETURNING id",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let dead = api.call("GET", "/api/v1/outbox?dead=true", Some(&viewer), None).await;
+    assert_eq!(dead.status, StatusCode::OK, "{:?}", dead.body);
+    assert_eq!(dead.body["messages"][0]["last_error"], "HTTP 500");
+    assert_eq!(api.call("GET", "/api/v1/outbox", Some(&viewer), None).await.body["messages"], json!([]));
+    assert_eq!(api.call("GET", "/api/v1/outbox?dead=maybe", Some(&viewer), None).await.status, StatusCode::BAD_REQUEST);
+    assert_eq!(api.call("GET", "/api/v1/outbox?limit=", Some(&viewer), None).await.status, StatusCode::BAD_REQUEST);
+    let retry = |token: &str, id: String| {
+        let (api, token) = (&api, token.to_string());
+        async move {
+            api.call(
+                "POST",
+                &format!("/api/v1/outbox/{id}/retry"),
+                Some(&token),
+                Some(json!({"reason": "consumer fixed"})),
+            )
+            .await
+        }
+    };
+    assert_eq!(retry(&viewer, id.to_string()).await.status, StatusCode::FORBIDDEN);
+    let retried = retry(&operator, id.to_string()).await;
+    assert_eq!((retried.status, retried.body["retried"].as_bool()), (StatusCode::OK, Some(true)), "{:?}", retried.body);
+    assert_eq!(api.call("GET", "/api/v1/outbox", Some(&viewer), None).await.body["messages"][0]["attempts"], 0);
+    assert_eq!(retry(&operator, "999999".into()).await.status, StatusCode::NOT_FOUND);
+    assert_eq!(retry(&operator, "abc".into()).await.status, StatusCode::NOT_FOUND);
+    let by: String = sqlx::query_scalar("SELECT actor FROM inbox_audit WHERE message_id = $1")
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(by, "api:runbook");
+
+    let destinations = api.call("GET", "/api/v1/destinations", Some(&viewer), None).await;
+    assert_eq!(destinations.body["destinations"][0]["name"], "default", "{:?}", destinations.body);
+    assert_eq!(destinations.body["destinations"][0]["backlog"], 1);
+    let by = webhook_inbox::ops::Audit { actor: "ops", action: "pause", reason: "orders handler broken" };
+    let scope = webhook_inbox::ops::PauseScope { provider: "shopify".into(), event_type: None };
+    webhook_inbox::ops::pause_events(&pool, &scope, Duration::from_secs(3600), &by).await.unwrap();
+    let pauses = api.call("GET", "/api/v1/pauses", Some(&viewer), None).await;
+    assert_eq!(
+        (pauses.body["pauses"][0]["provider"].as_str(), pauses.body["pauses"][0]["reason"].as_str()),
+        (Some("shopify"), Some("orders handler broken"))
+    );
+    let alerts = api.call("GET", "/api/v1/alerts?resolved=true", Some(&viewer), None).await;
+    assert_eq!((alerts.status, &alerts.body["alerts"]), (StatusCode::OK, &json!([])));
+}

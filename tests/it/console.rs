@@ -988,3 +988,64 @@ async fn an_operator_erases_an_event_from_its_page(pool: PgPool) {
         sqlx::query_as("SELECT actor, reason FROM inbox_audit WHERE action = 'erase'").fetch_one(&pool).await.unwrap();
     assert_eq!(audit, ("console:olga".into(), "GDPR #7".into()));
 }
+
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn an_operator_erases_what_a_selection_finds(pool: PgPool) {
+    for (id, status, who) in [
+        ("evt_a", "done", "ann@example.com"),
+        ("evt_b", "failed", "ann@example.com"),
+        ("evt_c", "done", "bob@example.com"),
+    ] {
+        sqlx::query(
+            "INSERT INTO webhook_inbox (provider, event_id, event_type, payload, status, raw_body, secret_index, processed_at,
+                                        failure_reason)
+             VALUES ('stripe', $1, 'charge.succeeded', jsonb_build_object('email', $3::text), $2, '{}', 0, now(),
+                     CASE WHEN $2 = 'failed' THEN 'boom' END)",
+        )
+        .bind(id)
+        .bind(status)
+        .bind(who)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    inbox_tests::store(&pool, Provider::STRIPE, "evt_pending", "charge.succeeded", r#"{"email":"ann@example.com"}"#)
+        .await;
+    let c = Console::new(&pool, &pool).await;
+    let (cookie, csrf) = c.session("olga").await;
+    let (viewer, viewer_csrf) = c.session("vic").await;
+    let listing = c.send("GET", "/events?q=ann%40example.com&since=1d", Some(&cookie), None).await;
+    assert!(listing.body.contains("Erase what this filter selects"), "{}", listing.body);
+    let as_viewer = c.send("GET", "/events?q=ann%40example.com&since=1d", Some(&viewer), None).await;
+    assert!(!as_viewer.body.contains("Erase what this filter selects"));
+    assert_eq!(
+        c.send("GET", "/erase?q=ann%40example.com&since=1d", Some(&viewer), None).await.status,
+        StatusCode::FORBIDDEN
+    );
+    let confirm = c.send("GET", "/erase?q=ann%40example.com&since=1d", Some(&cookie), None).await;
+    assert!(
+        confirm.body.contains("Erase 2 event(s)?") && confirm.body.contains("1 of them are pending"),
+        "{}",
+        confirm.body
+    );
+    let empty = c.send("GET", "/erase", Some(&cookie), None).await;
+    assert!(empty.body.contains("Count them") && !empty.body.contains("event(s)?"), "{}", empty.body);
+    let erase = |csrf: &str| form(&[("q", "ann@example.com"), ("since", "1d"), ("reason", "GDPR #9"), ("csrf", csrf)]);
+    assert_eq!(c.send("POST", "/erase", Some(&viewer), Some(&erase(&viewer_csrf))).await.status, StatusCode::FORBIDDEN);
+    let nothing = form(&[("reason", "GDPR #9"), ("csrf", &csrf)]);
+    assert_eq!(c.send("POST", "/erase", Some(&cookie), Some(&nothing)).await.status, StatusCode::BAD_REQUEST);
+    let done = c.send("POST", "/erase", Some(&cookie), Some(&erase(&csrf))).await;
+    assert!(done.body.contains("Done: 2 erased, 0 erased already, 1 pending left"), "{}", done.body);
+    let left: Vec<String> =
+        sqlx::query_scalar("SELECT event_id FROM webhook_inbox WHERE payload::text LIKE '%ann@%' ORDER BY 1")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(left, ["evt_pending"]);
+    let audit: Vec<(String, String)> =
+        sqlx::query_as("SELECT actor, reason FROM inbox_audit WHERE action = 'erase' ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(audit, [("console:olga".into(), "GDPR #9".into()), ("console:olga".into(), "GDPR #9".into())]);
+}

@@ -392,6 +392,8 @@ pub(crate) struct EventDetail {
     /// When it was erased, and by whom.
     erased_at: Option<String>,
     erased_by: Option<String>,
+    /// When it was put back from prune's archive, if it was.
+    restored_at: Option<String>,
     /// What was done to it, oldest first.
     history: Vec<HistoryItem>,
     /// The messages its handlers wrote.
@@ -472,6 +474,7 @@ async fn show_event(
         held_by: e.held_by,
         erased_at: e.erased_at,
         erased_by: e.erased_by,
+        restored_at: e.restored_at,
         history: history
             .into_iter()
             .map(|h| HistoryItem {
@@ -863,6 +866,143 @@ async fn cancel_job(
     Ok((StatusCode::ACCEPTED, Json(job.into())))
 }
 
+/// The outbox listing's filters.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(default, deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct OutboxParams {
+    /// Dead messages instead of waiting ones.
+    dead: Option<bool>,
+    /// Messages at most, 1 to 500 (50).
+    #[param(minimum = 1, maximum = 500)]
+    limit: Option<i64>,
+}
+
+/// Outbox messages not sent, oldest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct OutboxPage {
+    messages: Vec<ops::OutboxMessage>,
+}
+
+#[utoipa::path(get, path = "/api/v1/outbox", tag = "outbox", params(OutboxParams),
+    responses((status = 200, body = OutboxPage), (status = 400, body = ApiError), (status = 401, body = ApiError),
+               (status = 429, body = ApiError), (status = 503, body = ApiError)))]
+/// Messages waiting to be relayed (or, with `dead=true`, dead), oldest first.
+async fn list_outbox(
+    Shared(state): Shared<Arc<State>>,
+    _: Caller,
+    axum::extract::RawQuery(raw): axum::extract::RawQuery,
+    params: Result<Query<OutboxParams>, QueryRejection>,
+) -> Answer<Json<OutboxPage>> {
+    refuse_empty(raw.as_deref(), &["dead", "limit"])?;
+    let p = query(params)?;
+    let limit = p.limit.unwrap_or(50);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(Refused::BadRequest(format!("limit is 1 to {MAX_PAGE}")));
+    }
+    let messages = ops::list_unsent(&state.read, p.dead.unwrap_or(false), limit).await?;
+    Ok(Json(OutboxPage { messages }))
+}
+
+/// What a retry did.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Retried {
+    id: i64,
+    /// Due now, attempts reset.
+    retried: bool,
+}
+
+#[utoipa::path(post, path = "/api/v1/outbox/{id}/retry", tag = "outbox",
+    params(("id" = i64, Path, description = "The message's id", example = 1)), request_body = Reason,
+    responses((status = 200, body = Retried), (status = 400, body = ApiError), (status = 401, body = ApiError),
+               (status = 403, body = ApiError), (status = 404, body = ApiError), (status = 429, body = ApiError),
+               (status = 503, body = ApiError)))]
+/// Sends one unsent message (dead, or waiting) again now, attempts reset; audited.
+async fn retry_message(
+    Shared(state): Shared<Arc<State>>,
+    caller: Caller,
+    Params(id): Params<String>,
+    Body(body): Body<Reason>,
+) -> Answer<Json<Retried>> {
+    caller.may_act()?;
+    let missing = || Refused::NotFound(format!("no unsent outbox message {:?}", escape(&id)));
+    let message: i64 = id.parse().map_err(|_| missing())?;
+    let why = reason(&body.reason)?;
+    let actor = caller.actor();
+    let by = Audit { actor: &actor, action: "retry_outbox", reason: &why };
+    match ops::retry_message(&state.db, message, &by).await? {
+        true => Ok(Json(Retried { id: message, retried: true })),
+        false => Err(missing()),
+    }
+}
+
+/// The relay's destinations.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct DestinationsPage {
+    destinations: Vec<ops::DestinationState>,
+}
+
+#[utoipa::path(get, path = "/api/v1/destinations", tag = "outbox",
+    responses((status = 200, body = DestinationsPage), (status = 401, body = ApiError), (status = 429, body = ApiError),
+               (status = 503, body = ApiError)))]
+/// The relay's destinations: paused or not, their circuit, backlog and dead messages.
+async fn list_destinations(Shared(state): Shared<Arc<State>>, _: Caller) -> Answer<Json<DestinationsPage>> {
+    Ok(Json(DestinationsPage { destinations: ops::destinations(&state.read).await? }))
+}
+
+/// The pauses in place.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct PausesPage {
+    pauses: Vec<ops::Pause>,
+}
+
+#[utoipa::path(get, path = "/api/v1/pauses", tag = "pauses",
+    responses((status = 200, body = PausesPage), (status = 401, body = ApiError), (status = 429, body = ApiError),
+               (status = 503, body = ApiError)))]
+/// What is paused, since when, by whom, why, and how many events each pause holds.
+async fn list_pauses(Shared(state): Shared<Arc<State>>, _: Caller) -> Answer<Json<PausesPage>> {
+    Ok(Json(PausesPage { pauses: ops::pauses(&state.read).await? }))
+}
+
+/// Alerts.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct AlertsPage {
+    alerts: Vec<crate::alerts::Alert>,
+}
+
+/// The alerts listing's filter.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(default, deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct AlertsParams {
+    /// The latest resolved alerts too.
+    resolved: Option<bool>,
+}
+
+#[utoipa::path(get, path = "/api/v1/alerts", tag = "alerts", params(AlertsParams),
+    responses((status = 200, body = AlertsPage), (status = 400, body = ApiError), (status = 401, body = ApiError),
+               (status = 429, body = ApiError), (status = 503, body = ApiError)))]
+/// Alerts open or acknowledged (with `resolved=true`, the latest resolved too), newest first.
+async fn list_alerts(
+    Shared(state): Shared<Arc<State>>,
+    _: Caller,
+    axum::extract::RawQuery(raw): axum::extract::RawQuery,
+    params: Result<Query<AlertsParams>, QueryRejection>,
+) -> Answer<Json<AlertsPage>> {
+    refuse_empty(raw.as_deref(), &["resolved"])?;
+    let p = query(params)?;
+    Ok(Json(AlertsPage { alerts: crate::alerts::list(&state.read, p.resolved.unwrap_or(false), 100).await? }))
+}
+
+/// The form decoder reads `name=` as no value at all: an empty one of these is refused.
+fn refuse_empty(raw: Option<&str>, names: &[&str]) -> Answer<()> {
+    let pairs = form_urlencoded::parse(raw.unwrap_or_default().as_bytes());
+    match pairs.into_iter().find(|(k, v)| names.contains(&&**k) && v.trim().is_empty()) {
+        Some((name, _)) => Err(Refused::BadRequest(format!("{name} is empty: give one, or leave it out"))),
+        None => Ok(()),
+    }
+}
+
 struct BearerAuth;
 
 impl Modify for BearerAuth {
@@ -883,8 +1023,9 @@ impl Modify for BearerAuth {
 #[derive(OpenApi)]
 #[openapi(
     info(title = "webhook-inbox management API", version = "1",
-         description = "The operator's commands for machines: events, replay, requeue and erase (as jobs), jobs. docs/api.md."),
-    paths(list_events, show_event, replay_event, erase_event, start_requeue, start_erase, list_jobs, get_job, cancel_job),
+         description = "The operator's commands for machines: events, replay, requeue and erase (as jobs), jobs, the outbox and its destinations, pauses, alerts. docs/api.md."),
+    paths(list_events, show_event, replay_event, erase_event, start_requeue, start_erase, list_jobs, get_job, cancel_job,
+          list_outbox, retry_message, list_destinations, list_pauses, list_alerts),
     modifiers(&BearerAuth),
     security(("token" = [])),
 )]
@@ -919,6 +1060,11 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/api/v1/erase", post(start_erase))
         .route("/api/v1/jobs", get(list_jobs))
         .route("/api/v1/jobs/{id}", get(get_job).delete(cancel_job))
+        .route("/api/v1/outbox", get(list_outbox))
+        .route("/api/v1/outbox/{id}/retry", post(retry_message))
+        .route("/api/v1/destinations", get(list_destinations))
+        .route("/api/v1/pauses", get(list_pauses))
+        .route("/api/v1/alerts", get(list_alerts))
         .route("/api/v1/{*rest}", axum::routing::any(no_such_route))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::map_response(|mut r: Response| async move {

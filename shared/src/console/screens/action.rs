@@ -44,3 +44,37 @@ pub(super) fn operator_only(signed: &Signed) -> Result<(), PageError> {
 
 /// Requeue and retry work in batches of this many rows, each its own short transaction.
 pub(super) const BATCH: i64 = 500;
+
+#[derive(Template)]
+#[template(path = "console/progress.html")]
+pub(super) struct ProgressPage {
+    pub(super) nav: Nav,
+    /// `Requeueing`, `Erasing`.
+    pub(super) title: &'static str,
+    pub(super) what: String,
+    pub(super) back: String,
+}
+
+/// The page `page` with the lines `lines` sends streamed into it as they come
+/// (a bulk action's batches: no script needed), then the page's end.
+pub(super) fn streamed(
+    page: ProgressPage,
+    lines: tokio::sync::mpsc::UnboundedReceiver<String>,
+) -> Result<axum::response::Response, PageError> {
+    use axum::response::IntoResponse as _;
+    let page = page.render().map_err(|_| PageError::Internal)?;
+    let (head, tail) =
+        page.split_once("<!--progress-->").map(|(h, t)| (h.to_string(), t.to_string())).unwrap_or_default();
+    let stream =
+        futures_util::stream::unfold((Some(head), lines, Some(tail)), |(head, mut receiver, tail)| async move {
+            if let Some(head) = head {
+                return Some((head, (None, receiver, tail)));
+            }
+            match receiver.recv().await {
+                Some(line) => Some((line, (None, receiver, tail))),
+                None => tail.map(|t| (t, (None, receiver, None))),
+            }
+        });
+    let body = axum::body::Body::from_stream(futures_util::StreamExt::map(stream, Ok::<_, std::convert::Infallible>));
+    Ok(([(axum::http::header::CONTENT_TYPE, "text/html; charset=utf-8")], body).into_response())
+}

@@ -1,4 +1,5 @@
-//! Erasing one event from its page (operators), as `inbox erase --provider P --id ID` does.
+//! Erasing one event from its page (operators), as `inbox erase --provider P --id ID` does;
+//! and what a selection finds (one customer's events by what their payloads hold), as `inbox erase --payload ...` does.
 
 use std::sync::Arc;
 
@@ -9,14 +10,14 @@ use axum::{
 use axum_extra::extract::Query;
 use serde::Deserialize;
 
-use super::action::{audit_reason, operator_only, ConfirmPage};
+use super::action::{audit_reason, operator_only, streamed, ConfirmPage, ProgressPage};
 use crate::console::{
     auth::Signed,
-    page::{clip, html, short_time, PageError, Posted},
+    page::{clip, html, optional, short_time, Nav, PageError, Posted},
     State,
 };
-use crate::core::text::escape;
-use crate::ops::{self, Audit, Erased};
+use crate::core::text::{escape, Escaped};
+use crate::ops::{self, Audit, Erased, EventQuery, PayloadMatch, Since};
 
 #[derive(Deserialize, Default)]
 #[serde(default)]
@@ -93,4 +94,161 @@ pub(super) async fn erase(
         ))),
         Erased::NotFound => Err(PageError::NotFound("No such event is stored.".into())),
     }
+}
+
+/// What an erasure by selection takes: the events listing's filters but the status and id.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub(super) struct SelectionParams {
+    provider: String,
+    #[serde(rename = "type")]
+    event_type: String,
+    since: String,
+    until: String,
+    /// Text, or JSON, the payload holds (an e-mail address).
+    q: String,
+}
+
+impl SelectionParams {
+    /// The selection, none when nothing narrows it, or what is wrong with it.
+    fn query(&self) -> Result<Option<EventQuery>, PageError> {
+        if self.fields().is_empty() {
+            return Ok(None);
+        }
+        let time = |t: &str| {
+            optional(t).map(|t| Since::parse(&t)).transpose().map_err(|e| PageError::BadRequest(clip(&e, 200)))
+        };
+        Ok(Some(EventQuery {
+            provider: optional(&self.provider).map(|p| p.to_ascii_lowercase()),
+            event_type: optional(&self.event_type),
+            since: time(&self.since)?,
+            until: time(&self.until)?,
+            payload: optional(&self.q).map(|q| PayloadMatch::parse(&q)),
+            ..EventQuery::default()
+        }))
+    }
+
+    fn fields(&self) -> Vec<(&'static str, String)> {
+        let mut fields = vec![
+            ("provider", self.provider.clone()),
+            ("type", self.event_type.clone()),
+            ("since", self.since.clone()),
+            ("until", self.until.clone()),
+            ("q", self.q.clone()),
+        ];
+        fields.retain(|(_, v)| !v.trim().is_empty());
+        fields
+    }
+
+    fn describe(&self) -> String {
+        let mut d = String::from("events");
+        for (word, value) in [
+            ("from", &self.provider),
+            ("of type", &self.event_type),
+            ("received at or after", &self.since),
+            ("received before", &self.until),
+            ("whose payload holds", &self.q),
+        ] {
+            if !value.trim().is_empty() {
+                d.push_str(&format!(" {word} {}", clip(value, 120)));
+            }
+        }
+        d
+    }
+}
+
+#[derive(askama::Template)]
+#[template(path = "console/erase_selection.html")]
+struct SelectionPage {
+    nav: Nav,
+    p: SelectionParams,
+    what: Vec<String>,
+    erasable: u64,
+    fields: Vec<(&'static str, String)>,
+}
+
+/// The selection's form, and once it narrows anything, what erasing it would do (counted first).
+pub(super) async fn confirm_erase_selection(
+    Shared(state): Shared<Arc<State>>,
+    signed: Signed,
+    Query(p): Query<SelectionParams>,
+) -> Result<Response, PageError> {
+    operator_only(&signed)?;
+    let nav = signed.nav(&state);
+    let (mut what, mut erasable) = (vec![], 0);
+    if let Some(query) = p.query()? {
+        let nobody = Audit { actor: "", action: "", reason: "" };
+        let counted = ops::erase_matching(&state.read, &query, &nobody, true, |_| {}).await?;
+        erasable = counted.erased;
+        what.push(format!("{} match: {}.", counted.matching, p.describe()));
+        if counted.pending > 0 {
+            what.push(format!(
+                "{} of them are pending and are left as they are (a worker may be taking them): erase again once they are processed.",
+                counted.pending
+            ));
+        }
+        what.push("Each one's payload, raw bytes, kept headers and failure reason are erased, and the payloads of its outbox messages; its key stays, so a redelivery is still a duplicate. This cannot be undone.".into());
+        what.push(format!(
+            "They are erased a page of 500 at a time, newest first, each with an audit record (erase by {}).",
+            signed.actor()
+        ));
+    }
+    let fields = p.fields();
+    html(SelectionPage { nav, p, what, erasable, fields })
+}
+
+/// [`SelectionParams`], the audit's reason and the CSRF token.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub(super) struct SelectionForm {
+    provider: String,
+    #[serde(rename = "type")]
+    event_type: String,
+    since: String,
+    until: String,
+    q: String,
+    reason: String,
+    csrf: String,
+}
+
+/// Erases the selection on a task of its own (it finishes even if the page is
+/// closed), its progress streamed into the page a page of events at a time.
+pub(super) async fn erase_selection(
+    Shared(state): Shared<Arc<State>>,
+    signed: Signed,
+    Posted(f): Posted<SelectionForm>,
+) -> Result<Response, PageError> {
+    signed.may_act(&f.csrf)?;
+    let SelectionForm { provider, event_type, since, until, q, reason, .. } = f;
+    let p = SelectionParams { provider, event_type, since, until, q };
+    let Some(query) = p.query()? else {
+        return Err(PageError::BadRequest(
+            "Name what to erase (a provider, a type, a time range, what payloads hold): nothing was done.".into(),
+        ));
+    };
+    let reason = audit_reason(&reason, "erased from the console")?;
+    let nav = signed.nav(&state);
+    let page = ProgressPage { title: "Erasing", what: p.describe(), back: nav.href("/events", &[]), nav };
+    let (lines, receiver) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let actor = signed.actor();
+    tracing::info!(actor = %actor, selection = %Escaped(&p.describe()), "erasure started");
+    tokio::spawn(async move {
+        let by = Audit { actor: &actor, action: "erase", reason: &reason };
+        let done = ops::erase_matching(&state.db, &query, &by, false, |n| {
+            let _ = lines.send(format!("<li>{n} examined</li>\n"));
+        })
+        .await;
+        let last = match done {
+            Ok(e) => format!(
+                "<li class=\"done\">Done: {} erased, {} erased already, {} pending left as they are.</li>\n",
+                e.erased, e.already, e.pending
+            ),
+            Err(e) => {
+                tracing::error!(error = %Escaped(&e.to_string()), "erasure failed");
+                "<li class=\"failed\">Stopped: the database refused or did not answer (the console's log has the cause). What was erased before stays erased; run it again for the rest.</li>\n".into()
+            }
+        };
+        let _ = lines.send(last);
+    });
+    streamed(page, receiver)
 }

@@ -102,6 +102,7 @@ struct EventsPage {
     next: Option<String>,
     first: Option<String>,
     requeue: Option<String>,
+    erase: Option<String>,
 }
 
 struct CountView {
@@ -180,7 +181,19 @@ pub(super) async fn events(
             pairs.extend(f.status.iter().map(|s| ("status", s.as_str())));
             nav.href("/requeue", &pairs)
         });
+    // What an erasure could take: the filter without its statuses and id (an operator's deletion request).
+    let pairs: Vec<(&str, &str)> = [
+        ("provider", f.provider.as_str()),
+        ("type", f.event_type.as_str()),
+        ("since", f.since.as_str()),
+        ("until", f.until.as_str()),
+        ("q", f.q.as_str()),
+    ]
+    .into_iter()
+    .filter(|(_, v)| !v.trim().is_empty())
+    .collect();
+    let erase = (nav.operator() && !pairs.is_empty()).then(|| nav.href("/erase", &pairs));
     let status = if errors.is_empty() { StatusCode::OK } else { StatusCode::BAD_REQUEST };
-    let page = EventsPage { nav, f, counts, providers, rows, errors, next, first, requeue };
+    let page = EventsPage { nav, f, counts, providers, rows, errors, next, first, requeue, erase };
     Ok((status, html(page)?).into_response())
 }

@@ -43,6 +43,7 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/event", get(event::event))
         .route("/event/replay", get(event::confirm_replay).post(event::replay))
         .route("/event/erase", get(erase::confirm_erase).post(erase::erase))
+        .route("/erase", get(erase::confirm_erase_selection).post(erase::erase_selection))
         .route("/requeue", get(requeue::confirm_requeue).post(requeue::requeue))
         .route("/outbox", get(outbox::outbox))
         .route("/outbox/retry", get(outbox::confirm_retry).post(outbox::retry))

@@ -3,16 +3,11 @@
 use std::sync::Arc;
 
 use askama::Template;
-use axum::{
-    body::Body,
-    extract::State as Shared,
-    http::header,
-    response::{IntoResponse, Response},
-};
+use axum::{extract::State as Shared, response::Response};
 use axum_extra::extract::Query;
 use serde::Deserialize;
 
-use super::action::{audit_reason, operator_only, BATCH};
+use super::action::{audit_reason, operator_only, streamed, ProgressPage, BATCH};
 use crate::console::{
     auth::Signed,
     page::{clip, html, optional, Nav, PageError, Posted},
@@ -168,14 +163,6 @@ pub(super) struct RequeueForm {
     csrf: String,
 }
 
-#[derive(Template)]
-#[template(path = "console/progress.html")]
-struct ProgressPage {
-    nav: Nav,
-    what: String,
-    back: String,
-}
-
 /// Runs the requeue in batches, on a task of its own (it finishes even if the
 /// page is closed), and streams its progress into the page as it goes: one
 /// line per batch, no script needed.
@@ -188,11 +175,7 @@ pub(super) async fn requeue(
     let RequeueForm { status, provider, event_type, since, until, reason_like, reason, .. } = f;
     let filter = RequeueParams { status, provider, event_type, since, until, reason_like }.filter()?;
     let nav = signed.nav(&state);
-    let page = ProgressPage { what: describe(&filter), back: nav.href("/events", &[]), nav }
-        .render()
-        .map_err(|_| PageError::Internal)?;
-    let (head, tail) =
-        page.split_once("<!--progress-->").map(|(h, t)| (h.to_string(), t.to_string())).unwrap_or_default();
+    let page = ProgressPage { title: "Requeueing", what: describe(&filter), back: nav.href("/events", &[]), nav };
     let (lines, receiver) = tokio::sync::mpsc::unbounded_channel::<String>();
     let actor = signed.actor();
     let reason = audit_reason(&reason, "requeued from the console")?;
@@ -228,17 +211,5 @@ pub(super) async fn requeue(
         };
         let _ = lines.send(last);
     });
-    // The page's head, a line per batch as each commits, then the page's end.
-    let stream =
-        futures_util::stream::unfold((Some(head), receiver, Some(tail)), |(head, mut receiver, tail)| async move {
-            if let Some(head) = head {
-                return Some((head, (None, receiver, tail)));
-            }
-            match receiver.recv().await {
-                Some(line) => Some((line, (None, receiver, tail))),
-                None => tail.map(|t| (t, (None, receiver, None))),
-            }
-        });
-    let body = Body::from_stream(futures_util::StreamExt::map(stream, Ok::<_, std::convert::Infallible>));
-    Ok(([(header::CONTENT_TYPE, "text/html; charset=utf-8")], body).into_response())
+    streamed(page, receiver)
 }

@@ -184,6 +184,8 @@ pub struct StoredEvent {
     pub erased_at: Option<String>,
     /// Who erased it.
     pub erased_by: Option<String>,
+    /// When it was put back from prune's archive (`inbox restore`), if it was.
+    pub restored_at: Option<String>,
 }
 
 /// The event `event_id` of `provider`, in full, if it is stored.
@@ -192,7 +194,8 @@ pub async fn stored_event(pool: &PgPool, provider: &str, event_id: &str) -> Resu
         "SELECT w.provider, w.event_id, w.event_type, w.status, w.source, w.attempts, w.received_at::text,
                 w.processed_at::text, w.next_attempt_at::text, w.failure_reason, w.headers, w.payload,
                 coalesce(b.raw_body, w.raw_body, '') AS raw_body, w.secret_index, w.secret_fingerprint,
-                extract(epoch FROM w.received_at)::bigint AS received_epoch, w.held_by, w.erased_at::text, w.erased_by
+                extract(epoch FROM w.received_at)::bigint AS received_epoch, w.held_by, w.erased_at::text, w.erased_by,
+                w.restored_at::text
          FROM webhook_inbox AS w LEFT JOIN webhook_bodies AS b ON b.sha256 = w.body_sha256
          WHERE w.provider = $1 AND w.event_id = $2",
     )
