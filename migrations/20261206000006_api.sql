@@ -14,8 +14,8 @@ CREATE TABLE inbox_api_tokens (
 
 -- A bulk operation the API runs in the background (a requeue, an erasure):
 -- what it was asked, its estimate, its progress, how it ended. Whichever
--- console process runs it bumps `updated_at` every second; a job `running`
--- whose process stopped is seen as interrupted. DELETE /api/v1/jobs/{id} sets
+-- console process runs it bumps `updated_at` with each batch; a job `running`
+-- not bumped for 30 seconds (its process stopped) is seen as interrupted. DELETE /api/v1/jobs/{id} sets
 -- `cancel_requested_at`, which the runner reads between two batches.
 CREATE TABLE inbox_api_jobs (
     id                  BIGSERIAL    PRIMARY KEY,

@@ -241,6 +241,9 @@ impl Pruner {
         #[cfg(feature = "archive")]
         if let Some(archive) = self.archive().await {
             let mut tx = self.pool.begin().await?;
+            // The uploads happen inside this transaction (its locks keep the rows as archived
+            // until they are deleted): not idle for the session's usual 10 s, but bounded.
+            db::query("SET LOCAL idle_in_transaction_session_timeout = '5min'").execute(&mut *tx).await?;
             let rows = inbox::archive_received_before(&mut *tx, providers, statuses, days, limit).await?;
             if rows.is_empty() {
                 return Ok((0, false));

@@ -128,8 +128,12 @@ async fn tokens_authenticate_with_their_roles_are_kept_hashed_and_revocable(pool
     assert_eq!(doc.status, StatusCode::OK);
     assert_eq!(doc.body["openapi"], "3.1.0");
     assert_eq!(doc.body["components"]["securitySchemes"]["token"]["scheme"], "bearer");
-    let unknown = api.call("GET", "/api/v1/nothing-here", Some(&operator), None).await;
-    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+    for path in ["/api/v1/nothing-here", "/api/v1", "/api/v1/"] {
+        assert_eq!(api.call("GET", path, Some(&operator), None).await.status, StatusCode::NOT_FOUND, "{path}");
+    }
+    let wrong = api.call("PUT", "/api/v1/events", Some(&operator), None).await;
+    assert_eq!(wrong.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert!(wrong.body["error"].is_string() && wrong.headers.contains_key(header::ALLOW), "{:?}", wrong.headers);
 }
 
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
@@ -312,10 +316,19 @@ async fn each_token_is_rate_limited_on_its_own(pool: PgPool) {
     assert_eq!(limited.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(limited.headers[header::RETRY_AFTER], "1");
     assert_eq!(api.call("GET", "/api/v1/jobs", Some(&viewer), None).await.status, StatusCode::OK);
+
+    // A client guessing tokens: refused for a moment once it has failed twice the rate, whatever it sends next.
+    for _ in 0..4 {
+        assert_eq!(api.call("GET", "/api/v1/jobs", Some("inbox_guess"), None).await.status, StatusCode::UNAUTHORIZED);
+    }
+    assert_eq!(api.call("GET", "/api/v1/jobs", Some("inbox_guess"), None).await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(api.call("GET", "/api/v1/jobs", Some(&viewer), None).await.status, StatusCode::TOO_MANY_REQUESTS);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(api.call("GET", "/api/v1/jobs", Some(&viewer), None).await.status, StatusCode::OK);
 }
 
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
-async fn the_outbox_is_listed_and_retried_and_destinations_pauses_and_alerts_read(pool: PgPool) {
+async fn the_outbox_destinations_pauses_and_alerts_are_read_and_acted_on(pool: PgPool) {
     let api = Api::new(&pool, "", &[]);
     let (operator, viewer) = tokens(&pool).await;
     let id: i64 = sqlx::query_scalar(
@@ -369,4 +382,67 @@ async fn the_outbox_is_listed_and_retried_and_destinations_pauses_and_alerts_rea
     );
     let alerts = api.call("GET", "/api/v1/alerts?resolved=true", Some(&viewer), None).await;
     assert_eq!((alerts.status, &alerts.body["alerts"]), (StatusCode::OK, &json!([])));
+
+    // Acting on them: pause and resume a provider, pause and resume a destination, an alert that is not there.
+    let post = |path: &'static str, token: &str, body: Value| {
+        let (api, token) = (&api, token.to_string());
+        async move { api.call("POST", path, Some(&token), Some(body)).await }
+    };
+    let github =
+        json!({"provider": "github", "type": "issues", "reason": "issues handler broken", "alarm_after": "30m"});
+    assert_eq!(post("/api/v1/pauses", &viewer, github.clone()).await.status, StatusCode::FORBIDDEN);
+    let paused = post("/api/v1/pauses", &operator, github.clone()).await;
+    assert_eq!((paused.status, paused.body["outcome"].as_str()), (StatusCode::OK, Some("paused")), "{:?}", paused.body);
+    assert_eq!(post("/api/v1/pauses", &operator, github).await.body["outcome"], "paused_already");
+    for bad in [
+        json!({"provider": "Not A Provider!", "reason": "x"}),
+        json!({"provider": "github", "reason": "x", "alarm_after": "soon"}),
+        json!({"provider": "github", "type": "", "reason": "x"}),
+    ] {
+        assert_eq!(post("/api/v1/pauses", &operator, bad.clone()).await.status, StatusCode::BAD_REQUEST, "{bad}");
+    }
+    let resumed =
+        post("/api/v1/pauses/resume", &operator, json!({"provider": "github", "type": "issues", "reason": "fixed"}))
+            .await;
+    assert_eq!(
+        (resumed.status, resumed.body["outcome"].as_str()),
+        (StatusCode::ACCEPTED, Some("resuming")),
+        "{:?}",
+        resumed.body
+    );
+    let never = post("/api/v1/pauses/resume", &operator, json!({"provider": "stripe", "reason": "x"})).await;
+    assert_eq!(never.status, StatusCode::NOT_FOUND);
+    let actions: Vec<String> = sqlx::query_scalar(
+        "SELECT action FROM inbox_audit WHERE actor = 'api:runbook' AND pause_id IS NOT NULL ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(actions, ["pause", "resume"]);
+
+    let stop = post("/api/v1/destinations/default/pause", &operator, json!({"reason": "consumer down"})).await;
+    assert_eq!((stop.status, stop.body["changed"].as_bool()), (StatusCode::OK, Some(true)), "{:?}", stop.body);
+    assert_eq!(
+        post("/api/v1/destinations/default/pause", &operator, json!({"reason": "x"})).await.body["changed"],
+        false
+    );
+    let listed = api.call("GET", "/api/v1/destinations", Some(&viewer), None).await;
+    assert!(listed.body["destinations"][0]["paused_at"].is_string(), "{:?}", listed.body);
+    assert_eq!(
+        post("/api/v1/destinations/default/resume", &operator, json!({"reason": "back"})).await.body["changed"],
+        true
+    );
+    assert_eq!(
+        post("/api/v1/destinations/Bad%20Name/pause", &operator, json!({"reason": "x"})).await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        post("/api/v1/destinations/default/explode", &operator, json!({"reason": "x"})).await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        post("/api/v1/alerts/999/acknowledge", &operator, json!({"reason": "x"})).await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(post("/api/v1/alerts/1/explode", &operator, json!({"reason": "x"})).await.status, StatusCode::NOT_FOUND);
 }

@@ -270,7 +270,12 @@ async fn restore_refuses_each_bad_line_by_number_and_restores_the_others(pool: P
     future["v"] = json!(2);
     let mut long_id = good("x");
     long_id["event_id"] = json!("x".repeat(100_000));
-    for bad in [pending, bad_base64, orphan, future, long_id] {
+    // What only PostgreSQL refuses: a timestamp it cannot read, a failed row without its reason.
+    let mut bad_time = good("evt_bad_time");
+    bad_time["received_at"] = json!("2025-13-45T00:00:00Z");
+    let mut no_reason = good("evt_no_reason");
+    no_reason["status"] = json!("failed");
+    for bad in [pending, bad_base64, orphan, future, long_id, bad_time, no_reason] {
         lines.push(bad.to_string());
     }
     lines.push(good("evt_good_2").to_string());
@@ -281,13 +286,21 @@ async fn restore_refuses_each_bad_line_by_number_and_restores_the_others(pool: P
     gz.write_all(lines.join("\n").as_bytes()).unwrap();
     std::fs::write(&file, gz.finish().unwrap()).unwrap();
     std::fs::write(dir.join("garbage.jsonl.gz"), [0x1f, 0x8b, 0, 1, 2, 3]).unwrap();
+    // Two gzip members in one file (what `cat a.gz b.gz` makes): both are read.
+    let mut multi = Vec::new();
+    for id in ["evt_multi_1", "evt_multi_2"] {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(format!("{}\n", good(id)).as_bytes()).unwrap();
+        multi.extend(gz.finish().unwrap());
+    }
+    std::fs::write(dir.join("multi.jsonl.gz"), multi).unwrap();
 
     let source = Source::Path(file.clone());
     let dry = archive::restore(&pool, &source, None, true, |_| {}).await.unwrap();
-    assert_eq!((dry.lines, dry.restored, dry.rejected), (8, 2, 6));
+    assert_eq!((dry.lines, dry.restored, dry.rejected), (10, 2, 8), "{dry:?}");
     assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM webhook_inbox").await, 0, "a dry run changes nothing");
     let done = archive::restore(&pool, &source, None, false, |_| {}).await.unwrap();
-    assert_eq!((done.lines, done.restored, done.duplicates, done.rejected), (8, 2, 0, 6), "{done:?}");
+    assert_eq!((done.lines, done.restored, done.duplicates, done.rejected), (10, 2, 0, 8), "{done:?}");
     let reasons = done.reasons.join("\n");
     for expected in [
         "line 2: not an archived event",
@@ -296,6 +309,8 @@ async fn restore_refuses_each_bad_line_by_number_and_restores_the_others(pool: P
         "line 5: its batch body",
         "line 6: format 2 is newer",
         "line 7: its provider or event id is empty or too long",
+        "line 8: PostgreSQL refused it",
+        "line 9: PostgreSQL refused it",
     ] {
         assert!(reasons.contains(expected), "{expected:?} not in:\n{reasons}");
     }
@@ -304,8 +319,8 @@ async fn restore_refuses_each_bad_line_by_number_and_restores_the_others(pool: P
     assert_eq!(ids, ["evt_good_1", "evt_good_2"]);
     // A folder: each file in turn; one that is not gzip-compressed JSON Lines is refused, named, and the others go on.
     let folder = archive::restore(&pool, &Source::Path(dir.clone()), None, false, |_| {}).await.unwrap();
-    assert_eq!((folder.objects, folder.restored, folder.duplicates, folder.rejected), (2, 0, 2, 7), "{folder:?}");
-    assert!(folder.reasons[0].contains("garbage.jsonl.gz: not readable"), "{:?}", folder.reasons);
+    assert_eq!((folder.objects, folder.restored, folder.duplicates, folder.rejected), (3, 2, 2, 9), "{folder:?}");
+    assert!(folder.reasons[0].contains("garbage.jsonl.gz line 1: not readable"), "{:?}", folder.reasons);
     let missing = archive::restore(&pool, &Source::Path(dir.join("nope")), None, false, |_| {}).await.unwrap_err();
     assert!(missing.to_string().contains("nope"), "{missing}");
     std::fs::remove_dir_all(&dir).unwrap();

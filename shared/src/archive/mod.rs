@@ -16,19 +16,19 @@
 
 use std::{
     collections::{BTreeMap, HashSet},
-    io::{Read, Write},
+    io::{BufRead, BufReader, Write},
     path::{Path, PathBuf},
 };
 
 use aws_sdk_s3::primitives::ByteStream;
 use base64::Engine;
-use flate2::{read::GzDecoder, write::GzEncoder, Compression};
+use flate2::{bufread::MultiGzDecoder, write::GzEncoder, Compression};
 use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 
 use crate::{
     core::{aws::ArchiveConfig, status::Status, text::escape},
-    db::inbox,
+    db::{self, inbox},
 };
 
 pub use crate::db::inbox::ArchivedEvent;
@@ -294,9 +294,11 @@ impl Restored {
 
 /// Puts the archived events of `source` back into `pool`'s inbox as they were
 /// (marked restored now), skipping keys stored already, a few hundred lines a
-/// transaction; a line that is not a valid archived event (or an object not
-/// readable at all) is refused and counted, the others go on. `dry_run` reads and inserts every line, then
-/// rolls each transaction back: the counts are what a restore would do now.
+/// transaction; a line that is not a valid archived event, or that PostgreSQL
+/// refuses (or an object not readable at all), is refused and counted, the
+/// others go on; S3 or the database failing stops it. `dry_run` reads and
+/// inserts every line, then rolls each transaction back: the counts are what a
+/// restore would do now (a key two objects hold is counted in both).
 /// An S3 source is read through `sdk`, or the AWS configuration of the
 /// environment when `None`. `progress` is called after each object.
 pub async fn restore(
@@ -322,15 +324,18 @@ pub async fn restore(
                 let name = format!("s3://{bucket}/{key}");
                 let object = s3.get_object().bucket(bucket).key(&key).send().await.map_err(s3_error)?;
                 let bytes = object.body.collect().await.map_err(s3_error)?.into_bytes();
-                restore_object(pool, &name, &bytes, dry_run, &mut bodies_seen, &mut done).await?;
+                let reader = Box::new(std::io::Cursor::new(bytes));
+                restore_object(pool, &name, reader, dry_run, &mut bodies_seen, &mut done).await?;
                 progress(&done);
             }
         }
         Source::Path(path) => {
             for file in files(path)? {
                 let name = file.display().to_string();
-                let bytes = std::fs::read(&file).map_err(|source| ArchiveError::File { path: name.clone(), source })?;
-                restore_object(pool, &name, &bytes, dry_run, &mut bodies_seen, &mut done).await?;
+                let opened =
+                    std::fs::File::open(&file).map_err(|source| ArchiveError::File { path: name.clone(), source })?;
+                let reader = Box::new(BufReader::new(opened));
+                restore_object(pool, &name, reader, dry_run, &mut bodies_seen, &mut done).await?;
                 progress(&done);
             }
         }
@@ -361,59 +366,111 @@ fn files(path: &Path) -> Result<Vec<PathBuf>, ArchiveError> {
 async fn restore_object(
     pool: &PgPool,
     name: &str,
-    bytes: &[u8],
+    mut reader: Box<dyn BufRead + Send>,
     dry_run: bool,
     bodies_seen: &mut HashSet<String>,
     done: &mut Restored,
 ) -> Result<(), ArchiveError> {
     done.objects += 1;
-    let text = if bytes.starts_with(&[0x1f, 0x8b]) {
-        let mut text = String::new();
-        GzDecoder::new(bytes).read_to_string(&mut text).map(|_| text).map_err(|e| e.to_string())
-    } else {
-        String::from_utf8(bytes.to_vec()).map_err(|e| e.to_string())
-    };
-    let text = match text {
-        Ok(text) => text,
+    // Read a line at a time (a file may be large), through every member of a gzip stream.
+    let reader: Box<dyn BufRead + Send> = match reader.fill_buf() {
+        Ok([0x1f, 0x8b, ..]) => Box::new(BufReader::new(MultiGzDecoder::new(reader))),
+        Ok(_) => reader,
         Err(e) => {
-            done.reject(format!("{}: not readable as (gzip-compressed) JSON Lines: {e}", escape(name)));
+            done.reject(format!("{}: not readable: {e}", escape(name)));
             return Ok(());
         }
     };
-    let mut chunk = Vec::with_capacity(RESTORE_CHUNK);
-    for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+    let mut chunk = Chunk::default();
+    for (n, line) in reader.lines().enumerate() {
+        let line = match line {
+            Ok(line) => line,
+            Err(e) => {
+                done.reject(format!(
+                    "{} line {}: not readable as (gzip-compressed) JSON Lines, and nothing after it: {e}",
+                    escape(name),
+                    n + 1
+                ));
+                break;
+            }
+        };
+        if line.trim().is_empty() {
+            continue;
+        }
         done.lines += 1;
-        match checked(line, bodies_seen) {
-            Ok(event) => chunk.push(event),
+        match checked(&line, bodies_seen) {
+            Ok(event) => {
+                chunk.lines.push(n + 1);
+                chunk.events.push(event);
+            }
             Err(reason) => done.reject(format!("{} line {}: {reason}", escape(name), n + 1)),
         }
-        if chunk.len() == RESTORE_CHUNK {
-            insert(pool, &chunk, dry_run, done).await?;
-            chunk.clear();
+        if chunk.events.len() == RESTORE_CHUNK {
+            insert(pool, name, &chunk, dry_run, done).await?;
+            chunk = Chunk::default();
         }
     }
-    if !chunk.is_empty() {
-        insert(pool, &chunk, dry_run, done).await?;
+    if !chunk.events.is_empty() {
+        insert(pool, name, &chunk, dry_run, done).await?;
     }
     Ok(())
 }
 
+/// Lines to insert together, and their numbers.
+#[derive(Default)]
+struct Chunk {
+    lines: Vec<usize>,
+    events: Vec<ArchivedEvent>,
+}
+
+/// Inserts a chunk in one statement; if PostgreSQL refuses a value of it (a
+/// constraint, a timestamp it cannot read), each line alone, so that only the
+/// refused ones are refused, each named.
 async fn insert(
     pool: &PgPool,
-    chunk: &[ArchivedEvent],
+    name: &str,
+    chunk: &Chunk,
     dry_run: bool,
     done: &mut Restored,
 ) -> Result<(), ArchiveError> {
+    let refused = |e: &sqlx::Error| db::sqlstate(e).is_some_and(|c| c.starts_with("22") || c.starts_with("23"));
+    match insert_all(pool, &chunk.events, dry_run).await {
+        Ok(n) => {
+            done.restored += n;
+            done.duplicates += chunk.events.len() as u64 - n;
+        }
+        Err(e) if refused(&e) => {
+            for (line, event) in chunk.lines.iter().zip(&chunk.events) {
+                match insert_all(pool, std::slice::from_ref(event), dry_run).await {
+                    Ok(n) => {
+                        done.restored += n;
+                        done.duplicates += 1 - n;
+                    }
+                    Err(e) if refused(&e) => {
+                        let why = match &e {
+                            sqlx::Error::Database(d) => d.message().to_string(),
+                            other => other.to_string(),
+                        };
+                        done.reject(format!("{} line {line}: PostgreSQL refused it: {}", escape(name), escape(&why)));
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        Err(e) => return Err(e.into()),
+    }
+    Ok(())
+}
+
+async fn insert_all(pool: &PgPool, events: &[ArchivedEvent], dry_run: bool) -> Result<u64, sqlx::Error> {
     let mut tx = pool.begin().await?;
-    let n = inbox::restore(&mut *tx, chunk).await?;
+    let n = inbox::restore(&mut *tx, events).await?;
     if dry_run {
         tx.rollback().await?;
     } else {
         tx.commit().await?;
     }
-    done.restored += n;
-    done.duplicates += chunk.len() as u64 - n;
-    Ok(())
+    Ok(n)
 }
 
 /// A line, parsed and checked: what PostgreSQL's constraints would refuse is
@@ -428,8 +485,12 @@ fn checked(line: &str, bodies_seen: &mut HashSet<String>) -> Result<ArchivedEven
         Some(Status::Pending) => return Err("pending: the archive holds finished events only".into()),
         Some(_) => {}
     }
-    if e.provider.is_empty() || e.provider.len() > 64 || e.event_id.is_empty() || e.event_id.len() > 255 {
+    let chars = |t: &str| t.chars().count();
+    if !(1..=64).contains(&chars(&e.provider)) || !(1..=255).contains(&chars(&e.event_id)) {
         return Err("its provider or event id is empty or too long".into());
+    }
+    if chars(&e.event_type) > 128 || chars(&e.source) > 16 {
+        return Err("its event type or source is too long".into());
     }
     let raw = match &e.raw_body {
         Some(b) => Some(

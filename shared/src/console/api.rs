@@ -10,7 +10,7 @@
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use axum::{
@@ -131,6 +131,12 @@ impl RateLimit {
         RateLimit { per_second: per_second as f64, buckets: Mutex::default() }
     }
 
+    /// Whether `name`'s bucket has a request left (taking none).
+    fn has(&self, name: &str) -> bool {
+        let buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        buckets.get(name).map_or(true, |(tokens, at)| *tokens + at.elapsed().as_secs_f64() * self.per_second >= 1.0)
+    }
+
     /// Takes one request from `name`'s bucket, or says how long to wait.
     fn take(&self, name: &str) -> Result<(), u64> {
         let now = Instant::now();
@@ -179,6 +185,27 @@ impl FromRequestParts<Arc<State>> for Caller {
     type Rejection = Refused;
 
     async fn from_request_parts(parts: &mut Parts, state: &Arc<State>) -> Result<Self, Self::Rejection> {
+        // A client whose tokens keep failing is refused before its next one is looked up.
+        let super::auth::Peer(client) = match super::auth::Peer::from_request_parts(parts, state).await {
+            Ok(peer) => peer,
+            Err(never) => match never {},
+        };
+        let failures = format!("failed from {client}");
+        if !state.api_rate.has(&failures) {
+            return Err(Refused::TooMany(1));
+        }
+        match Caller::authenticate(parts, state).await {
+            Err(Refused::Unauthorized(why)) => {
+                let _ = state.api_rate.take(&failures);
+                Err(Refused::Unauthorized(why))
+            }
+            other => other,
+        }
+    }
+}
+
+impl Caller {
+    async fn authenticate(parts: &Parts, state: &Arc<State>) -> Answer<Caller> {
         let header = parts.headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
         let Some(token) = header.and_then(|h| h.strip_prefix("Bearer ")).map(str::trim) else {
             return Err(Refused::Unauthorized("send an API token: Authorization: Bearer <token>"));
@@ -258,7 +285,6 @@ fn statuses(text: Option<&str>, allowed: &[Status]) -> Answer<Vec<Status>> {
 }
 
 const ALL: &[Status] = &[Status::Pending, Status::Done, Status::Failed, Status::Unhandled, Status::Ignored];
-const ENDED: &[Status] = &[Status::Done, Status::Failed, Status::Unhandled, Status::Ignored];
 
 /// The events listing's filters.
 #[derive(Debug, Default, Deserialize, IntoParams)]
@@ -321,12 +347,7 @@ async fn list_events(
     axum::extract::RawQuery(raw): axum::extract::RawQuery,
     params: Result<Query<EventsParams>, QueryRejection>,
 ) -> Answer<Json<EventsPage>> {
-    // The form decoder reads `status=` as no status at all: an empty one is refused here.
-    let pairs = form_urlencoded::parse(raw.as_deref().unwrap_or_default().as_bytes());
-    if let Some((name, _)) = pairs.into_iter().find(|(k, v)| matches!(&**k, "status" | "limit") && v.trim().is_empty())
-    {
-        return Err(Refused::BadRequest(format!("{name} is empty: give one, or leave it out")));
-    }
+    refuse_empty(raw.as_deref(), &["status", "limit"])?;
     let p = query(params)?;
     let limit = p.limit.unwrap_or(50);
     if !(1..=MAX_PAGE).contains(&limit) {
@@ -586,9 +607,9 @@ async fn erase_event(
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RequeueRequest {
-    /// Events in these statuses: unhandled, ignored, failed, done (one at least).
-    #[schema(min_items = 1, inline, value_type = Vec<RequeueStatus>)]
-    statuses: Vec<String>,
+    /// Events in these statuses (one at least).
+    #[schema(min_items = 1)]
+    statuses: Vec<RequeueStatus>,
     provider: Option<String>,
     /// Exactly this event type.
     #[serde(rename = "type")]
@@ -606,14 +627,24 @@ pub(crate) struct RequeueRequest {
 }
 
 /// A status a requeue takes.
-#[derive(ToSchema)]
-#[schema(rename_all = "snake_case")]
-#[allow(dead_code)] // its schema only: the request's statuses are checked as text
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
 pub(crate) enum RequeueStatus {
     Unhandled,
     Ignored,
     Failed,
     Done,
+}
+
+impl From<RequeueStatus> for Status {
+    fn from(s: RequeueStatus) -> Status {
+        match s {
+            RequeueStatus::Unhandled => Status::Unhandled,
+            RequeueStatus::Ignored => Status::Ignored,
+            RequeueStatus::Failed => Status::Failed,
+            RequeueStatus::Done => Status::Done,
+        }
+    }
 }
 
 /// An erasure by selection (one at least of its filters).
@@ -690,7 +721,7 @@ async fn start_requeue(
 ) -> Answer<(StatusCode, Json<JobView>)> {
     caller.may_act()?;
     let why = reason(&body.reason)?;
-    let statuses = statuses(Some(&body.statuses.join(",")), ENDED)?;
+    let statuses: Vec<Status> = body.statuses.iter().copied().map(Status::from).collect();
     if statuses.is_empty() {
         return Err(Refused::BadRequest("statuses: name one at least (unhandled, ignored, failed, done)".into()));
     }
@@ -859,8 +890,9 @@ async fn cancel_job(
 ) -> Answer<(StatusCode, Json<JobView>)> {
     caller.may_act()?;
     let id = job_id(&id)?;
-    let job = store::cancel_job(&state.db, id).await?.ok_or_else(|| Refused::NotFound(format!("no job {id}")))?;
-    if job.state != "running" {
+    let (asked, job) = store::cancel_job(&state.db, id).await?;
+    let job = job.ok_or_else(|| Refused::NotFound(format!("no job {id}")))?;
+    if !asked {
         return Err(Refused::Conflict(format!("job {id} is {} already: there is nothing to cancel", job.state)));
     }
     Ok((StatusCode::ACCEPTED, Json(job.into())))
@@ -994,6 +1026,216 @@ async fn list_alerts(
     Ok(Json(AlertsPage { alerts: crate::alerts::list(&state.read, p.resolved.unwrap_or(false), 100).await? }))
 }
 
+/// A pause to make: a provider's events, or one type of them, wait.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PauseRequest {
+    /// The provider whose events wait.
+    provider: String,
+    /// Only its events of exactly this type; every type when absent.
+    #[serde(rename = "type")]
+    #[schema(rename = "type")]
+    event_type: Option<String>,
+    /// Why, for the audit record and whoever finds it paused.
+    #[schema(min_length = 1, max_length = 500)]
+    reason: String,
+    /// The PauseOverdue alarm (and `overdue` here) after this long: 30m, 4h, 2d (4h).
+    alarm_after: Option<String>,
+}
+
+/// A pause's scope, to resume.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ResumeRequest {
+    provider: String,
+    #[serde(rename = "type")]
+    #[schema(rename = "type")]
+    event_type: Option<String>,
+    /// Why, for the audit record.
+    #[schema(min_length = 1, max_length = 500)]
+    reason: String,
+}
+
+/// What a pause or a resume did.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Paused {
+    provider: String,
+    #[serde(rename = "type")]
+    #[schema(rename = "type")]
+    event_type: Option<String>,
+    /// paused, paused_already, or resuming (the workers release its held events, oldest first).
+    outcome: String,
+    /// The pause's number (`held_by`).
+    pause_id: Option<i64>,
+    /// Events it holds.
+    held: i64,
+}
+
+fn scope(provider: &str, event_type: Option<&str>) -> Answer<ops::PauseScope> {
+    ops::PauseScope::new(provider, event_type).map_err(|e| Refused::BadRequest(escape(&e).into_owned()))
+}
+
+#[utoipa::path(post, path = "/api/v1/pauses", tag = "pauses", request_body = PauseRequest,
+    responses((status = 200, body = Paused), (status = 400, body = ApiError), (status = 401, body = ApiError),
+               (status = 403, body = ApiError), (status = 429, body = ApiError), (status = 503, body = ApiError)))]
+/// Pauses a provider's events (or one type of them): still received, they wait, spending no attempt; audited.
+async fn pause(
+    Shared(state): Shared<Arc<State>>,
+    caller: Caller,
+    Body(body): Body<PauseRequest>,
+) -> Answer<Json<Paused>> {
+    caller.may_act()?;
+    let why = reason(&body.reason)?;
+    let scope = scope(&body.provider, body.event_type.as_deref())?;
+    let alarm_after = match body.alarm_after.as_deref() {
+        None => Duration::from_secs(4 * 3600),
+        Some(t) => crate::alerts::parse_duration(t).ok().filter(|d| !d.is_zero()).ok_or_else(|| {
+            Refused::BadRequest(format!("alarm_after: {:?} is not a duration (30m, 4h, 2d)", escape(t)))
+        })?,
+    };
+    let actor = caller.actor();
+    let by = Audit { actor: &actor, action: "pause", reason: &why };
+    let paused = ops::pause_events(&state.db, &scope, alarm_after, &by).await?;
+    let now = ops::pauses(&state.db).await?.into_iter().find(|p| p.scope() == scope);
+    Ok(Json(Paused {
+        outcome: if paused { "paused" } else { "paused_already" }.into(),
+        pause_id: now.as_ref().map(|p| p.id),
+        held: now.map_or(0, |p| p.held),
+        provider: scope.provider,
+        event_type: scope.event_type,
+    }))
+}
+
+#[utoipa::path(post, path = "/api/v1/pauses/resume", tag = "pauses", request_body = ResumeRequest,
+    responses((status = 202, body = Paused), (status = 400, body = ApiError), (status = 401, body = ApiError),
+               (status = 403, body = ApiError), (status = 404, body = ApiError), (status = 429, body = ApiError),
+               (status = 503, body = ApiError)))]
+/// Resumes a pause: the workers release its held events in receive order, then new ones as they come; audited.
+async fn resume(
+    Shared(state): Shared<Arc<State>>,
+    caller: Caller,
+    Body(body): Body<ResumeRequest>,
+) -> Answer<(StatusCode, Json<Paused>)> {
+    caller.may_act()?;
+    let why = reason(&body.reason)?;
+    let scope = scope(&body.provider, body.event_type.as_deref())?;
+    let actor = caller.actor();
+    let by = Audit { actor: &actor, action: "resume", reason: &why };
+    let Some(id) = ops::resume_events(&state.db, &scope, &by).await? else {
+        return Err(Refused::NotFound(format!("{} is not paused", escape(&scope.to_string()))));
+    };
+    let held = ops::pauses(&state.db).await?.into_iter().find(|p| p.id == id).map_or(0, |p| p.held);
+    let answer = Paused {
+        outcome: "resuming".into(),
+        pause_id: Some(id),
+        held,
+        provider: scope.provider,
+        event_type: scope.event_type,
+    };
+    Ok((StatusCode::ACCEPTED, Json(answer)))
+}
+
+/// What an alert's acknowledgement or resolution did.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct AlertActed {
+    id: i64,
+    /// acknowledged, or resolved.
+    state: String,
+}
+
+#[utoipa::path(post, path = "/api/v1/alerts/{id}/{action}", tag = "alerts",
+    params(("id" = i64, Path, description = "The alert's number", example = 1),
+           ("action" = String, Path, description = "acknowledge (no more reminders) or resolve (now)", example = "acknowledge")),
+    request_body = Reason,
+    responses((status = 200, body = AlertActed), (status = 400, body = ApiError), (status = 401, body = ApiError),
+               (status = 403, body = ApiError), (status = 404, body = ApiError), (status = 409, body = ApiError),
+               (status = 429, body = ApiError), (status = 503, body = ApiError)))]
+/// Acknowledges an open alert (no more reminders; it resolves when its condition clears), or resolves one now; audited.
+async fn act_on_alert(
+    Shared(state): Shared<Arc<State>>,
+    caller: Caller,
+    Params((id, action)): Params<(String, String)>,
+    Body(body): Body<Reason>,
+) -> Answer<Json<AlertActed>> {
+    caller.may_act()?;
+    let missing = || Refused::NotFound(format!("no alert {:?}", escape(&id)));
+    let alert: i64 = id.parse().map_err(|_| missing())?;
+    let why = reason(&body.reason)?;
+    let actor = caller.actor();
+    let (done, word) = match action.as_str() {
+        "acknowledge" => {
+            let by = Audit { actor: &actor, action: "acknowledge_alert", reason: &why };
+            (crate::alerts::acknowledge(&state.db, alert, &by).await?, "acknowledged")
+        }
+        "resolve" => {
+            let by = Audit { actor: &actor, action: "resolve_alert", reason: &why };
+            (crate::alerts::resolve(&state.db, alert, &by).await?, "resolved")
+        }
+        _ => {
+            return Err(Refused::NotFound(format!(
+                "{:?} is not an alert's action: acknowledge or resolve",
+                escape(&action)
+            )))
+        }
+    };
+    if !done {
+        return match crate::alerts::get(&state.db, alert).await? {
+            None => Err(missing()),
+            Some(a) => Err(Refused::Conflict(format!("alert {alert} is {}: it cannot be {word}", a.state))),
+        };
+    }
+    Ok(Json(AlertActed { id: alert, state: word.into() }))
+}
+
+/// What a destination's pause or resume did.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct DestinationActed {
+    name: String,
+    /// Paused now.
+    paused: bool,
+    /// False when it was so already.
+    changed: bool,
+}
+
+#[utoipa::path(post, path = "/api/v1/destinations/{name}/{action}", tag = "outbox",
+    params(("name" = String, Path, description = "The destination's name", example = "default"),
+           ("action" = String, Path, description = "pause or resume", example = "pause")),
+    request_body = Reason,
+    responses((status = 200, body = DestinationActed), (status = 400, body = ApiError), (status = 401, body = ApiError),
+               (status = 403, body = ApiError), (status = 404, body = ApiError), (status = 429, body = ApiError),
+               (status = 503, body = ApiError)))]
+/// Pauses a destination (every relay stops sending to it; its messages wait, none dropped), or resumes it; audited.
+async fn act_on_destination(
+    Shared(state): Shared<Arc<State>>,
+    caller: Caller,
+    Params((name, action)): Params<(String, String)>,
+    Body(body): Body<Reason>,
+) -> Answer<Json<DestinationActed>> {
+    caller.may_act()?;
+    if !ops::is_destination_name(&name) {
+        return Err(Refused::NotFound(format!("{:?} is not a destination's name", escape(&name))));
+    }
+    let why = reason(&body.reason)?;
+    let actor = caller.actor();
+    let pause = match action.as_str() {
+        "pause" => true,
+        "resume" => false,
+        _ => {
+            return Err(Refused::NotFound(format!(
+                "{:?} is not a destination's action: pause or resume",
+                escape(&action)
+            )))
+        }
+    };
+    let by =
+        Audit { actor: &actor, action: if pause { "pause_destination" } else { "resume_destination" }, reason: &why };
+    let changed = match pause {
+        true => ops::pause_destination(&state.db, &name, &by).await?,
+        false => ops::resume_destination(&state.db, &name, &by).await?,
+    };
+    Ok(Json(DestinationActed { name, paused: pause, changed }))
+}
+
 /// The form decoder reads `name=` as no value at all: an empty one of these is refused.
 fn refuse_empty(raw: Option<&str>, names: &[&str]) -> Answer<()> {
     let pairs = form_urlencoded::parse(raw.unwrap_or_default().as_bytes());
@@ -1025,7 +1267,8 @@ impl Modify for BearerAuth {
     info(title = "webhook-inbox management API", version = "1",
          description = "The operator's commands for machines: events, replay, requeue and erase (as jobs), jobs, the outbox and its destinations, pauses, alerts. docs/api.md."),
     paths(list_events, show_event, replay_event, erase_event, start_requeue, start_erase, list_jobs, get_job, cancel_job,
-          list_outbox, retry_message, list_destinations, list_pauses, list_alerts),
+          list_outbox, retry_message, list_destinations, act_on_destination, list_pauses, pause, resume, list_alerts,
+          act_on_alert),
     modifiers(&BearerAuth),
     security(("token" = [])),
 )]
@@ -1063,9 +1306,22 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/api/v1/outbox", get(list_outbox))
         .route("/api/v1/outbox/{id}/retry", post(retry_message))
         .route("/api/v1/destinations", get(list_destinations))
-        .route("/api/v1/pauses", get(list_pauses))
+        .route("/api/v1/destinations/{name}/{action}", post(act_on_destination))
+        .route("/api/v1/pauses", get(list_pauses).post(pause))
+        .route("/api/v1/pauses/resume", post(resume))
         .route("/api/v1/alerts", get(list_alerts))
+        .route("/api/v1/alerts/{id}/{action}", post(act_on_alert))
+        .route("/api/v1", axum::routing::any(no_such_route))
+        .route("/api/v1/", axum::routing::any(no_such_route))
         .route("/api/v1/{*rest}", axum::routing::any(no_such_route))
+        .method_not_allowed_fallback(|| async {
+            let mut r = Refused::BadRequest(String::new()).into_response();
+            *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+            *r.body_mut() = axum::body::Body::from(
+                r#"{"error":"this route does not take this method (the document: /api/v1/openapi.json)"}"#,
+            );
+            r
+        })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::map_response(|mut r: Response| async move {
             r.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));

@@ -200,11 +200,15 @@ pub(crate) async fn finish_job(
     Ok(())
 }
 
-/// Asks a running job to stop (it does between two batches); the job, if there is one.
-pub(crate) async fn cancel_job(pool: &PgPool, id: i64) -> Result<Option<Job>, sqlx::Error> {
-    super::query("UPDATE inbox_api_jobs SET cancel_requested_at = coalesce(cancel_requested_at, now()) WHERE id = $1 AND state = 'running'")
-        .bind(id)
-        .execute(super::Autocommit(pool))
-        .await?;
-    job(pool, id).await
+/// Asks a running job to stop (it does between two batches): whether it was
+/// running (an interrupted one is not), and the job, if there is one.
+pub(crate) async fn cancel_job(pool: &PgPool, id: i64) -> Result<(bool, Option<Job>), sqlx::Error> {
+    let asked = super::query(
+        "UPDATE inbox_api_jobs SET cancel_requested_at = coalesce(cancel_requested_at, now())
+         WHERE id = $1 AND state = 'running' AND updated_at >= now() - interval '30 seconds'",
+    )
+    .bind(id)
+    .execute(super::Autocommit(pool))
+    .await?;
+    Ok((asked.rows_affected() == 1, job(pool, id).await?))
 }

@@ -231,7 +231,8 @@ pub(super) async fn erase_selection(
     let page = ProgressPage { title: "Erasing", what: p.describe(), back: nav.href("/events", &[]), nav };
     let (lines, receiver) = tokio::sync::mpsc::unbounded_channel::<String>();
     let actor = signed.actor();
-    tracing::info!(actor = %actor, selection = %Escaped(&p.describe()), "erasure started");
+    // Not the selection: what it searches payloads for is the personal data being erased.
+    tracing::info!(actor = %actor, "erasure started");
     tokio::spawn(async move {
         let by = Audit { actor: &actor, action: "erase", reason: &reason };
         let done = ops::erase_matching(&state.db, &query, &by, false, |n| {

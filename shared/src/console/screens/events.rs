@@ -192,7 +192,9 @@ pub(super) async fn events(
     .into_iter()
     .filter(|(_, v)| !v.trim().is_empty())
     .collect();
-    let erase = (nav.operator() && !pairs.is_empty()).then(|| nav.href("/erase", &pairs));
+    // Only where the filter is all it would take: not narrowed by status or id, which it has not.
+    let whole = query.statuses.is_empty() && query.event_id.is_none();
+    let erase = (nav.operator() && whole && !pairs.is_empty()).then(|| nav.href("/erase", &pairs));
     let status = if errors.is_empty() { StatusCode::OK } else { StatusCode::BAD_REQUEST };
     let page = EventsPage { nav, f, counts, providers, rows, errors, next, first, requeue, erase };
     Ok((status, html(page)?).into_response())
