@@ -201,12 +201,8 @@ pub(super) async fn confirm_erase_selection(
 #[derive(Deserialize, Default)]
 #[serde(default)]
 pub(super) struct SelectionForm {
-    provider: String,
-    #[serde(rename = "type")]
-    event_type: String,
-    since: String,
-    until: String,
-    q: String,
+    #[serde(flatten)]
+    selection: SelectionParams,
     reason: String,
     csrf: String,
 }
@@ -219,8 +215,7 @@ pub(super) async fn erase_selection(
     Posted(f): Posted<SelectionForm>,
 ) -> Result<Response, PageError> {
     signed.may_act(&f.csrf)?;
-    let SelectionForm { provider, event_type, since, until, q, reason, .. } = f;
-    let p = SelectionParams { provider, event_type, since, until, q };
+    let SelectionForm { selection: p, reason, .. } = f;
     let Some(query) = p.query()? else {
         return Err(PageError::BadRequest(
             "Name what to erase (a provider, a type, a time range, what payloads hold): nothing was done.".into(),

@@ -4,7 +4,7 @@
 use serde_json::value::RawValue;
 use sqlx::{types::Json, PgExecutor};
 
-use super::prune::{due, Providers};
+use super::prune::{bind_due, due, Providers};
 use crate::{core::status::Status, db};
 
 /// An inbox row as prune's archive keeps it: one line of JSON, every column
@@ -78,8 +78,7 @@ pub async fn archive_received_before<'e>(
     days: u32,
     limit: i64,
 ) -> Result<Vec<ArchivedEvent>, sqlx::Error> {
-    let (only, except) = providers.binds();
-    db::query_as(concat!(
+    let query = db::query_as(concat!(
         "SELECT 1 AS v, provider, event_id, event_type, status, source, ",
         utc!("received_at"),
         ", ",
@@ -94,14 +93,8 @@ pub async fn archive_received_before<'e>(
         utc!("restored_at"),
         " FROM webhook_inbox WHERE ",
         due!()
-    ))
-    .bind(only)
-    .bind(statuses.iter().map(|s| s.as_str()).collect::<Vec<_>>())
-    .bind(days as i32)
-    .bind(limit)
-    .bind(except)
-    .fetch_all(ex)
-    .await
+    ));
+    bind_due!(query, providers, statuses, days, limit).fetch_all(ex).await
 }
 
 /// Batch bodies by their digests (hex), as (digest, base64 bytes).

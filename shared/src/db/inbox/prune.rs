@@ -39,6 +39,21 @@ macro_rules! due {
 #[cfg(feature = "archive")]
 pub(super) use due;
 
+/// Binds [`due!`]'s parameters, in its order.
+macro_rules! bind_due {
+    ($query:expr, $providers:expr, $statuses:expr, $days:expr, $limit:expr) => {{
+        let (only, except) = $providers.binds();
+        $query
+            .bind(only)
+            .bind($statuses.iter().map(|s| s.as_str()).collect::<Vec<_>>())
+            .bind($days as i32)
+            .bind($limit)
+            .bind(except)
+    }};
+}
+#[cfg(feature = "archive")]
+pub(super) use bind_due;
+
 /// Deletes up to `limit` rows of one of `statuses` (of `providers`) received
 /// before `days` ago, skipping rows another transaction holds.
 pub async fn delete_received_before<'e>(
@@ -48,19 +63,19 @@ pub async fn delete_received_before<'e>(
     days: u32,
     limit: i64,
 ) -> Result<u64, sqlx::Error> {
-    let (only, except) = providers.binds();
-    let done = db::query(concat!(
-        "DELETE FROM webhook_inbox AS w
+    let done = bind_due!(
+        db::query(concat!(
+            "DELETE FROM webhook_inbox AS w
          USING (SELECT provider, event_id FROM webhook_inbox WHERE ",
-        due!(),
-        ") AS old
+            due!(),
+            ") AS old
          WHERE w.provider = old.provider AND w.event_id = old.event_id"
-    ))
-    .bind(only)
-    .bind(statuses.iter().map(|s| s.as_str()).collect::<Vec<_>>())
-    .bind(days as i32)
-    .bind(limit)
-    .bind(except)
+        )),
+        providers,
+        statuses,
+        days,
+        limit
+    )
     .execute(ex)
     .await?;
     Ok(done.rows_affected())
