@@ -49,17 +49,22 @@ pub async fn erase(pool: &PgPool, s: Selection, dry_run: bool, by: &Audit<'_>, o
             return Ok(());
         }
         return match ops::erase(pool, provider, id, by).await? {
-            Erased::Erased { messages } => {
+            Erased::Erased { messages, siblings } => {
                 if out.json {
-                    print_json(
-                        &json!({"provider": provider, "event_id": id, "erased": true, "outbox_messages": messages}),
-                    );
+                    print_json(&json!({"provider": provider, "event_id": id, "erased": true,
+                                       "outbox_messages": messages, "batch_siblings": siblings}));
                 } else {
                     say!(
                         "{provider} {id} erased: its payload, raw bytes, headers and failure reason are gone, \
                          and the payloads of its {messages} outbox message(s) (those not sent are dead); \
                          its key stays, so a redelivery is still a duplicate"
                     );
+                    if siblings > 0 {
+                        say!(
+                            "its batch's body went too: {siblings} other event(s) of the batch keep their payloads, \
+                             not the batch's raw bytes"
+                        );
+                    }
                 }
                 Ok(())
             }

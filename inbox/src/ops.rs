@@ -416,7 +416,7 @@ pub async fn show(pool: &PgPool, env: &Env<'_>, provider: &str, event_id: &str, 
             "headers": event.headers.0, "payload": event.payload.map(|p| p.0),
             "raw_body_bytes": event.raw_body.len(), "verification": verification, "history": history,
             "outbox": messages, "held_by_pause": event.held_by, "erased_at": event.erased_at, "erased_by": event.erased_by,
-            "restored_at": event.restored_at,
+            "restored_at": event.restored_at, "raw_erased_at": event.raw_erased_at,
         }));
         return Ok(());
     }
@@ -428,6 +428,9 @@ pub async fn show(pool: &PgPool, env: &Env<'_>, provider: &str, event_id: &str, 
             "erased on {at} by {}: its payload, raw bytes and headers are gone; a redelivery is still a duplicate",
             event.erased_by.as_deref().unwrap_or("?")
         );
+    }
+    if let Some(at) = &event.raw_erased_at {
+        say!("its raw bytes were erased on {at} with another event of its batch (the batch's body held that one's data); its payload stays");
     }
     if let Some(at) = &event.restored_at {
         say!("restored from prune's archive on {at} (`inbox restore`)");

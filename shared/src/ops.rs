@@ -251,6 +251,8 @@ pub enum Verification {
     DevelopmentSecret(Provider),
     /// Fetched from the provider's API by reconcile: there is no signature to check.
     Reconciled,
+    /// Its raw bytes were erased (with it, or with another event of its batch).
+    BytesErased,
     /// No secret of this provider is configured here to check with.
     NoSecret(Provider),
     /// The row names no provider known here.
@@ -282,6 +284,7 @@ impl std::fmt::Display for Verification {
                 write!(f, "verifies with inbox dev's development {p} secret (none is configured here)")
             }
             Verification::Reconciled => f.write_str("fetched from the provider's API by reconcile: no signature"),
+            Verification::BytesErased => f.write_str("not checked: its raw bytes were erased"),
             Verification::NoSecret(p) => write!(f, "not checked: no {p} secret is configured here"),
             Verification::UnknownProvider => f.write_str("not checked: not a provider known here"),
             Verification::Fails(p, reason) if *p == Provider::MARQETA => write!(
@@ -300,6 +303,9 @@ pub fn verification(event: &StoredEvent, catalog: &Catalog, secrets: &Secrets) -
     let Ok(provider) = Provider::try_from(event.provider.as_str()) else {
         return Verification::UnknownProvider;
     };
+    if event.erased_at.is_some() || event.raw_erased_at.is_some() {
+        return Verification::BytesErased;
+    }
     if event.source == "reconcile" {
         return Verification::Reconciled;
     }

@@ -38,7 +38,8 @@ use crate::{
 /// the listener's backlog rather than take a descriptor each); and how many of
 /// the console's requests at once (past it, a console request is answered
 /// 503 at once and its connection closed, so that slow console clients hold
-/// no more connections than that).
+/// no more connections than that), and how many of those one client may hold
+/// (so that one client's slow bodies leave the others their share).
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
     /// `INBOX_HEADER_TIMEOUT_MS`, 10 s.
@@ -50,6 +51,77 @@ pub struct Limits {
     pub max_connections: usize,
     /// `INBOX_CONSOLE_MAX_IN_FLIGHT`, 64.
     pub console_in_flight: usize,
+    /// `INBOX_CONSOLE_MAX_IN_FLIGHT_PER_CLIENT`, a quarter of
+    /// [`Limits::console_in_flight`] (16): one client's requests at once, the
+    /// client as [`Limits::client_ip`] says.
+    pub console_in_flight_per_client: usize,
+    /// `INBOX_CONSOLE_CLIENT_IP`: where a client's address comes from.
+    pub client_ip: ClientIp,
+}
+
+/// Where a client's address is taken from (`INBOX_CONSOLE_CLIENT_IP`), for
+/// the console's limits (sign-in, the API's failed tokens, each client's
+/// share of requests): the connection (`peer`, the default), or, behind a
+/// load balancer that appends it (an ALB does), the last address of
+/// `X-Forwarded-For` (`x-forwarded-for`). Behind a balancer, `peer` counts
+/// every client as the balancer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientIp {
+    /// The connection's address.
+    Peer,
+    /// The last address of `X-Forwarded-For`, as the balancer appended it.
+    ForwardedFor,
+}
+
+impl ClientIp {
+    /// `INBOX_CONSOLE_CLIENT_IP`: `peer` (the default) or `x-forwarded-for`.
+    pub fn read(env: &Env) -> Result<ClientIp, ConfigError> {
+        match env.var("INBOX_CONSOLE_CLIENT_IP").as_deref() {
+            None | Some("peer") => Ok(ClientIp::Peer),
+            Some("x-forwarded-for") => Ok(ClientIp::ForwardedFor),
+            Some(other) => Err(ConfigError::Invalid {
+                var: "INBOX_CONSOLE_CLIENT_IP".into(),
+                reason: format!("{:?} is neither peer nor x-forwarded-for", crate::core::text::escape(other)),
+            }),
+        }
+    }
+
+    /// The client's address: the connection's, or the last of
+    /// `X-Forwarded-For`; an address as an address, anything else a balancer
+    /// passed on escaped (it reaches the log), "unknown" without either.
+    pub(crate) fn client(self, headers: &http::HeaderMap, peer: Option<SocketAddr>) -> String {
+        let forwarded = (self == ClientIp::ForwardedFor)
+            .then(|| {
+                let all = headers.get_all("x-forwarded-for");
+                let last = all.iter().filter_map(|v| v.to_str().ok()).next_back()?;
+                Some(last.rsplit(',').next()?.trim().chars().take(64).collect::<String>())
+            })
+            .flatten()
+            .filter(|a| !a.is_empty());
+        let addr = forwarded.or_else(|| peer.map(|p| p.ip().to_string()));
+        let addr = addr.map(|a| match a.parse::<std::net::IpAddr>() {
+            Ok(ip) => ip.to_string(),
+            Err(_) => crate::core::text::escape(&a).into_owned(),
+        });
+        addr.unwrap_or_else(|| "unknown".into())
+    }
+}
+
+/// What a client is counted as by the limits: its address, an IPv6 address
+/// by its /64 (what one host is given), an IPv4-mapped one as the IPv4;
+/// anything else (not an address) as itself.
+pub(crate) fn client_key(client: &str) -> String {
+    match client.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V6(v6)) => match v6.to_ipv4_mapped() {
+            Some(v4) => v4.to_string(),
+            None => {
+                let s = v6.segments();
+                format!("{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3])
+            }
+        },
+        Ok(v4) => v4.to_string(),
+        Err(_) => client.to_string(),
+    }
 }
 
 impl Default for Limits {
@@ -59,6 +131,8 @@ impl Default for Limits {
             body_timeout: Duration::from_secs(30),
             max_connections: 4096,
             console_in_flight: 64,
+            console_in_flight_per_client: 16,
+            client_ip: ClientIp::Peer,
         }
     }
 }
@@ -70,11 +144,15 @@ impl Limits {
         let ms = |name, default: Duration| -> Result<Duration, ConfigError> {
             Ok(Duration::from_millis(env.positive(name, default.as_millis() as u64)?))
         };
+        let console_in_flight = env.positive("INBOX_CONSOLE_MAX_IN_FLIGHT", d.console_in_flight)?;
+        let per_client = (console_in_flight / 4).max(1);
         Ok(Limits {
             header_timeout: ms("INBOX_HEADER_TIMEOUT_MS", d.header_timeout)?,
             body_timeout: ms("INBOX_BODY_TIMEOUT_MS", d.body_timeout)?,
             max_connections: env.positive("INBOX_MAX_CONNECTIONS", d.max_connections)?,
-            console_in_flight: env.positive("INBOX_CONSOLE_MAX_IN_FLIGHT", d.console_in_flight)?,
+            console_in_flight,
+            console_in_flight_per_client: env.positive("INBOX_CONSOLE_MAX_IN_FLIGHT_PER_CLIENT", per_client)?,
+            client_ip: ClientIp::read(env)?,
         })
     }
 }
@@ -116,6 +194,9 @@ pub fn connection_cap(max: usize) -> usize {
 #[cfg(feature = "serve")]
 pub const CONSOLE_PATH: &str = "/console";
 
+/// Answers a request from its head alone, or lets it through (`None`).
+pub type Gate = fn(&Parts) -> Option<Response<axum::body::Body>>;
+
 /// What a listener serves.
 #[derive(Clone)]
 pub struct Site {
@@ -128,6 +209,10 @@ pub struct Site {
     pub routed: fn(&str) -> bool,
     /// Of those, the console's pages: [`Limits::console_in_flight`] at once.
     pub paged: fn(&str) -> bool,
+    /// Answers a routed request before its share is taken and its body read,
+    /// when it can be refused from its head alone (the management API's
+    /// requests without a token's form).
+    pub gate: Option<Gate>,
     /// Where each delivery's counts and time go (`inbox serve`'s Prometheus metrics).
     pub count: Option<fn(&Metrics, Duration)>,
 }
@@ -136,7 +221,7 @@ pub struct Site {
 impl Site {
     /// Webhooks only.
     pub fn webhooks(receiver: Arc<Receiver>) -> Self {
-        Site { receiver: Some(receiver), router: None, routed: |_| false, paged: |_| false, count: None }
+        Site { receiver: Some(receiver), router: None, routed: |_| false, paged: |_| false, gate: None, count: None }
     }
 }
 
@@ -190,7 +275,7 @@ pub async fn serve_site(
     let cap = connection_cap(limits.max_connections);
     let connections = Arc::new(Semaphore::new(cap));
     let bodies = Arc::new(Semaphore::new(MAX_BODY_BYTES_IN_FLIGHT / 1024));
-    let pages = Arc::new(Semaphore::new(limits.console_in_flight));
+    let pages = Arc::new(Shares::new(limits));
     // `true` once draining; each connection finishes its request and closes.
     let (draining, drained) = tokio::sync::watch::channel(false);
     // Set at the end of the drain: what is still in flight is answered 503.
@@ -272,12 +357,65 @@ pub async fn serve_site(
     cut.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// The router's paths to the router (the console's within its share, each
-/// body read first, under the body timeout), the rest to the receiver.
+/// The console's requests in flight: all of them, and each client's.
+struct Shares {
+    all: Semaphore,
+    per_client: usize,
+    client_ip: ClientIp,
+    /// Each client's requests in flight; an entry leaves with its last request.
+    clients: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+}
+
+/// One request's place among the console's: given back when dropped.
+struct Share<'a> {
+    shares: &'a Shares,
+    client: String,
+    _all: SemaphorePermit<'a>,
+}
+
+impl Shares {
+    fn new(limits: Limits) -> Shares {
+        Shares {
+            all: Semaphore::new(limits.console_in_flight),
+            per_client: limits.console_in_flight_per_client,
+            client_ip: limits.client_ip,
+            clients: Default::default(),
+        }
+    }
+
+    /// A place for a request of this client, at once or none.
+    fn take(&self, parts: &Parts, peer: SocketAddr) -> Option<Share<'_>> {
+        let client = client_key(&self.client_ip.client(&parts.headers, Some(peer)));
+        let all = self.all.try_acquire().ok()?;
+        let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        let held = clients.entry(client.clone()).or_insert(0);
+        if *held >= self.per_client {
+            return None;
+        }
+        *held += 1;
+        Some(Share { shares: self, client, _all: all })
+    }
+}
+
+impl Drop for Share<'_> {
+    fn drop(&mut self) {
+        let mut clients = self.shares.clients.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(held) = clients.get_mut(&self.client) {
+            *held -= 1;
+            if *held == 0 {
+                clients.remove(&self.client);
+            }
+        }
+    }
+}
+
+/// The router's paths to the router (the console's within its share and its
+/// client's, each body read first, under the body timeout; what the gate
+/// refuses, before either), the rest to the receiver.
 async fn route(
     site: &Site,
     bodies: &Semaphore,
-    pages: &Semaphore,
+    pages: &Shares,
     req: Request<Incoming>,
     peer: SocketAddr,
     body_timeout: Duration,
@@ -289,15 +427,18 @@ async fn route(
             None => respond(Err(ReceiveError::NoRoute)).map(|b| axum::body::Body::from(b.as_ref().to_vec())),
         };
     };
-    let _share = if (site.paged)(path) {
-        match pages.try_acquire() {
-            Ok(share) => Some(share),
-            Err(_) => return closing(busy()),
+    let (mut parts, body) = req.into_parts();
+    if let Some(refused) = site.gate.and_then(|gate| gate(&parts)) {
+        return closing(refused);
+    }
+    let _share = if (site.paged)(parts.uri.path()) {
+        match pages.take(&parts, peer) {
+            Some(share) => Some(share),
+            None => return closing(busy()),
         }
     } else {
         None
     };
-    let (mut parts, body) = req.into_parts();
     parts.extensions.insert(axum::extract::ConnectInfo::<SocketAddr>(peer));
     match read_body(bodies, &parts, body, MAX_ROUTED_BODY_BYTES, body_timeout).await {
         Ok((_budget, body)) => {
@@ -420,7 +561,7 @@ mod tests {
     fn the_limits_come_from_the_environment_and_zero_is_refused() {
         let d = Limits::read(&Env::from_pairs(&[])).unwrap();
         assert_eq!((d.header_timeout, d.body_timeout), (Duration::from_secs(10), Duration::from_secs(30)));
-        assert_eq!((d.max_connections, d.console_in_flight), (4096, 64));
+        assert_eq!((d.max_connections, d.console_in_flight, d.console_in_flight_per_client), (4096, 64, 16));
         let pairs = [
             ("INBOX_HEADER_TIMEOUT_MS", "2000"),
             ("INBOX_BODY_TIMEOUT_MS", "5000"),
@@ -429,9 +570,74 @@ mod tests {
         ];
         let l = Limits::read(&Env::from_pairs(&pairs)).unwrap();
         assert_eq!((l.header_timeout, l.body_timeout), (Duration::from_secs(2), Duration::from_secs(5)));
-        assert_eq!((l.max_connections, l.console_in_flight), (10_000, 8));
+        assert_eq!((l.max_connections, l.console_in_flight, l.console_in_flight_per_client), (10_000, 8, 2));
         let zero = [("INBOX_CONSOLE_MAX_IN_FLIGHT", "0")];
         assert!(Limits::read(&Env::from_pairs(&zero)).unwrap_err().to_string().contains("INBOX_CONSOLE_MAX_IN_FLIGHT"));
         assert!(connection_cap(100) <= 100);
+    }
+
+    /// A client's first line, and what it reads back (up to the end of the headers).
+    async fn ask(from: &str, to: SocketAddr, head: &str) -> tokio::net::TcpStream {
+        use tokio::io::AsyncWriteExt as _;
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+        let mut stream = socket.connect(to).await.unwrap();
+        stream.write_all(head.as_bytes()).await.unwrap();
+        stream
+    }
+
+    async fn status(stream: &mut tokio::net::TcpStream) -> u16 {
+        use tokio::io::AsyncReadExt as _;
+        let mut answer = vec![0u8; 1024];
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut answer)).await.unwrap().unwrap();
+        String::from_utf8_lossy(&answer[..n])[9..12].parse().unwrap()
+    }
+
+    /// Slow bodies from one client hold its share of the console's requests,
+    /// not the others'; and what the gate refuses from its head alone (an API
+    /// call without a token's form) holds nothing, its body never read.
+    #[tokio::test]
+    async fn one_client_s_slow_bodies_leave_the_other_clients_their_share_and_the_gate_reads_no_body() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let router = axum::Router::new().route("/{*path}", axum::routing::any(|| async { "page" }));
+        fn gate(parts: &Parts) -> Option<Response<axum::body::Body>> {
+            let api = parts.uri.path().starts_with("/api/");
+            (api && !parts.headers.contains_key(http::header::AUTHORIZATION)).then(|| {
+                let mut r = Response::new(axum::body::Body::from("{}"));
+                *r.status_mut() = StatusCode::UNAUTHORIZED;
+                r
+            })
+        }
+        let site = Site {
+            receiver: None,
+            router: Some(router),
+            routed: |_| true,
+            paged: |_| true,
+            gate: Some(gate),
+            count: None,
+        };
+        let limits = Limits { console_in_flight: 8, console_in_flight_per_client: 2, ..Limits::default() };
+        tokio::spawn(serve_site(listener, site, limits, std::future::pending(), Duration::ZERO));
+
+        // A stranger: API calls without a token, each promising a body it never sends.
+        let slow = "POST /api/v1/erase HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n";
+        for _ in 0..16 {
+            assert_eq!(status(&mut ask("127.0.0.3", addr, slow).await).await, 401, "refused from its head");
+        }
+        // Another: pages, each promising a body it never sends. Two are held, the rest refused at once.
+        let slow_page = "POST /signin HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n";
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            held.push(ask("127.0.0.4", addr, slow_page).await);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        for _ in 0..8 {
+            assert_eq!(status(&mut ask("127.0.0.4", addr, slow_page).await).await, 503, "past its share");
+        }
+        // The operator, from elsewhere, is served.
+        let get = "GET /events HTTP/1.1\r\nHost: x\r\n\r\n";
+        assert_eq!(status(&mut ask("127.0.0.2", addr, get).await).await, 200);
+        drop(held);
     }
 }

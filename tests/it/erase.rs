@@ -113,23 +113,18 @@ async fn one_customer_s_events_are_erased_everywhere_and_their_keys_stay(
     assert_eq!((counted.matching, counted.erased), (4, 4));
     assert!(holds_email(&everything(&pool, &url).await));
 
-    // One event of the batch first: the shared body stays for the other.
+    // One event of the batch first: the shared body holds its data, so it goes, and the other keeps its payload.
     assert_eq!(
         ops::erase(&pool, "marqeta", "transactions:tx_jane_a", &BY).await.unwrap(),
-        Erased::Erased { messages: 0 }
+        Erased::Erased { messages: 0, siblings: 1 }
     );
     let bodies: i64 = scalar(&pool, "SELECT count(*) FROM webhook_bodies").await;
-    assert_eq!(bodies, 1, "the other event of the batch still points at the body");
+    assert_eq!(bodies, 0, "the batch's body went with the first of its events erased");
     let done = ops::erase_matching(&pool, &query, &BY, false, |_| {}).await.unwrap();
     assert_eq!(
         (done.matching, done.erased, done.already),
         (3, 3, 0),
         "the one erased before holds no payload to match"
-    );
-    assert_eq!(
-        scalar::<i64>(&pool, "SELECT count(*) FROM webhook_bodies").await,
-        0,
-        "the batch's body went with its last event"
     );
 
     let dumped = everything(&pool, &url).await;
@@ -190,4 +185,95 @@ async fn a_pending_event_is_not_erased_under_a_worker(pool: PgPool) {
     assert_eq!(ops::erase(&pool, "github", "gh_nope", &BY).await.unwrap(), Erased::NotFound);
     let payload: Option<Value> = scalar(&pool, "SELECT payload FROM webhook_inbox").await;
     assert!(payload.is_some());
+}
+
+/// A Marqeta batch carries two customers' transactions in one signed body.
+/// Erasing the one by payload (the GDPR workflow) takes the body too, which
+/// held its data: the other keeps its payload, not the batch's bytes, and says
+/// why; a redelivery of the batch (all duplicates) stores no body again.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn erasing_one_event_of_a_batch_takes_the_batch_s_body_and_a_redelivery_brings_none_back(
+    _: sqlx::postgres::PgPoolOptions,
+    opts: sqlx::postgres::PgConnectOptions,
+) {
+    let url = format!("postgres://postgres@{}:{}/{}", opts.get_host(), opts.get_port(), opts.get_database().unwrap());
+    let app = TestApp::spawn(opts, secrets(false)).await;
+    let pool = app.pool.clone();
+    let batch = json!({"transactions": [
+        {"token": "tx_jane", "type": "gpa.credit", "state": "COMPLETION", "user_token": EMAIL, "amount": "1.00"},
+        {"token": "tx_other", "type": "gpa.credit", "state": "COMPLETION", "user_token": "u_other", "amount": "2.00"}]})
+    .to_string();
+    let auth = marqeta_basic(MARQETA_USER, MARQETA_PASSWORDS[0]);
+    assert_eq!(app.post("marqeta", &[("Authorization", &auth)], batch.as_bytes()).await.0, StatusCode::OK);
+    let w = Worker::new(pool.clone(), Handlers::new(), fast_worker_config());
+    while w.run_once(later()).await.unwrap().taken > 0 {}
+
+    let query = EventQuery {
+        payload: Some(PayloadMatch::parse(EMAIL)),
+        since: Some(Since::parse("1d").unwrap()),
+        ..EventQuery::default()
+    };
+    let done = ops::erase_matching(&pool, &query, &BY, false, |_| {}).await.unwrap();
+    assert_eq!((done.matching, done.erased), (1, 1));
+    assert!(!holds_email(&everything(&pool, &url).await), "nothing holds the e-mail: the batch's body went");
+    let sibling = ops::stored_event(&pool, "marqeta", "transactions:tx_other").await.unwrap().unwrap();
+    assert_eq!(sibling.payload.as_ref().unwrap().0["user_token"], "u_other", "the other keeps its own payload");
+    assert!(sibling.raw_erased_at.is_some() && sibling.raw_body.is_empty() && sibling.erased_at.is_none());
+    let verification = ops::verification(&sibling, &webhook_inbox::config::Catalog::builtin(), &secrets(false));
+    assert_eq!(verification, ops::Verification::BytesErased);
+
+    // The provider sends the batch again: both are duplicates, and its body is not stored again.
+    let again = app.post("marqeta", &[("Authorization", &auth)], batch.as_bytes()).await;
+    assert_eq!(again.0, StatusCode::OK, "{:?}", again.1);
+    assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM webhook_bodies").await, 0);
+    assert!(!holds_email(&everything(&pool, &url).await), "a redelivery brings no erased data back");
+}
+
+/// What destinations answered to an event's messages is kept (a message's
+/// `last_error`), and copied: a destination's last error, an open circuit's
+/// alert and its Slack notification. A consumer that echoes what it was sent
+/// puts the customer's e-mail in each: erasing the event clears every copy.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn erasing_an_event_clears_the_answers_kept_of_its_messages_wherever_they_were_copied(
+    _: sqlx::postgres::PgPoolOptions,
+    opts: sqlx::postgres::PgConnectOptions,
+) {
+    let url = format!("postgres://postgres@{}:{}/{}", opts.get_host(), opts.get_port(), opts.get_database().unwrap());
+    let pool = PgPool::connect_with(opts).await.unwrap();
+    let payload = json!({"id": "evt_j", "data": {"object": {"receipt_email": EMAIL}}}).to_string();
+    store(&pool, Provider::STRIPE, "evt_j", "charge.succeeded", &payload).await;
+    let answer = format!("HTTP 400: {{\"error\": \"no mailbox for {EMAIL}\"}}");
+    for sql in [
+        "UPDATE webhook_inbox SET status = 'done', processed_at = now()",
+        "INSERT INTO transactional_outbox (aggregate_type, aggregate_id, payload, message_key, destination, event_provider,
+                                          event_id, attempts, dead_at, last_error)
+         VALUES ('receipt', 'evt_j', '{}', 'receipt:evt_j', 'email', 'stripe', 'evt_j', 5, now(), $1)",
+        "INSERT INTO relay_destinations (name, opened_at, failures, last_error) VALUES ('email', now(), 5, $1)",
+    ] {
+        sqlx::query(sql).bind(&answer).execute(&pool).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+    let rules = webhook_inbox::alerts::AlertRules::parse(
+        r#"
+[[alert]]
+condition = "circuit_open"
+notify = [{ destination = "ops-slack", format = "slack" }, { destination = "oncall" }]
+"#,
+    )
+    .unwrap();
+    assert_eq!(rules.evaluate(&pool, std::time::Duration::ZERO).await.unwrap().opened, 1);
+    let before = everything(&pool, &url).await;
+    assert!(before.matches(EMAIL).count() >= 5, "the message, the destination, the alert and its two notifications");
+
+    assert!(matches!(ops::erase(&pool, "stripe", "evt_j", &BY).await.unwrap(), Erased::Erased { messages: 1, .. }));
+    let after = everything(&pool, &url).await;
+    assert!(!holds_email(&after), "no copy of the answer is left");
+    let summary: String = scalar(&pool, "SELECT summary FROM inbox_alerts").await;
+    assert!(summary.contains("the circuit of email is open") && summary.contains("[erased]"), "{summary}");
+    let notices: Vec<(Value, bool)> = sqlx::query_as(
+        "SELECT payload, dead_at IS NOT NULL FROM transactional_outbox WHERE aggregate_type = 'alert' ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(notices, [(json!({}), true), (json!({}), true)], "not sent: emptied, and never sent");
 }

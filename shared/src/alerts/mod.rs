@@ -189,7 +189,8 @@ async fn notify(conn: &mut PgConnection, alert: &Alert, kind: Kind, n: i32) -> R
 }
 
 /// A Slack message: `{"text": ...}`, with `&`, `<` and `>` escaped as Slack's
-/// mrkdwn wants (a stranger's text in a summary links and mentions nobody).
+/// mrkdwn wants, and the summary (which may quote a destination's answer, a
+/// stranger's text) in a code span: it links, mentions and formats nothing.
 fn slack(alert: &Alert, kind: Kind) -> serde_json::Value {
     use crate::core::text::short_time;
     let esc = |t: &str| crate::core::text::escape(t).replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
@@ -206,5 +207,43 @@ fn slack(alert: &Alert, kind: Kind) -> serde_json::Value {
         ),
         _ => format!("Since {}. `inbox alerts ack {}` stops the reminders.", short_time(&alert.first_seen), alert.id),
     };
-    json!({"text": format!("{mark} *{}* {what} (alert #{}): {}. {ack}", esc(&alert.rule), alert.id, esc(&alert.summary))})
+    // A code span ends at the next backtick: none is left in it.
+    let summary = esc(&alert.summary).replace('`', "'");
+    json!({"text": format!("{mark} *{}* {what} (alert #{}): `{summary}`. {ack}", esc(&alert.rule), alert.id)})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A destination's answer quoted in a circuit's summary: in Slack it links,
+    /// mentions and formats nothing.
+    #[test]
+    fn a_stranger_s_text_in_a_summary_reaches_slack_inert() {
+        let alert = Alert {
+            id: 7,
+            rule: "circuit".into(),
+            condition: "circuit_open".into(),
+            scope: "billing".into(),
+            state: "open".into(),
+            first_seen: "2026-12-06 10:00:00+00".into(),
+            last_seen: "2026-12-06 10:00:00+00".into(),
+            seen: 1,
+            value: 1.0,
+            peak: 1.0,
+            summary: "the circuit of billing is open: HTTP 400: <https://evil.example|click> <!here> *now* `x` _y_"
+                .into(),
+            cleared_at: None,
+            reminders: 0,
+            acknowledged_at: None,
+            acknowledged_by: None,
+            resolved_at: None,
+            resolved_by: None,
+            channels: sqlx::types::Json(vec![]),
+        };
+        let text = slack(&alert, Kind::Opened)["text"].as_str().unwrap().to_string();
+        let quoted = text.split_once(": `").unwrap().1.rsplit_once("`. ").unwrap().0;
+        assert!(!quoted.contains(['`', '<', '>']), "{text}");
+        assert!(quoted.contains("&lt;https://evil.example|click&gt; &lt;!here&gt; *now* 'x' _y_"), "{text}");
+    }
 }

@@ -2,7 +2,7 @@
 //! their SHA-256), and the CSRF token of each session.
 
 use std::{
-    net::{IpAddr, SocketAddr},
+    net::SocketAddr,
     sync::{Arc, OnceLock},
 };
 
@@ -22,7 +22,7 @@ use subtle::ConstantTimeEq;
 
 use super::{
     page::{Nav, NavUser, PageError},
-    ClientIp, State, SESSION_TTL,
+    State, SESSION_TTL,
 };
 use crate::db::console::{self, Ending, UserRole};
 
@@ -261,26 +261,19 @@ impl FromRequestParts<Arc<State>> for Signed {
 /// `X-Forwarded-For` (what a load balancer in front appended).
 pub struct Peer(pub String);
 
+impl Peer {
+    /// The client of a request's head.
+    pub(crate) fn of(parts: &Parts, state: &State) -> Peer {
+        let peer = parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0);
+        Peer(state.settings.client_ip.client(&parts.headers, peer))
+    }
+}
+
 impl FromRequestParts<Arc<State>> for Peer {
     type Rejection = std::convert::Infallible;
 
     async fn from_request_parts(parts: &mut Parts, state: &Arc<State>) -> Result<Self, Self::Rejection> {
-        let forwarded = (state.settings.client_ip == ClientIp::ForwardedFor)
-            .then(|| {
-                let all = parts.headers.get_all("x-forwarded-for");
-                let last = all.iter().filter_map(|v| v.to_str().ok()).next_back()?;
-                Some(last.rsplit(',').next()?.trim().chars().take(64).collect::<String>())
-            })
-            .flatten()
-            .filter(|a| !a.is_empty());
-        let addr =
-            forwarded.or_else(|| parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip().to_string()));
-        // An address as an address; anything else a balancer passed on, escaped (it reaches the log).
-        let addr = addr.map(|a| match a.parse::<IpAddr>() {
-            Ok(ip) => ip.to_string(),
-            Err(_) => crate::core::text::escape(&a).into_owned(),
-        });
-        Ok(Peer(addr.unwrap_or_else(|| "unknown".into())))
+        Ok(Peer::of(parts, state))
     }
 }
 

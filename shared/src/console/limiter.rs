@@ -20,7 +20,6 @@
 use std::{
     collections::HashMap,
     hash::Hash,
-    net::IpAddr,
     sync::Mutex,
     time::{Duration, Instant},
 };
@@ -28,6 +27,8 @@ use std::{
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
+
+use crate::server::client_key;
 
 /// How long a lock lasts after the failure that set it, and how long a failure is remembered.
 pub const WINDOW: Duration = Duration::from_secs(15 * 60);
@@ -195,22 +196,6 @@ impl Limiter {
     /// Whether `cookie` is the device cookie of a browser that signed in as `name`.
     pub fn knows(&self, name: &str, cookie: &str) -> bool {
         bool::from(self.device(name).as_bytes().ct_eq(cookie.as_bytes()))
-    }
-}
-
-/// What a client is counted as: its address, an IPv6 address by its /64
-/// (IPv4-mapped ones as IPv4); anything else (not an address) as itself.
-fn client_key(client: &str) -> String {
-    match client.parse::<IpAddr>() {
-        Ok(IpAddr::V6(v6)) => match v6.to_ipv4_mapped() {
-            Some(v4) => v4.to_string(),
-            None => {
-                let s = v6.segments();
-                format!("{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3])
-            }
-        },
-        Ok(v4) => v4.to_string(),
-        Err(_) => client.to_string(),
     }
 }
 

@@ -27,6 +27,7 @@ mod auth;
 mod health;
 mod limiter;
 mod page;
+mod quota;
 mod screens;
 
 use std::{sync::Arc, time::Duration};
@@ -40,6 +41,7 @@ use crate::{
     config::{Catalog, DbConfig, Env, Secrets},
     db, server, ReceiveConfig,
 };
+use server::ClientIp;
 
 /// What the pages need, shared by every request.
 pub(crate) struct State {
@@ -59,7 +61,11 @@ pub(crate) struct State {
     hashing: tokio::sync::Semaphore,
     settings: Settings,
     /// The management API's requests per token.
-    api_rate: api::RateLimit,
+    api_rate: quota::Buckets,
+    /// The management API's failed authentications per client.
+    api_failures: quota::Buckets,
+    /// Payload searches at once: one per caller, half the read pool in all.
+    searches: quota::Searches,
 }
 
 /// How the console is reached and how long its sessions last, from the environment.
@@ -102,30 +108,6 @@ impl Settings {
     }
 }
 
-/// Where the console takes a client's address from, for the sign-in limit
-/// (`INBOX_CONSOLE_CLIENT_IP`): the connection (`peer`, the default), or,
-/// behind a load balancer that appends it (an ALB does), the last address of
-/// `X-Forwarded-For` (`x-forwarded-for`). Behind a balancer, `peer` would
-/// count every client's failures as the balancer's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ClientIp {
-    Peer,
-    ForwardedFor,
-}
-
-impl ClientIp {
-    pub(crate) fn read(env: &Env) -> Result<ClientIp, crate::config::ConfigError> {
-        match env.var("INBOX_CONSOLE_CLIENT_IP").as_deref() {
-            None | Some("peer") => Ok(ClientIp::Peer),
-            Some("x-forwarded-for") => Ok(ClientIp::ForwardedFor),
-            Some(other) => Err(crate::config::ConfigError::Invalid {
-                var: "INBOX_CONSOLE_CLIENT_IP".into(),
-                reason: format!("{:?} is neither peer nor x-forwarded-for", crate::core::text::escape(other)),
-            }),
-        }
-    }
-}
-
 /// Password checks at once (see [`State::hashing`]).
 const HASHING_AT_ONCE: usize = 2;
 
@@ -158,6 +140,7 @@ pub(crate) fn router_at(
     settings: Settings,
 ) -> Router {
     let base = base.trim_end_matches('/').to_string();
+    let searches = quota::Searches::new(read.options().get_max_connections() as usize / 2);
     let state = Arc::new(State {
         db,
         read,
@@ -166,10 +149,18 @@ pub(crate) fn router_at(
         base,
         limiter: limiter::Limiter::default(),
         hashing: tokio::sync::Semaphore::new(HASHING_AT_ONCE),
-        api_rate: api::RateLimit::new(settings.api_rate),
+        api_rate: quota::Buckets::new(settings.api_rate as f64, 2.0 * settings.api_rate as f64),
+        api_failures: quota::Buckets::new(1.0, api::FAILURES_BURST),
+        searches,
         settings,
     });
     screens::router(state)
+}
+
+/// The listener's gate for the console: an API request without a token's
+/// form, refused before its body is read.
+pub(crate) fn unauthenticated_api(parts: &http::request::Parts) -> Option<axum::response::Response> {
+    api::unauthenticated(parts)
 }
 
 /// A read-only pool on `INBOX_CONSOLE_READ_DATABASE_URL`, if it is set.
@@ -209,8 +200,14 @@ pub async fn run(host: &str, port: u16) -> anyhow::Result<()> {
     say(&format!("inbox console ready: http://{}/  (Ctrl-C stops)", listener.local_addr()?));
     // The same listener as `inbox serve`'s: header and body timeouts, a connection cap, a body budget
     // (INBOX_HEADER_TIMEOUT_MS, INBOX_BODY_TIMEOUT_MS, INBOX_MAX_CONNECTIONS, INBOX_CONSOLE_MAX_IN_FLIGHT).
-    let site =
-        server::Site { receiver: None, router: Some(app), routed: |_| true, paged: |p| p != "/healthz", count: None };
+    let site = server::Site {
+        receiver: None,
+        router: Some(app),
+        routed: |_| true,
+        paged: |p| p != "/healthz",
+        gate: Some(unauthenticated_api),
+        count: None,
+    };
     let shutdown = crate::runtime::shutdown_signal();
     server::serve_site(listener, site, limits, shutdown, Duration::from_secs(10)).await;
     Ok(())

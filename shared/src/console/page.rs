@@ -52,6 +52,8 @@ pub enum PageError {
     TooMany(Duration),
     /// Sign-in is busy checking other passwords: try again in a moment.
     Busy,
+    /// Busy in these words (a payload search of the user's running, say): try again in a moment.
+    Unavailable(&'static str),
     /// The database refused or did not answer (its text goes to the log only).
     Database(sqlx::Error),
     /// A fault of the console's own (its cause goes to the log only).
@@ -88,6 +90,12 @@ impl IntoResponse for PageError {
             PageError::Busy => {
                 retry_after = Some(1);
                 (StatusCode::SERVICE_UNAVAILABLE, "Sign-in is busy checking other passwords: try again in a moment.".into())
+            }
+            PageError::Unavailable(why) => {
+                retry_after = Some(1);
+                let mut why = why.to_string();
+                why[..1].make_ascii_uppercase();
+                (StatusCode::SERVICE_UNAVAILABLE, format!("{why}."))
             }
             PageError::Database(e) if crate::db::sqlstate(&e).as_deref() == Some("57014") => (
                 StatusCode::SERVICE_UNAVAILABLE,

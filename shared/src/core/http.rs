@@ -50,6 +50,21 @@ pub async fn text(mut response: reqwest::Response, limit: usize) -> Result<Strin
     })
 }
 
+/// The first `limit` bytes of an answer's body (fewer if it is shorter), and
+/// nothing more read: the rest is left unread and the connection dropped, so
+/// that a peer answering with a body without end costs `limit` bytes and a
+/// chunk. A read that fails keeps what came before it.
+pub async fn head(mut response: reqwest::Response, limit: usize) -> Vec<u8> {
+    let mut body = Vec::with_capacity(limit.min(8 * 1024));
+    while body.len() < limit {
+        match response.chunk().await {
+            Ok(Some(chunk)) => body.extend_from_slice(&chunk[..chunk.len().min(limit - body.len())]),
+            Ok(None) | Err(_) => break,
+        }
+    }
+    body
+}
+
 /// `Retry-After` as seconds (whole or decimal) or an HTTP date, at most an hour.
 pub fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     super::backoff::retry_after_value(headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?)

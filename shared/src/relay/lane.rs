@@ -266,12 +266,12 @@ impl Lane {
                             match &dispatch {
                                 Dispatch::Sent => span.set("webhook.outcome", "sent"),
                                 Dispatch::Retry { reason, .. } | Dispatch::Dead(reason) => {
-                                    span.fail(crate::core::text::escape(reason))
+                                    span.fail(crate::core::text::escape(super::sink::headline(reason)))
                                 }
                             }
                         }
                         if let Dispatch::Retry { reason, .. } | Dispatch::Dead(reason) = &dispatch {
-                            tracing::info!(destination = %Escaped(self.name()), message_key = %Escaped(&m.message_key), reason = %Escaped(reason), "not delivered");
+                            tracing::info!(destination = %Escaped(self.name()), message_key = %Escaped(&m.message_key), reason = %Escaped(super::sink::headline(reason)), "not delivered");
                         }
                         results_behind |= matches!(dispatch, Dispatch::Retry { .. }) || m.ordering_key.is_some();
                         results.push((m.id, m.attempts, dispatch));
@@ -322,7 +322,7 @@ impl Lane {
                 }
                 if gate == Gate::Open && failures >= limits.circuit_failures {
                     again(|| destinations::open(&self.pool, self.name(), failures, reason)).await?;
-                    tracing::warn!(destination = %Escaped(self.name()), failures, reason = %Escaped(reason), "circuit opened");
+                    tracing::warn!(destination = %Escaped(self.name()), failures, reason = %Escaped(super::sink::headline(reason)), "circuit opened");
                     self.failures.store(0, Ordering::Relaxed);
                     return Ok(Some(Gate::Cooling));
                 }

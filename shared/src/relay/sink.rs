@@ -4,6 +4,18 @@ use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
 use crate::db::outbox::Outgoing;
 
+/// A failure's kind, for the log and traces (`HTTP 400`, `SQS refused`): the
+/// reason up to its first `": "`, at most 80 characters. What the destination
+/// answered after it may echo what it was sent (an event's personal data):
+/// only the message's `last_error` keeps that, where an erasure clears it.
+pub(crate) fn headline(reason: &str) -> &str {
+    let head = reason.split_once(": ").map_or(reason, |(head, _)| head);
+    match head.char_indices().nth(80) {
+        Some((end, _)) => &head[..end],
+        None => head,
+    }
+}
+
 /// What a sink replied about one message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SinkReply {
@@ -149,5 +161,15 @@ pub(crate) fn shown(url: &str) -> String {
             u.to_string()
         }
         Err(_) => "(not a URL)".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_failure_s_headline_is_its_kind_never_what_the_destination_answered() {
+        assert_eq!(super::headline("HTTP 400: {\"error\": \"no mailbox for jane@example.com\"}"), "HTTP 400");
+        assert_eq!(super::headline("HTTP 503"), "HTTP 503");
+        assert_eq!(super::headline(&"x".repeat(500)).len(), 80);
     }
 }

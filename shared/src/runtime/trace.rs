@@ -147,6 +147,9 @@ mod otel {
         runtime: tokio::runtime::Handle,
     }
 
+    /// The most of a collector's answer read.
+    const OTLP_ANSWER_BYTES: usize = 64 * 1024;
+
     #[async_trait::async_trait]
     impl opentelemetry_http::HttpClient for Exporting {
         async fn send_bytes(
@@ -161,8 +164,9 @@ mod otel {
                 for (name, value) in response.headers() {
                     answer = answer.header(name, value);
                 }
-                let body = response.bytes().await?;
-                Ok::<_, opentelemetry_http::HttpError>(answer.body(body)?)
+                // A collector's answer is a status (and a partial success); a body without end is not read.
+                let body = crate::core::http::head(response, OTLP_ANSWER_BYTES).await;
+                Ok::<_, opentelemetry_http::HttpError>(answer.body(bytes::Bytes::from(body))?)
             });
             sent.await?
         }

@@ -492,6 +492,7 @@ impl Stack<'_> {
         }
 
         let health = health_router(readiness.clone(), admin.is_none() && counted, false);
+        let gate = console.is_some().then_some(crate::console::unauthenticated_api as server::Gate);
         let router = match console {
             Some(console) => health.clone().merge(console),
             None => health.clone(),
@@ -502,7 +503,8 @@ impl Stack<'_> {
             server::console_or_health
         };
         let count = counted.then_some(metrics::delivered as fn(&Metrics, Duration));
-        let site = server::Site { receiver, router: Some(router), routed: main_routed, paged: server::console, count };
+        let site =
+            server::Site { receiver, router: Some(router), routed: main_routed, paged: server::console, gate, count };
         let main_addr = main.local_addr()?;
         let admin_addr = admin.as_ref().map(TcpListener::local_addr).transpose()?;
 
@@ -517,6 +519,7 @@ impl Stack<'_> {
                 router: Some(health_router(readiness.clone(), true, true)),
                 routed: |_| true,
                 paged: |_| false,
+                gate: None,
                 count: None,
             };
             // It answers through the drain (`/readyz` saying so), until the end.

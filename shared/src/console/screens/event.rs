@@ -47,6 +47,8 @@ struct EventView {
     held: Option<String>,
     /// Erased: when, and by whom.
     erased: Option<String>,
+    /// When its raw bytes went with a batch sibling's erasure.
+    raw_erased: Option<String>,
     source: String,
     attempts: i32,
     received_at: String,
@@ -169,6 +171,7 @@ pub(super) async fn event(
             .erased_at
             .as_deref()
             .map(|at| format!("{} by {}", short_time(at), clip(event.erased_by.as_deref().unwrap_or("?"), 100))),
+        raw_erased: event.raw_erased_at.as_deref().map(short_time),
         source: event.source.clone(),
         attempts: event.attempts,
         received_at: short_time(&event.received_at),

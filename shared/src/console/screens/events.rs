@@ -151,6 +151,15 @@ pub(super) async fn events(
     let providers = state.catalog.entries().map(|e| e.provider.as_str().to_string()).collect();
     let (mut rows, mut next) = (Vec::new(), None);
     if errors.is_empty() {
+        let _searching = match &query.payload {
+            Some(_) => Some(
+                state
+                    .searches
+                    .start(&format!("user:{}", signed.user))
+                    .map_err(|b| PageError::Unavailable(b.words()))?,
+            ),
+            None => None,
+        };
         let page = ops::list_events(&state.read, &query, after.as_ref(), PAGE).await?;
         rows = page
             .events

@@ -78,18 +78,21 @@ pub(crate) enum Inserted {
     Replay,
 }
 
-/// The body of a delivery with several events, stored once; the upsert also
-/// locks that row until commit, so retention cannot delete a body that a new
-/// row is about to point at. `$7` is the raw body.
+/// The body of a delivery with several events, stored once, and only when
+/// one of its events is new: a redelivery whose events are all stored (or
+/// erased) stores no body (an erased event's data would come back with it).
+/// The upsert locks that row until commit, so retention cannot delete a body
+/// that a new row points at. `$7` is the raw body; the rows point at its SHA-256.
 macro_rules! with_shared_body {
     ($insert:literal) => {
         concat!(
-            "WITH body AS (
-    INSERT INTO webhook_bodies (sha256, raw_body) VALUES (sha256($7::bytea), $7)
-    ON CONFLICT (sha256) DO UPDATE SET last_seen_at = now()
-    RETURNING sha256)
-",
-            $insert
+            "WITH inserted AS (",
+            $insert,
+            "),
+body AS (
+    INSERT INTO webhook_bodies (sha256, raw_body) SELECT sha256($7::bytea), $7 WHERE EXISTS (SELECT 1 FROM inserted)
+    ON CONFLICT (sha256) DO UPDATE SET last_seen_at = now())
+SELECT event_id FROM inserted"
         )
     };
 }
@@ -99,7 +102,7 @@ const INSERT_ITEM: &str = with_shared_body!(
     "INSERT INTO webhook_inbox
     (provider, event_id, event_type, payload, status, failure_reason, body_sha256, headers, secret_index, source, secret_fingerprint,
      trace_context)
-VALUES ($1, $2, $3, $4::jsonb, $5, $6, (SELECT sha256 FROM body), $8, $9,
+VALUES ($1, $2, $3, $4::jsonb, $5, $6, sha256($7::bytea), $8, $9,
         CASE WHEN $9 IS NULL THEN 'reconcile' ELSE 'webhook' END, $10, $11)
 ON CONFLICT (provider, event_id) DO NOTHING
 RETURNING event_id"
@@ -110,7 +113,7 @@ const INSERT_BATCH: &str = with_shared_body!(
     "INSERT INTO webhook_inbox
     (provider, event_id, event_type, payload, status, failure_reason, body_sha256, headers, secret_index, source, secret_fingerprint,
      trace_context)
-SELECT $1, e.event_id, e.event_type, e.payload::jsonb, e.status, e.failure_reason, (SELECT sha256 FROM body), $8, $9,
+SELECT $1, e.event_id, e.event_type, e.payload::jsonb, e.status, e.failure_reason, sha256($7::bytea), $8, $9,
        CASE WHEN $9::smallint IS NULL THEN 'reconcile' ELSE 'webhook' END, $10, $11
 FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
      AS e (event_id, event_type, payload, status, failure_reason)

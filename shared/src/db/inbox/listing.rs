@@ -186,6 +186,9 @@ pub struct StoredEvent {
     pub erased_by: Option<String>,
     /// When it was put back from prune's archive (`inbox restore`), if it was.
     pub restored_at: Option<String>,
+    /// When its raw bytes went with its batch's body, erased with another
+    /// event of the batch (it keeps its own payload).
+    pub raw_erased_at: Option<String>,
 }
 
 /// The event `event_id` of `provider`, in full, if it is stored.
@@ -195,7 +198,7 @@ pub async fn stored_event(pool: &PgPool, provider: &str, event_id: &str) -> Resu
                 w.processed_at::text, w.next_attempt_at::text, w.failure_reason, w.headers, w.payload,
                 coalesce(b.raw_body, w.raw_body, '') AS raw_body, w.secret_index, w.secret_fingerprint,
                 extract(epoch FROM w.received_at)::bigint AS received_epoch, w.held_by, w.erased_at::text, w.erased_by,
-                w.restored_at::text
+                w.restored_at::text, w.raw_erased_at::text
          FROM webhook_inbox AS w LEFT JOIN webhook_bodies AS b ON b.sha256 = w.body_sha256
          WHERE w.provider = $1 AND w.event_id = $2",
     )
