@@ -4,7 +4,9 @@ use anyhow::{bail, Result};
 use clap::Args;
 use serde_json::json;
 use sqlx::PgPool;
-use webhook_inbox::ops::{self, Audit, Erased, EventQuery, PayloadMatch, Since};
+use std::ops::ControlFlow;
+
+use webhook_inbox::ops::{self, Audit, EraseOptions, Erased, EventQuery, PayloadMatch, Since};
 
 use crate::ops::{print_json, progress, Output};
 
@@ -31,7 +33,12 @@ pub struct Selection {
     pub payload: Option<PayloadMatch>,
 }
 
-pub async fn erase(pool: &PgPool, s: Selection, dry_run: bool, by: &Audit<'_>, out: &Output) -> Result<()> {
+pub async fn erase(pool: &PgPool, s: Selection, options: EraseOptions, by: &Audit<'_>, out: &Output) -> Result<()> {
+    // The audit record outlives the erasure: it names the request, not the person.
+    if let Err(why) = ops::erase_reason(by.reason, s.payload.as_ref()) {
+        bail!("--reason: {why}");
+    }
+    let dry_run = options.dry_run;
     if let (Some(provider), Some(id)) = (&s.provider, &s.id) {
         if dry_run {
             let found = ops::stored_event(pool, provider, id).await?;
@@ -88,9 +95,21 @@ pub async fn erase(pool: &PgPool, s: Selection, dry_run: bool, by: &Audit<'_>, o
         payload: s.payload,
         ..EventQuery::default()
     };
-    let bar = progress(0, "examined", out);
-    let done = ops::erase_matching(pool, &query, by, dry_run, |n| bar.set_position(n)).await?;
+    let bar = progress(0, "erased", out);
+    let done = ops::erase_matching(pool, &query, by, options, |e| {
+        bar.set_position(e.erased);
+        ControlFlow::Continue(())
+    })
+    .await;
     bar.finish_and_clear();
+    let done = match done {
+        Ok(done) => done,
+        Err(ops::EraseError::TooMany { erasable, at_most }) => bail!(
+            "the selection holds {erasable} event(s) to erase, more than --at-most {at_most}: nothing was erased \
+             (narrow it, or raise --at-most)"
+        ),
+        Err(ops::EraseError::Database(e)) => return Err(e.into()),
+    };
     if out.json {
         print_json(&json!({"dry_run": dry_run, "erasure": done}));
     } else if dry_run {

@@ -233,7 +233,10 @@ enum Command {
         /// Count what would be erased, change nothing.
         #[arg(long)]
         dry_run: bool,
-        /// Why (a deletion request's reference), for the audit record.
+        /// Erase nothing if the selection holds more events to erase than this, and never more.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        at_most: Option<u64>,
+        /// Why (a deletion request's reference, never the person), for the audit record.
         #[arg(long, value_parser = |t: &str| webhook_inbox::ops::audit_reason(t))]
         reason: String,
         #[command(flatten)]
@@ -527,10 +530,11 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Restore { source, dry_run, out } => {
             archive::restore(&operator_db().await?, &source, dry_run, &out).await
         }
-        Command::Erase { selection, dry_run, reason, out } => {
+        Command::Erase { selection, dry_run, at_most, reason, out } => {
             let actor = ops::operator(&config::Env::process());
             let by = Audit { actor: &actor, action: "erase", reason: &reason };
-            erase::erase(&operator_db().await?, selection, dry_run, &by, &out).await
+            let options = webhook_inbox::ops::EraseOptions { dry_run, at_most };
+            erase::erase(&operator_db().await?, selection, options, &by, &out).await
         }
         Command::Stats { out } => ops::stats(&operator_db().await?, &config::Env::resolved().await?, &out).await,
         Command::Providers { base_url, all, out } => {

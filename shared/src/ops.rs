@@ -17,9 +17,10 @@ pub use crate::core::text::{escape, escape_json};
 pub use crate::db::audit::{history, AuditRecord};
 pub use crate::db::destinations::{is_destination_name, list as destinations, DestinationState};
 pub use crate::db::inbox::{
-    count_matching, counts_by_provider, erase, erase_matching, list_events, list_failed, replay, requeue_all,
-    secret_usage, status_counts, stored_event, Audit, Count, Erased, Erasure, EventPage, EventSummary, FailedEvent,
-    InboxGauges, Matching, Replayed, Requeued, SecretUse, StoredEvent, SEARCH_TIMEOUT,
+    count_erasure, count_matching, counts_by_provider, erase, erase_matching, list_events, list_failed, replay,
+    requeue_all, secret_usage, status_counts, stored_event, Audit, Count, EraseError, EraseOptions, Erased, Erasure,
+    EventPage, EventSummary, FailedEvent, InboxGauges, Matching, Replayed, Requeued, SecretUse, StoredEvent,
+    SEARCH_TIMEOUT,
 };
 pub use crate::db::outbox::{event_messages, list_unsent, retry_dead, retry_message, OutboxGauges, OutboxMessage};
 pub use crate::db::pauses::{
@@ -200,6 +201,34 @@ pub fn audit_reason(text: &str) -> Result<String, String> {
         return Err(format!("a reason is at most {MAX_REASON_CHARS} characters (this one is {n})"));
     }
     Ok(text.to_string())
+}
+
+/// An erasure's audit reason ([`audit_reason`]), refused when it holds what
+/// is being erased: the audit record outlives the erasure, so it names the
+/// request (its reference), never the person: no e-mail address, and not the
+/// text the selection searches payloads for.
+pub fn erase_reason(text: &str, searched: Option<&PayloadMatch>) -> Result<String, String> {
+    let text = audit_reason(text)?;
+    let lower = text.to_lowercase();
+    let searched = match searched {
+        Some(PayloadMatch::Text(t)) => Some(t.to_lowercase()),
+        Some(PayloadMatch::Json(j)) => Some(j.to_string().to_lowercase()),
+        None => None,
+    };
+    if searched.is_some_and(|s| !s.trim().is_empty() && lower.contains(s.trim())) {
+        return Err("the reason holds the text being erased: it is kept in the audit, so name the request (its reference) instead".into());
+    }
+    let email = |w: &str| {
+        let w = w.trim_matches(|c: char| !c.is_alphanumeric());
+        w.split_once('@').is_some_and(|(user, host)| !user.is_empty() && host.contains('.'))
+    };
+    if text.split_whitespace().any(email) {
+        return Err(
+            "the reason holds an e-mail address: it is kept in the audit, so name the request (its reference) instead"
+                .into(),
+        );
+    }
+    Ok(text)
 }
 
 /// Pauses the destination `name`: every relay stops sending to it within a

@@ -266,9 +266,11 @@ async fn bulk_operations_run_as_jobs_with_an_estimate_progress_and_cancel(pool: 
     );
     let started = api.call("POST", "/api/v1/requeue", op, Some(requeue)).await;
     assert_eq!(started.status, StatusCode::ACCEPTED, "{:?}", started.body);
-    assert_eq!((started.body["estimate"].as_i64(), started.body["kind"].as_str()), (Some(1500), Some("requeue")));
+    // Answered at once: the job counts what it selects itself.
+    assert_eq!((started.body["estimate"].as_i64(), started.body["kind"].as_str()), (None, Some("requeue")));
     let job = wait_for(&api, &operator, started.body["id"].as_i64().unwrap()).await;
     assert_eq!((job["state"].as_str(), job["processed"].as_i64()), (Some("succeeded"), Some(1500)), "{job}");
+    assert_eq!(job["estimate"], 1500, "{job}");
     let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_inbox WHERE status = 'pending'")
         .fetch_one(&pool)
         .await
@@ -296,21 +298,55 @@ async fn bulk_operations_run_as_jobs_with_an_estimate_progress_and_cancel(pool: 
         .await
         .unwrap();
     assert_eq!(pending, 1500 + processed, "the job's count is what it did");
+    assert_eq!(job["cancelled_by"], "runbook", "{job}");
     assert_eq!(api.call("DELETE", &format!("/api/v1/jobs/{id}"), op, None).await.status, StatusCode::CONFLICT);
     assert_eq!(api.call("GET", "/api/v1/jobs/999999", op, None).await.status, StatusCode::NOT_FOUND);
     assert_eq!(api.call("GET", "/api/v1/jobs/abc", op, None).await.status, StatusCode::NOT_FOUND);
     let listed = api.call("GET", "/api/v1/jobs", Some(&viewer), None).await;
     assert_eq!(listed.body["jobs"].as_array().unwrap().len(), 2);
+    let audited: Vec<(String, Option<i64>)> = sqlx::query_as(
+        "SELECT action, job_id FROM inbox_audit WHERE job_id IS NOT NULL AND api_token = 'runbook' ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        audited,
+        [("start_requeue".into(), Some(1)), ("start_requeue".into(), Some(2)), ("cancel_job".into(), Some(2))]
+    );
 
     // Erase by selection: one customer's events, as a job.
     let nothing = api.call("POST", "/api/v1/erase", op, Some(json!({"reason": "x"}))).await;
     assert_eq!(nothing.status, StatusCode::BAD_REQUEST);
-    let erase = json!({"payload": "ann@example.com", "since": "1d", "reason": "GDPR #7"});
+    let everything = api.call("POST", "/api/v1/erase", op, Some(json!({"since": "30d", "reason": "x"}))).await;
+    assert_eq!(everything.status, StatusCode::BAD_REQUEST, "no bound, no dry run: {}", everything.body);
+    assert!(everything.body["error"].as_str().unwrap().contains("at_most"), "{}", everything.body);
+    let named = json!({"payload": "ann@example.com", "since": "1d", "at_most": 300, "reason": "ann@example.com asked"});
+    let named = api.call("POST", "/api/v1/erase", op, Some(named)).await;
+    assert_eq!(named.status, StatusCode::BAD_REQUEST, "the reason would keep the e-mail: {}", named.body);
+    // A dry run counts, in the job.
+    let dry = json!({"payload": "ann@example.com", "since": "1d", "dry_run": true, "reason": "GDPR #7"});
+    let started = api.call("POST", "/api/v1/erase", op, Some(dry)).await;
+    let job = wait_for(&api, &operator, started.body["id"].as_i64().unwrap()).await;
+    assert_eq!((job["state"].as_str(), job["result"]["matching"].as_i64()), (Some("succeeded"), Some(300)), "{job}");
+    let erasable = job["estimate"].as_i64().unwrap();
+    // Bounded below what it holds: the job fails and says why, nothing erased.
+    let bounded = json!({"payload": "ann@example.com", "since": "1d", "at_most": erasable - 1, "reason": "GDPR #7"});
+    let started = api.call("POST", "/api/v1/erase", op, Some(bounded)).await;
+    let job = wait_for(&api, &operator, started.body["id"].as_i64().unwrap()).await;
+    assert_eq!(job["state"], "failed", "{job}");
+    assert!(job["error"].as_str().unwrap().contains("more than at most"), "{job}");
+    let erased: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_inbox WHERE erased_at IS NOT NULL")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(erased, 0);
+    let erase = json!({"payload": "ann@example.com", "since": "1d", "at_most": erasable, "reason": "GDPR #7"});
     let started = api.call("POST", "/api/v1/erase", op, Some(erase)).await;
     assert_eq!(started.status, StatusCode::ACCEPTED, "{:?}", started.body);
-    assert_eq!(started.body["estimate"], 300);
     let job = wait_for(&api, &operator, started.body["id"].as_i64().unwrap()).await;
     assert_eq!(job["state"], "succeeded", "{job}");
+    assert_eq!(job["estimate"], erasable, "{job}");
     // The pending ones (requeued above) are left, as the CLI leaves them.
     let left: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM webhook_inbox WHERE payload::text LIKE '%ann@example.com%' AND status <> 'pending'",
@@ -549,4 +585,59 @@ async fn a_viewer_s_payload_searches_never_hold_the_connections_an_operator_need
     assert_eq!((ran.len(), refused), (1, 3), "one search runs (and times out on the lock), the others wait their turn");
     assert!(answered < ran[0], "the operator was answered while the viewer's search still held its connection");
     sqlx::query("ROLLBACK").execute(&mut locker).await.unwrap();
+}
+
+/// A job whose one event waits (a lock another session holds) past the 30 s a
+/// stopped process is known by: its heartbeat keeps it running, a cancel is
+/// taken and reaches it within that event; jobs at once are capped.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn a_job_stuck_on_one_event_stays_running_is_cancelled_within_it_and_jobs_at_once_are_capped(
+    _: sqlx::postgres::PgPoolOptions,
+    opts: sqlx::postgres::PgConnectOptions,
+) {
+    use sqlx::Connection as _;
+    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+    let api = Api::new(&pool, "", &[]);
+    let (operator, _) = tokens(&pool).await;
+    let op = Some(operator.as_str());
+    for i in 1..=3 {
+        row(&pool, "stripe", &format!("evt_{i}"), "charge.succeeded", "done", json!({})).await;
+    }
+    let mut locker = sqlx::PgConnection::connect_with(&opts).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut locker).await.unwrap();
+    sqlx::query("SELECT 1 FROM webhook_inbox WHERE event_id = 'evt_1' FOR UPDATE").execute(&mut locker).await.unwrap();
+    let erase = json!({"provider": "stripe", "at_most": 3, "reason": "GDPR #8"});
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        let started = api.call("POST", "/api/v1/erase", op, Some(erase.clone())).await;
+        assert_eq!(started.status, StatusCode::ACCEPTED, "{}", started.body);
+        ids.push(started.body["id"].as_i64().unwrap());
+    }
+    let fifth = api.call("POST", "/api/v1/erase", op, Some(erase.clone())).await;
+    assert_eq!(fifth.status, StatusCode::CONFLICT, "{}", fifth.body);
+    assert!(fifth.body["error"].as_str().unwrap().contains("4 jobs are running"), "{}", fifth.body);
+
+    tokio::time::sleep(Duration::from_secs(33)).await;
+    for id in &ids {
+        let job = api.call("GET", &format!("/api/v1/jobs/{id}"), op, None).await.body;
+        assert_eq!(job["state"], "running", "its heartbeat says so while its event waits: {job}");
+    }
+    let cancel = api.call("DELETE", &format!("/api/v1/jobs/{}", ids[0]), op, None).await;
+    assert_eq!(cancel.status, StatusCode::ACCEPTED, "{}", cancel.body);
+    // The heartbeat brings the cancel to the runner while it waits; released, it stops after that event.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    sqlx::query("ROLLBACK").execute(&mut locker).await.unwrap();
+    let cancelled = wait_for(&api, &operator, ids[0]).await;
+    assert_eq!(cancelled["state"], "cancelled", "{cancelled}");
+    assert!(cancelled["processed"].as_i64().unwrap() <= 1, "stopped within its first event: {cancelled}");
+    assert_eq!(cancelled["cancelled_by"], "runbook");
+    for id in &ids[1..] {
+        assert_ne!(wait_for(&api, &operator, *id).await["state"], "running");
+    }
+    let cancels: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM inbox_audit WHERE action = 'cancel_job' AND actor = 'api:runbook'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(cancels, 1);
 }

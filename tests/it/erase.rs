@@ -5,6 +5,8 @@
 //! row of the database and nowhere in a `pg_dump` of it; the keys stay, so a redelivery is still a
 //! duplicate; replay and requeue refuse an erased event.
 
+use std::ops::ControlFlow;
+
 use http::StatusCode;
 use inbox_tests::*;
 use serde_json::{json, Value};
@@ -109,7 +111,8 @@ async fn one_customer_s_events_are_erased_everywhere_and_their_keys_stay(
         since: Some(Since::parse("1d").unwrap()),
         ..EventQuery::default()
     };
-    let counted = ops::erase_matching(&pool, &query, &BY, true, |_| {}).await.unwrap();
+    let dry_run = ops::EraseOptions { dry_run: true, at_most: None };
+    let counted = ops::erase_matching(&pool, &query, &BY, dry_run, |_| ControlFlow::Continue(())).await.unwrap();
     assert_eq!((counted.matching, counted.erased), (4, 4));
     assert!(holds_email(&everything(&pool, &url).await));
 
@@ -120,7 +123,12 @@ async fn one_customer_s_events_are_erased_everywhere_and_their_keys_stay(
     );
     let bodies: i64 = scalar(&pool, "SELECT count(*) FROM webhook_bodies").await;
     assert_eq!(bodies, 0, "the batch's body went with the first of its events erased");
-    let done = ops::erase_matching(&pool, &query, &BY, false, |_| {}).await.unwrap();
+    // Bounded below what it holds: refused whole, nothing erased.
+    let bounded = ops::EraseOptions { dry_run: false, at_most: Some(2) };
+    let refused = ops::erase_matching(&pool, &query, &BY, bounded, |_| ControlFlow::Continue(())).await.unwrap_err();
+    assert!(matches!(refused, ops::EraseError::TooMany { erasable: 3, at_most: 2 }), "{refused}");
+    let all = ops::EraseOptions { dry_run: false, at_most: Some(3) };
+    let done = ops::erase_matching(&pool, &query, &BY, all, |_| ControlFlow::Continue(())).await.unwrap();
     assert_eq!(
         (done.matching, done.erased, done.already),
         (3, 3, 0),
@@ -213,7 +221,8 @@ async fn erasing_one_event_of_a_batch_takes_the_batch_s_body_and_a_redelivery_br
         since: Some(Since::parse("1d").unwrap()),
         ..EventQuery::default()
     };
-    let done = ops::erase_matching(&pool, &query, &BY, false, |_| {}).await.unwrap();
+    let done =
+        ops::erase_matching(&pool, &query, &BY, Default::default(), |_| ControlFlow::Continue(())).await.unwrap();
     assert_eq!((done.matching, done.erased), (1, 1));
     assert!(!holds_email(&everything(&pool, &url).await), "nothing holds the e-mail: the batch's body went");
     let sibling = ops::stored_event(&pool, "marqeta", "transactions:tx_other").await.unwrap().unwrap();

@@ -1,9 +1,16 @@
 //! Jobs: a requeue or an erasure by selection, run in the background with
 //! an estimate, progress and cancel.
 
-use std::sync::Arc;
+use std::{
+    ops::ControlFlow,
+    sync::{
+        atomic::{AtomicBool, AtomicI64, Ordering},
+        Arc,
+    },
+};
 
 use axum::{extract::State as Shared, http::StatusCode, Json};
+use futures_util::{future::BoxFuture, FutureExt as _};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use utoipa::ToSchema;
@@ -17,7 +24,7 @@ use crate::{
         text::escape,
     },
     db::api as store,
-    ops::{self, Audit, Erased},
+    ops::{self, Audit},
 };
 /// A requeue: the events a filter selects (by when they ended), back to pending.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -78,7 +85,15 @@ pub(crate) struct EraseRequest {
     until: Option<String>,
     /// Events whose payload holds this text (an e-mail address), or this JSON.
     payload: Option<String>,
-    /// Why (a deletion request's reference), for the audit records.
+    /// Only count what it would erase (the job's result); nothing is erased.
+    #[serde(default)]
+    dry_run: bool,
+    /// The most events it may erase (required unless `dry_run`): a selection
+    /// holding more is refused whole, nothing erased; count it first with `dry_run`.
+    #[schema(minimum = 1)]
+    at_most: Option<u64>,
+    /// Why (a deletion request's reference, never the person: no e-mail
+    /// address, nor the text searched), for the audit records.
     #[schema(min_length = 1, max_length = 500)]
     reason: String,
 }
@@ -93,9 +108,9 @@ pub(crate) struct JobView {
     params: Value,
     /// running, succeeded, failed, cancelled, or interrupted (the process running it stopped).
     state: String,
-    /// Events it expected to take when it started.
-    estimate: i64,
-    /// Events taken (a requeue) or examined (an erasure) so far.
+    /// Events it expects to take, once it has counted them (none before).
+    estimate: Option<i64>,
+    /// Events taken (a requeue) or erased (an erasure) so far.
     processed: i64,
     /// What it did, once it ended.
     result: Option<Value>,
@@ -105,6 +120,8 @@ pub(crate) struct JobView {
     created_at: String,
     finished_at: Option<String>,
     cancel_requested_at: Option<String>,
+    /// The token that asked the cancel.
+    cancelled_by: Option<String>,
 }
 
 impl From<store::Job> for JobView {
@@ -122,14 +139,82 @@ impl From<store::Job> for JobView {
             created_at: j.created_at,
             finished_at: j.finished_at,
             cancel_requested_at: j.cancel_requested_at,
+            cancelled_by: j.cancelled_by,
+        }
+    }
+}
+
+/// Jobs running at once (interrupted ones aside), whoever started them.
+const JOBS_AT_ONCE: i64 = 4;
+
+/// Starts a job: recorded (at most [`JOBS_AT_ONCE`] running), then run on a
+/// task of its own with a heartbeat apart from its batches, so that however
+/// long one takes the job reads `running`, and a cancel reaches it within one.
+async fn start(
+    state: &State,
+    caller: &Caller,
+    kind: &str,
+    params: Value,
+    why: &str,
+    work: impl FnOnce(sqlx::PgPool, i64, Arc<Running>) -> BoxFuture<'static, Ran>,
+) -> Answer<(StatusCode, Json<JobView>)> {
+    let job = match store::create_job(&state.db, kind, &params, &caller.name, why, JOBS_AT_ONCE).await {
+        Ok(job) => job,
+        Err(store::NotStarted::Busy(n)) => {
+            return Err(Refused::Conflict(format!(
+                "{n} jobs are running, the most at once: wait for one to end, or cancel one (GET /api/v1/jobs)"
+            )))
+        }
+        Err(store::NotStarted::Database(e)) => return Err(e.into()),
+    };
+    let (db, id) = (state.db.clone(), job.id);
+    let running = Arc::new(Running::default());
+    let run = work(db.clone(), id, running.clone());
+    tokio::spawn(async move {
+        let beat = tokio::spawn(heartbeat(db.clone(), id, running));
+        let ran = run.await;
+        beat.abort();
+        finish(&db, id, ran).await;
+    });
+    Ok((StatusCode::ACCEPTED, Json(job.into())))
+}
+
+/// What a running job and its heartbeat share: a cancel asked (the runner
+/// reads it between two events or batches), and how far it is.
+#[derive(Default)]
+struct Running {
+    cancel: AtomicBool,
+    processed: AtomicI64,
+}
+
+impl Running {
+    fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Relaxed)
+    }
+
+    fn done(&self, processed: u64) {
+        self.processed.store(processed as i64, Ordering::Relaxed);
+    }
+}
+
+/// The job's heartbeat, every [`store::HEARTBEAT`]: its progress recorded, a cancel learnt of.
+async fn heartbeat(db: sqlx::PgPool, id: i64, running: Arc<Running>) {
+    loop {
+        tokio::time::sleep(store::HEARTBEAT).await;
+        match store::job_progress(&db, id, running.processed.load(Ordering::Relaxed)).await {
+            Ok(true) => running.cancel.store(true, Ordering::Relaxed),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(job = id, error = %escape(&e.to_string()), "a job's heartbeat failed"),
         }
     }
 }
 
 #[utoipa::path(post, path = "/api/v1/requeue", tag = "jobs", request_body = RequeueRequest,
     responses((status = 202, body = JobView), (status = 400, body = ApiError), (status = 401, body = ApiError),
-               (status = 403, body = ApiError), (status = 429, body = ApiError), (status = 503, body = ApiError)))]
-/// Starts a requeue job: every event the filter selects back to pending, 500 a batch, each audited.
+               (status = 403, body = ApiError), (status = 409, body = ApiError), (status = 429, body = ApiError),
+               (status = 503, body = ApiError)))]
+/// Starts a requeue job: it counts what the filter selects (its estimate), then
+/// puts it back to pending, 500 a batch, each audited.
 pub(super) async fn start_requeue(
     Shared(state): Shared<Arc<State>>,
     caller: Caller,
@@ -149,34 +234,36 @@ pub(super) async fn start_requeue(
         until: since(body.until.as_deref(), "until")?,
         reason_like: body.reason_like.clone(),
     };
-    let found = ops::count_matching(&state.db, &filter).await?;
     let params = json!({"statuses": body.statuses, "provider": body.provider, "type": body.event_type,
                         "since": body.since, "until": body.until, "reason_like": body.reason_like, "reason": why});
-    let job =
-        store::create_job(&state.db, "requeue", &params, found.matching - found.without_payload, &caller.name).await?;
-    let (db, id, actor) = (state.db.clone(), job.id, caller.actor());
-    tokio::spawn(async move {
-        let by = Audit { actor: &actor, action: "requeue", reason: &why };
-        let ran = run_requeue(&db, id, &filter, &by).await;
-        finish(&db, id, ran).await;
-    });
-    Ok((StatusCode::ACCEPTED, Json(job.into())))
+    let actor = caller.actor();
+    let work = move |db: sqlx::PgPool, id, running: Arc<Running>| {
+        async move {
+            let by = Audit { actor: &actor, action: "requeue", reason: &why };
+            run_requeue(&db, id, &filter, &by, &running).await
+        }
+        .boxed()
+    };
+    start(&state, &caller, "requeue", params, &body.reason, work).await
 }
 
 /// What a job's run came to: its state, events processed, and result; or its database error.
 type Ran = Result<(&'static str, i64, Value), sqlx::Error>;
 
-async fn run_requeue(db: &sqlx::PgPool, id: i64, filter: &Filter, by: &Audit<'_>) -> Ran {
+async fn run_requeue(db: &sqlx::PgPool, id: i64, filter: &Filter, by: &Audit<'_>, running: &Running) -> Ran {
+    let found = ops::count_matching(db, filter).await?;
+    store::job_estimate(db, id, (found.matching - found.without_payload) as i64).await?;
     let started = crate::db::inbox::now_micros(db).await?;
     let mut requeued = 0i64;
     loop {
         let n = crate::db::inbox::requeue(db, filter, by, 500, started).await? as i64;
         requeued += n;
-        let cancel = store::job_progress(db, id, requeued).await?;
+        running.done(requeued as u64);
+        let asked = store::job_progress(db, id, requeued).await? || running.cancelled();
         if n == 0 {
             return Ok(("succeeded", requeued, json!({"requeued": requeued})));
         }
-        if cancel {
+        if asked {
             return Ok(("cancelled", requeued, json!({"requeued": requeued})));
         }
     }
@@ -184,15 +271,17 @@ async fn run_requeue(db: &sqlx::PgPool, id: i64, filter: &Filter, by: &Audit<'_>
 
 #[utoipa::path(post, path = "/api/v1/erase", tag = "jobs", request_body = EraseRequest,
     responses((status = 202, body = JobView), (status = 400, body = ApiError), (status = 401, body = ApiError),
-               (status = 403, body = ApiError), (status = 429, body = ApiError), (status = 503, body = ApiError)))]
-/// Starts an erasure job: every event the selection finds, newest first, each erased and audited (pending ones left).
+               (status = 403, body = ApiError), (status = 409, body = ApiError), (status = 429, body = ApiError),
+               (status = 503, body = ApiError)))]
+/// Starts an erasure job: it counts what the selection finds (its estimate;
+/// more than `at_most`, and it erases nothing), then erases each event,
+/// audited (pending ones left). With `dry_run`, it only counts.
 pub(super) async fn start_erase(
     Shared(state): Shared<Arc<State>>,
     caller: Caller,
     Body(body): Body<EraseRequest>,
 ) -> Answer<(StatusCode, Json<JobView>)> {
     caller.may_act()?;
-    let why = reason(&body.reason)?;
     let nothing = |s: &Option<String>| s.as_deref().map_or(true, |t| t.trim().is_empty());
     if [&body.provider, &body.event_type, &body.since, &body.until, &body.payload].into_iter().all(nothing) {
         return Err(Refused::BadRequest("name what to erase: provider, type, since, until or payload".into()));
@@ -205,46 +294,78 @@ pub(super) async fn start_erase(
         payload: body.payload.as_deref().map(PayloadMatch::parse),
         ..EventQuery::default()
     };
-    let counted =
-        ops::erase_matching(&state.db, &query, &Audit { actor: "", action: "", reason: "" }, true, |_| {}).await?;
+    if body.reason.trim().is_empty() {
+        return Err(Refused::BadRequest("reason: say why (the request's reference), for the audit record".into()));
+    }
+    let why = ops::erase_reason(&body.reason, query.payload.as_ref()).map_err(Refused::BadRequest)?;
+    let options = ops::EraseOptions { dry_run: body.dry_run, at_most: body.at_most };
+    match options.at_most {
+        Some(0) => return Err(Refused::BadRequest("at_most: 1 at least".into())),
+        None if !options.dry_run => {
+            return Err(Refused::BadRequest(
+                "at_most: say the most events this erasure may take (count them first with dry_run: true)".into(),
+            ))
+        }
+        _ => {}
+    }
+    // Not the payload's text: it is the personal data being erased.
     let params = json!({"provider": body.provider, "type": body.event_type, "since": body.since,
-                        "until": body.until, "payload": body.payload.is_some(), "reason": why});
-    let job = store::create_job(&state.db, "erase", &params, counted.matching as i64, &caller.name).await?;
-    let (db, id, actor) = (state.db.clone(), job.id, caller.actor());
-    tokio::spawn(async move {
-        let by = Audit { actor: &actor, action: "erase", reason: &why };
-        let ran = run_erase(&db, id, &query, &by).await;
-        finish(&db, id, ran).await;
-    });
-    Ok((StatusCode::ACCEPTED, Json(job.into())))
+                        "until": body.until, "payload": body.payload.is_some(), "dry_run": body.dry_run,
+                        "at_most": body.at_most, "reason": why});
+    let actor = caller.actor();
+    let work = move |db: sqlx::PgPool, id, running: Arc<Running>| {
+        async move {
+            let by = Audit { actor: &actor, action: "erase", reason: &why };
+            run_erase(&db, id, &query, &by, options, &running).await
+        }
+        .boxed()
+    };
+    start(&state, &caller, "erase", params, &body.reason, work).await
 }
 
-async fn run_erase(db: &sqlx::PgPool, id: i64, query: &EventQuery, by: &Audit<'_>) -> Ran {
-    let (mut examined, mut erased, mut already, mut pending) = (0i64, 0i64, 0i64, 0i64);
-    let mut after = None;
-    loop {
-        let page = ops::list_events(db, query, after.as_ref(), 500).await?;
-        for e in &page.events {
-            examined += 1;
-            match ops::erase(db, &e.provider, &e.event_id, by).await? {
-                Erased::Erased { .. } => erased += 1,
-                Erased::Already { .. } => already += 1,
-                Erased::Pending => pending += 1,
-                Erased::NotFound => examined -= 1,
-            }
+async fn run_erase(
+    db: &sqlx::PgPool,
+    id: i64,
+    query: &EventQuery,
+    by: &Audit<'_>,
+    options: ops::EraseOptions,
+    running: &Running,
+) -> Ran {
+    let counted = ops::count_erasure(db, query, None).await?;
+    store::job_estimate(db, id, counted.erased as i64).await?;
+    let result = |e: &ops::Erasure| {
+        json!({"matching": e.matching, "erased": e.erased, "already": e.already,
+                                          "pending": e.pending, "dry_run": options.dry_run})
+    };
+    if options.dry_run {
+        return Ok(("succeeded", 0, result(&counted)));
+    }
+    // The heartbeat records how far it is; a cancel it learns of is read after each event.
+    let erased = ops::erase_matching(db, query, by, options, |e| {
+        running.done(e.erased);
+        if running.cancelled() {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
         }
-        let cancel = store::job_progress(db, id, examined).await?;
-        let result = json!({"erased": erased, "already": already, "pending": pending});
-        match page.next {
-            None => return Ok(("succeeded", examined, result)),
-            Some(_) if cancel => return Ok(("cancelled", examined, result)),
-            Some(next) => after = Some(next),
+    })
+    .await;
+    match erased {
+        Ok(e) if e.stopped && running.cancelled() => Ok(("cancelled", e.erased as i64, result(&e))),
+        Ok(e) => Ok(("succeeded", e.erased as i64, result(&e))),
+        Err(ops::EraseError::Database(e)) => Err(e),
+        Err(too_many @ ops::EraseError::TooMany { .. }) => {
+            Ok(("failed", 0, json!({"refused": too_many.to_string(), "matching": counted.matching})))
         }
     }
 }
 
 async fn finish(db: &sqlx::PgPool, id: i64, ran: Ran) {
     let ended = match ran {
+        Ok(("failed", processed, result)) => {
+            let why = result["refused"].as_str().unwrap_or("refused").to_string();
+            store::finish_job(db, id, "failed", processed, &result, Some(&why)).await
+        }
         Ok((state, processed, result)) => store::finish_job(db, id, state, processed, &result, None).await,
         Err(e) => {
             tracing::error!(job = id, error = %escape(&e.to_string()), "an API job failed");
@@ -302,7 +423,9 @@ pub(super) async fn get_job(
     responses((status = 202, body = JobView), (status = 400, body = ApiError), (status = 401, body = ApiError), (status = 403, body = ApiError),
                (status = 404, body = ApiError), (status = 409, body = ApiError), (status = 429, body = ApiError),
                (status = 503, body = ApiError)))]
-/// Cancels a running job: it stops after its current batch (what it did stays done).
+/// Cancels an unfinished job: a running one stops within its current event or
+/// batch (what it did stays done); an interrupted one (its process stopped)
+/// is cancelled at once. Audited under the token.
 pub(super) async fn cancel_job(
     Shared(state): Shared<Arc<State>>,
     caller: Caller,
@@ -310,7 +433,7 @@ pub(super) async fn cancel_job(
 ) -> Answer<(StatusCode, Json<JobView>)> {
     caller.may_act()?;
     let id = job_id(&id)?;
-    let (asked, job) = store::cancel_job(&state.db, id).await?;
+    let (asked, job) = store::cancel_job(&state.db, id, &caller.name).await?;
     let job = job.ok_or_else(|| Refused::NotFound(format!("no job {id}")))?;
     if !asked {
         return Err(Refused::Conflict(format!("job {id} is {} already: there is nothing to cancel", job.state)));

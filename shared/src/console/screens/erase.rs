@@ -1,7 +1,7 @@
 //! Erasing one event from its page (operators), as `inbox erase --provider P --id ID` does;
 //! and what a selection finds (one customer's events by what their payloads hold), as `inbox erase --payload ...` does.
 
-use std::sync::Arc;
+use std::{ops::ControlFlow, sync::Arc};
 
 use axum::{
     extract::State as Shared,
@@ -10,14 +10,14 @@ use axum::{
 use axum_extra::extract::Query;
 use serde::Deserialize;
 
-use super::action::{audit_reason, operator_only, streamed, ConfirmPage, ProgressPage};
+use super::action::{operator_only, streamed, ConfirmPage, ProgressPage};
 use crate::console::{
     auth::Signed,
     page::{clip, html, optional, short_time, Nav, PageError, Posted},
     State,
 };
 use crate::core::text::{escape, Escaped};
-use crate::ops::{self, Audit, Erased, EventQuery, PayloadMatch, Since};
+use crate::ops::{self, Audit, EraseOptions, Erased, EventQuery, PayloadMatch, Since};
 
 #[derive(Deserialize, Default)]
 #[serde(default)]
@@ -77,7 +77,7 @@ pub(super) async fn erase(
 ) -> Result<Response, PageError> {
     signed.may_act(&f.csrf)?;
     let actor = signed.actor();
-    let reason = audit_reason(&f.reason, "erased from the console")?;
+    let reason = erase_reason(&f.reason, None)?;
     let by = Audit { actor: &actor, action: "erase", reason: &reason };
     let name = format!("{} {}", clip(&f.provider, 64), clip(&f.id, 200));
     match ops::erase(&state.db, &f.provider, &f.id, &by).await? {
@@ -94,6 +94,13 @@ pub(super) async fn erase(
         ))),
         Erased::NotFound => Err(PageError::NotFound("No such event is stored.".into())),
     }
+}
+
+/// An erasure's reason, the console's default when none is given, refused
+/// when it holds what is erased ([`ops::erase_reason`]).
+fn erase_reason(text: &str, searched: Option<&ops::PayloadMatch>) -> Result<String, PageError> {
+    let text = if text.trim().is_empty() { "erased from the console" } else { text };
+    ops::erase_reason(text, searched).map_err(|why| PageError::BadRequest(format!("Nothing was done: {why}.")))
 }
 
 /// What an erasure by selection takes: the events listing's filters but the status and id.
@@ -177,8 +184,8 @@ pub(super) async fn confirm_erase_selection(
     let nav = signed.nav(&state);
     let (mut what, mut erasable) = (vec![], 0);
     if let Some(query) = p.query()? {
-        let nobody = Audit { actor: "", action: "", reason: "" };
-        let counted = ops::erase_matching(&state.read, &query, &nobody, true, |_| {}).await?;
+        let timeout = query.payload.as_ref().map(|_| ops::SEARCH_TIMEOUT);
+        let counted = ops::count_erasure(&state.read, &query, timeout).await?;
         erasable = counted.erased;
         what.push(format!("{} match: {}.", counted.matching, p.describe()));
         if counted.pending > 0 {
@@ -188,10 +195,7 @@ pub(super) async fn confirm_erase_selection(
             ));
         }
         what.push("Each one's payload, raw bytes, kept headers and failure reason are erased, and the payloads of its outbox messages; its key stays, so a redelivery is still a duplicate. This cannot be undone.".into());
-        what.push(format!(
-            "They are erased a page of 500 at a time, newest first, each with an audit record (erase by {}).",
-            signed.actor()
-        ));
+        what.push(format!("They are erased one at a time, each with an audit record (erase by {}).", signed.actor()));
     }
     let fields = p.fields();
     html(SelectionPage { nav, p, what, erasable, fields })
@@ -221,7 +225,7 @@ pub(super) async fn erase_selection(
             "Name what to erase (a provider, a type, a time range, what payloads hold): nothing was done.".into(),
         ));
     };
-    let reason = audit_reason(&reason, "erased from the console")?;
+    let reason = erase_reason(&reason, query.payload.as_ref())?;
     let nav = signed.nav(&state);
     let page = ProgressPage { title: "Erasing", what: p.describe(), back: nav.href("/events", &[]), nav };
     let (lines, receiver) = tokio::sync::mpsc::unbounded_channel::<String>();
@@ -230,8 +234,11 @@ pub(super) async fn erase_selection(
     tracing::info!(actor = %actor, "erasure started");
     tokio::spawn(async move {
         let by = Audit { actor: &actor, action: "erase", reason: &reason };
-        let done = ops::erase_matching(&state.db, &query, &by, false, |n| {
-            let _ = lines.send(format!("<li>{n} examined</li>\n"));
+        let done = ops::erase_matching(&state.db, &query, &by, EraseOptions::default(), |e| {
+            if e.erased % 500 == 0 && e.erased > 0 {
+                let _ = lines.send(format!("<li>{} erased</li>\n", e.erased));
+            }
+            ControlFlow::Continue(())
         })
         .await;
         let last = match done {

@@ -5,10 +5,12 @@
 //! type, times and status stay, so a redelivery is still a duplicate and its
 //! history still reads.
 
+use std::ops::ControlFlow;
+
 use sqlx::PgPool;
 
 use super::Audit;
-use crate::db;
+use crate::{core::selection::EventQuery, db};
 
 /// What [`erase`] did.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -141,42 +143,134 @@ pub struct Erasure {
     pub already: u64,
     /// Pending, left as they are: erase them once processed (or pause their provider first).
     pub pending: u64,
+    /// Stopped before the end, by its progress hook (a cancel) or its bound
+    /// ([`EraseOptions::at_most`], reached by events that came meanwhile):
+    /// what it erased stays erased.
+    pub stopped: bool,
 }
 
-/// Erases every event `query` selects, a page of 500 at a time (each event
-/// its own short statement, audited), newest first; `dry_run` only counts.
-/// `progress` is told the events examined so far after each page.
+/// How an erasure by selection runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EraseOptions {
+    /// Only count: what it would erase; nothing is changed.
+    pub dry_run: bool,
+    /// The most events it may erase: a selection that holds more is refused
+    /// whole (nothing erased), and it never erases more (events that match
+    /// meanwhile wait for the next run).
+    pub at_most: Option<u64>,
+}
+
+/// Why an erasure by selection did not run.
+#[derive(Debug, thiserror::Error)]
+pub enum EraseError {
+    /// The selection holds more events to erase than [`EraseOptions::at_most`].
+    #[error("the selection holds {erasable} events to erase, more than at most {at_most}: nothing was erased (narrow it, or raise the bound)")]
+    TooMany {
+        /// Events it would erase.
+        erasable: u64,
+        /// The bound given.
+        at_most: u64,
+    },
+    /// The database refused or did not answer.
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+}
+
+/// What erasing `query`'s selection would do, counted in one statement (an
+/// erased event matches no payload search: it holds none). With `timeout`,
+/// PostgreSQL stops a count that takes longer (57014).
+pub async fn count_erasure(
+    pool: &PgPool,
+    query: &EventQuery,
+    timeout: Option<std::time::Duration>,
+) -> Result<Erasure, sqlx::Error> {
+    let mut sql = sqlx::QueryBuilder::new(
+        "SELECT count(*), count(*) FILTER (WHERE erased_at IS NULL AND status <> 'pending'),
+                count(*) FILTER (WHERE erased_at IS NOT NULL), count(*) FILTER (WHERE erased_at IS NULL AND status = 'pending')
+         FROM webhook_inbox AS w WHERE true",
+    );
+    super::listing::push_filters(&mut sql, query);
+    let mut tx = pool.begin().await?;
+    if let Some(t) = timeout {
+        db::query("SELECT set_config('statement_timeout', $1, true)")
+            .bind(t.as_millis().to_string())
+            .execute(&mut *tx)
+            .await?;
+    }
+    let (matching, erasable, already, pending): (i64, i64, i64, i64) =
+        db::built_query_as(&mut sql).persistent(false).fetch_one(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(Erasure {
+        matching: matching as u64,
+        erased: erasable as u64,
+        already: already as u64,
+        pending: pending as u64,
+        stopped: false,
+    })
+}
+
+/// Up to `limit` events of `query`'s selection that an erasure takes (not
+/// erased, not pending), after `after` in key order: each page continues
+/// along the primary key where the last stopped, so a selection of millions
+/// of events received in the same second costs one walk, not one per page.
+async fn erasable_page(
+    pool: &PgPool,
+    query: &EventQuery,
+    after: &(String, String),
+    limit: i64,
+) -> Result<Vec<(String, String)>, sqlx::Error> {
+    let mut sql = sqlx::QueryBuilder::new(
+        "SELECT provider, event_id FROM webhook_inbox AS w WHERE erased_at IS NULL AND status <> 'pending'",
+    );
+    super::listing::push_filters(&mut sql, query);
+    sql.push(" AND (provider, event_id) > (").push_bind(&after.0).push(", ").push_bind(&after.1).push(")");
+    sql.push(" ORDER BY provider, event_id LIMIT ").push_bind(limit);
+    db::built_query_as(&mut sql).persistent(false).fetch_all(db::Autocommit(pool)).await
+}
+
+/// Erases every event `query` selects, each in its own short statement with
+/// its audit record, in key order, after counting them ([`count_erasure`]);
+/// a dry run only counts. `progress` is told what is done after each event,
+/// and stops the run by answering [`ControlFlow::Break`].
 pub async fn erase_matching(
     pool: &PgPool,
-    query: &crate::core::selection::EventQuery,
+    query: &EventQuery,
     by: &Audit<'_>,
-    dry_run: bool,
-    mut progress: impl FnMut(u64),
-) -> Result<Erasure, sqlx::Error> {
-    let mut done = Erasure::default();
-    let mut after = None;
+    options: EraseOptions,
+    mut progress: impl FnMut(&Erasure) -> ControlFlow<()>,
+) -> Result<Erasure, EraseError> {
+    let mut done = count_erasure(pool, query, None).await?;
+    if let Some(at_most) = options.at_most.filter(|n| done.erased > *n) {
+        return Err(EraseError::TooMany { erasable: done.erased, at_most });
+    }
+    if options.dry_run {
+        return Ok(done);
+    }
+    let at_most = options.at_most.unwrap_or(u64::MAX);
+    done.erased = 0;
+    let mut after = (String::new(), String::new());
     loop {
-        let page = super::list_events(pool, query, after.as_ref(), 500).await?;
-        for e in &page.events {
-            done.matching += 1;
-            if dry_run {
-                match e.status.as_str() {
-                    "pending" => done.pending += 1,
-                    _ => done.erased += 1,
-                }
-                continue;
+        let page = erasable_page(pool, query, &after, 500).await?;
+        for (provider, event_id) in &page {
+            if done.erased >= at_most {
+                done.stopped = true;
+                return Ok(done);
             }
-            match erase(pool, &e.provider, &e.event_id, by).await? {
+            match erase(pool, provider, event_id, by).await? {
                 Erased::Erased { .. } => done.erased += 1,
+                // Erased, or taken back to pending, since the count: as they are now.
                 Erased::Already { .. } => done.already += 1,
                 Erased::Pending => done.pending += 1,
-                Erased::NotFound => done.matching -= 1, // pruned meanwhile
+                Erased::NotFound => {} // pruned meanwhile
+            }
+            if progress(&done).is_break() {
+                done.stopped = true;
+                return Ok(done);
             }
         }
-        progress(done.matching);
-        match page.next {
-            Some(next) => after = Some(next),
-            None => return Ok(done),
+        match page.last() {
+            Some(last) if page.len() == 500 => after = last.clone(),
+            _ => return Ok(done),
         }
     }
 }

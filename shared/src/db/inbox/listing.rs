@@ -59,6 +59,41 @@ pub async fn list_events(
         "SELECT provider, event_id, event_type, status, attempts, received_at::text, failure_reason
          FROM webhook_inbox AS w WHERE true",
     );
+    push_filters(&mut sql, query);
+    if let Some(after) = after {
+        sql.push(" AND (received_at, provider, event_id) < (").push_bind(&after.received_at).push("::timestamptz, ");
+        sql.push_bind(&after.provider).push(", ").push_bind(&after.event_id).push(")");
+    }
+    // `w.`: the column, not the output of the same name (text, which no index orders).
+    sql.push(" ORDER BY w.received_at DESC, w.provider DESC, w.event_id DESC LIMIT ").push_bind(limit + 1);
+    // Unnamed, so planned each time for its values: a prefix becomes a range
+    // of the index, and no generic plan is ever kept for a filter that needs its value.
+    let listing = db::built_query_as(&mut sql).persistent(false);
+    let mut events: Vec<EventSummary> = if query.payload.is_some() {
+        let mut tx = pool.begin().await?;
+        db::query("SELECT set_config('statement_timeout', $1, true)")
+            .bind(SEARCH_TIMEOUT.as_millis().to_string())
+            .execute(&mut *tx)
+            .await?;
+        let events = listing.fetch_all(&mut *tx).await?;
+        tx.commit().await?;
+        events
+    } else {
+        listing.fetch_all(db::Autocommit(pool)).await?
+    };
+    let more = events.len() as i64 > limit;
+    events.truncate(limit as usize);
+    let next = events.last().filter(|_| more).map(|e| Cursor {
+        received_at: e.received_at.clone(),
+        provider: e.provider.clone(),
+        event_id: e.event_id.clone(),
+    });
+    Ok(EventPage { events, next })
+}
+
+/// Appends `query`'s filters, each given one only (` AND ...`), to a
+/// statement over `webhook_inbox AS w`.
+pub(super) fn push_filters<'a>(sql: &mut sqlx::QueryBuilder<'a, sqlx::Postgres>, query: &'a EventQuery) {
     if let Some(provider) = &query.provider {
         sql.push(" AND provider = ").push_bind(provider);
     }
@@ -112,35 +147,6 @@ pub async fn list_events(
         }
         None => {}
     }
-    if let Some(after) = after {
-        sql.push(" AND (received_at, provider, event_id) < (").push_bind(&after.received_at).push("::timestamptz, ");
-        sql.push_bind(&after.provider).push(", ").push_bind(&after.event_id).push(")");
-    }
-    // `w.`: the column, not the output of the same name (text, which no index orders).
-    sql.push(" ORDER BY w.received_at DESC, w.provider DESC, w.event_id DESC LIMIT ").push_bind(limit + 1);
-    // Unnamed, so planned each time for its values: a prefix becomes a range
-    // of the index, and no generic plan is ever kept for a filter that needs its value.
-    let listing = db::built_query_as(&mut sql).persistent(false);
-    let mut events: Vec<EventSummary> = if query.payload.is_some() {
-        let mut tx = pool.begin().await?;
-        db::query("SELECT set_config('statement_timeout', $1, true)")
-            .bind(SEARCH_TIMEOUT.as_millis().to_string())
-            .execute(&mut *tx)
-            .await?;
-        let events = listing.fetch_all(&mut *tx).await?;
-        tx.commit().await?;
-        events
-    } else {
-        listing.fetch_all(db::Autocommit(pool)).await?
-    };
-    let more = events.len() as i64 > limit;
-    events.truncate(limit as usize);
-    let next = events.last().filter(|_| more).map(|e| Cursor {
-        received_at: e.received_at.clone(),
-        provider: e.provider.clone(),
-        event_id: e.event_id.clone(),
-    });
-    Ok(EventPage { events, next })
 }
 
 /// One stored event in full, as `inbox show` prints it. Timestamps are PostgreSQL's own text.

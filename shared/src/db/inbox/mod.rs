@@ -23,7 +23,7 @@ pub use claim::Envelope;
 #[cfg(feature = "serve")]
 pub use claim::GroupRow;
 pub(crate) use claim::{insert, insert_batch, Body, Inserted};
-pub use erase::{erase, erase_matching, Erased, Erasure};
+pub use erase::{count_erasure, erase, erase_matching, EraseError, EraseOptions, Erased, Erasure};
 pub(crate) use listing::ruled_events;
 pub use listing::{list_events, stored_event, EventPage, EventSummary, StoredEvent, SEARCH_TIMEOUT};
 pub use prune::{delete_received_before, Providers};
