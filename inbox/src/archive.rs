@@ -8,7 +8,8 @@ use clap::Subcommand;
 use serde_json::json;
 use sqlx::PgPool;
 use webhook_inbox::{
-    archive::{self, Archive, Source},
+    archive::{self, Archive, RestoreOptions, Source},
+    config::{Catalog, Env, Secrets},
     ArchiveConfig,
 };
 
@@ -73,10 +74,21 @@ pub async fn act(command: ArchiveCommand) -> Result<()> {
     Ok(())
 }
 
-/// `inbox restore SOURCE`: the events archived there, back into the database as they were.
-pub async fn restore(pool: &PgPool, source: &Source, dry_run: bool, out: &Output) -> Result<()> {
+/// `inbox restore SOURCE`: the events archived there, back into the database
+/// as they were, each line checked against the providers and secrets this
+/// process reads (as the functions read them).
+pub async fn restore(pool: &PgPool, source: &Source, dry_run: bool, unverified: bool, out: &Output) -> Result<()> {
+    let env = Env::resolved().await?;
+    let catalog = Catalog::read(&env)?;
+    let options = RestoreOptions {
+        dry_run,
+        secrets: Secrets::read(&env, &catalog)?,
+        catalog,
+        unverified,
+        actor: crate::ops::operator(&env),
+    };
     let bar = progress(0, "objects", out);
-    let done = archive::restore(pool, source, None, dry_run, |d| bar.set_position(d.objects)).await?;
+    let done = archive::restore(pool, source, None, &options, |d| bar.set_position(d.objects)).await?;
     bar.finish_and_clear();
     if out.json {
         print_json(&json!({"dry_run": dry_run, "restore": done}));
@@ -91,6 +103,9 @@ pub async fn restore(pool: &PgPool, source: &Source, dry_run: bool, out: &Output
             done.rejected,
             if dry_run { " (nothing changed)" } else { "" }
         );
+        if done.unverified > 0 {
+            say!("  {} of them not verified with a secret configured here (--unverified)", done.unverified);
+        }
         for reason in &done.reasons {
             say!("  refused: {reason}");
         }

@@ -601,10 +601,22 @@ async fn erase_forgets_a_customer_and_says_what_it_did(pool_options: PgPoolOptio
 async fn prune_archives_to_s3_and_restore_puts_the_events_back(pool_options: PgPoolOptions, opts: PgConnectOptions) {
     let pool = pool_options.connect_with(opts.clone()).await.unwrap();
     let url = url_of(&opts);
-    for id in ["evt_1", "evt_2"] {
-        row(&pool, "stripe", id, "done", None, "100 days").await;
+    // Stripe's events as receive stores them: the payload what the bytes say.
+    for (id, age) in [("evt_1", "100 days"), ("evt_2", "100 days"), ("evt_recent", "1 day")] {
+        let body = json!({"id": id, "type": "charge.succeeded", "data": {"object": {}}}).to_string();
+        sqlx::query(
+            "INSERT INTO webhook_inbox (provider, event_id, event_type, payload, status, raw_body, secret_index,
+                                        received_at, processed_at)
+             VALUES ('stripe', $1, 'charge.succeeded', $2::jsonb, 'done', convert_to($2, 'UTF8'), 0,
+                     now() - $3::interval, now() - $3::interval)",
+        )
+        .bind(id)
+        .bind(&body)
+        .bind(age)
+        .execute(&pool)
+        .await
+        .unwrap();
     }
-    row(&pool, "stripe", "evt_recent", "done", None, "1 day").await;
     let moto = inbox_tests::Moto::start();
     let aws = [
         ("INBOX_ARCHIVE_S3_BUCKET", "the-archive"),
@@ -638,19 +650,28 @@ async fn prune_archives_to_s3_and_restore_puts_the_events_back(pool_options: PgP
     // Into a fresh database: a dry run first, then the month, then again (all duplicates).
     let name = opts.get_database().unwrap();
     let fresh = format!("restored_{}", &name[name.len() - 16..]);
+    // A run stopped before its end leaves it behind.
+    sqlx::query(&format!("DROP DATABASE IF EXISTS \"{fresh}\" WITH (FORCE)")).execute(&pool).await.unwrap();
     sqlx::query(&format!("CREATE DATABASE \"{fresh}\"")).execute(&pool).await.unwrap();
     let fresh_opts = opts.clone().database(&fresh);
     let fresh_pool = PgPoolOptions::new().connect_with(fresh_opts.clone()).await.unwrap();
     inbox_tests::MIGRATOR.run(&fresh_pool).await.unwrap();
     let fresh_url = url_of(&fresh_opts);
     let month = format!("s3://the-archive/inbox/stripe/{}", &day[..7]);
-    let dry = ok(&fresh_url, &["restore", &month, "--dry-run"], &aws);
+    // No Stripe secret here to verify them with: refused, saying so, until taken knowingly.
+    let refused = inbox(Some(&fresh_url), &["restore", &month], &aws);
+    assert!(!refused.status.success(), "a restore that refused lines fails");
+    let refused = format!("{}{}", String::from_utf8_lossy(&refused.stdout), String::from_utf8_lossy(&refused.stderr));
+    assert!(refused.contains("0 restored") && refused.contains("no stripe secret is configured here"), "{refused}");
+    assert!(refused.contains("--unverified"), "{refused}");
+    let dry = ok(&fresh_url, &["restore", &month, "--dry-run", "--unverified"], &aws);
     assert!(dry.contains("1 object(s), 2 event(s): 2 would be restored") && dry.contains("nothing changed"), "{dry}");
-    let done = ok(&fresh_url, &["restore", &month], &aws);
+    let done = ok(&fresh_url, &["restore", &month, "--unverified"], &aws);
     assert!(done.contains("2 restored, 0 stored already") && done.contains("inbox requeue"), "{done}");
+    assert!(done.contains("2 of them not verified"), "{done}");
     let shown = ok(&fresh_url, &["show", "stripe", "evt_1"], &[]);
     assert!(shown.contains("restored from prune's archive on"), "{shown}");
-    let again = ok(&fresh_url, &["restore", &month], &aws);
+    let again = ok(&fresh_url, &["restore", &month, "--unverified"], &aws);
     assert!(again.contains("0 restored, 2 stored already"), "{again}");
     let requeued = ok(&fresh_url, &["requeue", "--status", "done", "--provider", "stripe"], &[]);
     assert!(requeued.contains('2'), "{requeued}");
@@ -720,6 +741,8 @@ async fn configuration_and_input_mistakes_are_named(pool_options: PgPoolOptions,
     // Logs to a pipe (or a file) carry no colour codes: `migrate` on an empty database logs each migration.
     let test_db = opts.get_database().unwrap();
     let fresh = format!("fresh_{}", &test_db[test_db.len().saturating_sub(24)..]).to_lowercase();
+    // A run stopped before its end leaves it behind.
+    sqlx::query(&format!("DROP DATABASE IF EXISTS \"{fresh}\" WITH (FORCE)")).execute(&pool).await.unwrap();
     sqlx::query(&format!("CREATE DATABASE \"{fresh}\"")).execute(&pool).await.unwrap();
     let fresh_url = format!("postgres://postgres@{}:{}/{fresh}", opts.get_host(), opts.get_port());
     let out = inbox(Some(&fresh_url), &["migrate"], &[("RUST_LOG", "info")]);

@@ -10,6 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
 use http::StatusCode;
 use inbox_tests::*;
 use serde_json::{json, Value};
@@ -18,7 +19,7 @@ use sqlx::{
     PgConnection, PgPool,
 };
 use webhook_inbox::{
-    archive::{self, Archive, Source},
+    archive::{self, Archive, RestoreOptions, Source},
     config::Catalog,
     ops::{self, Audit, Filter, Status},
     process::{
@@ -110,6 +111,11 @@ impl Handler for NewHandler {
     }
 }
 
+/// Restore's options: the built-in providers, the test's secrets, the operator `ops`.
+fn options(dry_run: bool, unverified: bool) -> RestoreOptions {
+    RestoreOptions { dry_run, catalog: Catalog::builtin(), secrets: secrets(false), unverified, actor: "ops".into() }
+}
+
 const BY: Audit<'static> = Audit { actor: "ops", action: "requeue", reason: "backfill the new handler" };
 
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
@@ -186,15 +192,24 @@ async fn prune_archives_each_provider_and_day_before_deleting_and_restore_puts_t
     // Restore into a fresh database: exactly as they were, and marked restored.
     let fresh = fresh_database(&opts, "archive_restore_fresh").await;
     let source = Source::parse(&format!("s3://{BUCKET}/inbox/")).unwrap();
-    let restored = archive::restore(&fresh, &source, Some(&moto.aws().await), false, |_| {}).await.unwrap();
-    assert_eq!((restored.objects, restored.lines, restored.restored, restored.duplicates), (3, 5, 5, 0));
+    let aws = moto.aws().await;
+    // The rows were moved 100 days back, past their signed timestamps (and Marqeta's Basic
+    // credentials are never stored): none verifies here, so they are taken as unverified, each
+    // payload what its bytes say.
+    let restored = archive::restore(&fresh, &source, Some(&aws), &options(false, false), |_| {}).await.unwrap();
+    assert_eq!((restored.objects, restored.lines, restored.restored, restored.rejected), (3, 5, 0, 5), "{restored:?}");
+    assert!(restored.reasons.iter().all(|r| r.contains("do not verify with the")), "{restored:?}");
+    let unverified = archive::restore(&fresh, &source, Some(&aws), &options(false, true), |_| {}).await.unwrap();
+    assert_eq!((unverified.restored, unverified.unverified, unverified.duplicates), (5, 5, 0), "{unverified:?}");
     assert_eq!(
         rows(&fresh).await,
         before.iter().filter(|(r, _)| !r.contains("evt_recent")).cloned().collect::<Vec<_>>()
     );
     assert_eq!(scalar::<i64>(&fresh, "SELECT count(*) FROM webhook_inbox WHERE restored_at IS NOT NULL").await, 5);
+    let audited = "SELECT count(*) FROM inbox_audit WHERE action = 'restore' AND actor = 'ops' AND reason LIKE 'restored from s3://%'";
+    assert_eq!(scalar::<i64>(&fresh, audited).await, 5, "each restored event audited, with its object");
     // Again: every key is stored already.
-    let again = archive::restore(&fresh, &source, Some(&moto.aws().await), false, |_| {}).await.unwrap();
+    let again = archive::restore(&fresh, &source, Some(&aws), &options(false, true), |_| {}).await.unwrap();
     assert_eq!((again.restored, again.duplicates), (0, 5));
     // Prune keeps a restored event its retention from the restore, not from when it was received.
     let pruned = Pruner::new(fresh.clone(), retention()).run(Instant::now() + Duration::from_secs(30)).await.unwrap();
@@ -248,34 +263,57 @@ async fn a_failed_upload_deletes_nothing_and_the_run_says_so(pool: PgPool) {
     assert_eq!(left, ["done-new"]);
 }
 
+/// An archive's line is a stranger's: whoever can write to the bucket (or
+/// hands an operator a file) wrote it. Each hostile line is refused by its
+/// number and why, the others restored: a payload that is not what its signed
+/// bytes say, bytes no secret here verifies, a provider this inbox does not
+/// know, a time that cannot be, a type its bytes do not give, a line of
+/// 40 MiB; links and devices are never read.
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn restore_refuses_each_bad_line_by_number_and_restores_the_others(pool: PgPool) {
+    let t = now() - 60;
     let good = |id: &str| {
+        let body = json!({"id": id, "type": "charge.succeeded", "data": {"object": {"amount": 100}}}).to_string();
+        let signature = format!("t={t},v1={}", stripe_v1(STRIPE[0], t, body.as_bytes()));
         json!({"v": 1, "provider": "stripe", "event_id": id, "event_type": "charge.succeeded", "status": "done",
-               "source": "webhook", "received_at": "2025-10-01T12:00:00.000000Z",
-               "processed_at": "2025-10-01T12:00:01.000000Z", "next_attempt_at": null, "attempts": 1,
-               "failure_reason": null, "payload": {"id": id}, "headers": {}, "raw_body": "e30=",
-               "body_sha256": null, "secret_index": 0, "secret_fingerprint": null, "trace_context": null,
-               "erased_at": null, "erased_by": null, "restored_at": null})
+               "source": "webhook", "received_at": rfc3339(t), "processed_at": rfc3339(t + 1),
+               "next_attempt_at": null, "attempts": 1, "failure_reason": null,
+               "payload": serde_json::from_str::<Value>(&body).unwrap(), "headers": {"stripe-signature": signature},
+               "raw_body": B64.encode(&body), "body_sha256": null, "secret_index": 0, "secret_fingerprint": null,
+               "trace_context": null, "erased_at": null, "erased_by": null, "restored_at": null})
     };
     let mut lines = vec![good("evt_good_1").to_string(), "{not json".into()];
-    let mut pending = good("evt_pending");
-    pending["status"] = json!("pending");
-    let mut bad_base64 = good("evt_bad_bytes");
-    bad_base64["raw_body"] = json!("%%%");
-    let mut orphan = good("evt_orphan");
-    orphan["raw_body"] = Value::Null;
-    orphan["body_sha256"] = json!("00".repeat(32));
-    let mut future = good("evt_future");
-    future["v"] = json!(2);
-    let mut long_id = good("x");
-    long_id["event_id"] = json!("x".repeat(100_000));
-    // What only PostgreSQL refuses: a timestamp it cannot read, a failed row without its reason.
-    let mut bad_time = good("evt_bad_time");
-    bad_time["received_at"] = json!("2025-13-45T00:00:00Z");
-    let mut no_reason = good("evt_no_reason");
-    no_reason["status"] = json!("failed");
-    for bad in [pending, bad_base64, orphan, future, long_id, bad_time, no_reason] {
+    let with = |id: &str, key: &str, value: Value| {
+        let mut line = good(id);
+        line[key] = value;
+        line
+    };
+    let mut forged_payload = good("evt_forged");
+    forged_payload["payload"]["data"]["object"]["amount"] = json!(100_000);
+    let mut bad_bytes = good("evt_bad_sig");
+    let resigned = format!(
+        "t={t},v1={}",
+        stripe_v1("whsec_not_ours", t, &B64.decode(bad_bytes["raw_body"].as_str().unwrap()).unwrap())
+    );
+    bad_bytes["headers"]["stripe-signature"] = json!(resigned);
+    let mut long = good("evt_long");
+    long["failure_reason"] = json!("x".repeat(40 << 20));
+    for bad in [
+        with("evt_pending", "status", json!("pending")),
+        with("evt_bad_bytes", "raw_body", json!("%%%")),
+        with("evt_orphan", "body_sha256", json!("00".repeat(32))),
+        with("evt_future", "v", json!(2)),
+        with("x", "event_id", json!("x".repeat(100_000))),
+        with("evt_bad_time", "received_at", json!("2025-13-45T00:00:00Z")),
+        // What only PostgreSQL refuses: a failed row without its reason.
+        with("evt_no_reason", "status", json!("failed")),
+        forged_payload,
+        with("evt_path", "provider", json!("stripe/2025-01-01/forged")),
+        with("evt_2999", "received_at", json!("2999-01-01T00:00:00.000000Z")),
+        with("evt_bidi", "event_type", json!("charge.succeeded\u{202e}")),
+        bad_bytes,
+        long,
+    ] {
         lines.push(bad.to_string());
     }
     lines.push(good("evt_good_2").to_string());
@@ -294,13 +332,16 @@ async fn restore_refuses_each_bad_line_by_number_and_restores_the_others(pool: P
         multi.extend(gz.finish().unwrap());
     }
     std::fs::write(dir.join("multi.jsonl.gz"), multi).unwrap();
+    // A link to a device without end, and a link to the folder itself: never followed.
+    std::os::unix::fs::symlink("/dev/zero", dir.join("zero.jsonl.gz")).unwrap();
+    std::os::unix::fs::symlink(&dir, dir.join("loop")).unwrap();
 
     let source = Source::Path(file.clone());
-    let dry = archive::restore(&pool, &source, None, true, |_| {}).await.unwrap();
-    assert_eq!((dry.lines, dry.restored, dry.rejected), (10, 2, 8), "{dry:?}");
+    let dry = archive::restore(&pool, &source, None, &options(true, false), |_| {}).await.unwrap();
+    assert_eq!((dry.lines, dry.restored, dry.rejected), (16, 2, 14), "{dry:?}");
     assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM webhook_inbox").await, 0, "a dry run changes nothing");
-    let done = archive::restore(&pool, &source, None, false, |_| {}).await.unwrap();
-    assert_eq!((done.lines, done.restored, done.duplicates, done.rejected), (10, 2, 0, 8), "{done:?}");
+    let done = archive::restore(&pool, &source, None, &options(false, false), |_| {}).await.unwrap();
+    assert_eq!((done.lines, done.restored, done.duplicates, done.rejected), (16, 2, 0, 14), "{done:?}");
     let reasons = done.reasons.join("\n");
     for expected in [
         "line 2: not an archived event",
@@ -308,20 +349,37 @@ async fn restore_refuses_each_bad_line_by_number_and_restores_the_others(pool: P
         "line 4: raw_body is not base64",
         "line 5: its batch body",
         "line 6: format 2 is newer",
-        "line 7: its provider or event id is empty or too long",
-        "line 8: PostgreSQL refused it",
+        "line 7: its event id is empty or too long",
+        "line 8: received_at \"2025-13-45T00:00:00Z\" is not a time",
         "line 9: PostgreSQL refused it",
+        "line 10: its payload is not what its raw bytes say",
+        "line 11: \"stripe/2025-01-01/forged\" is not a provider this inbox knows",
+        "line 12: received_at 2999-01-01T00:00:00.000000Z cannot be",
+        "line 13: its raw bytes say its type is \"charge.succeeded\"",
+        "line 14: its bytes do not verify with the stripe secrets configured here",
+        "line 15: longer than 32 MiB",
     ] {
         assert!(reasons.contains(expected), "{expected:?} not in:\n{reasons}");
     }
     let ids: Vec<String> =
         sqlx::query_scalar("SELECT event_id FROM webhook_inbox ORDER BY 1").fetch_all(&pool).await.unwrap();
     assert_eq!(ids, ["evt_good_1", "evt_good_2"]);
-    // A folder: each file in turn; one that is not gzip-compressed JSON Lines is refused, named, and the others go on.
-    let folder = archive::restore(&pool, &Source::Path(dir.clone()), None, false, |_| {}).await.unwrap();
-    assert_eq!((folder.objects, folder.restored, folder.duplicates, folder.rejected), (3, 2, 2, 9), "{folder:?}");
+    // A folder: each regular file in turn (links skipped); one that is not gzip-compressed JSON Lines is
+    // refused, named, and the others go on.
+    let folder =
+        archive::restore(&pool, &Source::Path(dir.clone()), None, &options(false, false), |_| {}).await.unwrap();
+    assert_eq!((folder.objects, folder.restored, folder.duplicates, folder.rejected), (3, 2, 2, 15), "{folder:?}");
     assert!(folder.reasons[0].contains("garbage.jsonl.gz line 1: not readable"), "{:?}", folder.reasons);
-    let missing = archive::restore(&pool, &Source::Path(dir.join("nope")), None, false, |_| {}).await.unwrap_err();
+    let (link, nope, verified) =
+        (Source::Path(dir.join("zero.jsonl.gz")), Source::Path(dir.join("nope")), options(false, false));
+    let link = archive::restore(&pool, &link, None, &verified, |_| {}).await.unwrap_err();
+    assert!(link.to_string().contains("a symbolic link"), "a link given is refused, not read: {link}");
+    let missing = archive::restore(&pool, &nope, None, &verified, |_| {}).await.unwrap_err();
     assert!(missing.to_string().contains("nope"), "{missing}");
+    // Taking unverified lines takes the one no secret here verifies; a forged payload stays refused.
+    let taken = archive::restore(&pool, &source, None, &options(false, true), |_| {}).await.unwrap();
+    assert_eq!((taken.restored, taken.unverified, taken.duplicates, taken.rejected), (1, 1, 2, 13), "{taken:?}");
+    let audited = scalar::<i64>(&pool, "SELECT count(*) FROM inbox_audit WHERE action = 'restore' AND actor = 'ops'");
+    assert_eq!(audited.await, 5);
     std::fs::remove_dir_all(&dir).unwrap();
 }

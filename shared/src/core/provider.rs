@@ -59,6 +59,14 @@ impl fmt::Debug for Provider {
     }
 }
 
+/// Whether `s` is a provider's name: 1 to 64 lower-case letters, digits, `-`
+/// or `_` (checked without interning it).
+pub(crate) fn is_provider_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_NAME_CHARS
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+}
+
 /// Names seen so far, each stored once for the life of the process. Only
 /// configured names and names read back from the database get here: receive
 /// looks a caller's path segment up among its schemes without interning it.
@@ -70,10 +78,7 @@ impl TryFrom<&str> for Provider {
         if let Some(p) = Provider::CODED.into_iter().find(|p| p.0 == s) {
             return Ok(p);
         }
-        let valid = !s.is_empty()
-            && s.len() <= MAX_NAME_CHARS
-            && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
-        if !valid {
+        if !is_provider_name(s) {
             return Err(InvalidName);
         }
         let mut names = NAMES.lock().unwrap_or_else(|e| e.into_inner());

@@ -55,6 +55,10 @@ pub struct ArchivedEvent {
     pub erased_by: Option<String>,
     /// When it was restored from an archive before.
     pub restored_at: Option<String>,
+    /// When its raw bytes went with another event of its batch, erased (lines
+    /// written before there was such a thing have none).
+    #[serde(default)]
+    pub raw_erased_at: Option<String>,
 }
 
 fn format_one() -> i32 {
@@ -91,6 +95,8 @@ pub async fn archive_received_before<'e>(
         utc!("erased_at"),
         ", erased_by, ",
         utc!("restored_at"),
+        ", ",
+        utc!("raw_erased_at"),
         " FROM webhook_inbox WHERE ",
         due!()
     ));
@@ -126,36 +132,47 @@ pub async fn delete_keys<'e>(ex: impl PgExecutor<'e>, keys: &[(&str, &str)]) -> 
 }
 
 /// Inserts archived rows as they were (a batch body with them, once), marked
-/// restored now; a key already stored is left as it is. Returns how many were
-/// inserted.
-pub async fn restore<'e>(ex: impl PgExecutor<'e>, events: &[ArchivedEvent]) -> Result<u64, sqlx::Error> {
-    let done = db::query(
+/// restored now, each with an audit record (`restore` by `actor`, for
+/// `reason`); a key already stored is left as it is. Returns the keys inserted.
+pub async fn restore<'e>(
+    ex: impl PgExecutor<'e>,
+    events: &[ArchivedEvent],
+    actor: &str,
+    reason: &str,
+) -> Result<Vec<(String, String)>, sqlx::Error> {
+    db::query_as(
         "WITH r AS (
              SELECT * FROM jsonb_to_recordset($1::jsonb) AS r(
                  provider text, event_id text, event_type text, status text, source text,
                  received_at timestamptz, processed_at timestamptz, next_attempt_at timestamptz,
                  attempts integer, failure_reason text, payload jsonb, headers jsonb,
                  raw_body text, body_sha256 text, secret_index smallint, secret_fingerprint text,
-                 trace_context text, erased_at timestamptz, erased_by text)),
+                 trace_context text, erased_at timestamptz, erased_by text, raw_erased_at timestamptz)),
          bodies AS (
              INSERT INTO webhook_bodies (sha256, raw_body)
              SELECT decode(body_sha256, 'hex'), decode(raw_body, 'base64') FROM r
              WHERE body_sha256 IS NOT NULL AND raw_body IS NOT NULL
-             ON CONFLICT (sha256) DO NOTHING)
-         INSERT INTO webhook_inbox (provider, event_id, event_type, status, source, received_at, processed_at,
-                                    next_attempt_at, attempts, failure_reason, payload, headers, raw_body,
-                                    body_sha256, secret_index, secret_fingerprint, trace_context, erased_at,
-                                    erased_by, restored_at)
-         SELECT provider, event_id, event_type, status, source, received_at, processed_at,
-                next_attempt_at, attempts, failure_reason, payload, headers,
-                CASE WHEN body_sha256 IS NULL THEN decode(raw_body, 'base64') END,
-                decode(body_sha256, 'hex'), secret_index, secret_fingerprint, trace_context, erased_at,
-                erased_by, now()
-         FROM r
-         ON CONFLICT (provider, event_id) DO NOTHING",
+             ON CONFLICT (sha256) DO NOTHING),
+         inserted AS (
+             INSERT INTO webhook_inbox (provider, event_id, event_type, status, source, received_at, processed_at,
+                                        next_attempt_at, attempts, failure_reason, payload, headers, raw_body,
+                                        body_sha256, secret_index, secret_fingerprint, trace_context, erased_at,
+                                        erased_by, raw_erased_at, restored_at)
+             SELECT provider, event_id, event_type, status, source, received_at, processed_at,
+                    next_attempt_at, attempts, failure_reason, payload, headers,
+                    CASE WHEN body_sha256 IS NULL THEN decode(raw_body, 'base64') END,
+                    decode(body_sha256, 'hex'), secret_index, secret_fingerprint, trace_context, erased_at,
+                    erased_by, raw_erased_at, now()
+             FROM r
+             ON CONFLICT (provider, event_id) DO NOTHING
+             RETURNING provider, event_id, status, attempts)
+         INSERT INTO inbox_audit (actor, action, reason, provider, event_id, from_status, attempts)
+         SELECT $2, 'restore', $3, provider, event_id, status, attempts FROM inserted
+         RETURNING provider, event_id",
     )
     .bind(Json(events))
-    .execute(ex)
-    .await?;
-    Ok(done.rows_affected())
+    .bind(actor)
+    .bind(reason)
+    .fetch_all(ex)
+    .await
 }
