@@ -17,9 +17,10 @@ use sqlx::types::Json;
 
 use super::FORMAT;
 use crate::{
-    config::{Catalog, Secrets},
+    core::secret::Secrets,
     core::{status::Status, text::escape},
     db::inbox::ArchivedEvent,
+    receive::providers::catalog::Catalog,
     receive::providers::{verify_stored, Delivery, Events, Schemes},
 };
 

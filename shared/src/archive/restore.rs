@@ -19,9 +19,10 @@ use sqlx::PgPool;
 
 use super::{check::Checker, list_keys, s3_client, s3_error, ArchiveError, ArchivedEvent};
 use crate::{
-    config::{Catalog, Secrets},
+    core::secret::Secrets,
     core::text::escape,
     db::{self, inbox},
+    receive::providers::catalog::Catalog,
 };
 
 /// Lines per INSERT.
