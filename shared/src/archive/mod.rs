@@ -41,12 +41,12 @@ pub enum ArchiveError {
     #[error("S3: {0}")]
     S3(String),
     /// A local file or folder could not be read.
-    #[error("{path}: {source}")]
+    #[error("{path}: {why}")]
     File {
         /// The path.
         path: String,
-        /// Why.
-        source: std::io::Error,
+        /// Why (said with the path, not as a cause of its own: a chain would say it twice).
+        why: std::io::Error,
     },
     /// The database.
     #[error(transparent)]

@@ -149,7 +149,7 @@ pub async fn restore(
             for (key, _) in keys {
                 let name = format!("s3://{bucket}/{key}");
                 let spooled = Spooled::download(&s3, bucket, &key).await?;
-                let file = spooled.open().map_err(|source| ArchiveError::File { path: name.clone(), source })?;
+                let file = spooled.open().map_err(|why| ArchiveError::File { path: name.clone(), why })?;
                 let object = Object { name: &name, options, checker: &mut checker };
                 object.restore(pool, Box::new(BufReader::new(file)), &mut done).await?;
                 progress(&done);
@@ -158,7 +158,7 @@ pub async fn restore(
         Source::Path(path) => {
             for file in files(path)? {
                 let name = file.display().to_string();
-                let opened = open_regular(&file).map_err(|source| ArchiveError::File { path: name.clone(), source })?;
+                let opened = open_regular(&file).map_err(|why| ArchiveError::File { path: name.clone(), why })?;
                 let object = Object { name: &name, options, checker: &mut checker };
                 object.restore(pool, Box::new(BufReader::new(opened)), &mut done).await?;
                 progress(&done);
@@ -181,7 +181,7 @@ impl Spooled {
             std::process::id(),
             N.fetch_add(1, Ordering::Relaxed)
         ));
-        let io = |source| ArchiveError::File { path: path.display().to_string(), source };
+        let io = |why| ArchiveError::File { path: path.display().to_string(), why };
         let spooled = Spooled(path.clone());
         let mut file = std::fs::OpenOptions::new().write(true).create_new(true).open(&path).map_err(io)?;
         let mut body = s3.get_object().bucket(bucket).key(key).send().await.map_err(s3_error)?.body;
@@ -227,7 +227,7 @@ fn not_regular(meta: &std::fs::Metadata) -> &'static str {
 /// A file, or a folder's `.jsonl.gz` and `.jsonl` regular files (in folders
 /// [`MAX_DEPTH`] deep at most, links not followed), in path order.
 fn files(path: &Path) -> Result<Vec<PathBuf>, ArchiveError> {
-    let io = |p: &Path, source| ArchiveError::File { path: p.display().to_string(), source };
+    let io = |p: &Path, why| ArchiveError::File { path: p.display().to_string(), why };
     let meta = std::fs::symlink_metadata(path).map_err(|e| io(path, e))?;
     if !meta.is_dir() {
         if !meta.file_type().is_file() {
