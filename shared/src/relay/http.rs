@@ -100,39 +100,16 @@ impl HttpSink {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{
-        atomic::{AtomicUsize, Ordering},
-        Arc,
-    };
-
-    use tokio::io::AsyncWriteExt as _;
-
     use super::*;
+    use crate::core::http::tests::endless;
 
     /// A destination answering 400 with a body of a GiB, streamed: the reason
     /// keeps its first 500 bytes, and the relay reads no more than a few
     /// chunks (what the sockets' buffers took before the relay went away).
     #[tokio::test]
     async fn a_refusal_with_a_body_of_a_gib_is_read_to_its_reason_only() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let written = Arc::new(AtomicUsize::new(0));
-        let (count, (ended, finished)) = (written.clone(), tokio::sync::oneshot::channel());
-        tokio::spawn(async move {
-            let (mut peer, _) = listener.accept().await.unwrap();
-            let mut request = [0u8; 4096];
-            let _ = tokio::io::AsyncReadExt::read(&mut peer, &mut request).await;
-            peer.write_all(b"HTTP/1.1 400 Bad Request\r\nTransfer-Encoding: chunked\r\n\r\n").await.unwrap();
-            let chunk = format!("{:x}\r\n{}\r\n", 64 * 1024, "x".repeat(64 * 1024));
-            for _ in 0..16 * 1024 {
-                if peer.write_all(chunk.as_bytes()).await.is_err() {
-                    break; // the relay went away
-                }
-                count.fetch_add(chunk.len(), Ordering::Relaxed);
-            }
-            let _ = ended.send(());
-        });
-        let sink = HttpSink::new(format!("http://{addr}/"), Duration::from_secs(60)).unwrap();
+        let peer = endless("400 Bad Request").await;
+        let sink = HttpSink::new(format!("http://{}/", peer.addr), Duration::from_secs(60)).unwrap();
         let message = Outgoing {
             id: 1,
             aggregate_type: "order".into(),
@@ -149,8 +126,8 @@ mod tests {
             [SinkReply::Rejected(reason)] => assert_eq!(*reason, format!("HTTP 400: {}", "x".repeat(500))),
             other => panic!("not refused: {other:?}"),
         }
-        finished.await.unwrap();
-        let sent = written.load(Ordering::Relaxed);
+        peer.ended.await.unwrap();
+        let sent = peer.written.load(std::sync::atomic::Ordering::Relaxed);
         assert!(sent < 64 * 1024 * 1024, "the destination wrote {sent} bytes: its answer was read past its reason");
     }
 }

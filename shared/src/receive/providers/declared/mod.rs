@@ -34,7 +34,7 @@ mod contract;
 mod description;
 mod pointer;
 mod template;
-mod time;
+pub(crate) mod time;
 
 pub use contract::{Algorithm, Encoding, Parse, Rules, TimestampRule};
 pub use description::Description;
