@@ -154,7 +154,7 @@ impl Checker {
         if derived.event_type != e.event_type {
             return Err(format!(
                 "its raw bytes say its type is {:?}, not {:?}",
-                derived.event_type,
+                escape(&derived.event_type),
                 escape(&e.event_type)
             ));
         }

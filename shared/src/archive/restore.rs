@@ -122,7 +122,7 @@ impl Restored {
 /// Puts the archived events of `source` back into `pool`'s inbox as they were
 /// (marked restored now, each audited as `restore` by the options' actor),
 /// skipping keys stored already, a few hundred lines a transaction. A line is
-/// taken only as receive would have stored it ([`super::check`]); one that is
+/// taken only as receive would have stored it (docs/operate.md, Archive and restore); one that is
 /// not, or that PostgreSQL refuses (or an object not readable at all), is
 /// refused and counted, the others go on; S3 or the database failing stops
 /// it. An S3 source is read through `sdk`, or the AWS configuration of the

@@ -15,6 +15,7 @@ use crate::{
     core::text::escape,
     ops::{self, Audit},
 };
+
 /// The outbox listing's filters.
 #[derive(Debug, Default, Deserialize, IntoParams)]
 #[serde(default, deny_unknown_fields)]

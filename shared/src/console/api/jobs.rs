@@ -26,6 +26,7 @@ use crate::{
     db::api as store,
     ops::{self, Audit},
 };
+
 /// A requeue: the events a filter selects (by when they ended), back to pending.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

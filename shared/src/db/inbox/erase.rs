@@ -80,8 +80,10 @@ const ERASE: &str = "WITH picked AS (
  destinations AS (
      UPDATE relay_destinations AS d SET last_error = 'erased (the answer kept held an erased event''s data)'
      WHERE d.last_error IN (SELECT text FROM answers)),
- -- An open circuit's alert quotes the first 200 characters of the answer, its notifications that sentence.
- quoted AS (SELECT DISTINCT left(text, 200) AS text FROM answers WHERE length(left(text, 200)) >= 8),
+ -- An open circuit's alert quotes the first 200 characters of the answer, its notifications that sentence;
+ -- only an answer that says something after its kind (`HTTP 400: `) is looked for, not the kind alone.
+ quoted AS (SELECT DISTINCT left(text, 200) AS text FROM answers
+            WHERE length(left(text, 200)) - position(': ' IN left(text, 200)) >= 16),
  alerts AS (
      UPDATE inbox_alerts AS a SET summary = replace(a.summary, q.text, '[erased]')
      FROM quoted AS q WHERE strpos(a.summary, q.text) > 0
@@ -105,7 +107,10 @@ const ERASE: &str = "WITH picked AS (
         (SELECT count(*) FROM siblings)
  FROM picked";
 
-/// Erases one event, with an audit record (see [`ERASE`] for what goes).
+/// Erases one event, with an audit record: every copy of its data goes (its
+/// payload, raw bytes, kept headers, failure reason and their audit copies;
+/// its batch's body; its outbox messages' payloads and the answers kept of
+/// their deliveries, wherever those were copied).
 /// A batch's body is locked first: two erasures of its events take turns.
 pub async fn erase(pool: &PgPool, provider: &str, event_id: &str, by: &Audit<'_>) -> Result<Erased, sqlx::Error> {
     type Row = (String, Option<String>, Option<String>, bool, i64, i64);
