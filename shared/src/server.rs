@@ -191,7 +191,6 @@ pub fn connection_cap(max: usize) -> usize {
 }
 
 /// Where the console is served beside the webhooks.
-#[cfg(feature = "serve")]
 pub const CONSOLE_PATH: &str = "/console";
 
 /// Answers a request from its head alone, or lets it through (`None`).

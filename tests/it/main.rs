@@ -3,6 +3,7 @@
 
 mod alerts;
 mod api;
+mod api_access;
 mod archive;
 mod batch;
 mod brokers;

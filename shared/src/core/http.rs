@@ -54,6 +54,7 @@ pub async fn text(mut response: reqwest::Response, limit: usize) -> Result<Strin
 /// nothing more read: the rest is left unread and the connection dropped, so
 /// that a peer answering with a body without end costs `limit` bytes and a
 /// chunk. A read that fails keeps what came before it.
+#[cfg(feature = "relay")]
 pub async fn head(mut response: reqwest::Response, limit: usize) -> Vec<u8> {
     let mut body = Vec::with_capacity(limit.min(8 * 1024));
     while body.len() < limit {
