@@ -211,8 +211,8 @@ async fn prune_runs_in_batches_while_deliveries_keep_arriving(_: PgPoolOptions, 
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn batch_bodies_go_once_no_row_points_at_them_and_no_delivery_brought_them_for_a_day(pool: PgPool) {
     let headers = json!({});
-    let items = [NewEvent::pending("transactions:t1".into(), "transactions", "{}".into())];
-    for body in [&b"kept: a row points at it"[..], b"orphan, old", b"orphan, seen an hour ago"] {
+    let bodies = [&b"kept: a row points at it"[..], b"orphan, old", b"orphan, seen an hour ago"];
+    for (i, body) in bodies.iter().enumerate() {
         let env = Envelope {
             provider: Provider::MARQETA,
             raw_body: body,
@@ -222,9 +222,14 @@ async fn batch_bodies_go_once_no_row_points_at_them_and_no_delivery_brought_them
             replay_guard: false,
             trace_context: None,
         };
+        let items = [NewEvent::pending(format!("transactions:t{i}"), "transactions", "{}".into())];
+        claim::claim_batch(&pool, &env, &items).await.unwrap();
+        // Sent again, its item a duplicate: no body is stored for it a second time.
         claim::claim_batch(&pool, &env, &items).await.unwrap();
     }
-    // Only the first body's claim made a row; the others' items were duplicates.
+    assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM webhook_bodies").await, 3);
+    // The rows of the last two went (as retention deletes rows): their bodies are orphans.
+    sqlx::query("DELETE FROM webhook_inbox WHERE event_id <> 'transactions:t0'").execute(&pool).await.unwrap();
     sqlx::query("UPDATE webhook_bodies SET last_seen_at = now() - interval '2 days' WHERE raw_body <> 'orphan, seen an hour ago'")
         .execute(&pool)
         .await
