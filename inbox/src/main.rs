@@ -17,9 +17,11 @@ macro_rules! say {
 mod alerts;
 mod archive;
 mod bench;
+mod console;
 mod demo;
 mod erase;
 mod ops;
+mod outbox;
 mod pauses;
 
 use std::time::{Duration, Instant};
@@ -78,7 +80,7 @@ enum Command {
     /// (sign-in required; `inbox console user add` makes users). `inbox dev` serves it at /console.
     Console {
         #[command(subcommand)]
-        command: Option<ops::ConsoleCommand>,
+        command: Option<console::ConsoleCommand>,
         #[arg(long, env = "PORT", default_value_t = 9100)]
         port: u16,
         #[arg(long, default_value = "127.0.0.1")]
@@ -268,7 +270,7 @@ enum Command {
     /// relay's destinations (`outbox destinations`, `pause`, `resume`).
     Outbox {
         #[command(subcommand)]
-        command: Option<ops::OutboxCommand>,
+        command: Option<outbox::OutboxCommand>,
         /// Dead messages instead of waiting ones.
         #[arg(long)]
         dead: bool,
@@ -342,35 +344,8 @@ enum Command {
     /// running the identical INSERT; process draining pending events), on
     /// DATABASE_URL (its rows removed afterwards) or an embedded throwaway PostgreSQL.
     Bench {
-        #[arg(long, default_value_t = 10)]
-        seconds: u64,
-        #[arg(long, default_value_t = 3)]
-        rounds: usize,
-        /// Deliveries in flight, one receive comparison each.
-        #[arg(long, value_delimiter = ',', default_values_t = [8, 32])]
-        concurrency: Vec<usize>,
-        /// Pending events each process round drains.
-        #[arg(long, default_value_t = 100_000)]
-        events: usize,
-        /// Workers draining them, and as many graphile-worker processes on the other side.
-        #[arg(long, default_value_t = 2)]
-        workers: usize,
-        /// `done` events the inbox holds (its retention window) while receive, process and the
-        /// other stages are measured, as a production inbox does.
-        #[arg(long, default_value_t = 1_000_000)]
-        retained: usize,
-        /// Events stored in the inbox whose claim latency is compared with an empty inbox's, and that the console's listing pages through.
-        #[arg(long, default_value_t = 5_000_000)]
-        growth_rows: usize,
-        /// Run only these sections (to profile one, say); every section by default.
-        #[arg(long, value_delimiter = ',', value_parser = bench::SECTIONS)]
-        only: Vec<String>,
-        /// Write the report (Markdown) there, e.g. docs/benchmarks.md.
-        #[arg(long)]
-        out: Option<std::path::PathBuf>,
-        /// The smallest run that exercises every comparison (CI): 1 s, 1 round, 2 in flight, 2,000 events, 2,000 retained, 20,000 stored.
-        #[arg(long)]
-        smoke: bool,
+        #[command(flatten)]
+        args: bench::BenchArgs,
     },
 }
 
@@ -403,39 +378,9 @@ async fn run(cli: Cli) -> Result<()> {
             webhook_inbox::serve::run(stock::app(), settings).await
         }
         Command::Console { command: None, port, host } => webhook_inbox::console::run(&host, port).await,
-        Command::Console { command: Some(ops::ConsoleCommand::User { command }), .. } => {
-            ops::console_user(&operator_db().await?, command, &ops::operator(&config::Env::process())).await
-        }
-        Command::Console { command: Some(ops::ConsoleCommand::Token { command }), .. } => {
-            ops::console_token(&operator_db().await?, command, &ops::operator(&config::Env::process())).await
-        }
-        Command::Bench { seconds, rounds, concurrency, events, workers, retained, growth_rows, only, out, smoke } => {
-            let bench = if smoke {
-                bench::Bench {
-                    seconds: 1,
-                    rounds: 1,
-                    concurrency: vec![2],
-                    events: 2_000,
-                    workers: 2,
-                    retained: 2_000,
-                    growth_rows: 20_000,
-                    only,
-                    out,
-                }
-            } else {
-                let concurrency = concurrency.into_iter().map(|c| c.max(1)).collect();
-                bench::Bench {
-                    seconds: seconds.max(1),
-                    rounds: rounds.max(1),
-                    concurrency,
-                    events: events.max(1),
-                    workers: workers.max(1),
-                    retained,
-                    growth_rows: growth_rows.max(1),
-                    only,
-                    out,
-                }
-            };
+        Command::Console { command: Some(command), .. } => console::act(&operator_db().await?, command).await,
+        Command::Bench { args } => {
+            let bench = args.bench();
             dev::with_database(ReceiveConfig::from_env(16)?, |config| async move { bench.run(config).await }).await
         }
         Command::Relay { once: _ } => {
@@ -583,26 +528,7 @@ async fn run(cli: Cli) -> Result<()> {
             ops::requeue(&operator_db().await?, &filter, &by, dry_run, &out).await
         }
         Command::Outbox { command, dead, limit, out } => {
-            let pool = operator_db().await?;
-            match command {
-                None => ops::outbox_list(&pool, dead, limit.max(1), &out).await,
-                Some(ops::OutboxCommand::Retry { id, dead, reason }) => {
-                    let actor = ops::operator(&config::Env::process());
-                    let by = Audit { actor: &actor, action: "retry_outbox", reason: &reason };
-                    ops::outbox_retry(&pool, id, dead, &by, &out).await
-                }
-                Some(ops::OutboxCommand::Destinations) => ops::destinations(&pool, &out).await,
-                Some(ops::OutboxCommand::Pause { name, reason }) => {
-                    let actor = ops::operator(&config::Env::process());
-                    let by = Audit { actor: &actor, action: "pause_destination", reason: &reason };
-                    ops::set_paused(&pool, &name, true, &by, &out).await
-                }
-                Some(ops::OutboxCommand::Resume { name, reason }) => {
-                    let actor = ops::operator(&config::Env::process());
-                    let by = Audit { actor: &actor, action: "resume_destination", reason: &reason };
-                    ops::set_paused(&pool, &name, false, &by, &out).await
-                }
-            }
+            outbox::act(&operator_db().await?, command, dead, limit, &out).await
         }
         Command::Migrate => {
             let config = DbConfig::read(&config::Env::resolved().await?, 1)?;

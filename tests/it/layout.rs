@@ -217,6 +217,29 @@ fn every_rust_file_of_the_repository_is_formatted() {
     );
 }
 
+/// The house's size: no file of a package's own code is over 600 lines, its
+/// test module aside (what follows its `#[cfg(test)]`, or a `tests.rs` of its
+/// own); a file that outgrows it is split by what it holds. (The integration
+/// suites, `tests/` folders, are held to it next.)
+#[test]
+fn no_source_file_is_over_600_lines_its_test_module_aside() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files = Vec::new();
+    rust_files(&repo, &mut files);
+    let suite = |f: &Path| f.components().any(|c| c.as_os_str() == "tests") || f.ends_with("tests.rs");
+    let mut over: Vec<String> = files
+        .iter()
+        .filter(|f| !suite(f.strip_prefix(&repo).unwrap()))
+        .filter_map(|f| {
+            let text = std::fs::read_to_string(f).unwrap();
+            let lines = text.lines().take_while(|l| l.trim() != "#[cfg(test)]").count();
+            (lines > 600).then(|| format!("{} ({lines})", f.strip_prefix(&repo).unwrap().display()))
+        })
+        .collect();
+    over.sort();
+    assert!(files.len() > 100 && over.is_empty(), "over 600 lines: {over:?}");
+}
+
 /// docs/layout.md against the tree: each path it names at the start of a
 /// line exists, and every folder of `shared/src` and every entry at the top
 /// of the repository is named.

@@ -66,6 +66,70 @@ pub struct Bench {
     pub out: Option<PathBuf>,
 }
 
+/// `inbox bench`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Deliveries in flight, one receive comparison each.
+    #[arg(long, value_delimiter = ',', default_values_t = [8, 32])]
+    concurrency: Vec<usize>,
+    /// Pending events each process round drains.
+    #[arg(long, default_value_t = 100_000)]
+    events: usize,
+    /// Workers draining them, and as many graphile-worker processes on the other side.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// `done` events the inbox holds (its retention window) while receive, process and the
+    /// other stages are measured, as a production inbox does.
+    #[arg(long, default_value_t = 1_000_000)]
+    retained: usize,
+    /// Events stored in the inbox whose claim latency is compared with an empty inbox's, and that the console's listing pages through.
+    #[arg(long, default_value_t = 5_000_000)]
+    growth_rows: usize,
+    /// Run only these sections (to profile one, say); every section by default.
+    #[arg(long, value_delimiter = ',', value_parser = SECTIONS)]
+    only: Vec<String>,
+    /// Write the report (Markdown) there, e.g. docs/benchmarks.md.
+    #[arg(long)]
+    out: Option<std::path::PathBuf>,
+    /// The smallest run that exercises every comparison (CI): 1 s, 1 round, 2 in flight, 2,000 events, 2,000 retained, 20,000 stored.
+    #[arg(long)]
+    smoke: bool,
+}
+
+impl BenchArgs {
+    /// The bench these arguments ask for (`--smoke`: the smallest that exercises every comparison).
+    pub fn bench(self) -> Bench {
+        if self.smoke {
+            return Bench {
+                seconds: 1,
+                rounds: 1,
+                concurrency: vec![2],
+                events: 2_000,
+                workers: 2,
+                retained: 2_000,
+                growth_rows: 20_000,
+                only: self.only,
+                out: self.out,
+            };
+        }
+        Bench {
+            seconds: self.seconds.max(1),
+            rounds: self.rounds.max(1),
+            concurrency: self.concurrency.into_iter().map(|c| c.max(1)).collect(),
+            events: self.events.max(1),
+            workers: self.workers.max(1),
+            retained: self.retained,
+            growth_rows: self.growth_rows.max(1),
+            only: self.only,
+            out: self.out,
+        }
+    }
+}
+
 /// One figure over the rounds.
 struct Figure {
     name: String,

@@ -32,20 +32,18 @@
 //! }
 //! ```
 
+mod health;
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod metrics;
 #[cfg(not(feature = "internals"))]
 mod metrics;
+mod roles;
 
 use std::{
-    collections::BTreeSet,
     future::Future,
     net::SocketAddr,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
+    sync::{atomic::Ordering, Arc},
     time::{Duration, Instant},
 };
 
@@ -56,12 +54,14 @@ use tokio::{
     task::JoinHandle,
 };
 
+use health::{health_router, Readiness};
+pub use roles::{Role, Roles};
+
 pub use crate::receive::claim::group::GroupConfig;
 pub(crate) use crate::server::CONSOLE_PATH;
 use crate::{
     app::App,
     config::{ConfigError, Destinations, Env, ServeConfig},
-    db,
     process::worker::{Worker, WorkerConfig},
     prune::{PruneConfig, Pruner},
     reconcile::Reconciler,
@@ -72,96 +72,6 @@ use crate::{
     },
     server, ReceiveConfig, Receiver,
 };
-
-/// What one instance of the service does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Role {
-    /// `POST /webhooks/{provider}`, with group commit.
-    Receive,
-    /// The worker: your handlers over pending events.
-    Process,
-    /// The outbox to its sinks (`RELAY_*`).
-    Relay,
-    /// Retention, hourly.
-    Prune,
-    /// What providers never delivered, every 15 minutes (`STRIPE_API_KEY`, ...).
-    Reconcile,
-    /// The operator's console, at `/console`.
-    Console,
-}
-
-impl Role {
-    /// Every role, in order.
-    pub const ALL: [Role; 6] = [Role::Receive, Role::Process, Role::Relay, Role::Prune, Role::Reconcile, Role::Console];
-
-    /// Its name in `--roles` and `INBOX_ROLES`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Receive => "receive",
-            Role::Process => "process",
-            Role::Relay => "relay",
-            Role::Prune => "prune",
-            Role::Reconcile => "reconcile",
-            Role::Console => "console",
-        }
-    }
-}
-
-/// The roles an instance serves.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Roles {
-    roles: BTreeSet<Role>,
-    /// Named by the operator: a role that cannot run (the relay without a
-    /// sink, reconcile without a source) is then an error at start-up, not
-    /// skipped.
-    named: bool,
-}
-
-impl Default for Roles {
-    /// Every role but the console; the relay and reconcile where they are configured.
-    fn default() -> Self {
-        Roles { roles: Role::ALL.into_iter().filter(|r| *r != Role::Console).collect(), named: false }
-    }
-}
-
-impl Roles {
-    /// `receive,process` (comma-separated names of [`Role`]s), or `all` (the console included).
-    pub fn parse(text: &str) -> Result<Roles, String> {
-        let mut roles = BTreeSet::new();
-        for name in text.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-            if name == "all" {
-                roles.extend(Role::ALL);
-                continue;
-            }
-            let role = Role::ALL.into_iter().find(|r| r.as_str() == name).ok_or_else(|| {
-                format!(
-                    "{:?} is not a role: receive, process, relay, prune, reconcile, console, or all",
-                    crate::core::text::escape(name)
-                )
-            })?;
-            roles.insert(role);
-        }
-        if roles.is_empty() {
-            return Err("no role named: receive, process, relay, prune, reconcile, console, or all".into());
-        }
-        Ok(Roles { roles, named: true })
-    }
-
-    /// Every role, the console included, each where it is configured (`inbox dev`).
-    pub(crate) fn everything() -> Roles {
-        Roles { roles: Role::ALL.into_iter().collect(), named: false }
-    }
-
-    /// Whether `role` is one of them.
-    pub fn has(&self, role: Role) -> bool {
-        self.roles.contains(&role)
-    }
-
-    /// Their names, comma-separated.
-    pub fn names(&self) -> String {
-        self.roles.iter().map(|r| r.as_str()).collect::<Vec<_>>().join(",")
-    }
-}
 
 /// What [`run`] is told beyond the environment: each `None` is read from it.
 #[derive(Clone, Debug, Default)]
@@ -183,108 +93,6 @@ pub struct Settings {
     /// serving, as `inbox migrate` does; by default they must be there
     /// already, and `/readyz` says so until they are.
     pub migrate: bool,
-}
-
-/// Whether the instance takes traffic: `/readyz`.
-struct Readiness {
-    draining: AtomicBool,
-    /// Every migration was seen applied (they are never undone, so this stays).
-    migrated: AtomicBool,
-    pool: sqlx::PgPool,
-    app: App,
-    /// The last answer, so that the log says each change once, not each probe.
-    last: std::sync::Mutex<Option<String>>,
-}
-
-impl Readiness {
-    fn new(pool: sqlx::PgPool, app: App) -> Self {
-        Readiness {
-            draining: AtomicBool::new(false),
-            migrated: AtomicBool::new(false),
-            pool,
-            app,
-            last: std::sync::Mutex::new(None),
-        }
-    }
-
-    /// `None` when ready, else why not; a change is logged.
-    async fn check(&self) -> Option<String> {
-        let now = self.reason().await;
-        let mut last = self.last.lock().expect("the readiness lock");
-        if *last != now {
-            match &now {
-                Some(reason) => tracing::warn!(reason = %reason, "not ready"),
-                None => tracing::info!("ready"),
-            }
-            last.clone_from(&now);
-        }
-        now
-    }
-
-    async fn reason(&self) -> Option<String> {
-        if self.draining.load(Ordering::SeqCst) {
-            return Some("draining: the instance is shutting down".into());
-        }
-        let reachable = db::query("SELECT 1").execute(db::Autocommit(&self.pool));
-        match tokio::time::timeout(Duration::from_secs(2), reachable).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => {
-                return Some(format!("the database is unreachable: {}", crate::core::text::escape(&e.to_string())))
-            }
-            Err(_) => return Some("the database did not answer within 2 s".into()),
-        }
-        if self.migrated.load(Ordering::SeqCst) {
-            return None;
-        }
-        match self.app.pending_migrations(&self.pool).await {
-            Ok(pending) if pending.is_empty() => {
-                self.migrated.store(true, Ordering::SeqCst);
-                None
-            }
-            Ok(pending) => {
-                Some(format!("migrations not applied (inbox serve --migrate applies them): {}", pending.join(", ")))
-            }
-            Err(e) => Some(format!("reading the migrations applied: {}", crate::core::text::escape(&e.to_string()))),
-        }
-    }
-}
-
-/// `/healthz`, `/readyz`, `/metrics` when `with_metrics`, and, on the admin port
-/// only (`admin`), why `/readyz` is not ready: the database's words name roles
-/// and hosts, not for strangers (the log has them too).
-fn health_router(readiness: Arc<Readiness>, with_metrics: bool, admin: bool) -> axum::Router {
-    use axum::{
-        http::{header::CONTENT_TYPE, StatusCode},
-        response::IntoResponse,
-        routing::get,
-    };
-    let json = |status: StatusCode, body: serde_json::Value| {
-        (status, [(CONTENT_TYPE, "application/json")], body.to_string()).into_response()
-    };
-    let ready = move || {
-        let readiness = readiness.clone();
-        async move {
-            match readiness.check().await {
-                None => json(StatusCode::OK, serde_json::json!({"status": "ready"})),
-                Some(reason) if admin => {
-                    json(StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({"status": "not ready", "reason": reason}))
-                }
-                Some(_) => json(StatusCode::SERVICE_UNAVAILABLE, serde_json::json!({"status": "not ready"})),
-            }
-        }
-    };
-    let mut router = axum::Router::new()
-        .route("/healthz", get(move || async move { json(StatusCode::OK, serde_json::json!({"status": "alive"})) }))
-        .route("/readyz", get(ready));
-    if with_metrics {
-        router = router.route(
-            "/metrics",
-            get(|| async {
-                ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], metrics::render())
-            }),
-        );
-    }
-    router
 }
 
 /// A line on stdout; a closed stdout is no panic.
