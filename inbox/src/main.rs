@@ -16,7 +16,6 @@ macro_rules! say {
 
 mod alerts;
 mod archive;
-mod bench;
 mod console;
 mod demo;
 mod erase;
@@ -340,13 +339,6 @@ enum Command {
         #[arg(long, default_value_t = 200)]
         payments: usize,
     },
-    /// Measure each stage side by side with its peer (receive against pgbench
-    /// running the identical INSERT; process draining pending events), on
-    /// DATABASE_URL (its rows removed afterwards) or an embedded throwaway PostgreSQL.
-    Bench {
-        #[command(flatten)]
-        args: bench::BenchArgs,
-    },
 }
 
 /// An error is one line (with its causes) on stderr and exit status 1: an
@@ -379,10 +371,6 @@ async fn run(cli: Cli) -> Result<()> {
         }
         Command::Console { command: None, port, host } => webhook_inbox::console::run(&host, port).await,
         Command::Console { command: Some(command), .. } => console::act(&operator_db().await?, command).await,
-        Command::Bench { args } => {
-            let bench = args.bench();
-            dev::with_database(ReceiveConfig::from_env(16)?, |config| async move { bench.run(config).await }).await
-        }
         Command::Relay { once: _ } => {
             let env = config::Env::resolved().await?;
             let destinations = config::Destinations::read(&env)?;

@@ -50,7 +50,7 @@ use pointer::pointer;
 /// Rows one batch delivery may make; past it the delivery is kept whole as one failed row.
 pub const MAX_BATCH_ITEMS: usize = 1000;
 /// Stripe's contract written as data: the coded scheme's twin, judged alike by
-/// the differential test and timed against it by `inbox bench --only verify`
+/// the differential test and timed against it by `inbox-bench --only verify`
 /// (which reads the same file).
 #[cfg(test)]
 pub const STRIPE_AS_DATA: &str = include_str!("stripe_as_data.toml");

@@ -241,7 +241,7 @@ impl GraphileWorker {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        std::fs::write(dir.join("graphile.mjs"), include_str!("../../bench/graphile.mjs"))?;
+        std::fs::write(dir.join("graphile.mjs"), include_str!("../graphile.mjs"))?;
         Ok(GraphileWorker { dir })
     }
 

@@ -70,7 +70,7 @@ async fn through_serve(database_url: &str, n: u64, round: usize) -> Result<Vec<D
     let sink = Arrivals::start().await?;
     let port = free_port()?;
     let admin_port = free_port()?;
-    let mut serve = Command::new(std::env::current_exe()?)
+    let mut serve = Command::new(super::beside("inbox")?)
         .args(["serve", "--host", "127.0.0.1", "--port", &port.to_string(), "--admin-port", &admin_port.to_string()])
         .env("DATABASE_URL", database_url)
         .env("STRIPE_WEBHOOK_SECRET", DEV_STRIPE)
@@ -171,8 +171,8 @@ async fn through_lambda(database_url: &str, n: u64, round: usize) -> Result<Vec<
     let mut process = Instance::start_with(&lambda::binary("process")?, database_url, &[]).await?;
     let relay_env = [("RELAY_HTTP_URL", sink_url.as_str())];
     let mut relay = Instance::start_with(&lambda::binary("relay")?, database_url, &relay_env).await?;
-    let fixture: Value = serde_json::from_str(include_str!("../../../tests/data/apigw-http-v2.json"))?;
-    let record: Value = serde_json::from_str(include_str!("../../../tests/data/sqs-record.json"))?;
+    let fixture: Value = serde_json::from_str(include_str!("../../tests/data/apigw-http-v2.json"))?;
+    let record: Value = serde_json::from_str(include_str!("../../tests/data/sqs-record.json"))?;
     let sqs = move |bodies: &[String]| -> Result<Bytes> {
         let records: Vec<Value> = bodies
             .iter()

@@ -34,7 +34,7 @@ use super::{
 };
 
 /// Stripe's contract written as data, as the library's differential test judges it against the coded scheme.
-const STRIPE_AS_DATA: &str = include_str!("../../../shared/src/receive/providers/declared/stripe_as_data.toml");
+const STRIPE_AS_DATA: &str = include_str!("../../shared/src/receive/providers/declared/stripe_as_data.toml");
 
 /// Items per Marqeta batch, as Marqeta sends them by default.
 const BATCH_ITEMS: usize = 10;

@@ -1,4 +1,4 @@
-//! `inbox bench`: each stage side by side with its peer on the same machine,
+//! `inbox-bench`: each stage side by side with its peer on the same machine,
 //! the sides alternated over several rounds so that drift hits both:
 //! - receive over HTTP against pgbench running the identical INSERT (prepared,
 //!   same payload, same concurrency), all new and half duplicates;
@@ -8,6 +8,10 @@
 //!
 //! Each figure is the median of the rounds with its spread; with `--out` the
 //! whole run is written as Markdown (`docs/benchmarks.md`).
+//!
+//! A package of its own, apart from the operator's binary (as sqlxmq keeps its
+//! stress test apart): it runs the `inbox` binary and the functions' binaries
+//! built beside it (`cargo build --release --workspace`).
 
 mod growth;
 mod lambda;
@@ -42,6 +46,42 @@ use webhook_inbox::{
     dev, Handlers, ReceiveConfig, Receiver, Stage, Worker, WorkerConfig,
 };
 
+/// Measure each stage side by side with its peer (receive against pgbench
+/// running the identical INSERT; process draining pending events), on
+/// DATABASE_URL (its rows removed afterwards) or an embedded throwaway PostgreSQL.
+#[derive(clap::Parser, Debug)]
+#[command(name = "inbox-bench", version)]
+struct Cli {
+    #[command(flatten)]
+    args: BenchArgs,
+}
+
+/// The workspace's binary `name` built beside this one (`inbox`, a function's).
+fn beside(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("finding the bench's own binary")?;
+    let path = exe.parent().context("the bench's binary has no directory")?.join(name);
+    let build = if cfg!(debug_assertions) { "cargo build --workspace" } else { "cargo build --release --workspace" };
+    ensure!(path.exists(), "no `{name}` binary at {}: run `{build}` first", path.display());
+    Ok(path)
+}
+
+/// An error is one line (with its causes) on stderr and exit status 1.
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    webhook_inbox::config::init_logging();
+    let bench = <Cli as clap::Parser>::parse().args.bench();
+    let run = async {
+        dev::with_database(ReceiveConfig::from_env(16)?, |config| async move { bench.run(config).await }).await
+    };
+    match run.await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            let _ = std::io::Write::write_fmt(&mut std::io::stderr(), format_args!("error: {e:#}\n"));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// The sections of a run, in order.
 pub const SECTIONS: [&str; 11] =
     ["receive", "marqeta", "prune", "process", "snapshot", "relay", "latency", "verify", "lambda", "growth", "listing"];
@@ -66,7 +106,7 @@ pub struct Bench {
     pub out: Option<PathBuf>,
 }
 
-/// `inbox bench`'s arguments.
+/// `inbox-bench`'s arguments.
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
     #[arg(long, default_value_t = 10)]
@@ -230,7 +270,7 @@ impl Bench {
         stock::app().migrate(&pool).await.context("applying migrations")?;
         let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
         println!(
-            "inbox bench: {} rounds, receive {} s per side at {:?} in flight, process {} events with {} workers, {cores} cores",
+            "inbox-bench: {} rounds, receive {} s per side at {:?} in flight, process {} events with {} workers, {cores} cores",
             self.rounds, self.seconds, self.concurrency, self.events, self.workers
         );
         // What the sections need besides this binary, before half an hour of work depends on it.

@@ -70,7 +70,7 @@ pub(super) async fn lambda(bench: &Bench, url: &str, report: &mut Report) -> Res
     let binaries = binaries()?;
     let receive = &binaries[0]; // FUNCTIONS starts with it
     let n = if bench.seconds <= 1 { 50 } else { 1000 };
-    let fixture: Value = serde_json::from_str(include_str!("../../../tests/data/apigw-http-v2.json"))
+    let fixture: Value = serde_json::from_str(include_str!("../../tests/data/apigw-http-v2.json"))
         .context("reading the API Gateway HTTP API fixture")?;
     let run = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos();
 
@@ -176,17 +176,13 @@ pub(super) fn binaries() -> Result<Vec<Binary>> {
     FUNCTIONS.iter().map(|&(name, _)| binary(name)).collect()
 }
 
-/// The function binary `name` (of [`FUNCTIONS`]) beside this `inbox`.
+/// The function binary `name` (of [`FUNCTIONS`]) beside the bench's.
 pub(super) fn binary(name: &str) -> Result<Binary> {
     let (name, env) = *FUNCTIONS.iter().find(|(n, _)| *n == name).with_context(|| format!("no function {name}"))?;
-    let exe = std::env::current_exe().context("finding the inbox binary")?;
-    let dir = exe.parent().context("the inbox binary has no directory")?;
-    let target = dir.parent().context("the inbox binary is not in a target directory")?;
-    let build = if cfg!(debug_assertions) { "cargo build --workspace" } else { "cargo build --release --workspace" };
+    let path = super::beside(name)?;
+    let target = path.parent().and_then(Path::parent).context("the bench's binary is not in a target directory")?;
     let mb = |path: &Path| std::fs::metadata(path).map(|m| m.len() as f64 / 1e6);
-    let path = dir.join(name);
-    let native_mb =
-        mb(&path).with_context(|| format!("no `{name}` binary at {}: run `{build}` first", path.display()))?;
+    let native_mb = mb(&path).with_context(|| format!("reading {}", path.display()))?;
     let bootstrap_mb = mb(&target.join("lambda").join(name).join("bootstrap")).ok();
     Ok(Binary { name, path, env, native_mb, bootstrap_mb })
 }

@@ -23,7 +23,7 @@ impl Report {
         let mut doc = String::from("# Benchmarks\n\n");
         let _ = writeln!(
             doc,
-            "Written by `inbox bench --out docs/benchmarks.md` ({} build): {} rounds, the two sides of \
+            "Written by `inbox-bench --out docs/benchmarks.md` ({} build): {} rounds, the two sides of \
              each comparison alternated in every round; each figure is the median of the rounds, with the \
              lowest and highest. Where a target is missed, [performance.md](performance.md) explains the \
              gap with a profile and names the next lever.\n\n\
