@@ -34,7 +34,7 @@ use super::{
 };
 
 /// Stripe's contract written as data, as the library's differential test judges it against the coded scheme.
-const STRIPE_AS_DATA: &str = include_str!("../../shared/src/receive/providers/declared/stripe_as_data.toml");
+const STRIPE_AS_DATA: &str = include_str!("../../schemes/src/declared/stripe_as_data.toml");
 
 /// Items per Marqeta batch, as Marqeta sends them by default.
 const BATCH_ITEMS: usize = 10;
@@ -62,7 +62,7 @@ impl Bench {
         for round in 1..=self.rounds {
             let mut rates = [0.0; 2];
             for (i, (_, p)) in sides.iter().enumerate() {
-                let scheme = schemes::configured(&catalog, &secrets, *p).context("configured above")?;
+                let scheme = schemes::Schemes::new(&catalog, &secrets).get_shared(*p).context("configured above")?;
                 ensure!(scheme.verify(&d).is_ok(), "the bench's delivery does not verify with {p}");
                 let (started, mut n) = (Instant::now(), 0u64);
                 while started.elapsed() < Duration::from_secs(self.seconds) {
@@ -94,7 +94,7 @@ impl Bench {
         let catalog = Catalog::with_file(None, url).map_err(anyhow::Error::msg)?;
         let mut secrets = Secrets::default();
         secrets.declared.insert(twilio, vec![Secret::new("bench-twilio-token")]);
-        let scheme = schemes::configured(&catalog, &secrets, twilio).context("configured above")?;
+        let scheme = schemes::Schemes::new(&catalog, &secrets).get_shared(twilio).context("configured above")?;
         let form: String = (0..16_000).map(|i| format!("Field{i:05}=value-{i:0>48}&")).collect();
         let mut headers = [http::HeaderMap::new(), http::HeaderMap::new()];
         headers[0].append("x-twilio-signature", "bm90IGEgc2lnbmF0dXJlIG9mIHRoaXMgZm9ybQ==".parse()?);

@@ -4,13 +4,11 @@
 
 use http::HeaderMap;
 use libfuzzer_sys::fuzz_target;
-use webhook_inbox::{
-    core::payload,
-    core::secret::{MarqetaAuth, Secret},
-    receive::providers::{
-        marqeta::{Marqeta, MAX_BATCH_ITEMS},
-        Delivery, Events, InitialStatus, Scheme, MAX_EVENT_ID_CHARS,
-    },
+use webhook_inbox_schemes::{
+    marqeta::{Marqeta, MAX_BATCH_ITEMS},
+    payload,
+    secret::{MarqetaAuth, Secret},
+    Delivery, Events, InitialStatus, Scheme, MAX_EVENT_ID_CHARS,
 };
 
 fuzz_target!(|body: &[u8]| {

@@ -7,12 +7,10 @@ use std::sync::OnceLock;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 use libfuzzer_sys::fuzz_target;
-use webhook_inbox::{
-    core::secret::{MarqetaAuth, Secret, Secrets},
-    receive::providers::{
-        catalog::{Catalog, Kind},
-        Delivery, Schemes,
-    },
+use webhook_inbox_schemes::{
+    catalog::{Catalog, Kind},
+    secret::{MarqetaAuth, Secret, Secrets},
+    Delivery, Schemes,
 };
 
 /// The coded schemes' header names; the declared ones' are added from the catalog.

@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use webhook_inbox::core::text::{escape, escape_json, is_unsafe};
+use webhook_inbox_schemes::text::{escape, escape_json, is_unsafe};
 
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);

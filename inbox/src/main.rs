@@ -1,6 +1,6 @@
 //! `inbox`: the local and operator's binary.
 
-/// A line for a person: the whole line escaped ([`webhook_inbox::core::text`]),
+/// A line for a person: the whole line escaped ([`webhook_inbox::ops::escape`]),
 /// so that nothing stored reaches the terminal raw. Every human line goes through it.
 /// A closed stdout (`inbox failed | head`) ends the output, not the process with a panic.
 macro_rules! say {

@@ -3,12 +3,9 @@
 use std::sync::Arc;
 
 use sqlx::{migrate::Migrator, PgPool};
+use webhook_inbox_schemes::Scheme;
 
-use crate::{
-    db::schema,
-    process::handlers::Handlers,
-    receive::{providers::Scheme, receiver::Receiver},
-};
+use crate::{db::schema, process::handlers::Handlers, receive::receiver::Receiver};
 
 /// A team's application: the handlers its events run through, and the sqlx
 /// migrations of its own tables. Every stage's entry point takes one, so the

@@ -98,7 +98,9 @@
 //! The items at this root, and the modules [`lambda`] (one entry point per
 //! function), [`serve`] (the same stages as a long-running service), [`dev`] (the local stack), [`ops`] (what the operator's commands
 //! do, from code), [`config`] (settings from the environment), [`schemes`]
-//! (a provider's signing contract of your own), [`reconciliation`] (provider
+//! (a provider's signing contract of your own: the crate
+//! `webhook-inbox-schemes`, which verifies deliveries with no async runtime and
+//! no database, has every provider's), [`reconciliation`] (provider
 //! APIs to reconcile from), [`hints`] (events as hints), [`alerts`],
 //! [`archive`] (prune's archive in S3, and restore) and [`testing`] (a
 //! team's test support), each item at one path. Everything else is private.
@@ -111,18 +113,17 @@
 //! prune's archive (the S3 client, gzip); `serve`
 //! adds the long-running service (its HTTP server, the console, Prometheus
 //! metrics), `dev` the local stack on it; `full`, the default, is all of them. Without `service`
-//! only the providers' signing schemes remain (what the fuzz targets build).
+//! only [`schemes`] and [`Provider`] remain.
 //! `internals` is not for you: it opens the private modules to this
-//! repository's fuzz targets and white-box tests, with no compatibility
+//! repository's white-box tests, with no compatibility
 //! promised (the stock binaries, `inbox` included, build without it).
 
 #![deny(missing_docs)]
-// Without `service` only the signing schemes remain, and only the fuzz
-// targets build that, through `internals`.
+// Without `service` only the schemes' re-exports remain.
 #![cfg_attr(not(any(feature = "service", feature = "internals")), allow(dead_code, unused_imports))]
 
 // The library's internals: private, unless the unstable `internals` feature
-// (for this repository's fuzz targets and white-box tests; no compatibility
+// (for this repository's white-box tests; no compatibility
 // promised) makes them reachable. Each is declared twice, once per case, as plain `mod` items:
 // rustfmt follows those (it does not look inside a macro's).
 
@@ -178,9 +179,11 @@ pub mod prune;
 #[cfg(feature = "service")]
 #[cfg(not(feature = "internals"))]
 mod prune;
+#[cfg(feature = "service")]
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod receive;
+#[cfg(feature = "service")]
 #[cfg(not(feature = "internals"))]
 mod receive;
 #[cfg(feature = "reconcile")]
@@ -225,6 +228,11 @@ pub mod testing;
 /// ([`Scheme::verify`](schemes::Scheme::verify), saying why it refuses as a
 /// [`Rejected`](schemes::Rejected) of a [`RejectionKind`](schemes::RejectionKind)),
 /// then turns them into events ([`NewEvent::from_json`](schemes::NewEvent::from_json)).
+/// [`Schemes`](schemes::Schemes) holds a deployment's, built in and your own.
+///
+/// These are the crate `webhook-inbox-schemes`' items: that crate (no async
+/// runtime, no database) has every built-in provider's scheme too, to verify a
+/// delivery outside the inbox.
 ///
 /// ```
 /// use std::borrow::Cow;
@@ -278,21 +286,9 @@ pub mod testing;
 /// # drop(app);
 /// ```
 pub mod schemes {
-    pub use crate::core::event::{InitialStatus, NewEvent};
-    pub use crate::receive::providers::{Challenged, Delivery, Events, Rejected, RejectionKind, Scheme, Verified};
-
-    /// The scheme receive verifies `provider`'s deliveries with under
-    /// `secrets`, built in or declared in `catalog`; none for a provider
-    /// without a secret. For checking a delivery outside receive: a proxy of
-    /// your own, a test, a benchmark.
-    #[cfg(feature = "service")]
-    pub fn configured(
-        catalog: &crate::config::Catalog,
-        secrets: &crate::config::Secrets,
-        provider: crate::Provider,
-    ) -> Option<std::sync::Arc<dyn Scheme>> {
-        crate::receive::providers::Schemes::new(catalog, secrets).get_shared(provider)
-    }
+    pub use webhook_inbox_schemes::{
+        Challenged, Delivery, Events, InitialStatus, NewEvent, Rejected, RejectionKind, Scheme, Schemes, Verified,
+    };
 }
 
 /// Reconciliation's sources: the provider APIs reconcile reads for what
@@ -342,7 +338,6 @@ pub mod sinks {
     };
 }
 
-pub use crate::core::provider::Provider;
 #[cfg(feature = "service")]
 pub use app::App;
 #[cfg(feature = "service")]
@@ -374,3 +369,4 @@ pub use serde_json;
 /// The database crate: a handler's connection is [`PgConnection`].
 #[cfg(feature = "service")]
 pub use sqlx::{self, PgConnection};
+pub use webhook_inbox_schemes::Provider;

@@ -13,7 +13,6 @@
 
 pub use crate::core::selection::{BadCursor, Cursor, EventQuery, Filter, IdMatch, PayloadMatch, Since};
 pub use crate::core::status::Status;
-pub use crate::core::text::{escape, escape_json};
 pub use crate::db::audit::{history, AuditRecord};
 pub use crate::db::destinations::{is_destination_name, list as destinations, DestinationState};
 pub use crate::db::inbox::{
@@ -28,15 +27,16 @@ pub use crate::db::pauses::{
     Scope as PauseScope, RELEASE_CHUNK,
 };
 use std::time::Duration;
+pub use webhook_inbox_schemes::text::{escape, escape_json};
 
 use crate::{
     config::{Catalog, Secrets},
     db,
     process::rules::Rules,
-    receive::providers::{catalog::Kind, verify_stored, Schemes},
     schemes::{Rejected, RejectionKind, Verified},
     Provider,
 };
+use webhook_inbox_schemes::{catalog::Kind, verify_stored, Schemes};
 
 /// What an ignore rules file would have done to the stored events ([`rule_matches`]).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]

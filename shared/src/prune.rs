@@ -13,18 +13,17 @@ use std::{
 use sqlx::PgPool;
 
 use crate::{
-    core::{aws::ArchiveConfig, error::ConfigError},
-    core::{provider::Provider, status::Status},
+    core::{aws::ArchiveConfig, status::Status},
     db::{
         self, bodies,
         inbox::{self, Providers},
         outbox,
     },
-    receive::providers::catalog::Catalog,
     runtime::stage::{Pass, Reported, Stage, Tally},
 };
+use webhook_inbox_schemes::{catalog::Catalog, ConfigError, Provider};
 
-pub use crate::receive::providers::catalog::MAX_DAYS;
+pub use webhook_inbox_schemes::catalog::MAX_DAYS;
 
 /// The rows kept for a provider's retention (`INBOX_RETENTION_DAYS`): done,
 /// unhandled and ignored (nothing ran; a later handler may be replayed over them).

@@ -81,7 +81,7 @@ impl ClientIp {
             Some("x-forwarded-for") => Ok(ClientIp::ForwardedFor),
             Some(other) => Err(ConfigError::Invalid {
                 var: "INBOX_CONSOLE_CLIENT_IP".into(),
-                reason: format!("{:?} is neither peer nor x-forwarded-for", crate::core::text::escape(other)),
+                reason: format!("{:?} is neither peer nor x-forwarded-for", webhook_inbox_schemes::text::escape(other)),
             }),
         }
     }
@@ -101,7 +101,7 @@ impl ClientIp {
         let addr = forwarded.or_else(|| peer.map(|p| p.ip().to_string()));
         let addr = addr.map(|a| match a.parse::<std::net::IpAddr>() {
             Ok(ip) => ip.to_string(),
-            Err(_) => crate::core::text::escape(&a).into_owned(),
+            Err(_) => webhook_inbox_schemes::text::escape(&a).into_owned(),
         });
         addr.unwrap_or_else(|| "unknown".into())
     }

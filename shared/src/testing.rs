@@ -121,7 +121,7 @@ pub fn declared(
     headers: &[(&str, &str)],
     body: &str,
 ) -> Result<http::Request<Body>, String> {
-    use crate::receive::providers::{
+    use webhook_inbox_schemes::{
         catalog::Kind,
         declared::{format_time, json_text, Source},
     };

@@ -28,10 +28,10 @@ use webhook_inbox::{
         worker::Worker,
     },
     prune::{PruneConfig, Pruner},
-    receive::providers::Provider,
     runtime::stage::Stage,
     ArchiveConfig,
 };
+use webhook_inbox_schemes::Provider;
 
 const BUCKET: &str = "inbox-archive";
 

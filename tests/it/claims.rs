@@ -15,9 +15,9 @@ use tokio::sync::Barrier;
 use webhook_inbox::{
     db,
     receive::claim::{self, Claim, Envelope},
-    receive::providers::{NewEvent, Provider},
     Receiver,
 };
+use webhook_inbox_schemes::{NewEvent, Provider};
 
 use crate::receive::stripe_body;
 

@@ -8,12 +8,8 @@ use http::StatusCode;
 use inbox_tests::*;
 use serde_json::{json, Value};
 use sqlx::{postgres::PgConnectOptions, PgPool};
-use webhook_inbox::{
-    config::Env,
-    db,
-    receive::providers::{verify_stored, Provider, Schemes},
-    ReceiveConfig, Receiver,
-};
+use webhook_inbox::{config::Env, db, ReceiveConfig, Receiver};
+use webhook_inbox_schemes::{verify_stored, Provider, Schemes};
 
 const ACME: &str = r#"
 [acme]
@@ -321,14 +317,12 @@ async fn a_captured_delivery_of_any_built_in_provider_replayed_under_changed_uns
     _: sqlx::postgres::PgPoolOptions,
     opts: PgConnectOptions,
 ) {
-    use webhook_inbox::receive::providers::declared::{Algorithm, Part, Source, TimeFormat};
+    use webhook_inbox_schemes::declared::{Algorithm, Part, Source, TimeFormat};
     let catalog = webhook_inbox::config::Catalog::builtin();
-    let declared: Vec<(Provider, webhook_inbox::receive::providers::declared::Rules)> = catalog
+    let declared: Vec<(Provider, webhook_inbox_schemes::declared::Rules)> = catalog
         .entries()
         .filter_map(|e| match &e.kind {
-            webhook_inbox::receive::providers::catalog::Kind::Declared(r)
-                if r.algorithm != Algorithm::EcdsaP256Sha256 =>
-            {
+            webhook_inbox_schemes::catalog::Kind::Declared(r) if r.algorithm != Algorithm::EcdsaP256Sha256 => {
                 Some((e.provider, (**r).clone()))
             }
             _ => None,

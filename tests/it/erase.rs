@@ -18,9 +18,9 @@ use webhook_inbox::{
         handlers::Handlers,
         worker::Worker,
     },
-    receive::providers::Provider,
     Message,
 };
+use webhook_inbox_schemes::Provider;
 
 const EMAIL: &str = "jane.doe.erase-me@example.com";
 

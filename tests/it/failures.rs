@@ -14,13 +14,13 @@ use sqlx::{
 use stock::{deposits, payments::PaymentSucceededHandler};
 use webhook_inbox::{
     db,
-    process::worker::{Worker, WorkerConfig},
     process::{
         handler::{BatchHandler, Event, Handler, HandlerError, Outcome},
         handlers::Handlers,
+        worker::{Worker, WorkerConfig},
     },
-    receive::providers::Provider,
 };
+use webhook_inbox_schemes::Provider;
 
 use crate::process::{drain_all, payment_event, stored, worker};
 

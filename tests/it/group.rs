@@ -19,10 +19,10 @@ use webhook_inbox::{
         group::{Grouper, Row},
         Claim,
     },
-    receive::providers::{NewEvent, Provider},
     serve::GroupConfig,
     Receiver,
 };
+use webhook_inbox_schemes::{NewEvent, Provider};
 
 /// A group that waits long enough for every delivery of a test to join it, on one committer.
 const ONE_GROUP: GroupConfig =

@@ -13,16 +13,16 @@ use sqlx::{
 };
 use webhook_inbox::{
     db,
-    process::worker::{Worker, WorkerConfig},
     process::{
         handler::{Event, Handler, HandlerError, Outcome},
         handlers::Handlers,
+        worker::{Worker, WorkerConfig},
     },
     receive::claim::{self, Claim, Claimed, Envelope},
-    receive::providers::{Events, NewEvent, Provider},
     runtime::stage::Stage,
     Receiver,
 };
+use webhook_inbox_schemes::{Events, NewEvent, Provider};
 
 pub(crate) fn worker(pool: &PgPool) -> Worker {
     Worker::new(pool.clone(), stock::handlers(), fast_worker_config())
@@ -380,7 +380,7 @@ async fn any_stored_payload_ends_done_or_failed_and_never_stops_the_worker(_: Pg
             post(r, "stripe", &[("Stripe-Signature", &stripe_header(STRIPE[0], body.as_bytes()))], body.as_bytes())
                 .await;
         assert_eq!((status, answer), (StatusCode::OK, json!({"status": "accepted"})), "{body:.200}");
-        if webhook_inbox::core::payload::storable(&body) {
+        if webhook_inbox_schemes::payload::storable(&body) {
             expect_done.push(id);
         }
         let unchecked = hostile_json::stripe_event(&format!("evt_u{i:03}"), "prop.test", &data);

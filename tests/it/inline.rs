@@ -17,14 +17,14 @@ use sqlx::{
 use stock::payments::PaymentSucceededHandler;
 use webhook_inbox::{
     db,
-    process::worker::{Worker, WorkerConfig},
     process::{
         handler::{Event, Handler, HandlerError, Outcome},
         handlers::Handlers,
+        worker::{Worker, WorkerConfig},
     },
-    receive::providers::Provider,
     runtime::stage::Stage,
 };
+use webhook_inbox_schemes::Provider;
 
 use crate::process::{drain_all, payment_event, stored, worker};
 

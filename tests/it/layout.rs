@@ -241,13 +241,14 @@ fn no_rust_file_is_over_600_lines_its_unit_tests_aside() {
 }
 
 /// docs/layout.md against the tree: each path it names at the start of a
-/// line exists, and every folder of `shared/src` and every entry at the top
-/// of the repository is named.
+/// line exists, and every folder of `shared/src` and `schemes/src` and every
+/// entry at the top of the repository is named.
 #[test]
 fn the_layout_page_names_every_folder_and_only_what_exists() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let page = std::fs::read_to_string(repo.join("docs/layout.md")).unwrap();
-    let block = page.split("```").nth(1).expect("the layout's block");
+    let folders_section = page.split("## Folders").nth(1).expect("the layout's Folders section");
+    let block = folders_section.split("```").nth(1).expect("the layout's block");
     let named: BTreeSet<String> = block
         .lines()
         .filter(|l| !l.starts_with(' ') && !l.is_empty())
@@ -256,7 +257,7 @@ fn the_layout_page_names_every_folder_and_only_what_exists() {
     for path in &named {
         assert!(repo.join(path).exists(), "docs/layout.md names {path}, which is not in the tree");
     }
-    let mut folders = vec![repo.join("shared/src")];
+    let mut folders = vec![repo.join("shared/src"), repo.join("schemes/src")];
     let mut i = 0;
     while i < folders.len() {
         for entry in std::fs::read_dir(&folders[i]).unwrap() {
@@ -336,4 +337,73 @@ fn the_configuration_page_names_every_variable_the_code_reads_and_only_those() {
     }
     let unread: Vec<&String> = table.iter().filter(|v| !sources.contains(&format!("\"{v}"))).collect();
     assert!(unread.is_empty(), "in docs/configuration.md, never read by the code: {unread:?}");
+}
+
+/// The workspace's crates in layers, each of whose normal dependencies is
+/// in a layer below it: the schemes and the migrations, the common crate, the
+/// stock application, what runs it (the functions, `inbox`, a team's example),
+/// what measures and tests them. A crate added to the workspace is placed here.
+const LAYERS: &[&[&str]] = &[
+    &["webhook-inbox-schemes", "webhook-inbox-migrations"],
+    &["webhook-inbox"],
+    &["stock"],
+    &["receive", "process", "relay", "prune", "reconcile", "migrate", "inbox", "invoices"],
+    &["inbox-tests", "inbox-bench"],
+];
+
+/// What the schemes crate must never link: an async runtime, a database, a
+/// web framework, an AWS SDK (it is what a proxy or a fuzz target builds).
+const NOT_IN_SCHEMES: &[&str] = &["tokio", "sqlx", "hyper", "axum", "reqwest", "aws-config", "lambda_http"];
+
+/// Dependencies point one way, read from `cargo metadata`: every normal
+/// dependency between the workspace's crates goes down `LAYERS`, and the
+/// schemes crate's whole dependency tree is free of `NOT_IN_SCHEMES`.
+#[test]
+fn dependencies_point_one_way() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = std::process::Command::new(env!("CARGO"))
+        .args(["metadata", "--format-version", "1", "--locked"])
+        .current_dir(&repo)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "cargo metadata: {}", String::from_utf8_lossy(&out.stderr));
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let name_of: BTreeMap<&str, &str> = meta["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["id"].as_str().unwrap(), p["name"].as_str().unwrap()))
+        .collect();
+    let members: BTreeSet<&str> =
+        meta["workspace_members"].as_array().unwrap().iter().map(|id| name_of[id.as_str().unwrap()]).collect();
+    let layer = |name: &str| LAYERS.iter().position(|l| l.contains(&name));
+    for m in &members {
+        assert!(layer(m).is_some(), "{m} is in the workspace but not in LAYERS (tests/it/layout.rs)");
+    }
+    // Each package's normal dependencies, as resolved.
+    let mut normal: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for node in meta["resolve"]["nodes"].as_array().unwrap() {
+        let deps = node["deps"].as_array().unwrap().iter().filter(|d| {
+            d["dep_kinds"].as_array().unwrap().iter().any(|k| k["kind"].is_null() && k["target"].is_null())
+        });
+        normal
+            .insert(name_of[node["id"].as_str().unwrap()], deps.map(|d| name_of[d["pkg"].as_str().unwrap()]).collect());
+    }
+    let mut wrong = Vec::new();
+    for m in &members {
+        for dep in normal[m].iter().filter(|d| members.contains(*d)) {
+            if layer(dep) >= layer(m) {
+                wrong.push(format!("{m} -> {dep}"));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "dependencies that do not point down the layers: {wrong:?}");
+    let (mut seen, mut todo) = (BTreeSet::new(), vec!["webhook-inbox-schemes"]);
+    while let Some(p) = todo.pop() {
+        if seen.insert(p) {
+            todo.extend(normal[p].iter().copied());
+        }
+    }
+    let linked: Vec<&&str> = NOT_IN_SCHEMES.iter().filter(|n| seen.contains(**n)).collect();
+    assert!(seen.len() > 10 && linked.is_empty(), "the schemes crate links {linked:?}");
 }

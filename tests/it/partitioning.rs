@@ -14,9 +14,9 @@ use webhook_inbox::{
     db,
     process::worker::{Worker, WorkerConfig},
     receive::claim::{self, Claim, Envelope},
-    receive::providers::{NewEvent, Provider},
     runtime::stage::Stage,
 };
+use webhook_inbox_schemes::{NewEvent, Provider};
 
 const VARIANT: &str = webhook_inbox_migrations::HASH_PARTITIONED_INBOX;
 

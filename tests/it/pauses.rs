@@ -27,12 +27,10 @@ use webhook_inbox::{
         handlers::Handlers,
         worker::{Worker, WorkerConfig},
     },
-    receive::{
-        claim::{self, Claim, Envelope},
-        providers::{NewEvent, Provider},
-    },
+    receive::claim::{self, Claim, Envelope},
     Receiver,
 };
+use webhook_inbox_schemes::{NewEvent, Provider};
 
 /// Logs each event it applies, in the order applied (committed with its
 /// batch), after taking this many milliseconds.

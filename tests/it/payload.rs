@@ -5,7 +5,7 @@
 use inbox_tests::hostile_json;
 use proptest::prelude::*;
 use serde_json::Value;
-use webhook_inbox::core::payload;
+use webhook_inbox_schemes::payload;
 
 fn contains_nul(v: &Value) -> bool {
     match v {

@@ -17,11 +17,13 @@ use stock::orders::{self, OrderSnapshot};
 use tokio::sync::Barrier;
 use webhook_inbox::{
     db, process,
-    process::handlers::Handlers,
-    process::worker::{Processed, Worker, WorkerConfig},
-    receive::providers::Provider,
+    process::{
+        handlers::Handlers,
+        worker::{Processed, Worker, WorkerConfig},
+    },
     runtime::stage::{Stage, Tally},
 };
+use webhook_inbox_schemes::Provider;
 
 pub(crate) fn worker(pool: &PgPool, handlers: Handlers) -> Worker {
     Worker::new(pool.clone(), handlers, fast_worker_config())

@@ -8,7 +8,8 @@ use sqlx::{
     postgres::{PgConnectOptions, PgPoolOptions},
     PgPool,
 };
-use webhook_inbox::{db, receive::providers::Provider, Receiver};
+use webhook_inbox::{db, Receiver};
+use webhook_inbox_schemes::Provider;
 
 // ---------- the signature matrix, through the real handler ----------
 

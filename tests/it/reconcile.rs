@@ -7,11 +7,11 @@ use sqlx::PgPool;
 use webhook_inbox::{
     config::Secret,
     receive::claim::{self, Envelope},
-    receive::providers::{NewEvent, Provider},
     reconcile::{ReconcileConfig, Reconciler, ShopifyOrders, StripeEvents},
     reconciliation::Source,
     Stage, Worker,
 };
+use webhook_inbox_schemes::{NewEvent, Provider};
 use wiremock::{
     matchers::{header, method, path, query_param},
     Mock, MockServer, ResponseTemplate,

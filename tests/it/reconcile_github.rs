@@ -7,10 +7,10 @@ use serde_json::{json, Value};
 use sqlx::PgPool;
 use webhook_inbox::{
     config::Secret,
-    receive::providers::Provider,
     reconcile::{GithubDeliveries, Hook, Reconciler, StripeEvents},
     reconciliation::Source,
 };
+use webhook_inbox_schemes::Provider;
 use wiremock::{
     matchers::{header, method, path, query_param},
     Mock, MockServer, ResponseTemplate,

@@ -12,7 +12,8 @@ use sqlx::{
     PgPool,
 };
 use tokio::sync::Barrier;
-use webhook_inbox::{db, receive::providers::Provider, Receiver};
+use webhook_inbox::{db, Receiver};
+use webhook_inbox_schemes::Provider;
 
 use crate::receive::stripe_body;
 
@@ -24,7 +25,7 @@ async fn a_repeated_signature_header_re_verifies_as_receive_read_it(_: PgPoolOpt
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let cfg = config(secrets(false));
     let r = Receiver::new(db::Connections::from_options(opts, &cfg.db), &cfg);
-    let schemes = webhook_inbox::receive::providers::Schemes::new(&cfg.catalog, &cfg.secrets);
+    let schemes = webhook_inbox_schemes::Schemes::new(&cfg.catalog, &cfg.secrets);
     let github = br#"{"action":"opened","number":1}"#;
     let stripe = stripe_body("evt_repeated");
     type Case<'a> = (&'a str, &'a str, Vec<(&'a str, String)>, &'a [u8]);
@@ -62,7 +63,7 @@ async fn a_repeated_signature_header_re_verifies_as_receive_read_it(_: PgPoolOpt
         .await
         .unwrap();
         let p = Provider::try_from(provider).unwrap();
-        let verified = webhook_inbox::receive::providers::verify_stored(&schemes, p, &kept, &raw, epoch);
+        let verified = webhook_inbox_schemes::verify_stored(&schemes, p, &kept, &raw, epoch);
         assert!(verified.is_ok(), "{provider}: {verified:?} from {kept}");
     }
 }
@@ -90,7 +91,7 @@ fn declared_signature(
     body: &[u8],
 ) -> (String, String) {
     let p = Provider::try_from(provider).unwrap();
-    let webhook_inbox::receive::providers::catalog::Kind::Declared(rules) = &cfg.catalog.get(p).unwrap().kind else {
+    let webhook_inbox_schemes::catalog::Kind::Declared(rules) = &cfg.catalog.get(p).unwrap().kind else {
         panic!("{provider}")
     };
     let h = http::HeaderMap::from_iter(

@@ -21,9 +21,9 @@ use webhook_inbox::{
     config::Catalog,
     prune::{PruneConfig, Pruner},
     receive::claim::{self, Envelope},
-    receive::providers::{NewEvent, Provider},
     runtime::stage::Stage,
 };
+use webhook_inbox_schemes::{NewEvent, Provider};
 
 fn retention(batch_size: i64) -> PruneConfig {
     let done_days: HashMap<Provider, u32> = [(Provider::SHOPIFY, 2)].into();

@@ -22,9 +22,9 @@ use webhook_inbox::{
         handlers::Handlers,
         worker::{Worker, WorkerConfig},
     },
-    receive::providers::Provider,
     Receiver,
 };
+use webhook_inbox_schemes::Provider;
 
 const RULES: &str = r#"
 [[ignore]]

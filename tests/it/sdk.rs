@@ -17,13 +17,12 @@ use serde_json::{json, Value};
 use sqlx::{postgres::PgConnectOptions, PgPool};
 use webhook_inbox::{
     config::{Catalog, Env},
-    db,
-    receive::providers::{
-        catalog::Kind,
-        declared::{Rules, Source, TimeFormat},
-        Delivery, Provider,
-    },
-    ReceiveConfig, Receiver,
+    db, ReceiveConfig, Receiver,
+};
+use webhook_inbox_schemes::{
+    catalog::Kind,
+    declared::{Rules, Source, TimeFormat},
+    Delivery, Provider,
 };
 
 #[derive(Clone, Copy, PartialEq)]

@@ -24,12 +24,10 @@ use webhook_inbox::{
         handlers::Handlers,
         worker::{Worker, WorkerConfig},
     },
-    receive::{
-        claim::{self, Claim, Envelope},
-        providers::{NewEvent, Provider},
-    },
+    receive::claim::{self, Claim, Envelope},
     ReceiveConfig, Receiver,
 };
+use webhook_inbox_schemes::{NewEvent, Provider};
 
 /// The inbox's migrations, then the stock application's: the schema the stock
 /// binaries make, for `#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]`.

@@ -192,8 +192,10 @@ async fn notify(conn: &mut PgConnection, alert: &Alert, kind: Kind, n: i32) -> R
 /// mrkdwn wants, and the summary (which may quote a destination's answer, a
 /// stranger's text) in a code span: it links, mentions and formats nothing.
 fn slack(alert: &Alert, kind: Kind) -> serde_json::Value {
-    use crate::core::text::short_time;
-    let esc = |t: &str| crate::core::text::escape(t).replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
+    use webhook_inbox_schemes::text::short_time;
+    let esc = |t: &str| {
+        webhook_inbox_schemes::text::escape(t).replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    };
     let (mark, what) = match kind {
         Kind::Opened => (":rotating_light:", "opened"),
         Kind::Reminder => (":bell:", "still open"),

@@ -19,7 +19,7 @@ use std::{collections::HashSet, time::Duration};
 
 use serde::Deserialize;
 
-use crate::core::{provider::Provider, text::escape};
+use webhook_inbox_schemes::{text::escape, Provider};
 
 /// What an alert watches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, Deserialize)]
@@ -147,7 +147,7 @@ impl AlertRules {
     /// Reads and checks the `[[alert]]` entries of a rules file's text; the
     /// error names the alert and the key. `toml_error` says where a TOML error is.
     pub fn parse(text: &str) -> Result<AlertRules, String> {
-        let file: File = toml::from_str(text).map_err(|e| crate::core::text::toml_error(text, &e))?;
+        let file: File = toml::from_str(text).map_err(|e| webhook_inbox_schemes::text::toml_error(text, &e))?;
         let mut names = HashSet::new();
         let mut alerts = Vec::new();
         for (i, entry) in file.alert.into_iter().enumerate() {
@@ -215,7 +215,7 @@ impl AlertRule {
             Some(p) => format!("{} {p}", e.condition.as_str()),
             None => e.condition.as_str().to_string(),
         });
-        if name.is_empty() || name.chars().count() > 128 || name.chars().any(crate::core::text::is_unsafe) {
+        if name.is_empty() || name.chars().count() > 128 || name.chars().any(webhook_inbox_schemes::text::is_unsafe) {
             return Err(format!("name {:?}: 1 to 128 printable characters", escape(&name)));
         }
         for c in &e.notify {

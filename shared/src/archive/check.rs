@@ -16,12 +16,9 @@ use sha2::{Digest, Sha256};
 use sqlx::types::Json;
 
 use super::FORMAT;
-use crate::{
-    core::secret::Secrets,
-    core::{status::Status, text::escape},
-    db::inbox::ArchivedEvent,
-    receive::providers::catalog::Catalog,
-    receive::providers::{verify_stored, Delivery, Events, Schemes},
+use crate::{core::status::Status, db::inbox::ArchivedEvent};
+use webhook_inbox_schemes::{
+    catalog::Catalog, secret::Secrets, text::escape, verify_stored, Delivery, Events, Schemes,
 };
 
 /// Batch bodies an object's lines may point back at, in bytes at most: a
@@ -123,7 +120,7 @@ impl Checker {
             if e.payload.is_some() || e.raw_body.is_some() || e.body_sha256.is_some() {
                 return Err("it is erased, yet holds a payload or raw bytes".into());
             }
-            if e.event_type != crate::core::event::event_type_of(&e.event_type) || chars(&e.event_type) == 0 {
+            if e.event_type != webhook_inbox_schemes::event_type_of(&e.event_type) || chars(&e.event_type) == 0 {
                 return Err("its event type is not one receive would have stored".into());
             }
             return Ok(Checked { event: e, unverified: false });
@@ -274,7 +271,7 @@ fn same_json(a: &Value, b: &Value) -> bool {
 
 /// A time as the archive writes it (RFC 3339): Unix seconds.
 fn rfc3339_utc(s: &str) -> Option<i64> {
-    use crate::receive::providers::declared::time::{parse_time, TimeFormat};
+    use webhook_inbox_schemes::declared::{parse_time, TimeFormat};
     parse_time(s, TimeFormat::Rfc3339)
 }
 

@@ -136,8 +136,8 @@ impl Archive {
                 stored.failed += keys.len() as u64;
                 stored.error.get_or_insert(format!(
                     "rows of provider {:?} received {:?} not archived: not a provider's name and a day",
-                    crate::core::text::escape(&provider),
-                    crate::core::text::escape(&day)
+                    webhook_inbox_schemes::text::escape(&provider),
+                    webhook_inbox_schemes::text::escape(&day)
                 ));
                 continue;
             }
@@ -215,7 +215,7 @@ impl Archive {
 
 /// A provider's name as receive takes one (and a key may hold).
 fn is_key_part(provider: &str) -> bool {
-    crate::core::provider::is_provider_name(provider)
+    webhook_inbox_schemes::is_provider_name(provider)
 }
 
 /// `YYYY-MM-DD`.

@@ -18,12 +18,8 @@ use flate2::bufread::MultiGzDecoder;
 use sqlx::PgPool;
 
 use super::{check::Checker, list_keys, s3_client, s3_error, ArchiveError, ArchivedEvent};
-use crate::{
-    core::secret::Secrets,
-    core::text::escape,
-    db::{self, inbox},
-    receive::providers::catalog::Catalog,
-};
+use crate::db::{self, inbox};
+use webhook_inbox_schemes::{catalog::Catalog, secret::Secrets, text::escape};
 
 /// Lines per INSERT.
 const RESTORE_CHUNK: usize = 500;

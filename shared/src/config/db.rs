@@ -1,7 +1,7 @@
 //! The database's settings.
 
 use super::{invalid, Env};
-use crate::{core::error::ConfigError, db::DbConfig};
+use crate::{config::ConfigError, db::DbConfig};
 
 impl DbConfig {
     /// `DATABASE_URL`, `INBOX_DB_POOL_SIZE` (default `default_pool`), the

@@ -18,7 +18,7 @@ impl Apis {
                     reason: format!("cannot build an HTTP client: {e}"),
                 }
             })?;
-            apis = apis.with(crate::core::provider::Provider::STRIPE, std::sync::Arc::new(stripe));
+            apis = apis.with(webhook_inbox_schemes::Provider::STRIPE, std::sync::Arc::new(stripe));
         }
         #[cfg(not(feature = "http-client"))]
         let _ = env;

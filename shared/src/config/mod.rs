@@ -15,7 +15,6 @@ pub mod secrets_manager;
 
 mod db;
 mod process;
-mod providers;
 mod prune;
 mod receive;
 #[cfg(feature = "serve")]
@@ -23,20 +22,22 @@ mod serve;
 
 use std::{collections::HashMap, time::Duration};
 
-pub use crate::core::error::ConfigError;
-pub use crate::core::secret::{decode_standard_secret, MarqetaAuth, Secret, Secrets};
 pub use crate::db::{redact_url, DbConfig};
 pub use crate::process::rules::{IgnoreRule, Rules};
-pub use crate::receive::providers::catalog::Catalog;
 pub use crate::receive::receiver::DEFAULT_MAX_BODY_BYTES;
 use crate::runtime::deadline::DEFAULT_DEADLINE_MARGIN;
-pub use providers::{DEV_GITHUB, DEV_MARQETA_PASSWORD, DEV_MARQETA_USERNAME, DEV_SHOPIFY, DEV_STANDARD, DEV_STRIPE};
 #[cfg(feature = "relay")]
 pub use relay::{DestinationConfig, Destinations, Target};
 #[cfg(feature = "serve")]
 pub(crate) use serve::otlp_traces;
 #[cfg(feature = "serve")]
 pub use serve::ServeConfig;
+pub use webhook_inbox_schemes::catalog::Catalog;
+pub use webhook_inbox_schemes::secret::{
+    decode_standard_secret, MarqetaAuth, Secret, Secrets, DEV_GITHUB, DEV_MARQETA_PASSWORD, DEV_MARQETA_USERNAME,
+    DEV_SHOPIFY, DEV_STANDARD, DEV_STRIPE,
+};
+pub use webhook_inbox_schemes::ConfigError;
 
 /// Where settings come from: the process environment, or a lookup a test gives.
 /// Reads one variable by name.
@@ -111,6 +112,13 @@ impl<'a> Env<'a> {
 
     fn millis(&self, name: &'static str, default: u64) -> Result<Duration, ConfigError> {
         Ok(Duration::from_millis(self.parse(name, default)?))
+    }
+}
+
+/// How the providers' catalog and secrets ([`Catalog::read`], [`Secrets::read`]) read it.
+impl webhook_inbox_schemes::Vars for Env<'_> {
+    fn var(&self, name: &str) -> Option<String> {
+        Env::var(self, name)
     }
 }
 

@@ -3,9 +3,10 @@
 use super::{invalid, Env};
 use crate::{
     alerts::AlertRules,
-    core::{error::ConfigError, text::escape},
+    config::ConfigError,
     process::{rules::Rules, worker::WorkerConfig},
 };
+use webhook_inbox_schemes::text::escape;
 
 impl WorkerConfig {
     /// `INBOX_BATCH_SIZE` (100), `INBOX_MAX_ATTEMPTS` (10), `INBOX_RETRY_BASE_MS` (1000), `INBOX_POLL_MS` (200),

@@ -3,11 +3,8 @@
 use std::collections::HashMap;
 
 use super::{invalid, Env};
-use crate::{
-    core::{aws::ArchiveConfig, error::ConfigError},
-    prune::PruneConfig,
-    receive::providers::catalog::Catalog,
-};
+use crate::{config::ConfigError, core::aws::ArchiveConfig, prune::PruneConfig};
+use webhook_inbox_schemes::catalog::Catalog;
 
 impl PruneConfig {
     /// `INBOX_RETENTION_DAYS` (60) and `INBOX_RETENTION_DAYS_<PROVIDER>`,

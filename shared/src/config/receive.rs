@@ -2,14 +2,12 @@
 
 use super::{invalid, Env};
 use crate::{
-    core::{error::ConfigError, provider::Provider, secret::Secrets},
+    config::ConfigError,
     db::DbConfig,
     process::rules::Rules,
-    receive::{
-        providers::catalog::Catalog,
-        receiver::{ReceiveConfig, DEFAULT_MAX_BODY_BYTES},
-    },
+    receive::receiver::{ReceiveConfig, DEFAULT_MAX_BODY_BYTES},
 };
+use webhook_inbox_schemes::{catalog::Catalog, secret::Secrets, Provider};
 
 pub(super) fn inline_providers(value: Option<&str>, catalog: &Catalog) -> Result<Vec<Provider>, ConfigError> {
     value

@@ -7,9 +7,9 @@ use sqlx::PgPool;
 use super::{invalid, ConfigError, Env};
 use crate::{
     app::App,
-    core::secret::Secret,
     reconcile::{GithubDeliveries, Hook, ReconcileConfig, Reconciler, ShopifyOrders, StripeEvents},
 };
+use webhook_inbox_schemes::secret::Secret;
 
 impl ReconcileConfig {
     /// `RECONCILE_LOOKBACK_HOURS` (72), `RECONCILE_WINDOW_MINUTES` (60).

@@ -189,7 +189,7 @@ impl Destinations {
         let file: File = toml::from_str(&text).map_err(|e| invalid(var, e.to_string()))?;
         for (name, entry) in file.destination {
             let at = |key: &str, reason: String| {
-                invalid(var, format!("[destination.{}] {key}: {reason}", crate::core::text::escape(&name)))
+                invalid(var, format!("[destination.{}] {key}: {reason}", webhook_inbox_schemes::text::escape(&name)))
             };
             if !crate::db::destinations::is_destination_name(&name) {
                 return Err(at("name", "a destination's name is 1 to 64 of a-z, 0-9, _ and -".into()));
@@ -204,10 +204,16 @@ impl Destinations {
             let signer = match &entry.signing_secret_env {
                 Some(secret_var) => {
                     let secrets = env.var(secret_var).ok_or_else(|| {
-                        at("signing_secret_env", format!("{} is not set", crate::core::text::escape(secret_var)))
+                        at(
+                            "signing_secret_env",
+                            format!("{} is not set", webhook_inbox_schemes::text::escape(secret_var)),
+                        )
                     })?;
                     Some(Signer::new(&secrets).map_err(|reason| {
-                        at("signing_secret_env", format!("{}: {reason}", crate::core::text::escape(secret_var)))
+                        at(
+                            "signing_secret_env",
+                            format!("{}: {reason}", webhook_inbox_schemes::text::escape(secret_var)),
+                        )
                     })?)
                 }
                 None => None,
@@ -232,7 +238,7 @@ impl Destinations {
             // A broker's URL comes from a variable: it may hold credentials.
             let server = |key: &str, named: &Option<String>, default: &str| {
                 let var = named.as_deref().unwrap_or(default);
-                env.var(var).ok_or_else(|| at(key, format!("{} is not set", crate::core::text::escape(var))))
+                env.var(var).ok_or_else(|| at(key, format!("{} is not set", webhook_inbox_schemes::text::escape(var))))
             };
             if let Some(subject) = entry.nats_subject {
                 targets.push((
@@ -373,7 +379,7 @@ async fn build(
                 "RELAY_DESTINATIONS_FILE",
                 format!(
                     "[destination.{name}] sink: no sink is registered as {:?} (App::with_sink); registered: {}",
-                    crate::core::text::escape(sink),
+                    webhook_inbox_schemes::text::escape(sink),
                     if known.is_empty() { "none".into() } else { known.join(", ") }
                 ),
             )

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::{invalid, Env};
-use crate::core::error::ConfigError;
+use crate::config::ConfigError;
 
 /// The service's own settings, read from the environment (`ServeConfig::read`).
 #[derive(Clone, Debug)]

@@ -87,14 +87,14 @@ pub(crate) struct Settings {
 }
 
 impl Settings {
-    pub(crate) fn read(env: &Env) -> Result<Settings, crate::config::ConfigError> {
+    pub(crate) fn read(env: &Env) -> Result<Settings, webhook_inbox_schemes::ConfigError> {
         let https = match env.var("INBOX_CONSOLE_HTTPS").as_deref() {
             None | Some("false" | "0" | "no") => false,
             Some("true" | "1" | "yes") => true,
             Some(other) => {
-                return Err(crate::config::ConfigError::Invalid {
+                return Err(webhook_inbox_schemes::ConfigError::Invalid {
                     var: "INBOX_CONSOLE_HTTPS".into(),
-                    reason: format!("{:?} is neither true nor false", crate::core::text::escape(other)),
+                    reason: format!("{:?} is neither true nor false", webhook_inbox_schemes::text::escape(other)),
                 })
             }
         };
@@ -125,7 +125,7 @@ pub fn router(
     secrets: Secrets,
     base: &str,
     env: &Env,
-) -> Result<Router, crate::config::ConfigError> {
+) -> Result<Router, webhook_inbox_schemes::ConfigError> {
     Ok(router_at(db, read, catalog, secrets, base, Settings::read(env)?))
 }
 

@@ -17,10 +17,10 @@ use axum_extra::extract::Form;
 
 use super::{ClientIp, State};
 use crate::{
-    core::text::Escaped,
     db::console::UserRole,
     ops::{self, escape},
 };
+use webhook_inbox_schemes::text::Escaped;
 
 /// Whether this request reached the console over HTTPS: `INBOX_CONSOLE_HTTPS`
 /// says so, or the load balancer trusted for the client's address
@@ -253,7 +253,7 @@ impl Nav {
     }
 }
 
-pub(super) use crate::core::text::short_time;
+pub(super) use webhook_inbox_schemes::text::short_time;
 
 /// A stranger's one-line text, escaped and cut to `max` characters.
 pub(super) fn clip(text: &str, max: usize) -> String {

@@ -1,13 +1,6 @@
 //! Leaf types and plumbing every stage shares: the configuration error, the providers, secrets, what a
 //! usable payload is, backoff with `Retry-After`, and the outbound HTTP client.
 
-pub mod error;
-pub mod event;
-pub mod payload;
-pub mod provider;
-pub mod secret;
-pub mod text;
-
 #[cfg(feature = "service")]
 pub mod aws;
 #[cfg(feature = "service")]

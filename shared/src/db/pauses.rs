@@ -17,7 +17,7 @@ use std::time::Duration;
 use sqlx::{PgConnection, PgPool};
 
 use super::inbox::Audit;
-use crate::core::provider::Provider;
+use webhook_inbox_schemes::Provider;
 
 /// The gate's key, in the two-int form (`inbx`, 1): it cannot meet the
 /// events' locks (one bigint) or the migrations'.

@@ -8,7 +8,8 @@ use std::{fmt, future::Future, time::SystemTime};
 use serde::de::DeserializeOwned;
 use sqlx::PgConnection;
 
-use crate::{core::provider::Provider, db};
+use crate::db;
+use webhook_inbox_schemes::Provider;
 
 /// An event as a handler sees it: what the provider sent, and where it stands.
 ///

@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 use sqlx::PgConnection;
 
 use super::handler::{BatchHandler, Event, Handler, HandlerError, Headers, Outcome};
-use crate::core::{payload, provider::Provider};
+use webhook_inbox_schemes::{payload, Provider};
 
 /// What [`Handlers::on`] takes: a [`Handler`], a [`BatchHandler`], a
 /// [`HintHandler`](crate::hints::HintHandler), or an async fn or closure

@@ -28,7 +28,7 @@ use serde::de::DeserializeOwned;
 use sqlx::PgConnection;
 
 use super::handler::{Event, HandlerError, Outcome};
-use crate::core::provider::Provider;
+use webhook_inbox_schemes::Provider;
 
 /// An object of a provider's API: its kind (the API's collection, as in
 /// `subscriptions`) and its id.
@@ -159,10 +159,8 @@ mod stripe {
     use std::{future::Future, pin::Pin, time::Duration};
 
     use super::{FetchError, Fetched, Object, ObjectApi};
-    use crate::core::{
-        http::{retry_after, AnswerError},
-        secret::Secret,
-    };
+    use crate::core::http::{retry_after, AnswerError};
+    use webhook_inbox_schemes::secret::Secret;
 
     /// Stripe's API: `GET /v1/<kind>/<id>` with `STRIPE_API_KEY`, at
     /// `STRIPE_API_BASE` (default `https://api.stripe.com`). Each request has
@@ -193,8 +191,8 @@ mod stripe {
         async fn fetch_once(&self, object: &Object) -> Result<Fetched, (FetchError, Option<Duration>)> {
             let what = format!(
                 "GET /v1/{}/{}",
-                crate::core::text::escape(&object.kind),
-                crate::core::text::escape(&object.id)
+                webhook_inbox_schemes::text::escape(&object.kind),
+                webhook_inbox_schemes::text::escape(&object.id)
             );
             // Stripe's ids and collections are letters, digits and `_`: anything else goes nowhere.
             let plain = |s: &str| {
@@ -227,7 +225,9 @@ mod stripe {
             let message = || {
                 serde_json::from_str::<serde_json::Value>(&text)
                     .ok()
-                    .and_then(|v| v["error"]["message"].as_str().map(|m| crate::core::text::escape(m).into_owned()))
+                    .and_then(|v| {
+                        v["error"]["message"].as_str().map(|m| webhook_inbox_schemes::text::escape(m).into_owned())
+                    })
                     .unwrap_or_default()
             };
             match status {
@@ -259,7 +259,7 @@ mod stripe {
                         Ok(fetched) => return Ok(fetched),
                         Err((FetchError::Transient(reason), wait)) if tried < TRIES => {
                             let backoff = Duration::from_millis(250 << tried);
-                            tracing::info!(reason = %crate::core::text::Escaped(&reason), "fetching again");
+                            tracing::info!(reason = %webhook_inbox_schemes::text::Escaped(&reason), "fetching again");
                             tokio::time::sleep(wait.unwrap_or(backoff).min(Duration::from_secs(5))).await;
                         }
                         Err((e, _)) => return Err(e),

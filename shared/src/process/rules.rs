@@ -27,7 +27,7 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::core::{provider::Provider, text::escape};
+use webhook_inbox_schemes::{text::escape, Provider};
 
 /// The ignore rules of one file, in its order (the first that matches names the event's rule).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -97,7 +97,7 @@ struct ConditionEntry {
 impl Rules {
     /// Reads and checks a rules file's text; the error names the rule and the key.
     pub fn parse(text: &str) -> Result<Rules, String> {
-        let file: File = toml::from_str(text).map_err(|e| crate::core::text::toml_error(text, &e))?;
+        let file: File = toml::from_str(text).map_err(|e| webhook_inbox_schemes::text::toml_error(text, &e))?;
         let ignore = file.ignore.into_iter().enumerate().map(|(i, entry)| IgnoreRule::new(i + 1, entry));
         Ok(Rules { ignore: ignore.collect::<Result<_, _>>()? })
     }

@@ -1,7 +1,5 @@
-//! Receive: each provider's signing scheme, the receive handler (receiver), the claim,
-//! and inline mode. Only `providers` is built without the `service` feature.
-
-pub mod providers;
+//! Receive: the receive handler (receiver) over the providers' schemes
+//! (`webhook-inbox-schemes`), the claim, and inline mode.
 
 #[cfg(feature = "service")]
 pub mod claim;

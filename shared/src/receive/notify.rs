@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 
-use crate::core::provider::Provider;
+use webhook_inbox_schemes::Provider;
 
 /// The longest receive waits for the queue before answering anyway.
 pub const NOTIFY_TIMEOUT: Duration = Duration::from_secs(1);

@@ -4,27 +4,26 @@
 //! The same [`Receiver::handle`] serves API Gateway REST (payload 1.0), HTTP API
 //! (2.0), Function URLs and ALB through `lambda_http`, and `inbox dev` over HTTP.
 
-use crate::core::text::Escaped;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use webhook_inbox_schemes::text::Escaped;
 
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use lambda_http::{Body, RequestExt};
 use serde_json::json;
 
 use crate::{
-    core::secret::Secrets,
     db::{minutes::MinuteCounts, Connections, DbConfig},
     process::handlers::Handlers,
-    receive::claim::{self, BatchClaim, Claim, Claimed, Envelope},
-    receive::providers::catalog::Catalog,
     receive::{
+        claim::{self, BatchClaim, Claim, Claimed, Envelope},
         notify::ProcessQueue,
-        providers::{
-            Challenged, Delivery, Events, InitialStatus, NewEvent, Provider, Rejected, RejectionKind, Schemes,
-        },
         tally::Tally,
     },
     runtime::{metrics::Metrics, trace},
+};
+use webhook_inbox_schemes::{
+    catalog::Catalog, secret::Secrets, Challenged, Delivery, Events, InitialStatus, NewEvent, Provider, Rejected,
+    RejectionKind, Schemes,
 };
 
 /// Everything the receive handler needs.
@@ -179,7 +178,7 @@ impl Receiver {
     }
 
     /// Schemes of a team's own, found before the built-in ones (see `Receiver::with_app`).
-    pub(crate) fn with_schemes(mut self, schemes: &[std::sync::Arc<dyn crate::receive::providers::Scheme>]) -> Self {
+    pub(crate) fn with_schemes(mut self, schemes: &[std::sync::Arc<dyn webhook_inbox_schemes::Scheme>]) -> Self {
         self.schemes.add(schemes);
         self
     }
@@ -306,7 +305,7 @@ impl Receiver {
     async fn receive_as(
         &self,
         provider: Provider,
-        scheme: &dyn crate::receive::providers::Scheme,
+        scheme: &dyn webhook_inbox_schemes::Scheme,
         method: &Method,
         headers: &HeaderMap,
         body: &[u8],

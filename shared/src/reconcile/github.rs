@@ -15,14 +15,13 @@ use serde_json::value::RawValue;
 use sqlx::PgPool;
 
 use super::{claim, get, next_link, now_epoch, same_origin, Found, ReconcileConfig, ReconcileError, Source, SourceRun};
-use crate::{
-    core::{error::ConfigError, http::http_client, secret::Secret},
-    db::checkpoints,
-    receive::providers::{
-        declared::{parse_time, TimeFormat},
-        github::{Github, DELIVERY, EVENT},
-        Delivery, Events, NewEvent, Provider, Scheme,
-    },
+use crate::{core::http::http_client, db::checkpoints};
+use webhook_inbox_schemes::ConfigError;
+use webhook_inbox_schemes::{
+    declared::{parse_time, TimeFormat},
+    github::{Github, DELIVERY, EVENT},
+    secret::Secret,
+    Delivery, Events, NewEvent, Provider, Scheme,
 };
 
 const API: &str = "GitHub";
@@ -53,7 +52,7 @@ impl Hook {
             ["orgs", org, "hooks", n] if name(org) && id(n) => Ok(Hook(format!("orgs/{org}/hooks/{n}"))),
             _ => Err(format!(
                 "{:?} is not a hook: repos/<owner>/<repo>/hooks/<id>, orgs/<org>/hooks/<id> or app",
-                crate::core::text::escape(text)
+                webhook_inbox_schemes::text::escape(text)
             )),
         }
     }
@@ -228,7 +227,7 @@ impl GithubDeliveries {
         let unusable = |reason: String| {
             let key = delivery.guid.clone().or(delivery.id.map(|id| id.to_string())).unwrap_or_default();
             let id = format!("reconcile:github:{key}");
-            let id = if key.is_empty() || id.chars().count() > crate::core::event::MAX_EVENT_ID_CHARS {
+            let id = if key.is_empty() || id.chars().count() > webhook_inbox_schemes::MAX_EVENT_ID_CHARS {
                 "reconcile:github:unidentified".to_string()
             } else {
                 id

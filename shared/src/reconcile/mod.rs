@@ -39,12 +39,11 @@ use sqlx::{PgConnection, PgPool};
 
 use crate::{
     core::http::retry_after,
-    core::text::Escaped,
     db::checkpoints,
     receive::claim::{self, Claim, Envelope},
-    receive::providers::{InitialStatus, NewEvent, Provider},
     runtime::stage::{Pass, Reported, Stage, Tally},
 };
+use webhook_inbox_schemes::{text::Escaped, InitialStatus, NewEvent, Provider};
 
 /// Why a source's run stopped (its checkpoint stays where the last complete window left it).
 #[derive(Debug, thiserror::Error)]
@@ -189,7 +188,7 @@ pub async fn claim(
         (InitialStatus::Pending, Claim::New) => found.applied += 1,
         (InitialStatus::Pending, Claim::Duplicate | Claim::Replay) => found.already_known += 1,
         (InitialStatus::Failed, _) => {
-            tracing::warn!(%provider, reason = ?event.failure_reason.as_deref().map(crate::core::text::escape), "fetched event kept as failed");
+            tracing::warn!(%provider, reason = ?event.failure_reason.as_deref().map(webhook_inbox_schemes::text::escape), "fetched event kept as failed");
             found.failed += 1;
         }
     }

@@ -10,12 +10,9 @@ use sqlx::PgPool;
 use super::{
     answer_text, claim, get, next_link, same_origin, walk, Found, ReconcileConfig, ReconcileError, Source, SourceRun,
 };
-use crate::{
-    core::error::ConfigError,
-    core::payload,
-    core::{http::http_client, secret::Secret},
-    receive::providers::{body_digest_id, NewEvent, Provider},
-};
+use crate::core::http::http_client;
+use webhook_inbox_schemes::ConfigError;
+use webhook_inbox_schemes::{body_digest_id, payload, secret::Secret, NewEvent, Provider};
 
 /// Shopify's Admin API: `SHOPIFY_SHOP_DOMAIN`, `SHOPIFY_ACCESS_TOKEN`,
 /// `SHOPIFY_API_BASE` (default `https://<shop domain>`), `SHOPIFY_API_VERSION` (2024-10).
@@ -57,7 +54,7 @@ fn order_event(order: &str) -> NewEvent {
     match (id, value["updated_at"].as_str()) {
         (Some(id), Some(at)) if !payload::has_nul_escape(order) => {
             let event = NewEvent::pending(format!("reconcile:order:{id}:{at}"), ORDER_TOPIC, order.to_string());
-            if event.event_id.chars().count() > crate::core::event::MAX_EVENT_ID_CHARS {
+            if event.event_id.chars().count() > webhook_inbox_schemes::MAX_EVENT_ID_CHARS {
                 return unusable("malformed order: its id and updated_at are longer than an event id may be".into());
             }
             event

@@ -7,11 +7,9 @@ use serde_json::value::RawValue;
 use sqlx::PgPool;
 
 use super::{answer_text, claim, get, walk, Found, ReconcileConfig, ReconcileError, Source, SourceRun};
-use crate::{
-    core::error::ConfigError,
-    core::{http::http_client, secret::Secret},
-    receive::providers::{stripe::Stripe, Delivery, Events, Provider, Scheme},
-};
+use crate::core::http::http_client;
+use webhook_inbox_schemes::ConfigError;
+use webhook_inbox_schemes::{secret::Secret, stripe::Stripe, Delivery, Events, Provider, Scheme};
 
 /// Stripe's events API: `STRIPE_API_BASE` (default `https://api.stripe.com`), `STRIPE_API_KEY`.
 pub struct StripeEvents {

@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use super::{signing::Signer, RepliesFuture, Sink, SinkReply};
 use crate::{
-    core::error::ConfigError,
     core::http::{head, http_client, retry_after},
     db::outbox::Outgoing,
 };
+use webhook_inbox_schemes::ConfigError;
 
 /// Response bodies kept as a dead message's reason are cut to this many bytes.
 pub const REASON_BODY_BYTES: usize = 500;

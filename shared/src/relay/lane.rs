@@ -21,7 +21,7 @@ use tokio::task::JoinSet;
 
 use super::{sink::checked, Destination, DestinationRelayed, RelayConfig, Relayed, SinkReply};
 use crate::{
-    core::{backoff::backoff, text::Escaped},
+    core::backoff::backoff,
     db::{
         destinations::{self, Gate},
         on_lost_connection_again as again,
@@ -29,6 +29,7 @@ use crate::{
     },
     runtime::{scan::Scan, stage::Pass, trace},
 };
+use webhook_inbox_schemes::text::Escaped;
 
 /// Results are recorded once this many are known, or once the oldest waited this long.
 const RECORD_AT: usize = 64;
@@ -266,7 +267,7 @@ impl Lane {
                             match &dispatch {
                                 Dispatch::Sent => span.set("webhook.outcome", "sent"),
                                 Dispatch::Retry { reason, .. } | Dispatch::Dead(reason) => {
-                                    span.fail(crate::core::text::escape(super::sink::headline(reason)))
+                                    span.fail(webhook_inbox_schemes::text::escape(super::sink::headline(reason)))
                                 }
                             }
                         }
@@ -339,8 +340,8 @@ impl Lane {
         let Some(mut span) = trace::start("relay", trace::Kind::Producer, m.trace_context.as_deref()) else {
             return m;
         };
-        span.set("messaging.message.id", crate::core::text::escape(&m.message_key));
-        span.set("messaging.destination.name", crate::core::text::escape(&m.destination));
+        span.set("messaging.message.id", webhook_inbox_schemes::text::escape(&m.message_key));
+        span.set("messaging.destination.name", webhook_inbox_schemes::text::escape(&m.destination));
         let m = Outgoing { trace_context: Some(span.traceparent()), ..m };
         spans.insert(m.id, span);
         m

@@ -9,7 +9,7 @@ use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::core::secret::Secret;
+use webhook_inbox_schemes::secret::Secret;
 
 /// The secrets a destination's deliveries are signed with: `whsec_<base64>`
 /// (or bare base64), the first the current one; during a rotation, two.
@@ -27,7 +27,7 @@ impl Signer {
             .filter(|s| !s.is_empty())
             .enumerate()
             .map(|(i, s)| {
-                crate::core::secret::decode_standard_secret(s)
+                webhook_inbox_schemes::secret::decode_standard_secret(s)
                     .ok_or_else(|| format!("secret #{} is not base64 (after an optional whsec_ prefix)", i + 1))
             })
             .collect::<Result<Vec<_>, _>>()?;

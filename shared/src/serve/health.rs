@@ -56,7 +56,10 @@ impl Readiness {
         match tokio::time::timeout(Duration::from_secs(2), reachable).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => {
-                return Some(format!("the database is unreachable: {}", crate::core::text::escape(&e.to_string())))
+                return Some(format!(
+                    "the database is unreachable: {}",
+                    webhook_inbox_schemes::text::escape(&e.to_string())
+                ))
             }
             Err(_) => return Some("the database did not answer within 2 s".into()),
         }
@@ -71,7 +74,9 @@ impl Readiness {
             Ok(pending) => {
                 Some(format!("migrations not applied (inbox serve --migrate applies them): {}", pending.join(", ")))
             }
-            Err(e) => Some(format!("reading the migrations applied: {}", crate::core::text::escape(&e.to_string()))),
+            Err(e) => {
+                Some(format!("reading the migrations applied: {}", webhook_inbox_schemes::text::escape(&e.to_string())))
+            }
         }
     }
 }

@@ -65,7 +65,7 @@ impl Roles {
             let role = Role::ALL.into_iter().find(|r| r.as_str() == name).ok_or_else(|| {
                 format!(
                     "{:?} is not a role: receive, process, relay, prune, reconcile, console, or all",
-                    crate::core::text::escape(name)
+                    webhook_inbox_schemes::text::escape(name)
                 )
             })?;
             roles.insert(role);

@@ -12,9 +12,9 @@ use super::{
 };
 use crate::{
     console::State,
-    core::text::escape,
     ops::{self, Audit},
 };
+use webhook_inbox_schemes::text::escape;
 
 /// The outbox listing's filters.
 #[derive(Debug, Default, Deserialize, IntoParams)]

@@ -16,10 +16,10 @@ use crate::{
     core::{
         selection::{Cursor, EventQuery, IdMatch, PayloadMatch},
         status::Status,
-        text::escape,
     },
     ops::{self, Audit, Erased, Replayed},
 };
+use webhook_inbox_schemes::text::escape;
 const ALL: &[Status] = &[Status::Pending, Status::Done, Status::Failed, Status::Unhandled, Status::Ignored];
 
 /// The events listing's filters.

@@ -21,11 +21,11 @@ use crate::{
     core::{
         selection::{EventQuery, Filter, PayloadMatch},
         status::Status,
-        text::escape,
     },
     db::api as store,
     ops::{self, Audit},
 };
+use webhook_inbox_schemes::text::escape;
 
 /// A requeue: the events a filter selects (by when they ended), back to pending.
 #[derive(Debug, Deserialize, ToSchema)]

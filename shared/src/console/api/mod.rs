@@ -32,12 +32,13 @@ pub(crate) use auth::{token_sha256, unauthenticated, FAILURES_BURST, TOKEN_PREFI
 
 use super::State;
 use crate::{
-    core::{selection::Since, status::Status, text::escape},
+    core::{selection::Since, status::Status},
     db, ops,
 };
 use admin::*;
 use events::*;
 use jobs::*;
+use webhook_inbox_schemes::text::escape;
 
 /// The longest request body taken.
 const MAX_BODY_BYTES: usize = 64 * 1024;

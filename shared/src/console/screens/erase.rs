@@ -16,8 +16,8 @@ use crate::console::{
     page::{clip, html, optional, short_time, Nav, PageError, Posted},
     State,
 };
-use crate::core::text::{escape, Escaped};
 use crate::ops::{self, Audit, EraseOptions, Erased, EventQuery, PayloadMatch, Since};
+use webhook_inbox_schemes::text::{escape, Escaped};
 
 #[derive(Deserialize, Default)]
 #[serde(default)]

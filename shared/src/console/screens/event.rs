@@ -16,10 +16,8 @@ use crate::console::{
     page::{clip, html, short_time, Nav, PageError, Posted},
     State,
 };
-use crate::{
-    core::text::Escaped,
-    ops::{self, escape, escape_json, Audit, Replayed, Status},
-};
+use crate::ops::{self, escape, escape_json, Audit, Replayed, Status};
+use webhook_inbox_schemes::text::Escaped;
 
 #[derive(Deserialize, Default)]
 #[serde(default)]

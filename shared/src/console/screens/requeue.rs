@@ -13,10 +13,8 @@ use crate::console::{
     page::{clip, html, optional, Nav, PageError, Posted},
     State,
 };
-use crate::{
-    core::text::Escaped,
-    ops::{self, Audit, Filter, Since, Status},
-};
+use crate::ops::{self, Audit, Filter, Since, Status};
+use webhook_inbox_schemes::text::Escaped;
 
 #[derive(Deserialize, Default)]
 #[serde(default)]

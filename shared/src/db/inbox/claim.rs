@@ -3,10 +3,8 @@
 
 use sqlx::{types::Json, PgExecutor};
 
-use crate::{
-    core::{event::NewEvent, provider::Provider},
-    db,
-};
+use crate::db;
+use webhook_inbox_schemes::{NewEvent, Provider};
 
 /// What the delivery carried besides its events: shared by every row it makes.
 #[derive(Clone, Copy, Debug)]
@@ -17,7 +15,7 @@ pub struct Envelope<'a> {
     /// Which configured secret verified the delivery; `None` for an event that
     /// reconcile fetched from the provider's API (stored with `source = 'reconcile'`).
     pub secret_index: Option<i16>,
-    /// That secret's [`crate::core::secret::Secret::fingerprint`], where known.
+    /// That secret's [`webhook_inbox_schemes::secret::Secret::fingerprint`], where known.
     pub secret_fingerprint: Option<&'a str>,
     /// Whether the signed bytes are deduplicated too (`webhook_replay_guard`):
     /// for a scheme whose id is not signed ([`crate::schemes::Scheme::guards_replays`]).

@@ -5,10 +5,8 @@ use std::time::Duration;
 
 use sqlx::{types::Json, PgConnection, PgPool};
 
-use crate::{
-    core::{provider::Provider, status::Status},
-    db,
-};
+use crate::{core::status::Status, db};
+use webhook_inbox_schemes::Provider;
 
 /// An event's place in the queue's order, `(received_at, event_id)`: where
 /// the worker's next take starts ([`crate::runtime::scan`]). Compared in

@@ -127,7 +127,7 @@ pub async fn secret_usage(pool: &PgPool, since: Duration) -> Result<Vec<SecretUs
 pub struct SecretUse {
     /// The provider's name.
     pub provider: String,
-    /// The secret's fingerprint ([`crate::core::secret::Secret::fingerprint`]).
+    /// The secret's fingerprint ([`webhook_inbox_schemes::secret::Secret::fingerprint`]).
     pub secret_fingerprint: Option<String>,
     /// For rows stored before fingerprints were: the secret's position in the
     /// list configured then (which a rotation may since have reordered).

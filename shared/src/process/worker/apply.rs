@@ -8,7 +8,6 @@ use sqlx::{Acquire, Postgres, Transaction};
 
 use super::{count_outcome, ended, finished_row, Batch, Deferred, Finish, Mode, Processed, Worker};
 use crate::{
-    core::{provider::Provider, text::Escaped},
     db::{
         self,
         inbox::{self, Taken},
@@ -21,6 +20,7 @@ use crate::{
     },
     runtime::trace,
 };
+use webhook_inbox_schemes::{text::Escaped, Provider};
 
 impl Worker {
     /// `precounted`: the attempt was already committed (careful mode).
@@ -53,8 +53,8 @@ impl Worker {
             let mut span = trace::start("process", trace::Kind::Consumer, row.trace_context.as_deref());
             if let Some(span) = &mut span {
                 span.set("webhook.provider", row.provider.as_str());
-                span.set("webhook.event_type", crate::core::text::escape(&row.event_type));
-                span.set("webhook.event_id", crate::core::text::escape(&row.event_id));
+                span.set("webhook.event_type", webhook_inbox_schemes::text::escape(&row.event_type));
+                span.set("webhook.event_id", webhook_inbox_schemes::text::escape(&row.event_id));
             }
             let traceparent = span.as_ref().map(trace::Span::traceparent);
             match self.prepare(&row, traceparent, &mut groups, &mut counts) {

@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 
 use super::{ended, finished_row, Batch, Processed, Worker};
 use crate::{
-    core::provider::Provider,
     db::{
         self,
         inbox::{self, Taken},
@@ -18,6 +17,7 @@ use crate::{
     },
     runtime::{stage::Tally, trace},
 };
+use webhook_inbox_schemes::Provider;
 
 /// A hint handler's event, held by its lease while its object is fetched.
 pub(super) struct Deferred<'h> {

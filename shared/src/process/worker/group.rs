@@ -8,7 +8,6 @@ use sqlx::{Acquire, Postgres, Transaction};
 
 use super::{count_outcome, Finish, Mode, Processed, Worker};
 use crate::{
-    core::text::Escaped,
     db::{self, inbox::Taken},
     process::{
         handler::HandlerError,
@@ -16,6 +15,7 @@ use crate::{
     },
     runtime::trace,
 };
+use webhook_inbox_schemes::text::Escaped;
 
 /// What the worker runs: an event, or a batch handler's events of the batch.
 // A batch's runs are built and moved once; with traces off the variants are closer.

@@ -19,7 +19,7 @@ use deferred::{Deferred, HINT_LEASE};
 use sqlx::PgPool;
 
 use crate::{
-    core::{status::Status, text::Escaped},
+    core::status::Status,
     db::{
         self,
         inbox::{self, Finished, Position, Taken},
@@ -30,6 +30,7 @@ use crate::{
         trace,
     },
 };
+use webhook_inbox_schemes::text::Escaped;
 
 /// The worker's settings (`WorkerConfig::read` takes them from the environment).
 #[derive(Debug, Clone)]
@@ -404,11 +405,11 @@ fn ended(span: Option<&mut trace::Span>, end: &Finish) {
         Finish::Lease => span.set("webhook.outcome", "fetching"),
         Finish::Retry { reason, .. } => {
             span.set("webhook.outcome", "retry");
-            span.fail(crate::core::text::escape(reason));
+            span.fail(webhook_inbox_schemes::text::escape(reason));
         }
         Finish::Failed(reason) => {
             span.set("webhook.outcome", "failed");
-            span.fail(crate::core::text::escape(reason));
+            span.fail(webhook_inbox_schemes::text::escape(reason));
         }
     }
 }

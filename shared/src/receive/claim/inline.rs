@@ -7,8 +7,8 @@
 //! before the claim, so a concurrent duplicate delivery is told to come back
 //! (503) instead of queueing behind it on the primary key.
 
-use crate::core::text::Escaped;
 use std::time::SystemTime;
+use webhook_inbox_schemes::text::Escaped;
 
 use sqlx::{Acquire, PgConnection};
 
@@ -20,8 +20,8 @@ use crate::{
         rules::Rules,
     },
     receive::claim::{self, BatchClaim, Claim, Claimed, Envelope},
-    receive::providers::{Events, InitialStatus, NewEvent},
 };
+use webhook_inbox_schemes::{Events, InitialStatus, NewEvent};
 
 pub(crate) async fn claim_and_apply(
     conn: &mut PgConnection,

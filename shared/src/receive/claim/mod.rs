@@ -2,8 +2,8 @@
 //! exactly once (the statements are in [`crate::db::inbox`]), with the retries
 //! and the fallbacks that make every signed delivery a row.
 
-use crate::core::text::Escaped;
 use sqlx::{PgConnection, PgExecutor};
+use webhook_inbox_schemes::text::Escaped;
 
 mod inline;
 
@@ -14,8 +14,8 @@ use crate::{
         inbox::{insert, insert_batch, Body, Inserted},
     },
     process::{handlers::Handlers, rules::Rules},
-    receive::providers::{Events, NewEvent},
 };
+use webhook_inbox_schemes::{Events, NewEvent};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Claim {

@@ -1,9 +1,9 @@
 //! Secrets, typed so that they never print: each provider's signing secrets,
-//! and Marqeta's Basic credentials. Reading them is [`crate::config`]'s job.
+//! and Marqeta's Basic credentials. They are read with [`Secrets::read`] (and [`Secrets::development`] for a local stack).
 
 use std::{collections::BTreeMap, fmt};
 
-use super::provider::Provider;
+use crate::Provider;
 
 /// Secret bytes whose `Debug` never shows them. No `PartialEq`: secrets are
 /// compared only in constant time, by the schemes.
@@ -116,3 +116,34 @@ pub fn decode_standard_secret(s: &str) -> Option<Secret> {
     let key = B64.decode(s.strip_prefix("whsec_").unwrap_or(s)).ok()?;
     (!key.is_empty()).then(|| Secret::new(key))
 }
+
+impl Secrets {
+    /// Fixed, printed secrets for `inbox dev` when none are configured.
+    pub fn development() -> Self {
+        Secrets {
+            stripe: vec![Secret::new(DEV_STRIPE)],
+            shopify: vec![Secret::new(DEV_SHOPIFY)],
+            github: vec![Secret::new(DEV_GITHUB)],
+            standard: vec![decode_standard_secret(DEV_STANDARD).expect("valid development secret")],
+            marqeta: Some(MarqetaAuth {
+                username: Secret::new(DEV_MARQETA_USERNAME),
+                passwords: vec![Secret::new(DEV_MARQETA_PASSWORD)],
+                signing_secrets: vec![],
+            }),
+            declared: Default::default(),
+        }
+    }
+}
+
+/// `inbox dev`'s Stripe secret when none is set (and the others': never for a deployment).
+pub const DEV_STRIPE: &str = "whsec_dev_stripe_secret";
+/// `inbox dev`'s Shopify secret when none is set.
+pub const DEV_SHOPIFY: &str = "dev_shopify_secret";
+/// `inbox dev`'s GitHub secret when none is set.
+pub const DEV_GITHUB: &str = "dev_github_secret";
+/// `inbox dev`'s Standard Webhooks secret when none is set.
+pub const DEV_STANDARD: &str = "whsec_ZGV2X3N0YW5kYXJkX3dlYmhvb2tzX3NlY3JldA==";
+/// `inbox dev`'s Marqeta Basic username when none is set.
+pub const DEV_MARQETA_USERNAME: &str = "marqeta";
+/// `inbox dev`'s Marqeta Basic password when none is set.
+pub const DEV_MARQETA_PASSWORD: &str = "dev_marqeta_password";

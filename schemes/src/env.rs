@@ -1,21 +1,50 @@
-//! The providers known (built in and declared) and their webhook secrets.
+//! The providers known (built in and declared) and their webhook secrets,
+//! read from the environment, or from any lookup of variables by name.
 
-use super::{invalid, Env};
 use crate::{
-    core::{
-        error::ConfigError,
-        provider::Provider,
-        secret::{decode_standard_secret, MarqetaAuth, Secret, Secrets},
-    },
-    receive::providers::catalog::{Catalog, Kind},
+    catalog::{Catalog, Kind},
+    secret::{decode_standard_secret, MarqetaAuth, Secret, Secrets},
+    ConfigError, Provider,
 };
+
+/// Where settings are read: the process environment ([`ProcessEnv`]), or
+/// any lookup of a variable by name (a closure, a test's map).
+pub trait Vars {
+    /// The variable's value, if it is set.
+    fn var(&self, name: &str) -> Option<String>;
+}
+
+impl<F: Fn(&str) -> Option<String>> Vars for F {
+    fn var(&self, name: &str) -> Option<String> {
+        self(name)
+    }
+}
+
+/// The process environment.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProcessEnv;
+
+impl Vars for ProcessEnv {
+    fn var(&self, name: &str) -> Option<String> {
+        std::env::var(name).ok()
+    }
+}
+
+/// A variable's value, trimmed; unset or blank is `None`.
+fn get(env: &(impl Vars + ?Sized), name: &str) -> Option<String> {
+    env.var(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
+}
+
+fn invalid(var: impl Into<std::borrow::Cow<'static, str>>, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid { var: var.into(), reason: reason.into() }
+}
 
 impl Catalog {
     /// The built-in providers and those `INBOX_PROVIDERS_FILE` (a path) or
     /// `INBOX_PROVIDERS` (the text itself, for a Lambda stack) declares, with
     /// the `<NAME>_WEBHOOK_URL` of each whose signature covers its URL.
-    pub fn read(env: &Env) -> Result<Self, ConfigError> {
-        let text = match (env.var("INBOX_PROVIDERS_FILE"), env.var("INBOX_PROVIDERS")) {
+    pub fn read(env: &(impl Vars + ?Sized)) -> Result<Self, ConfigError> {
+        let text = match (get(env, "INBOX_PROVIDERS_FILE"), get(env, "INBOX_PROVIDERS")) {
             (Some(_), Some(_)) => {
                 return Err(invalid("INBOX_PROVIDERS", "set together with INBOX_PROVIDERS_FILE: use one or the other"))
             }
@@ -27,7 +56,7 @@ impl Catalog {
             (None, Some(text)) => Some(("INBOX_PROVIDERS", text)),
             (None, None) => None,
         };
-        let url = |p: Provider| env.var(&format!("{}_WEBHOOK_URL", p.env_prefix()));
+        let url = |p: Provider| get(env, &format!("{}_WEBHOOK_URL", p.env_prefix()));
         Catalog::with_file(text.as_ref().map(|(_, t)| t.as_str()), url)
             .map_err(|reason| invalid(text.as_ref().map_or("INBOX_PROVIDERS", |(var, _)| var), reason))
     }
@@ -38,9 +67,9 @@ type Decode<'a> = Box<dyn Fn(&str) -> Result<Secret, String> + 'a>;
 
 impl Secrets {
     /// Reads every `*_WEBHOOK_*` variable; each may hold several comma-separated secrets.
-    pub fn read(env: &Env, catalog: &Catalog) -> Result<Self, ConfigError> {
+    pub fn read(env: &(impl Vars + ?Sized), catalog: &Catalog) -> Result<Self, ConfigError> {
         let list = |var: &str| -> Vec<String> {
-            env.var(var)
+            get(env, var)
                 .map(|v| v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect())
                 .unwrap_or_default()
         };
@@ -135,33 +164,4 @@ impl Secrets {
             declared,
         })
     }
-
-    /// Fixed, printed secrets for `inbox dev` when none are configured.
-    pub fn development() -> Self {
-        Secrets {
-            stripe: vec![Secret::new(DEV_STRIPE)],
-            shopify: vec![Secret::new(DEV_SHOPIFY)],
-            github: vec![Secret::new(DEV_GITHUB)],
-            standard: vec![decode_standard_secret(DEV_STANDARD).expect("valid development secret")],
-            marqeta: Some(MarqetaAuth {
-                username: Secret::new(DEV_MARQETA_USERNAME),
-                passwords: vec![Secret::new(DEV_MARQETA_PASSWORD)],
-                signing_secrets: vec![],
-            }),
-            declared: Default::default(),
-        }
-    }
 }
-
-/// `inbox dev`'s Stripe secret when none is set (and the others': never for a deployment).
-pub const DEV_STRIPE: &str = "whsec_dev_stripe_secret";
-/// `inbox dev`'s Shopify secret when none is set.
-pub const DEV_SHOPIFY: &str = "dev_shopify_secret";
-/// `inbox dev`'s GitHub secret when none is set.
-pub const DEV_GITHUB: &str = "dev_github_secret";
-/// `inbox dev`'s Standard Webhooks secret when none is set.
-pub const DEV_STANDARD: &str = "whsec_ZGV2X3N0YW5kYXJkX3dlYmhvb2tzX3NlY3JldA==";
-/// `inbox dev`'s Marqeta Basic username when none is set.
-pub const DEV_MARQETA_USERNAME: &str = "marqeta";
-/// `inbox dev`'s Marqeta Basic password when none is set.
-pub const DEV_MARQETA_PASSWORD: &str = "dev_marqeta_password";

@@ -63,7 +63,8 @@ impl NewEvent {
     }
 }
 
-/// At most 128 characters, control characters (which `text` may refuse) replaced.
-pub(crate) fn event_type_of(t: &str) -> String {
+/// An event type as stored: at most [`MAX_EVENT_TYPE_CHARS`] characters,
+/// control characters (which PostgreSQL's `text` may refuse) replaced.
+pub fn event_type_of(t: &str) -> String {
     t.chars().take(MAX_EVENT_TYPE_CHARS).map(|c| if c.is_control() { '?' } else { c }).collect()
 }

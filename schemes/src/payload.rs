@@ -29,7 +29,6 @@ pub const MAX_DEPTH: usize = 127;
 pub struct Unusable(pub String);
 
 /// The payload as handlers see it.
-#[cfg(any(feature = "reconcile", feature = "internals"))]
 pub fn decode(text: &str) -> Result<serde_json::Value, Unusable> {
     decode_as(text)
 }
@@ -47,16 +46,22 @@ pub fn decode_as<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, Unusab
 /// A repeated key keeps its last value, as `jsonb` and `Value` do.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Fields {
+    /// `id`.
     pub id: Option<String>,
+    /// `type`.
     pub kind: Option<String>,
+    /// `action`.
     pub action: Option<String>,
+    /// `token` (Marqeta's id).
     pub token: Option<String>,
 }
 
 /// A checked body: its fields, and whether it holds `\u0000` (usable JSON that `jsonb` refuses).
 #[derive(Debug)]
 pub struct Checked {
+    /// Its top-level fields.
     pub fields: Fields,
+    /// Whether it holds `\u0000`.
     pub has_nul: bool,
 }
 

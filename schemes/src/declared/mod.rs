@@ -28,23 +28,21 @@ use super::{
     body_digest_id, candidate_groups, event_from, first_matching, header, header_values, parse_json, parse_json_text,
     Challenged, Delivery, Events, Json, NewEvent, Provider, Rejected, Scheme, Verified, MAX_SIGNATURES,
 };
-use crate::core::{payload::storable, secret::Secret};
+use crate::{payload::storable, secret::Secret};
 
 mod contract;
 mod description;
 mod pointer;
 mod template;
-pub(crate) mod time;
+mod time;
 
 pub use contract::{Algorithm, Encoding, Parse, Rules, TimestampRule};
-pub use description::Description;
+pub(crate) use description::Description;
 pub use template::{Part, Source, Template};
-#[cfg(any(test, feature = "testing"))]
-pub use time::format_time;
-pub use time::{parse_time, TimeFormat};
+pub use time::{format_time, parse_time, TimeFormat};
 
 use contract::Respond;
-pub(crate) use pointer::json_text;
+pub use pointer::json_text;
 use pointer::pointer;
 
 /// Rows one batch delivery may make; past it the delivery is kept whole as one failed row.
@@ -58,6 +56,7 @@ pub const STRIPE_AS_DATA: &str = include_str!("stripe_as_data.toml");
 /// The largest body a ping may have: a handful of short fields.
 const MAX_PING_BYTES: usize = 1024;
 
+/// A provider whose contract is written as data ([`Rules`]).
 pub struct Declared {
     provider: Provider,
     rules: Rules,
@@ -69,6 +68,8 @@ pub struct Declared {
 }
 
 impl Declared {
+    /// `provider`'s scheme under `rules`, verifying with any of `secrets`;
+    /// `url` is the public URL the provider was given, where `rules` sign it.
     pub fn new(provider: Provider, rules: Rules, secrets: Vec<Secret>, url: Option<String>) -> Self {
         let kept = rules.kept_headers();
         // A signed timestamp only narrows the window (Linear's is 60 s): the bytes are guarded all the same.

@@ -9,17 +9,22 @@ use super::{
     first_matching, header, header_values, parse_json, parse_json_text, single_event, Delivery, Events, Provider,
     Rejected, Scheme, Verified, MAX_SIGNATURES,
 };
-use crate::core::secret::Secret;
+use crate::secret::Secret;
 
+/// The signature header: `sha256=<hex HMAC-SHA256 of the body>`.
 pub const SIGNATURE: &str = "x-hub-signature-256";
+/// The delivery's id, the event id.
 pub const DELIVERY: &str = "x-github-delivery";
+/// The event's type.
 pub const EVENT: &str = "x-github-event";
 
+/// GitHub's scheme: `X-Hub-Signature-256` over the body, the event named by `X-GitHub-Event`.
 pub struct Github {
     secrets: Vec<Secret>,
 }
 
 impl Github {
+    /// Verifying with any of `secrets` (two or more while one is rotated).
     pub fn new(secrets: Vec<Secret>) -> Self {
         Github { secrets }
     }
@@ -89,7 +94,7 @@ impl Scheme for Github {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::receive::providers::{test_support::*, InitialStatus};
+    use crate::{test_support::*, InitialStatus};
     use hmac::Mac;
 
     const BODY: &[u8] = br#"{"action":"opened","issue":{"number":1}}"#;

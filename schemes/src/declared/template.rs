@@ -4,16 +4,23 @@
 /// Where a value comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
+    /// `{body}`: the exact bytes.
     Body,
     /// `<NAME>_WEBHOOK_URL`: the public URL the provider was given.
     Url,
+    /// `{method}`: the request's method.
     Method,
+    /// `{timestamp}`: the signed timestamp's text.
     Timestamp,
     /// Form parameters sorted by name, each as name then value (Twilio).
     FormSorted,
+    /// `{body_sha256}`: the body's SHA-256, hex.
     BodyHash,
+    /// `{header:Name}`: a header's value.
     Header(String),
+    /// `{json:/pointer}`: the body's string or number at a JSON pointer.
     Json(String),
+    /// `{form:name}`: a form field of the body.
     Form(String),
     /// An item of the signature header's key-value list.
     Signature(String),
@@ -21,9 +28,12 @@ pub enum Source {
     Hmac(String),
 }
 
+/// A piece of a template.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Part {
+    /// Text as written.
     Literal(String),
+    /// A placeholder's value.
     Source(Source),
 }
 

@@ -1,5 +1,5 @@
 use super::*;
-use crate::receive::providers::{
+use crate::{
     catalog::{Catalog, Kind},
     github::Github,
     shopify::Shopify,

@@ -10,17 +10,22 @@ use super::{
     first_matching, header, header_values, parse_json, single_event, Delivery, Events, Provider, Rejected, Scheme,
     Verified, MAX_SIGNATURES,
 };
-use crate::core::secret::Secret;
+use crate::secret::Secret;
 
+/// The signature header: base64 HMAC-SHA256 of the body.
 pub const HMAC_HEADER: &str = "x-shopify-hmac-sha256";
+/// The webhook's id, the event id.
 pub const WEBHOOK_ID: &str = "x-shopify-webhook-id";
+/// The event's type.
 pub const TOPIC: &str = "x-shopify-topic";
 
+/// Shopify's scheme: `X-Shopify-Hmac-Sha256` over the body, the id and topic from its headers.
 pub struct Shopify {
     secrets: Vec<Secret>,
 }
 
 impl Shopify {
+    /// Verifying with any of `secrets` (two or more while one is rotated).
     pub fn new(secrets: Vec<Secret>) -> Self {
         Shopify { secrets }
     }
@@ -73,7 +78,7 @@ impl Scheme for Shopify {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::receive::providers::{test_support::*, InitialStatus};
+    use crate::{test_support::*, InitialStatus};
     use hmac::Mac;
 
     const BODY: &[u8] = br#"{"id":820982911946154508,"total_price":"49.99"}"#;

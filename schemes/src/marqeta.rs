@@ -15,22 +15,26 @@ use super::{
     body_digest_id, event_from, first_matching, header, header_values, parse_json_text, Delivery, Events, NewEvent,
     Provider, Rejected, Scheme, Verified, MAX_SIGNATURES,
 };
-use crate::core::{
+use crate::{
     payload::storable,
     secret::{MarqetaAuth, Secret},
 };
 
+/// The optional signature header: hex HMAC-SHA1 of the body.
 pub const SIGNATURE: &str = "x-marqeta-signature";
 /// Rows one delivery may make: Marqeta batches at most 10 notifications.
 pub const MAX_BATCH_ITEMS: usize = 100;
 /// The notification key of Marqeta's health check, acknowledged and never stored.
 pub const PINGS: &str = "pings";
 
+/// Marqeta's scheme: Basic credentials, and `X-Marqeta-Signature` where
+/// signing secrets are configured; a delivery batches notifications.
 pub struct Marqeta {
     auth: MarqetaAuth,
 }
 
 impl Marqeta {
+    /// Verifying with these credentials (and secrets).
     pub fn new(auth: MarqetaAuth) -> Self {
         Marqeta { auth }
     }
@@ -193,7 +197,7 @@ impl<'de: 'a, 'a> serde::Deserialize<'de> for Groups<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::receive::providers::{test_support::*, InitialStatus};
+    use crate::{test_support::*, InitialStatus};
     use hmac::Mac;
 
     const BODY: &[u8] =

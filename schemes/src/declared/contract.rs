@@ -14,15 +14,16 @@ use super::{
     template::{Part, Source, Template},
     time::TimeFormat,
 };
-use crate::{
-    core::secret::Secret,
-    receive::providers::{header, Delivery, Rejected},
-};
+use crate::{header, secret::Secret, Delivery, Rejected};
 
+/// What signs (`algorithm`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Algorithm {
+    /// HMAC-SHA1 (`hmac-sha1`).
     Sha1,
+    /// HMAC-SHA256 (`hmac-sha256`).
     Sha256,
+    /// HMAC-SHA512 (`hmac-sha512`).
     Sha512,
     /// A public-key signature (SendGrid): the "secret" is the provider's P-256 public key.
     EcdsaP256Sha256,
@@ -40,23 +41,40 @@ impl Algorithm {
     }
 }
 
+/// How the signature is written (`encoding`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Encoding {
+    /// Hexadecimal.
     Hex,
+    /// Standard base64.
     Base64,
 }
 
+/// How the signature header is read (`signature`).
 #[derive(Debug, Clone)]
 pub enum Parse {
     /// The whole value, after an optional prefix.
-    Plain { prefix: Option<String> },
+    Plain {
+        /// Text before the signature (`sha256=`).
+        prefix: Option<String>,
+    },
     /// `t=1,v1=ab,v1=cd`: every value of `key`.
-    List { items: String, pairs: String, key: String },
+    List {
+        /// What separates the items (`,`).
+        items: String,
+        /// What separates an item's key from its value (`=`).
+        pairs: String,
+        /// The key of the signatures (`v1`).
+        key: String,
+    },
 }
 
+/// Where a signed timestamp is and how it is written (`timestamp`).
 #[derive(Debug, Clone)]
 pub struct TimestampRule {
+    /// Where it is read.
     pub from: Source,
+    /// How it is written.
     pub format: TimeFormat,
     /// Seconds either side of now.
     pub tolerance_secs: u64,
@@ -67,21 +85,33 @@ pub struct TimestampRule {
 pub struct Rules {
     /// As written, for messages; matched case-insensitively.
     pub headers: Vec<String>,
+    /// How the signature header is read.
     pub parse: Parse,
+    /// What signs.
     pub algorithm: Algorithm,
+    /// How the signature is written.
     pub encoding: Encoding,
+    /// Whether the secret as configured is base64 of the key.
     pub secret_base64: bool,
+    /// A prefix the secret as configured carries, not part of the key (`whsec_`).
     pub secret_prefix: Option<String>,
+    /// What is signed.
     pub signed: Template,
+    /// The signed timestamp, when there is one.
     pub timestamp: Option<TimestampRule>,
+    /// Where the event's id is, the first that has one.
     pub event_id: Vec<Template>,
+    /// Where the event's type is, the first that has one.
     pub event_type: Vec<Template>,
+    /// A JSON pointer to an array: one event per element.
     pub batch: Option<String>,
+    /// A handshake answered and never stored.
     pub challenge: Option<Challenge>,
     /// The form fields of an unsigned ping (`ping.form`).
     pub ping: Option<Vec<String>>,
 }
 
+/// A handshake the provider sends to check the endpoint, answered once verified.
 #[derive(Debug, Clone)]
 pub struct Challenge {
     pub(super) when: Template,
@@ -108,7 +138,7 @@ pub(super) enum Respond {
 
 impl Rules {
     /// Checks a description (without `alias`), saying what is wrong in words a user can act on.
-    pub fn from_description(d: &Description) -> Result<Rules, String> {
+    pub(crate) fn from_description(d: &Description) -> Result<Rules, String> {
         let sig = d.signature.as_ref().ok_or("signature is missing (signature = { header = \"...\" })")?;
         let headers = sig.header.items().to_vec();
         if headers.is_empty() {

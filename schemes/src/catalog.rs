@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use super::declared::{Description, Rules};
-use crate::core::provider::Provider;
+use crate::provider::Provider;
 
 const BUILTIN: &str = include_str!("builtin.toml");
 
@@ -27,7 +27,9 @@ pub enum Kind {
 /// One provider the deployment knows.
 #[derive(Debug, Clone)]
 pub struct Entry {
+    /// Its name.
     pub provider: Provider,
+    /// How its contract is written.
     pub kind: Kind,
     /// The longest the provider may redeliver an event: retention keeps keys at least this long.
     pub redelivery_days: u32,

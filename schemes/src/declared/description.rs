@@ -8,27 +8,27 @@ use serde::Deserialize;
 /// One provider's entry in a providers file.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Description {
+pub(crate) struct Description {
     /// Another provider's contract under this name (its own secret, URL and route).
-    pub alias: Option<String>,
-    pub signature: Option<SignatureDescription>,
-    pub algorithm: Option<String>,
-    pub encoding: Option<String>,
-    pub secret: Option<SecretDescription>,
-    pub signed: Option<String>,
-    pub timestamp: Option<TimestampDescription>,
-    pub event_id: Option<OneOrMany>,
-    pub event_type: Option<OneOrMany>,
+    pub(crate) alias: Option<String>,
+    pub(crate) signature: Option<SignatureDescription>,
+    pub(crate) algorithm: Option<String>,
+    pub(crate) encoding: Option<String>,
+    pub(crate) secret: Option<SecretDescription>,
+    pub(crate) signed: Option<String>,
+    pub(crate) timestamp: Option<TimestampDescription>,
+    pub(crate) event_id: Option<OneOrMany>,
+    pub(crate) event_type: Option<OneOrMany>,
     /// A JSON pointer to an array: one event per element.
-    pub batch: Option<String>,
-    pub redelivery_days: Option<u32>,
-    pub challenge: Option<ChallengeDescription>,
-    pub ping: Option<PingDescription>,
+    pub(crate) batch: Option<String>,
+    pub(crate) redelivery_days: Option<u32>,
+    pub(crate) challenge: Option<ChallengeDescription>,
+    pub(crate) ping: Option<PingDescription>,
 }
 
 impl Description {
     /// Whether it says anything about signing (an alias must not).
-    pub fn has_contract(&self) -> bool {
+    pub(crate) fn has_contract(&self) -> bool {
         let Description {
             alias: _,
             redelivery_days: _,
@@ -63,14 +63,14 @@ impl Description {
 /// `endpoint.url_validation`): once verified, it is answered and never stored.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ChallengeDescription {
+pub(crate) struct ChallengeDescription {
     /// A template whose value, equal to `equals`, makes the delivery a handshake.
-    pub when: String,
-    pub equals: String,
+    pub(crate) when: String,
+    pub(crate) equals: String,
     /// The answer as text ...
-    pub respond: Option<String>,
+    pub(crate) respond: Option<String>,
     /// ... or as a JSON object of templates.
-    pub respond_json: Option<BTreeMap<String, String>>,
+    pub(crate) respond_json: Option<BTreeMap<String, String>>,
 }
 
 /// A ping the provider sends unsigned before it signs anything (WooCommerce's,
@@ -79,45 +79,45 @@ pub struct ChallengeDescription {
 /// fields, each once and not empty, is one; it is answered and never stored.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct PingDescription {
-    pub form: Vec<String>,
+pub(crate) struct PingDescription {
+    pub(crate) form: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct SignatureDescription {
-    pub header: OneOrMany,
-    pub prefix: Option<String>,
+pub(crate) struct SignatureDescription {
+    pub(crate) header: OneOrMany,
+    pub(crate) prefix: Option<String>,
     /// Separator between the items of a key-value list (`,` in `t=1,v1=ab`).
-    pub items: Option<String>,
+    pub(crate) items: Option<String>,
     /// Separator between a key and its value (`=` by default).
-    pub pairs: Option<String>,
+    pub(crate) pairs: Option<String>,
     /// The key of the signature items.
-    pub key: Option<String>,
+    pub(crate) key: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct SecretDescription {
+pub(crate) struct SecretDescription {
     /// `utf8` (the default) or `base64`.
-    pub encoding: Option<String>,
+    pub(crate) encoding: Option<String>,
     /// Removed before decoding when present (`whsec_`).
-    pub prefix: Option<String>,
+    pub(crate) prefix: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TimestampDescription {
-    pub from: String,
+pub(crate) struct TimestampDescription {
+    pub(crate) from: String,
     /// `unix` (seconds, the default), `unix-ms` or `rfc3339`.
-    pub format: Option<String>,
+    pub(crate) format: Option<String>,
     /// Seconds either side of now (required, and not 0).
-    pub tolerance_secs: Option<u64>,
+    pub(crate) tolerance_secs: Option<u64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
-pub enum OneOrMany {
+pub(crate) enum OneOrMany {
     One(String),
     Many(Vec<String>),
 }

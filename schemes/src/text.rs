@@ -61,7 +61,7 @@ pub fn escape_json(json: &str) -> Cow<'_, str> {
 pub struct Escaped<T>(pub T);
 
 /// PostgreSQL's timestamp text to the second: `2026-12-01 19:10:14.123456+00` as `2026-12-01 19:10:14+00`.
-pub(crate) fn short_time(t: &str) -> String {
+pub fn short_time(t: &str) -> String {
     match t.find('.') {
         Some(dot) => {
             let rest = &t[dot + 1..];
@@ -74,7 +74,7 @@ pub(crate) fn short_time(t: &str) -> String {
 
 /// A TOML file's error on one line: where (line and column), then what, escaped
 /// (toml's own display quotes the file's line under it).
-pub(crate) fn toml_error(text: &str, e: &toml::de::Error) -> String {
+pub fn toml_error(text: &str, e: &toml::de::Error) -> String {
     let at = e.span().map_or(String::new(), |span| {
         let before = text.get(..span.start).unwrap_or(text);
         let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;

@@ -11,11 +11,13 @@ use super::{
     first_matching, header, parse_json, single_event, Delivery, Events, Provider, Rejected, Scheme, Verified,
     MAX_SIGNATURES,
 };
-use crate::core::secret::Secret;
+use crate::secret::Secret;
 
 /// Seconds between `webhook-timestamp` and now, in both directions.
 pub const TOLERANCE_SECS: i64 = 300;
 
+/// Standard Webhooks: `webhook-signature` (or `svix-signature`) over
+/// `"{id}.{timestamp}.{body}"`, within [`TOLERANCE_SECS`].
 pub struct Standard {
     /// `standard`, or a sender's own name (`clerk`, `resend`, ...: aliases).
     provider: Provider,
@@ -23,10 +25,12 @@ pub struct Standard {
 }
 
 impl Standard {
+    /// As provider `standard`.
     pub fn new(secrets: Vec<Secret>) -> Self {
         Standard::named(Provider::STANDARD, secrets)
     }
 
+    /// As `provider`: a sender's own name for the same contract (`clerk`, `resend`, ...).
     pub fn named(provider: Provider, secrets: Vec<Secret>) -> Self {
         Standard { provider, secrets }
     }
@@ -114,7 +118,7 @@ impl Scheme for Standard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::receive::providers::test_support::{headers as hdrs, now};
+    use crate::test_support::{headers as hdrs, now};
     use hmac::Mac;
 
     const BODY: &[u8] = br#"{"type":"invoice.paid","timestamp":"2026-11-29T00:00:00Z","data":{}}"#;

@@ -9,17 +9,20 @@ use super::{
     candidate_groups, first_matching, header_values, parse_json, single_event, Delivery, Events, Provider, Rejected,
     Scheme, Verified, MAX_SIGNATURES,
 };
-use crate::core::secret::Secret;
+use crate::secret::Secret;
 
+/// The signature header.
 pub const HEADER: &str = "stripe-signature";
 /// Seconds between `t` and now, in both directions.
 pub const TOLERANCE_SECS: i64 = 300;
 
+/// Stripe's scheme: `Stripe-Signature` over `"{t}.{body}"`, within [`TOLERANCE_SECS`].
 pub struct Stripe {
     secrets: Vec<Secret>,
 }
 
 impl Stripe {
+    /// Verifying with any of `secrets` (two or more while one is rotated).
     pub fn new(secrets: Vec<Secret>) -> Self {
         Stripe { secrets }
     }
@@ -96,7 +99,7 @@ impl Stripe {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::receive::providers::{test_support::*, InitialStatus, NewEvent, RejectionKind};
+    use crate::{test_support::*, InitialStatus, NewEvent, RejectionKind};
     use hmac::Mac;
 
     const BODY: &[u8] = br#"{"id":"evt_1","type":"payment_intent.succeeded","data":{}}"#;

@@ -1,34 +1,83 @@
-//! Each provider's signing and delivery contract (`docs/providers.md`),
-//! behind the [`Scheme`] trait: five in code of their own, the others declared
-//! as data ([`declared`], listed with the rest in the [`catalog::Catalog`]).
+//! Webhook providers' signing and delivery contracts, with no async runtime
+//! and no database: verify a delivery over its exact bytes, then read the
+//! events it carries.
 //!
-//! A scheme first verifies the raw bytes ([`Scheme::verify`]), and only then
-//! parses them into the events to claim ([`Scheme::events`]).
+//! Each provider is a [`Scheme`]: five in code of their own ([`stripe`],
+//! [`shopify`], [`github`], [`marqeta`], [`standard`] for Standard Webhooks),
+//! two dozen more written as data ([`declared`], listed with the rest in the
+//! [`catalog::Catalog`]). A scheme first verifies the raw bytes
+//! ([`Scheme::verify`]: a [`Verified`], or a [`Rejected`] saying why in words
+//! safe to send back), and only then parses them into the events to claim
+//! ([`Scheme::events`]). [`Schemes`] holds every configured provider's.
+//!
+//! The `webhook-inbox` crate builds its receive stage on this one and
+//! re-exports it as `webhook_inbox::schemes`; it stands alone too, in a proxy,
+//! a test or another framework's handler:
+//!
+//! ```
+//! use hmac::{Hmac, Mac};
+//! use http::HeaderMap;
+//! use sha2::Sha256;
+//! use webhook_inbox_schemes::{secret::Secret, stripe::Stripe, Delivery, Events, RejectionKind, Scheme};
+//!
+//! let stripe = Stripe::new(vec![Secret::new("whsec_test")]);
+//! let body = br#"{"id":"evt_1","type":"invoice.paid","data":{"object":{"id":"in_1"}}}"#;
+//! let now = 1_767_225_600; // Unix seconds
+//!
+//! // What Stripe sends: `t=<unix>,v1=<hex HMAC-SHA256 of "{t}.{body}">`.
+//! let mut mac = Hmac::<Sha256>::new_from_slice(b"whsec_test").unwrap();
+//! mac.update(format!("{now}.").as_bytes());
+//! mac.update(body);
+//! let signature = format!("t={now},v1={}", hex::encode(mac.finalize().into_bytes()));
+//! let mut headers = HeaderMap::new();
+//! headers.insert("stripe-signature", signature.parse().unwrap());
+//!
+//! let delivery = Delivery { headers: &headers, body, now };
+//! assert_eq!(stripe.verify(&delivery).unwrap().secret_index, 0);
+//! let Events::Single(event) = stripe.events(&delivery) else { panic!("one event") };
+//! assert_eq!((event.event_id.as_str(), event.event_type.as_str()), ("evt_1", "invoice.paid"));
+//!
+//! // A body changed in transit, or a stale timestamp, is refused.
+//! let forged = Delivery { body: br#"{"id":"evt_1","type":"invoice.paid","amount":0}"#, ..delivery };
+//! assert_eq!(stripe.verify(&forged).unwrap_err().kind(), RejectionKind::NoMatch);
+//! let late = Delivery { now: now + 3600, ..delivery };
+//! assert_eq!(stripe.verify(&late).unwrap_err().kind(), RejectionKind::Stale);
+//! ```
+//!
+//! [`text`] escapes what a stranger sent before it reaches a terminal, a log
+//! or a page; [`payload`] is what a usable payload is.
 
 use std::{borrow::Cow, fmt, sync::Arc};
 
-pub use crate::core::{
-    event::{InitialStatus, NewEvent, MAX_EVENT_ID_CHARS},
-    provider::Provider,
-};
-
+use hmac::Mac;
 use http::HeaderMap;
 use sha2::{Digest, Sha256};
 
-use hmac::Mac;
-
-use crate::core::{
-    payload::{self, Fields},
+pub use crate::{
+    env::{ProcessEnv, Vars},
+    error::ConfigError,
+    event::{event_type_of, InitialStatus, NewEvent, MAX_EVENT_ID_CHARS, MAX_EVENT_TYPE_CHARS},
+    provider::{is_provider_name, InvalidName, Provider, MAX_NAME_CHARS},
+};
+use crate::{
+    payload::Fields,
     secret::{Secret, Secrets},
 };
 
 pub mod catalog;
 pub mod declared;
+mod env;
+mod error;
+mod event;
 pub mod github;
 pub mod marqeta;
+pub mod payload;
+mod provider;
+pub mod secret;
 pub mod shopify;
 pub mod standard;
 pub mod stripe;
+pub mod text;
 
 /// Signatures tried per delivery, in all (across header values and list
 /// items): a sender rotating keys sends two or three; a stranger's thousands
@@ -180,6 +229,8 @@ pub struct Schemes {
 }
 
 impl Schemes {
+    /// The scheme of every provider `secrets` configures: the coded ones,
+    /// and those `catalog` declares or names as Standard Webhooks.
     pub fn new(catalog: &catalog::Catalog, secrets: &Secrets) -> Self {
         let mut v: Vec<Arc<dyn Scheme>> = Vec::new();
         if !secrets.stripe.is_empty() {
@@ -212,7 +263,7 @@ impl Schemes {
         Schemes { schemes: v, catalog: catalog.clone() }
     }
 
-    /// Schemes of a team's own ([`crate::App::with_scheme`]), found before
+    /// Schemes of a team's own (`webhook_inbox::App::with_scheme`), found before
     /// the built-in ones.
     pub fn add(&mut self, schemes: &[Arc<dyn Scheme>]) {
         self.schemes.splice(0..0, schemes.iter().cloned());
@@ -223,6 +274,7 @@ impl Schemes {
         self.schemes.iter().find(|s| s.provider() == provider).cloned()
     }
 
+    /// The scheme of `provider`.
     pub fn get(&self, provider: Provider) -> Option<&dyn Scheme> {
         self.find(provider.as_str())
     }
@@ -367,7 +419,7 @@ pub(crate) struct Json<'a> {
 
 pub(crate) const NUL_REASON: &str = "body contains \\u0000, which PostgreSQL jsonb cannot store";
 
-/// Parses a body as JSON and checks it is usable ([`crate::core::payload`]), or says why it is not JSON.
+/// Parses a body as JSON and checks it is usable ([`crate::payload`]), or says why it is not JSON.
 pub(crate) fn parse_json(body: &[u8]) -> Result<Json<'_>, String> {
     let text = std::str::from_utf8(body).map_err(|_| "body is not UTF-8".to_string())?;
     parse_json_text(Cow::Borrowed(text))
@@ -443,7 +495,7 @@ pub(crate) fn test_hmac(key: &[u8], message: &[u8]) -> Vec<u8> {
 pub(crate) mod test_support {
     use http::{HeaderMap, HeaderName, HeaderValue};
 
-    pub fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+    pub(crate) fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
             h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
@@ -451,7 +503,7 @@ pub(crate) mod test_support {
         h
     }
 
-    pub fn now() -> i64 {
+    pub(crate) fn now() -> i64 {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64
     }
 }
@@ -459,6 +511,15 @@ pub(crate) mod test_support {
 #[cfg(test)]
 mod tests {
     use super::{test_support::*, *};
+
+    /// A scheme given an empty key in code (not through the environment,
+    /// which refuses one) matches nothing with it: anyone can compute `HMAC(key = "")`.
+    #[test]
+    fn an_empty_key_matches_nothing() {
+        let empty = [Secret::new(Vec::new())];
+        let mac = test_hmac(b"", b"body");
+        assert_eq!(first_matching::<hmac::Hmac<Sha256>>(&empty, &[b"body"], &[mac]), None);
+    }
 
     /// Each coded scheme says why, as a kind: no header, a header of the wrong
     /// form, and a well-formed signature under another secret.
@@ -507,6 +568,6 @@ mod tests {
     #[test]
     fn event_types_are_cut_at_128_characters_on_a_char_boundary() {
         let long = "é".repeat(200);
-        assert_eq!(crate::core::event::event_type_of(&long).chars().count(), 128);
+        assert_eq!(crate::event::event_type_of(&long).chars().count(), 128);
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! A name is the path segment of `/webhooks/{provider}` and the `provider`
 //! column: five providers have code of their own (these constants), the others
-//! are declared (`crate::receive::providers::declared`), built in or configured.
+//! are declared (`crate::declared`), built in or configured.
 
 use std::{collections::HashSet, fmt, sync::Mutex};
 
@@ -61,7 +61,7 @@ impl fmt::Debug for Provider {
 
 /// Whether `s` is a provider's name: 1 to 64 lower-case letters, digits, `-`
 /// or `_` (checked without interning it).
-pub(crate) fn is_provider_name(s: &str) -> bool {
+pub fn is_provider_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= MAX_NAME_CHARS
         && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')

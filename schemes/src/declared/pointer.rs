@@ -114,8 +114,9 @@ impl<'de> Visitor<'de> for Element {
     }
 }
 
-/// A string's value or a number's (or boolean's) digits at a pointer; nothing for null, objects, arrays and "".
-pub(crate) fn json_text(body: &[u8], p: &str) -> Option<String> {
+/// The body's value at a JSON pointer as text: a string's value, or a
+/// number's (or boolean's) digits; nothing for null, objects, arrays and "".
+pub fn json_text(body: &[u8], p: &str) -> Option<String> {
     let raw = pointer(std::str::from_utf8(body).ok()?, p)?.get().trim();
     let text = match raw.as_bytes().first()? {
         b'"' => serde_json::from_str::<String>(raw).ok()?,

@@ -1,9 +1,13 @@
 //! Signed timestamps as the providers write them.
 
+/// How a provider writes a signed timestamp (`timestamp.format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TimeFormat {
+    /// Unix seconds (`unix`).
     Unix,
+    /// Unix milliseconds (`unix_ms`).
     UnixMs,
+    /// RFC 3339 (`rfc3339`).
     Rfc3339,
 }
 
@@ -19,7 +23,6 @@ pub fn parse_time(text: &str, format: TimeFormat) -> Option<i64> {
 
 /// A timestamp's text, as a provider writes `secs` (Unix seconds) in `format`:
 /// what [`parse_time`] reads back (RFC 3339 in UTC, to the second).
-#[cfg(any(test, feature = "testing"))]
 pub fn format_time(secs: i64, format: TimeFormat) -> String {
     match format {
         TimeFormat::Unix => secs.to_string(),
