@@ -23,6 +23,7 @@ pub mod http;
 mod lane;
 #[cfg(feature = "nats")]
 pub mod nats;
+mod pass;
 pub mod signing;
 pub mod sink;
 
