@@ -21,9 +21,10 @@ mod demo;
 mod erase;
 mod ops;
 mod outbox;
+mod passes;
 mod pauses;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -31,8 +32,7 @@ use webhook_inbox::{
     config::{self, DbConfig},
     dev,
     ops::{Audit, Cursor, EventQuery, Filter, IdMatch, PayloadMatch, Since, Status},
-    reconciliation::{Reconciler, NOTHING_TO_RECONCILE},
-    PruneConfig, Pruner, ReceiveConfig, Relay, RelayConfig, Stage,
+    ReceiveConfig,
 };
 
 #[derive(Parser)]
@@ -371,66 +371,9 @@ async fn run(cli: Cli) -> Result<()> {
         }
         Command::Console { command: None, port, host } => webhook_inbox::console::run(&host, port).await,
         Command::Console { command: Some(command), .. } => console::act(&operator_db().await?, command).await,
-        Command::Relay { once: _ } => {
-            let env = config::Env::resolved().await?;
-            let destinations = config::Destinations::read(&env)?;
-            anyhow::ensure!(
-                !destinations.is_empty(),
-                "no destination configured: set RELAY_HTTP_URL, RELAY_SQS_QUEUE_URL, RELAY_EVENT_BUS or RELAY_DESTINATIONS_FILE"
-            );
-            let relay = Relay::new(database(&env)?, destinations.build(&stock::app()).await?, RelayConfig::read(&env)?);
-            let r = relay.run(one_pass_deadline()).await?;
-            say!(
-                "relayed: {} leased, {} sent, {} to retry, {} dead, {} released unstarted; {} destination(s) paused, {} open; {} message(s) for no configured destination",
-                r.leased,
-                r.sent,
-                r.retried,
-                r.dead,
-                r.released,
-                r.paused,
-                r.open,
-                r.unrouted
-            );
-            Ok(())
-        }
-        Command::Reconcile { once: _ } => {
-            let env = config::Env::resolved().await?;
-            let pool = database(&env)?;
-            let reconciler = Reconciler::read(&env, &stock::app(), pool)?;
-            anyhow::ensure!(reconciler.is_configured(), NOTHING_TO_RECONCILE);
-            let reconciled = reconciler.run_once(one_pass_deadline()).await;
-            for (source, f) in &reconciled.sources {
-                say!(
-                    "{source}: {} fetched, {} new, {} already known, {} kept as failed{}",
-                    f.fetched,
-                    f.applied,
-                    f.already_known,
-                    f.failed,
-                    if f.finished { "" } else { " (stopped at the deadline: run it again to go on)" }
-                );
-            }
-            for (source, e) in &reconciled.failed {
-                say!("{source}: failed: {e}");
-            }
-            anyhow::ensure!(reconciled.failed.is_empty(), "{} reconciliation(s) failed", reconciled.failed.len());
-            Ok(())
-        }
-        Command::Prune { once: _ } => {
-            let env = config::Env::resolved().await?;
-            let pruner = Pruner::new(database(&env)?, PruneConfig::read(&env)?);
-            let pruned = pruner.run(one_pass_deadline()).await?;
-            say!(
-                "pruned: {} done, unhandled or ignored inbox rows, {} failed inbox rows, {} sent outbox messages, {} batch bodies, {} replay guards",
-                pruned.done, pruned.failed, pruned.outbox, pruned.bodies, pruned.guards
-            );
-            if pruned.archived + pruned.not_archived > 0 {
-                say!("archived: {} inbox rows in {} objects", pruned.archived, pruned.archive_objects);
-            }
-            match &pruned.archive_error {
-                Some(e) => anyhow::bail!("{} inbox rows kept, not archived: {e}", pruned.not_archived),
-                None => Ok(()),
-            }
-        }
+        Command::Relay { once: _ } => passes::relay().await,
+        Command::Reconcile { once: _ } => passes::reconcile().await,
+        Command::Prune { once: _ } => passes::prune().await,
         Command::Demo { payments } => {
             let demo = demo::Demo { payments: payments.max(1) };
             let mut ok = false;
@@ -518,24 +461,8 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Outbox { command, dead, limit, out } => {
             outbox::act(&operator_db().await?, command, dead, limit, &out).await
         }
-        Command::Migrate => {
-            let config = DbConfig::read(&config::Env::resolved().await?, 1)?;
-            let url = config.url.clone().context("DATABASE_URL is not set")?;
-            let version = stock::app().migrate(&config.pool()?).await.context("applying migrations")?;
-            say!(
-                "the inbox's migrations (version {version}) and the stock application's applied to {}",
-                config::redact_url(&url)
-            );
-            Ok(())
-        }
+        Command::Migrate => passes::migrate().await,
     }
-}
-
-/// A one-connection pool on DATABASE_URL, for the one-pass commands.
-fn database(env: &config::Env) -> Result<sqlx::PgPool> {
-    let config = DbConfig::read(env, 1)?;
-    anyhow::ensure!(config.url.is_some(), "DATABASE_URL is not set");
-    Ok(config.pool()?)
 }
 
 /// The database of an operator's command, checked: set, reachable, migrated.
@@ -543,9 +470,4 @@ async fn operator_db() -> Result<sqlx::PgPool> {
     let config = DbConfig::read(&config::Env::resolved().await?, 1)?;
     let url = config.url.clone().context("DATABASE_URL is not set: the operator's commands work on a database")?;
     ops::connect(config.pool()?, &config::redact_url(&url)).await
-}
-
-/// A one-pass command stops starting batches after this long, as a Lambda would at its deadline.
-fn one_pass_deadline() -> Instant {
-    Instant::now() + Duration::from_secs(900)
 }
