@@ -112,7 +112,11 @@
 //! and what only it links (the outbound HTTP client, EventBridge), `archive`
 //! prune's archive (the S3 client, gzip); `serve`
 //! adds the long-running service (its HTTP server, the console, Prometheus
-//! metrics), `dev` the local stack on it; `full`, the default, is all of them. Without `service`
+//! metrics), `dev` the local stack on it, `console` the operator's console,
+//! `nats` and `amqp` the relay's broker sinks, `testing` the test kit; `full`
+//! is all of them. The default is every Lambda stage (`relay`, `reconcile`,
+//! `migrate`, `archive`, and `service` with them): no HTTP server, console,
+//! broker client or metrics exporter. Without `service`
 //! only [`schemes`] and [`Provider`] remain.
 //! `internals` is not for you: it opens the private modules to this
 //! repository's white-box tests, with no compatibility

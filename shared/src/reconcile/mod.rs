@@ -403,8 +403,8 @@ impl Reconciler {
         !self.sources.is_empty()
     }
 
-    /// The sources' names, in the order they run.
-    #[cfg(test)]
+    /// The sources' names, in the order they run (for the settings' tests).
+    #[cfg(all(test, feature = "full"))]
     pub(crate) fn names(&self) -> Vec<String> {
         self.sources.iter().map(|s| s.name()).collect()
     }

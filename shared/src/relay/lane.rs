@@ -17,7 +17,7 @@ use std::{
 use sqlx::PgPool;
 use tokio::task::JoinHandle;
 
-use super::{Destination, RelayConfig, Relayed, SinkReply};
+use super::{Destination, RelayConfig, SinkReply};
 use crate::{
     core::backoff::backoff,
     db::{
@@ -25,7 +25,7 @@ use crate::{
         on_lost_connection_again as again,
         outbox::{self, Dispatch, Outgoing},
     },
-    runtime::{scan::Scan, stage::Pass, trace},
+    runtime::{scan::Scan, trace},
 };
 use webhook_inbox_schemes::text::Escaped;
 
@@ -188,7 +188,7 @@ impl Lane {
 /// database apart (one lane's view of them would overwrite another's).
 #[cfg(feature = "serve")]
 #[derive(Debug, Default, Clone, serde::Serialize)]
-pub(crate) struct LaneRelayed(Relayed);
+pub(crate) struct LaneRelayed(super::Relayed);
 
 #[cfg(feature = "serve")]
 impl crate::runtime::stage::Tally for LaneRelayed {
@@ -222,8 +222,8 @@ impl crate::runtime::stage::Stage for Lane {
     type Tally = LaneRelayed;
     const NAME: &'static str = "relay";
 
-    async fn run_once(&self, deadline: Instant) -> Result<Pass<LaneRelayed>, sqlx::Error> {
+    async fn run_once(&self, deadline: Instant) -> Result<crate::runtime::stage::Pass<LaneRelayed>, sqlx::Error> {
         let pass = self.pass(deadline).await?;
-        Ok(Pass { tally: LaneRelayed(pass.tally), more: pass.more })
+        Ok(crate::runtime::stage::Pass { tally: LaneRelayed(pass.tally), more: pass.more })
     }
 }

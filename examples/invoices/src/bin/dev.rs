@@ -1,4 +1,4 @@
-//! The whole stack locally with the team's handlers: `cargo run --bin invoices-dev`.
+//! The whole stack locally with the team's handlers: `cargo run --bin invoices-dev --features dev`.
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
