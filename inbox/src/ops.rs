@@ -9,7 +9,7 @@ use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 use sqlx::PgPool;
 use webhook_inbox::{
-    config::{Catalog, Env, Rules, Secrets},
+    config::{Catalog, Env, IgnoreRules, Secrets},
     ops::{self, Audit, Cursor, EventQuery, Filter, Replayed, Since, Status},
     Provider,
 };
@@ -51,7 +51,7 @@ pub fn ago(text: &str) -> Result<Duration, String> {
 pub async fn rules_check(pool: &PgPool, file: &std::path::Path, since: Option<Duration>, out: &Output) -> Result<()> {
     let shown = ops::escape(&file.display().to_string()).into_owned();
     let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {shown}"))?;
-    let rules = match Rules::parse(&text) {
+    let rules = match IgnoreRules::parse(&text) {
         Ok(rules) => rules,
         Err(reason) => bail!("{shown}: {reason}"),
     };

@@ -8,7 +8,7 @@
 //! transaction that marks the event done and writes its outbox messages; the
 //! relay delivers those. An event no handler takes ends `unhandled`, and a
 //! handler deployed later is run over it with one requeue; an event a team
-//! never wants ends `ignored` by a declared rule ([`config::Rules`]).
+//! never wants ends `ignored` by a declared rule ([`config::IgnoreRules`]).
 //!
 //! # Getting started
 //!
@@ -162,6 +162,13 @@ mod db;
 pub mod dev;
 #[cfg(feature = "service")]
 pub mod lambda;
+#[cfg(feature = "console")]
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod listener;
+#[cfg(feature = "console")]
+#[cfg(not(feature = "internals"))]
+mod listener;
 #[cfg(feature = "migrate")]
 #[cfg(feature = "internals")]
 #[doc(hidden)]
@@ -213,13 +220,6 @@ pub mod runtime;
 mod runtime;
 #[cfg(feature = "serve")]
 pub mod serve;
-#[cfg(feature = "console")]
-#[cfg(feature = "internals")]
-#[doc(hidden)]
-pub mod server;
-#[cfg(feature = "console")]
-#[cfg(not(feature = "internals"))]
-mod server;
 
 #[cfg(feature = "service")]
 pub mod ops;

@@ -32,7 +32,7 @@ pub use webhook_inbox_schemes::text::{escape, escape_json};
 use crate::{
     config::{Catalog, Secrets},
     db,
-    process::rules::Rules,
+    process::rules::IgnoreRules,
     schemes::{Rejected, RejectionKind, Verified},
     Provider,
 };
@@ -69,7 +69,7 @@ pub struct RuleMatch {
 /// inbox in short statements; the payload only where a condition reads it.
 pub async fn rule_matches(
     pool: &sqlx::PgPool,
-    rules: &Rules,
+    rules: &IgnoreRules,
     since: Option<Duration>,
 ) -> Result<RuleMatches, sqlx::Error> {
     const PAGE: i64 = 5_000;

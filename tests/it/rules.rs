@@ -14,7 +14,7 @@ use inbox_tests::*;
 use serde_json::{json, Value};
 use sqlx::{PgConnection, PgPool};
 use webhook_inbox::{
-    config::{Env, Rules},
+    config::{Env, IgnoreRules},
     db,
     ops::{self, Audit, Filter, Status},
     process::{
@@ -57,7 +57,11 @@ fn counting(calls: &Arc<AtomicUsize>) -> Handlers {
 }
 
 fn ruled(pool: &PgPool, handlers: Handlers) -> Worker {
-    Worker::new(pool.clone(), handlers, WorkerConfig { rules: Rules::parse(RULES).unwrap(), ..fast_worker_config() })
+    Worker::new(
+        pool.clone(),
+        handlers,
+        WorkerConfig { rules: IgnoreRules::parse(RULES).unwrap(), ..fast_worker_config() },
+    )
 }
 
 fn charge(id: &str, livemode: bool) -> Vec<u8> {
@@ -125,7 +129,7 @@ async fn inline_mode_leaves_an_ignored_event_to_the_worker(
     let calls = Arc::new(AtomicUsize::new(0));
     let mut cfg = config(secrets(false));
     cfg.inline_providers = vec![Provider::STRIPE];
-    cfg.rules = Rules::parse(RULES).unwrap();
+    cfg.rules = IgnoreRules::parse(RULES).unwrap();
     let r = Receiver::new(db::Connections::from_options(opts, &cfg.db), &cfg).with_handlers(counting(&calls));
     for (id, livemode) in [("evt_test", false), ("evt_live", true)] {
         let body = charge(id, livemode);
@@ -174,7 +178,7 @@ async fn a_rules_file_tried_on_the_stored_events_counts_each_rule_s_matches(pool
     store(&pool, Provider::GITHUB, "gh_ping", "ping", "{}").await;
     store(&pool, Provider::SHOPIFY, "sh_1", "orders/paid", "{}").await;
     let text = format!("{RULES}\n[[ignore]]\nname = \"shadowed\"\nprovider = \"stripe\"\ntype = \"charge.updated\"\nwhen = [{{ pointer = \"/livemode\", equals = false }}]\n");
-    let rules = Rules::parse(&text).unwrap();
+    let rules = IgnoreRules::parse(&text).unwrap();
     let found = ops::rule_matches(&pool, &rules, None).await.unwrap();
     assert_eq!(found.examined, 14, "the rules' providers' events (stripe and github), not shopify's");
     let matched: Vec<(&str, u64, Option<&str>)> =

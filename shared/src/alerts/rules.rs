@@ -108,7 +108,7 @@ pub struct AlertRules {
 struct File {
     #[serde(default)]
     alert: Vec<AlertEntry>,
-    // The [[ignore]] entries are the worker's (crate::config::Rules).
+    // The [[ignore]] entries are the worker's (crate::config::IgnoreRules).
     #[serde(default, rename = "ignore")]
     _ignore: Vec<toml::Table>,
 }

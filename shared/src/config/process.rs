@@ -4,7 +4,7 @@ use super::{invalid, Env};
 use crate::{
     alerts::AlertRules,
     config::ConfigError,
-    process::{rules::Rules, worker::WorkerConfig},
+    process::{rules::IgnoreRules, worker::WorkerConfig},
 };
 use webhook_inbox_schemes::text::escape;
 
@@ -18,22 +18,22 @@ impl WorkerConfig {
             max_attempts: env.positive("INBOX_MAX_ATTEMPTS", d.max_attempts)?,
             retry_base: env.millis("INBOX_RETRY_BASE_MS", d.retry_base.as_millis() as u64)?,
             poll: env.millis("INBOX_POLL_MS", d.poll.as_millis() as u64)?,
-            rules: Rules::read(env)?,
+            rules: IgnoreRules::read(env)?,
         })
     }
 }
 
-impl Rules {
+impl IgnoreRules {
     /// The rules of the file `INBOX_RULES_FILE` names, or of the text
     /// `INBOX_RULES` holds (a Lambda function's environment, a test); none
     /// when neither is set.
-    pub fn read(env: &Env) -> Result<Rules, ConfigError> {
-        read_rules(env, Rules::parse).map(Option::unwrap_or_default)
+    pub fn read(env: &Env) -> Result<IgnoreRules, ConfigError> {
+        read_rules(env, IgnoreRules::parse).map(Option::unwrap_or_default)
     }
 }
 
 impl AlertRules {
-    /// The `[[alert]]` entries of the same file (or text) as [`Rules::read`]'s; none when neither is set.
+    /// The `[[alert]]` entries of the same file (or text) as [`IgnoreRules::read`]'s; none when neither is set.
     pub fn read(env: &Env) -> Result<AlertRules, ConfigError> {
         read_rules(env, AlertRules::parse).map(Option::unwrap_or_default)
     }

@@ -4,7 +4,7 @@ use super::{invalid, Env};
 use crate::{
     config::ConfigError,
     db::DbConfig,
-    process::rules::Rules,
+    process::rules::IgnoreRules,
     receive::receiver::{ReceiveConfig, DEFAULT_MAX_BODY_BYTES},
 };
 use webhook_inbox_schemes::{catalog::Catalog, secret::Secrets, Provider};
@@ -37,7 +37,7 @@ impl ReceiveConfig {
     pub fn read(env: &Env, default_pool: u32) -> Result<Self, ConfigError> {
         let catalog = Catalog::read(env)?;
         let inline_providers = inline_providers(env.var("INBOX_INLINE_PROVIDERS").as_deref(), &catalog)?;
-        let rules = if inline_providers.is_empty() { Rules::default() } else { Rules::read(env)? };
+        let rules = if inline_providers.is_empty() { IgnoreRules::default() } else { IgnoreRules::read(env)? };
         Ok(ReceiveConfig {
             db: DbConfig::read(env, default_pool)?,
             secrets: Secrets::read(env, &catalog)?,

@@ -28,7 +28,7 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
-use crate::server::client_key;
+use crate::listener::client_key;
 
 /// How long a lock lasts after the failure that set it, and how long a failure is remembered.
 pub const WINDOW: Duration = Duration::from_secs(15 * 60);

@@ -39,9 +39,9 @@ use sqlx::PgPool;
 pub use crate::db::console::{User, UserRole};
 use crate::{
     config::{Catalog, DbConfig, Env, Secrets},
-    db, server, ReceiveConfig,
+    db, listener, ReceiveConfig,
 };
-use server::ClientIp;
+use listener::ClientIp;
 
 /// What the pages need, shared by every request.
 pub(crate) struct State {
@@ -157,7 +157,7 @@ pub(crate) fn router_at(
     screens::router(state)
 }
 
-/// The listener's gate for the console: an API request without a token's
+/// The listener's head check for the console: an API request without a token's
 /// form, refused before its body is read.
 pub(crate) fn unauthenticated_api(parts: &http::request::Parts) -> Option<axum::response::Response> {
     api::unauthenticated(parts)
@@ -192,7 +192,7 @@ pub async fn run(host: &str, port: u16) -> anyhow::Result<()> {
     ensure_schema(&pool).await?;
     let read = read_pool(&env, &config.db)?.unwrap_or_else(|| pool.clone());
     let pages = router_at(pool, read, config.catalog, config.secrets, "", Settings::read(&env)?);
-    let limits = server::Limits::read(&env)?;
+    let limits = listener::Limits::read(&env)?;
     let alive = || async { ([(axum::http::header::CONTENT_TYPE, "application/json")], r#"{"status":"alive"}"#) };
     let app = Router::new().route("/healthz", axum::routing::get(alive)).merge(pages);
     let listener =
@@ -200,16 +200,16 @@ pub async fn run(host: &str, port: u16) -> anyhow::Result<()> {
     say(&format!("inbox console ready: http://{}/  (Ctrl-C stops)", listener.local_addr()?));
     // The same listener as `inbox serve`'s: header and body timeouts, a connection cap, a body budget
     // (INBOX_HEADER_TIMEOUT_MS, INBOX_BODY_TIMEOUT_MS, INBOX_MAX_CONNECTIONS, INBOX_CONSOLE_MAX_IN_FLIGHT).
-    let site = server::Site {
+    let site = listener::Site {
         receiver: None,
         router: Some(app),
         routed: |_| true,
         paged: |p| p != "/healthz",
-        gate: Some(unauthenticated_api),
+        head_check: Some(unauthenticated_api),
         count: None,
     };
     let shutdown = crate::runtime::shutdown_signal();
-    server::serve_site(listener, site, limits, shutdown, Duration::from_secs(10)).await;
+    listener::serve_site(listener, site, limits, shutdown, Duration::from_secs(10)).await;
     Ok(())
 }
 

@@ -31,7 +31,7 @@ use webhook_inbox_schemes::{text::escape, Provider};
 
 /// The ignore rules of one file, in its order (the first that matches names the event's rule).
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Rules {
+pub struct IgnoreRules {
     ignore: Vec<IgnoreRule>,
 }
 
@@ -94,12 +94,12 @@ struct ConditionEntry {
     exists: Option<bool>,
 }
 
-impl Rules {
+impl IgnoreRules {
     /// Reads and checks a rules file's text; the error names the rule and the key.
-    pub fn parse(text: &str) -> Result<Rules, String> {
+    pub fn parse(text: &str) -> Result<IgnoreRules, String> {
         let file: File = toml::from_str(text).map_err(|e| webhook_inbox_schemes::text::toml_error(text, &e))?;
         let ignore = file.ignore.into_iter().enumerate().map(|(i, entry)| IgnoreRule::new(i + 1, entry));
-        Ok(Rules { ignore: ignore.collect::<Result<_, _>>()? })
+        Ok(IgnoreRules { ignore: ignore.collect::<Result<_, _>>()? })
     }
 
     /// No rules.
@@ -296,13 +296,13 @@ mod tests {
     when = [{ pointer = "/total", equals = 0 }]
     "#;
 
-    fn ignoring<'r>(rules: &'r Rules, provider: Provider, event_type: &str, payload: &str) -> Option<&'r str> {
+    fn ignoring<'r>(rules: &'r IgnoreRules, provider: Provider, event_type: &str, payload: &str) -> Option<&'r str> {
         rules.ignoring(provider, event_type, Some(payload)).map(IgnoreRule::name)
     }
 
     #[test]
     fn a_type_a_prefix_and_conditions_each_decide() {
-        let rules = Rules::parse(EXAMPLE).unwrap();
+        let rules = IgnoreRules::parse(EXAMPLE).unwrap();
         assert_eq!(ignoring(&rules, Provider::GITHUB, "ping", "{}"), Some("#1"));
         assert_eq!(ignoring(&rules, Provider::GITHUB, "push", "{}"), None);
         let test_charge =
@@ -331,7 +331,7 @@ mod tests {
 
     #[test]
     fn exists_false_and_escaped_pointers() {
-        let rules = Rules::parse(
+        let rules = IgnoreRules::parse(
             r#"[[ignore]]
                provider = "standard"
                type = "*"
@@ -345,7 +345,7 @@ mod tests {
 
     #[test]
     fn a_bad_rule_is_refused_naming_the_rule_and_the_key() {
-        let refused = |text: &str| Rules::parse(text).unwrap_err();
+        let refused = |text: &str| IgnoreRules::parse(text).unwrap_err();
         let one = |rest: &str| format!("[[ignore]]\nname = \"mine\"\nprovider = \"stripe\"\n{rest}");
         assert_eq!(
             refused(&one(r#"when = [{ pointer = "data/object", exists = true }]"#)),
@@ -377,13 +377,13 @@ mod tests {
 
     #[test]
     fn the_take_fetches_the_payload_only_for_rules_with_conditions() {
-        let rules = Rules::parse(EXAMPLE).unwrap();
+        let rules = IgnoreRules::parse(EXAMPLE).unwrap();
         assert_eq!(rules.payload_patterns(), ["stripe:charge.%", "shopify:%"]);
-        let odd = Rules::parse(
+        let odd = IgnoreRules::parse(
             "[[ignore]]\nprovider = \"my_shop\"\ntype = \"100%_off\\\\\"\nwhen = [{ pointer = \"\", exists = true }]",
         )
         .unwrap();
         assert_eq!(odd.payload_patterns(), [r"my\_shop:100\%\_off\\"]);
-        assert!(Rules::parse("").unwrap().is_empty());
+        assert!(IgnoreRules::parse("").unwrap().is_empty());
     }
 }

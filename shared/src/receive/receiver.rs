@@ -44,7 +44,7 @@ pub struct ReceiveConfig {
     pub process_queue_url: Option<String>,
     /// `INBOX_RULES_FILE`, read only with inline providers: an event an ignore
     /// rule matches is left to the worker, which marks it `ignored`.
-    pub rules: crate::process::rules::Rules,
+    pub rules: crate::process::rules::IgnoreRules,
 }
 
 /// `INBOX_MAX_BODY_BYTES`'s default.
@@ -116,7 +116,7 @@ pub struct Receiver {
     handlers: Handlers,
     inline: Vec<Provider>,
     /// Events these ignore are left to the worker, even an inline provider's.
-    rules: crate::process::rules::Rules,
+    rules: crate::process::rules::IgnoreRules,
     /// `INBOX_PROCESS_QUEUE_URL`: told of new events once they are committed.
     process_queue: Option<ProcessQueue>,
     /// Each provider's secrets' fingerprints, in the order configured (a verified index picks one).

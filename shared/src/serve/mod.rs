@@ -50,12 +50,12 @@ use tokio::net::TcpListener;
 pub use roles::{Role, Roles};
 pub(crate) use stack::Stack;
 
+pub(crate) use crate::listener::CONSOLE_PATH;
 pub use crate::receive::claim::group::GroupConfig;
-pub(crate) use crate::server::CONSOLE_PATH;
 use crate::{
     app::App,
     config::{ConfigError, Env, ServeConfig},
-    server, ReceiveConfig,
+    listener, ReceiveConfig,
 };
 
 /// What [`run`] is told beyond the environment: each `None` is read from it.
@@ -97,8 +97,8 @@ pub async fn webhooks(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
     metrics::install().map_err(std::io::Error::other)?;
-    let site = server::Site { count: Some(metrics::delivered), ..server::Site::webhooks(receiver) };
-    server::serve_site(listener, site, server::Limits::default(), shutdown, Duration::from_secs(10)).await;
+    let site = listener::Site { count: Some(metrics::delivered), ..listener::Site::webhooks(receiver) };
+    listener::serve_site(listener, site, listener::Limits::default(), shutdown, Duration::from_secs(10)).await;
     Ok(())
 }
 

@@ -27,6 +27,7 @@ use crate::{
     alerts::AlertRules,
     app::App,
     config::{Destinations, Env, ServeConfig},
+    listener,
     process::{
         hints::Apis,
         worker::{Worker, WorkerConfig},
@@ -35,7 +36,7 @@ use crate::{
     reconcile::Reconciler,
     relay::{Destination, Relay, RelayConfig},
     runtime::metrics::Metrics,
-    server, ReceiveConfig, Receiver,
+    ReceiveConfig, Receiver,
 };
 
 /// The stages and listeners of one instance: `inbox serve`'s, and `inbox dev`'s.
@@ -98,7 +99,7 @@ impl Stack<'_> {
                 read,
                 config.catalog.clone(),
                 config.secrets.clone(),
-                server::CONSOLE_PATH,
+                listener::CONSOLE_PATH,
                 crate::console::Settings::read(env)?,
             ))
         } else {
@@ -110,7 +111,7 @@ impl Stack<'_> {
             None
         };
         Ok(Parts {
-            limits: server::Limits::read(env)?,
+            limits: listener::Limits::read(env)?,
             worker: WorkerConfig::read(env)?,
             apis: Apis::read(env, app)?,
             alerts: if roles.has(Role::Process) { AlertRules::read(env)? } else { AlertRules::default() },
@@ -174,23 +175,23 @@ impl Stack<'_> {
         }
 
         let health = health_router(readiness.clone(), admin.is_none() && counted, false);
-        let gate = parts.console.is_some().then_some(crate::console::unauthenticated_api as server::Gate);
+        let head_check = parts.console.is_some().then_some(crate::console::unauthenticated_api as listener::HeadCheck);
         let router = match parts.console {
             Some(console) => health.merge(console),
             None => health,
         };
         let main_routed: fn(&str) -> bool = if admin.is_none() && counted {
-            |p| server::console_or_health(p) || p == "/metrics"
+            |p| listener::console_or_health(p) || p == "/metrics"
         } else {
-            server::console_or_health
+            listener::console_or_health
         };
         let count = counted.then_some(metrics::delivered as fn(&Metrics, Duration));
-        let site = server::Site {
+        let site = listener::Site {
             receiver: parts.receiver,
             router: Some(router),
             routed: main_routed,
-            paged: server::console,
-            gate,
+            paged: listener::console,
+            head_check,
             count,
         };
         let main_addr = main.local_addr()?;
@@ -202,27 +203,27 @@ impl Stack<'_> {
             let _ = d.wait_for(|d| *d).await;
         };
         let admin_server = admin.map(|admin| {
-            let site = server::Site {
+            let site = listener::Site {
                 receiver: None,
                 router: Some(health_router(readiness.clone(), true, true)),
                 routed: |_| true,
                 paged: |_| false,
-                gate: None,
+                head_check: None,
                 count: None,
             };
             // It answers through the drain (`/readyz` saying so), until the end.
-            tokio::spawn(server::serve_site(admin, site, parts.limits, std::future::pending(), Duration::ZERO))
+            tokio::spawn(listener::serve_site(admin, site, parts.limits, std::future::pending(), Duration::ZERO))
         });
         let drain = serve.drain_timeout;
         let main_server =
-            tokio::spawn(server::serve_site(main, site, parts.limits, until_draining(drain_started), drain));
+            tokio::spawn(listener::serve_site(main, site, parts.limits, until_draining(drain_started), drain));
         Ok(Running { readiness, stop, draining, stages, main_server, admin_server, drain, main_addr, admin_addr })
     }
 }
 
 /// What an instance runs, each part read and checked.
 struct Parts {
-    limits: server::Limits,
+    limits: listener::Limits,
     worker: WorkerConfig,
     apis: Apis,
     alerts: AlertRules,

@@ -23,7 +23,7 @@ use super::{Answer, Refused};
 use crate::{
     console::State,
     db::{api as store, console::UserRole},
-    server::client_key,
+    listener::client_key,
 };
 
 /// The prefix every token starts with (a secret scanner can find one).
@@ -78,7 +78,7 @@ fn bearer(headers: &http::HeaderMap) -> Result<&str, &'static str> {
 /// Whether `path` is one of the API's routes (under the console's base)
 /// that need a token: every one but the document.
 fn needs_token(path: &str) -> bool {
-    let path = path.strip_prefix(crate::server::CONSOLE_PATH).unwrap_or(path);
+    let path = path.strip_prefix(crate::listener::CONSOLE_PATH).unwrap_or(path);
     (path == "/api/v1" || path.starts_with("/api/v1/")) && path != "/api/v1/openapi.json"
 }
 

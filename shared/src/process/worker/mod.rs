@@ -24,7 +24,7 @@ use crate::{
         self,
         inbox::{self, Finished, Position, Taken},
     },
-    process::{handler::Outcome, handlers::Handlers, hints::Apis, rules::Rules},
+    process::{handler::Outcome, handlers::Handlers, hints::Apis, rules::IgnoreRules},
     runtime::{
         stage::{Pass, Reported, Stage, Tally},
         trace,
@@ -44,7 +44,7 @@ pub struct WorkerConfig {
     /// `INBOX_POLL_MS`, default 200: the idle wait of a continuously running worker.
     pub poll: Duration,
     /// `INBOX_RULES_FILE`: the events that end `ignored` (none by default).
-    pub rules: Rules,
+    pub rules: IgnoreRules,
 }
 
 impl Default for WorkerConfig {
@@ -54,7 +54,7 @@ impl Default for WorkerConfig {
             max_attempts: 10,
             retry_base: Duration::from_secs(1),
             poll: Duration::from_millis(200),
-            rules: Rules::default(),
+            rules: IgnoreRules::default(),
         }
     }
 }
@@ -164,7 +164,7 @@ pub struct Worker {
     handlers: Handlers,
     /// [`Handlers::keys`]: the events a batch fetches the payload and headers of.
     handled: Vec<String>,
-    /// [`Rules::payload_patterns`]: the events a batch fetches the payload of for a rule.
+    /// [`IgnoreRules::payload_patterns`]: the events a batch fetches the payload of for a rule.
     ruled: Vec<String>,
     config: WorkerConfig,
     /// The APIs hint handlers' objects are fetched from.

@@ -17,7 +17,7 @@ use crate::{
     process::{
         handler::{HandlerError, Headers},
         handlers::{erased::RawEvent, try_lock_event, Handlers},
-        rules::Rules,
+        rules::IgnoreRules,
     },
     receive::claim::{self, BatchClaim, Claim, Claimed, Envelope},
 };
@@ -28,7 +28,7 @@ pub(crate) async fn claim_and_apply(
     env: &Envelope<'_>,
     events: &Events,
     handlers: &Handlers,
-    rules: &Rules,
+    rules: &IgnoreRules,
 ) -> Result<Claimed, sqlx::Error> {
     let mut tx = conn.begin().await?;
     if let Events::Single(e) = events {

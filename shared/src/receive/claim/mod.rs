@@ -13,7 +13,7 @@ use crate::{
         self,
         inbox::{insert, insert_batch, Body, Inserted},
     },
-    process::{handlers::Handlers, rules::Rules},
+    process::{handlers::Handlers, rules::IgnoreRules},
 };
 use webhook_inbox_schemes::{Events, NewEvent};
 
@@ -130,7 +130,7 @@ pub async fn claim_delivery(
     connections: &db::Connections,
     env: &Envelope<'_>,
     events: &Events,
-    inline: Option<(&Handlers, &Rules)>,
+    inline: Option<(&Handlers, &IgnoreRules)>,
 ) -> Result<Claimed, sqlx::Error> {
     match claim_on_a_lease(connections, env, events, inline).await {
         Err(e) if db::is_connection_lost(&e) => {
@@ -172,7 +172,7 @@ async fn claim_on_a_lease(
     connections: &db::Connections,
     env: &Envelope<'_>,
     events: &Events,
-    inline: Option<(&Handlers, &Rules)>,
+    inline: Option<(&Handlers, &IgnoreRules)>,
 ) -> Result<Claimed, sqlx::Error> {
     let mut conn = connections.acquire().await?;
     let result = match inline {

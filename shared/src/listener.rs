@@ -194,7 +194,7 @@ pub fn connection_cap(max: usize) -> usize {
 pub const CONSOLE_PATH: &str = "/console";
 
 /// Answers a request from its head alone, or lets it through (`None`).
-pub type Gate = fn(&Parts) -> Option<Response<axum::body::Body>>;
+pub type HeadCheck = fn(&Parts) -> Option<Response<axum::body::Body>>;
 
 /// What a listener serves.
 #[derive(Clone)]
@@ -211,7 +211,7 @@ pub struct Site {
     /// Answers a routed request before its share is taken and its body read,
     /// when it can be refused from its head alone (the management API's
     /// requests without a token's form).
-    pub gate: Option<Gate>,
+    pub head_check: Option<HeadCheck>,
     /// Where each delivery's counts and time go (`inbox serve`'s Prometheus metrics).
     pub count: Option<fn(&Metrics, Duration)>,
 }
@@ -220,7 +220,14 @@ pub struct Site {
 impl Site {
     /// Webhooks only.
     pub fn webhooks(receiver: Arc<Receiver>) -> Self {
-        Site { receiver: Some(receiver), router: None, routed: |_| false, paged: |_| false, gate: None, count: None }
+        Site {
+            receiver: Some(receiver),
+            router: None,
+            routed: |_| false,
+            paged: |_| false,
+            head_check: None,
+            count: None,
+        }
     }
 }
 
@@ -409,7 +416,7 @@ impl Drop for Share<'_> {
 }
 
 /// The router's paths to the router (the console's within its share and its
-/// client's, each body read first, under the body timeout; what the gate
+/// client's, each body read first, under the body timeout; what the head check
 /// refuses, before either), the rest to the receiver.
 async fn route(
     site: &Site,
@@ -427,7 +434,7 @@ async fn route(
         };
     };
     let (mut parts, body) = req.into_parts();
-    if let Some(refused) = site.gate.and_then(|gate| gate(&parts)) {
+    if let Some(refused) = site.head_check.and_then(|check| check(&parts)) {
         return closing(refused);
     }
     let _share = if (site.paged)(parts.uri.path()) {
@@ -593,14 +600,14 @@ mod tests {
     }
 
     /// Slow bodies from one client hold its share of the console's requests,
-    /// not the others'; and what the gate refuses from its head alone (an API
+    /// not the others'; and what the head check refuses from its head alone (an API
     /// call without a token's form) holds nothing, its body never read.
     #[tokio::test]
-    async fn one_client_s_slow_bodies_leave_the_other_clients_their_share_and_the_gate_reads_no_body() {
+    async fn one_client_s_slow_bodies_leave_the_other_clients_their_share_and_the_head_check_reads_no_body() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let router = axum::Router::new().route("/{*path}", axum::routing::any(|| async { "page" }));
-        fn gate(parts: &Parts) -> Option<Response<axum::body::Body>> {
+        fn check(parts: &Parts) -> Option<Response<axum::body::Body>> {
             let api = parts.uri.path().starts_with("/api/");
             (api && !parts.headers.contains_key(http::header::AUTHORIZATION)).then(|| {
                 let mut r = Response::new(axum::body::Body::from("{}"));
@@ -613,7 +620,7 @@ mod tests {
             router: Some(router),
             routed: |_| true,
             paged: |_| true,
-            gate: Some(gate),
+            head_check: Some(check),
             count: None,
         };
         let limits = Limits { console_in_flight: 8, console_in_flight_per_client: 2, ..Limits::default() };
