@@ -2,7 +2,7 @@
 //! `show`, `replay`, `requeue`, `outbox`. Each prints a table for people, or
 //! JSON with `--json` for scripts.
 
-use std::time::Duration;
+use std::{ops::ControlFlow, time::Duration};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
@@ -476,6 +476,7 @@ pub async fn requeue(pool: &PgPool, filter: &Filter, by: &Audit<'_>, dry_run: bo
     let done = ops::requeue_all(pool, filter, by, BATCH, |so_far| {
         bar.set_length((so_far.matching - so_far.without_payload).max(0) as u64);
         bar.set_position(so_far.requeued);
+        ControlFlow::Continue(())
     })
     .await?;
     bar.finish_and_clear();

@@ -7,6 +7,7 @@
 
 use std::{
     io::{Read, Write},
+    ops::ControlFlow,
     time::{Duration, Instant},
 };
 
@@ -217,7 +218,7 @@ async fn prune_archives_each_provider_and_day_before_deleting_and_restore_puts_t
 
     // A handler registered now runs over the restored events once they are requeued.
     let filter = Filter { statuses: vec![Status::Unhandled], provider: Some("stripe".into()), ..Filter::default() };
-    assert_eq!(ops::requeue_all(&fresh, &filter, &BY, 100, |_| {}).await.unwrap().requeued, 3);
+    assert_eq!(ops::requeue_all(&fresh, &filter, &BY, 100, |_| ControlFlow::Continue(())).await.unwrap().requeued, 3);
     let handlers = Handlers::new().on(Provider::STRIPE, "charge.succeeded", NewHandler).unwrap();
     let w = Worker::new(fresh.clone(), handlers, fast_worker_config());
     while w.run_once(later()).await.unwrap().taken > 0 {}

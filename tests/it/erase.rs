@@ -170,7 +170,7 @@ async fn one_customer_s_events_are_erased_everywhere_and_their_keys_stay(
         Replayed::Erased { by, .. } if by == "dpo"
     ));
     let filter = Filter { statuses: vec![Status::Done], provider: Some("stripe".into()), ..Default::default() };
-    let requeued = ops::requeue_all(&pool, &filter, &replay, 100, |_| {}).await.unwrap();
+    let requeued = ops::requeue_all(&pool, &filter, &replay, 100, |_| ControlFlow::Continue(())).await.unwrap();
     assert_eq!(requeued.requeued, 1, "the other customer's event only");
     assert_eq!(
         ops::erase(&pool, "stripe", "evt_jane_1", &BY).await.unwrap(),

@@ -2,7 +2,7 @@
 //! only): async fns, closures and trait impls, typed payloads, the event's
 //! context, its own errors, and registration mistakes found at start-up.
 
-use std::time::UNIX_EPOCH;
+use std::{ops::ControlFlow, time::UNIX_EPOCH};
 
 use inbox_tests::{fast_worker_config, later, store, MIGRATOR};
 use serde::Deserialize;
@@ -225,7 +225,7 @@ async fn requeue_all_never_takes_pending_events(pool: PgPool) {
         .unwrap();
     let filter = Filter { statuses: vec![Status::Pending, Status::Unhandled], ..Filter::default() };
     let by = Audit { actor: "test", action: "requeue", reason: "pending named by mistake" };
-    let done = requeue_all(&pool, &filter, &by, 10, |_| {}).await.unwrap();
+    let done = requeue_all(&pool, &filter, &by, 10, |_| ControlFlow::Continue(())).await.unwrap();
     assert_eq!((done.matching, done.requeued, done.held), (0, 0, 0));
     let untouched: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM webhook_inbox WHERE attempts = 2 AND next_attempt_at > now() + interval '50 minutes'",
@@ -234,4 +234,39 @@ async fn requeue_all_never_takes_pending_events(pool: PgPool) {
     .await
     .unwrap();
     assert_eq!(untouched, 30, "their backoff and attempts stay");
+}
+
+/// `ops::requeue_all`'s hook stops it between two batches: what it requeued
+/// stays requeued, the rest stays where it was, and the result says it stopped.
+#[sqlx::test(migrator = "MIGRATOR")]
+async fn requeue_all_stops_where_its_progress_hook_says(pool: PgPool) {
+    use webhook_inbox::ops::{requeue_all, Audit, Filter, Status};
+    for i in 0..30 {
+        store(&pool, Provider::STANDARD, &format!("u{i}"), "x", "{}").await;
+    }
+    sqlx::query("UPDATE webhook_inbox SET status = 'unhandled', processed_at = now() - interval '1 minute'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let filter = Filter { statuses: vec![Status::Unhandled], ..Filter::default() };
+    let by = Audit { actor: "test", action: "requeue", reason: "stopped after two batches" };
+    let mut batches = 0;
+    let done = requeue_all(&pool, &filter, &by, 10, |_| {
+        batches += 1;
+        if batches == 2 {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!((done.matching, done.requeued, done.stopped), (30, 20, true));
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_inbox WHERE status = 'unhandled'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 10);
+    let whole = requeue_all(&pool, &filter, &by, 10, |_| ControlFlow::Continue(())).await.unwrap();
+    assert_eq!((whole.requeued, whole.stopped), (10, false));
 }

@@ -4,9 +4,12 @@
 //! conditions decide per event; `inbox rules check` counts what a file would
 //! have ignored; a bad file is refused at start-up, naming the rule.
 
-use std::sync::{
-    atomic::{AtomicUsize, Ordering},
-    Arc,
+use std::{
+    ops::ControlFlow,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
 };
 
 use http::StatusCode;
@@ -155,7 +158,7 @@ async fn an_ignored_event_requeued_runs_once_the_rule_is_gone(pool: PgPool) {
     let requeue = |pool: PgPool| async move {
         let filter = Filter { statuses: vec![Status::Ignored], ..Default::default() };
         let by = Audit { actor: "test", action: "requeue", reason: "the rule was a mistake" };
-        ops::requeue_all(&pool, &filter, &by, 100, |_| {}).await.unwrap().requeued
+        ops::requeue_all(&pool, &filter, &by, 100, |_| ControlFlow::Continue(())).await.unwrap().requeued
     };
     assert_eq!(requeue(pool.clone()).await, 1);
     assert_eq!(row(&pool, "gh_ping").await, ("pending".into(), 0, None, false));

@@ -4,7 +4,7 @@
 //! storm of duplicates, events that came before the handler backfilled by one
 //! requeue, migrations in either order.
 
-use std::sync::Arc;
+use std::{ops::ControlFlow, sync::Arc};
 
 use sqlx::{
     postgres::{PgConnectOptions, PgPoolOptions},
@@ -137,7 +137,7 @@ async fn events_received_before_the_handler_existed_are_backfilled_by_one_requeu
         ..Filter::default()
     };
     let by = Audit { actor: "ops@example.com", action: "requeue", reason: "invoice.paid handler deployed" };
-    let requeued = requeue_all(&pool, &filter, &by, 500, |_| {}).await.unwrap();
+    let requeued = requeue_all(&pool, &filter, &by, 500, |_| ControlFlow::Continue(())).await.unwrap();
     assert_eq!(requeued.requeued, 30);
     inbox.drain().await.unwrap();
     let state: (i64, i64) = sqlx::query_as(

@@ -11,6 +11,7 @@ pub mod checkpoints;
 pub mod console;
 pub mod destinations;
 pub mod inbox;
+pub mod jobs;
 pub mod minutes;
 pub mod outbox;
 pub mod pauses;

@@ -1,16 +1,9 @@
 //! Jobs: a requeue or an erasure by selection, run in the background with
-//! an estimate, progress and cancel.
+//! an estimate, progress and cancel ([`ops::start_job`]).
 
-use std::{
-    ops::ControlFlow,
-    sync::{
-        atomic::{AtomicBool, AtomicI64, Ordering},
-        Arc,
-    },
-};
+use std::sync::Arc;
 
 use axum::{extract::State as Shared, http::StatusCode, Json};
-use futures_util::{future::BoxFuture, FutureExt as _};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use utoipa::ToSchema;
@@ -22,8 +15,7 @@ use crate::{
         selection::{EventQuery, Filter, PayloadMatch},
         status::Status,
     },
-    db::api as store,
-    ops::{self, Audit},
+    ops,
 };
 use webhook_inbox_schemes::text::escape;
 
@@ -125,8 +117,8 @@ pub(crate) struct JobView {
     cancelled_by: Option<String>,
 }
 
-impl From<store::Job> for JobView {
-    fn from(j: store::Job) -> Self {
+impl From<ops::Job> for JobView {
+    fn from(j: ops::Job) -> Self {
         JobView {
             id: j.id,
             kind: j.kind,
@@ -145,69 +137,16 @@ impl From<store::Job> for JobView {
     }
 }
 
-/// Jobs running at once (interrupted ones aside), whoever started them.
-const JOBS_AT_ONCE: i64 = 4;
-
-/// Starts a job: recorded (at most [`JOBS_AT_ONCE`] running), then run on a
-/// task of its own with a heartbeat apart from its batches, so that however
-/// long one takes the job reads `running`, and a cancel reaches it within one.
+/// Starts a job as the caller: the 202 with its record.
 async fn start(
     state: &State,
     caller: &Caller,
-    kind: &str,
+    work: ops::JobWork,
     params: Value,
     why: &str,
-    work: impl FnOnce(sqlx::PgPool, i64, Arc<Running>) -> BoxFuture<'static, Ran>,
 ) -> Answer<(StatusCode, Json<JobView>)> {
-    let job = match store::create_job(&state.db, kind, &params, &caller.name, why, JOBS_AT_ONCE).await {
-        Ok(job) => job,
-        Err(store::NotStarted::Busy(n)) => {
-            return Err(Refused::Conflict(format!(
-                "{n} jobs are running, the most at once: wait for one to end, or cancel one (GET /api/v1/jobs)"
-            )))
-        }
-        Err(store::NotStarted::Database(e)) => return Err(e.into()),
-    };
-    let (db, id) = (state.db.clone(), job.id);
-    let running = Arc::new(Running::default());
-    let run = work(db.clone(), id, running.clone());
-    tokio::spawn(async move {
-        let beat = tokio::spawn(heartbeat(db.clone(), id, running));
-        let ran = run.await;
-        beat.abort();
-        finish(&db, id, ran).await;
-    });
+    let job = ops::start_job(&state.db, work, params, &caller.name, why).await?;
     Ok((StatusCode::ACCEPTED, Json(job.into())))
-}
-
-/// What a running job and its heartbeat share: a cancel asked (the runner
-/// reads it between two events or batches), and how far it is.
-#[derive(Default)]
-struct Running {
-    cancel: AtomicBool,
-    processed: AtomicI64,
-}
-
-impl Running {
-    fn cancelled(&self) -> bool {
-        self.cancel.load(Ordering::Relaxed)
-    }
-
-    fn done(&self, processed: u64) {
-        self.processed.store(processed as i64, Ordering::Relaxed);
-    }
-}
-
-/// The job's heartbeat, every [`store::HEARTBEAT`]: its progress recorded, a cancel learnt of.
-async fn heartbeat(db: sqlx::PgPool, id: i64, running: Arc<Running>) {
-    loop {
-        tokio::time::sleep(store::HEARTBEAT).await;
-        match store::job_progress(&db, id, running.processed.load(Ordering::Relaxed)).await {
-            Ok(true) => running.cancel.store(true, Ordering::Relaxed),
-            Ok(false) => {}
-            Err(e) => tracing::warn!(job = id, error = %escape(&e.to_string()), "a job's heartbeat failed"),
-        }
-    }
 }
 
 #[utoipa::path(post, path = "/api/v1/requeue", tag = "jobs", request_body = RequeueRequest,
@@ -237,37 +176,7 @@ pub(super) async fn start_requeue(
     };
     let params = json!({"statuses": body.statuses, "provider": body.provider, "type": body.event_type,
                         "since": body.since, "until": body.until, "reason_like": body.reason_like, "reason": why});
-    let actor = caller.actor();
-    let work = move |db: sqlx::PgPool, id, running: Arc<Running>| {
-        async move {
-            let by = Audit { actor: &actor, action: "requeue", reason: &why };
-            run_requeue(&db, id, &filter, &by, &running).await
-        }
-        .boxed()
-    };
-    start(&state, &caller, "requeue", params, &body.reason, work).await
-}
-
-/// What a job's run came to: its state, events processed, and result; or its database error.
-type Ran = Result<(&'static str, i64, Value), sqlx::Error>;
-
-async fn run_requeue(db: &sqlx::PgPool, id: i64, filter: &Filter, by: &Audit<'_>, running: &Running) -> Ran {
-    let found = ops::count_matching(db, filter).await?;
-    store::job_estimate(db, id, (found.matching - found.without_payload) as i64).await?;
-    let started = crate::db::inbox::now_micros(db).await?;
-    let mut requeued = 0i64;
-    loop {
-        let n = crate::db::inbox::requeue(db, filter, by, 500, started).await? as i64;
-        requeued += n;
-        running.done(requeued as u64);
-        let asked = store::job_progress(db, id, requeued).await? || running.cancelled();
-        if n == 0 {
-            return Ok(("succeeded", requeued, json!({"requeued": requeued})));
-        }
-        if asked {
-            return Ok(("cancelled", requeued, json!({"requeued": requeued})));
-        }
-    }
+    start(&state, &caller, ops::JobWork::Requeue(filter), params, &why).await
 }
 
 #[utoipa::path(post, path = "/api/v1/erase", tag = "jobs", request_body = EraseRequest,
@@ -313,78 +222,7 @@ pub(super) async fn start_erase(
     let params = json!({"provider": body.provider, "type": body.event_type, "since": body.since,
                         "until": body.until, "payload": body.payload.is_some(), "dry_run": body.dry_run,
                         "at_most": body.at_most, "reason": why});
-    let actor = caller.actor();
-    let work = move |db: sqlx::PgPool, id, running: Arc<Running>| {
-        async move {
-            let by = Audit { actor: &actor, action: "erase", reason: &why };
-            run_erase(&db, id, &query, &by, options, &running).await
-        }
-        .boxed()
-    };
-    start(&state, &caller, "erase", params, &body.reason, work).await
-}
-
-async fn run_erase(
-    db: &sqlx::PgPool,
-    id: i64,
-    query: &EventQuery,
-    by: &Audit<'_>,
-    options: ops::EraseOptions,
-    running: &Running,
-) -> Ran {
-    let counted = ops::count_erasure(db, query, None).await?;
-    store::job_estimate(db, id, counted.erased as i64).await?;
-    let result = |e: &ops::Erasure| {
-        json!({"matching": e.matching, "erased": e.erased, "already": e.already,
-                                          "pending": e.pending, "dry_run": options.dry_run})
-    };
-    if options.dry_run {
-        return Ok(("succeeded", 0, result(&counted)));
-    }
-    // The heartbeat records how far it is; a cancel it learns of is read after each event.
-    let erased = ops::erase_matching(db, query, by, options, |e| {
-        running.done(e.erased);
-        if running.cancelled() {
-            ControlFlow::Break(())
-        } else {
-            ControlFlow::Continue(())
-        }
-    })
-    .await;
-    match erased {
-        Ok(e) if e.stopped && running.cancelled() => Ok(("cancelled", e.erased as i64, result(&e))),
-        Ok(e) => Ok(("succeeded", e.erased as i64, result(&e))),
-        Err(ops::EraseError::Database(e)) => Err(e),
-        Err(too_many @ ops::EraseError::TooMany { .. }) => {
-            Ok(("failed", 0, json!({"refused": too_many.to_string(), "matching": counted.matching})))
-        }
-    }
-}
-
-async fn finish(db: &sqlx::PgPool, id: i64, ran: Ran) {
-    let ended = match ran {
-        Ok(("failed", processed, result)) => {
-            let why = result["refused"].as_str().unwrap_or("refused").to_string();
-            store::finish_job(db, id, "failed", processed, &result, Some(&why)).await
-        }
-        Ok((state, processed, result)) => store::finish_job(db, id, state, processed, &result, None).await,
-        Err(e) => {
-            tracing::error!(job = id, error = %escape(&e.to_string()), "an API job failed");
-            let processed = store::job(db, id).await.ok().flatten().map_or(0, |j| j.processed);
-            store::finish_job(
-                db,
-                id,
-                "failed",
-                processed,
-                &Value::Null,
-                Some("the database refused a batch or did not answer; the batches before it are done"),
-            )
-            .await
-        }
-    };
-    if let Err(e) = ended {
-        tracing::error!(job = id, error = %escape(&e.to_string()), "an API job's end could not be recorded");
-    }
+    start(&state, &caller, ops::JobWork::Erase(query, options), params, &why).await
 }
 
 /// The latest jobs.
@@ -398,7 +236,7 @@ pub(crate) struct JobsPage {
                (status = 503, body = ApiError)))]
 /// The latest 100 jobs, newest first.
 pub(super) async fn list_jobs(Shared(state): Shared<Arc<State>>, _: Caller) -> Answer<Json<JobsPage>> {
-    let jobs = store::jobs(&state.read, 100).await?;
+    let jobs = ops::jobs(&state.read, 100).await?;
     Ok(Json(JobsPage { jobs: jobs.into_iter().map(JobView::from).collect() }))
 }
 
@@ -416,8 +254,7 @@ pub(super) async fn get_job(
     Params(id): Params<String>,
 ) -> Answer<Json<JobView>> {
     let id = job_id(&id)?;
-    let job = store::job(&state.db, id).await?.ok_or_else(|| Refused::NotFound(format!("no job {id}")))?;
-    Ok(Json(job.into()))
+    Ok(Json(ops::job(&state.db, id).await?.into()))
 }
 
 #[utoipa::path(delete, path = "/api/v1/jobs/{id}", tag = "jobs", params(("id" = i64, Path, description = "The job's id", example = 1)),
@@ -434,10 +271,5 @@ pub(super) async fn cancel_job(
 ) -> Answer<(StatusCode, Json<JobView>)> {
     caller.may_act()?;
     let id = job_id(&id)?;
-    let (asked, job) = store::cancel_job(&state.db, id, &caller.name).await?;
-    let job = job.ok_or_else(|| Refused::NotFound(format!("no job {id}")))?;
-    if !asked {
-        return Err(Refused::Conflict(format!("job {id} is {} already: there is nothing to cancel", job.state)));
-    }
-    Ok((StatusCode::ACCEPTED, Json(job.into())))
+    Ok((StatusCode::ACCEPTED, Json(ops::cancel_job(&state.db, id, &caller.name).await?.into())))
 }

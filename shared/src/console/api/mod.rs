@@ -92,6 +92,17 @@ impl From<sqlx::Error> for Refused {
     }
 }
 
+impl From<ops::Error> for Refused {
+    fn from(e: ops::Error) -> Self {
+        match e {
+            ops::Error::NotFound(what) => Refused::NotFound(what),
+            ops::Error::Conflict(why) => Refused::Conflict(why),
+            ops::Error::Refused(why) => Refused::BadRequest(why),
+            ops::Error::Database(e) => e.into(),
+        }
+    }
+}
+
 impl IntoResponse for Refused {
     fn into_response(self) -> Response {
         let retry_after = match self {

@@ -1,6 +1,6 @@
 //! Requeue by filter: the confirmation, the batches and their progress.
 
-use std::sync::Arc;
+use std::{ops::ControlFlow, sync::Arc};
 
 use askama::Template;
 use axum::{extract::State as Shared, response::Response};
@@ -188,6 +188,7 @@ pub(super) async fn requeue(
                 r.requeued,
                 r.matching - r.without_payload
             ));
+            ControlFlow::Continue(())
         })
         .await;
         let last = match done {

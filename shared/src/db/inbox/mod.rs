@@ -32,6 +32,4 @@ pub(crate) use queue::{
     take_pending, Finished, Position, Taken,
 };
 pub use requeue::{count_matching, list_failed, replay, requeue_all, Audit, FailedEvent, Matching, Replayed, Requeued};
-#[cfg(feature = "console")]
-pub(crate) use requeue::{now_micros, requeue};
 pub use stats::{counts_by_provider, gauges, secret_usage, status_counts, Count, InboxGauges, SecretUse};

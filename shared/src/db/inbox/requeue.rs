@@ -1,6 +1,8 @@
 //! The operator's selections: failed events listed, counted, requeued in
 //! batches, one event replayed; each change audited in the same statement.
 
+use std::ops::ControlFlow;
+
 use sqlx::PgPool;
 
 use crate::{
@@ -108,7 +110,7 @@ pub struct Audit<'a> {
 /// while the requeue goes on ends after it (the worker stamps `processed_at`
 /// with its statement's time), and is not taken a second time. Pending events
 /// are never taken: they are queued already.
-pub(crate) async fn requeue(
+async fn requeue(
     pool: &PgPool,
     filter: &Filter,
     by: &Audit<'_>,
@@ -143,7 +145,7 @@ pub(crate) async fn requeue(
 }
 
 /// The database's clock, in microseconds since the Unix epoch.
-pub(crate) async fn now_micros(pool: &PgPool) -> Result<i64, sqlx::Error> {
+async fn now_micros(pool: &PgPool) -> Result<i64, sqlx::Error> {
     db::query_scalar("SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint")
         .fetch_one(db::Autocommit(pool))
         .await
@@ -162,30 +164,40 @@ pub struct Requeued {
     /// transaction held them (a worker, prune) when their batch came. Run
     /// the requeue again for them.
     pub held: i64,
+    /// Its `progress` stopped it before a batch found nothing (in JSON only when it did).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub stopped: bool,
 }
 
 /// Puts every event `filter` selects back to pending, `batch` at a time (each
 /// `requeue` its own short statement, skipping rows another transaction
 /// holds), until a batch finds nothing, fenced at its start so that an event
-/// finished again meanwhile is not taken twice; `progress` hears the totals
-/// after each batch. Pending events are never taken. This is how a handler deployed later is run over the events of its
-/// type that arrived before it (`Filter { statuses: vec![Status::Unhandled], .. }`).
+/// finished again meanwhile is not taken twice. `progress` hears the totals
+/// after each batch, and stops the requeue there with `ControlFlow::Break`
+/// (what was requeued stays requeued; [`Requeued::stopped`] says so). Pending
+/// events are never taken. This is how a handler deployed later is run over
+/// the events of its type that arrived before it
+/// (`Filter { statuses: vec![Status::Unhandled], .. }`).
 pub async fn requeue_all(
     pool: &PgPool,
     filter: &Filter,
     by: &Audit<'_>,
     batch: i64,
-    mut progress: impl FnMut(&Requeued),
+    mut progress: impl FnMut(&Requeued) -> ControlFlow<()>,
 ) -> Result<Requeued, sqlx::Error> {
     let started = now_micros(pool).await?;
     let found = count_matching(pool, filter).await?;
-    let mut done = Requeued { matching: found.matching, without_payload: found.without_payload, requeued: 0, held: 0 };
+    let mut done = Requeued { matching: found.matching, without_payload: found.without_payload, ..Requeued::default() };
     loop {
         let n = requeue(pool, filter, by, batch.max(1), started).await?;
         done.requeued += n;
-        progress(&done);
         if n == 0 {
             done.held = (found.matching - found.without_payload - done.requeued as i64).max(0);
+            let _ = progress(&done); // the last word: there is nothing left to stop
+            return Ok(done);
+        }
+        if progress(&done).is_break() {
+            done.stopped = true;
             return Ok(done);
         }
     }

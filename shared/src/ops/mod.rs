@@ -4,7 +4,8 @@
 //! audit record), retry dead outbox messages, see, pause and resume the
 //! relay's destinations, pause and resume processing by provider and type
 //! ([`pause_events`], [`resume_events`]), count what the inbox holds, and try
-//! ignore rules on the stored events ([`rule_matches`]).
+//! ignore rules on the stored events ([`rule_matches`]); run a requeue or an
+//! erasure by selection as a job in the background ([`start_job`]).
 //!
 //! Each reads or writes a [`sqlx::PgPool`] in short autocommit statements,
 //! safe against a live inbox. What a stranger sent (ids, types, payload
@@ -29,6 +30,9 @@ pub use crate::db::pauses::{
 use std::time::Duration;
 pub use webhook_inbox_schemes::text::{escape, escape_json};
 
+mod jobs;
+pub use jobs::{cancel_job, job, jobs, start_job, Job, JobWork, JOBS_AT_ONCE};
+
 use crate::{
     config::{Catalog, Secrets},
     db,
@@ -37,6 +41,26 @@ use crate::{
     Provider,
 };
 use webhook_inbox_schemes::{catalog::Kind, verify_stored, Schemes};
+
+/// Why an operator action was not done, as every surface answers it (the
+/// CLI's message and exit, the console's page, the API's status).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// What it names does not exist (an event, a job, a destination).
+    #[error("{0}")]
+    NotFound(String),
+    /// It exists, and its state forbids the action now (a job that has ended,
+    /// as many jobs running as allowed).
+    #[error("{0}")]
+    Conflict(String),
+    /// The action as asked is refused (a selection larger than its bound).
+    #[error("{0}")]
+    Refused(String),
+    /// The database refused a statement or did not answer; what the action
+    /// did before it stays done.
+    #[error("the database: {0}")]
+    Database(#[from] sqlx::Error),
+}
 
 /// What an ignore rules file would have done to the stored events ([`rule_matches`]).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
