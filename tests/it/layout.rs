@@ -344,7 +344,8 @@ fn the_configuration_page_names_every_variable_the_code_reads_and_only_those() {
 /// stock application, what runs it (the functions, `inbox`, a team's example),
 /// what measures and tests them. A crate added to the workspace is placed here.
 const LAYERS: &[&[&str]] = &[
-    &["webhook-inbox-schemes", "webhook-inbox-migrations"],
+    // common-deps has no code: the functions' shared dependencies' features.
+    &["webhook-inbox-schemes", "webhook-inbox-migrations", "common-deps"],
     &["webhook-inbox"],
     &["stock"],
     &["receive", "process", "relay", "prune", "reconcile", "migrate", "inbox", "invoices"],
