@@ -12,7 +12,7 @@ use webhook_inbox::{
     ops::Audit,
 };
 
-use crate::ops::{print_json, print_table, Output};
+use crate::cli::{print_json, print_table, Output};
 
 #[derive(Subcommand, Debug)]
 pub enum AlertsCommand {

@@ -13,13 +13,13 @@ use webhook_inbox::{
     ArchiveConfig,
 };
 
-use crate::ops::{print_json, print_table, progress, Output};
+use crate::cli::{print_json, print_table, progress, Output};
 
 #[derive(Subcommand, Debug)]
 pub enum ArchiveCommand {
     /// What the archive holds, by provider and day (events, objects, bytes); `--objects` lists each object.
     List {
-        #[arg(long, value_parser = crate::ops::provider_name)]
+        #[arg(long, value_parser = crate::cli::provider_name)]
         provider: Option<String>,
         /// The days that start with this: 2026-10 for a month, 2026-10-01 for a day (with --provider).
         #[arg(long, requires = "provider")]
@@ -85,7 +85,7 @@ pub async fn restore(pool: &PgPool, source: &Source, dry_run: bool, unverified: 
         secrets: Secrets::read(&env, &catalog)?,
         catalog,
         unverified,
-        actor: crate::ops::operator(&env),
+        actor: crate::cli::operator(&env),
     };
     let bar = progress(0, "objects", out);
     let done = archive::restore(pool, source, None, &options, |d| bar.set_position(d.objects)).await?;

@@ -7,7 +7,7 @@ use serde_json::json;
 use sqlx::PgPool;
 use webhook_inbox::console::{self, UserRole};
 
-use crate::ops::{print_json, print_table, Output};
+use crate::cli::{print_json, print_table, Output};
 
 #[derive(Subcommand, Debug)]
 pub enum ConsoleCommand {
@@ -152,7 +152,7 @@ async fn console_user(pool: &PgPool, command: UserCommand, by: &str) -> Result<(
 
 /// `inbox console user|token ...`, as the operator (`INBOX_OPERATOR`).
 pub async fn act(pool: &PgPool, command: ConsoleCommand) -> Result<()> {
-    let by = crate::ops::operator(&webhook_inbox::config::Env::process());
+    let by = crate::cli::operator(&webhook_inbox::config::Env::process());
     match command {
         ConsoleCommand::User { command } => console_user(pool, command, &by).await,
         ConsoleCommand::Token { command } => console_token(pool, command, &by).await,

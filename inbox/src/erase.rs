@@ -8,12 +8,12 @@ use std::ops::ControlFlow;
 
 use webhook_inbox::ops::{self, Audit, EraseOptions, Erased, EventQuery, PayloadMatch, Since};
 
-use crate::ops::{print_json, progress, Output};
+use crate::cli::{print_json, progress, Output};
 
 /// What `inbox erase` selects.
 #[derive(Args, Debug)]
 pub struct Selection {
-    #[arg(long, value_parser = crate::ops::provider_name)]
+    #[arg(long, value_parser = crate::cli::provider_name)]
     pub provider: Option<String>,
     /// Exactly this event (with --provider).
     #[arg(long, requires = "provider", conflicts_with_all = ["event_type", "since", "until", "payload"])]

@@ -16,13 +16,16 @@ macro_rules! say {
 
 mod alerts;
 mod archive;
+mod cli;
 mod console;
 mod demo;
 mod erase;
-mod ops;
+mod events;
 mod outbox;
 mod passes;
 mod pauses;
+mod requeue;
+mod rules;
 
 use std::time::Duration;
 
@@ -98,7 +101,7 @@ enum Command {
         #[arg(long)]
         all: bool,
         #[command(flatten)]
-        out: ops::Output,
+        out: cli::Output,
     },
     /// One pass of the `relay` function: deliver due outbox messages, print the counts.
     Relay {
@@ -122,11 +125,11 @@ enum Command {
     /// in the last hour, and which secret verified recent deliveries.
     Stats {
         #[command(flatten)]
-        out: ops::Output,
+        out: cli::Output,
     },
     /// Failed events with their reasons, the most recent first.
     Failed {
-        #[arg(long, value_parser = ops::provider_name)]
+        #[arg(long, value_parser = cli::provider_name)]
         provider: Option<String>,
         /// Failed at or after: 30m, 2h, 7d, or a timestamp.
         #[arg(long, value_parser = Since::parse)]
@@ -134,18 +137,18 @@ enum Command {
         #[arg(long, default_value_t = 50)]
         limit: i64,
         #[command(flatten)]
-        out: ops::Output,
+        out: cli::Output,
     },
     /// Events, newest first, by provider, type, status, time received and id
     /// (exact, or a prefix), a page at a time (`--after` the cursor a page ends with).
     Events {
-        #[arg(long, value_parser = ops::provider_name)]
+        #[arg(long, value_parser = cli::provider_name)]
         provider: Option<String>,
         /// Exactly this event type (e.g. invoice.paid).
         #[arg(long = "type")]
         event_type: Option<String>,
         /// In this status: pending, done, unhandled, ignored or failed (repeat, or comma-separate, for several).
-        #[arg(long, value_delimiter = ',', value_parser = ops::parse_status)]
+        #[arg(long, value_delimiter = ',', value_parser = cli::parse_status)]
         status: Vec<Status>,
         /// Received at or after: 30m, 2h, 7d (ago), or a timestamp.
         #[arg(long, value_parser = Since::parse)]
@@ -164,45 +167,45 @@ enum Command {
         #[arg(long, value_parser = |t: &str| Ok::<_, String>(PayloadMatch::parse(t)))]
         payload: Option<PayloadMatch>,
         /// The page after this cursor (printed at the end of the page before).
-        #[arg(long, value_parser = ops::parse_cursor)]
+        #[arg(long, value_parser = cli::parse_cursor)]
         after: Option<Cursor>,
         /// Events per page (at most 500).
         #[arg(long, default_value_t = 50)]
         limit: i64,
         #[command(flatten)]
-        out: ops::Output,
+        out: cli::Output,
     },
     /// One event: headers, payload, attempts, history, and whether its stored
     /// bytes still verify against the secrets configured here.
     Show {
-        #[arg(value_parser = ops::provider_name)]
+        #[arg(value_parser = cli::provider_name)]
         provider: String,
         event_id: String,
         #[command(flatten)]
-        out: ops::Output,
+        out: cli::Output,
     },
     /// Put one event (done or failed) back to pending, attempts reset; audited.
     Replay {
-        #[arg(value_parser = ops::provider_name)]
+        #[arg(value_parser = cli::provider_name)]
         provider: String,
         event_id: String,
         /// Why, for the audit record.
         #[arg(long, default_value = "replayed by hand", value_parser = |t: &str| webhook_inbox::ops::audit_reason(t))]
         reason: String,
         #[command(flatten)]
-        out: ops::Output,
+        out: cli::Output,
     },
     /// Put events back to pending, in short batches, each audited: failed ones
     /// after a fix, or unhandled (and done) ones to run a handler deployed
     /// since over them. `--dry-run` counts first.
     Requeue {
         /// Events in this status: unhandled, ignored, failed or done (repeat, or comma-separate, for several).
-        #[arg(long, value_delimiter = ',', value_parser = ops::parse_requeue_status, required_unless_present = "failed")]
+        #[arg(long, value_delimiter = ',', value_parser = cli::parse_requeue_status, required_unless_present = "failed")]
         status: Vec<Status>,
         /// The same as --status failed.
         #[arg(long)]
         failed: bool,
-        #[arg(long, value_parser = ops::provider_name)]
+        #[arg(long, value_parser = cli::provider_name)]
         provider: Option<String>,
         /// Exactly this event type (e.g. invoice.paid).
         #[arg(long = "type")]
@@ -223,7 +226,7 @@ enum Command {
         #[arg(long, default_value = "requeued by hand", value_parser = |t: &str| webhook_inbox::ops::audit_reason(t))]
         reason: String,
         #[command(flatten)]
-        out: ops::Output,
+        out: cli::Output,
     },
     /// Erase events' personal data (payload, raw bytes, kept headers, failure reason, their outbox
     /// messages' payloads), keeping their keys: a redelivery stays a duplicate; each audited. One event
@@ -241,7 +244,7 @@ enum Command {
         #[arg(long, value_parser = |t: &str| webhook_inbox::ops::audit_reason(t))]
         reason: String,
         #[command(flatten)]
-        out: ops::Output,
+        out: cli::Output,
     },
     /// Prune's archive (INBOX_ARCHIVE_S3_BUCKET): `archive list` says what it holds, by provider and day.
     Archive {
@@ -263,7 +266,7 @@ enum Command {
         #[arg(long)]
         unverified: bool,
         #[command(flatten)]
-        out: ops::Output,
+        out: cli::Output,
     },
     /// Outbox messages waiting (or, with --dead, dead); `outbox retry`, and the
     /// relay's destinations (`outbox destinations`, `pause`, `resume`).
@@ -276,7 +279,7 @@ enum Command {
         #[arg(long, default_value_t = 50)]
         limit: i64,
         #[command(flatten)]
-        out: ops::Output,
+        out: cli::Output,
     },
     /// Pause processing a provider's events, or one type of them: they are still received (200)
     /// and wait, pending, spending no attempt, until `inbox resume`; audited.
@@ -287,10 +290,10 @@ enum Command {
         #[arg(long, value_parser = |t: &str| webhook_inbox::ops::audit_reason(t))]
         reason: String,
         /// `inbox pauses` says OVERDUE, and the PauseOverdue alarm fires, after this long: 30m, 4h, 2d.
-        #[arg(long, default_value = "4h", value_parser = ops::ago)]
+        #[arg(long, default_value = "4h", value_parser = cli::ago)]
         alarm_after: Duration,
         #[command(flatten)]
-        out: ops::Output,
+        out: cli::Output,
     },
     /// Resume a pause: its held events are processed in receive order, then new ones as they come.
     Resume {
@@ -303,15 +306,15 @@ enum Command {
         #[arg(long)]
         no_wait: bool,
         #[command(flatten)]
-        out: ops::Output,
+        out: cli::Output,
     },
     /// What is paused, since when, by whom, why, and how many events each pause holds.
     Pauses {
         /// A provider's pauses and resumes (its types' too), oldest first, instead.
-        #[arg(long, value_parser = ops::provider_name)]
+        #[arg(long, value_parser = cli::provider_name)]
         history: Option<String>,
         #[command(flatten)]
-        out: ops::Output,
+        out: cli::Output,
     },
     /// Alerts (`[[alert]]` in INBOX_RULES_FILE): those open or acknowledged, newest first;
     /// `alerts ack ID`, `alerts resolve ID` (audited), `alerts evaluate` (now).
@@ -322,13 +325,13 @@ enum Command {
         #[arg(long)]
         resolved: bool,
         #[command(flatten)]
-        out: ops::Output,
+        out: cli::Output,
     },
     /// Ignore rules (INBOX_RULES_FILE): `rules check FILE` checks a file and
     /// tries it on the stored events.
     Rules {
         #[command(subcommand)]
-        command: ops::RulesCommand,
+        command: rules::RulesCommand,
     },
     /// The whole pipeline in a minute: a storm of signed deliveries (duplicates,
     /// late retries, out-of-order snapshots, forgeries, a poison event) through
@@ -385,16 +388,16 @@ async fn run(cli: Cli) -> Result<()> {
             anyhow::ensure!(ok, "an invariant does not hold (see above)");
             Ok(())
         }
-        Command::Rules { command: ops::RulesCommand::Check { file, since, out } } => {
-            ops::rules_check(&operator_db().await?, &file, since, &out).await
+        Command::Rules { command: rules::RulesCommand::Check { file, since, out } } => {
+            rules::check(&operator_db().await?, &file, since, &out).await
         }
         Command::Pause { scope, reason, alarm_after, out } => {
-            let actor = ops::operator(&config::Env::process());
+            let actor = cli::operator(&config::Env::process());
             let by = Audit { actor: &actor, action: "pause", reason: &reason };
             pauses::pause(&operator_db().await?, &scope, alarm_after, &by, &out).await
         }
         Command::Resume { scope, reason, no_wait, out } => {
-            let actor = ops::operator(&config::Env::process());
+            let actor = cli::operator(&config::Env::process());
             let by = Audit { actor: &actor, action: "resume", reason: &reason };
             pauses::resume(&operator_db().await?, &scope, no_wait, &by, &out).await
         }
@@ -403,7 +406,7 @@ async fn run(cli: Cli) -> Result<()> {
             let pool = operator_db().await?;
             match command {
                 None => alerts::list(&pool, resolved, &out).await,
-                Some(command) => alerts::act(&pool, command, &ops::operator(&config::Env::process()), &out).await,
+                Some(command) => alerts::act(&pool, command, &cli::operator(&config::Env::process()), &out).await,
             }
         }
         Command::Archive { command } => archive::act(command).await,
@@ -411,32 +414,32 @@ async fn run(cli: Cli) -> Result<()> {
             archive::restore(&operator_db().await?, &source, dry_run, unverified, &out).await
         }
         Command::Erase { selection, dry_run, at_most, reason, out } => {
-            let actor = ops::operator(&config::Env::process());
+            let actor = cli::operator(&config::Env::process());
             let by = Audit { actor: &actor, action: "erase", reason: &reason };
             let options = webhook_inbox::ops::EraseOptions { dry_run, at_most };
             erase::erase(&operator_db().await?, selection, options, &by, &out).await
         }
-        Command::Stats { out } => ops::stats(&operator_db().await?, &config::Env::resolved().await?, &out).await,
+        Command::Stats { out } => events::stats(&operator_db().await?, &config::Env::resolved().await?, &out).await,
         Command::Providers { base_url, all, out } => {
-            ops::providers(&config::Env::resolved().await?, &base_url, all, &out)
+            events::providers(&config::Env::resolved().await?, &base_url, all, &out)
         }
         Command::Failed { provider, since, limit, out } => {
             let filter = Filter { statuses: vec![Status::Failed], provider, since, ..Default::default() };
-            ops::failed(&operator_db().await?, &filter, limit.max(1), &out).await
+            events::failed(&operator_db().await?, &filter, limit.max(1), &out).await
         }
         Command::Events { provider, event_type, status, since, until, id, id_prefix, payload, after, limit, out } => {
             let event_id = id.map(IdMatch::Exact).or(id_prefix.map(IdMatch::Prefix));
             let query = EventQuery { provider, event_type, statuses: status, since, until, event_id, payload };
-            ops::events(&operator_db().await?, &query, after.as_ref(), limit, &out).await
+            events::events(&operator_db().await?, &query, after.as_ref(), limit, &out).await
         }
         Command::Show { provider, event_id, out } => {
             let env = config::Env::resolved().await?;
-            ops::show(&operator_db().await?, &env, &provider, &event_id, &out).await
+            events::show(&operator_db().await?, &env, &provider, &event_id, &out).await
         }
         Command::Replay { provider, event_id, reason, out } => {
-            let actor = ops::operator(&config::Env::process());
+            let actor = cli::operator(&config::Env::process());
             let by = Audit { actor: &actor, action: "replay", reason: &reason };
-            ops::replay(&operator_db().await?, &provider, &event_id, &by, &out).await
+            requeue::replay(&operator_db().await?, &provider, &event_id, &by, &out).await
         }
         Command::Requeue {
             mut status,
@@ -453,10 +456,10 @@ async fn run(cli: Cli) -> Result<()> {
             if failed && !status.contains(&Status::Failed) {
                 status.push(Status::Failed);
             }
-            let actor = ops::operator(&config::Env::process());
+            let actor = cli::operator(&config::Env::process());
             let by = Audit { actor: &actor, action: "requeue", reason: &reason };
             let filter = Filter { statuses: status, provider, event_type, since, until, reason_like };
-            ops::requeue(&operator_db().await?, &filter, &by, dry_run, &out).await
+            requeue::requeue(&operator_db().await?, &filter, &by, dry_run, &out).await
         }
         Command::Outbox { command, dead, limit, out } => {
             outbox::act(&operator_db().await?, command, dead, limit, &out).await
@@ -469,5 +472,5 @@ async fn run(cli: Cli) -> Result<()> {
 async fn operator_db() -> Result<sqlx::PgPool> {
     let config = DbConfig::read(&config::Env::resolved().await?, 1)?;
     let url = config.url.clone().context("DATABASE_URL is not set: the operator's commands work on a database")?;
-    ops::connect(config.pool()?, &config::redact_url(&url)).await
+    cli::connect(config.pool()?, &config::redact_url(&url)).await
 }

@@ -7,7 +7,7 @@ use serde_json::json;
 use sqlx::PgPool;
 use webhook_inbox::ops::{self, Audit};
 
-use crate::ops::{age, operator, print_json, print_table, Output, BATCH};
+use crate::cli::{age, operator, print_json, print_table, Output, BATCH};
 
 #[derive(Subcommand, Debug)]
 pub enum OutboxCommand {

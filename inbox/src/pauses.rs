@@ -9,13 +9,13 @@ use serde_json::json;
 use sqlx::PgPool;
 use webhook_inbox::ops::{self, Audit, PauseScope, Released};
 
-use crate::ops::{age, print_json, print_table, Output};
+use crate::cli::{age, print_json, print_table, Output};
 
 /// What `pause` and `resume` name.
 #[derive(Args, Debug)]
 pub struct ScopeArgs {
     /// The provider whose events wait.
-    #[arg(long, value_parser = crate::ops::provider_name)]
+    #[arg(long, value_parser = crate::cli::provider_name)]
     pub provider: String,
     /// Only its events of exactly this type (e.g. orders/paid); every type when absent.
     #[arg(long = "type")]
@@ -75,7 +75,7 @@ pub async fn resume(pool: &PgPool, scope: &ScopeArgs, no_wait: bool, by: &Audit<
         }
         return Ok(());
     }
-    let bar = crate::ops::progress(held.max(0) as u64, "released", out);
+    let bar = crate::cli::progress(held.max(0) as u64, "released", out);
     let mut released = 0;
     loop {
         match ops::release(pool, id, ops::RELEASE_CHUNK).await? {

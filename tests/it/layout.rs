@@ -408,3 +408,17 @@ fn dependencies_point_one_way() {
     let linked: Vec<&&str> = NOT_IN_SCHEMES.iter().filter(|n| seen.contains(**n)).collect();
     assert!(seen.len() > 10 && linked.is_empty(), "the schemes crate links {linked:?}");
 }
+
+/// Receive runs handlers inline through a trait the process stage implements
+/// (`receive::claim::inline::InlineHandlers`): no file of receive names the
+/// process stage.
+#[test]
+fn receive_does_not_depend_on_the_process_stage() {
+    let mut files = Vec::new();
+    rust_files(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/src/receive"), &mut files);
+    assert!(!files.is_empty());
+    for file in files {
+        let code = code_of(&file);
+        assert!(!code.contains("process::"), "{} names the process stage", file.display());
+    }
+}

@@ -108,7 +108,7 @@ pub struct AlertRules {
 struct File {
     #[serde(default)]
     alert: Vec<AlertEntry>,
-    // The [[ignore]] entries are the worker's (crate::config::IgnoreRules).
+    // The [[ignore]] entries are the worker's (crate::core::rules::IgnoreRules).
     #[serde(default, rename = "ignore")]
     _ignore: Vec<toml::Table>,
 }

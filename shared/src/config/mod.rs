@@ -22,8 +22,8 @@ mod serve;
 
 use std::{collections::HashMap, time::Duration};
 
+pub use crate::core::rules::{IgnoreRule, IgnoreRules};
 pub use crate::db::{redact_url, DbConfig};
-pub use crate::process::rules::{IgnoreRule, IgnoreRules};
 pub use crate::receive::receiver::DEFAULT_MAX_BODY_BYTES;
 use crate::runtime::deadline::DEFAULT_DEADLINE_MARGIN;
 #[cfg(feature = "relay")]

@@ -1,11 +1,7 @@
 //! The worker's settings, its ignore rules, and the alerts of the same file.
 
-use super::{invalid, Env};
-use crate::{
-    alerts::AlertRules,
-    config::ConfigError,
-    process::{rules::IgnoreRules, worker::WorkerConfig},
-};
+use super::{invalid, Env, IgnoreRules};
+use crate::{alerts::AlertRules, config::ConfigError, process::worker::WorkerConfig};
 use webhook_inbox_schemes::text::escape;
 
 impl WorkerConfig {

@@ -3,8 +3,8 @@
 use super::{invalid, Env};
 use crate::{
     config::ConfigError,
+    core::rules::IgnoreRules,
     db::DbConfig,
-    process::rules::IgnoreRules,
     receive::receiver::{ReceiveConfig, DEFAULT_MAX_BODY_BYTES},
 };
 use webhook_inbox_schemes::{catalog::Catalog, secret::Secrets, Provider};

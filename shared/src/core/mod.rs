@@ -1,5 +1,5 @@
 //! Leaf types and plumbing every stage shares: the configuration error, the providers, secrets, what a
-//! usable payload is, backoff with `Retry-After`, and the outbound HTTP client.
+//! usable payload is, backoff with `Retry-After`, ignore rules, and the outbound HTTP client.
 
 #[cfg(feature = "service")]
 pub mod aws;
@@ -7,6 +7,8 @@ pub mod aws;
 pub mod backoff;
 #[cfg(feature = "http-client")]
 pub mod http;
+#[cfg(feature = "service")]
+pub mod rules;
 #[cfg(feature = "service")]
 pub mod selection;
 #[cfg(feature = "service")]

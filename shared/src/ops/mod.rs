@@ -35,8 +35,8 @@ pub use jobs::{cancel_job, job, jobs, start_job, Job, JobWork, JOBS_AT_ONCE};
 
 use crate::{
     config::{Catalog, Secrets},
+    core::rules::IgnoreRules,
     db,
-    process::rules::IgnoreRules,
     schemes::{Rejected, RejectionKind, Verified},
     Provider,
 };

@@ -4,7 +4,7 @@
 pub mod handler;
 pub mod handlers;
 pub mod hints;
-pub mod rules;
+pub(crate) mod inline;
 pub mod worker;
 
 use std::time::Instant;

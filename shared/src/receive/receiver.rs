@@ -13,9 +13,8 @@ use serde_json::json;
 
 use crate::{
     db::{minutes::MinuteCounts, Connections, DbConfig},
-    process::handlers::Handlers,
     receive::{
-        claim::{self, BatchClaim, Claim, Claimed, Envelope},
+        claim::{self, inline::InlineHandlers, BatchClaim, Claim, Claimed, Envelope},
         notify::ProcessQueue,
         tally::Tally,
     },
@@ -44,7 +43,7 @@ pub struct ReceiveConfig {
     pub process_queue_url: Option<String>,
     /// `INBOX_RULES_FILE`, read only with inline providers: an event an ignore
     /// rule matches is left to the worker, which marks it `ignored`.
-    pub rules: crate::process::rules::IgnoreRules,
+    pub rules: crate::core::rules::IgnoreRules,
 }
 
 /// `INBOX_MAX_BODY_BYTES`'s default.
@@ -112,11 +111,12 @@ pub struct Receiver {
     group: Option<claim::group::Grouper>,
     schemes: Schemes,
     max_body_bytes: usize,
-    /// Handlers for the inline providers; the others are left to the worker.
-    handlers: Handlers,
+    /// Handlers for the inline providers (the process stage's: `with_handlers`);
+    /// the others are left to the worker.
+    handlers: Option<Box<dyn InlineHandlers>>,
     inline: Vec<Provider>,
     /// Events these ignore are left to the worker, even an inline provider's.
-    rules: crate::process::rules::IgnoreRules,
+    rules: crate::core::rules::IgnoreRules,
     /// `INBOX_PROCESS_QUEUE_URL`: told of new events once they are committed.
     process_queue: Option<ProcessQueue>,
     /// Each provider's secrets' fingerprints, in the order configured (a verified index picks one).
@@ -135,7 +135,7 @@ impl Receiver {
             group: None,
             schemes: Schemes::new(&config.catalog, &config.secrets),
             max_body_bytes: config.max_body_bytes,
-            handlers: Handlers::new(),
+            handlers: None,
             inline: config.inline_providers.clone(),
             rules: config.rules.clone(),
             process_queue: None,
@@ -171,10 +171,16 @@ impl Receiver {
         self
     }
 
-    /// The handlers inline mode runs (`INBOX_INLINE_PROVIDERS`): the worker's own.
-    pub fn with_handlers(mut self, handlers: Handlers) -> Self {
-        self.handlers = handlers;
+    /// What inline mode runs: the process stage's handlers (its
+    /// `Receiver::with_handlers`, next to them).
+    pub(crate) fn with_inline(mut self, handlers: impl InlineHandlers + 'static) -> Self {
+        self.handlers = Some(Box::new(handlers));
         self
+    }
+
+    /// The ignore rules receive was configured with: inline mode leaves what they take to the worker.
+    pub(crate) fn ignore_rules(&self) -> &crate::core::rules::IgnoreRules {
+        &self.rules
     }
 
     /// Schemes of a team's own, found before the built-in ones (see `Receiver::with_app`).
@@ -351,7 +357,7 @@ impl Receiver {
             replay_guard: scheme.guards_replays(),
             trace_context: trace_context.as_deref(),
         };
-        let inline = self.inline.contains(&provider).then_some((&self.handlers, &self.rules));
+        let inline = self.handlers.as_deref().filter(|_| self.inline.contains(&provider));
         let claimed = match (&events, inline) {
             #[cfg(feature = "serve")]
             (Events::Single(e), None) if !envelope.replay_guard && self.group.is_some() => {

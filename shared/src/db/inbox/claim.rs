@@ -262,3 +262,36 @@ pub(crate) async fn insert_group<'e, 'r>(
         .fetch_all(ex)
         .await
 }
+
+/// The 64-bit advisory lock key of an event: the first 8 bytes of
+/// SHA-256("provider:event_id"), big-endian, signed. Stable across processes
+/// and versions, unlike `hashtext`, and 64 bits wide.
+fn advisory_key(provider: Provider, event_id: &str) -> i64 {
+    let digest = <sha2::Sha256 as sha2::Digest>::digest(format!("{provider}:{event_id}").as_bytes());
+    i64::from_be_bytes(digest[..8].try_into().expect("8 bytes"))
+}
+
+/// `pg_try_advisory_xact_lock` on the event's key: transaction-scoped (safe behind
+/// transaction-mode poolers), released at commit or rollback; false if held elsewhere.
+pub(crate) async fn try_lock_event(
+    conn: &mut sqlx::PgConnection,
+    provider: Provider,
+    event_id: &str,
+) -> Result<bool, sqlx::Error> {
+    db::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
+        .bind(advisory_key(provider, event_id))
+        .fetch_one(conn)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn advisory_keys_are_the_first_8_bytes_of_sha256_big_endian() {
+        // docs/webhook-inbox-article.txt, section 5.2, in Python: int.from_bytes(sha256(b"stripe:evt_1").digest()[:8], "big", signed=True)
+        assert_eq!(advisory_key(Provider::STRIPE, "evt_1"), 607058759724208493);
+        assert_ne!(advisory_key(Provider::STRIPE, "evt_1"), advisory_key(Provider::SHOPIFY, "evt_1"));
+    }
+}

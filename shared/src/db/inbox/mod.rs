@@ -22,7 +22,7 @@ pub(crate) use claim::insert_group;
 pub use claim::Envelope;
 #[cfg(feature = "serve")]
 pub use claim::GroupRow;
-pub(crate) use claim::{insert, insert_batch, Body, Inserted};
+pub(crate) use claim::{insert, insert_batch, try_lock_event, Body, Inserted};
 pub use erase::{count_erasure, erase, erase_matching, EraseError, EraseOptions, Erased, Erasure};
 pub(crate) use listing::ruled_events;
 pub use listing::{list_events, stored_event, EventPage, EventSummary, StoredEvent, SEARCH_TIMEOUT};

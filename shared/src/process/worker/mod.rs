@@ -19,12 +19,13 @@ use deferred::{Deferred, HINT_LEASE};
 use sqlx::PgPool;
 
 use crate::{
+    core::rules::IgnoreRules,
     core::status::Status,
     db::{
         self,
         inbox::{self, Finished, Position, Taken},
     },
-    process::{handler::Outcome, handlers::Handlers, hints::Apis, rules::IgnoreRules},
+    process::{handler::Outcome, handlers::Handlers, hints::Apis},
     runtime::{
         stage::{Pass, Reported, Stage, Tally},
         trace,

@@ -6,34 +6,62 @@
 //! A handler that is `exclusive()` (heavy work) takes the event's advisory lock
 //! before the claim, so a concurrent duplicate delivery is told to come back
 //! (503) instead of queueing behind it on the primary key.
+//!
+//! Receive knows handlers through [`InlineHandlers`] only: the process stage
+//! implements it over its handlers and ignore rules.
 
-use std::time::SystemTime;
-use webhook_inbox_schemes::text::Escaped;
-
+use futures_util::future::BoxFuture;
 use sqlx::{Acquire, PgConnection};
+use webhook_inbox_schemes::text::Escaped;
 
 use crate::{
     db::{self, inbox as table},
-    process::{
-        handler::{HandlerError, Headers},
-        handlers::{erased::RawEvent, try_lock_event, Handlers},
-        rules::IgnoreRules,
-    },
     receive::claim::{self, BatchClaim, Claim, Claimed, Envelope},
 };
-use webhook_inbox_schemes::{Events, InitialStatus, NewEvent};
+use webhook_inbox_schemes::{Events, InitialStatus, NewEvent, Provider};
+
+/// What inline receive asks of the stage that runs handlers (`process`
+/// implements it), so that receive depends on this and not on that stage.
+pub trait InlineHandlers: Send + Sync {
+    /// Whether a handler takes events of this type: `Some(exclusive)`, where an
+    /// exclusive one runs alone (the event's advisory lock, taken before the claim).
+    fn handles(&self, provider: Provider, event_type: &str) -> Option<bool>;
+
+    /// Runs a new event's handler on `tx`, in a savepoint of its own: committed
+    /// when it applied, rolled back when it failed. The error is the
+    /// connection's, lost: the claim is retried on another.
+    fn apply<'a>(
+        &'a self,
+        tx: &'a mut PgConnection,
+        env: &'a Envelope<'a>,
+        event: &'a NewEvent,
+    ) -> BoxFuture<'a, Result<Applied, sqlx::Error>>;
+}
+
+/// What [`InlineHandlers::apply`] did with an event.
+#[derive(Debug)]
+pub enum Applied {
+    /// Its handler applied it: the event is done.
+    Done,
+    /// Left pending for the worker, untouched (an ignore rule takes it, or its
+    /// handler's object is fetched by the worker, never inside this transaction).
+    Left,
+    /// Its payload does not decode as the handler's type: failed, as the worker would fail it.
+    Unusable(String),
+    /// Its handler failed: left pending for the worker, with this reason.
+    Failed(String),
+}
 
 pub(crate) async fn claim_and_apply(
     conn: &mut PgConnection,
     env: &Envelope<'_>,
     events: &Events,
-    handlers: &Handlers,
-    rules: &IgnoreRules,
+    handlers: &dyn InlineHandlers,
 ) -> Result<Claimed, sqlx::Error> {
     let mut tx = conn.begin().await?;
     if let Events::Single(e) = events {
-        let exclusive = handlers.get(env.provider, &e.event_type).is_some_and(|h| h.exclusive());
-        if exclusive && !try_lock_event(&mut tx, env.provider, &e.event_id).await? {
+        let exclusive = handlers.handles(env.provider, &e.event_type) == Some(true);
+        if exclusive && !table::try_lock_event(&mut tx, env.provider, &e.event_id).await? {
             // Another delivery of this very event is inside its handler: skip, don't queue.
             tx.rollback().await?;
             return Ok(Claimed::Busy);
@@ -53,55 +81,25 @@ pub(crate) async fn claim_and_apply(
     };
     let new: Vec<&NewEvent> = new.into_iter().filter(|e| e.status == InitialStatus::Pending).collect();
     // Paused types (`inbox pause`), read under the pauses' gate once an event may run here.
-    let paused = match new.iter().any(|e| handlers.get(env.provider, &e.event_type).is_some()) {
+    let paused = match new.iter().any(|e| handlers.handles(env.provider, &e.event_type).is_some()) {
         true => db::pauses::paused_types(&mut tx, env.provider.as_str()).await?,
         false => Vec::new(),
     };
     for e in new {
-        // Types with no handler, events a rule ignores, and paused ones stay
-        // pending: the worker marks them unhandled, ignored or held, and counts them.
-        let Some(handler) = handlers.get(env.provider, &e.event_type) else {
-            continue;
-        };
-        if rules.ignoring(env.provider, &e.event_type, e.payload.as_deref()).is_some()
+        // Types with no handler, and paused ones, stay pending: the worker
+        // marks them unhandled or holds them, and counts them.
+        if handlers.handles(env.provider, &e.event_type).is_none()
             || paused.iter().any(|t| t.as_deref().map_or(true, |t| t == e.event_type))
         {
             continue;
         }
-        let event = RawEvent {
-            provider: env.provider,
-            event_id: e.event_id.clone(),
-            event_type: e.event_type.clone(),
-            payload: e.payload.clone(),
-            attempts: 0,
-            received_at: SystemTime::now(),
-            headers: Headers::from_json(env.headers),
-            trace_context: env.trace_context.map(str::to_string),
-            // Inline mode's messages wait for the relay's next pass.
-            written: None,
-        };
-        // A payload that does not decode as the handler's type fails here, as the worker would fail it.
-        let prepared = match handler.prepare(event) {
-            Ok(prepared) => prepared,
-            Err(unusable) => {
-                table::mark_unusable(&mut tx, env.provider, &e.event_id, &unusable).await?;
-                continue;
-            }
-        };
-        if prepared.hint().is_some() {
-            continue; // its object is fetched by the worker, never inside this transaction
-        }
-        let mut savepoint = tx.begin().await?;
-        match prepared.run(&mut savepoint).await {
-            Ok(_) => {
-                savepoint.commit().await?;
-                table::mark_done_inline(&mut tx, env.provider, &e.event_id).await?;
-            }
-            Err(HandlerError::Database(err)) if db::is_connection_lost(&err) => return Err(err),
-            Err(err) => {
-                savepoint.rollback().await?;
-                tracing::info!(provider = %env.provider, event_id = %Escaped(&e.event_id), error = %Escaped(&err), "inline handler failed; left pending for the worker");
-                table::note_inline_failure(&mut tx, env.provider, &e.event_id, &format!("attempt 1 (inline): {err}"))
+        match handlers.apply(&mut tx, env, e).await? {
+            Applied::Done => table::mark_done_inline(&mut tx, env.provider, &e.event_id).await?,
+            Applied::Left => {}
+            Applied::Unusable(why) => table::mark_unusable(&mut tx, env.provider, &e.event_id, &why).await?,
+            Applied::Failed(why) => {
+                tracing::info!(provider = %env.provider, event_id = %Escaped(&e.event_id), error = %Escaped(&why), "inline handler failed; left pending for the worker");
+                table::note_inline_failure(&mut tx, env.provider, &e.event_id, &format!("attempt 1 (inline): {why}"))
                     .await?;
             }
         }

@@ -5,15 +5,12 @@
 use sqlx::{PgConnection, PgExecutor};
 use webhook_inbox_schemes::text::Escaped;
 
-mod inline;
+pub mod inline;
 
 pub use crate::db::inbox::Envelope;
-use crate::{
-    db::{
-        self,
-        inbox::{insert, insert_batch, Body, Inserted},
-    },
-    process::{handlers::Handlers, rules::IgnoreRules},
+use crate::db::{
+    self,
+    inbox::{insert, insert_batch, Body, Inserted},
 };
 use webhook_inbox_schemes::{Events, NewEvent};
 
@@ -130,7 +127,7 @@ pub async fn claim_delivery(
     connections: &db::Connections,
     env: &Envelope<'_>,
     events: &Events,
-    inline: Option<(&Handlers, &IgnoreRules)>,
+    inline: Option<&dyn inline::InlineHandlers>,
 ) -> Result<Claimed, sqlx::Error> {
     match claim_on_a_lease(connections, env, events, inline).await {
         Err(e) if db::is_connection_lost(&e) => {
@@ -172,12 +169,12 @@ async fn claim_on_a_lease(
     connections: &db::Connections,
     env: &Envelope<'_>,
     events: &Events,
-    inline: Option<(&Handlers, &IgnoreRules)>,
+    inline: Option<&dyn inline::InlineHandlers>,
 ) -> Result<Claimed, sqlx::Error> {
     let mut conn = connections.acquire().await?;
     let result = match inline {
-        Some((handlers, rules)) => {
-            match retrying!(inline::claim_and_apply(&mut conn, env, events, handlers, rules)) {
+        Some(handlers) => {
+            match retrying!(inline::claim_and_apply(&mut conn, env, events, handlers)) {
                 // A payload PostgreSQL refuses: stored by the plain claim's fallback, for the worker to see.
                 Err(e) if db::is_refused_value(&e) => claim_events(&mut conn, env, events).await,
                 other => other,
