@@ -8,7 +8,7 @@ use clap::Subcommand;
 use serde_json::json;
 use sqlx::PgPool;
 use webhook_inbox::{
-    archive::{self, Archive, RestoreOptions, Source},
+    archive::{self, Archive, Location, RestoreOptions},
     config::{Catalog, Env, Secrets},
     ArchiveConfig,
 };
@@ -77,7 +77,7 @@ pub async fn act(command: ArchiveCommand) -> Result<()> {
 /// `inbox restore SOURCE`: the events archived there, back into the database
 /// as they were, each line checked against the providers and secrets this
 /// process reads (as the functions read them).
-pub async fn restore(pool: &PgPool, source: &Source, dry_run: bool, unverified: bool, out: &Output) -> Result<()> {
+pub async fn restore(pool: &PgPool, source: &Location, dry_run: bool, unverified: bool, out: &Output) -> Result<()> {
     let env = Env::resolved().await?;
     let catalog = Catalog::read(&env)?;
     let options = RestoreOptions {

@@ -256,8 +256,8 @@ enum Command {
     /// month: s3://bucket/inbox/stripe/2026-10), a .jsonl.gz file or a folder. `inbox requeue` then
     /// runs them through today's handlers.
     Restore {
-        #[arg(value_parser = |t: &str| webhook_inbox::archive::Source::parse(t))]
-        source: webhook_inbox::archive::Source,
+        #[arg(value_parser = |t: &str| webhook_inbox::archive::Location::parse(t))]
+        source: webhook_inbox::archive::Location,
         /// Read and count everything, change nothing.
         #[arg(long)]
         dry_run: bool,

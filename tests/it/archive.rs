@@ -20,7 +20,7 @@ use sqlx::{
     PgConnection, PgPool,
 };
 use webhook_inbox::{
-    archive::{self, Archive, RestoreOptions, Source},
+    archive::{self, Archive, Location, RestoreOptions},
     config::Catalog,
     ops::{self, Audit, Filter, Status},
     process::{
@@ -192,7 +192,7 @@ async fn prune_archives_each_provider_and_day_before_deleting_and_restore_puts_t
 
     // Restore into a fresh database: exactly as they were, and marked restored.
     let fresh = fresh_database(&opts, "archive_restore_fresh").await;
-    let source = Source::parse(&format!("s3://{BUCKET}/inbox/")).unwrap();
+    let source = Location::parse(&format!("s3://{BUCKET}/inbox/")).unwrap();
     let aws = moto.aws().await;
     // The rows were moved 100 days back, past their signed timestamps (and Marqeta's Basic
     // credentials are never stored): none verifies here, so they are taken as unverified, each
@@ -337,7 +337,7 @@ async fn restore_refuses_each_bad_line_by_number_and_restores_the_others(pool: P
     std::os::unix::fs::symlink("/dev/zero", dir.join("zero.jsonl.gz")).unwrap();
     std::os::unix::fs::symlink(&dir, dir.join("loop")).unwrap();
 
-    let source = Source::Path(file.clone());
+    let source = Location::Path(file.clone());
     let dry = archive::restore(&pool, &source, None, &options(true, false), |_| {}).await.unwrap();
     assert_eq!((dry.lines, dry.restored, dry.rejected), (16, 2, 14), "{dry:?}");
     assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM webhook_inbox").await, 0, "a dry run changes nothing");
@@ -368,11 +368,11 @@ async fn restore_refuses_each_bad_line_by_number_and_restores_the_others(pool: P
     // A folder: each regular file in turn (links skipped); one that is not gzip-compressed JSON Lines is
     // refused, named, and the others go on.
     let folder =
-        archive::restore(&pool, &Source::Path(dir.clone()), None, &options(false, false), |_| {}).await.unwrap();
+        archive::restore(&pool, &Location::Path(dir.clone()), None, &options(false, false), |_| {}).await.unwrap();
     assert_eq!((folder.objects, folder.restored, folder.duplicates, folder.rejected), (3, 2, 2, 15), "{folder:?}");
     assert!(folder.reasons[0].contains("garbage.jsonl.gz line 1: not readable"), "{:?}", folder.reasons);
     let (link, nope, verified) =
-        (Source::Path(dir.join("zero.jsonl.gz")), Source::Path(dir.join("nope")), options(false, false));
+        (Location::Path(dir.join("zero.jsonl.gz")), Location::Path(dir.join("nope")), options(false, false));
     let link = archive::restore(&pool, &link, None, &verified, |_| {}).await.unwrap_err();
     assert!(link.to_string().contains("a symbolic link"), "a link given is refused, not read: {link}");
     let missing = archive::restore(&pool, &nope, None, &verified, |_| {}).await.unwrap_err();

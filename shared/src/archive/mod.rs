@@ -26,7 +26,7 @@ use sha2::{Digest, Sha256};
 use crate::core::aws::ArchiveConfig;
 
 pub use crate::db::inbox::ArchivedEvent;
-pub use restore::{restore, RestoreOptions, Restored, Source};
+pub use restore::{restore, Location, RestoreOptions, Restored};
 
 mod check;
 mod restore;

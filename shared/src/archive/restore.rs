@@ -37,7 +37,7 @@ pub const MAX_DEPTH: usize = 8;
 /// Where [`restore`] reads: `s3://bucket/prefix` (every object under it, in
 /// key order), or a local `.jsonl.gz` (or `.jsonl`) file, or a folder of them.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Source {
+pub enum Location {
     /// Every object under a prefix (one object's key is its own prefix).
     S3 {
         /// The bucket.
@@ -49,19 +49,19 @@ pub enum Source {
     Path(PathBuf),
 }
 
-impl Source {
+impl Location {
     /// `s3://bucket/prefix`, or a path.
-    pub fn parse(text: &str) -> Result<Source, String> {
+    pub fn parse(text: &str) -> Result<Location, String> {
         match text.strip_prefix("s3://") {
             Some(rest) => {
                 let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
                 if bucket.is_empty() {
                     return Err(format!("{:?} names no bucket: s3://bucket/prefix", escape(text)));
                 }
-                Ok(Source::S3 { bucket: bucket.into(), prefix: prefix.into() })
+                Ok(Location::S3 { bucket: bucket.into(), prefix: prefix.into() })
             }
             None if text.is_empty() => Err("name an s3://bucket/prefix, a file or a folder".into()),
-            None => Ok(Source::Path(text.into())),
+            None => Ok(Location::Path(text.into())),
         }
     }
 }
@@ -125,7 +125,7 @@ impl Restored {
 /// environment when `None`. `progress` is called after each object.
 pub async fn restore(
     pool: &PgPool,
-    source: &Source,
+    source: &Location,
     sdk: Option<&aws_config::SdkConfig>,
     options: &RestoreOptions,
     mut progress: impl FnMut(&Restored),
@@ -133,7 +133,7 @@ pub async fn restore(
     let mut done = Restored::default();
     let mut checker = Checker::new(&options.catalog, &options.secrets, options.unverified);
     match source {
-        Source::S3 { bucket, prefix } => {
+        Location::S3 { bucket, prefix } => {
             let s3 = match sdk {
                 Some(sdk) => s3_client(sdk),
                 None => s3_client(&crate::core::aws::from_env().await),
@@ -151,7 +151,7 @@ pub async fn restore(
                 progress(&done);
             }
         }
-        Source::Path(path) => {
+        Location::Path(path) => {
             for file in files(path)? {
                 let name = file.display().to_string();
                 let opened = open_regular(&file).map_err(|why| ArchiveError::File { path: name.clone(), why })?;
@@ -440,12 +440,15 @@ mod tests {
     #[test]
     fn sources_are_an_s3_url_or_a_path() {
         assert_eq!(
-            Source::parse("s3://bucket/inbox/stripe/2026-10").unwrap(),
-            Source::S3 { bucket: "bucket".into(), prefix: "inbox/stripe/2026-10".into() }
+            Location::parse("s3://bucket/inbox/stripe/2026-10").unwrap(),
+            Location::S3 { bucket: "bucket".into(), prefix: "inbox/stripe/2026-10".into() }
         );
-        assert_eq!(Source::parse("s3://bucket").unwrap(), Source::S3 { bucket: "bucket".into(), prefix: "".into() });
-        assert!(Source::parse("s3:///x").unwrap_err().contains("names no bucket"));
-        assert_eq!(Source::parse("a/b.jsonl.gz").unwrap(), Source::Path("a/b.jsonl.gz".into()));
+        assert_eq!(
+            Location::parse("s3://bucket").unwrap(),
+            Location::S3 { bucket: "bucket".into(), prefix: "".into() }
+        );
+        assert!(Location::parse("s3:///x").unwrap_err().contains("names no bucket"));
+        assert_eq!(Location::parse("a/b.jsonl.gz").unwrap(), Location::Path("a/b.jsonl.gz".into()));
     }
 
     #[test]

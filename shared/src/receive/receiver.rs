@@ -16,7 +16,7 @@ use crate::{
     receive::{
         claim::{self, inline::InlineHandlers, BatchClaim, Claim, Claimed, Envelope},
         notify::ProcessQueue,
-        tally::Tally,
+        tally::DeliveryMinutes,
     },
     runtime::{metrics::Metrics, trace},
 };
@@ -122,7 +122,7 @@ pub struct Receiver {
     /// Each provider's secrets' fingerprints, in the order configured (a verified index picks one).
     fingerprints: std::collections::HashMap<Provider, Vec<String>>,
     /// Deliveries per provider and minute, until written to `inbox_receive_minutes`.
-    tally: Tally,
+    tally: DeliveryMinutes,
 }
 
 impl Receiver {
@@ -144,7 +144,7 @@ impl Receiver {
                 .entries()
                 .map(|e| (e.provider, config.secrets.fingerprints(e.provider)))
                 .collect(),
-            tally: Tally::default(),
+            tally: DeliveryMinutes::default(),
         }
     }
 

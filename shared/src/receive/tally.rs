@@ -14,18 +14,18 @@ use crate::db::minutes::MinuteCounts;
 pub(crate) type Rows = Vec<(&'static str, i64, MinuteCounts)>;
 
 /// The counts not yet written, and when they last were taken.
-pub(crate) struct Tally {
+pub(crate) struct DeliveryMinutes {
     counts: Mutex<HashMap<(&'static str, i64), MinuteCounts>>,
     taken: Mutex<Instant>,
 }
 
-impl Default for Tally {
+impl Default for DeliveryMinutes {
     fn default() -> Self {
-        Tally { counts: Mutex::default(), taken: Mutex::new(Instant::now()) }
+        DeliveryMinutes { counts: Mutex::default(), taken: Mutex::new(Instant::now()) }
     }
 }
 
-impl Tally {
+impl DeliveryMinutes {
     /// Counts one delivery's outcome in the current minute.
     pub fn record(&self, provider: &'static str, counts: MinuteCounts) {
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
@@ -75,7 +75,7 @@ mod tests {
 
     #[test]
     fn counts_add_up_per_provider_and_minute_and_come_back_when_not_written() {
-        let t = Tally::default();
+        let t = DeliveryMinutes::default();
         assert!(!t.due(Duration::from_secs(60)), "nothing is due at start");
         t.record_at("stripe", 1_800_000_001, counts(1, 0, 0));
         t.record_at("stripe", 1_800_000_059, counts(0, 1, 0));
