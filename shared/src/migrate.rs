@@ -37,7 +37,7 @@ pub struct ResponseUrls {
 
 /// Why a request was not answered.
 #[derive(Debug, thiserror::Error)]
-pub enum AnswerError {
+pub enum NotAnswered {
     /// Its `ResponseURL` is not CloudFormation's: nothing was done or sent.
     #[error("ResponseURL {0}: not acted on, and not answered")]
     Refused(String),
@@ -103,7 +103,7 @@ pub async fn on_custom_resource(
     http: &reqwest::Client,
     urls: &ResponseUrls,
     deadline: Instant,
-) -> Result<Status, AnswerError> {
+) -> Result<Status, NotAnswered> {
     let (kind, response_url, stack_id, request_id, logical_id) = match request {
         Request::Create(r) => ("Create", r.response_url, r.stack_id, r.request_id, r.logical_resource_id),
         Request::Update(r) => ("Update", r.response_url, r.stack_id, r.request_id, r.logical_resource_id),
@@ -113,7 +113,7 @@ pub async fn on_custom_resource(
     };
     if let Err(reason) = urls.check(&response_url) {
         tracing::error!(kind, %reason, "a request whose ResponseURL is not CloudFormation's: not acted on");
-        return Err(AnswerError::Refused(reason));
+        return Err(NotAnswered::Refused(reason));
     }
     let outcome = match (kind, db) {
         ("Delete", _) => Ok(None),

@@ -508,7 +508,7 @@ async fn a_response_url_that_is_not_cloudformations_is_neither_acted_on_nor_answ
     )
     .await
     .unwrap_err();
-    assert!(matches!(err, migrate::AnswerError::Refused(_)), "{err}");
+    assert!(matches!(err, migrate::NotAnswered::Refused(_)), "{err}");
     assert!(err.to_string().contains("127.0.0.1") && !err.to_string().contains("presigned"), "{err}");
     assert!(cfn.received_requests().await.unwrap().is_empty(), "nothing sent");
 }

@@ -66,9 +66,10 @@ SELECT (SELECT event_id FROM inserted),
        (SELECT event_id FROM webhook_replay_guard
         WHERE provider = $1 AND sha256 = sha256(convert_to($3, 'UTF8') || '\\x00'::bytea || $7::bytea))";
 
-/// What one insert came to.
+/// What claiming one event came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Inserted {
+pub enum Claim {
+    /// Its row was inserted: the inbox's now.
     New,
     /// Its key was there already.
     Duplicate,
@@ -126,7 +127,7 @@ pub(crate) async fn insert<'e>(
     env: &Envelope<'_>,
     e: &NewEvent,
     body: Body,
-) -> Result<Inserted, sqlx::Error> {
+) -> Result<Claim, sqlx::Error> {
     if env.replay_guard && body == Body::InRow {
         let (inserted, first): (Option<String>, Option<String>) = db::query_as(INSERT_GUARDED)
             .bind(env.provider.as_str())
@@ -143,9 +144,9 @@ pub(crate) async fn insert<'e>(
             .fetch_one(ex)
             .await?;
         return Ok(match (inserted, first) {
-            (Some(_), _) => Inserted::New,
-            (None, Some(first)) if first != e.event_id => Inserted::Replay,
-            (None, _) => Inserted::Duplicate,
+            (Some(_), _) => Claim::New,
+            (None, Some(first)) if first != e.event_id => Claim::Replay,
+            (None, _) => Claim::Duplicate,
         });
     }
     let sql = match body {
@@ -166,7 +167,7 @@ pub(crate) async fn insert<'e>(
         .bind(env.trace_context)
         .fetch_optional(ex)
         .await?;
-    Ok(if row.is_some() { Inserted::New } else { Inserted::Duplicate })
+    Ok(if row.is_some() { Claim::New } else { Claim::Duplicate })
 }
 
 /// Inserts events with distinct keys, sorted, in one statement; the ids inserted.

@@ -19,10 +19,10 @@ mod stats;
 pub use archive::{archive_received_before, bodies_base64, delete_keys, restore, ArchivedEvent};
 #[cfg(feature = "serve")]
 pub(crate) use claim::insert_group;
-pub use claim::Envelope;
 #[cfg(feature = "serve")]
 pub use claim::GroupRow;
-pub(crate) use claim::{insert, insert_batch, try_lock_event, Body, Inserted};
+pub(crate) use claim::{insert, insert_batch, try_lock_event, Body};
+pub use claim::{Claim, Envelope};
 pub use erase::{count_erasure, erase, erase_matching, EraseError, EraseOptions, Erased, Erasure};
 pub(crate) use listing::ruled_events;
 pub use listing::{list_events, stored_event, EventPage, EventSummary, StoredEvent, SEARCH_TIMEOUT};

@@ -7,22 +7,12 @@ use webhook_inbox_schemes::text::Escaped;
 
 pub mod inline;
 
-pub use crate::db::inbox::Envelope;
+pub use crate::db::inbox::{Claim, Envelope};
 use crate::db::{
     self,
-    inbox::{insert, insert_batch, Body, Inserted},
+    inbox::{insert, insert_batch, Body},
 };
 use webhook_inbox_schemes::{Events, NewEvent};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Claim {
-    New,
-    Duplicate,
-    /// A duplicate of signed bytes already claimed under another id (a
-    /// guarded scheme's, see [`Envelope::replay_guard`]): answered as a
-    /// duplicate, counted as a suspected replay.
-    Replay,
-}
 
 /// A batch's result: rows inserted, and items already known (before or inside the batch).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,20 +23,7 @@ pub struct BatchClaim {
 
 /// Claims one event in a single statement (its own short transaction).
 pub async fn claim<'e>(ex: impl PgExecutor<'e>, env: &Envelope<'_>, e: &NewEvent) -> Result<Claim, sqlx::Error> {
-    claim_as(ex, env, e, Body::InRow).await
-}
-
-async fn claim_as<'e>(
-    ex: impl PgExecutor<'e>,
-    env: &Envelope<'_>,
-    e: &NewEvent,
-    body: Body,
-) -> Result<Claim, sqlx::Error> {
-    Ok(match insert(ex, env, e, body).await? {
-        Inserted::New => Claim::New,
-        Inserted::Duplicate => Claim::Duplicate,
-        Inserted::Replay => Claim::Replay,
-    })
+    insert(ex, env, e, Body::InRow).await
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -220,7 +197,7 @@ async fn claim_one_as(
     e: &NewEvent,
     body: Body,
 ) -> Result<Claim, sqlx::Error> {
-    match retrying!(claim_as(db::Autocommit(&mut *conn), env, e, body)) {
+    match retrying!(insert(db::Autocommit(&mut *conn), env, e, body)) {
         Err(err) if e.payload.is_some() && db::is_refused_value(&err) => {
             let reason = format!(
                 "PostgreSQL refused the payload as jsonb (SQLSTATE {})",
@@ -228,7 +205,7 @@ async fn claim_one_as(
             );
             tracing::warn!(provider = %env.provider, event_id = %Escaped(&e.event_id), reason = %Escaped(&reason), "storing the event as failed, without its payload");
             let fallback = NewEvent::unusable(e.event_id.clone(), &e.event_type, None, reason);
-            retrying!(claim_as(db::Autocommit(&mut *conn), env, &fallback, body))
+            retrying!(insert(db::Autocommit(&mut *conn), env, &fallback, body))
         }
         other => other,
     }
