@@ -99,16 +99,6 @@ pub(crate) async fn create_job(
     Ok(job)
 }
 
-/// Records what a job counted it will take.
-pub(crate) async fn job_estimate(pool: &PgPool, id: i64, estimate: i64) -> Result<(), sqlx::Error> {
-    super::query("UPDATE inbox_api_jobs SET estimate = $2, updated_at = now() WHERE id = $1")
-        .bind(id)
-        .bind(estimate)
-        .execute(super::Autocommit(pool))
-        .await?;
-    Ok(())
-}
-
 /// A job.
 pub(crate) async fn job(pool: &PgPool, id: i64) -> Result<Option<Job>, sqlx::Error> {
     super::query_as(&format!("SELECT {JOB_COLUMNS} FROM inbox_api_jobs WHERE id = $1"))
@@ -125,35 +115,46 @@ pub(crate) async fn jobs(pool: &PgPool, limit: i64) -> Result<Vec<Job>, sqlx::Er
         .await
 }
 
-/// Records a running job's progress (its heartbeat, [`HEARTBEAT`]); whether a cancel was asked.
-pub(crate) async fn job_progress(pool: &PgPool, id: i64, processed: i64) -> Result<bool, sqlx::Error> {
+/// Records a running job's progress (its heartbeat, [`HEARTBEAT`]) and, once
+/// it has counted them, the events it expects to take; whether a cancel was asked.
+pub(crate) async fn job_progress(
+    pool: &PgPool,
+    id: i64,
+    processed: i64,
+    estimate: Option<i64>,
+) -> Result<bool, sqlx::Error> {
     let cancel: Option<bool> = super::query_scalar(
-        "UPDATE inbox_api_jobs SET processed = $2, updated_at = now()
+        "UPDATE inbox_api_jobs SET processed = $2, estimate = coalesce($3, estimate), updated_at = now()
          WHERE id = $1 AND state = 'running' RETURNING cancel_requested_at IS NOT NULL",
     )
     .bind(id)
     .bind(processed)
+    .bind(estimate)
     .fetch_optional(super::Autocommit(pool))
     .await?;
     Ok(cancel.unwrap_or(true))
 }
 
-/// Ends a job: `succeeded`, `failed` or `cancelled`, with what it did and why it failed.
+/// Ends a job: `succeeded`, `failed` or `cancelled`, with what it did, why it
+/// failed, and its estimate if its heartbeat had not recorded it.
 pub(crate) async fn finish_job(
     pool: &PgPool,
     id: i64,
     state: &str,
     processed: i64,
+    estimate: Option<i64>,
     result: &serde_json::Value,
     error: Option<&str>,
 ) -> Result<(), sqlx::Error> {
     super::query(
-        "UPDATE inbox_api_jobs SET state = $2, processed = $3, result = $4, error = $5, finished_at = now(), updated_at = now()
+        "UPDATE inbox_api_jobs SET state = $2, processed = $3, estimate = coalesce($4, estimate), result = $5,
+                error = $6, finished_at = now(), updated_at = now()
          WHERE id = $1 AND state = 'running'",
     )
     .bind(id)
     .bind(state)
     .bind(processed)
+    .bind(estimate)
     .bind(sqlx::types::Json(result))
     .bind(error)
     .execute(super::Autocommit(pool))

@@ -6,7 +6,7 @@ use std::{
     ops::ControlFlow,
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
-        Arc,
+        Arc, OnceLock,
     },
     time::Duration,
 };
@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use sqlx::PgPool;
 use tokio::sync::Notify;
 
-use super::{count_erasure, count_matching, erase_matching, requeue_all, Audit, EraseError, EraseOptions, Error};
+use super::{count_erasure, erase_matching, requeue_all, Audit, EraseError, EraseOptions, Error};
 pub use crate::db::jobs::Job;
 use crate::{
     core::selection::{EventQuery, Filter},
@@ -70,11 +70,11 @@ pub async fn start_job(pool: &PgPool, work: JobWork, params: Value, token: &str,
         let beat = tokio::spawn(heartbeat(db.clone(), id, running.clone()));
         let by = Audit { actor: &actor, action: kind, reason: &why };
         let ran = match &work {
-            JobWork::Requeue(filter) => run_requeue(&db, id, filter, &by, &running).await,
-            JobWork::Erase(query, options) => run_erase(&db, id, query, &by, *options, &running).await,
+            JobWork::Requeue(filter) => run_requeue(&db, filter, &by, &running).await,
+            JobWork::Erase(query, options) => run_erase(&db, query, &by, *options, &running).await,
         };
         beat.abort();
-        finish(&db, id, ran, running.processed.load(Ordering::Relaxed) as i64).await;
+        finish(&db, id, ran, &running).await;
     });
     Ok(job)
 }
@@ -103,12 +103,14 @@ pub async fn cancel_job(pool: &PgPool, id: i64, token: &str) -> Result<Job, Erro
 }
 
 /// What a running job and its heartbeat share: a cancel learnt of (the runner
-/// reads it between two events or batches), how far it is, and a nudge that
+/// reads it between two events or batches), how far it is, what it counted
+/// it will take (recorded by the heartbeat, or at the end), and a nudge that
 /// brings the heartbeat early, so that a cancel is learnt of within a batch.
 #[derive(Default)]
 struct Running {
     cancel: AtomicBool,
     processed: AtomicU64,
+    estimate: OnceLock<i64>,
     nudge: Notify,
 }
 
@@ -136,7 +138,8 @@ async fn heartbeat(db: PgPool, id: i64, running: Arc<Running>) {
             _ = tokio::time::sleep(store::HEARTBEAT) => {}
             _ = running.nudge.notified() => {}
         }
-        match store::job_progress(&db, id, running.processed.load(Ordering::Relaxed) as i64).await {
+        let processed = running.processed.load(Ordering::Relaxed) as i64;
+        match store::job_progress(&db, id, processed, running.estimate.get().copied()).await {
             Ok(true) => running.cancel.store(true, Ordering::Relaxed),
             Ok(false) => {}
             Err(e) => tracing::warn!(job = id, error = %escape(&e.to_string()), "a job's heartbeat failed"),
@@ -148,24 +151,20 @@ async fn heartbeat(db: PgPool, id: i64, running: Arc<Running>) {
 /// How a job's run ended: its state, the events it took and its result; or its database error.
 type Ran = Result<(&'static str, i64, Value), sqlx::Error>;
 
-async fn run_requeue(db: &PgPool, id: i64, filter: &Filter, by: &Audit<'_>, running: &Running) -> Ran {
-    let found = count_matching(db, filter).await?;
-    store::job_estimate(db, id, found.matching - found.without_payload).await?;
-    let done = requeue_all(db, filter, by, 500, |r| running.progress(r.requeued)).await?;
+/// The requeue counts what it selects before its first batch: its estimate.
+async fn run_requeue(db: &PgPool, filter: &Filter, by: &Audit<'_>, running: &Running) -> Ran {
+    let done = requeue_all(db, filter, by, 500, |r| {
+        let _ = running.estimate.set(r.matching - r.without_payload);
+        running.progress(r.requeued)
+    })
+    .await?;
     let state = if done.stopped { "cancelled" } else { "succeeded" };
     Ok((state, done.requeued as i64, json!({"requeued": done.requeued})))
 }
 
-async fn run_erase(
-    db: &PgPool,
-    id: i64,
-    query: &EventQuery,
-    by: &Audit<'_>,
-    options: EraseOptions,
-    running: &Running,
-) -> Ran {
+async fn run_erase(db: &PgPool, query: &EventQuery, by: &Audit<'_>, options: EraseOptions, running: &Running) -> Ran {
     let counted = count_erasure(db, query, None).await?;
-    store::job_estimate(db, id, counted.erased as i64).await?;
+    let _ = running.estimate.set(counted.erased as i64);
     let result = |e: &super::Erasure| {
         json!({"matching": e.matching, "erased": e.erased, "already": e.already,
                "pending": e.pending, "dry_run": options.dry_run})
@@ -183,18 +182,20 @@ async fn run_erase(
     }
 }
 
-/// Records how the job ended; `so_far`, the events it had taken when a batch failed.
-async fn finish(db: &PgPool, id: i64, ran: Ran, so_far: i64) {
+/// Records how the job ended (after a failed batch, the events taken before it).
+async fn finish(db: &PgPool, id: i64, ran: Ran, running: &Running) {
+    let estimate = running.estimate.get().copied();
     let ended = match ran {
         Ok(("failed", processed, result)) => {
             let why = result["refused"].as_str().unwrap_or("refused").to_string();
-            store::finish_job(db, id, "failed", processed, &result, Some(&why)).await
+            store::finish_job(db, id, "failed", processed, estimate, &result, Some(&why)).await
         }
-        Ok((state, processed, result)) => store::finish_job(db, id, state, processed, &result, None).await,
+        Ok((state, processed, result)) => store::finish_job(db, id, state, processed, estimate, &result, None).await,
         Err(e) => {
             tracing::error!(job = id, error = %escape(&e.to_string()), "a job failed");
             let why = "the database refused a batch or did not answer; the batches before it are done";
-            store::finish_job(db, id, "failed", so_far, &Value::Null, Some(why)).await
+            let so_far = running.processed.load(Ordering::Relaxed) as i64;
+            store::finish_job(db, id, "failed", so_far, estimate, &Value::Null, Some(why)).await
         }
     };
     if let Err(e) = ended {

@@ -42,8 +42,8 @@ use crate::{
 };
 use webhook_inbox_schemes::{catalog::Kind, verify_stored, Schemes};
 
-/// Why an operator action was not done, as every surface answers it (the
-/// CLI's message and exit, the console's page, the API's status).
+/// Why an operator action was not done: the jobs' error so far, which the
+/// API answers as 404, 409, or as its database errors.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// What it names does not exist (an event, a job, a destination).
@@ -53,9 +53,6 @@ pub enum Error {
     /// as many jobs running as allowed).
     #[error("{0}")]
     Conflict(String),
-    /// The action as asked is refused (a selection larger than its bound).
-    #[error("{0}")]
-    Refused(String),
     /// The database refused a statement or did not answer; what the action
     /// did before it stays done.
     #[error("the database: {0}")]

@@ -97,7 +97,6 @@ impl From<ops::Error> for Refused {
         match e {
             ops::Error::NotFound(what) => Refused::NotFound(what),
             ops::Error::Conflict(why) => Refused::Conflict(why),
-            ops::Error::Refused(why) => Refused::BadRequest(why),
             ops::Error::Database(e) => e.into(),
         }
     }
