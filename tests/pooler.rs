@@ -31,8 +31,7 @@ use webhook_inbox::{
     reconcile::{ReconcileConfig, StripeEvents},
     relay::{Destination, HttpSink, Relay, RelayConfig},
     runtime::stage::Stage,
-    serve::GroupConfig,
-    ReceiveConfig, Receiver,
+    GroupConfig, ReceiveConfig, Receiver,
 };
 use wiremock::{matchers::method, Mock, MockServer, ResponseTemplate};
 

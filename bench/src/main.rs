@@ -43,8 +43,9 @@ use stock::{deposits, payments};
 use tokio::net::{TcpListener, TcpStream};
 use webhook_inbox::{
     config::{DbConfig, Secrets, DEV_MARQETA_PASSWORD, DEV_MARQETA_USERNAME, DEV_STRIPE},
-    dev, Handlers, ReceiveConfig, Receiver, Stage, Worker, WorkerConfig,
+    Handlers, ReceiveConfig, Receiver, Stage, Worker, WorkerConfig,
 };
+use webhook_inbox_service::dev;
 
 /// Measure each stage side by side with its peer (receive against pgbench
 /// running the identical INSERT; process draining pending events), on
@@ -247,7 +248,7 @@ fn body(id: &str) -> String {
 }
 
 fn signature(t: u64, body: &str) -> String {
-    webhook_inbox::dev::stripe_signature(DEV_STRIPE, t, body.as_bytes())
+    webhook_inbox_service::dev::stripe_signature(DEV_STRIPE, t, body.as_bytes())
 }
 
 impl Bench {

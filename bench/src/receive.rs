@@ -179,13 +179,13 @@ pub(super) async fn http(config: &ReceiveConfig, c: usize, load: Load, until: Un
     config.db.pool_size = c as u32;
     // As `inbox serve` receives: group commit as its environment sets it (INBOX_GROUP_COMMIT_MAX=1
     // turns it off), every delivery counted in the Prometheus metrics.
-    let group = webhook_inbox::config::ServeConfig::read(&webhook_inbox::config::Env::process())?.group;
+    let group = webhook_inbox_service::serve::ServeConfig::read(&webhook_inbox::config::Env::process())?.group;
     let receiver = Arc::new(Receiver::from_config(&config)?.with_group_commit(group));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let shutdown = async {
         let _ = stopped.await;
     };
-    let server = tokio::spawn(webhook_inbox::serve::webhooks(listener, receiver, shutdown));
+    let server = tokio::spawn(webhook_inbox_service::serve::webhooks(listener, receiver, shutdown));
 
     let process_before = process_cpu()?;
     let generator = std::thread::spawn(move || -> Result<(Vec<Duration>, f64, Duration)> {

@@ -146,7 +146,7 @@ impl Report {
 
 /// Group commit as the bench's receive runs it (the environment's `INBOX_GROUP_COMMIT_*`).
 pub(super) fn group_commit() -> String {
-    match webhook_inbox::config::ServeConfig::read(&webhook_inbox::config::Env::process()) {
+    match webhook_inbox_service::serve::ServeConfig::read(&webhook_inbox::config::Env::process()) {
         Ok(c) if c.group.is_on() => format!(
             "up to {} deliveries a group, a wait of {} µs, the next group beside one committing {} µs, up to {} at once",
             c.group.max,

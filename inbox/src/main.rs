@@ -33,10 +33,10 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use webhook_inbox::{
     config::{self, DbConfig},
-    dev,
     ops::{Audit, Cursor, EventQuery, Filter, IdMatch, PayloadMatch, Since, Status},
     ReceiveConfig,
 };
+use webhook_inbox_service::dev;
 
 #[derive(Parser)]
 #[command(name = "inbox", version, about = "Idempotent webhook inbox on PostgreSQL")]
@@ -61,8 +61,8 @@ enum Command {
     /// development secret: configured exactly as the functions are.
     Serve {
         /// Comma-separated: receive, process, relay, prune, reconcile, console, or all [default: all but console].
-        #[arg(long, env = "INBOX_ROLES", value_parser = |t: &str| webhook_inbox::serve::Roles::parse(t))]
-        roles: Option<webhook_inbox::serve::Roles>,
+        #[arg(long, env = "INBOX_ROLES", value_parser = |t: &str| webhook_inbox_service::serve::Roles::parse(t))]
+        roles: Option<webhook_inbox_service::serve::Roles>,
         /// The webhooks, the console, /healthz and /readyz.
         #[arg(long, env = "PORT", default_value_t = 8080)]
         port: u16,
@@ -362,7 +362,7 @@ async fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Dev { port, host } => dev::run(stock::app(), &host, port).await,
         Command::Serve { roles, port, admin_port, host, admin_host, migrate } => {
-            let settings = webhook_inbox::serve::Settings {
+            let settings = webhook_inbox_service::serve::Settings {
                 roles,
                 host: Some(host),
                 port: Some(port),
@@ -370,9 +370,9 @@ async fn run(cli: Cli) -> Result<()> {
                 admin_port: Some(admin_port),
                 migrate,
             };
-            webhook_inbox::serve::run(stock::app(), settings).await
+            webhook_inbox_service::serve::run(stock::app(), settings).await
         }
-        Command::Console { command: None, port, host } => webhook_inbox::console::run(&host, port).await,
+        Command::Console { command: None, port, host } => webhook_inbox_service::console::run(&host, port).await,
         Command::Console { command: Some(command), .. } => console::act(&operator_db().await?, command).await,
         Command::Relay { once: _ } => passes::relay().await,
         Command::Reconcile { once: _ } => passes::reconcile().await,

@@ -96,27 +96,31 @@
 //! # What is public
 //!
 //! The items at this root, and the modules [`lambda`] (one entry point per
-//! function), [`serve`] (the same stages as a long-running service), [`dev`] (the local stack), [`ops`] (what the operator's commands
-//! do, from code), [`config`] (settings from the environment), [`schemes`]
+//! function), [`ops`] (what the operator's commands do, from code), [`config`] (settings from the environment), [`schemes`]
 //! (a provider's signing contract of your own: the crate
 //! `webhook-inbox-schemes`, which verifies deliveries with no async runtime and
 //! no database, has every provider's), [`reconciliation`] (provider
 //! APIs to reconcile from), [`hints`] (events as hints), [`alerts`],
-//! [`archive`] (prune's archive in S3, and restore) and [`testing`] (a
-//! team's test support), each item at one path. Everything else is private.
+//! [`archive`] (prune's archive in S3, and restore), [`host`] (what a
+//! long-running host of the stages uses) and [`testing`] (a team's test
+//! support), each item at one path. Everything else is private.
+//!
+//! The same stages as a long-running service (`serve`), the local stack
+//! (`dev`) and the operator's console are the crate `webhook-inbox-service`,
+//! built on this one: no Lambda function links its HTTP server, console or
+//! metrics exporter.
 //!
 //! # Features
 //!
 //! `service` is the database, receive, process, prune and the Lambda plumbing
 //! (Secrets Manager, SQS); `relay`, `reconcile` and `migrate` add their stage
 //! and what only it links (the outbound HTTP client, EventBridge), `archive`
-//! prune's archive (the S3 client, gzip); `serve`
-//! adds the long-running service (its HTTP server, the console, Prometheus
-//! metrics), `dev` the local stack on it, `console` the operator's console,
-//! `nats` and `amqp` the relay's broker sinks, `testing` the test kit; `full`
-//! is all of them. The default is every Lambda stage (`relay`, `reconcile`,
-//! `migrate`, `archive`, and `service` with them): no HTTP server, console,
-//! broker client or metrics exporter. Without `service`
+//! prune's archive (the S3 client, gzip); `nats` and `amqp` the relay's
+//! broker sinks, `otlp` OpenTelemetry traces, `openapi` the OpenAPI schemas
+//! of the types an API answers with, `testing` the test kit; `full` is all of
+//! them. The default is every Lambda stage (`relay`, `reconcile`, `migrate`,
+//! `archive`, and `service` with them): no broker client and no trace
+//! exporter. Without `service`
 //! only [`schemes`] and [`Provider`] remain.
 //! `internals` is not for you: it opens the private modules to this
 //! repository's white-box tests, with no compatibility
@@ -144,8 +148,6 @@ mod app;
 pub mod archive;
 #[cfg(feature = "service")]
 pub mod config;
-#[cfg(feature = "console")]
-pub mod console;
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod core;
@@ -158,17 +160,8 @@ pub mod db;
 #[cfg(feature = "service")]
 #[cfg(not(feature = "internals"))]
 mod db;
-#[cfg(feature = "dev")]
-pub mod dev;
 #[cfg(feature = "service")]
 pub mod lambda;
-#[cfg(feature = "console")]
-#[cfg(feature = "internals")]
-#[doc(hidden)]
-pub mod listener;
-#[cfg(feature = "console")]
-#[cfg(not(feature = "internals"))]
-mod listener;
 #[cfg(feature = "migrate")]
 #[cfg(feature = "internals")]
 #[doc(hidden)]
@@ -218,8 +211,6 @@ pub mod runtime;
 #[cfg(feature = "service")]
 #[cfg(not(feature = "internals"))]
 mod runtime;
-#[cfg(feature = "serve")]
-pub mod serve;
 
 #[cfg(feature = "service")]
 pub mod ops;
@@ -342,6 +333,26 @@ pub mod sinks {
     };
 }
 
+/// What a long-running host of the stages uses beyond them: a stage's
+/// figures ([`Metrics`](host::Metrics), what a Lambda function writes as
+/// CloudWatch EMF lines) and its loop with an observer of each pass
+/// ([`run_observed`](host::run_observed)), receive's answer to what it
+/// refused before a receiver ([`respond`](host::respond)), the relay as one
+/// lane per destination, the queue's gauges, and (feature `otlp`) the trace
+/// exporter. The crate `webhook-inbox-service` (`serve`, `dev`, the console) is
+/// built on it; a team's own long-running host may be too.
+#[cfg(feature = "service")]
+pub mod host {
+    pub use crate::process::gauges;
+    pub use crate::receive::receiver::{respond, ReceiveError};
+    #[cfg(feature = "relay")]
+    pub use crate::relay::{lane::Lane, RelayGauges};
+    pub use crate::runtime::metrics::{Kind, Metrics, Unit};
+    pub use crate::runtime::stage::{run_observed, Reported};
+    #[cfg(feature = "otlp")]
+    pub use crate::runtime::trace::{install as install_traces, shutdown as shutdown_traces};
+}
+
 #[cfg(feature = "service")]
 pub use app::App;
 #[cfg(feature = "service")]
@@ -351,6 +362,7 @@ pub use db::{
     outbox::{enqueue, Message},
     query, query_as, query_scalar,
     schema::MigrateError,
+    Autocommit,
 };
 #[cfg(feature = "service")]
 pub use process::{
@@ -363,7 +375,7 @@ pub use prune::{PruneConfig, Pruned, Pruner};
 #[cfg(feature = "service")]
 pub use receive::receiver::ReceiveConfig;
 #[cfg(feature = "service")]
-pub use receive::receiver::Receiver;
+pub use receive::{claim::group::GroupConfig, receiver::Receiver};
 #[cfg(feature = "relay")]
 pub use relay::{Destination, DestinationLimits, DestinationRelayed, Relay, RelayConfig, Relayed};
 #[cfg(feature = "service")]

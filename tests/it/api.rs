@@ -12,10 +12,8 @@ use http_body_util::BodyExt as _;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 use tower::ServiceExt as _;
-use webhook_inbox::{
-    config::{Catalog, Env, Secrets},
-    console::{self, UserRole},
-};
+use webhook_inbox::config::{Catalog, Env, Secrets};
+use webhook_inbox_service::console::{self, UserRole};
 
 pub(crate) struct Api {
     router: Router,

@@ -13,9 +13,9 @@ use sqlx::{
 use tower::ServiceExt as _;
 use webhook_inbox::{
     config::{Catalog, Env, Secrets},
-    console::{self, UserRole},
     Provider,
 };
+use webhook_inbox_service::console::{self, UserRole};
 
 /// The console at the root, on `pool` (reads on `read`), with its users.
 pub(crate) struct Console {

@@ -19,8 +19,7 @@ use webhook_inbox::{
         group::{Grouper, Row},
         Claim,
     },
-    serve::GroupConfig,
-    Receiver,
+    GroupConfig, Receiver,
 };
 use webhook_inbox_schemes::{NewEvent, Provider};
 

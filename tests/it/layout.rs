@@ -1,4 +1,4 @@
-//! The module graph of the common crate points one way: no top-level module of
+//! The module graph of the common crate (and of the service crate) points one way: no top-level module of
 //! `shared/src` uses another that uses it back (directly or through others).
 
 use std::{
@@ -123,33 +123,39 @@ fn the_common_crate_has_no_import_cycle_between_its_top_level_modules() {
     if let Some(cycle) = cycle(&graph) {
         panic!("import cycle: {}", cycle.join(" -> "));
     }
+    let service = edges(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../service/src"), "");
+    assert!(service.contains_key("console") && service.contains_key("serve"), "{service:?}");
+    if let Some(cycle) = cycle(&service) {
+        panic!("import cycle in the service crate: {}", cycle.join(" -> "));
+    }
 }
 
-/// Within every folder of the library too: no module uses a sibling that
+/// Within every folder of the library and the service crate too: no module uses a sibling that
 /// uses it back (through `super::` or `crate::` paths).
 #[test]
 fn no_folder_of_the_common_crate_has_an_import_cycle_between_its_modules() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/src");
-    let mut folders = vec![src.clone()];
     let mut checked = 0;
-    while let Some(dir) = folders.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                folders.push(path);
+    for src in ["../shared/src", "../service/src"].map(|s| Path::new(env!("CARGO_MANIFEST_DIR")).join(s)) {
+        let mut folders = vec![src.clone()];
+        while let Some(dir) = folders.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    folders.push(path);
+                }
             }
+            if dir == src {
+                continue;
+            }
+            let module = dir.strip_prefix(&src).unwrap().to_string_lossy().replace('/', "::");
+            let graph = edges(&dir, &module);
+            if let Some(cycle) = cycle(&graph) {
+                panic!("import cycle in {module}: {}", cycle.join(" -> "));
+            }
+            checked += 1;
         }
-        if dir == src {
-            continue;
-        }
-        let module = dir.strip_prefix(&src).unwrap().to_string_lossy().replace('/', "::");
-        let graph = edges(&dir, &module);
-        if let Some(cycle) = cycle(&graph) {
-            panic!("import cycle in {module}: {}", cycle.join(" -> "));
-        }
-        checked += 1;
     }
-    assert!(checked >= 10, "{checked} folders");
+    assert!(checked >= 14, "{checked} folders");
 }
 
 /// docs/build-your-own.md and the README quote the example application: each
@@ -257,7 +263,7 @@ fn the_layout_page_names_every_folder_and_only_what_exists() {
     for path in &named {
         assert!(repo.join(path).exists(), "docs/layout.md names {path}, which is not in the tree");
     }
-    let mut folders = vec![repo.join("shared/src"), repo.join("schemes/src")];
+    let mut folders = vec![repo.join("shared/src"), repo.join("schemes/src"), repo.join("service/src")];
     let mut i = 0;
     while i < folders.len() {
         for entry in std::fs::read_dir(&folders[i]).unwrap() {
@@ -324,13 +330,14 @@ fn the_configuration_page_names_every_variable_the_code_reads_and_only_those() {
     variables_read(&repo.join("shared/src"), &mut read);
     variables_read(&repo.join("functions"), &mut read);
     variables_read(&repo.join("inbox/src"), &mut read);
+    variables_read(&repo.join("service/src"), &mut read);
     // Outside the table: the examples' and tests' own.
     read.remove("ACME_WEBHOOK_SECRET");
     let undocumented: Vec<&String> =
         read.iter().filter(|v| !table.contains(*v) && !page.contains(&format!("`{v}`"))).collect();
     assert!(undocumented.is_empty(), "read by the code, not in docs/configuration.md: {undocumented:?}");
     let mut sources = String::new();
-    for dir in ["shared/src", "functions", "inbox/src"] {
+    for dir in ["shared/src", "functions", "inbox/src", "service/src"] {
         let mut files = Vec::new();
         rust_files(&repo.join(dir), &mut files);
         files.iter().for_each(|f| sources.push_str(&std::fs::read_to_string(f).unwrap()));
@@ -341,16 +348,19 @@ fn the_configuration_page_names_every_variable_the_code_reads_and_only_those() {
 
 /// The workspace's crates in layers, each of whose normal dependencies is
 /// in a layer below it: the schemes and the migrations, the common crate, the
-/// stock application, what runs it (the functions, `inbox`, a team's example),
+/// stock application and the service (serve, dev, the console), what runs it (the functions, `inbox`, a team's example),
 /// what measures and tests them. A crate added to the workspace is placed here.
 const LAYERS: &[&[&str]] = &[
     // common-deps has no code: the functions' shared dependencies' features.
     &["webhook-inbox-schemes", "webhook-inbox-migrations", "common-deps"],
     &["webhook-inbox"],
-    &["stock"],
+    &["stock", "webhook-inbox-service"],
     &["receive", "process", "relay", "prune", "reconcile", "migrate", "inbox", "invoices"],
     &["inbox-tests", "inbox-bench"],
 ];
+
+/// The Lambda functions: none links the service crate.
+const FUNCTIONS: &[&str] = &["receive", "process", "relay", "prune", "reconcile", "migrate"];
 
 /// What the schemes crate must never link: an async runtime, a database, a
 /// web framework, an AWS SDK (it is what a proxy or a fuzz target builds).
@@ -407,6 +417,17 @@ fn dependencies_point_one_way() {
     }
     let linked: Vec<&&str> = NOT_IN_SCHEMES.iter().filter(|n| seen.contains(**n)).collect();
     assert!(seen.len() > 10 && linked.is_empty(), "the schemes crate links {linked:?}");
+    // No Lambda function reaches the service crate (its HTTP server, console and exporter), at any depth.
+    for function in FUNCTIONS {
+        let (mut seen, mut todo) = (BTreeSet::new(), vec![*function]);
+        while let Some(p) = todo.pop() {
+            if seen.insert(p) {
+                todo.extend(normal[p].iter().copied());
+            }
+        }
+        assert!(seen.contains("webhook-inbox"), "{function}'s tree was read: {seen:?}");
+        assert!(!seen.contains("webhook-inbox-service"), "the function {function} links webhook-inbox-service");
+    }
 }
 
 /// Receive runs handlers inline through a trait the process stage implements

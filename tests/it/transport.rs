@@ -12,7 +12,8 @@ use sqlx::{
     postgres::{PgConnectOptions, PgPoolOptions},
     PgPool,
 };
-use webhook_inbox::{db, dev::embedded_pg::EmbeddedPostgres, Receiver};
+use webhook_inbox::{db, Receiver};
+use webhook_inbox_service::dev::embedded_pg::EmbeddedPostgres;
 
 use crate::receive::stripe_body;
 

@@ -73,7 +73,7 @@ fn now() -> u64 {
 }
 
 fn stripe(body: String, secret: &str) -> Delivery {
-    let sig = webhook_inbox::dev::stripe_signature(secret, now(), body.as_bytes());
+    let sig = webhook_inbox_service::dev::stripe_signature(secret, now(), body.as_bytes());
     Delivery { provider: "stripe", headers: vec![("stripe-signature", sig)], body, forged: secret != DEV_STRIPE }
 }
 

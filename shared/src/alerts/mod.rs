@@ -127,11 +127,7 @@ impl AlertRules {
 /// `alerts_opened`, `alerts_resolved`, `alerts_reminded` and the gauge
 /// `alerts_live` to `metrics` when it ran, `alerts_failed` (and an error in
 /// the log) when it could not.
-pub(crate) async fn evaluate_counted(
-    rules: &AlertRules,
-    pool: &PgPool,
-    metrics: &mut crate::runtime::metrics::Metrics,
-) {
+pub async fn evaluate_counted(rules: &AlertRules, pool: &PgPool, metrics: &mut crate::runtime::metrics::Metrics) {
     if rules.is_empty() {
         return;
     }

@@ -10,7 +10,7 @@ use crate::db::{self, inbox::Audit};
 /// An alert as `inbox alerts`, the console and its notifications show it.
 /// Timestamps are PostgreSQL's own text.
 #[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
-#[cfg_attr(feature = "console", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Alert {
     /// Its number (`inbox alerts ack 7`).
     pub id: i64,
@@ -48,7 +48,7 @@ pub struct Alert {
     pub resolved_by: Option<String>,
     /// Where its notifications go (the rule's, when it opened).
     #[serde(skip)]
-    #[cfg_attr(feature = "console", schema(ignore))]
+    #[cfg_attr(feature = "openapi", schema(ignore))]
     pub channels: Json<Vec<Channel>>,
 }
 

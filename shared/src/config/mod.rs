@@ -17,8 +17,6 @@ mod db;
 mod process;
 mod prune;
 mod receive;
-#[cfg(feature = "serve")]
-mod serve;
 
 use std::{collections::HashMap, time::Duration};
 
@@ -28,10 +26,6 @@ pub use crate::receive::receiver::DEFAULT_MAX_BODY_BYTES;
 use crate::runtime::deadline::DEFAULT_DEADLINE_MARGIN;
 #[cfg(feature = "relay")]
 pub use relay::{DestinationConfig, Destinations, Target};
-#[cfg(feature = "serve")]
-pub(crate) use serve::otlp_traces;
-#[cfg(feature = "serve")]
-pub use serve::ServeConfig;
 pub use webhook_inbox_schemes::catalog::Catalog;
 pub use webhook_inbox_schemes::secret::{
     decode_standard_secret, MarqetaAuth, Secret, Secrets, DEV_GITHUB, DEV_MARQETA_PASSWORD, DEV_MARQETA_USERNAME,
@@ -110,7 +104,8 @@ impl<'a> Env<'a> {
         Ok(value)
     }
 
-    fn millis(&self, name: &'static str, default: u64) -> Result<Duration, ConfigError> {
+    /// `name` as a number of milliseconds, `default` when unset.
+    pub fn millis(&self, name: &'static str, default: u64) -> Result<Duration, ConfigError> {
         Ok(Duration::from_millis(self.parse(name, default)?))
     }
 }

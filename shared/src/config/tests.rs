@@ -20,18 +20,6 @@ fn unconnected() -> sqlx::PgPool {
 }
 
 #[test]
-fn traces_go_to_the_otlp_endpoint_as_the_specification_builds_it() {
-    let read = |pairs: &[(&str, &str)]| otlp_traces(&Env::from_pairs(pairs));
-    assert_eq!(read(&[]).unwrap(), None);
-    let base = [("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/")];
-    assert_eq!(read(&base).unwrap(), Some(("http://collector:4318/v1/traces".into(), "webhook-inbox".into())));
-    let own = [("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "https://otlp.example/in"), ("OTEL_SERVICE_NAME", "inbox-eu")];
-    assert_eq!(read(&own).unwrap(), Some(("https://otlp.example/in".into(), "inbox-eu".into())));
-    let err = read(&[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "collector:4317")]).unwrap_err().to_string();
-    assert!(err.contains("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") && !err.contains("collector"), "{err}");
-}
-
-#[test]
 fn comma_separated_secrets_are_all_kept_in_order() {
     let s = Secrets::read(&Env::from_pairs(&[("STRIPE_WEBHOOK_SECRET", "whsec_a, whsec_b,,")]), &Catalog::builtin())
         .unwrap();

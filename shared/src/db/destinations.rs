@@ -140,7 +140,7 @@ pub async fn set_paused(pool: &PgPool, name: &str, pause: bool, by: &Audit<'_>) 
 /// A destination as `inbox outbox destinations`, the console and the gauges
 /// show it: its state and its messages. Timestamps are PostgreSQL's own text.
 #[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
-#[cfg_attr(feature = "console", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct DestinationState {
     /// Its name, as messages and the destinations file say it.
     pub name: String,

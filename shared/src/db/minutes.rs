@@ -3,14 +3,16 @@
 //! console's health page.
 
 use sqlx::PgExecutor;
-#[cfg(feature = "console")]
 use sqlx::PgPool;
 
 /// One provider's counts in one minute (the minute in Unix seconds).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MinuteCounts {
+    /// Deliveries claimed (accepted).
     pub received: i64,
+    /// Deliveries of events already claimed.
     pub duplicates: i64,
+    /// Deliveries refused (a bad signature, a malformed body, ...).
     pub rejected: i64,
 }
 
@@ -40,7 +42,6 @@ pub async fn add<'e>(ex: impl PgExecutor<'e>, rows: &[(&str, i64, MinuteCounts)]
 }
 
 /// Every provider's counts per minute since `hours` ago, oldest first.
-#[cfg(feature = "console")]
 pub async fn since(pool: &PgPool, hours: i64) -> Result<Vec<(String, i64, MinuteCounts)>, sqlx::Error> {
     let rows: Vec<(String, i64, i64, i64, i64)> = super::query_as(
         "SELECT provider, extract(epoch FROM minute)::int8, received, duplicates, rejected
@@ -58,7 +59,6 @@ pub async fn since(pool: &PgPool, hours: i64) -> Result<Vec<(String, i64, Minute
 
 /// Events that ended failed per provider and minute since `hours` ago (from
 /// the inbox's partial index of failed rows), oldest first.
-#[cfg(feature = "console")]
 pub async fn failed_since(pool: &PgPool, hours: i64) -> Result<Vec<(String, i64, i64)>, sqlx::Error> {
     super::query_as(
         "SELECT provider, extract(epoch FROM date_trunc('minute', coalesce(processed_at, received_at)))::int8 AS minute,

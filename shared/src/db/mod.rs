@@ -1,14 +1,10 @@
 //! The database: pools and connections, the schema's migrations, SQLSTATE classes, and one
 //! module per table holding every statement on it.
 
-#[cfg(feature = "console")]
-pub mod api;
 pub mod audit;
 pub mod bodies;
 #[cfg(feature = "reconcile")]
 pub mod checkpoints;
-#[cfg(feature = "console")]
-pub mod console;
 pub mod destinations;
 pub mod inbox;
 pub mod jobs;

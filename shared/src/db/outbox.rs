@@ -353,7 +353,7 @@ pub async fn gauges<'e>(ex: impl PgExecutor<'e>) -> Result<OutboxGauges, sqlx::E
 
 /// A message, as `inbox outbox` and an event's page list it. Timestamps are PostgreSQL's own text.
 #[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
-#[cfg_attr(feature = "console", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct OutboxMessage {
     /// Its id in `transactional_outbox` (what [`retry_message`] takes).
     pub id: i64,

@@ -64,7 +64,7 @@ impl std::fmt::Display for Scope {
 
 /// A pause as `inbox pauses`, the console and the gauges show it. Timestamps are PostgreSQL's own text.
 #[derive(Debug, Clone, serde::Serialize, sqlx::FromRow)]
-#[cfg_attr(feature = "console", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Pause {
     /// Its number, as `held_by` and the audit records name it.
     pub id: i64,

@@ -22,15 +22,27 @@ pub use crate::db::inbox::{
     EventPage, EventSummary, FailedEvent, InboxGauges, Matching, Replayed, Requeued, SecretUse, StoredEvent,
     SEARCH_TIMEOUT,
 };
+pub use crate::db::minutes::{failed_since as failed_per_minute, since as received_per_minute, MinuteCounts};
 pub use crate::db::outbox::{event_messages, list_unsent, retry_dead, retry_message, OutboxGauges, OutboxMessage};
 pub use crate::db::pauses::{
     history as pause_history, list as pauses, pause as pause_events, release, resume as resume_events, Pause, Released,
     Scope as PauseScope, RELEASE_CHUNK,
 };
+pub use crate::db::sqlstate;
 use std::time::Duration;
 pub use webhook_inbox_schemes::text::{escape, escape_json};
 
 mod jobs;
+
+/// The queue's levels now ([`InboxGauges`]), each from a partial index.
+pub async fn inbox_gauges(pool: &sqlx::PgPool) -> Result<InboxGauges, sqlx::Error> {
+    db::inbox::gauges(db::Autocommit(pool)).await
+}
+
+/// The outbox's levels now ([`OutboxGauges`]).
+pub async fn outbox_gauges(pool: &sqlx::PgPool) -> Result<OutboxGauges, sqlx::Error> {
+    db::outbox::gauges(db::Autocommit(pool)).await
+}
 pub use jobs::{cancel_job, job, jobs, start_job, Job, JobWork, JOBS_AT_ONCE};
 
 use crate::{

@@ -74,7 +74,7 @@ pub async fn handle_counted(
 }
 
 /// The queue's and the outbox's gauges (`pending`, `oldest_pending_age`, ...), added to `metrics`.
-pub(crate) async fn gauges(pool: &sqlx::PgPool, metrics: &mut Metrics) {
+pub async fn gauges(pool: &sqlx::PgPool, metrics: &mut Metrics) {
     match (inbox::gauges(db::Autocommit(pool)).await, outbox::gauges(db::Autocommit(pool)).await) {
         (Ok(inbox), Ok(outbox)) => {
             metrics

@@ -107,7 +107,6 @@ impl ReceiveError {
 pub struct Receiver {
     connections: std::sync::Arc<Connections>,
     /// Group commit (`inbox serve`, `inbox dev`): single events claimed together.
-    #[cfg(feature = "serve")]
     group: Option<claim::group::Grouper>,
     schemes: Schemes,
     max_body_bytes: usize,
@@ -131,7 +130,6 @@ impl Receiver {
     pub fn new(connections: Connections, config: &ReceiveConfig) -> Self {
         Receiver {
             connections: std::sync::Arc::new(connections),
-            #[cfg(feature = "serve")]
             group: None,
             schemes: Schemes::new(&config.catalog, &config.secrets),
             max_body_bytes: config.max_body_bytes,
@@ -158,7 +156,6 @@ impl Receiver {
     /// and one commit (see [`GroupConfig`](claim::group::GroupConfig)), on
     /// committers spawned on the current Tokio runtime. A long-running server's
     /// choice: a Lambda instance has one delivery at a time.
-    #[cfg(feature = "serve")]
     pub fn with_group_commit(mut self, config: claim::group::GroupConfig) -> Self {
         self.group = config.is_on().then(|| claim::group::Grouper::start(self.connections.clone(), config));
         self
@@ -249,7 +246,7 @@ impl Receiver {
     /// Adds the tally to `inbox_receive_minutes` (one statement on one of the
     /// receiver's own connections), if `every` has passed since it last did.
     /// Counts that could not be written are kept for the next time.
-    pub(crate) async fn write_tally(&self, every: Duration) -> Result<(), sqlx::Error> {
+    pub async fn write_tally(&self, every: Duration) -> Result<(), sqlx::Error> {
         if !self.tally.due(every) {
             return Ok(());
         }
@@ -359,7 +356,6 @@ impl Receiver {
         };
         let inline = self.handlers.as_deref().filter(|_| self.inline.contains(&provider));
         let claimed = match (&events, inline) {
-            #[cfg(feature = "serve")]
             (Events::Single(e), None) if !envelope.replay_guard && self.group.is_some() => {
                 let row = claim::group::Row {
                     provider,

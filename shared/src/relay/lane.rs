@@ -29,7 +29,10 @@ use crate::{
 };
 use webhook_inbox_schemes::text::Escaped;
 
-pub(crate) struct Lane {
+/// One destination's share of the relay: a [`Stage`](crate::Stage) of its
+/// own, so that a host runs each destination on its own loop and a slow one
+/// waits for nothing but itself ([`Relay::into_lanes`](crate::Relay::into_lanes)).
+pub struct Lane {
     pool: PgPool,
     destination: Destination,
     config: RelayConfig,
@@ -186,11 +189,9 @@ impl Lane {
 
 /// A lane's counts, as `serve` reports them: the gauges come from the
 /// database apart (one lane's view of them would overwrite another's).
-#[cfg(feature = "serve")]
 #[derive(Debug, Default, Clone, serde::Serialize)]
-pub(crate) struct LaneRelayed(super::Relayed);
+pub struct LaneRelayed(super::Relayed);
 
-#[cfg(feature = "serve")]
 impl crate::runtime::stage::Tally for LaneRelayed {
     fn add(&mut self, other: &Self) {
         self.0.add(&other.0);
@@ -201,7 +202,6 @@ impl crate::runtime::stage::Tally for LaneRelayed {
     }
 }
 
-#[cfg(feature = "serve")]
 impl crate::runtime::stage::Reported for LaneRelayed {
     /// `relayed`, `relay_retried`, `relay_dead`, labelled with the lane's destination.
     fn metrics(&self) -> Vec<crate::runtime::metrics::Metrics> {
@@ -217,7 +217,6 @@ impl crate::runtime::stage::Reported for LaneRelayed {
 }
 
 /// One lane on its own loop (`serve`): it waits for nothing but its destination.
-#[cfg(feature = "serve")]
 impl crate::runtime::stage::Stage for Lane {
     type Tally = LaneRelayed;
     const NAME: &'static str = "relay";

@@ -20,7 +20,7 @@ use sqlx::PgPool;
 pub mod amqp;
 pub mod aws;
 pub mod http;
-mod lane;
+pub mod lane;
 #[cfg(feature = "nats")]
 pub mod nats;
 mod pass;
@@ -307,26 +307,23 @@ impl Relay {
     /// Each lane as a stage of its own (reporting its counts), and the
     /// relay's gauges apart (for `serve`, which runs each lane on its own
     /// loop: a lane waits for nothing but its own destination).
-    #[cfg(feature = "serve")]
-    pub(crate) fn into_lanes(self) -> (Vec<lane::Lane>, RelayGauges) {
+    pub fn into_lanes(self) -> (Vec<lane::Lane>, RelayGauges) {
         (self.lanes, RelayGauges { pool: self.pool, configured: self.configured })
     }
 }
 
 /// The relay's gauges (`relay_paused`, `relay_open`, `relay_unrouted`), read
 /// from the database: `serve` reports them apart from its lanes' counts.
-#[cfg(feature = "serve")]
-pub(crate) struct RelayGauges {
+pub struct RelayGauges {
     pool: PgPool,
     configured: Vec<String>,
 }
 
-#[cfg(feature = "serve")]
 impl RelayGauges {
     /// `relay_paused`, `relay_open`, `relay_unrouted`; and for each
     /// destination (the label `destination`) `relay_destination_paused`,
     /// `relay_destination_open` (1 or 0) and `relay_destination_backlog`.
-    pub(crate) async fn read(&self) -> Result<Vec<crate::runtime::metrics::Metrics>, sqlx::Error> {
+    pub async fn read(&self) -> Result<Vec<crate::runtime::metrics::Metrics>, sqlx::Error> {
         use crate::runtime::metrics::Metrics;
         let listed = crate::db::destinations::list(&self.pool).await?;
         let unrouted: i64 = listed.iter().filter(|d| !self.configured.contains(&d.name)).map(|d| d.backlog).sum();

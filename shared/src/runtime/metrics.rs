@@ -17,9 +17,12 @@ use serde_json::{json, Map, Value};
 /// The CloudWatch namespace of every metric.
 pub const NAMESPACE: &str = "WebhookInbox";
 
+/// What a value counts in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unit {
+    /// Things.
     Count,
+    /// An age or a duration.
     Milliseconds,
 }
 
@@ -44,11 +47,14 @@ pub struct Metrics {
 /// A count of things that happened, or a level.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
+    /// Things that happened, added up across reports.
     Count,
+    /// A level now: each report replaces the last.
     Gauge,
 }
 
 impl Metrics {
+    /// No values yet, of the stage `function` (`receive`, `process`, `relay`, ...).
     pub fn new(function: &'static str) -> Self {
         Metrics { function, provider: None, destination: None, values: BTreeMap::new() }
     }
@@ -78,6 +84,7 @@ impl Metrics {
         self
     }
 
+    /// An age or a duration now, in milliseconds.
     pub fn gauge_ms(&mut self, name: &'static str, ms: f64) -> &mut Self {
         self.values.insert(name, (ms, Unit::Milliseconds, Kind::Gauge));
         self
@@ -103,6 +110,7 @@ impl Metrics {
         self.values.iter().map(|(name, (value, unit, kind))| (*name, *value, *unit, *kind))
     }
 
+    /// No value was set.
     pub fn is_empty(&self) -> bool {
         self.values.is_empty()
     }

@@ -20,7 +20,7 @@ pub trait Tally: Default + Clone + Debug + Send + Sync + serde::Serialize + 'sta
 
 /// A tally as the functions and the service report it: its metric lines, and
 /// what failed within a pass that still completed (a reconcile source, say).
-pub(crate) trait Reported: Tally {
+pub trait Reported: Tally {
     /// The lines of the function's metrics (EMF on Lambda, Prometheus in `serve`).
     fn metrics(&self) -> Vec<crate::runtime::metrics::Metrics>;
     /// What failed, if anything did, though the pass completed.
@@ -107,10 +107,10 @@ pub async fn run_until<S: Stage>(stage: &S, poll: Duration, shutdown: impl Futur
     run_observed(stage, poll, None, shutdown, |_| {}).await
 }
 
-/// [`run_until`], each pass's counts (or error) shown to `observe` (the
+/// The stage run pass after pass until `shutdown` (as `Stage::run_until` does), each pass's counts (or error) shown to `observe` (the
 /// service's metrics); a pass starts early when `wake` is told (the worker
 /// nudging the relay).
-pub(crate) async fn run_observed<S: Stage>(
+pub async fn run_observed<S: Stage>(
     stage: &S,
     poll: Duration,
     wake: Option<&tokio::sync::Notify>,

@@ -9,7 +9,7 @@
 //! stored: the W3C `traceparent` of its receive span in
 //! `webhook_inbox.trace_context`, and of the processing in
 //! `transactional_outbox.trace_context`. Without an endpoint (and in the Lambda
-//! functions, which are built without the `serve` feature) nothing is made and
+//! functions, which are built without the `otlp` feature) nothing is made and
 //! both columns stay NULL.
 
 /// Which side of an exchange a span is.
@@ -24,7 +24,7 @@ pub(crate) enum Kind {
     Producer,
 }
 
-#[cfg(feature = "serve")]
+#[cfg(feature = "otlp")]
 mod otel {
     use std::{
         sync::{
@@ -108,7 +108,7 @@ mod otel {
 
     /// Starts exporting to `endpoint` over OTLP/HTTP (protobuf), in batches
     /// (`OTEL_BSP_*` as the SDK reads them), from the current Tokio runtime.
-    pub(crate) fn install(endpoint: &str, service: &str) -> anyhow::Result<()> {
+    pub fn install(endpoint: &str, service: &str) -> anyhow::Result<()> {
         use opentelemetry_otlp::{Protocol, WithExportConfig as _, WithHttpConfig as _};
         let client = Exporting {
             client: crate::core::http::http_client(Duration::from_secs(10))?,
@@ -130,7 +130,7 @@ mod otel {
     }
 
     /// Exports what is still buffered, then stops: at the end of a drain.
-    pub(crate) fn shutdown() {
+    pub fn shutdown() {
         if let Some((provider, _)) = TRACER.get() {
             ON.store(false, Ordering::Relaxed);
             if let Err(e) = provider.shutdown() {
@@ -173,14 +173,16 @@ mod otel {
     }
 }
 
-#[cfg(feature = "serve")]
-pub(crate) use otel::{install, shutdown, start, Span};
+#[cfg(feature = "otlp")]
+pub use otel::{install, shutdown};
+#[cfg(feature = "otlp")]
+pub(crate) use otel::{start, Span};
 
-#[cfg(not(feature = "serve"))]
+#[cfg(not(feature = "otlp"))]
 mod off {
     use super::Kind;
 
-    /// Never made without the `serve` feature.
+    /// Never made without the `otlp` feature.
     pub(crate) enum Span {}
 
     impl Span {
@@ -202,5 +204,5 @@ mod off {
     }
 }
 
-#[cfg(not(feature = "serve"))]
+#[cfg(not(feature = "otlp"))]
 pub(crate) use off::{start, Span};

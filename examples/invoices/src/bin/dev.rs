@@ -3,5 +3,5 @@
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let port = std::env::var("PORT").ok().and_then(|p| p.parse().ok()).unwrap_or(9000);
-    webhook_inbox::dev::run(invoices::app()?, "127.0.0.1", port).await
+    webhook_inbox_service::dev::run(invoices::app()?, "127.0.0.1", port).await
 }

@@ -194,7 +194,6 @@ pub(crate) async fn insert_batch<'e>(
     Ok(rows.into_iter().map(|(id,)| id).collect())
 }
 
-#[cfg(feature = "serve")]
 /// A delivery of one event, to claim with its group.
 pub struct GroupRow {
     pub provider: Provider,
@@ -207,7 +206,6 @@ pub struct GroupRow {
     pub trace_context: Option<String>,
 }
 
-#[cfg(feature = "serve")]
 impl GroupRow {
     pub(crate) fn envelope(&self) -> Envelope<'_> {
         Envelope {
@@ -225,7 +223,6 @@ impl GroupRow {
 /// Deliveries of one event each (several providers perhaps), in one
 /// statement: receive's group commit. Sorted by key, so that concurrent groups
 /// take their locks in one order; a key twice in the group inserts once.
-#[cfg(feature = "serve")]
 const INSERT_GROUP: &str = "\
 INSERT INTO webhook_inbox
     (provider, event_id, event_type, payload, status, failure_reason, raw_body, headers, secret_index, source, secret_fingerprint,
@@ -242,7 +239,6 @@ ON CONFLICT (provider, event_id) DO NOTHING
 RETURNING provider, event_id";
 
 /// Inserts a group's events unless their keys exist; the keys inserted.
-#[cfg(feature = "serve")]
 pub(crate) async fn insert_group<'e, 'r>(
     ex: impl PgExecutor<'e>,
     group: impl Iterator<Item = &'r GroupRow> + Clone,

@@ -17,9 +17,7 @@ mod stats;
 
 #[cfg(feature = "archive")]
 pub use archive::{archive_received_before, bodies_base64, delete_keys, restore, ArchivedEvent};
-#[cfg(feature = "serve")]
 pub(crate) use claim::insert_group;
-#[cfg(feature = "serve")]
 pub use claim::GroupRow;
 pub(crate) use claim::{insert, insert_batch, try_lock_event, Body};
 pub use claim::{Claim, Envelope};

@@ -103,7 +103,7 @@ impl Processed {
 }
 
 impl Reported for Processed {
-    /// The `process` function's metrics (see [`Processed::count_into`]).
+    /// The `process` function's metrics (claimed, processed, unhandled, ignored, retried, failed, held).
     fn metrics(&self) -> Vec<crate::runtime::metrics::Metrics> {
         let mut m = crate::runtime::metrics::Metrics::new("process");
         self.count_into(&mut m);
@@ -239,8 +239,7 @@ impl Worker {
 
     /// Tells `relay` after each batch whose handlers wrote outbox messages
     /// (a relay in the same process then starts at once, not at its next poll).
-    #[cfg(feature = "serve")]
-    pub(crate) fn with_nudge(mut self, relay: std::sync::Arc<tokio::sync::Notify>) -> Self {
+    pub fn with_nudge(mut self, relay: std::sync::Arc<tokio::sync::Notify>) -> Self {
         self.nudge = Some(relay);
         self
     }

@@ -86,7 +86,6 @@ macro_rules! retrying {
     }};
 }
 
-#[cfg(feature = "serve")]
 pub mod group;
 
 /// Claims what a delivery carried, retrying the whole claim on 40001/40P01, and
@@ -118,7 +117,6 @@ pub async fn claim_delivery(
 
 /// One event on one of `connections` (the single claim, with its fallback),
 /// claimed again on a fresh connection if the first turns out to be dead.
-#[cfg(feature = "serve")]
 pub(crate) async fn claim_single(
     connections: &db::Connections,
     env: &Envelope<'_>,
