@@ -185,7 +185,7 @@ pub(super) async fn http(config: &ReceiveConfig, c: usize, load: Load, until: Un
     let shutdown = async {
         let _ = stopped.await;
     };
-    let server = tokio::spawn(webhook_inbox_service::serve::webhooks(listener, receiver, shutdown));
+    let server = tokio::spawn(webhook_inbox_service::serve::webhooks(listener, receiver, Default::default(), shutdown));
 
     let process_before = process_cpu()?;
     let generator = std::thread::spawn(move || -> Result<(Vec<Duration>, f64, Duration)> {

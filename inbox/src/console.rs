@@ -5,7 +5,7 @@ use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 use serde_json::json;
 use sqlx::PgPool;
-use webhook_inbox_service::console::{self, UserRole};
+use webhook_inbox_console::{self as console, UserRole};
 
 use crate::cli::{print_json, print_table, Output};
 

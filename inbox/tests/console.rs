@@ -292,10 +292,10 @@ async fn inbox_dev_on_a_database_of_yours_changes_no_user_and_leaves_no_account_
     opts: PgConnectOptions,
 ) {
     let pool = pool_options.connect_with(opts.clone()).await.unwrap();
-    webhook_inbox_service::console::add_user(
+    webhook_inbox_console::add_user(
         &pool,
         "dev",
-        webhook_inbox_service::console::UserRole::Viewer,
+        webhook_inbox_console::UserRole::Viewer,
         "the team's own dev viewer",
         "ops",
     )

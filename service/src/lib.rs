@@ -1,12 +1,13 @@
 //! webhook-inbox as a long-running process: [`serve`] (the stages, group
 //! commit at receive, health checks and Prometheus metrics, for a container
-//! rather than Lambda), [`dev`] (the whole stack locally, on a throwaway
-//! PostgreSQL) and [`console`] (the operator's web console and its management
-//! API, a router of its own).
+//! rather than Lambda) and [`dev`] (the whole stack locally, on a throwaway
+//! PostgreSQL), each serving the operator's console (the crate
+//! `webhook-inbox-console`) at `/console`; [`console::run`] serves the console
+//! on its own.
 //!
 //! The stages themselves, and everything a Lambda function links, are the
-//! `webhook-inbox` crate's; this crate adds the HTTP server, the console's
-//! pages and accounts and the metrics exporter, which no function links.
+//! `webhook-inbox` crate's; this crate adds the HTTP server and the metrics
+//! exporter, which no function links.
 //!
 //! ```no_run
 //! # fn app() -> webhook_inbox::App { webhook_inbox::App::default() }
@@ -20,10 +21,6 @@
 
 pub mod console;
 pub mod dev;
-#[cfg(feature = "internals")]
-#[doc(hidden)]
-pub mod listener;
-#[cfg(not(feature = "internals"))]
 mod listener;
 mod runtime;
 pub mod serve;

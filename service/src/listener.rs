@@ -29,6 +29,7 @@ use webhook_inbox::{
     host::{respond, Metrics, ReceiveError},
     Receiver,
 };
+use webhook_inbox_console::{client_key, ClientIp};
 
 /// What a listener allows its clients, from the environment
 /// ([`Limits::read`]): how long a client may take to send each request's
@@ -47,7 +48,7 @@ pub struct Limits {
     /// `INBOX_BODY_TIMEOUT_MS`, 30 s.
     pub body_timeout: Duration,
     /// `INBOX_MAX_CONNECTIONS`, 4096, or fewer where the open-files limit
-    /// leaves less room ([`connection_cap`]).
+    /// leaves less room (that limit, raised to its hard limit, less 256 for the rest).
     pub max_connections: usize,
     /// `INBOX_CONSOLE_MAX_IN_FLIGHT`, 64.
     pub console_in_flight: usize,
@@ -57,71 +58,6 @@ pub struct Limits {
     pub console_in_flight_per_client: usize,
     /// `INBOX_CONSOLE_CLIENT_IP`: where a client's address comes from.
     pub client_ip: ClientIp,
-}
-
-/// Where a client's address is taken from (`INBOX_CONSOLE_CLIENT_IP`), for
-/// the console's limits (sign-in, the API's failed tokens, each client's
-/// share of requests): the connection (`peer`, the default), or, behind a
-/// load balancer that appends it (an ALB does), the last address of
-/// `X-Forwarded-For` (`x-forwarded-for`). Behind a balancer, `peer` counts
-/// every client as the balancer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClientIp {
-    /// The connection's address.
-    Peer,
-    /// The last address of `X-Forwarded-For`, as the balancer appended it.
-    ForwardedFor,
-}
-
-impl ClientIp {
-    /// `INBOX_CONSOLE_CLIENT_IP`: `peer` (the default) or `x-forwarded-for`.
-    pub fn read(env: &Env) -> Result<ClientIp, ConfigError> {
-        match env.var("INBOX_CONSOLE_CLIENT_IP").as_deref() {
-            None | Some("peer") => Ok(ClientIp::Peer),
-            Some("x-forwarded-for") => Ok(ClientIp::ForwardedFor),
-            Some(other) => Err(ConfigError::Invalid {
-                var: "INBOX_CONSOLE_CLIENT_IP".into(),
-                reason: format!("{:?} is neither peer nor x-forwarded-for", webhook_inbox_schemes::text::escape(other)),
-            }),
-        }
-    }
-
-    /// The client's address: the connection's, or the last of
-    /// `X-Forwarded-For`; an address as an address, anything else a balancer
-    /// passed on escaped (it reaches the log), "unknown" without either.
-    pub(crate) fn client(self, headers: &http::HeaderMap, peer: Option<SocketAddr>) -> String {
-        let forwarded = (self == ClientIp::ForwardedFor)
-            .then(|| {
-                let all = headers.get_all("x-forwarded-for");
-                let last = all.iter().filter_map(|v| v.to_str().ok()).next_back()?;
-                Some(last.rsplit(',').next()?.trim().chars().take(64).collect::<String>())
-            })
-            .flatten()
-            .filter(|a| !a.is_empty());
-        let addr = forwarded.or_else(|| peer.map(|p| p.ip().to_string()));
-        let addr = addr.map(|a| match a.parse::<std::net::IpAddr>() {
-            Ok(ip) => ip.to_string(),
-            Err(_) => webhook_inbox_schemes::text::escape(&a).into_owned(),
-        });
-        addr.unwrap_or_else(|| "unknown".into())
-    }
-}
-
-/// What a client is counted as by the limits: its address, an IPv6 address
-/// by its /64 (what one host is given), an IPv4-mapped one as the IPv4;
-/// anything else (not an address) as itself.
-pub(crate) fn client_key(client: &str) -> String {
-    match client.parse::<std::net::IpAddr>() {
-        Ok(std::net::IpAddr::V6(v6)) => match v6.to_ipv4_mapped() {
-            Some(v4) => v4.to_string(),
-            None => {
-                let s = v6.segments();
-                format!("{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3])
-            }
-        },
-        Ok(v4) => v4.to_string(),
-        Err(_) => client.to_string(),
-    }
 }
 
 impl Default for Limits {
@@ -160,15 +96,15 @@ impl Limits {
 /// Request bodies read at once, in bytes: each in full before it is verified,
 /// so this bounds what slow bodies can hold (the rest wait their turn, within
 /// their body timeout), whatever the number of connections.
-pub const MAX_BODY_BYTES_IN_FLIGHT: usize = 64 * 1024 * 1024;
+pub(crate) const MAX_BODY_BYTES_IN_FLIGHT: usize = 64 * 1024 * 1024;
 
 /// The largest body a routed request (the console's forms) may send.
-pub const MAX_ROUTED_BODY_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_ROUTED_BODY_BYTES: usize = 64 * 1024;
 
 /// How many connections a listener serves at once: `max`, or fewer where
 /// the open-files limit (raised to its hard limit first) leaves less, with
 /// room for the database's connections and the rest.
-pub fn connection_cap(max: usize) -> usize {
+pub(crate) fn connection_cap(max: usize) -> usize {
     #[cfg(target_os = "linux")]
     {
         let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
@@ -190,19 +126,16 @@ pub fn connection_cap(max: usize) -> usize {
     max
 }
 
-/// Where the console is served beside the webhooks.
-pub const CONSOLE_PATH: &str = "/console";
-
 /// Answers a request from its head alone, or lets it through (`None`).
-pub type HeadCheck = fn(&Parts) -> Option<Response<axum::body::Body>>;
+pub(crate) type HeadCheck = fn(&Parts) -> Option<Response<axum::body::Body>>;
 
 /// What a listener serves.
 #[derive(Clone)]
-pub struct Site {
+pub(crate) struct Site {
     /// `POST /webhooks/{provider}` (any path the router does not take); without
     /// it, such a path is answered 404.
     pub receiver: Option<Arc<Receiver>>,
-    /// The paths [`Site::routed`] names: the console at [`CONSOLE_PATH`], `/healthz`, `/readyz`, `/metrics`.
+    /// The paths [`Site::routed`] names: the console at [`webhook_inbox_console::PATH`], `/healthz`, `/readyz`, `/metrics`.
     pub router: Option<axum::Router>,
     /// What the router takes.
     pub routed: fn(&str) -> bool,
@@ -218,7 +151,7 @@ pub struct Site {
 
 impl Site {
     /// Webhooks only.
-    pub fn webhooks(receiver: Arc<Receiver>) -> Self {
+    pub(crate) fn webhooks(receiver: Arc<Receiver>) -> Self {
         Site {
             receiver: Some(receiver),
             router: None,
@@ -231,35 +164,13 @@ impl Site {
 }
 
 /// The console's paths beside the webhooks.
-pub fn console(path: &str) -> bool {
-    path == CONSOLE_PATH || path.starts_with("/console/")
+pub(crate) fn console(path: &str) -> bool {
+    path == webhook_inbox_console::PATH || path.starts_with("/console/")
 }
 
 /// The console's paths, and the health checks (`/healthz`, `/readyz`).
-pub fn console_or_health(path: &str) -> bool {
+pub(crate) fn console_or_health(path: &str) -> bool {
     console(path) || matches!(path, "/healthz" | "/readyz")
-}
-
-/// Serves until `shutdown` completes; each connection on its own task.
-#[cfg(feature = "internals")]
-pub async fn serve(
-    listener: TcpListener,
-    receiver: Arc<Receiver>,
-    shutdown: impl Future<Output = ()>,
-) -> std::io::Result<()> {
-    serve_with(listener, receiver, Limits::default(), shutdown).await
-}
-
-/// [`serve`] with other [`Limits`].
-#[cfg(feature = "internals")]
-pub async fn serve_with(
-    listener: TcpListener,
-    receiver: Arc<Receiver>,
-    limits: Limits,
-    shutdown: impl Future<Output = ()>,
-) -> std::io::Result<()> {
-    serve_site(listener, Site::webhooks(receiver), limits, shutdown, Duration::from_secs(10)).await;
-    Ok(())
 }
 
 /// Serves `site` until `shutdown` completes, then drains: no new connection,
@@ -267,7 +178,7 @@ pub async fn serve_with(
 /// `drain`; past it, the requests still in flight are answered 503 (the
 /// provider sends again; nothing it was told of is lost). Returns how many
 /// requests were answered 503 at the end of the drain.
-pub async fn serve_site(
+pub(crate) async fn serve_site(
     listener: TcpListener,
     site: Site,
     limits: Limits,

@@ -13,7 +13,9 @@ use serde_json::{json, Value};
 use sqlx::PgPool;
 use tower::ServiceExt as _;
 use webhook_inbox::config::{Catalog, Env, Secrets};
-use webhook_inbox_service::console::{self, UserRole};
+use webhook_inbox_console::{self as console, UserRole};
+
+use crate::console::settings;
 
 pub(crate) struct Api {
     router: Router,
@@ -28,9 +30,14 @@ pub(crate) struct Answer {
 impl Api {
     pub(crate) fn new(pool: &PgPool, base: &str, env: &[(&str, &str)]) -> Api {
         let env = Env::from_pairs(env);
-        let router =
-            console::router(pool.clone(), pool.clone(), Catalog::builtin(), Secrets::development(), base, &env)
-                .unwrap();
+        let router = console::router(
+            pool.clone(),
+            pool.clone(),
+            Catalog::builtin(),
+            Secrets::development(),
+            base,
+            settings(&env),
+        );
         Api { router }
     }
 

@@ -15,7 +15,7 @@ use webhook_inbox::{
     config::{Catalog, Env, Secrets},
     Provider,
 };
-use webhook_inbox_service::console::{self, UserRole};
+use webhook_inbox_console::{self as console, UserRole};
 
 /// The console at the root, on `pool` (reads on `read`), with its users.
 pub(crate) struct Console {
@@ -52,7 +52,7 @@ impl Console {
         }
         let (catalog, secrets) = (Catalog::builtin(), Secrets::development());
         let env = Env::from_pairs(env);
-        let router = console::router(pool.clone(), read.clone(), catalog, secrets, base, &env).unwrap();
+        let router = console::router(pool.clone(), read.clone(), catalog, secrets, base, settings(&env));
         Console { router }
     }
 
@@ -491,4 +491,9 @@ async fn pages_read_through_the_read_only_role_and_actions_write_through_the_oth
     read.close().await;
     sqlx::query(&format!("DROP OWNED BY {role}")).execute(&pool).await.unwrap();
     sqlx::query(&format!("DROP ROLE {role}")).execute(&pool).await.unwrap();
+}
+
+/// The console's settings as `env` gives them.
+pub(crate) fn settings(env: &Env) -> console::Settings {
+    console::Settings::read(env).unwrap()
 }

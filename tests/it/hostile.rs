@@ -231,14 +231,14 @@ async fn dev_server_cuts_off_clients_that_send_headers_or_bodies_too_slowly(_: P
     use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let timeouts = webhook_inbox_service::listener::Limits {
+    let timeouts = webhook_inbox_service::serve::Limits {
         header_timeout: Duration::from_millis(300),
         body_timeout: Duration::from_millis(300),
         ..Default::default()
     };
     let receiver = std::sync::Arc::new(receiver(opts, secrets(false)));
     let server =
-        tokio::spawn(webhook_inbox_service::listener::serve_with(listener, receiver, timeouts, std::future::pending()));
+        tokio::spawn(webhook_inbox_service::serve::webhooks(listener, receiver, timeouts, std::future::pending()));
 
     // Connects and says nothing.
     let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();

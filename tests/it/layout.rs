@@ -124,7 +124,7 @@ fn the_common_crate_has_no_import_cycle_between_its_top_level_modules() {
         panic!("import cycle: {}", cycle.join(" -> "));
     }
     let service = edges(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../service/src"), "");
-    assert!(service.contains_key("console") && service.contains_key("serve"), "{service:?}");
+    assert!(service.contains_key("dev") && service.contains_key("serve"), "{service:?}");
     if let Some(cycle) = cycle(&service) {
         panic!("import cycle in the service crate: {}", cycle.join(" -> "));
     }
@@ -135,7 +135,9 @@ fn the_common_crate_has_no_import_cycle_between_its_top_level_modules() {
 #[test]
 fn no_folder_of_the_common_crate_has_an_import_cycle_between_its_modules() {
     let mut checked = 0;
-    for src in ["../shared/src", "../service/src"].map(|s| Path::new(env!("CARGO_MANIFEST_DIR")).join(s)) {
+    for src in
+        ["../shared/src", "../service/src", "../console/src"].map(|s| Path::new(env!("CARGO_MANIFEST_DIR")).join(s))
+    {
         let mut folders = vec![src.clone()];
         while let Some(dir) = folders.pop() {
             for entry in std::fs::read_dir(&dir).unwrap() {
@@ -263,7 +265,8 @@ fn the_layout_page_names_every_folder_and_only_what_exists() {
     for path in &named {
         assert!(repo.join(path).exists(), "docs/layout.md names {path}, which is not in the tree");
     }
-    let mut folders = vec![repo.join("shared/src"), repo.join("schemes/src"), repo.join("service/src")];
+    let mut folders =
+        vec![repo.join("shared/src"), repo.join("schemes/src"), repo.join("service/src"), repo.join("console/src")];
     let mut i = 0;
     while i < folders.len() {
         for entry in std::fs::read_dir(&folders[i]).unwrap() {
@@ -331,13 +334,14 @@ fn the_configuration_page_names_every_variable_the_code_reads_and_only_those() {
     variables_read(&repo.join("functions"), &mut read);
     variables_read(&repo.join("inbox/src"), &mut read);
     variables_read(&repo.join("service/src"), &mut read);
+    variables_read(&repo.join("console/src"), &mut read);
     // Outside the table: the examples' and tests' own.
     read.remove("ACME_WEBHOOK_SECRET");
     let undocumented: Vec<&String> =
         read.iter().filter(|v| !table.contains(*v) && !page.contains(&format!("`{v}`"))).collect();
     assert!(undocumented.is_empty(), "read by the code, not in docs/configuration.md: {undocumented:?}");
     let mut sources = String::new();
-    for dir in ["shared/src", "functions", "inbox/src", "service/src"] {
+    for dir in ["shared/src", "functions", "inbox/src", "service/src", "console/src"] {
         let mut files = Vec::new();
         rust_files(&repo.join(dir), &mut files);
         files.iter().for_each(|f| sources.push_str(&std::fs::read_to_string(f).unwrap()));
@@ -348,18 +352,19 @@ fn the_configuration_page_names_every_variable_the_code_reads_and_only_those() {
 
 /// The workspace's crates in layers, each of whose normal dependencies is
 /// in a layer below it: the schemes and the migrations, the common crate, the
-/// stock application and the service (serve, dev, the console), what runs it (the functions, `inbox`, a team's example),
+/// stock application and the console, the service (serve, dev), what runs it (the functions, `inbox`, a team's example),
 /// what measures and tests them. A crate added to the workspace is placed here.
 const LAYERS: &[&[&str]] = &[
     // common-deps has no code: the functions' shared dependencies' features.
     &["webhook-inbox-schemes", "webhook-inbox-migrations", "common-deps"],
     &["webhook-inbox"],
-    &["stock", "webhook-inbox-service"],
+    &["stock", "webhook-inbox-console"],
+    &["webhook-inbox-service"],
     &["receive", "process", "relay", "prune", "reconcile", "migrate", "inbox", "invoices"],
     &["inbox-tests", "inbox-bench"],
 ];
 
-/// The Lambda functions: none links the service crate.
+/// The Lambda functions: none links the service crate or the console.
 const FUNCTIONS: &[&str] = &["receive", "process", "relay", "prune", "reconcile", "migrate"];
 
 /// What the schemes crate must never link: an async runtime, a database, a
@@ -417,7 +422,7 @@ fn dependencies_point_one_way() {
     }
     let linked: Vec<&&str> = NOT_IN_SCHEMES.iter().filter(|n| seen.contains(**n)).collect();
     assert!(seen.len() > 10 && linked.is_empty(), "the schemes crate links {linked:?}");
-    // No Lambda function reaches the service crate (its HTTP server, console and exporter), at any depth.
+    // No Lambda function reaches the service crate (its HTTP server and exporter) or the console, at any depth.
     for function in FUNCTIONS {
         let (mut seen, mut todo) = (BTreeSet::new(), vec![*function]);
         while let Some(p) = todo.pop() {
@@ -426,7 +431,9 @@ fn dependencies_point_one_way() {
             }
         }
         assert!(seen.contains("webhook-inbox"), "{function}'s tree was read: {seen:?}");
-        assert!(!seen.contains("webhook-inbox-service"), "the function {function} links webhook-inbox-service");
+        for apart in ["webhook-inbox-service", "webhook-inbox-console"] {
+            assert!(!seen.contains(apart), "the function {function} links {apart}");
+        }
     }
 }
 

@@ -6,7 +6,7 @@ use axum::body::Body;
 use http::{header, Request, StatusCode};
 use sqlx::PgPool;
 use tower::ServiceExt as _;
-use webhook_inbox_service::console;
+use webhook_inbox_console as console;
 
 use crate::console::{form, scalar, Console};
 

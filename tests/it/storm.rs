@@ -73,13 +73,13 @@ async fn a_storm_of_ordinary_and_hostile_deliveries_applies_every_ordinary_effec
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let receiver = std::sync::Arc::new(receiver(opts, secrets(false)));
-    let timeouts = webhook_inbox_service::listener::Limits {
+    let timeouts = webhook_inbox_service::serve::Limits {
         header_timeout: Duration::from_secs(2),
         body_timeout: Duration::from_secs(2),
         ..Default::default()
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(webhook_inbox_service::listener::serve_with(listener, receiver, timeouts, async {
+    let server = tokio::spawn(webhook_inbox_service::serve::webhooks(listener, receiver, timeouts, async {
         let _ = stopped.await;
     }));
     let (stop_worker, worker_stopped) = tokio::sync::oneshot::channel::<()>();

@@ -13,7 +13,7 @@ use sqlx::{
     PgPool,
 };
 use webhook_inbox::{db, Receiver};
-use webhook_inbox_service::dev::embedded_pg::EmbeddedPostgres;
+use webhook_inbox_service::dev::EmbeddedPostgres;
 
 use crate::receive::stripe_body;
 

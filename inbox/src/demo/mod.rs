@@ -49,7 +49,12 @@ impl Demo {
         let until = |mut stopped: tokio::sync::watch::Receiver<()>| async move {
             let _ = stopped.changed().await;
         };
-        let server = tokio::spawn(webhook_inbox_service::serve::webhooks(listener, receiver, until(stopped.clone())));
+        let server = tokio::spawn(webhook_inbox_service::serve::webhooks(
+            listener,
+            receiver,
+            Default::default(),
+            until(stopped.clone()),
+        ));
         let worker_config = WorkerConfig { poll: Duration::from_millis(50), ..WorkerConfig::default() };
         let worker = Worker::new(pool.clone(), stock::handlers(), worker_config);
         let worker = tokio::spawn({

@@ -20,7 +20,7 @@ use std::{
 
 use inbox_tests::{cut::forward_until, pgbouncer::PgBouncer};
 use webhook_inbox::{db, sinks::http_client};
-use webhook_inbox_service::dev::embedded_pg::EmbeddedPostgres;
+use webhook_inbox_service::dev::EmbeddedPostgres;
 
 mod table;
 

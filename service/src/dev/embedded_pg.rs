@@ -13,6 +13,11 @@ use std::{
 use anyhow::{bail, Context, Result};
 use tokio::process::Command;
 
+/// A throwaway PostgreSQL cluster on a free loopback port, its files in a
+/// temporary folder removed when it is dropped ([`EmbeddedPostgres::destroy`]
+/// says if that failed): what `inbox dev` runs on without a `DATABASE_URL`,
+/// and what a test starts to stop, crash and resume a database under a stage.
+/// It needs the PostgreSQL binaries (see [`postgres_bin_dir`](super::postgres_bin_dir)).
 pub struct EmbeddedPostgres {
     root: PathBuf,
     bin: PathBuf,
@@ -46,16 +51,17 @@ impl EmbeddedPostgres {
         Ok(pg)
     }
 
+    /// Its URL, as the superuser `postgres` (trust authentication, loopback only).
     pub fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
-    #[cfg(feature = "internals")]
+    /// The loopback port it listens on.
     pub fn port(&self) -> u16 {
         self.port
     }
 
-    pub fn data_dir(&self) -> PathBuf {
+    pub(super) fn data_dir(&self) -> PathBuf {
         self.root.join("data")
     }
 
@@ -92,7 +98,6 @@ impl EmbeddedPostgres {
     /// Stops the cluster as a crash would (immediate shutdown: no checkpoint,
     /// connections cut), keeping its files; [`EmbeddedPostgres::resume`]
     /// recovers it from the WAL.
-    #[cfg(feature = "internals")]
     pub async fn crash(&mut self) -> Result<()> {
         let data = self.data_dir();
         self.run("pg_ctl", &[OsStr::new("-D"), data.as_os_str()], &["-w", "-s", "-m", "immediate", "stop"]).await?;
@@ -152,7 +157,7 @@ impl Drop for EmbeddedPostgres {
 }
 
 /// `INBOX_PG_BIN`, else the newest `/usr/lib/postgresql/<version>/bin`, else the folder of `initdb` on `PATH`.
-pub fn find_bin_dir() -> Result<PathBuf> {
+pub(super) fn find_bin_dir() -> Result<PathBuf> {
     if let Some(dir) = std::env::var_os("INBOX_PG_BIN") {
         return Ok(PathBuf::from(dir));
     }

@@ -1,11 +1,9 @@
 //! The local tooling: [`run`], the whole stack on one machine (what `inbox dev`
 //! and a team's own `dev` binary are), on a throwaway PostgreSQL.
 
-#[cfg(feature = "internals")]
-#[doc(hidden)]
-pub mod embedded_pg;
-#[cfg(not(feature = "internals"))]
 mod embedded_pg;
+
+pub use embedded_pg::EmbeddedPostgres;
 
 /// Where the PostgreSQL binaries of the throwaway cluster are (`initdb`,
 /// `pg_ctl`, and `pgbench` beside them): `INBOX_PG_BIN`, else the newest
@@ -25,7 +23,6 @@ macro_rules! say {
 use anyhow::{Context, Result};
 use tokio::net::TcpListener;
 
-use self::embedded_pg::EmbeddedPostgres;
 use webhook_inbox::{
     config::{Env, Secrets},
     App, ReceiveConfig,
@@ -116,12 +113,20 @@ async fn serve(
     // The console at /console, with an operator of its own whose password is new at each start:
     // `dev` on its own database; on DATABASE_URL a new name, never an existing user changed,
     // removed when it stops (and, if it is killed, expired after a day).
-    let password = crate::console::generate_password();
-    let user = if embedded { "dev".to_string() } else { format!("dev-{}", &crate::console::generate_password()[..8]) };
+    let password = webhook_inbox_console::generate_password();
+    let user =
+        if embedded { "dev".to_string() } else { format!("dev-{}", &webhook_inbox_console::generate_password()[..8]) };
     let by = "inbox dev";
-    crate::console::add_expiring_user(&pool, &user, crate::console::UserRole::Operator, &password, DEV_USER_LIFE, by)
-        .await
-        .with_context(|| format!("adding the console user {user}"))?;
+    webhook_inbox_console::add_expiring_user(
+        &pool,
+        &user,
+        webhook_inbox_console::UserRole::Operator,
+        &password,
+        DEV_USER_LIFE,
+        by,
+    )
+    .await
+    .with_context(|| format!("adding the console user {user}"))?;
     let stack = crate::serve::Stack {
         app,
         env,
@@ -135,12 +140,12 @@ async fn serve(
         .run(listener, None, crate::runtime::shutdown_signal(), |addr, _| {
             say!(
                 "console: http://{addr}{}/  (sign in as {user}, password {password}; more users: inbox console user add)",
-                crate::serve::CONSOLE_PATH
+                webhook_inbox_console::PATH
             );
             say!("inbox dev ready: POST http://{addr}/webhooks/{{provider}}  (Ctrl-C stops)");
         })
         .await;
-    let removed = crate::console::remove_user(&pool, &user, by).await;
+    let removed = webhook_inbox_console::remove_user(&pool, &user, by).await;
     served?;
     removed.with_context(|| format!("removing the console user {user}"))?;
     Ok(())

@@ -22,7 +22,7 @@ use webhook_inbox::host::{Kind, Metrics, Unit};
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
 /// Installs the process's recorder (once; later calls return the same handle).
-pub fn install() -> Result<&'static PrometheusHandle, metrics_exporter_prometheus::BuildError> {
+pub(super) fn install() -> Result<&'static PrometheusHandle, metrics_exporter_prometheus::BuildError> {
     if let Some(handle) = HANDLE.get() {
         return Ok(handle);
     }
@@ -46,12 +46,12 @@ pub fn install() -> Result<&'static PrometheusHandle, metrics_exporter_prometheu
 }
 
 /// The text `/metrics` answers.
-pub fn render() -> String {
+pub(super) fn render() -> String {
     HANDLE.get().map(PrometheusHandle::render).unwrap_or_default()
 }
 
 /// Adds an EMF line's values to the metrics.
-pub fn record(m: &Metrics) {
+pub(super) fn record(m: &Metrics) {
     let labels = |provider: Option<&str>| {
         let mut labels = vec![("function", m.function().to_string())];
         if let Some(p) = provider {
@@ -78,12 +78,12 @@ pub fn record(m: &Metrics) {
 }
 
 /// One delivery: its counts, and how long it took to answer.
-pub fn delivered(m: &Metrics, took: Duration) {
+pub(super) fn delivered(m: &Metrics, took: Duration) {
     record(m);
     metrics::histogram!("webhook_inbox_receive_duration_seconds").record(took.as_secs_f64());
 }
 
 /// A stage's pass that failed (the database, most often).
-pub fn pass_failed(function: &'static str) {
+pub(super) fn pass_failed(function: &'static str) {
     metrics::counter!("webhook_inbox_pass_errors_total", "function" => function).increment(1);
 }

@@ -34,10 +34,6 @@
 
 mod config;
 mod health;
-#[cfg(feature = "internals")]
-#[doc(hidden)]
-pub mod metrics;
-#[cfg(not(feature = "internals"))]
 mod metrics;
 mod roles;
 mod stack;
@@ -52,13 +48,13 @@ pub use roles::{Role, Roles};
 pub(crate) use stack::Stack;
 
 use crate::listener;
-pub(crate) use crate::listener::CONSOLE_PATH;
 pub use webhook_inbox::GroupConfig;
 use webhook_inbox::{
     config::{ConfigError, Env},
     App, ReceiveConfig,
 };
 
+pub use crate::listener::Limits;
 pub use config::ServeConfig;
 
 /// What [`run`] is told beyond the environment: each `None` is read from it.
@@ -92,16 +88,18 @@ fn say(line: &str) {
 /// Serves `receiver` (`POST /webhooks/{provider}`) on `listener` until
 /// `shutdown` completes, then drains, as [`run`] receives: its listener (the
 /// header and body timeouts, the connection cap, each connection on its own
-/// task), every delivery counted in the process's Prometheus metrics. For a
-/// binary that runs receive beside stages of its own.
+/// task: `limits`, [`Limits::default`] or [`Limits::read`]), every delivery
+/// counted in the process's Prometheus metrics. For a binary that runs
+/// receive beside stages of its own.
 pub async fn webhooks(
     listener: TcpListener,
     receiver: std::sync::Arc<webhook_inbox::Receiver>,
+    limits: Limits,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
     metrics::install().map_err(std::io::Error::other)?;
     let site = listener::Site { count: Some(metrics::delivered), ..listener::Site::webhooks(receiver) };
-    listener::serve_site(listener, site, listener::Limits::default(), shutdown, Duration::from_secs(10)).await;
+    listener::serve_site(listener, site, limits, shutdown, Duration::from_secs(10)).await;
     Ok(())
 }
 

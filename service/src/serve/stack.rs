@@ -49,7 +49,7 @@ pub(crate) struct Stack<'a> {
 impl Stack<'_> {
     /// Starts every role, says `ready` (with the main and admin addresses),
     /// and runs until `shutdown`; then drains.
-    pub async fn run(
+    pub(crate) async fn run(
         self,
         main: TcpListener,
         admin: Option<TcpListener>,
@@ -88,14 +88,14 @@ impl Stack<'_> {
             webhook_inbox::reconciliation::NOTHING_TO_RECONCILE
         );
         let console = if roles.has(Role::Console) {
-            let read = crate::console::read_pool(env, &config.db)?.unwrap_or_else(|| pool.clone());
-            Some(crate::console::router_at(
+            let read = webhook_inbox_console::read_pool(env, &config.db)?.unwrap_or_else(|| pool.clone());
+            Some(webhook_inbox_console::router(
                 pool.clone(),
                 read,
                 config.catalog.clone(),
                 config.secrets.clone(),
-                listener::CONSOLE_PATH,
-                crate::console::Settings::read(env)?,
+                webhook_inbox_console::PATH,
+                webhook_inbox_console::Settings::read(env)?,
             ))
         } else {
             None
@@ -170,7 +170,8 @@ impl Stack<'_> {
         }
 
         let health = health_router(readiness.clone(), admin.is_none() && counted, false);
-        let head_check = parts.console.is_some().then_some(crate::console::unauthenticated_api as listener::HeadCheck);
+        let head_check =
+            parts.console.is_some().then_some(webhook_inbox_console::unauthenticated_api as listener::HeadCheck);
         let router = match parts.console {
             Some(console) => health.merge(console),
             None => health,

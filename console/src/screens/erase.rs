@@ -11,7 +11,7 @@ use axum_extra::extract::Query;
 use serde::Deserialize;
 
 use super::action::{operator_only, streamed, ConfirmPage, ProgressPage};
-use crate::console::{
+use crate::{
     auth::Signed,
     page::{clip, html, optional, short_time, Nav, PageError, Posted},
     State,

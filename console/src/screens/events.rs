@@ -11,7 +11,7 @@ use axum::{
 use axum_extra::extract::Query;
 use serde::Deserialize;
 
-use crate::console::{
+use crate::{
     auth::Signed,
     page::{clip, html, optional, short_time, Nav, PageError},
     State,

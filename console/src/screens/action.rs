@@ -2,8 +2,8 @@
 
 use askama::Template;
 
-use crate::console::store::UserRole;
-use crate::console::{
+use crate::store::UserRole;
+use crate::{
     auth::Signed,
     page::{optional, Nav, PageError},
 };

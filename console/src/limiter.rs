@@ -28,24 +28,24 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
-use crate::listener::client_key;
+use crate::client_key;
 
 /// How long a lock lasts after the failure that set it, and how long a failure is remembered.
-pub const WINDOW: Duration = Duration::from_secs(15 * 60);
+pub(crate) const WINDOW: Duration = Duration::from_secs(15 * 60);
 /// Failures of one client for one name that lock it out of that name.
-pub const PER_PAIR: u32 = 5;
+pub(crate) const PER_PAIR: u32 = 5;
 /// Failures of one client, for any names, that lock it out.
-pub const PER_CLIENT: u32 = 20;
+pub(crate) const PER_CLIENT: u32 = 20;
 /// Failures for one name, from every client, before its back-off.
-pub const PER_NAME: u32 = 10;
+pub(crate) const PER_NAME: u32 = 10;
 /// Past [`PER_NAME`]: one attempt at the name per this long (3 a minute).
-pub const NAME_INTERVAL: Duration = Duration::from_secs(20);
+pub(crate) const NAME_INTERVAL: Duration = Duration::from_secs(20);
 /// Entries each table holds at most.
-pub const CAPACITY: usize = 32_768;
+pub(crate) const CAPACITY: usize = 32_768;
 
 /// Why an attempt is refused before its password is checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refused {
+pub(crate) enum Refused {
     /// Locked out or backed off: try again after this long.
     Wait(Duration),
     /// Every entry of a table holds a lock: no room to count the attempt.
@@ -111,7 +111,7 @@ struct Tables {
 }
 
 /// Failed sign-ins, counted before each password is checked (see the module's documentation).
-pub struct Limiter {
+pub(crate) struct Limiter {
     tables: Mutex<Tables>,
     /// Signs device cookies: random per process (a restart forgets devices, as it forgets failures).
     device_key: [u8; 32],
@@ -136,7 +136,7 @@ impl Limiter {
     /// Counts an attempt as `name` from `client` as failed, unless it must
     /// wait; [`Limiter::succeeded`] takes it back. `known_device`: the
     /// browser signed in as `name` before ([`Limiter::knows`]).
-    pub fn attempt(&self, name: &str, client: &str, known_device: bool) -> Result<(), Refused> {
+    pub(crate) fn attempt(&self, name: &str, client: &str, known_device: bool) -> Result<(), Refused> {
         self.attempt_at(name, client, known_device, Instant::now())
     }
 
@@ -175,7 +175,7 @@ impl Limiter {
     /// Takes back the attempt of a sign-in that succeeded: the name's
     /// failures, from this client and from everywhere, are forgotten; the
     /// client's others stay.
-    pub fn succeeded(&self, name: &str, client: &str) {
+    pub(crate) fn succeeded(&self, name: &str, client: &str) {
         let client = client_key(client);
         let mut t = self.tables.lock().expect("the limiter's lock");
         t.pairs.entries.remove(&(name.to_string(), client.clone()));
@@ -186,7 +186,7 @@ impl Limiter {
     }
 
     /// The device cookie's value for a browser that signed in as `name`.
-    pub fn device(&self, name: &str) -> String {
+    pub(crate) fn device(&self, name: &str) -> String {
         let mut mac = Hmac::<Sha256>::new_from_slice(&self.device_key).expect("any key length");
         mac.update(b"console device:");
         mac.update(name.as_bytes());
@@ -194,7 +194,7 @@ impl Limiter {
     }
 
     /// Whether `cookie` is the device cookie of a browser that signed in as `name`.
-    pub fn knows(&self, name: &str, cookie: &str) -> bool {
+    pub(crate) fn knows(&self, name: &str, cookie: &str) -> bool {
         bool::from(self.device(name).as_bytes().ct_eq(cookie.as_bytes()))
     }
 }

@@ -10,7 +10,7 @@ use utoipa::{IntoParams, ToSchema};
 use super::{
     auth::Caller, events::Reason, query, reason, refuse_empty, Answer, ApiError, Body, Params, Refused, MAX_PAGE,
 };
-use crate::console::State;
+use crate::State;
 use webhook_inbox::ops::{self, Audit};
 use webhook_inbox_schemes::text::escape;
 

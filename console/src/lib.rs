@@ -2,8 +2,9 @@
 //! event, see why it failed, and replay it; requeue what a filter selects;
 //! retry dead outbox messages; and the inbox's health at a glance.
 //!
-//! `inbox console` serves it on its own ([`run`]), and `inbox dev` (a team's
-//! own [`dev::run`](crate::dev::run) too) at `/console`. Sign-in is required:
+//! [`router`] is the console, to serve as a team likes: `inbox console`
+//! serves it on its own (`webhook_inbox_service::console::run`), `inbox dev`
+//! (a team's own `webhook_inbox_service::dev::run` too) at [`PATH`]. Sign-in is required:
 //! each user has a password kept only as its Argon2id hash, and a role
 //! ([`UserRole`]): a viewer reads, an operator also acts, each action with a
 //! confirmation and an audit record under the user's name. Sessions live in
@@ -24,6 +25,7 @@
 
 mod api;
 mod auth;
+mod client;
 mod health;
 mod limiter;
 mod page;
@@ -38,13 +40,9 @@ use anyhow::Context as _;
 use axum::Router;
 use sqlx::PgPool;
 
-pub use crate::console::store::{User, UserRole};
-use crate::listener;
-use listener::ClientIp;
-use webhook_inbox::{
-    config::{Catalog, DbConfig, Env, Secrets},
-    ops, ReceiveConfig,
-};
+pub use crate::store::{User, UserRole};
+pub use client::{client_key, ClientIp};
+use webhook_inbox::config::{Catalog, DbConfig, Env, Secrets};
 
 /// What the pages need, shared by every request.
 pub(crate) struct State {
@@ -71,9 +69,10 @@ pub(crate) struct State {
     searches: quota::Searches,
 }
 
-/// How the console is reached and how long its sessions last, from the environment.
+/// How the console is reached and how long its sessions last, from the
+/// environment ([`Settings::read`]).
 #[derive(Debug, Clone)]
-pub(crate) struct Settings {
+pub struct Settings {
     /// Where a client's address comes from, for the sign-in limit.
     client_ip: ClientIp,
     /// `INBOX_CONSOLE_IDLE_TIMEOUT_MS`, default 30 minutes: a session not used
@@ -90,7 +89,9 @@ pub(crate) struct Settings {
 }
 
 impl Settings {
-    pub(crate) fn read(env: &Env) -> Result<Settings, webhook_inbox_schemes::ConfigError> {
+    /// `INBOX_CONSOLE_CLIENT_IP`, `INBOX_CONSOLE_IDLE_TIMEOUT_MS`,
+    /// `INBOX_CONSOLE_HTTPS` and `INBOX_API_RATE_PER_SECOND`.
+    pub fn read(env: &Env) -> Result<Settings, webhook_inbox_schemes::ConfigError> {
         let https = match env.var("INBOX_CONSOLE_HTTPS").as_deref() {
             None | Some("false" | "0" | "no") => false,
             Some("true" | "1" | "yes") => true,
@@ -111,37 +112,20 @@ impl Settings {
     }
 }
 
+/// Where `inbox dev` and `inbox serve` mount the console beside the webhooks.
+pub const PATH: &str = "/console";
+
 /// Password checks at once (see [`State::hashing`]).
 const HASHING_AT_ONCE: usize = 2;
 
 /// How long a session lasts after sign-in.
 const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
 
-/// [`router_at`] with the settings `env` gives, for the tests (through
-/// `internals`): a team serves the console with [`run`], `serve` or `dev`.
-#[cfg(feature = "internals")]
-#[doc(hidden)]
-pub fn router(
-    db: PgPool,
-    read: PgPool,
-    catalog: Catalog,
-    secrets: Secrets,
-    base: &str,
-    env: &Env,
-) -> Result<Router, webhook_inbox_schemes::ConfigError> {
-    Ok(router_at(db, read, catalog, secrets, base, Settings::read(env)?))
-}
-
-/// The console's pages at `base` (`""` for the root), on `db` (reads on
-/// `read`), checking kept bytes against `catalog` and `secrets`.
-pub(crate) fn router_at(
-    db: PgPool,
-    read: PgPool,
-    catalog: Catalog,
-    secrets: Secrets,
-    base: &str,
-    settings: Settings,
-) -> Router {
+/// The console's pages and its management API (`/api/v1`) at `base` (`""`
+/// for the root, `/console` in `inbox dev`), on `db` (reads on `read`),
+/// checking kept bytes against `catalog` and `secrets`: a router to serve
+/// as it is or beside routes of a team's own.
+pub fn router(db: PgPool, read: PgPool, catalog: Catalog, secrets: Secrets, base: &str, settings: Settings) -> Router {
     let base = base.trim_end_matches('/').to_string();
     let searches = quota::Searches::new(read.options().get_max_connections() as usize / 2);
     let state = Arc::new(State {
@@ -160,80 +144,17 @@ pub(crate) fn router_at(
     screens::router(state)
 }
 
-/// The listener's head check for the console: an API request without a token's
-/// form, refused before its body is read.
-pub(crate) fn unauthenticated_api(parts: &http::request::Parts) -> Option<axum::response::Response> {
+/// A listener's head check for the console: an API request without a token's
+/// form, answered (401) before its body is read.
+pub fn unauthenticated_api(parts: &http::request::Parts) -> Option<axum::response::Response> {
     api::unauthenticated(parts)
 }
 
 /// A read-only pool on `INBOX_CONSOLE_READ_DATABASE_URL`, if it is set.
-pub(crate) fn read_pool(env: &Env, db: &DbConfig) -> anyhow::Result<Option<PgPool>> {
+pub fn read_pool(env: &Env, db: &DbConfig) -> anyhow::Result<Option<PgPool>> {
     let Some(url) = env.var("INBOX_CONSOLE_READ_DATABASE_URL") else { return Ok(None) };
     let config = DbConfig { url: Some(url), ..db.clone() };
     Ok(Some(config.pool().context("INBOX_CONSOLE_READ_DATABASE_URL")?))
-}
-
-/// `inbox console`: serves the console at `http://host:port/` on
-/// `DATABASE_URL` (reads on `INBOX_CONSOLE_READ_DATABASE_URL` when set), its
-/// providers and secrets read as the functions read them, until Ctrl-C or
-/// SIGTERM. It applies no migration: the inbox's (`inbox migrate`, or the
-/// stack's `migrate`) must be there. A team's own binary is this one call:
-///
-/// ```no_run
-/// #[tokio::main]
-/// async fn main() -> anyhow::Result<()> {
-///     webhook_inbox_service::console::run("127.0.0.1", 9100).await
-/// }
-/// ```
-pub async fn run(host: &str, port: u16) -> anyhow::Result<()> {
-    webhook_inbox::config::init_logging();
-    crate::runtime::keep_large_allocations_mapped();
-    let env = Env::resolved().await?;
-    let config = ReceiveConfig::read(&env, 4)?;
-    anyhow::ensure!(config.db.url.is_some(), "DATABASE_URL is not set: the console shows a database's inbox");
-    let pool = config.db.pool()?;
-    ensure_schema(&pool).await?;
-    let read = read_pool(&env, &config.db)?.unwrap_or_else(|| pool.clone());
-    let pages = router_at(pool, read, config.catalog, config.secrets, "", Settings::read(&env)?);
-    let limits = listener::Limits::read(&env)?;
-    let alive = || async { ([(axum::http::header::CONTENT_TYPE, "application/json")], r#"{"status":"alive"}"#) };
-    let app = Router::new().route("/healthz", axum::routing::get(alive)).merge(pages);
-    let listener =
-        tokio::net::TcpListener::bind((host, port)).await.with_context(|| format!("binding {host}:{port}"))?;
-    say(&format!("inbox console ready: http://{}/  (Ctrl-C stops)", listener.local_addr()?));
-    // The same listener as `inbox serve`'s: header and body timeouts, a connection cap, a body budget
-    // (INBOX_HEADER_TIMEOUT_MS, INBOX_BODY_TIMEOUT_MS, INBOX_MAX_CONNECTIONS, INBOX_CONSOLE_MAX_IN_FLIGHT).
-    let site = listener::Site {
-        receiver: None,
-        router: Some(app),
-        routed: |_| true,
-        paged: |p| p != "/healthz",
-        head_check: Some(unauthenticated_api),
-        count: None,
-    };
-    let shutdown = crate::runtime::shutdown_signal();
-    listener::serve_site(listener, site, limits, shutdown, Duration::from_secs(10)).await;
-    Ok(())
-}
-
-/// Refuses a database without the console's tables, saying how to get them.
-async fn ensure_schema(pool: &PgPool) -> anyhow::Result<()> {
-    match webhook_inbox::query("SELECT 1 FROM inbox_console_users LIMIT 0")
-        .execute(webhook_inbox::Autocommit(pool))
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(e) if ops::sqlstate(&e).as_deref() == Some("42P01") => anyhow::bail!(
-            "the console's tables are missing from this database: apply the inbox's migrations first (inbox migrate)"
-        ),
-        Err(e) => Err(e).context("connecting to DATABASE_URL"),
-    }
-}
-
-/// A line on stdout; a closed stdout is no panic.
-fn say(line: &str) {
-    use std::io::Write as _;
-    let _ = writeln!(std::io::stdout(), "{line}");
 }
 
 /// Why a user could not be added.
@@ -262,7 +183,7 @@ pub async fn add_user(pool: &PgPool, name: &str, role: UserRole, password: &str,
 
 /// Adds a user that ends by itself after `expires` (and refuses a name
 /// that is taken: an existing user is never changed). `inbox dev`'s own.
-pub(crate) async fn add_expiring_user(
+pub async fn add_expiring_user(
     pool: &PgPool,
     name: &str,
     role: UserRole,
@@ -300,7 +221,7 @@ pub async fn list_users(pool: &PgPool) -> Result<Vec<User>, sqlx::Error> {
     store::list_users(pool).await
 }
 
-pub use crate::console::tokens::ApiToken;
+pub use crate::tokens::ApiToken;
 
 /// Makes an API token `name` for the management API (`/api/v1`), with a
 /// console role, audited as `token_add` by `by`; returns the token, the one

@@ -10,8 +10,8 @@ use axum::{
 use axum_extra::extract::Query;
 use serde::Deserialize;
 
-use crate::console::store::{self as console_store, Ending};
-use crate::console::{
+use crate::store::{self as console_store, Ending};
+use crate::{
     auth::Signed,
     page::{clip, html, short_time, Nav, PageError, Posted},
     State,

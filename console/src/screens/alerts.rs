@@ -13,7 +13,7 @@ use axum_extra::extract::Query;
 use serde::Deserialize;
 
 use super::action::{audit_reason, operator_only, ConfirmPage};
-use crate::console::{
+use crate::{
     auth::Signed,
     page::{clip, html, short_time, Nav, PageError, Posted},
     State,

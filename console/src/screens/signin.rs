@@ -11,8 +11,8 @@ use axum::{
 use axum_extra::extract::{cookie::CookieJar, Query};
 use serde::Deserialize;
 
-use crate::console::store;
-use crate::console::{
+use crate::store;
+use crate::{
     auth::{self, Peer, Signed},
     limiter::Refused,
     page::{html, Nav, PageError, Posted},
@@ -63,7 +63,7 @@ pub(super) async fn signin(
 ) -> Result<Response, PageError> {
     let name = f.name.trim();
     // What no user can have is refused before the limiter, the database or the log sees it.
-    if crate::console::check_name(name).is_err() {
+    if crate::check_name(name).is_err() {
         return Err(PageError::BadRequest(
             "A user name is 1 to 64 letters, digits, '.', '_', '@' or '-': no user has this one.".into(),
         ));

@@ -15,7 +15,7 @@ use super::{
     action::{audit_reason, operator_only, ConfirmPage, BATCH},
     event::{message_view, MessageView},
 };
-use crate::console::{
+use crate::{
     auth::Signed,
     page::{html, Nav, PageError, Posted},
     State,

@@ -16,7 +16,7 @@ use axum::{
 use axum_extra::extract::Form;
 
 use super::{ClientIp, State};
-use crate::console::store::UserRole;
+use crate::store::UserRole;
 use webhook_inbox::ops::{self, escape};
 use webhook_inbox_schemes::text::Escaped;
 
@@ -39,7 +39,7 @@ pub(super) fn https(state: &State, headers: &HeaderMap) -> bool {
 
 /// Why a page could not be shown, as the person reading it is told.
 #[derive(Debug)]
-pub enum PageError {
+pub(crate) enum PageError {
     /// No such page or event (what was looked for).
     NotFound(String),
     /// The request is wrong, in these words (a stranger's text in it is escaped).

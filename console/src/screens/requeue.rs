@@ -8,7 +8,7 @@ use axum_extra::extract::Query;
 use serde::Deserialize;
 
 use super::action::{audit_reason, operator_only, streamed, ProgressPage, BATCH};
-use crate::console::{
+use crate::{
     auth::Signed,
     page::{clip, html, optional, Nav, PageError, Posted},
     State,

@@ -11,7 +11,7 @@ use utoipa::{IntoParams, ToSchema};
 use super::{
     auth::Caller, query, reason, refuse_empty, since, statuses, Answer, ApiError, Body, Params, Refused, MAX_PAGE,
 };
-use crate::console::State;
+use crate::State;
 use webhook_inbox::ops::{self, Audit, Cursor, Erased, EventQuery, IdMatch, PayloadMatch, Replayed, Status};
 use webhook_inbox_schemes::text::escape;
 const ALL: &[Status] = &[Status::Pending, Status::Done, Status::Failed, Status::Unhandled, Status::Ignored];

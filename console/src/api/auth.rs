@@ -20,8 +20,8 @@ use axum::{
 use sha2::{Digest, Sha256};
 
 use super::{Answer, Refused};
-use crate::console::{store::UserRole, tokens as store};
-use crate::{console::State, listener::client_key};
+use crate::{client_key, State};
+use crate::{store::UserRole, tokens as store};
 
 /// The prefix every token starts with (a secret scanner can find one).
 pub(crate) const TOKEN_PREFIX: &str = "inbox_";
@@ -75,7 +75,7 @@ fn bearer(headers: &http::HeaderMap) -> Result<&str, &'static str> {
 /// Whether `path` is one of the API's routes (under the console's base)
 /// that need a token: every one but the document.
 fn needs_token(path: &str) -> bool {
-    let path = path.strip_prefix(crate::listener::CONSOLE_PATH).unwrap_or(path);
+    let path = path.strip_prefix(crate::PATH).unwrap_or(path);
     (path == "/api/v1" || path.starts_with("/api/v1/")) && path != "/api/v1/openapi.json"
 }
 
@@ -97,7 +97,7 @@ impl FromRequestParts<Arc<State>> for Caller {
 
     async fn from_request_parts(parts: &mut Parts, state: &Arc<State>) -> Result<Self, Self::Rejection> {
         let failed = |why: &'static str| {
-            let crate::console::auth::Peer(client) = crate::console::auth::Peer::of(parts, state);
+            let crate::auth::Peer(client) = crate::auth::Peer::of(parts, state);
             match state.api_failures.take(&client_key(&client)) {
                 Ok(()) => Refused::Unauthorized(why),
                 Err(wait) => Refused::TooManyFailures(seconds(wait)),

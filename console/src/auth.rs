@@ -24,19 +24,19 @@ use super::{
     page::{Nav, NavUser, PageError},
     State, SESSION_TTL,
 };
-use crate::console::store::{self, Ending, UserRole};
+use crate::store::{self, Ending, UserRole};
 
 /// The session cookie's name; `__Host-inbox_console` where the console is
 /// served at `/` over HTTPS (a cookie of that name is the host's alone: no
 /// other host's page, nor a page of this host over plain HTTP, can set it).
-pub const COOKIE: &str = "inbox_console";
+pub(crate) const COOKIE: &str = "inbox_console";
 
 /// The device cookie's name (prefixed as [`COOKIE`] is): a browser that signed
 /// in as a name before is spared that name's back-off ([`super::limiter`]).
-pub const DEVICE: &str = "inbox_console_device";
+pub(crate) const DEVICE: &str = "inbox_console_device";
 
 /// A cookie's name for this request: `__Host-` prefixed where it can be.
-pub fn cookie_name(state: &State, headers: &HeaderMap, name: &'static str) -> String {
+pub(crate) fn cookie_name(state: &State, headers: &HeaderMap, name: &'static str) -> String {
     if state.base.is_empty() && super::page::https(state, headers) {
         format!("__Host-{name}")
     } else {
@@ -45,10 +45,10 @@ pub fn cookie_name(state: &State, headers: &HeaderMap, name: &'static str) -> St
 }
 
 /// The longest password taken, in bytes: hashing is bounded work.
-pub const MAX_PASSWORD_BYTES: usize = 1024;
+pub(crate) const MAX_PASSWORD_BYTES: usize = 1024;
 
 /// `bytes` random bytes as URL-safe base64.
-pub fn random_token(bytes: usize) -> String {
+pub(crate) fn random_token(bytes: usize) -> String {
     let mut buf = vec![0u8; bytes];
     getrandom::getrandom(&mut buf).expect("the operating system's random numbers");
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(buf)
@@ -59,7 +59,7 @@ fn sha256(token: &str) -> Vec<u8> {
 }
 
 /// The Argon2id hash of a password, as a PHC string (its salt and parameters in it).
-pub fn hash(password: &str) -> String {
+pub(crate) fn hash(password: &str) -> String {
     let mut salt = [0u8; 16];
     getrandom::getrandom(&mut salt).expect("the operating system's random numbers");
     let salt = SaltString::encode_b64(&salt).expect("16 bytes is a valid salt");
@@ -80,7 +80,7 @@ fn verify(password: &str, hash: Option<&str>) -> bool {
 }
 
 /// Checks a sign-in: the user's role when the password is right.
-pub async fn check_password(state: &State, name: &str, password: &str) -> Result<Option<UserRole>, sqlx::Error> {
+pub(crate) async fn check_password(state: &State, name: &str, password: &str) -> Result<Option<UserRole>, sqlx::Error> {
     if password.len() > MAX_PASSWORD_BYTES {
         return Ok(None);
     }
@@ -95,7 +95,7 @@ pub async fn check_password(state: &State, name: &str, password: &str) -> Result
 /// `sign_in`: the cookie to set (for the browser's session; the database ends
 /// it after [`SESSION_TTL`], or after the idle timeout without use, whatever
 /// the browser does).
-pub async fn sign_in(
+pub(crate) async fn sign_in(
     state: &State,
     headers: &HeaderMap,
     user: &str,
@@ -113,7 +113,7 @@ pub async fn sign_in(
 
 /// Ends the session the browser held before it signed in again, if any: a
 /// new sign-in never leaves the old one behind.
-pub async fn replace(state: &State, headers: &HeaderMap, jar: &CookieJar) -> Result<(), sqlx::Error> {
+pub(crate) async fn replace(state: &State, headers: &HeaderMap, jar: &CookieJar) -> Result<(), sqlx::Error> {
     match jar.get(&cookie_name(state, headers, COOKIE)).filter(|c| !c.value().is_empty()) {
         Some(old) => store::delete_session(&state.db, &sha256(old.value())).await,
         None => Ok(()),
@@ -122,7 +122,7 @@ pub async fn replace(state: &State, headers: &HeaderMap, jar: &CookieJar) -> Res
 
 /// The device cookie of a browser that signed in as `user`: it spares the
 /// name's back-off to this browser ([`super::limiter`]), for 180 days.
-pub fn device_cookie(state: &State, headers: &HeaderMap, user: &str) -> Cookie<'static> {
+pub(crate) fn device_cookie(state: &State, headers: &HeaderMap, user: &str) -> Cookie<'static> {
     let name = cookie_name(state, headers, DEVICE);
     // Max-Age through the parser: the builder's takes a type of the `time` crate.
     let mut cookie = Cookie::parse(format!("{name}={}; Max-Age={}", state.limiter.device(user), 180 * 86_400))
@@ -135,7 +135,11 @@ pub fn device_cookie(state: &State, headers: &HeaderMap, user: &str) -> Cookie<'
 }
 
 /// Ends `signed`'s session, audited as `sign_out`: the cookie that removes it.
-pub async fn sign_out(state: &State, headers: &HeaderMap, signed: &Signed) -> Result<Cookie<'static>, sqlx::Error> {
+pub(crate) async fn sign_out(
+    state: &State,
+    headers: &HeaderMap,
+    signed: &Signed,
+) -> Result<Cookie<'static>, sqlx::Error> {
     store::end_sessions(&state.db, &signed.user, "sign_out", Ending::One(&signed.token_sha256)).await?;
     Ok(Cookie::build((cookie_name(state, headers, COOKIE), ""))
         .path(cookie_path(state))
@@ -185,7 +189,7 @@ pub(super) fn inside(base: &str, next: &str) -> Option<String> {
 
 /// A signed-in user, taken from the session cookie. A request without a
 /// valid session is sent to the sign-in page (and back here afterwards).
-pub struct Signed {
+pub(crate) struct Signed {
     pub user: String,
     pub role: UserRole,
     pub csrf: String,
@@ -195,7 +199,7 @@ pub struct Signed {
 
 impl Signed {
     /// Refuses a form whose CSRF token is not this session's.
-    pub fn check_csrf(&self, csrf: &str) -> Result<(), PageError> {
+    pub(crate) fn check_csrf(&self, csrf: &str) -> Result<(), PageError> {
         if csrf.is_empty() || !bool::from(csrf.as_bytes().ct_eq(self.csrf.as_bytes())) {
             return Err(PageError::Forbidden(
                 "This form's CSRF token is missing or is not this session's: nothing was done. Reload the page and try again.",
@@ -205,7 +209,7 @@ impl Signed {
     }
 
     /// Refuses a viewer, and a form whose CSRF token is not this session's.
-    pub fn may_act(&self, csrf: &str) -> Result<(), PageError> {
+    pub(crate) fn may_act(&self, csrf: &str) -> Result<(), PageError> {
         self.check_csrf(csrf)?;
         if self.role != UserRole::Operator {
             return Err(PageError::Forbidden("Viewers cannot act: nothing was done. An operator can."));
@@ -214,7 +218,7 @@ impl Signed {
     }
 
     /// The header of a page this user is shown.
-    pub fn nav(&self, state: &State) -> Nav {
+    pub(crate) fn nav(&self, state: &State) -> Nav {
         Nav {
             base: state.base.clone(),
             user: Some(NavUser { name: self.user.clone(), role: self.role, csrf: self.csrf.clone() }),
@@ -222,7 +226,7 @@ impl Signed {
     }
 
     /// The name the audit records an action under.
-    pub fn actor(&self) -> String {
+    pub(crate) fn actor(&self) -> String {
         format!("console:{}", self.user)
     }
 }
@@ -259,7 +263,7 @@ impl FromRequestParts<Arc<State>> for Signed {
 
 /// The client's address ([`ClientIp`]): the connection's, or the last of
 /// `X-Forwarded-For` (what a load balancer in front appended).
-pub struct Peer(pub String);
+pub(crate) struct Peer(pub String);
 
 impl Peer {
     /// The client of a request's head.

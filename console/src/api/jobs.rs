@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use utoipa::ToSchema;
 
 use super::{auth::Caller, reason, since, Answer, ApiError, Body, Params, Refused};
-use crate::console::State;
+use crate::State;
 use webhook_inbox::ops::{self, EventQuery, Filter, PayloadMatch, Status};
 use webhook_inbox_schemes::text::escape;
 
