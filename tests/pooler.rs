@@ -23,15 +23,10 @@ use sqlx::{
     PgPool,
 };
 use webhook_inbox::{
-    config::Secret,
-    config::{Catalog, DbConfig, Env},
-    db,
-    process::worker::Worker,
-    prune::{PruneConfig, Pruner},
-    reconcile::{ReconcileConfig, StripeEvents},
-    relay::{Destination, HttpSink, Relay, RelayConfig},
-    runtime::stage::Stage,
-    GroupConfig, ReceiveConfig, Receiver,
+    config::{Catalog, DbConfig, Env, Secret},
+    reconciliation::{ReconcileConfig, StripeEvents},
+    sinks::HttpSink,
+    Destination, GroupConfig, PruneConfig, Pruner, ReceiveConfig, Receiver, Relay, RelayConfig, Stage, Worker,
 };
 use wiremock::{matchers::method, Mock, MockServer, ResponseTemplate};
 
@@ -52,7 +47,7 @@ fn receiver(db: DbConfig) -> Receiver {
         process_queue_url: None,
         rules: Default::default(),
     };
-    Receiver::new(db::Connections::new(&config.db).unwrap(), &config)
+    Receiver::from_config(&config).unwrap()
 }
 
 fn payment(i: usize) -> Vec<u8> {
@@ -94,7 +89,7 @@ async fn every_stage(pool_options: PgPoolOptions, opts: PgConnectOptions, mode: 
     .fetch_one(&direct)
     .await
     .unwrap();
-    let expected = (db::schema::MIGRATIONS.iter().count() as i64, stock::MIGRATIONS.iter().count() as i64);
+    let expected = (webhook_inbox_migrations::INBOX.iter().count() as i64, stock::MIGRATIONS.iter().count() as i64);
     assert_eq!(applied, expected);
 
     // receive: 16 at a time, 200 payments each sent twice, and 20 Marqeta batches of 10.

@@ -9,7 +9,7 @@ use sqlx::PgPool;
 use webhook_inbox::{config::Env, ops, ReceiveConfig};
 use webhook_inbox_console::{read_pool, unauthenticated_api, Settings};
 
-use crate::listener;
+use crate::{listener, runtime::say};
 
 /// `inbox console`: serves the console at `http://host:port/` on
 /// `DATABASE_URL` (reads on `INBOX_CONSOLE_READ_DATABASE_URL` when set), its
@@ -66,10 +66,4 @@ async fn ensure_schema(pool: &PgPool) -> anyhow::Result<()> {
         ),
         Err(e) => Err(e).context("connecting to DATABASE_URL"),
     }
-}
-
-/// A line on stdout; a closed stdout is no panic.
-fn say(line: &str) {
-    use std::io::Write as _;
-    let _ = writeln!(std::io::stdout(), "{line}");
 }

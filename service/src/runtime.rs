@@ -24,3 +24,10 @@ pub(crate) fn keep_large_allocations_mapped() {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
     }
 }
+
+/// A line on stdout (what a server says to the terminal that started it); a
+/// closed stdout (`inbox dev | head`) is no panic.
+pub(crate) fn say(line: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stdout(), "{line}");
+}

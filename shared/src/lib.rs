@@ -105,10 +105,11 @@
 //! long-running host of the stages uses) and [`testing`] (a team's test
 //! support), each item at one path. Everything else is private.
 //!
-//! The same stages as a long-running service (`serve`), the local stack
-//! (`dev`) and the operator's console are the crate `webhook-inbox-service`,
-//! built on this one: no Lambda function links its HTTP server, console or
-//! metrics exporter.
+//! The same stages as a long-running service (`serve`) and the local stack
+//! (`dev`) are the crate `webhook-inbox-service`, the operator's console and
+//! its management API the crate `webhook-inbox-console`, both built on this
+//! one's public API: no Lambda function links their HTTP server, web
+//! framework or metrics exporter.
 //!
 //! # Features
 //!
@@ -296,8 +297,8 @@ pub mod schemes {
 #[cfg(feature = "reconcile")]
 pub mod reconciliation {
     pub use crate::reconcile::{
-        answer_text, claim, walk, Found, ReconcileConfig, ReconcileError, Reconciled, Reconciler, Source, SourceRun,
-        NOTHING_TO_RECONCILE,
+        answer_text, claim, walk, Found, GithubDeliveries, Hook, ReconcileConfig, ReconcileError, Reconciled,
+        Reconciler, ShopifyOrders, Source, SourceRun, StripeEvents, NOTHING_TO_RECONCILE,
     };
 }
 
@@ -327,7 +328,7 @@ pub mod sinks {
     #[cfg(feature = "nats")]
     pub use crate::relay::nats::NatsSink;
     pub use crate::relay::{
-        aws::{EventBridgeSink, SqsSink},
+        aws::{EventBridgeSink, SnsSink, SqsSink},
         signing::Signer,
         HttpSink, RepliesFuture, Sink, SinkReply,
     };
@@ -339,15 +340,15 @@ pub mod sinks {
 /// ([`run_observed`](host::run_observed)), receive's answer to what it
 /// refused before a receiver ([`respond`](host::respond)), the relay as one
 /// lane per destination, the queue's gauges, and (feature `otlp`) the trace
-/// exporter. The crate `webhook-inbox-service` (`serve`, `dev`, the console) is
-/// built on it; a team's own long-running host may be too.
+/// exporter. The crate `webhook-inbox-service` (`serve`, `dev`) is built on
+/// it; a team's own long-running host may be too.
 #[cfg(feature = "service")]
 pub mod host {
     pub use crate::process::gauges;
     pub use crate::receive::receiver::{respond, ReceiveError};
     #[cfg(feature = "relay")]
     pub use crate::relay::{lane::Lane, RelayGauges};
-    pub use crate::runtime::metrics::{Kind, Metrics, Unit};
+    pub use crate::runtime::metrics::{Kind, Metrics, Unit, NAMESPACE};
     pub use crate::runtime::stage::{run_observed, Reported};
     #[cfg(feature = "otlp")]
     pub use crate::runtime::trace::{install as install_traces, shutdown as shutdown_traces};

@@ -23,14 +23,7 @@ use webhook_inbox::{
     archive::{self, Archive, Location, RestoreOptions},
     config::Catalog,
     ops::{self, Audit, Filter, Status},
-    process::{
-        handler::{Event, Handler, HandlerError, Outcome},
-        handlers::Handlers,
-        worker::Worker,
-    },
-    prune::{PruneConfig, Pruner},
-    runtime::stage::Stage,
-    ArchiveConfig,
+    ArchiveConfig, Event, Handler, HandlerError, Handlers, Outcome, PruneConfig, Pruner, Stage, Worker,
 };
 use webhook_inbox_schemes::Provider;
 
@@ -52,7 +45,7 @@ fn config(bucket: &str) -> ArchiveConfig {
     ArchiveConfig { bucket: bucket.into(), prefix: "inbox/".into() }
 }
 
-async fn prune(pool: &PgPool, archive: Archive) -> webhook_inbox::prune::Pruned {
+async fn prune(pool: &PgPool, archive: Archive) -> webhook_inbox::Pruned {
     Pruner::new(pool.clone(), retention())
         .with_archive(archive)
         .run(Instant::now() + Duration::from_secs(60))

@@ -10,8 +10,8 @@ use serde::Deserialize;
 use serde_json::json;
 use sqlx::PgPool;
 use webhook_inbox::{
-    process::worker::Worker, query, BatchHandler, Event, HandlerError, Handlers, Message, Outcome, PgConnection,
-    Provider, RegistrationError,
+    query, BatchHandler, Event, HandlerError, Handlers, Message, Outcome, PgConnection, Provider, RegistrationError,
+    Worker,
 };
 
 fn payment(event_id: &str, pi: &str, amount: serde_json::Value) -> String {

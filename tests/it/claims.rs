@@ -13,7 +13,6 @@ use sqlx::{
 };
 use tokio::sync::Barrier;
 use webhook_inbox::{
-    db,
     receive::claim::{self, Claim, Envelope},
     Receiver,
 };
@@ -26,7 +25,7 @@ async fn fifty_concurrent_identical_deliveries_claim_once(_: PgPoolOptions, opts
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let mut cfg = config(secrets(false));
     cfg.db.pool_size = 50;
-    let r = Arc::new(Receiver::new(db::Connections::from_options(opts, &cfg.db), &cfg));
+    let r = Arc::new(Receiver::connect_with(opts, &cfg));
     let body = stripe_body("evt_race");
     let sig = stripe_header(STRIPE[0], &body);
     let barrier = Arc::new(Barrier::new(50));
@@ -118,7 +117,7 @@ async fn a_claim_stuck_behind_a_lock_past_lock_timeout_answers_503(_: PgPoolOpti
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let mut cfg = config(secrets(false));
     cfg.db.lock_timeout = Duration::from_millis(300);
-    let r = Receiver::new(db::Connections::from_options(opts, &cfg.db), &cfg);
+    let r = Receiver::connect_with(opts, &cfg);
     let body = stripe_body("evt_locked");
     let headers = json!({});
     let mut tx = pool.begin().await.unwrap();
@@ -152,7 +151,7 @@ async fn under_repeatable_read_the_claim_fails_with_40001(_: PgPoolOptions, opts
     assert!(eventually(|| async { lock_waiters(&pool).await == 1 }).await);
     tx.commit().await.unwrap();
     let err = waiter.await.unwrap().expect_err("the committed row is invisible to the waiting statement's snapshot");
-    assert_eq!(db::sqlstate(&err).as_deref(), Some("40001"));
+    assert_eq!(webhook_inbox::ops::sqlstate(&err).as_deref(), Some("40001"));
 }
 
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]

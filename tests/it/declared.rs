@@ -8,7 +8,7 @@ use http::StatusCode;
 use inbox_tests::*;
 use serde_json::{json, Value};
 use sqlx::{postgres::PgConnectOptions, PgPool};
-use webhook_inbox::{config::Env, db, ReceiveConfig, Receiver};
+use webhook_inbox::{config::Env, ReceiveConfig, Receiver};
 use webhook_inbox_schemes::{verify_stored, Provider, Schemes};
 
 const ACME: &str = r#"
@@ -27,7 +27,7 @@ redelivery_days = 2
 fn receiver(opts: &PgConnectOptions, vars: &[(&str, &str)]) -> (Receiver, ReceiveConfig) {
     let mut cfg = ReceiveConfig::read(&Env::from_pairs(vars), 4).expect("valid configuration");
     cfg.db.pool_size = 4;
-    (Receiver::new(db::Connections::from_options(opts.clone(), &cfg.db), &cfg), cfg)
+    (Receiver::connect_with(opts.clone(), &cfg), cfg)
 }
 
 /// Signed here with the HMAC crate directly, as the provider would, not with our own signer.

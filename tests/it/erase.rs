@@ -13,12 +13,7 @@ use serde_json::{json, Value};
 use sqlx::{PgConnection, PgPool};
 use webhook_inbox::{
     ops::{self, Audit, Erased, EventQuery, Filter, PayloadMatch, Replayed, Since, Status},
-    process::{
-        handler::{Event, Handler, HandlerError, Outcome},
-        handlers::Handlers,
-        worker::Worker,
-    },
-    Message,
+    Event, Handler, HandlerError, Handlers, Message, Outcome, Worker,
 };
 use webhook_inbox_schemes::Provider;
 

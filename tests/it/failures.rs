@@ -12,14 +12,7 @@ use sqlx::{
     PgConnection, PgPool,
 };
 use stock::{deposits, payments::PaymentSucceededHandler};
-use webhook_inbox::{
-    db,
-    process::{
-        handler::{BatchHandler, Event, Handler, HandlerError, Outcome},
-        handlers::Handlers,
-        worker::{Worker, WorkerConfig},
-    },
-};
+use webhook_inbox::{BatchHandler, Event, Handler, HandlerError, Handlers, Outcome, Worker, WorkerConfig};
 use webhook_inbox_schemes::Provider;
 
 use crate::process::{drain_all, payment_event, stored, worker};
@@ -375,7 +368,7 @@ async fn a_lock_timeout_is_retried_without_spending_an_attempt(_: PgPoolOptions,
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let mut cfg = db_config();
     cfg.lock_timeout = Duration::from_millis(200);
-    let w = Worker::new(db::pool_from(opts, &cfg), stock::handlers(), fast_worker_config());
+    let w = Worker::new(cfg.pool_with(opts), stock::handlers(), fast_worker_config());
     sqlx::query("INSERT INTO accounts (account_id) VALUES ('busy')").execute(&pool).await.unwrap();
     let deposit =
         json!({"token": "dep_b", "type": "gpa.credit", "state": "COMPLETION", "user_token": "busy", "amount": 5});

@@ -32,7 +32,7 @@ fn grouped(opts: PgConnectOptions, group: GroupConfig) -> Arc<Receiver> {
     cfg.db.pool_size = 8;
     // Longer than any test's lock wait, so a stalled group waits for the other writer, not a timeout.
     (cfg.db.lock_timeout, cfg.db.statement_timeout) = (Duration::from_secs(30), Duration::from_secs(30));
-    Arc::new(Receiver::new(db::Connections::from_options(opts, &cfg.db), &cfg).with_group_commit(group))
+    Arc::new(Receiver::connect_with(opts, &cfg).with_group_commit(group))
 }
 
 fn payment(id: &str) -> Vec<u8> {

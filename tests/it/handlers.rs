@@ -9,8 +9,7 @@ use serde::Deserialize;
 use serde_json::json;
 use sqlx::PgPool;
 use webhook_inbox::{
-    process::worker::Worker, query, Event, Handler, HandlerError, Handlers, Outcome, PgConnection, Provider,
-    RegistrationError,
+    query, Event, Handler, HandlerError, Handlers, Outcome, PgConnection, Provider, RegistrationError, Worker,
 };
 
 #[derive(Debug, Deserialize)]

@@ -13,14 +13,8 @@ use sqlx::{
 };
 use webhook_inbox::{
     db,
-    process::{
-        handler::{Event, Handler, HandlerError, Outcome},
-        handlers::Handlers,
-        worker::{Worker, WorkerConfig},
-    },
     receive::claim::{self, Claim, Claimed, Envelope},
-    runtime::stage::Stage,
-    Receiver,
+    Event, Handler, HandlerError, Handlers, Outcome, Receiver, Stage, Worker, WorkerConfig,
 };
 use webhook_inbox_schemes::{Events, NewEvent, Provider};
 
@@ -94,8 +88,7 @@ async fn receive_fails_at_once_what_the_worker_could_not_decode(_: PgPoolOptions
         if inline {
             cfg.inline_providers = vec![Provider::STRIPE];
         }
-        let r =
-            Receiver::new(db::Connections::from_options(opts.clone(), &cfg.db), &cfg).with_handlers(stock::handlers());
+        let r = Receiver::connect_with(opts.clone(), &cfg).with_handlers(stock::handlers());
         for (id, hostile, reason) in [
             ("evt_deep", nested(128), "nested deeper than 127 levels"),
             ("evt_huge", r#"{"n":1e400}"#.to_string(), "number out of range"),

@@ -15,15 +15,7 @@ use sqlx::{
     PgConnection, PgPool,
 };
 use stock::payments::PaymentSucceededHandler;
-use webhook_inbox::{
-    db,
-    process::{
-        handler::{Event, Handler, HandlerError, Outcome},
-        handlers::Handlers,
-        worker::{Worker, WorkerConfig},
-    },
-    runtime::stage::Stage,
-};
+use webhook_inbox::{Event, Handler, HandlerError, Handlers, Outcome, Stage, Worker, WorkerConfig};
 use webhook_inbox_schemes::Provider;
 
 use crate::process::{drain_all, payment_event, stored, worker};
@@ -31,7 +23,7 @@ use crate::process::{drain_all, payment_event, stored, worker};
 fn inline_receiver(opts: PgConnectOptions, providers: Vec<Provider>) -> webhook_inbox::Receiver {
     let mut cfg = config(secrets(false));
     cfg.inline_providers = providers;
-    webhook_inbox::Receiver::new(db::Connections::from_options(opts, &cfg.db), &cfg).with_handlers(stock::handlers())
+    webhook_inbox::Receiver::connect_with(opts, &cfg).with_handlers(stock::handlers())
 }
 
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]

@@ -269,7 +269,7 @@ async fn a_payload_search_stops_at_its_timeout(pool: PgPool) {
     let query = EventQuery { payload: Some(PayloadMatch::parse("anything")), ..Default::default() };
     let started = std::time::Instant::now();
     let err = list_events(&pool, &query, None, 10).await.unwrap_err();
-    assert_eq!(webhook_inbox::db::sqlstate(&err).as_deref(), Some("57014"), "{err}");
+    assert_eq!(webhook_inbox::ops::sqlstate(&err).as_deref(), Some("57014"), "{err}");
     // PostgreSQL times the statement by its own clock (the wall clock), not
     // ours: a CI run saw 2.996 s of a 3 s timeout on our monotonic one.
     let elapsed = started.elapsed();

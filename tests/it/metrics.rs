@@ -13,8 +13,8 @@ use inbox_tests::{request, secrets, stripe_header, TestApp, STRIPE};
 use serde_json::{json, Value};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use webhook_inbox::{
+    host::{Metrics, NAMESPACE},
     process,
-    runtime::metrics::{Metrics, NAMESPACE},
 };
 
 /// The line AWS's library writes for `ours`' dimensions and metrics.
@@ -122,7 +122,7 @@ async fn a_scheduled_process_run_writes_its_counts_and_the_queue_gauges(_: PgPoo
         .await
         .unwrap();
     // Before the run: three pending, the oldest 90 s old.
-    let gauges = webhook_inbox::db::inbox::gauges(&app.pool).await.unwrap();
+    let gauges = webhook_inbox::ops::inbox_gauges(&app.pool).await.unwrap();
     assert_eq!(gauges.pending, 3);
     assert!((89_000.0..100_000.0).contains(&gauges.oldest_pending_ms), "{gauges:?}");
 

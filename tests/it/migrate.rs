@@ -15,9 +15,10 @@ use sqlx::{
     PgPool,
 };
 use webhook_inbox::{
-    core::http::http_client,
-    db::schema::{self, MigrateError, MIGRATIONS},
-    migrate, App,
+    db::schema::{self, MIGRATIONS},
+    migrate,
+    sinks::http_client,
+    App, MigrateError,
 };
 use wiremock::{matchers::method, Mock, MockServer, ResponseTemplate};
 

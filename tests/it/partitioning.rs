@@ -11,10 +11,8 @@ use sqlx::{
     Executor, PgPool,
 };
 use webhook_inbox::{
-    db,
-    process::worker::{Worker, WorkerConfig},
     receive::claim::{self, Claim, Envelope},
-    runtime::stage::Stage,
+    Stage, Worker, WorkerConfig,
 };
 use webhook_inbox_schemes::{NewEvent, Provider};
 
@@ -128,7 +126,7 @@ async fn time_partitioning_would_lose_the_keys_uniqueness(pool: PgPool) {
         )
         .await
         .unwrap_err();
-    assert_eq!(db::sqlstate(&refused).as_deref(), Some("0A000"), "{refused}");
+    assert_eq!(webhook_inbox::ops::sqlstate(&refused).as_deref(), Some("0A000"), "{refused}");
 
     // ...so the key must include the time, and then the same event is claimed twice.
     pool.execute(

@@ -20,15 +20,9 @@ use sqlx::{
     PgConnection, PgPool,
 };
 use webhook_inbox::{
-    db,
     ops::{self, Audit, PauseScope, Released},
-    process::{
-        handler::{Event, Handler, HandlerError, Outcome},
-        handlers::Handlers,
-        worker::{Worker, WorkerConfig},
-    },
     receive::claim::{self, Claim, Envelope},
-    Receiver,
+    Event, Handler, HandlerError, Handlers, Outcome, Receiver, Worker, WorkerConfig,
 };
 use webhook_inbox_schemes::{NewEvent, Provider};
 
@@ -118,13 +112,13 @@ async fn a_paused_provider_s_events_wait_held_spending_nothing_and_go_in_receive
             store(&pool, Provider::STRIPE, &format!("evt_{i:02}"), "charge.updated", "{}").await;
         }
     }
-    let mut total = webhook_inbox::process::worker::Processed::default();
+    let mut total = webhook_inbox::Processed::default();
     loop {
         let pass = w.run_once(later()).await.unwrap();
         if pass.taken + pass.held == 0 {
             break;
         }
-        webhook_inbox::runtime::stage::Tally::add(&mut total, &pass);
+        webhook_inbox::Tally::add(&mut total, &pass);
     }
     assert_eq!((total.taken, total.held), (4, 10), "stripe's events went, shopify's are held");
     assert_eq!(applied(&pool).await, ["evt_00", "evt_03", "evt_06", "evt_09"]);
@@ -332,7 +326,7 @@ async fn the_sqs_path_and_inline_receive_respect_a_pause(_: PgPoolOptions, opts:
 
     let mut cfg = config(secrets(false));
     cfg.inline_providers = vec![Provider::STRIPE];
-    let r = Receiver::new(db::Connections::from_options(opts, &cfg.db), &cfg).with_handlers(handlers);
+    let r = Receiver::connect_with(opts, &cfg).with_handlers(handlers);
     let body = br#"{"id": "evt_inline", "type": "charge.updated", "data": {"object": {}}}"#;
     let answer = post(&r, "stripe", &[("Stripe-Signature", &stripe_header(STRIPE[0], body))], body).await;
     assert_eq!(answer.0, StatusCode::OK);

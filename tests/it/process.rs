@@ -15,14 +15,7 @@ use sqlx::{
 };
 use stock::orders::{self, OrderSnapshot};
 use tokio::sync::Barrier;
-use webhook_inbox::{
-    db, process,
-    process::{
-        handlers::Handlers,
-        worker::{Processed, Worker, WorkerConfig},
-    },
-    runtime::stage::{Stage, Tally},
-};
+use webhook_inbox::{process, Handlers, Processed, Stage, Tally, Worker, WorkerConfig};
 use webhook_inbox_schemes::Provider;
 
 pub(crate) fn worker(pool: &PgPool, handlers: Handlers) -> Worker {
@@ -156,7 +149,7 @@ async fn thirty_concurrent_duplicates_with_four_workers_apply_each_effect_once(
     let pool = PgPoolOptions::new().max_connections(12).connect_with(opts.clone()).await.unwrap();
     let mut cfg = config(secrets(false));
     cfg.db.pool_size = 30;
-    let r = Arc::new(webhook_inbox::Receiver::new(db::Connections::from_options(opts, &cfg.db), &cfg));
+    let r = Arc::new(webhook_inbox::Receiver::connect_with(opts, &cfg));
     // Level-triggered: a worker whose stop future was never polled yet still sees it
     // (Notify::notify_waiters would miss a Notified made after it, and the join hang).
     let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -235,7 +228,7 @@ async fn both_triggers_fail_the_invocation_when_the_database_is_unreachable() {
     let mut cfg = db_config();
     cfg.acquire_timeout = Duration::from_millis(500);
     let options: PgConnectOptions = format!("postgres://postgres@127.0.0.1:{port}/postgres").parse().unwrap();
-    let w = Worker::new(db::pool_from(options, &cfg), stock::handlers(), fast_worker_config());
+    let w = Worker::new(cfg.pool_with(options), stock::handlers(), fast_worker_config());
     let schedule = fixture("eventbridge-schedule.json");
     let err = process::handle(&w, schedule, Instant::now() + Duration::from_secs(5)).await.unwrap_err();
     assert!(matches!(err, process::ProcessError::Database { .. }), "{err}");
@@ -305,14 +298,14 @@ async fn merge_raises_unique_violation_where_on_conflict_returns_no_row(pool: Pg
     let merge =
         "MERGE INTO keys USING (SELECT $1::text AS k) s ON keys.k = s.k WHEN NOT MATCHED THEN INSERT VALUES (s.k)";
     let err = race(&pool, merge, "a").await.expect_err("MERGE does not take the conflict path");
-    assert_eq!(db::sqlstate(&err).as_deref(), Some("23505"));
+    assert_eq!(webhook_inbox::ops::sqlstate(&err).as_deref(), Some("23505"));
     let upsert = "INSERT INTO keys VALUES ($1) ON CONFLICT (k) DO NOTHING";
     assert_eq!(race(&pool, upsert, "b").await.unwrap(), 0, "ON CONFLICT DO NOTHING: zero rows, no error");
     let version: i32 = scalar(&pool, "SELECT current_setting('server_version_num')::int").await;
     if version < 170000 {
         let returning = sqlx::query(&format!("{merge} RETURNING k")).bind("c").execute(&pool).await.unwrap_err();
         assert_eq!(
-            db::sqlstate(&returning).as_deref(),
+            webhook_inbox::ops::sqlstate(&returning).as_deref(),
             Some("42601"),
             "MERGE ... RETURNING is a syntax error before PostgreSQL 17"
         );

@@ -8,7 +8,7 @@ use sqlx::{
     postgres::{PgConnectOptions, PgPoolOptions},
     PgPool,
 };
-use webhook_inbox::{db, Receiver};
+use webhook_inbox::Receiver;
 use webhook_inbox_schemes::Provider;
 
 // ---------- the signature matrix, through the real handler ----------
@@ -406,7 +406,7 @@ async fn a_body_over_the_limit_gets_413_and_nothing_is_stored(_: PgPoolOptions, 
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let mut cfg = config(secrets(false));
     cfg.max_body_bytes = 1000;
-    let r = Receiver::new(db::Connections::from_options(opts, &cfg.db), &cfg);
+    let r = Receiver::connect_with(opts, &cfg);
     let body = format!(r#"{{"id":"evt_big","type":"x","pad":"{}"}}"#, "x".repeat(1000)).into_bytes();
     let (status, answer) = post(&r, "stripe", &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))], &body).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
@@ -544,7 +544,7 @@ async fn a_scheme_of_the_teams_own_gets_a_route_and_claims_through_the_same_path
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let cfg = config(secrets(false));
     let app = App::new(Handlers::new()).with_scheme(Acme { secret: b"acme-secret".to_vec() });
-    let r = Receiver::new(db::Connections::from_options(opts, &cfg.db), &cfg).with_app(&app);
+    let r = Receiver::connect_with(opts, &cfg).with_app(&app);
 
     let body = br#"{"id":"acme_1","kind":"thing.made"}"#;
     let (status, answer) = post(&r, "acme", &[("X-Acme-Signature", &acme_signature(body))], body).await;

@@ -7,8 +7,7 @@ use sqlx::PgPool;
 use webhook_inbox::{
     config::Secret,
     receive::claim::{self, Envelope},
-    reconcile::{ReconcileConfig, Reconciler, ShopifyOrders, StripeEvents},
-    reconciliation::Source,
+    reconciliation::{ReconcileConfig, Reconciler, ShopifyOrders, Source, StripeEvents},
     Stage, Worker,
 };
 use webhook_inbox_schemes::{NewEvent, Provider};

@@ -7,8 +7,7 @@ use serde_json::{json, Value};
 use sqlx::PgPool;
 use webhook_inbox::{
     config::Secret,
-    reconcile::{GithubDeliveries, Hook, Reconciler, StripeEvents},
-    reconciliation::Source,
+    reconciliation::{GithubDeliveries, Hook, Reconciler, Source, StripeEvents},
 };
 use webhook_inbox_schemes::Provider;
 use wiremock::{

@@ -11,8 +11,8 @@ use serde_json::{json, Value};
 use sqlx::PgPool;
 use webhook_inbox::{
     db::outbox,
-    relay::{Destination, DestinationLimits, HttpSink, Relay, RelayConfig, Sink},
-    runtime::stage::Stage,
+    sinks::{HttpSink, Sink},
+    Destination, DestinationLimits, Relay, RelayConfig, Stage,
 };
 use wiremock::{
     matchers::{method, path},

@@ -14,9 +14,8 @@ use serde_json::{json, Value};
 use sqlx::PgPool;
 use webhook_inbox::{
     db::outbox,
-    relay::aws::{EventBridgeSink, SnsSink, SqsSink},
-    relay::Sink,
-    runtime::stage::Stage,
+    sinks::{EventBridgeSink, Sink, SnsSink, SqsSink},
+    Stage,
 };
 use wiremock::{
     matchers::{method, path},
@@ -145,7 +144,7 @@ async fn a_fifo_queue_gets_the_key_as_deduplication_id_and_drops_a_resend(pool: 
     let sink = SqsSink::new(sqs.clone(), &url);
     // A relay that published and died before marking: the same messages go out twice.
     let leased = outbox::lease_unsent(&pool, "default", 10, Duration::from_millis(10), None).await.unwrap();
-    assert!(sink.deliver(&leased).await.iter().all(|d| *d == webhook_inbox::relay::SinkReply::Delivered));
+    assert!(sink.deliver(&leased).await.iter().all(|d| *d == webhook_inbox::sinks::SinkReply::Delivered));
     tokio::time::sleep(Duration::from_millis(30)).await;
     let r = relay(&pool, Arc::new(sink)).run_once(later()).await.unwrap();
     assert_eq!(r.sent, 3);

@@ -12,7 +12,7 @@ use sqlx::{
     PgPool,
 };
 use tokio::sync::Barrier;
-use webhook_inbox::{db, Receiver};
+use webhook_inbox::Receiver;
 use webhook_inbox_schemes::Provider;
 
 use crate::receive::stripe_body;
@@ -24,7 +24,7 @@ use crate::receive::stripe_body;
 async fn a_repeated_signature_header_re_verifies_as_receive_read_it(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let cfg = config(secrets(false));
-    let r = Receiver::new(db::Connections::from_options(opts, &cfg.db), &cfg);
+    let r = Receiver::connect_with(opts, &cfg);
     let schemes = webhook_inbox_schemes::Schemes::new(&cfg.catalog, &cfg.secrets);
     let github = br#"{"action":"opened","number":1}"#;
     let stripe = stripe_body("evt_repeated");
@@ -80,7 +80,7 @@ fn guarded_receiver(opts: PgConnectOptions) -> (Receiver, webhook_inbox::Receive
         ("TWILIO_WEBHOOK_URL", "https://hooks.example.com/webhooks/twilio"),
     ];
     let cfg = webhook_inbox::ReceiveConfig::read(&webhook_inbox::config::Env::from_pairs(&pairs), 4).unwrap();
-    (Receiver::new(db::Connections::from_options(opts, &cfg.db), &cfg), cfg)
+    (Receiver::connect_with(opts, &cfg), cfg)
 }
 
 fn declared_signature(

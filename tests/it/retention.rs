@@ -19,9 +19,8 @@ use sqlx::{
 };
 use webhook_inbox::{
     config::Catalog,
-    prune::{PruneConfig, Pruner},
     receive::claim::{self, Envelope},
-    runtime::stage::Stage,
+    PruneConfig, Pruner, Stage,
 };
 use webhook_inbox_schemes::{NewEvent, Provider};
 

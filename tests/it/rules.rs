@@ -18,14 +18,8 @@ use serde_json::{json, Value};
 use sqlx::{PgConnection, PgPool};
 use webhook_inbox::{
     config::{Env, IgnoreRules},
-    db,
     ops::{self, Audit, Filter, Status},
-    process::{
-        handler::{Event, HandlerError, Outcome},
-        handlers::Handlers,
-        worker::{Worker, WorkerConfig},
-    },
-    Receiver,
+    Event, HandlerError, Handlers, Outcome, Receiver, Worker, WorkerConfig,
 };
 use webhook_inbox_schemes::Provider;
 
@@ -133,7 +127,7 @@ async fn inline_mode_leaves_an_ignored_event_to_the_worker(
     let mut cfg = config(secrets(false));
     cfg.inline_providers = vec![Provider::STRIPE];
     cfg.rules = IgnoreRules::parse(RULES).unwrap();
-    let r = Receiver::new(db::Connections::from_options(opts, &cfg.db), &cfg).with_handlers(counting(&calls));
+    let r = Receiver::connect_with(opts, &cfg).with_handlers(counting(&calls));
     for (id, livemode) in [("evt_test", false), ("evt_live", true)] {
         let body = charge(id, livemode);
         assert_eq!(

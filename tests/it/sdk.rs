@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use sqlx::{postgres::PgConnectOptions, PgPool};
 use webhook_inbox::{
     config::{Catalog, Env},
-    db, ReceiveConfig, Receiver,
+    ReceiveConfig, Receiver,
 };
 use webhook_inbox_schemes::{
     catalog::Kind,
@@ -217,7 +217,7 @@ async fn every_provider_with_an_official_sdk_agrees_with_it(_: sqlx::postgres::P
     }
     let pairs: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let cfg = ReceiveConfig::read(&Env::from_pairs(&pairs), 4).unwrap();
-    let receiver = Receiver::new(db::Connections::from_options(opts.clone(), &cfg.db), &cfg);
+    let receiver = Receiver::connect_with(opts.clone(), &cfg);
 
     for o in &oracles {
         let url = format!("{URL_BASE}/{}", o.provider);

@@ -128,7 +128,7 @@ async fn an_unreadable_response_is_reported_without_its_body() {
         {
             std::env::set_var(k, v);
         }
-        let aws = webhook_inbox::core::aws::config(Some(&server.uri())).await;
+        let aws = webhook_inbox::config::aws_sdk(Some(&server.uri())).await;
         let sm = Client::from_conf(
             aws_sdk_secretsmanager::config::Builder::from(&aws)
                 .retry_config(aws_config::retry::RetryConfig::disabled())

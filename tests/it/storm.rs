@@ -9,7 +9,7 @@ use sqlx::{
     postgres::{PgConnectOptions, PgPoolOptions},
     PgPool,
 };
-use webhook_inbox::runtime::stage::Stage;
+use webhook_inbox::Stage;
 
 use crate::hostile::{nested, payment, payment_with, worker};
 

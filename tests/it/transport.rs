@@ -12,7 +12,7 @@ use sqlx::{
     postgres::{PgConnectOptions, PgPoolOptions},
     PgPool,
 };
-use webhook_inbox::{db, Receiver};
+use webhook_inbox::Receiver;
 use webhook_inbox_service::dev::EmbeddedPostgres;
 
 use crate::receive::stripe_body;
@@ -22,11 +22,11 @@ async fn the_database_down_answers_503_and_recovers_when_it_returns() {
     let mut pg = EmbeddedPostgres::start().await.expect("a throwaway cluster");
     let url = pg.url();
     let setup = PgPool::connect(&url).await.unwrap();
-    db::schema::migrate(&setup).await.unwrap();
+    webhook_inbox::App::default().migrate(&setup).await.unwrap();
     setup.close().await;
     let mut cfg = config(secrets(false));
     cfg.db.url = Some(url.clone());
-    let r = Receiver::new(db::Connections::new(&cfg.db).unwrap(), &cfg);
+    let r = Receiver::from_config(&cfg).unwrap();
     let send_event = |id: &'static str| {
         let body = stripe_body(id);
         let sig = stripe_header(STRIPE[0], &body);

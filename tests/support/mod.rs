@@ -17,15 +17,9 @@ use serde_json::Value;
 use sha2::Sha256;
 use sqlx::{postgres::PgConnectOptions, PgPool};
 use webhook_inbox::{
-    config::Secret,
-    config::{Catalog, DbConfig, MarqetaAuth, Secrets, DEFAULT_MAX_BODY_BYTES},
-    db,
-    process::{
-        handlers::Handlers,
-        worker::{Worker, WorkerConfig},
-    },
+    config::{Catalog, DbConfig, MarqetaAuth, Secret, Secrets, DEFAULT_MAX_BODY_BYTES},
     receive::claim::{self, Claim, Envelope},
-    ReceiveConfig, Receiver,
+    Handlers, ReceiveConfig, Receiver, Worker, WorkerConfig,
 };
 use webhook_inbox_schemes::{NewEvent, Provider};
 
@@ -34,7 +28,7 @@ use webhook_inbox_schemes::{NewEvent, Provider};
 /// (sqlx's test harness keeps their history in `_sqlx_migrations`; the
 /// product's own runner is tested in `tests/it/migrate.rs`.)
 pub static MIGRATOR: std::sync::LazyLock<sqlx::migrate::Migrator> = std::sync::LazyLock::new(|| {
-    let both = db::schema::MIGRATIONS.iter().chain(stock::MIGRATIONS.iter());
+    let both = webhook_inbox_migrations::INBOX.iter().chain(stock::MIGRATIONS.iter());
     sqlx::migrate::Migrator { migrations: both.cloned().collect::<Vec<_>>().into(), ..sqlx::migrate::Migrator::DEFAULT }
 });
 
@@ -84,7 +78,7 @@ pub fn config(secrets: Secrets) -> ReceiveConfig {
 pub fn receiver(opts: PgConnectOptions, secrets: Secrets) -> Receiver {
     let mut cfg = config(secrets);
     cfg.db.pool_size = 8;
-    Receiver::new(db::Connections::from_options(opts, &cfg.db), &cfg)
+    Receiver::connect_with(opts, &cfg)
 }
 
 pub fn now() -> i64 {
@@ -319,7 +313,7 @@ impl Moto {
         {
             std::env::set_var(k, v);
         }
-        webhook_inbox::core::aws::config(Some(&self.url)).await
+        webhook_inbox::config::aws_sdk(Some(&self.url)).await
     }
 
     /// Makes an S3 bucket (prune's archive, `tests/it/archive.rs`).

@@ -19,7 +19,7 @@ use std::{
 };
 
 use inbox_tests::{cut::forward_until, pgbouncer::PgBouncer};
-use webhook_inbox::{db, sinks::http_client};
+use webhook_inbox::sinks::http_client;
 use webhook_inbox_service::dev::EmbeddedPostgres;
 
 mod table;
@@ -327,7 +327,7 @@ where
     // The proxy starts cutting once the stack is up (its migrations done).
     armed.store(1, Ordering::SeqCst);
     let base = stack.lock().unwrap().as_ref().unwrap().base.clone();
-    let pool = db::DbConfig::with_url(&url).pool().unwrap();
+    let pool = webhook_inbox::config::DbConfig::with_url(&url).pool().unwrap();
     sqlx::query("INSERT INTO accounts (account_id) SELECT 'acct_demo_' || i FROM generate_series(0, 4) AS i")
         .execute(&pool)
         .await
@@ -346,8 +346,8 @@ where
 
     // Whatever was broken is back: the pipeline settles, then every invariant holds.
     if !storm::wait_settled(&pool, Duration::from_secs(120)).await.unwrap() {
-        let inbox = db::inbox::gauges(&pool).await.unwrap();
-        let outbox = db::outbox::gauges(&pool).await.unwrap();
+        let inbox = webhook_inbox::ops::inbox_gauges(&pool).await.unwrap();
+        let outbox = webhook_inbox::ops::outbox_gauges(&pool).await.unwrap();
         let pending: (Option<String>, Option<i32>, i64) = sqlx::query_as(
             "SELECT max(next_attempt_at - now())::text, max(attempts), count(*) FILTER (WHERE next_attempt_at > now())
              FROM webhook_inbox WHERE status = 'pending'",

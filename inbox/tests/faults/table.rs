@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use webhook_inbox::{config::Env, db, PruneConfig, Pruner, Stage};
+use webhook_inbox::{config::Env, PruneConfig, Pruner, Stage};
 
 use super::{full, pause, scenario, size, storm::Rng, Figures, Route, Stack, GROUPS};
 
@@ -32,7 +32,7 @@ async fn faults_table() {
 
     rows.extend(
         scenario("kill -9 with the relay mid-pipeline", size(), Route::Direct, &[], |ctx| async move {
-            let pool = db::DbConfig::with_url(&ctx.link.url).pool().unwrap();
+            let pool = webhook_inbox::config::DbConfig::with_url(&ctx.link.url).pool().unwrap();
             let in_flight = "SELECT count(*) FROM transactional_outbox
                              WHERE processed_at IS NULL AND dead_at IS NULL AND attempts > 0 AND next_attempt_at > now()";
             let (mut kills, mut caught) = (0, 0i64);
@@ -118,7 +118,7 @@ async fn faults_table() {
 
     rows.extend(
         scenario("prune during ingestion", size(), Route::Direct, &[], |ctx| async move {
-            let pool = db::DbConfig::with_url(&ctx.link.url).pool().unwrap();
+            let pool = webhook_inbox::config::DbConfig::with_url(&ctx.link.url).pool().unwrap();
             // A trigger notes every row deleted while pending, or inside its retention (31 days).
             sqlx::raw_sql(
                 "CREATE TABLE prune_violations (provider text, event_id text, status text, received_at timestamptz);

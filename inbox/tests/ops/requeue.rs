@@ -70,10 +70,7 @@ async fn requeue_by_type_runs_a_handler_added_later_over_every_event_it_missed(
     pool_options: PgPoolOptions,
     opts: PgConnectOptions,
 ) {
-    use webhook_inbox::{
-        process::worker::Worker, runtime::stage::Stage, Event, HandlerError, Handlers, Message, Outcome, PgConnection,
-        Provider,
-    };
+    use webhook_inbox::{Event, HandlerError, Handlers, Message, Outcome, PgConnection, Provider, Stage, Worker};
     let pool = pool_options.connect_with(opts.clone()).await.unwrap();
     let url = url_of(&opts);
     for i in 0..1100 {
@@ -146,9 +143,7 @@ async fn requeue_of_done_events_takes_each_once_while_the_worker_finishes_them_a
     opts: PgConnectOptions,
 ) {
     use std::sync::Arc;
-    use webhook_inbox::{
-        process::worker::Worker, runtime::stage::Stage, Event, HandlerError, Handlers, Outcome, PgConnection,
-    };
+    use webhook_inbox::{Event, HandlerError, Handlers, Outcome, PgConnection, Stage, Worker};
     let pool = pool_options.connect_with(opts.clone()).await.unwrap();
     sqlx::query(
         "INSERT INTO webhook_inbox (provider, event_id, event_type, payload, status, raw_body, secret_index, processed_at)

@@ -14,10 +14,9 @@ pub fn postgres_bin_dir() -> Result<std::path::PathBuf> {
 
 /// `println!`, except that a closed stdout (`inbox dev | head`) is no panic.
 macro_rules! say {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout(), $($arg)*);
-    }};
+    ($($arg:tt)*) => {
+        crate::runtime::say(&format!($($arg)*))
+    };
 }
 
 use anyhow::{Context, Result};

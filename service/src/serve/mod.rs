@@ -48,6 +48,7 @@ pub use roles::{Role, Roles};
 pub(crate) use stack::Stack;
 
 use crate::listener;
+use crate::runtime::say;
 pub use webhook_inbox::GroupConfig;
 use webhook_inbox::{
     config::{ConfigError, Env},
@@ -77,12 +78,6 @@ pub struct Settings {
     /// serving, as `inbox migrate` does; by default they must be there
     /// already, and `/readyz` says so until they are.
     pub migrate: bool,
-}
-
-/// A line on stdout; a closed stdout is no panic.
-fn say(line: &str) {
-    use std::io::Write as _;
-    let _ = writeln!(std::io::stdout(), "{line}");
 }
 
 /// Serves `receiver` (`POST /webhooks/{provider}`) on `listener` until

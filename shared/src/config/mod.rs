@@ -20,6 +20,7 @@ mod receive;
 
 use std::{collections::HashMap, time::Duration};
 
+pub use crate::core::aws::config as aws_sdk;
 pub use crate::core::rules::{IgnoreRule, IgnoreRules};
 pub use crate::db::{redact_url, DbConfig};
 pub use crate::receive::receiver::DEFAULT_MAX_BODY_BYTES;

@@ -8,7 +8,7 @@ use aws_smithy_http_client::tls;
 pub const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The AWS configuration from the environment, TLS by rustls with ring, each
-/// call bounded by [`CALL_TIMEOUT`];
+/// call bounded to 10 s, retries included;
 /// `endpoint` overrides the service endpoint (tests point it at moto).
 pub async fn config(endpoint: Option<&str>) -> aws_config::SdkConfig {
     let http = aws_smithy_http_client::Builder::new()

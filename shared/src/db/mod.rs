@@ -291,6 +291,12 @@ impl DbConfig {
         Ok(pool_from(parse_url(self)?, self))
     }
 
+    /// [`DbConfig::pool`] on the database `options` name (a `#[sqlx::test]`'s,
+    /// say) rather than `url`, with these settings otherwise.
+    pub fn pool_with(&self, options: PgConnectOptions) -> PgPool {
+        pool_from(options, self)
+    }
+
     /// `url` with the defaults: 4 connections, timeouts of 2 s (acquire,
     /// lock), 5 s (statement) and 10 s (idle in transaction), no pooler.
     pub fn with_url(url: impl Into<String>) -> Self {

@@ -127,7 +127,7 @@ pub struct Receiver {
 impl Receiver {
     /// A receiver with no handlers: its inline providers' events are left to
     /// the worker (see [`Receiver::with_handlers`]).
-    pub fn new(connections: Connections, config: &ReceiveConfig) -> Self {
+    pub(crate) fn new(connections: Connections, config: &ReceiveConfig) -> Self {
         Receiver {
             connections: std::sync::Arc::new(connections),
             group: None,
@@ -150,6 +150,13 @@ impl Receiver {
     /// its connections are made on first use.
     pub fn from_config(config: &ReceiveConfig) -> Result<Self, sqlx::Error> {
         Ok(Self::new(Connections::new(&config.db)?, config))
+    }
+
+    /// A receiver on the database `options` name (a `#[sqlx::test]`'s, say)
+    /// rather than `config`'s URL, with `config`'s pool size and timeouts
+    /// otherwise; no handlers, connections made on first use.
+    pub fn connect_with(options: sqlx::postgres::PgConnectOptions, config: &ReceiveConfig) -> Self {
+        Self::new(Connections::from_options(options, &config.db), config)
     }
 
     /// Claims deliveries of one event that arrive together in one statement

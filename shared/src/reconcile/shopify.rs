@@ -71,6 +71,8 @@ pub const ORDER_TOPIC: &str = "orders/updated";
 pub const ORDER_EVENT_TYPE: &str = "reconcile:order";
 
 impl ShopifyOrders {
+    /// The orders of the shop at `base` (`https://<shop>.myshopify.com`), through
+    /// the Admin API `version` (`2024-10`), with the access `token`.
     pub fn new(base: impl Into<String>, version: impl Into<String>, token: Secret) -> Result<Self, ConfigError> {
         let client = http_client(Duration::from_secs(30)).map_err(|e| ConfigError::Invalid {
             var: "SHOPIFY_ACCESS_TOKEN".into(),
@@ -159,8 +161,8 @@ impl ShopifyOrders {
 }
 
 /// Orders updated since the checkpoint, window by window and page by page
-/// (`Link: rel="next"`), each claimed as an `orders/updated` event (see
-/// [`ORDER_TOPIC`]): a snapshot claimed before is a duplicate. No page is
+/// (`Link: rel="next"`), each claimed as an `orders/updated` event: a
+/// snapshot claimed before is a duplicate. No page is
 /// asked for past `deadline`.
 impl Source for ShopifyOrders {
     fn name(&self) -> String {

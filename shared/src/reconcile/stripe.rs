@@ -31,6 +31,8 @@ struct EventHead {
 }
 
 impl StripeEvents {
+    /// The events of the account whose secret API `key` this is, at `base`
+    /// (`https://api.stripe.com`).
     pub fn new(base: impl Into<String>, key: Secret) -> Result<Self, ConfigError> {
         let client = http_client(Duration::from_secs(30)).map_err(|e| ConfigError::Invalid {
             var: "STRIPE_API_KEY".into(),
