@@ -56,9 +56,46 @@ use crate::{
         handler::{Event, Headers},
         worker::{Processed, Worker, WorkerConfig},
     },
+    receive::claim::{self, Envelope},
     runtime::stage::{Stage, Tally as _},
     Provider, ReceiveConfig, Receiver,
 };
+
+/// Claims `payload` as the pending event `event_id` of `event_type` from
+/// `provider`, as receive claims a verified delivery of it (no signature is
+/// checked and no header kept; the payload is stored as it is, unchecked): to
+/// seed a test database with events that the real worker then takes, as
+/// [`TestInbox::drain`] or a [`Worker`] of the test's own. False when the
+/// inbox already holds that event (nothing is changed).
+///
+/// ```no_run
+/// use webhook_inbox::{sqlx::PgPool, testing, Provider};
+///
+/// # async fn a_test(pool: PgPool) {
+/// assert!(testing::store(&pool, Provider::STRIPE, "evt_1", "invoice.paid", r#"{"id":"evt_1"}"#).await.unwrap());
+/// assert!(!testing::store(&pool, Provider::STRIPE, "evt_1", "invoice.paid", "{}").await.unwrap());
+/// # }
+/// ```
+pub async fn store(
+    pool: &PgPool,
+    provider: Provider,
+    event_id: &str,
+    event_type: &str,
+    payload: &str,
+) -> Result<bool, sqlx::Error> {
+    let headers = serde_json::json!({});
+    let envelope = Envelope {
+        provider,
+        raw_body: payload.as_bytes(),
+        headers: &headers,
+        secret_index: Some(0),
+        secret_fingerprint: None,
+        replay_guard: false,
+        trace_context: None,
+    };
+    let event = webhook_inbox_schemes::NewEvent::pending(event_id.into(), event_type, payload.into());
+    Ok(claim::claim(pool, &envelope, &event).await? == claim::Claim::New)
+}
 
 /// An event as the worker hands it to a handler: no attempt before this
 /// one, received now, no header kept. Its fields are public: set

@@ -148,3 +148,26 @@ async fn a_team_s_ignore_rules_apply_in_the_test_kit(pool: PgPool) {
     let ping = webhook_inbox::ops::stored_event(inbox.pool(), "github", "gh-1").await.unwrap().unwrap();
     assert_eq!(ping.status, "ignored");
 }
+
+/// A team seeds events without signing them: `store` claims each as receive
+/// would, once (the same event again changes nothing), and the real worker
+/// takes them, the team's handler applying each.
+#[sqlx::test(migrations = false)]
+async fn stored_events_are_claimed_once_and_the_worker_applies_them(pool: PgPool) {
+    use webhook_inbox::{Event, HandlerError, Outcome, PgConnection, Provider};
+    async fn seen(_: &mut PgConnection, _: &Event) -> Result<Outcome, HandlerError> {
+        Ok(Outcome::Applied)
+    }
+    let app = App::new(Handlers::new().on(Provider::STRIPE, "invoice.paid", seen).unwrap());
+    let inbox = TestInbox::new(&pool, &app, &[]).await.unwrap();
+    for id in ["evt_1", "evt_2"] {
+        let payload = format!(r#"{{"id":"{id}","type":"invoice.paid"}}"#);
+        assert!(testing::store(inbox.pool(), Provider::STRIPE, id, "invoice.paid", &payload).await.unwrap(), "{id}");
+    }
+    assert!(!testing::store(inbox.pool(), Provider::STRIPE, "evt_1", "invoice.paid", "{}").await.unwrap());
+    let drained = inbox.drain().await.unwrap();
+    assert_eq!((drained.taken, drained.applied), (2, 2), "{drained:?}");
+    let first = webhook_inbox::ops::stored_event(inbox.pool(), "stripe", "evt_1").await.unwrap().unwrap();
+    let id = first.payload.as_ref().and_then(|p| p.0["id"].as_str());
+    assert_eq!((first.status.as_str(), id), ("done", Some("evt_1")), "the first payload is kept");
+}

@@ -18,10 +18,9 @@ use sha2::Sha256;
 use sqlx::{postgres::PgConnectOptions, PgPool};
 use webhook_inbox::{
     config::{Catalog, DbConfig, MarqetaAuth, Secret, Secrets, DEFAULT_MAX_BODY_BYTES},
-    receive::claim::{self, Claim, Envelope},
     Handlers, ReceiveConfig, Receiver, Worker, WorkerConfig,
 };
-use webhook_inbox_schemes::{NewEvent, Provider};
+use webhook_inbox_schemes::Provider;
 
 /// The inbox's migrations, then the stock application's: the schema the stock
 /// binaries make, for `#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]`.
@@ -215,20 +214,11 @@ pub fn fast_worker_config() -> WorkerConfig {
 }
 
 /// Stores a pending event straight through the claim, payload as given (no
-/// receive-side check): as receive would, or as a row written before a check existed.
+/// receive-side check): as receive would, or as a row written before a check
+/// existed (the test kit's `store`, which this asserts is new).
 pub async fn store(pool: &PgPool, provider: Provider, event_id: &str, event_type: &str, payload: &str) {
-    let headers = serde_json::json!({});
-    let env = Envelope {
-        provider,
-        raw_body: payload.as_bytes(),
-        headers: &headers,
-        secret_index: Some(0),
-        secret_fingerprint: None,
-        replay_guard: false,
-        trace_context: None,
-    };
-    let event = NewEvent::pending(event_id.into(), event_type, payload.into());
-    assert_eq!(claim::claim(pool, &env, &event).await.unwrap(), Claim::New, "{event_id} is new");
+    let new = webhook_inbox::testing::store(pool, provider, event_id, event_type, payload).await.unwrap();
+    assert!(new, "{event_id} is new");
 }
 
 /// RFC 3339 for a Unix time, `2026-12-02T18:00:00Z` (Howard Hinnant's civil-from-days).
