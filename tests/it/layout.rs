@@ -450,3 +450,34 @@ fn receive_does_not_depend_on_the_process_stage() {
         assert!(!code.contains("process::"), "{} names the process stage", file.display());
     }
 }
+
+/// `pub` means public: every crate of the workspace takes `[workspace.lints]`
+/// (missing_docs, unreachable_pub), but those named here, each with why.
+const WITHOUT_THE_WORKSPACE_LINTS: &[(&str, &str)] = &[
+    ("shared", "its `internals` feature makes private modules public for the tests (issue 55)"),
+    ("inbox", "its fault suite compiles its demo's files again, where every `pub` is unreachable"),
+    ("bench", "not yet: its settings are `pub` fields of the binary's root"),
+    ("tests", "test support, not an API"),
+    ("examples/invoices", "a team's application, written as a team would"),
+    ("functions/common-deps", "no code"),
+];
+
+#[test]
+fn every_crate_takes_the_workspace_lints_but_the_named_ones() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = std::fs::read_to_string(repo.join("Cargo.toml")).unwrap();
+    let members = root.lines().find(|l| l.starts_with("members")).expect("the workspace's members");
+    let members: Vec<&str> = members.split('"').skip(1).step_by(2).collect();
+    assert!(members.len() > 10, "{members:?}");
+    let mut without = Vec::new();
+    for member in &members {
+        let manifest = std::fs::read_to_string(repo.join(member).join("Cargo.toml")).unwrap();
+        let takes = manifest.contains("[lints]\nworkspace = true");
+        let excused = WITHOUT_THE_WORKSPACE_LINTS.iter().any(|(m, _)| m == member);
+        assert!(!(takes && excused), "{member} takes the workspace's lints: take it off WITHOUT_THE_WORKSPACE_LINTS");
+        if !takes && !excused {
+            without.push(*member);
+        }
+    }
+    assert!(without.is_empty(), "without [lints] workspace = true: {without:?}");
+}
