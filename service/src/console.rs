@@ -48,6 +48,7 @@ pub async fn run(host: &str, port: u16) -> anyhow::Result<()> {
         paged: |p| p != "/healthz",
         head_check: Some(unauthenticated_api),
         count: None,
+        closed: None,
     };
     let shutdown = crate::runtime::shutdown_signal();
     listener::serve_site(listener, site, limits, shutdown, Duration::from_secs(10)).await;

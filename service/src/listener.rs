@@ -147,6 +147,9 @@ pub(crate) struct Site {
     pub head_check: Option<HeadCheck>,
     /// Where each delivery's counts and time go (`inbox serve`'s Prometheus metrics).
     pub count: Option<fn(&Metrics, Duration)>,
+    /// Called once the listening socket is closed at shutdown: from then on a
+    /// new connection is refused.
+    pub closed: Option<fn()>,
 }
 
 impl Site {
@@ -159,6 +162,7 @@ impl Site {
             paged: |_| false,
             head_check: None,
             count: None,
+            closed: None,
         }
     }
 }
@@ -260,6 +264,9 @@ pub(crate) async fn serve_site(
         });
     }
     drop(listener);
+    if let Some(closed) = site.closed {
+        closed();
+    }
     let _ = draining.send(true);
     // Every connection gives its slot back when it ends.
     let all = cap as u32;
@@ -530,6 +537,7 @@ mod tests {
             paged: |_| true,
             head_check: Some(check),
             count: None,
+            closed: None,
         };
         let limits = Limits { console_in_flight: 8, console_in_flight_per_client: 2, ..Limits::default() };
         tokio::spawn(serve_site(listener, site, limits, std::future::pending(), Duration::ZERO));

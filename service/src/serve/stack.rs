@@ -189,6 +189,8 @@ impl Stack<'_> {
             paged: listener::console,
             head_check,
             count,
+            // Said once the socket is closed: whoever reads it finds new connections refused.
+            closed: Some(|| say("draining: no new connection; finishing the deliveries and batches in flight")),
         };
         let main_addr = main.local_addr()?;
         let admin_addr = admin.as_ref().map(TcpListener::local_addr).transpose()?;
@@ -206,6 +208,7 @@ impl Stack<'_> {
                 paged: |_| false,
                 head_check: None,
                 count: None,
+                closed: None,
             };
             // It answers through the drain (`/readyz` saying so), until the end.
             tokio::spawn(listener::serve_site(admin, site, parts.limits, std::future::pending(), Duration::ZERO))
@@ -252,11 +255,11 @@ impl Running {
     /// within what is left of the drain, and past it are stopped where they are.
     async fn drain(self) {
         let started = Instant::now();
-        // Not ready, then said: whoever reads the line finds /readyz already answering 503.
+        // Not ready, then the listener closed and said so (the main site's `closed`): whoever
+        // reads the line finds /readyz already answering 503 and new connections refused.
         self.readiness.draining.store(true, Ordering::SeqCst);
         let _ = self.draining.send(true);
         let _ = self.stop.send(true);
-        say("draining: no new connection; finishing the deliveries and batches in flight");
         let cut = self.main_server.await.unwrap_or(0);
         // A batch stopped mid-way rolls back: its events are pending again.
         let deadline = tokio::time::Instant::from_std(started + self.drain);
