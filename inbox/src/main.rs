@@ -21,6 +21,7 @@ mod console;
 mod demo;
 mod erase;
 mod events;
+mod jobs;
 mod outbox;
 mod passes;
 mod pauses;
@@ -316,6 +317,16 @@ enum Command {
         #[command(flatten)]
         out: cli::Output,
     },
+    /// The requeues and erasures the management API runs in the background, newest first;
+    /// `jobs show ID`, `jobs cancel ID` (audited).
+    Jobs {
+        #[command(subcommand)]
+        command: Option<jobs::JobsCommand>,
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+        #[command(flatten)]
+        out: cli::Output,
+    },
     /// Alerts (`[[alert]]` in INBOX_RULES_FILE): those open or acknowledged, newest first;
     /// `alerts ack ID`, `alerts resolve ID` (audited), `alerts evaluate` (now).
     Alerts {
@@ -408,6 +419,10 @@ async fn run(cli: Cli) -> Result<()> {
                 None => alerts::list(&pool, resolved, &out).await,
                 Some(command) => alerts::act(&pool, command, &cli::operator(&config::Env::process()), &out).await,
             }
+        }
+        Command::Jobs { command, limit, out } => {
+            let actor = cli::operator(&config::Env::process());
+            jobs::act(&operator_db().await?, command, limit, &actor, &out).await
         }
         Command::Archive { command } => archive::act(command).await,
         Command::Restore { source, dry_run, unverified, out } => {

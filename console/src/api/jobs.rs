@@ -265,5 +265,5 @@ pub(super) async fn cancel_job(
 ) -> Answer<(StatusCode, Json<JobView>)> {
     caller.may_act()?;
     let id = job_id(&id)?;
-    Ok((StatusCode::ACCEPTED, Json(ops::cancel_job(&state.db, id, &caller.name).await?.into())))
+    Ok((StatusCode::ACCEPTED, Json(ops::cancel_job(&state.db, id, ops::Canceller::Token(&caller.name)).await?.into())))
 }

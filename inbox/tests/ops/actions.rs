@@ -320,3 +320,44 @@ async fn prune_archives_to_s3_and_restore_puts_the_events_back(pool_options: PgP
     fresh_pool.close().await;
     sqlx::query(&format!("DROP DATABASE \"{fresh}\" WITH (FORCE)")).execute(&pool).await.unwrap();
 }
+
+/// `inbox jobs`: the API's background jobs listed, one shown, a running one
+/// cancelled under the operator's name (audited without a token), an ended
+/// one and a missing one refused with why.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn jobs_lists_shows_and_cancels_the_api_s_jobs(pool_options: PgPoolOptions, opts: PgConnectOptions) {
+    let pool = pool_options.connect_with(opts.clone()).await.unwrap();
+    let url = url_of(&opts);
+    assert_eq!(json_of(&url, &["jobs", "--json"]), json!([]));
+    let ids: Vec<i64> = sqlx::query_scalar(
+        "INSERT INTO inbox_api_jobs (kind, params, state, estimate, processed, created_by, finished_at)
+         VALUES ('erase', '{\"provider\": \"stripe\"}', 'succeeded', 3, 3, 'ops-bot', now()),
+                ('requeue', '{\"statuses\": [\"failed\"]}', 'running', 900, 120, 'ops-bot', NULL)
+         RETURNING id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let (ended, running) = (ids[0].to_string(), ids[1].to_string());
+    let table = ok(&url, &["jobs"], &[]);
+    assert!(table.contains("requeue") && table.contains("120/900") && table.contains("ops-bot"), "{table}");
+    let listed = json_of(&url, &["jobs", "--json"]);
+    assert_eq!(listed.as_array().unwrap().len(), 2);
+    assert_eq!(listed[0]["id"], ids[1], "newest first");
+    let shown = ok(&url, &["jobs", "show", &ended], &[]);
+    assert!(shown.contains("succeeded") && shown.contains(r#"asked: {"provider":"stripe"}"#), "{shown}");
+    let env = [("INBOX_OPERATOR", "erin")];
+    assert!(ok(&url, &["jobs", "cancel", &running], &env).contains("asked to stop"));
+    let cancelled = json_of(&url, &["jobs", "show", &running, "--json"]);
+    assert_eq!(cancelled["cancelled_by"], "erin");
+    assert!(cancelled["cancel_requested_at"].is_string(), "{cancelled}");
+    let audit: (String, String, Option<String>) =
+        sqlx::query_as("SELECT actor, action, api_token FROM inbox_audit WHERE job_id = $1")
+            .bind(ids[1])
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(audit, ("erin".into(), "cancel_job".into(), None));
+    assert!(fails(Some(&url), &["jobs", "cancel", &ended]).contains("nothing to cancel"));
+    assert!(fails(Some(&url), &["jobs", "show", "999999"]).contains("no job 999999"));
+}

@@ -166,7 +166,14 @@ pub(crate) async fn finish_job(
 /// `by`: a running one stops within its current event or batch; one whose
 /// process stopped (interrupted) is cancelled at once. Whether it was
 /// unfinished, and the job, if there is one.
-pub(crate) async fn cancel_job(pool: &PgPool, id: i64, by: &str) -> Result<(bool, Option<Job>), sqlx::Error> {
+/// `who` asks (an API token's name, or an operator); `token` is the token's
+/// name when it is an API token, kept in the audit record's `api_token`.
+pub(crate) async fn cancel_job(
+    pool: &PgPool,
+    id: i64,
+    who: &str,
+    token: Option<&str>,
+) -> Result<(bool, Option<Job>), sqlx::Error> {
     let asked: Option<i64> = super::query_scalar(
         "WITH asked AS (
              UPDATE inbox_api_jobs
@@ -177,11 +184,13 @@ pub(crate) async fn cancel_job(pool: &PgPool, id: i64, by: &str) -> Result<(bool
              RETURNING id),
          audited AS (
              INSERT INTO inbox_audit (actor, action, reason, job_id, api_token)
-             SELECT 'api:' || $2, 'cancel_job', 'cancelled', id, $2 FROM asked)
+             SELECT CASE WHEN $3::text IS NULL THEN $2 ELSE 'api:' || $3 END, 'cancel_job', 'cancelled', id, $3
+             FROM asked)
          SELECT id FROM asked",
     )
     .bind(id)
-    .bind(by)
+    .bind(who)
+    .bind(token)
     .fetch_optional(super::Autocommit(pool))
     .await?;
     Ok((asked.is_some(), job(pool, id).await?))

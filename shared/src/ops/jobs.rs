@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use sqlx::PgPool;
 use tokio::sync::Notify;
 
-use super::{count_erasure, erase_matching, requeue_all, Audit, EraseError, EraseOptions, Error};
+use super::{count_erasure, erase_counted, requeue_all, Audit, EraseError, EraseOptions, Error};
 pub use crate::db::jobs::Job;
 use crate::{
     core::selection::{EventQuery, Filter},
@@ -32,7 +32,8 @@ pub enum JobWork {
     /// Puts the events a filter selects back to pending, 500 a batch
     /// ([`requeue_all`](super::requeue_all)).
     Requeue(Filter),
-    /// Erases the events a query selects ([`erase_matching`](super::erase_matching)).
+    /// Erases the events a query selects ([`erase_matching`](super::erase_matching)),
+    /// counted once: the count is the job's estimate.
     Erase(EventQuery, EraseOptions),
 }
 
@@ -89,12 +90,25 @@ pub async fn job(pool: &PgPool, id: i64) -> Result<Job, Error> {
     store::job(pool, id).await?.ok_or_else(|| Error::NotFound(format!("no job {id}")))
 }
 
-/// Asks an unfinished job to stop, audited as `cancel_job` under the API token
-/// `token`: a running one stops within its current event or batch (what it did
-/// stays done); an interrupted one (its process stopped) is cancelled at once.
+/// Who asks a job to stop ([`cancel_job`]).
+#[derive(Debug, Clone, Copy)]
+pub enum Canceller<'a> {
+    /// An API token, by its name: audited as `api:{name}`.
+    Token(&'a str),
+    /// An operator (`inbox jobs cancel`), audited under that name.
+    Operator(&'a str),
+}
+
+/// Asks an unfinished job to stop, audited as `cancel_job` by `by`: a running
+/// one stops within its current event or batch (what it did stays done); an
+/// interrupted one (its process stopped) is cancelled at once.
 /// [`Error::Conflict`] for a job that has ended.
-pub async fn cancel_job(pool: &PgPool, id: i64, token: &str) -> Result<Job, Error> {
-    let (asked, job) = store::cancel_job(pool, id, token).await?;
+pub async fn cancel_job(pool: &PgPool, id: i64, by: Canceller<'_>) -> Result<Job, Error> {
+    let (who, token) = match by {
+        Canceller::Token(name) => (name, Some(name)),
+        Canceller::Operator(name) => (name, None),
+    };
+    let (asked, job) = store::cancel_job(pool, id, who, token).await?;
     let job = job.ok_or_else(|| Error::NotFound(format!("no job {id}")))?;
     if !asked {
         return Err(Error::Conflict(format!("job {id} is {} already: there is nothing to cancel", job.state)));
@@ -172,7 +186,7 @@ async fn run_erase(db: &PgPool, query: &EventQuery, by: &Audit<'_>, options: Era
     if options.dry_run {
         return Ok(("succeeded", 0, result(&counted)));
     }
-    match erase_matching(db, query, by, options, |e| running.progress(e.erased)).await {
+    match erase_counted(db, query, counted, by, options, |e| running.progress(e.erased)).await {
         Ok(e) if e.stopped && running.cancel.load(Ordering::Relaxed) => Ok(("cancelled", e.erased as i64, result(&e))),
         Ok(e) => Ok(("succeeded", e.erased as i64, result(&e))),
         Err(EraseError::Database(e)) => Err(e),

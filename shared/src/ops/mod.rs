@@ -17,9 +17,9 @@ pub use crate::core::status::Status;
 pub use crate::db::audit::{history, AuditRecord};
 pub use crate::db::destinations::{is_destination_name, list as destinations, DestinationState};
 pub use crate::db::inbox::{
-    count_erasure, count_matching, counts_by_provider, erase, erase_matching, list_events, list_failed, replay,
-    requeue_all, secret_usage, status_counts, stored_event, Audit, Count, EraseError, EraseOptions, Erased, Erasure,
-    EventPage, EventSummary, FailedEvent, InboxGauges, Matching, Replayed, Requeued, SecretUse, StoredEvent,
+    count_erasure, count_matching, counts_by_provider, erase, erase_counted, erase_matching, list_events, list_failed,
+    replay, requeue_all, secret_usage, status_counts, stored_event, Audit, Count, EraseError, EraseOptions, Erased,
+    Erasure, EventPage, EventSummary, FailedEvent, InboxGauges, Matching, Replayed, Requeued, SecretUse, StoredEvent,
     SEARCH_TIMEOUT,
 };
 pub use crate::db::minutes::{failed_since as failed_per_minute, since as received_per_minute, MinuteCounts};
@@ -43,7 +43,7 @@ pub async fn inbox_gauges(pool: &sqlx::PgPool) -> Result<InboxGauges, sqlx::Erro
 pub async fn outbox_gauges(pool: &sqlx::PgPool) -> Result<OutboxGauges, sqlx::Error> {
     db::outbox::gauges(db::Autocommit(pool)).await
 }
-pub use jobs::{cancel_job, job, jobs, start_job, Job, JobWork, JOBS_AT_ONCE};
+pub use jobs::{cancel_job, job, jobs, start_job, Canceller, Job, JobWork, JOBS_AT_ONCE};
 
 use crate::{
     config::{Catalog, Secrets},

@@ -242,9 +242,24 @@ pub async fn erase_matching(
     query: &EventQuery,
     by: &Audit<'_>,
     options: EraseOptions,
+    progress: impl FnMut(&Erasure) -> ControlFlow<()>,
+) -> Result<Erasure, EraseError> {
+    let counted = count_erasure(pool, query, None).await?;
+    erase_counted(pool, query, counted, by, options, progress).await
+}
+
+/// [`erase_matching`] with the selection already counted by
+/// [`count_erasure`] (`counted`), for a caller that showed or recorded the
+/// count first: the selection is not counted a second time.
+pub async fn erase_counted(
+    pool: &PgPool,
+    query: &EventQuery,
+    counted: Erasure,
+    by: &Audit<'_>,
+    options: EraseOptions,
     mut progress: impl FnMut(&Erasure) -> ControlFlow<()>,
 ) -> Result<Erasure, EraseError> {
-    let mut done = count_erasure(pool, query, None).await?;
+    let mut done = counted;
     if let Some(at_most) = options.at_most.filter(|n| done.erased > *n) {
         return Err(EraseError::TooMany { erasable: done.erased, at_most });
     }

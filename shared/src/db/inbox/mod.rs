@@ -21,7 +21,7 @@ pub(crate) use claim::insert_group;
 pub use claim::GroupRow;
 pub(crate) use claim::{insert, insert_batch, try_lock_event, Body};
 pub use claim::{Claim, Envelope};
-pub use erase::{count_erasure, erase, erase_matching, EraseError, EraseOptions, Erased, Erasure};
+pub use erase::{count_erasure, erase, erase_counted, erase_matching, EraseError, EraseOptions, Erased, Erasure};
 pub(crate) use listing::ruled_events;
 pub use listing::{list_events, stored_event, EventPage, EventSummary, StoredEvent, SEARCH_TIMEOUT};
 pub use prune::{delete_received_before, Providers};
