@@ -73,6 +73,7 @@ impl Demo {
         let started = Instant::now();
         let (waves, expected) = storm::storm(self.payments, &mut Rng(0x5eed_1234_abcd_ef01));
         // reqwest is built without a default crypto provider (the library's choice); ring is ours.
+        #[allow(deprecated)] // rustls 0.23.48 deprecates ring's provider: see webhook_inbox's http_client
         let _ = rustls::crypto::ring::default_provider().install_default();
         let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
         let mut sent = BTreeMap::<(&str, u16), usize>::new();

@@ -6,8 +6,14 @@ use std::time::Duration;
 /// Redirects are not followed: a POST turned into a GET would count as
 /// delivered, and a token header could be carried to another host.
 pub fn http_client(timeout: Duration) -> Result<reqwest::Client, reqwest::Error> {
-    // reqwest is built without a default crypto provider; ring is ours.
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    // reqwest is built without a default crypto provider; ring is ours: it
+    // cross-compiles for the arm64 functions without a C toolchain. rustls
+    // 0.23.48 deprecates ring's provider (it has no post-quantum key exchange);
+    // it is allowed here so that a team's build resolving that release, with
+    // `-D warnings`, stays clean.
+    #[allow(deprecated)]
+    let provider = rustls::crypto::ring::default_provider();
+    let _ = provider.install_default();
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .timeout(timeout)
