@@ -87,9 +87,11 @@ async fn main() -> std::process::ExitCode {
 pub const SECTIONS: [&str; 11] =
     ["receive", "marqeta", "prune", "process", "snapshot", "relay", "latency", "verify", "lambda", "growth", "listing"];
 
+/// A run's settings (its flags).
 pub struct Bench {
     /// Seconds per side and round, for the receive comparisons.
     pub seconds: u64,
+    /// Rounds of each comparison: the figures are their medians.
     pub rounds: usize,
     /// Deliveries in flight, for each receive comparison.
     pub concurrency: Vec<usize>,
@@ -261,6 +263,7 @@ impl Bench {
         self.concurrency.first().copied().unwrap_or(8)
     }
 
+    /// Runs the sections asked for, one after another, and prints the figures and ratios.
     pub async fn run(&self, mut config: ReceiveConfig) -> Result<()> {
         let url = config.db.url.clone().context("no database")?;
         config.db.pool_size = self.concurrency.iter().copied().max().unwrap_or(8) as u32;

@@ -15,7 +15,7 @@ use webhook_inbox::{
 use crate::cli::{print_json, print_table, Output};
 
 #[derive(Subcommand, Debug)]
-pub enum AlertsCommand {
+pub(crate) enum AlertsCommand {
     /// Acknowledge an open alert: no more reminders; it still resolves when its condition clears.
     Ack {
         id: i64,
@@ -36,7 +36,7 @@ pub enum AlertsCommand {
 }
 
 /// `inbox alerts`: live alerts (with `resolved`, the latest resolved ones too), newest first.
-pub async fn list(pool: &PgPool, resolved: bool, out: &Output) -> Result<()> {
+pub(crate) async fn list(pool: &PgPool, resolved: bool, out: &Output) -> Result<()> {
     let alerts = alerts::list(pool, resolved, 100).await?;
     if out.json {
         print_json(&json!(alerts));
@@ -66,7 +66,7 @@ pub async fn list(pool: &PgPool, resolved: bool, out: &Output) -> Result<()> {
     Ok(())
 }
 
-pub async fn act(pool: &PgPool, command: AlertsCommand, actor: &str, out: &Output) -> Result<()> {
+pub(crate) async fn act(pool: &PgPool, command: AlertsCommand, actor: &str, out: &Output) -> Result<()> {
     match command {
         AlertsCommand::Ack { id, reason } => {
             let by = Audit { actor, action: "acknowledge_alert", reason: &reason };

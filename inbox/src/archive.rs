@@ -16,7 +16,7 @@ use webhook_inbox::{
 use crate::cli::{print_json, print_table, progress, Output};
 
 #[derive(Subcommand, Debug)]
-pub enum ArchiveCommand {
+pub(crate) enum ArchiveCommand {
     /// What the archive holds, by provider and day (events, objects, bytes); `--objects` lists each object.
     List {
         #[arg(long, value_parser = crate::cli::provider_name)]
@@ -38,7 +38,7 @@ pub enum ArchiveCommand {
     },
 }
 
-pub async fn act(command: ArchiveCommand) -> Result<()> {
+pub(crate) async fn act(command: ArchiveCommand) -> Result<()> {
     let ArchiveCommand::List { provider, day, objects, bucket, prefix, out } = command;
     let archive = Archive::from_env(ArchiveConfig { bucket: bucket.clone(), prefix }).await;
     let found = archive.list(provider.as_deref(), day.as_deref()).await?;
@@ -77,7 +77,13 @@ pub async fn act(command: ArchiveCommand) -> Result<()> {
 /// `inbox restore SOURCE`: the events archived there, back into the database
 /// as they were, each line checked against the providers and secrets this
 /// process reads (as the functions read them).
-pub async fn restore(pool: &PgPool, source: &Location, dry_run: bool, unverified: bool, out: &Output) -> Result<()> {
+pub(crate) async fn restore(
+    pool: &PgPool,
+    source: &Location,
+    dry_run: bool,
+    unverified: bool,
+    out: &Output,
+) -> Result<()> {
     let env = Env::resolved().await?;
     let catalog = Catalog::read(&env)?;
     let options = RestoreOptions {

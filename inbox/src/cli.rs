@@ -14,17 +14,17 @@ use webhook_inbox::{
 };
 
 /// Requeue and retry work in batches of this many rows, each its own short statement.
-pub const BATCH: i64 = 500;
+pub(crate) const BATCH: i64 = 500;
 
 #[derive(Args, Debug, Clone)]
-pub struct Output {
+pub(crate) struct Output {
     /// Print JSON instead of a table.
     #[arg(long, global = true)]
     pub json: bool,
 }
 
 /// A duration ago (`30m`, `2h`, `7d`), not a timestamp.
-pub fn ago(text: &str) -> Result<Duration, String> {
+pub(crate) fn ago(text: &str) -> Result<Duration, String> {
     match Since::parse(text)? {
         Since::Ago(d) => Ok(d),
         Since::At(_) => Err("a duration (30m, 2h, 7d)".into()),
@@ -32,7 +32,7 @@ pub fn ago(text: &str) -> Result<Duration, String> {
 }
 
 /// Connects, and says clearly what is missing: the setting, the server, or the schema.
-pub async fn connect(pool: PgPool, where_: &str) -> Result<PgPool> {
+pub(crate) async fn connect(pool: PgPool, where_: &str) -> Result<PgPool> {
     match sqlx::query("SELECT 1 FROM webhook_inbox LIMIT 0").execute(&pool).await {
         Ok(_) => Ok(pool),
         Err(e) if e.as_database_error().and_then(|d| d.code()).as_deref() == Some("42P01") => {
@@ -51,7 +51,7 @@ pub async fn connect(pool: PgPool, where_: &str) -> Result<PgPool> {
 }
 
 /// `--since` and `--until` timestamps as PostgreSQL reads them, or which one it cannot read.
-pub async fn check_times(pool: &PgPool, since: &Option<Since>, until: &Option<Since>) -> Result<()> {
+pub(crate) async fn check_times(pool: &PgPool, since: &Option<Since>, until: &Option<Since>) -> Result<()> {
     for (flag, time) in [("--since", since), ("--until", until)] {
         if let Some(Since::At(text)) = time {
             if let Err(e) = sqlx::query("SELECT $1::timestamptz").bind(text).execute(pool).await {
@@ -67,7 +67,7 @@ pub async fn check_times(pool: &PgPool, since: &Option<Since>, until: &Option<Si
 
 /// Who is acting, for the audit record: `INBOX_OPERATOR`, else the login
 /// name, else (a container sets none) the user id and the host.
-pub fn operator(env: &Env<'_>) -> String {
+pub(crate) fn operator(env: &Env<'_>) -> String {
     env.var("INBOX_OPERATOR").or_else(|| env.var("USER")).or_else(|| env.var("LOGNAME")).unwrap_or_else(|| {
         use std::os::unix::fs::MetadataExt;
         let uid = std::fs::metadata("/proc/self").map(|m| m.uid().to_string()).unwrap_or_else(|_| "?".into());
@@ -82,7 +82,7 @@ pub fn operator(env: &Env<'_>) -> String {
 
 /// A provider as typed (`Stripe`, ` stripe `): its name, lower-cased, so that
 /// it matches the stored rows; a name no provider can have is refused.
-pub fn provider_name(text: &str) -> Result<String, String> {
+pub(crate) fn provider_name(text: &str) -> Result<String, String> {
     let name = text.trim().to_ascii_lowercase();
     Provider::try_from(name.as_str())
         .map(|p| p.as_str().to_string())
@@ -90,17 +90,17 @@ pub fn provider_name(text: &str) -> Result<String, String> {
 }
 
 /// `--status` of `events`: any status.
-pub fn parse_status(text: &str) -> Result<Status, String> {
+pub(crate) fn parse_status(text: &str) -> Result<Status, String> {
     Status::parse(text).ok_or_else(|| "one of pending, done, unhandled, ignored, failed".into())
 }
 
 /// `--after`: a cursor a page of `events` ended with.
-pub fn parse_cursor(text: &str) -> Result<Cursor, String> {
+pub(crate) fn parse_cursor(text: &str) -> Result<Cursor, String> {
     Cursor::parse(text.trim()).map_err(|e| format!("{e} (copy it from the end of the page before)"))
 }
 
 /// `--status`: the statuses `requeue` takes (never `pending`: those are queued already).
-pub fn parse_requeue_status(text: &str) -> Result<Status, String> {
+pub(crate) fn parse_requeue_status(text: &str) -> Result<Status, String> {
     match Status::parse(text) {
         Some(Status::Pending) => Err("pending events are queued already".into()),
         Some(status) => Ok(status),
@@ -108,7 +108,7 @@ pub fn parse_requeue_status(text: &str) -> Result<Status, String> {
     }
 }
 
-pub fn progress(len: u64, done: &str, out: &Output) -> indicatif::ProgressBar {
+pub(crate) fn progress(len: u64, done: &str, out: &Output) -> indicatif::ProgressBar {
     if out.json {
         return indicatif::ProgressBar::hidden();
     }
@@ -120,7 +120,7 @@ pub fn progress(len: u64, done: &str, out: &Output) -> indicatif::ProgressBar {
     bar
 }
 
-pub fn age(ms: f64) -> String {
+pub(crate) fn age(ms: f64) -> String {
     match ms {
         ms if ms <= 0.0 => "-".into(),
         ms if ms < 120_000.0 => format!("{:.0} s", ms / 1000.0),
@@ -129,13 +129,13 @@ pub fn age(ms: f64) -> String {
     }
 }
 
-pub fn print_json(v: &Value) {
+pub(crate) fn print_json(v: &Value) {
     use std::io::Write as _;
     let _ = writeln!(std::io::stdout(), "{}", ops::escape_json(&serde_json::to_string_pretty(v).expect("JSON prints")));
 }
 
 /// Left-aligned columns, each as wide as its widest cell (cells are cut at 80 characters).
-pub fn print_table(head: &[&str], rows: &[Vec<String>]) {
+pub(crate) fn print_table(head: &[&str], rows: &[Vec<String>]) {
     let cut = |s: &str| -> String {
         let s = ops::escape(s).into_owned(); // before the widths: an escape is wider than its character
         if s.chars().count() > 80 {

@@ -10,7 +10,7 @@ use webhook_inbox_console::{self as console, UserRole};
 use crate::cli::{print_json, print_table, Output};
 
 #[derive(Subcommand, Debug)]
-pub enum ConsoleCommand {
+pub(crate) enum ConsoleCommand {
     /// The console's users: who may sign in, as a viewer (reads) or an operator (also acts).
     User {
         #[command(subcommand)]
@@ -24,7 +24,7 @@ pub enum ConsoleCommand {
 }
 
 #[derive(Subcommand, Debug)]
-pub enum TokenCommand {
+pub(crate) enum TokenCommand {
     /// Make a token; it is printed once (only its hash is kept).
     Add {
         /// Who calls with it (the audit names it api:NAME).
@@ -84,7 +84,7 @@ async fn console_token(pool: &PgPool, command: TokenCommand, by: &str) -> Result
 }
 
 #[derive(Subcommand, Debug)]
-pub enum UserCommand {
+pub(crate) enum UserCommand {
     /// Add a user. Without --password-stdin a password is made and printed, once.
     Add {
         name: String,
@@ -151,7 +151,7 @@ async fn console_user(pool: &PgPool, command: UserCommand, by: &str) -> Result<(
 }
 
 /// `inbox console user|token ...`, as the operator (`INBOX_OPERATOR`).
-pub async fn act(pool: &PgPool, command: ConsoleCommand) -> Result<()> {
+pub(crate) async fn act(pool: &PgPool, command: ConsoleCommand) -> Result<()> {
     let by = crate::cli::operator(&webhook_inbox::config::Env::process());
     match command {
         ConsoleCommand::User { command } => console_user(pool, command, &by).await,

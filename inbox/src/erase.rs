@@ -12,7 +12,7 @@ use crate::cli::{print_json, progress, Output};
 
 /// What `inbox erase` selects.
 #[derive(Args, Debug)]
-pub struct Selection {
+pub(crate) struct Selection {
     #[arg(long, value_parser = crate::cli::provider_name)]
     pub provider: Option<String>,
     /// Exactly this event (with --provider).
@@ -33,7 +33,13 @@ pub struct Selection {
     pub payload: Option<PayloadMatch>,
 }
 
-pub async fn erase(pool: &PgPool, s: Selection, options: EraseOptions, by: &Audit<'_>, out: &Output) -> Result<()> {
+pub(crate) async fn erase(
+    pool: &PgPool,
+    s: Selection,
+    options: EraseOptions,
+    by: &Audit<'_>,
+    out: &Output,
+) -> Result<()> {
     // The audit record outlives the erasure: it names the request, not the person.
     if let Err(why) = ops::erase_reason(by.reason, s.payload.as_ref()) {
         bail!("--reason: {why}");

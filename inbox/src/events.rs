@@ -14,7 +14,7 @@ use webhook_inbox::{
 
 use crate::cli::{age, check_times, print_json, print_table, Output};
 
-pub async fn stats(pool: &PgPool, env: &Env<'_>, out: &Output) -> Result<()> {
+pub(crate) async fn stats(pool: &PgPool, env: &Env<'_>, out: &Output) -> Result<()> {
     let counts = ops::counts_by_provider(pool).await?;
     let ops::Gauges { inbox: gauges, outbox } = ops::gauges(pool).await?;
     let secrets = ops::secret_usage(pool, Duration::from_secs(7 * 86_400)).await?;
@@ -86,7 +86,7 @@ pub async fn stats(pool: &PgPool, env: &Env<'_>, out: &Output) -> Result<()> {
 
 /// `inbox providers`: each provider with a secret (every known one with `all`),
 /// the URL to register with it, how it signs, and how long it may redeliver.
-pub fn providers(env: &Env<'_>, base_url: &str, all: bool, out: &Output) -> Result<()> {
+pub(crate) fn providers(env: &Env<'_>, base_url: &str, all: bool, out: &Output) -> Result<()> {
     let catalog = Catalog::read(env)?;
     let secrets = Secrets::read(env, &catalog)?;
     let base = base_url.trim_end_matches('/');
@@ -130,7 +130,13 @@ pub fn providers(env: &Env<'_>, base_url: &str, all: bool, out: &Output) -> Resu
     Ok(())
 }
 
-pub async fn events(pool: &PgPool, query: &EventQuery, after: Option<&Cursor>, limit: i64, out: &Output) -> Result<()> {
+pub(crate) async fn events(
+    pool: &PgPool,
+    query: &EventQuery,
+    after: Option<&Cursor>,
+    limit: i64,
+    out: &Output,
+) -> Result<()> {
     check_times(pool, &query.since, &query.until).await?;
     let page = ops::list_events(pool, query, after, limit).await?;
     let next = page.next.as_ref().map(Cursor::to_string);
@@ -161,7 +167,7 @@ pub async fn events(pool: &PgPool, query: &EventQuery, after: Option<&Cursor>, l
     Ok(())
 }
 
-pub async fn failed(pool: &PgPool, filter: &Filter, limit: i64, out: &Output) -> Result<()> {
+pub(crate) async fn failed(pool: &PgPool, filter: &Filter, limit: i64, out: &Output) -> Result<()> {
     check_times(pool, &filter.since, &filter.until).await?;
     let events = ops::list_failed(pool, filter, limit).await?;
     if out.json {
@@ -186,7 +192,7 @@ pub async fn failed(pool: &PgPool, filter: &Filter, limit: i64, out: &Output) ->
     Ok(())
 }
 
-pub async fn show(pool: &PgPool, env: &Env<'_>, provider: &str, event_id: &str, out: &Output) -> Result<()> {
+pub(crate) async fn show(pool: &PgPool, env: &Env<'_>, provider: &str, event_id: &str, out: &Output) -> Result<()> {
     let Some(event) = ops::stored_event(pool, provider, event_id).await? else {
         bail!("no event {event_id:?} from provider {provider:?}");
     };

@@ -10,7 +10,7 @@ use webhook_inbox::ops::{self, Canceller, Job};
 use crate::cli::{print_json, print_table, Output};
 
 #[derive(Subcommand, Debug)]
-pub enum JobsCommand {
+pub(crate) enum JobsCommand {
     /// One job: what it was asked, how far it is, what it did.
     Show {
         /// The job's id (see `inbox jobs`).
@@ -25,7 +25,13 @@ pub enum JobsCommand {
 }
 
 /// `inbox jobs`: the latest `limit`, newest first; or a command on one.
-pub async fn act(pool: &PgPool, command: Option<JobsCommand>, limit: i64, actor: &str, out: &Output) -> Result<()> {
+pub(crate) async fn act(
+    pool: &PgPool,
+    command: Option<JobsCommand>,
+    limit: i64,
+    actor: &str,
+    out: &Output,
+) -> Result<()> {
     let job = match command {
         None => return list(&ops::jobs(pool, limit.clamp(1, 1000)).await?, out),
         Some(JobsCommand::Show { id }) => ops::job(pool, id).await?,

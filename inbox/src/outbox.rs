@@ -10,7 +10,7 @@ use webhook_inbox::ops::{self, Audit};
 use crate::cli::{age, operator, print_json, print_table, Output, BATCH};
 
 #[derive(Subcommand, Debug)]
-pub enum OutboxCommand {
+pub(crate) enum OutboxCommand {
     /// Give a message (or every dead one) a fresh start: due now, attempts reset.
     Retry {
         /// The message's id (see `inbox outbox`).
@@ -45,7 +45,13 @@ pub enum OutboxCommand {
 }
 
 /// `inbox outbox [COMMAND]`, as the operator (`INBOX_OPERATOR`) for what it acts on.
-pub async fn act(pool: &PgPool, command: Option<OutboxCommand>, dead: bool, limit: i64, out: &Output) -> Result<()> {
+pub(crate) async fn act(
+    pool: &PgPool,
+    command: Option<OutboxCommand>,
+    dead: bool,
+    limit: i64,
+    out: &Output,
+) -> Result<()> {
     let actor = operator(&webhook_inbox::config::Env::process());
     match command {
         None => list(pool, dead, limit.max(1), out).await,

@@ -13,7 +13,7 @@ use crate::cli::{age, print_json, print_table, Output};
 
 /// What `pause` and `resume` name.
 #[derive(Args, Debug)]
-pub struct ScopeArgs {
+pub(crate) struct ScopeArgs {
     /// The provider whose events wait.
     #[arg(long, value_parser = crate::cli::provider_name)]
     pub provider: String,
@@ -29,7 +29,7 @@ impl ScopeArgs {
 }
 
 /// `inbox pause`: from its commit no event of the scope is processed.
-pub async fn pause(
+pub(crate) async fn pause(
     pool: &PgPool,
     scope: &ScopeArgs,
     alarm_after: Duration,
@@ -57,7 +57,13 @@ pub async fn pause(
 
 /// `inbox resume`: releases the held events, oldest first, printing progress;
 /// with `no_wait`, leaves that to the workers' passes.
-pub async fn resume(pool: &PgPool, scope: &ScopeArgs, no_wait: bool, by: &Audit<'_>, out: &Output) -> Result<()> {
+pub(crate) async fn resume(
+    pool: &PgPool,
+    scope: &ScopeArgs,
+    no_wait: bool,
+    by: &Audit<'_>,
+    out: &Output,
+) -> Result<()> {
     let scope = scope.scope()?;
     let Some(id) = ops::resume_events(pool, &scope, by).await? else {
         if out.json {
@@ -104,7 +110,7 @@ pub async fn resume(pool: &PgPool, scope: &ScopeArgs, no_wait: bool, by: &Audit<
 }
 
 /// `inbox pauses`: what is paused, since when, by whom, why, and what each holds.
-pub async fn list(pool: &PgPool, history: Option<&str>, out: &Output) -> Result<()> {
+pub(crate) async fn list(pool: &PgPool, history: Option<&str>, out: &Output) -> Result<()> {
     if let Some(provider) = history {
         let records = ops::pause_history(pool, provider).await?;
         if out.json {

@@ -10,7 +10,7 @@ use webhook_inbox::ops::{self, Audit, Filter, Replayed};
 
 use crate::cli::{check_times, print_json, progress, Output, BATCH};
 
-pub async fn replay(pool: &PgPool, provider: &str, event_id: &str, by: &Audit<'_>, out: &Output) -> Result<()> {
+pub(crate) async fn replay(pool: &PgPool, provider: &str, event_id: &str, by: &Audit<'_>, out: &Output) -> Result<()> {
     let replayed = ops::replay(pool, provider, event_id, by).await?;
     let from = match &replayed {
         Replayed::NotFound => bail!("no event {event_id:?} from provider {provider:?}"),
@@ -31,7 +31,7 @@ pub async fn replay(pool: &PgPool, provider: &str, event_id: &str, by: &Audit<'_
     Ok(())
 }
 
-pub async fn requeue(pool: &PgPool, filter: &Filter, by: &Audit<'_>, dry_run: bool, out: &Output) -> Result<()> {
+pub(crate) async fn requeue(pool: &PgPool, filter: &Filter, by: &Audit<'_>, dry_run: bool, out: &Output) -> Result<()> {
     check_times(pool, &filter.since, &filter.until).await?;
     let statuses: Vec<&str> = filter.statuses.iter().map(|s| s.as_str()).collect();
     let what = format!("{} event(s)", statuses.join(" or "));

@@ -10,7 +10,7 @@ use webhook_inbox::{config::IgnoreRules, ops};
 use crate::cli::{age, ago, print_json, print_table, Output};
 
 #[derive(Subcommand, Debug)]
-pub enum RulesCommand {
+pub(crate) enum RulesCommand {
     /// Check a rules file (as the worker does at start-up) and try it on the
     /// stored events: how many each ignore rule would have ignored.
     Check {
@@ -25,7 +25,7 @@ pub enum RulesCommand {
 }
 
 /// `inbox rules check`: the file refused with its reason, or each rule's matches.
-pub async fn check(pool: &PgPool, file: &std::path::Path, since: Option<Duration>, out: &Output) -> Result<()> {
+pub(crate) async fn check(pool: &PgPool, file: &std::path::Path, since: Option<Duration>, out: &Output) -> Result<()> {
     let shown = ops::escape(&file.display().to_string()).into_owned();
     let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {shown}"))?;
     let rules = match IgnoreRules::parse(&text) {

@@ -123,94 +123,36 @@
 //! `archive`, and `service` with them): no broker client and no trace
 //! exporter. Without `service`
 //! only [`schemes`] and [`Provider`] remain.
-//! `internals` is not for you: it opens the private modules to this
-//! repository's white-box tests, with no compatibility
-//! promised (the stock binaries, `inbox` included, build without it).
 
-#![deny(missing_docs)]
 // Without `service` only the schemes' re-exports remain.
-#![cfg_attr(not(any(feature = "service", feature = "internals")), allow(dead_code, unused_imports))]
-
-// The library's internals: private, unless the unstable `internals` feature
-// (for this repository's white-box tests; no compatibility
-// promised) makes them reachable. Each is declared twice, once per case, as plain `mod` items:
-// rustfmt follows those (it does not look inside a macro's).
+#![cfg_attr(not(feature = "service"), allow(dead_code, unused_imports))]
 
 #[cfg(feature = "service")]
 pub mod alerts;
 #[cfg(feature = "service")]
-#[cfg(feature = "internals")]
-#[doc(hidden)]
-pub mod app;
-#[cfg(feature = "service")]
-#[cfg(not(feature = "internals"))]
 mod app;
 #[cfg(feature = "archive")]
 pub mod archive;
 #[cfg(feature = "service")]
 pub mod config;
-#[cfg(feature = "internals")]
-#[doc(hidden)]
-pub mod core;
-#[cfg(not(feature = "internals"))]
 mod core;
 #[cfg(feature = "service")]
-#[cfg(feature = "internals")]
-#[doc(hidden)]
-pub mod db;
-#[cfg(feature = "service")]
-#[cfg(not(feature = "internals"))]
 mod db;
 #[cfg(feature = "service")]
 pub mod lambda;
 #[cfg(feature = "migrate")]
-#[cfg(feature = "internals")]
-#[doc(hidden)]
-pub mod migrate;
-#[cfg(feature = "migrate")]
-#[cfg(not(feature = "internals"))]
 mod migrate;
 #[cfg(feature = "service")]
-#[cfg(feature = "internals")]
-#[doc(hidden)]
-pub mod process;
-#[cfg(feature = "service")]
-#[cfg(not(feature = "internals"))]
 mod process;
 #[cfg(feature = "service")]
-#[cfg(feature = "internals")]
-#[doc(hidden)]
-pub mod prune;
-#[cfg(feature = "service")]
-#[cfg(not(feature = "internals"))]
 mod prune;
 #[cfg(feature = "service")]
-#[cfg(feature = "internals")]
-#[doc(hidden)]
-pub mod receive;
-#[cfg(feature = "service")]
-#[cfg(not(feature = "internals"))]
 mod receive;
 #[cfg(feature = "reconcile")]
-#[cfg(feature = "internals")]
-#[doc(hidden)]
-pub mod reconcile;
-#[cfg(feature = "reconcile")]
-#[cfg(not(feature = "internals"))]
 mod reconcile;
 #[cfg(feature = "relay")]
-#[cfg(feature = "internals")]
-#[doc(hidden)]
-pub mod relay;
-#[cfg(feature = "relay")]
-#[cfg(not(feature = "internals"))]
 mod relay;
 #[cfg(feature = "service")]
-#[cfg(feature = "internals")]
-#[doc(hidden)]
-pub mod runtime;
-#[cfg(feature = "service")]
-#[cfg(not(feature = "internals"))]
 mod runtime;
 
 #[cfg(feature = "service")]

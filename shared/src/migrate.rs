@@ -22,7 +22,7 @@ use crate::{app::App, config::Env};
 
 /// The one physical id: updates never replace the resource (a replacement
 /// would send a Delete for the old one).
-pub const PHYSICAL_ID: &str = "webhook-inbox-migrations";
+pub(crate) const PHYSICAL_ID: &str = "webhook-inbox-migrations";
 
 /// Where an answer may go: CloudFormation's pre-signed S3 URLs (https, an S3
 /// host of the function's region, or S3's global host), or the S3 endpoint
@@ -30,14 +30,14 @@ pub const PHYSICAL_ID: &str = "webhook-inbox-migrations";
 /// is anything else did not come from CloudFormation: it is not acted on, and
 /// nothing is sent to that URL.
 #[derive(Clone, Debug)]
-pub struct ResponseUrls {
+pub(crate) struct ResponseUrls {
     region: String,
     endpoint: Option<Url>,
 }
 
 /// Why a request was not answered.
 #[derive(Debug, thiserror::Error)]
-pub enum NotAnswered {
+pub(crate) enum NotAnswered {
     /// Its `ResponseURL` is not CloudFormation's: nothing was done or sent.
     #[error("ResponseURL {0}: not acted on, and not answered")]
     Refused(String),
@@ -48,18 +48,18 @@ pub enum NotAnswered {
 
 impl ResponseUrls {
     /// `AWS_REGION` (which Lambda sets) and `AWS_ENDPOINT_URL_S3`.
-    pub fn read(env: &Env) -> Self {
+    pub(crate) fn read(env: &Env) -> Self {
         let endpoint = env.var("AWS_ENDPOINT_URL_S3").and_then(|u| Url::parse(&u).ok());
         ResponseUrls::new(&env.var("AWS_REGION").unwrap_or_default(), endpoint)
     }
 
     /// The S3 hosts of `region`, and `endpoint`'s origin when given.
-    pub fn new(region: &str, endpoint: Option<Url>) -> Self {
+    pub(crate) fn new(region: &str, endpoint: Option<Url>) -> Self {
         ResponseUrls { region: region.to_ascii_lowercase(), endpoint }
     }
 
     /// Whether an answer may be sent to `url`; the reason names the host, never the URL (a credential).
-    pub fn check(&self, url: &str) -> Result<(), String> {
+    pub(crate) fn check(&self, url: &str) -> Result<(), String> {
         let url = Url::parse(url).map_err(|_| "is not a URL".to_string())?;
         let host = url.host_str().unwrap_or_default().to_ascii_lowercase();
         if let Some(e) = &self.endpoint {
@@ -96,7 +96,7 @@ impl ResponseUrls {
 /// `db` is the pool, or why the function could not make one (its
 /// configuration): then Create and Update fail with that reason, and Delete
 /// still succeeds, so that a stack with a broken secret can be deleted.
-pub async fn on_custom_resource(
+pub(crate) async fn on_custom_resource(
     app: &App,
     request: Request,
     db: Result<&PgPool, &str>,
@@ -171,5 +171,44 @@ async fn answer(http: &reqwest::Client, url: &str, response: &Response) -> Resul
                 tokio::time::sleep(Duration::from_millis(500 * tries)).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ResponseUrls;
+
+    /// Only CloudFormation's pre-signed S3 URLs are answered: a request naming
+    /// any other (an invocation by someone else, pointing the answer at an
+    /// internal host) is not acted on (the function's binary on such a request:
+    /// `functions/migrate/tests/custom_resource.rs`).
+    #[test]
+    fn only_s3_urls_of_the_region_or_the_configured_endpoint_are_cloudformations() {
+        let urls = ResponseUrls::new("eu-west-1", None);
+        for ok in [
+            "https://cloudformation-custom-resource-response-euwest1.s3.eu-west-1.amazonaws.com/arn%3A/x?X-Amz-Signature=s",
+            "https://cloudformation-custom-resource-response-euwest1.s3-eu-west-1.amazonaws.com/x",
+            "https://cloudformation-custom-resource-response-useast1.s3.amazonaws.com/x",
+            "https://S3.EU-WEST-1.AMAZONAWS.COM/bucket/x",
+        ] {
+            assert_eq!(urls.check(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "http://cloudformation-custom-resource-response-euwest1.s3.eu-west-1.amazonaws.com/x",
+            "https://cloudformation-custom-resource-response-euwest1.s3.us-east-2.amazonaws.com/x",
+            "https://s3.eu-west-1.amazonaws.com.attacker.example/x",
+            "https://evils3.eu-west-1.amazonaws.com/x",
+            "https://169.254.169.254/latest/meta-data/",
+            "https://user:pw@s3.eu-west-1.amazonaws.com/x",
+            "https://s3.eu-west-1.amazonaws.com:8443/x",
+            "not a url",
+        ] {
+            assert!(urls.check(bad).is_err(), "{bad}");
+        }
+        assert_eq!(ResponseUrls::new("cn-north-1", None).check("https://b.s3.cn-north-1.amazonaws.com.cn/x"), Ok(()));
+        // `AWS_ENDPOINT_URL_S3` (an emulator's): its origin, and no other.
+        let emulator = ResponseUrls::new("us-east-1", Some("http://127.0.0.1:4566".parse().unwrap()));
+        assert_eq!(emulator.check("http://127.0.0.1:4566/response?X-Amz-Signature=s"), Ok(()));
+        assert!(emulator.check("http://127.0.0.1:4567/response").is_err());
     }
 }

@@ -23,7 +23,7 @@ use crate::{
 };
 use webhook_inbox_schemes::{catalog::Catalog, ConfigError, Provider};
 
-pub use webhook_inbox_schemes::catalog::MAX_DAYS;
+pub(crate) use webhook_inbox_schemes::catalog::MAX_DAYS;
 
 /// The rows kept for a provider's retention (`INBOX_RETENTION_DAYS`): done,
 /// unhandled and ignored (nothing ran; a later handler may be replayed over them).

@@ -3,7 +3,7 @@
 //! command starts where they are down. What the relay published is read back
 //! with the brokers' own clients.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use inbox_tests::later;
 use lapin::{
@@ -18,7 +18,6 @@ use serde_json::{json, Value};
 use sqlx::PgPool;
 use webhook_inbox::{
     config::{Destinations, Env},
-    db::outbox,
     enqueue, App, Message, Relay, RelayConfig, Stage,
 };
 
@@ -77,19 +76,19 @@ async fn nats_jetstream_acknowledges_each_message_and_drops_a_resend_under_its_k
         })
         .await
         .unwrap();
+    let mut stream = stream;
     let file = format!("[destination.events]\nnats_subject = \"{subject}\"\n");
     let relay = relay(&pool, file, &[("RELAY_NATS_URL", NATS)]).await;
     assert!(relay.destinations().contains(&"events".to_string()));
     write(&pool, "events", "order", 20).await;
     // A relay that published the first five and died before recording them.
-    let leased = outbox::lease_unsent(&pool, "events", 5, Duration::from_millis(100), None).await.unwrap();
     let sink = webhook_inbox::sinks::NatsSink::connect(NATS, subject.clone()).await.unwrap();
-    use webhook_inbox::sinks::Sink as _;
-    assert!(sink.deliver(&leased).await.iter().all(|r| *r == webhook_inbox::sinks::SinkReply::Delivered));
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    let lease = Duration::from_millis(300);
+    crate::relay::killed_after_publishing(&pool, "events", Arc::new(sink), 5, lease).await;
+    assert_eq!(stream.info().await.unwrap().state.messages, 5, "published, not recorded");
+    tokio::time::sleep(lease + Duration::from_millis(100)).await;
     let r = relay.run(later()).await.unwrap();
     assert_eq!((r.sent, r.dead), (20, 0));
-    let mut stream = stream;
     let info = stream.info().await.unwrap();
     assert_eq!(info.state.messages, 20, "JetStream dropped the five re-sent under the same Nats-Msg-Id");
     let mut keys = Vec::new();

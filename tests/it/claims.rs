@@ -1,6 +1,7 @@
-//! The claim under contention: concurrent identical
-//! deliveries, an open transaction holding the key, a lock timeout, repeatable
-//! read, Marqeta batches overlapping.
+//! The claim under contention, as a delivery sees it: concurrent identical
+//! deliveries, another writer holding the key past the lock timeout, a retry
+//! under repeatable read, Marqeta batches overlapping. (The claim's own SQL
+//! under contention is unit-tested beside it, `shared/src/receive/claim/tests.rs`.)
 
 use std::{sync::Arc, time::Duration};
 
@@ -12,11 +13,7 @@ use sqlx::{
     PgPool,
 };
 use tokio::sync::Barrier;
-use webhook_inbox::{
-    receive::claim::{self, Claim, Envelope},
-    Receiver,
-};
-use webhook_inbox_schemes::{NewEvent, Provider};
+use webhook_inbox::Receiver;
 
 use crate::receive::stripe_body;
 
@@ -49,20 +46,17 @@ async fn fifty_concurrent_identical_deliveries_claim_once(_: PgPoolOptions, opts
     assert_eq!(count(&pool).await, 1);
 }
 
-fn event(id: &str) -> NewEvent {
-    NewEvent::pending(id.into(), "test.event", "{}".into())
-}
-
-fn envelope(headers: &Value) -> Envelope<'_> {
-    Envelope {
-        provider: Provider::STRIPE,
-        raw_body: b"{}",
-        headers,
-        secret_index: Some(0),
-        secret_fingerprint: None,
-        replay_guard: false,
-        trace_context: None,
-    }
+/// Another writer (a second receiver, a reconcile) inserts `id` in `tx`, uncommitted: it holds the key.
+async fn hold(tx: &mut sqlx::PgConnection, id: &str) {
+    let inserted = sqlx::query(
+        "INSERT INTO webhook_inbox (provider, event_id, event_type, payload, raw_body, secret_index)
+         VALUES ('stripe', $1, 'x', '{}', '\\x7b7d', 0)",
+    )
+    .bind(id)
+    .execute(tx)
+    .await
+    .unwrap();
+    assert_eq!(inserted.rows_affected(), 1);
 }
 
 /// Claims of this test's database waiting on a lock.
@@ -76,42 +70,6 @@ async fn lock_waiters(pool: &PgPool) -> i64 {
     .unwrap()
 }
 
-/// Starts a claim while another transaction holds the same key uncommitted.
-async fn claim_behind_open_insert(
-    pool: &PgPool,
-    id: &'static str,
-) -> (sqlx::Transaction<'static, sqlx::Postgres>, tokio::task::JoinHandle<Claim>) {
-    let headers = json!({});
-    let mut tx = pool.begin().await.unwrap();
-    claim::claim(&mut *tx, &envelope(&headers), &event(id)).await.unwrap();
-    let p = pool.clone();
-    let waiter = tokio::spawn(async move {
-        let headers = json!({});
-        claim::claim(&p, &envelope(&headers), &event(id)).await.unwrap()
-    });
-    // The second claim must be waiting on the first transaction's key, not finished.
-    let waiting = eventually(|| async { lock_waiters(pool).await == 1 }).await;
-    assert!(waiting, "the second claim waits on the row lock");
-    assert!(!waiter.is_finished());
-    (tx, waiter)
-}
-
-#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
-async fn a_claim_blocked_by_an_open_transaction_waits_then_reports_duplicate(pool: PgPool) {
-    let (tx, waiter) = claim_behind_open_insert(&pool, "evt_wait").await;
-    tx.commit().await.unwrap();
-    assert_eq!(waiter.await.unwrap(), Claim::Duplicate);
-    assert_eq!(count(&pool).await, 1);
-}
-
-#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
-async fn a_claim_blocked_by_a_transaction_that_rolls_back_claims_the_event(pool: PgPool) {
-    let (tx, waiter) = claim_behind_open_insert(&pool, "evt_rollback").await;
-    tx.rollback().await.unwrap();
-    assert_eq!(waiter.await.unwrap(), Claim::New);
-    assert_eq!(count(&pool).await, 1);
-}
-
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn a_claim_stuck_behind_a_lock_past_lock_timeout_answers_503(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
@@ -119,10 +77,8 @@ async fn a_claim_stuck_behind_a_lock_past_lock_timeout_answers_503(_: PgPoolOpti
     cfg.db.lock_timeout = Duration::from_millis(300);
     let r = Receiver::connect_with(opts, &cfg);
     let body = stripe_body("evt_locked");
-    let headers = json!({});
     let mut tx = pool.begin().await.unwrap();
-    let held = NewEvent::pending("evt_locked".into(), "x", "{}".into());
-    claim::claim(&mut *tx, &envelope(&headers), &held).await.unwrap();
+    hold(&mut tx, "evt_locked").await;
     let (status, body) = post(&r, "stripe", &[("Stripe-Signature", &stripe_header(STRIPE[0], &body))], &body).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert!(!body.to_string().contains("lock"), "no database text reaches the caller: {body}");
@@ -136,33 +92,12 @@ fn repeatable_read(opts: PgConnectOptions) -> PgConnectOptions {
 }
 
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
-async fn under_repeatable_read_the_claim_fails_with_40001(_: PgPoolOptions, opts: PgConnectOptions) {
-    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
-    let rr = PgPool::connect_with(repeatable_read(opts)).await.unwrap();
-    let isolation: String = sqlx::query_scalar("SHOW transaction_isolation").fetch_one(&rr).await.unwrap();
-    assert_eq!(isolation, "repeatable read");
-    let headers = json!({});
-    let mut tx = pool.begin().await.unwrap();
-    claim::claim(&mut *tx, &envelope(&headers), &event("evt_rr")).await.unwrap();
-    let waiter = tokio::spawn(async move {
-        let headers = json!({});
-        claim::claim(&rr, &envelope(&headers), &event("evt_rr")).await
-    });
-    assert!(eventually(|| async { lock_waiters(&pool).await == 1 }).await);
-    tx.commit().await.unwrap();
-    let err = waiter.await.unwrap().expect_err("the committed row is invisible to the waiting statement's snapshot");
-    assert_eq!(webhook_inbox::ops::sqlstate(&err).as_deref(), Some("40001"));
-}
-
-#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn under_repeatable_read_the_receivers_retry_answers_duplicate(_: PgPoolOptions, opts: PgConnectOptions) {
     let pool = PgPool::connect_with(opts.clone()).await.unwrap();
     let r = Arc::new(receiver(repeatable_read(opts), secrets(false)));
     let body = stripe_body("evt_rr");
-    let headers = json!({});
     let mut tx = pool.begin().await.unwrap();
-    let held = NewEvent::pending("evt_rr".into(), "x", "{}".into());
-    claim::claim(&mut *tx, &envelope(&headers), &held).await.unwrap();
+    hold(&mut tx, "evt_rr").await;
     let sig = stripe_header(STRIPE[0], &body);
     let delivery = {
         let r = r.clone();
@@ -213,50 +148,4 @@ async fn a_marqeta_batch_claims_each_item_once_within_and_across_batches(_: PgPo
         (StatusCode::OK, json!({"accepted": 0, "duplicates": 0}))
     );
     assert_eq!(count(&pool).await, 4, "a ping stores nothing");
-}
-
-/// Twenty batches of the same ten keys in twenty orders, released together, each
-/// on its own connection and with no retry: sorted keys mean no deadlock (40P01)
-/// can happen, and each key is claimed once.
-#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
-async fn concurrent_overlapping_batches_neither_deadlock_nor_double_claim(_: PgPoolOptions, opts: PgConnectOptions) {
-    let pool = PgPoolOptions::new().max_connections(21).connect_with(opts).await.unwrap();
-    let barrier = Arc::new(Barrier::new(20));
-    let tasks: Vec<_> = (0..20)
-        .map(|i| {
-            let mut tokens: Vec<usize> = (0..10).collect();
-            tokens.rotate_left(i % 10);
-            if i % 2 == 1 {
-                tokens.reverse();
-            }
-            let events: Vec<NewEvent> = tokens
-                .iter()
-                .map(|t| NewEvent::pending(format!("transactions:t{t}"), "transactions", "{}".into()))
-                .collect();
-            let (pool, barrier) = (pool.clone(), barrier.clone());
-            tokio::spawn(async move {
-                let mut conn = pool.acquire().await.unwrap();
-                let headers = json!({});
-                let env = Envelope {
-                    provider: Provider::MARQETA,
-                    raw_body: b"{}",
-                    headers: &headers,
-                    secret_index: Some(0),
-                    secret_fingerprint: None,
-                    replay_guard: false,
-                    trace_context: None,
-                };
-                barrier.wait().await;
-                claim::claim_batch(&mut *conn, &env, &events).await
-            })
-        })
-        .collect();
-    let mut accepted = 0;
-    for t in tasks {
-        let claim = t.await.unwrap().expect("no deadlock, no error");
-        assert_eq!(claim.accepted + claim.duplicates, 10);
-        accepted += claim.accepted;
-    }
-    assert_eq!(accepted, 10);
-    assert_eq!(count(&pool).await, 10);
 }

@@ -1,7 +1,8 @@
 //! Group commit at receive (`inbox serve`, `inbox dev`): deliveries that
 //! arrive together claimed in one statement and one commit, each answered
-//! after it; the same key twice in a group; a value PostgreSQL refuses; an
-//! outage. Real concurrency: the deliveries are released together by a barrier.
+//! after it; the same key twice in a group; an outage. Real concurrency: the
+//! deliveries are released together by a barrier. (A value PostgreSQL refuses
+//! in a group is unit-tested beside the committer, in `shared/src/receive/claim/group.rs`.)
 
 use std::{sync::Arc, time::Duration};
 
@@ -13,15 +14,7 @@ use sqlx::{
     PgPool,
 };
 use tokio::sync::Barrier;
-use webhook_inbox::{
-    db,
-    receive::claim::{
-        group::{Grouper, Row},
-        Claim,
-    },
-    GroupConfig, Receiver,
-};
-use webhook_inbox_schemes::{NewEvent, Provider};
+use webhook_inbox::{GroupConfig, Receiver};
 
 /// A group that waits long enough for every delivery of a test to join it, on one committer.
 const ONE_GROUP: GroupConfig =
@@ -225,60 +218,6 @@ async fn deliveries_that_arrive_while_a_group_commits_wait_for_it_and_go_togethe
     }
     assert_eq!(slow.await.unwrap(), "accepted");
     assert_eq!(transactions(&pool).await, 2, "the slow group, then one for the ten that arrived during it");
-}
-
-fn row(id: &str, payload: String) -> Row {
-    Row {
-        provider: Provider::GITHUB,
-        event: NewEvent::pending(id.into(), "push", payload.clone()),
-        raw_body: payload.into_bytes(),
-        headers: json!({"x-github-delivery": id}),
-        secret_index: Some(0),
-        secret_fingerprint: None,
-        trace_context: None,
-    }
-}
-
-/// Below receive's own payload check: a value PostgreSQL refuses (here,
-/// nesting past its stack depth) fails only its own delivery, which is kept
-/// `failed` without its payload; the rest of its group is claimed as it is.
-#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
-async fn a_value_postgres_refuses_fails_only_its_own_delivery_in_the_group(_: PgPoolOptions, opts: PgConnectOptions) {
-    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
-    let connections = Arc::new(db::Connections::from_options(opts, &db_config()));
-    let grouper = Arc::new(Grouper::start(connections, ONE_GROUP));
-    let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
-    let rows = vec![row("g1", "{}".into()), row("g2", deep), row("g3", "[1]".into()), row("g1", "{}".into())];
-    let barrier = Arc::new(Barrier::new(rows.len()));
-    let tasks: Vec<_> = rows
-        .into_iter()
-        .map(|row| {
-            let (grouper, barrier) = (grouper.clone(), barrier.clone());
-            tokio::spawn(async move {
-                barrier.wait().await;
-                grouper.claim(row).await.unwrap()
-            })
-        })
-        .collect();
-    let mut claims = Vec::new();
-    for t in tasks {
-        claims.push(t.await.unwrap());
-    }
-    claims.sort_by_key(|c| format!("{c:?}"));
-    assert_eq!(claims, [Claim::Duplicate, Claim::New, Claim::New, Claim::New]);
-    let stored: Vec<(String, String, bool)> =
-        sqlx::query_as("SELECT event_id, status, payload IS NULL FROM webhook_inbox ORDER BY event_id")
-            .fetch_all(&pool)
-            .await
-            .unwrap();
-    assert_eq!(
-        stored,
-        [
-            ("g1".into(), "pending".into(), false),
-            ("g2".into(), "failed".into(), true),
-            ("g3".into(), "pending".into(), false)
-        ]
-    );
 }
 
 /// An outage is no refused value: every delivery of the group is answered 503, nothing acknowledged.

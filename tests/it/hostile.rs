@@ -11,12 +11,8 @@ use sqlx::{
     postgres::{PgConnectOptions, PgPoolOptions},
     PgPool,
 };
-use webhook_inbox::{
-    db,
-    receive::claim::{self, Claim, Claimed, Envelope},
-    Event, Handler, HandlerError, Handlers, Outcome, Receiver, Stage, Worker, WorkerConfig,
-};
-use webhook_inbox_schemes::{Events, NewEvent, Provider};
+use webhook_inbox::{Event, Handler, HandlerError, Handlers, Outcome, Receiver, Stage, Worker, WorkerConfig};
+use webhook_inbox_schemes::Provider;
 
 pub(crate) fn worker(pool: &PgPool) -> Worker {
     Worker::new(pool.clone(), stock::handlers(), fast_worker_config())
@@ -137,60 +133,9 @@ async fn a_body_nested_past_postgres_stack_depth_is_200_and_failed_not_503(_: Pg
     assert_eq!((status.as_str(), no_payload), ("failed", true));
 }
 
-/// Below the payload check: if PostgreSQL refuses a value for any reason that is
-/// not an outage, the claim falls back to a `failed` row without the payload.
-#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
-async fn the_claim_falls_back_whatever_sqlstate_the_value_raises(_: PgPoolOptions, opts: PgConnectOptions) {
-    let pool = PgPool::connect_with(opts.clone()).await.unwrap();
-    let connections = db::Connections::from_options(opts, &db_config());
-    let headers = json!({});
-    for (id, payload, sqlstate) in
-        [("deep", nested(100_000), "54001"), ("surrogate", r#"["\ud800"]"#.to_string(), "SQLSTATE 22")]
-    {
-        let env = Envelope {
-            provider: Provider::GITHUB,
-            raw_body: payload.as_bytes(),
-            headers: &headers,
-            secret_index: Some(0),
-            secret_fingerprint: None,
-            replay_guard: false,
-            trace_context: None,
-        };
-        let events = Events::Single(NewEvent::pending(id.into(), "push", payload.clone()));
-        let claimed = claim::claim_delivery(&connections, &env, &events, None).await.unwrap();
-        assert_eq!(claimed, Claimed::Single(Claim::New), "{id}");
-        let (status, why): (String, String) =
-            sqlx::query_as("SELECT status, failure_reason FROM webhook_inbox WHERE event_id = $1")
-                .bind(id)
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-        assert_eq!(status, "failed");
-        assert!(why.contains(sqlstate), "{id}: {why}");
-    }
-    // A batch whose one item PostgreSQL refuses: the others are stored as they are.
-    let env = Envelope {
-        provider: Provider::MARQETA,
-        raw_body: b"batch",
-        headers: &headers,
-        secret_index: Some(0),
-        secret_fingerprint: None,
-        replay_guard: false,
-        trace_context: None,
-    };
-    let items = vec![
-        NewEvent::pending("t:ok".into(), "t", "{}".into()),
-        NewEvent::pending("t:deep".into(), "t", nested(100_000)),
-    ];
-    let claimed = claim::claim_delivery(&connections, &env, &Events::Batch(items), None).await.unwrap();
-    assert_eq!(claimed, Claimed::Batch(claim::BatchClaim { accepted: 2, duplicates: 0 }));
-    let statuses: Vec<(String, String)> =
-        sqlx::query_as("SELECT event_id, status FROM webhook_inbox WHERE provider = 'marqeta' ORDER BY 1")
-            .fetch_all(&pool)
-            .await
-            .unwrap();
-    assert_eq!(statuses, [("t:deep".into(), "failed".into()), ("t:ok".into(), "pending".into())]);
-}
+// The claim's own fallback below that check (a value PostgreSQL refuses for
+// any reason that is not an outage is kept `failed` without its payload) is
+// unit-tested beside the claim: `shared/src/receive/claim/tests.rs`.
 
 /// The fallback never turns a broken database into a 200: when the plain claim
 /// fails too, the answer is 503 and nothing is acknowledged.
@@ -361,11 +306,10 @@ async fn any_stored_payload_ends_done_or_failed_and_never_stops_the_worker(_: Pg
     };
     let app = TestApp::spawn(opts, secrets(false)).await;
     let (pool, r) = (app.pool.clone(), &app.receiver);
-    let mut conn = pool.acquire().await.unwrap();
-    let headers = json!({});
     let mut runner = TestRunner::deterministic();
     let strategy = hostile_json::value();
     let mut expect_done = Vec::new();
+    let (mut stored_unchecked, mut refused) = (0, 0);
     for i in 0..300 {
         let data = strategy.new_tree(&mut runner).unwrap().current();
         let id = format!("evt_r{i:03}");
@@ -377,18 +321,21 @@ async fn any_stored_payload_ends_done_or_failed_and_never_stops_the_worker(_: Pg
         if webhook_inbox_schemes::payload::storable(&body) {
             expect_done.push(id);
         }
-        let unchecked = hostile_json::stripe_event(&format!("evt_u{i:03}"), "prop.test", &data);
-        let env = Envelope {
-            provider: Provider::STRIPE,
-            raw_body: unchecked.as_bytes(),
-            headers: &headers,
-            secret_index: Some(0),
-            secret_fingerprint: None,
-            replay_guard: false,
-            trace_context: None,
-        };
-        let event = NewEvent::pending(format!("evt_u{i:03}"), "prop.test", unchecked.clone());
-        assert_eq!(claim::claim_one(&mut conn, &env, &event).await.unwrap(), Claim::New);
+        // Unchecked: whatever jsonb takes is stored pending, for the worker to meet;
+        // what PostgreSQL itself refuses (`\u0000`, a lone surrogate) never reaches it.
+        let id = format!("evt_u{i:03}");
+        let unchecked = hostile_json::stripe_event(&id, "prop.test", &data);
+        match webhook_inbox::testing::store(&pool, Provider::STRIPE, &id, "prop.test", &unchecked).await {
+            Ok(new) => {
+                assert!(new, "{id} is new");
+                stored_unchecked += 1;
+            }
+            Err(e) => {
+                let code = webhook_inbox::ops::sqlstate(&e).unwrap_or_default();
+                assert!(code.starts_with("22"), "only a refused value is not stored: {e} ({unchecked:.200})");
+                refused += 1;
+            }
+        }
     }
     let config = WorkerConfig {
         batch_size: 50,
@@ -406,6 +353,9 @@ async fn any_stored_payload_ends_done_or_failed_and_never_stops_the_worker(_: Pg
     .await
     .unwrap();
     assert_eq!((pending, failed_without_reason), (0, 0), "{counts:?}");
+    let unchecked: i64 = scalar(&pool, "SELECT count(*) FROM webhook_inbox WHERE event_id LIKE 'evt_u%'").await;
+    assert_eq!(unchecked, stored_unchecked, "every unchecked row stayed for the worker to end");
+    assert!(stored_unchecked > 0 && refused > 0, "both kinds unchecked: {stored_unchecked} stored, {refused} refused");
     let done: Vec<String> = sqlx::query_scalar(
         "SELECT event_id FROM webhook_inbox WHERE status = 'done' AND event_id LIKE 'evt_r%' ORDER BY 1",
     )

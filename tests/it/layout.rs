@@ -454,9 +454,6 @@ fn receive_does_not_depend_on_the_process_stage() {
 /// `pub` means public: every crate of the workspace takes `[workspace.lints]`
 /// (missing_docs, unreachable_pub), but those named here, each with why.
 const WITHOUT_THE_WORKSPACE_LINTS: &[(&str, &str)] = &[
-    ("shared", "its `internals` feature makes private modules public for the tests (issue 55)"),
-    ("inbox", "its fault suite compiles its demo's files again, where every `pub` is unreachable"),
-    ("bench", "not yet: its settings are `pub` fields of the binary's root"),
     ("tests", "test support, not an API"),
     ("examples/invoices", "a team's application, written as a team would"),
     ("functions/common-deps", "no code"),

@@ -1,68 +1,21 @@
-//! The `migrate` custom resource against a real, empty database and a stand-in
-//! for CloudFormation's pre-signed response URL: every request is answered,
-//! the schema is applied once, Delete never touches the database. And the
-//! inbox's migrations beside a team's: in either order, and from release 0.1.0.
+//! The inbox's migrations against a real, empty database, through the public
+//! API ([`App::migrate`]): all or nothing, beside a team's in either order,
+//! and from release 0.1.0. The `migrate` function's custom resource (every
+//! request answered, the schema applied once, Delete never touching the
+//! database) is driven through its own binary in `functions/migrate/tests/`.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use aws_lambda_events::event::cloudformation::{
-    CloudFormationCustomResourceRequest as Request, CloudFormationCustomResourceResponseStatus as Status,
-};
-use inbox_tests::fixture;
-use serde_json::{json, Value};
 use sqlx::{
     postgres::{PgConnectOptions, PgPoolOptions},
     PgPool,
 };
-use webhook_inbox::{
-    db::schema::{self, MIGRATIONS},
-    migrate,
-    sinks::http_client,
-    App, MigrateError,
-};
-use wiremock::{matchers::method, Mock, MockServer, ResponseTemplate};
+use webhook_inbox::{App, MigrateError};
+use webhook_inbox_migrations::INBOX as MIGRATIONS;
 
-async fn cloudformation() -> MockServer {
-    let server = MockServer::start().await;
-    Mock::given(method("PUT")).respond_with(ResponseTemplate::new(200)).mount(&server).await;
-    server
-}
-
-fn request(kind: &str, cfn: &MockServer) -> Request {
-    let mut event = fixture("cloudformation-custom-resource.json");
-    event["RequestType"] = json!(kind);
-    event["ResponseURL"] = json!(format!("{}/response?X-Amz-Signature=presigned", cfn.uri()));
-    if kind != "Create" {
-        event["PhysicalResourceId"] = json!(migrate::PHYSICAL_ID);
-        event["OldResourceProperties"] = json!({});
-    }
-    serde_json::from_value(event).expect("the fixture is a custom resource request")
-}
-
-/// The stand-in's origin, as `AWS_ENDPOINT_URL_S3` names an emulator's.
-fn stand_in(cfn: &MockServer) -> migrate::ResponseUrls {
-    migrate::ResponseUrls::new("us-east-1", Some(cfn.uri().parse().unwrap()))
-}
-
-/// What CloudFormation received, in order.
-async fn answers(cfn: &MockServer) -> Vec<Value> {
-    let requests = cfn.received_requests().await.unwrap();
-    for r in &requests {
-        assert!(r.headers.get("content-type").is_none(), "the pre-signed URL is signed without a content type");
-    }
-    requests.iter().map(|r| serde_json::from_slice(&r.body).unwrap()).collect()
-}
-
-async fn run(kind: &str, pool: &PgPool, cfn: &MockServer) -> Status {
-    run_app(&stock::app(), kind, pool, cfn).await
-}
-
-async fn run_app(app: &App, kind: &str, pool: &PgPool, cfn: &MockServer) -> Status {
-    let http = http_client(Duration::from_secs(5)).unwrap();
-    let until = Instant::now() + Duration::from_secs(60);
-    migrate::on_custom_resource(app, request(kind, cfn), Ok(pool), &http, &stand_in(cfn), until)
-        .await
-        .expect("answered")
+/// What the `migrate` function applies with no application of its own: the inbox's migrations.
+async fn migrate_inbox(pool: &PgPool) -> Result<i64, MigrateError> {
+    App::default().migrate(pool).await
 }
 
 /// The inbox's applied migrations, from its own history.
@@ -154,37 +107,6 @@ static RELEASE_0_1_0: std::sync::LazyLock<sqlx::migrate::Migrator> = std::sync::
     Migrator { migrations: migrations.into(), ..Migrator::DEFAULT }
 });
 
-#[sqlx::test(migrations = false)]
-async fn create_applies_the_schema_and_update_is_a_no_op(pool_options: PgPoolOptions, options: PgConnectOptions) {
-    let pool = pool_options.connect_lazy_with(options);
-    let cfn = cloudformation().await;
-    assert_eq!(run("Create", &pool, &cfn).await, Status::Success);
-    let latest = MIGRATIONS.iter().map(|m| m.version).max().unwrap();
-    let tables: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM pg_tables WHERE tablename IN ('webhook_inbox', 'transactional_outbox')",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert_eq!(tables, 2);
-    assert_eq!(applied(&pool).await, MIGRATIONS.iter().count() as i64);
-    assert_eq!(stock_history(&pool).await, versions(&stock::MIGRATIONS), "the stock domain's, after the inbox's");
-    assert_eq!(sqlx_history(&pool).await, Vec::<i64>::new(), "sqlx's history is left to a team");
-
-    assert_eq!(run("Update", &pool, &cfn).await, Status::Success);
-    assert_eq!(applied(&pool).await, MIGRATIONS.iter().count() as i64, "nothing applied twice");
-
-    let answers = answers(&cfn).await;
-    assert_eq!(answers.len(), 2);
-    for a in &answers {
-        assert_eq!(a["Status"], "SUCCESS");
-        assert_eq!(a["PhysicalResourceId"], migrate::PHYSICAL_ID);
-        assert_eq!(a["LogicalResourceId"], "Migrations");
-        assert_eq!(a["RequestId"], "2c0a7f0e-3c5c-4c4e-9b5c-1d1f2f5c4b3a");
-        assert_eq!(a["Data"]["Version"], latest.to_string());
-    }
-}
-
 /// Our migrations apply all or nothing, and take the lock `sqlx migrate run`
 /// takes: neither applies half of the other's work.
 #[sqlx::test(migrations = false)]
@@ -197,7 +119,7 @@ async fn migrations_apply_all_or_nothing_and_wait_for_sqlx_s_lock(
 
     // The last migration's table exists already: that migration fails, and takes the others with it.
     sqlx::query("CREATE TABLE inbox_audit (id int)").execute(&pool).await.unwrap();
-    let err = schema::migrate(&pool).await.unwrap_err();
+    let err = migrate_inbox(&pool).await.unwrap_err();
     assert!(err.to_string().contains("inbox_audit"), "{err}");
     let tables: Vec<String> = sqlx::query_scalar("SELECT tablename::text FROM pg_tables WHERE schemaname = 'public'")
         .fetch_all(&pool)
@@ -210,7 +132,7 @@ async fn migrations_apply_all_or_nothing_and_wait_for_sqlx_s_lock(
     sqlx_cli.lock().await.unwrap();
     let ours = tokio::spawn({
         let pool = pool.clone();
-        async move { schema::migrate(&pool).await }
+        async move { migrate_inbox(&pool).await }
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(!ours.is_finished(), "migrated while sqlx's lock was held");
@@ -222,7 +144,7 @@ async fn migrations_apply_all_or_nothing_and_wait_for_sqlx_s_lock(
 #[sqlx::test(migrations = false)]
 async fn the_inbox_s_migrations_make_no_stock_table(pool_options: PgPoolOptions, options: PgConnectOptions) {
     let pool = pool_options.connect_lazy_with(options);
-    schema::migrate(&pool).await.unwrap();
+    migrate_inbox(&pool).await.unwrap();
     let tables = tables(&pool).await;
     for domain in ["orders", "payments", "accounts", "account_deposits"] {
         assert!(!tables.iter().any(|t| t == domain), "{domain} in {tables:?}");
@@ -248,10 +170,10 @@ async fn a_team_s_sqlx_migrations_and_the_inbox_s_run_in_either_order(
     let pool = pool_options.connect_lazy_with(options);
     // The team first, as `sqlx migrate run` or its own `MIGRATOR.run` would; then the inbox's.
     TEAM.run(&pool).await.unwrap();
-    schema::migrate(&pool).await.unwrap();
+    migrate_inbox(&pool).await.unwrap();
     // Then each again, in the other order: nothing pending, nothing refused.
     TEAM.run(&pool).await.unwrap();
-    schema::migrate(&pool).await.unwrap();
+    migrate_inbox(&pool).await.unwrap();
     TEAM.run(&pool).await.unwrap();
     assert_eq!(sqlx_history(&pool).await, versions(&TEAM));
     assert_eq!(applied(&pool).await, MIGRATIONS.iter().count() as i64);
@@ -260,7 +182,7 @@ async fn a_team_s_sqlx_migrations_and_the_inbox_s_run_in_either_order(
     let pool = fresh_schema(&pool, "inbox_first").await;
     App::default().with_migrations(&TEAM).migrate(&pool).await.unwrap();
     TEAM.run(&pool).await.unwrap();
-    schema::migrate(&pool).await.unwrap();
+    migrate_inbox(&pool).await.unwrap();
     assert_eq!(sqlx_history(&pool).await, versions(&TEAM));
     assert_eq!(applied(&pool).await, MIGRATIONS.iter().count() as i64);
     let invoices: i64 = sqlx::query_scalar("SELECT count(*) FROM invoices").fetch_one(&pool).await.unwrap();
@@ -356,7 +278,7 @@ async fn a_database_migrated_by_release_0_1_0_upgrades_without_running_anything_
     assert_eq!(applied(&pool).await, MIGRATIONS.iter().count() as i64);
     assert_eq!(sqlx_history(&pool).await, versions(&TEAM), "the team's rows alone");
     TEAM.run(&pool).await.unwrap();
-    schema::migrate(&pool).await.unwrap();
+    migrate_inbox(&pool).await.unwrap();
 
     let kept: (i64, i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM webhook_inbox WHERE event_id = 'evt_kept'),
@@ -401,134 +323,20 @@ async fn an_inbox_migration_applied_with_other_contents_is_refused(
     options: PgConnectOptions,
 ) {
     let pool = pool_options.connect_lazy_with(options);
-    schema::migrate(&pool).await.unwrap();
+    migrate_inbox(&pool).await.unwrap();
     let first = MIGRATIONS.iter().next().unwrap().version;
     sqlx::query("UPDATE webhook_inbox_migrations SET checksum = '\\x00' WHERE version = $1")
         .bind(first)
         .execute(&pool)
         .await
         .unwrap();
-    let err = schema::migrate(&pool).await.unwrap_err();
+    let err = migrate_inbox(&pool).await.unwrap_err();
     assert!(matches!(err, MigrateError::Modified(v) if v == first), "{err}");
 
     sqlx::query("INSERT INTO webhook_inbox_migrations (version, description, checksum, execution_time) VALUES (29991231000000, 'from the future', '\\x00', 0)")
         .execute(&pool)
         .await
         .unwrap();
-    let err = schema::migrate(&pool).await.unwrap_err();
+    let err = migrate_inbox(&pool).await.unwrap_err();
     assert!(matches!(err, MigrateError::Unknown(29991231000000)), "{err}");
-}
-
-/// A database nobody listens on, with a password that must not reach CloudFormation.
-fn unreachable() -> PgPool {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let url = format!("postgres://inbox:db-password-never-shown@127.0.0.1:{port}/inbox");
-    PgPoolOptions::new().acquire_timeout(Duration::from_secs(2)).connect_lazy(&url).unwrap()
-}
-
-#[tokio::test]
-async fn an_unreachable_database_fails_the_deploy_with_the_reason() {
-    let cfn = cloudformation().await;
-    assert_eq!(run("Create", &unreachable(), &cfn).await, Status::Failed);
-    let answer = &answers(&cfn).await[0];
-    assert_eq!(answer["Status"], "FAILED");
-    let reason = answer["Reason"].as_str().unwrap();
-    assert!(reason.starts_with("cannot apply the migrations"), "{reason}");
-    assert!(!reason.contains("db-password-never-shown"), "{reason}");
-}
-
-#[tokio::test]
-async fn delete_succeeds_without_touching_the_database() {
-    let cfn = cloudformation().await;
-    assert_eq!(run("Delete", &unreachable(), &cfn).await, Status::Success);
-    assert_eq!(answers(&cfn).await[0]["Status"], "SUCCESS");
-}
-
-#[tokio::test]
-async fn an_answer_cloudformation_does_not_take_is_an_error() {
-    let cfn = MockServer::start().await;
-    Mock::given(method("PUT")).respond_with(ResponseTemplate::new(403)).mount(&cfn).await;
-    let http = http_client(Duration::from_secs(5)).unwrap();
-    let until = Instant::now() + Duration::from_secs(60);
-    let err = migrate::on_custom_resource(
-        &App::default(),
-        request("Delete", &cfn),
-        Ok(&unreachable()),
-        &http,
-        &stand_in(&cfn),
-        until,
-    )
-    .await
-    .unwrap_err();
-    assert!(!err.to_string().contains("presigned"), "the URL is a credential: {err}");
-    assert_eq!(cfn.received_requests().await.unwrap().len(), 3, "tried three times");
-}
-
-/// Only CloudFormation's pre-signed S3 URLs are answered: a request naming any
-/// other (an invocation by someone else, pointing the answer at an internal
-/// host) is not acted on, and nothing is sent there.
-#[tokio::test]
-async fn a_response_url_that_is_not_cloudformations_is_neither_acted_on_nor_answered() {
-    let urls = migrate::ResponseUrls::new("eu-west-1", None);
-    for ok in [
-        "https://cloudformation-custom-resource-response-euwest1.s3.eu-west-1.amazonaws.com/arn%3A/x?X-Amz-Signature=s",
-        "https://cloudformation-custom-resource-response-euwest1.s3-eu-west-1.amazonaws.com/x",
-        "https://cloudformation-custom-resource-response-useast1.s3.amazonaws.com/x",
-        "https://S3.EU-WEST-1.AMAZONAWS.COM/bucket/x",
-    ] {
-        assert_eq!(urls.check(ok), Ok(()), "{ok}");
-    }
-    for bad in [
-        "http://cloudformation-custom-resource-response-euwest1.s3.eu-west-1.amazonaws.com/x",
-        "https://cloudformation-custom-resource-response-euwest1.s3.us-east-2.amazonaws.com/x",
-        "https://s3.eu-west-1.amazonaws.com.attacker.example/x",
-        "https://evils3.eu-west-1.amazonaws.com/x",
-        "https://169.254.169.254/latest/meta-data/",
-        "https://user:pw@s3.eu-west-1.amazonaws.com/x",
-        "https://s3.eu-west-1.amazonaws.com:8443/x",
-        "not a url",
-    ] {
-        assert!(urls.check(bad).is_err(), "{bad}");
-    }
-    assert_eq!(
-        migrate::ResponseUrls::new("cn-north-1", None).check("https://b.s3.cn-north-1.amazonaws.com.cn/x"),
-        Ok(())
-    );
-
-    let cfn = cloudformation().await;
-    let http = http_client(Duration::from_secs(5)).unwrap();
-    let until = Instant::now() + Duration::from_secs(60);
-    let elsewhere = migrate::ResponseUrls::new("us-east-1", None);
-    let err = migrate::on_custom_resource(
-        &App::default(),
-        request("Create", &cfn),
-        Ok(&unreachable()),
-        &http,
-        &elsewhere,
-        until,
-    )
-    .await
-    .unwrap_err();
-    assert!(matches!(err, migrate::NotAnswered::Refused(_)), "{err}");
-    assert!(err.to_string().contains("127.0.0.1") && !err.to_string().contains("presigned"), "{err}");
-    assert!(cfn.received_requests().await.unwrap().is_empty(), "nothing sent");
-}
-
-#[tokio::test]
-async fn a_function_that_could_not_start_fails_create_and_update_with_the_reason_and_deletes() {
-    let cfn = cloudformation().await;
-    let http = http_client(Duration::from_secs(5)).unwrap();
-    let until = Instant::now() + Duration::from_secs(60);
-    let why = "cannot start: DATABASE_SECRET_ARN: cannot read secret arn:aws:secretsmanager:us-east-1:123456789012:secret:db-AbCdEf: AccessDeniedException";
-    for (kind, expected) in [("Create", Status::Failed), ("Update", Status::Failed), ("Delete", Status::Success)] {
-        let status =
-            migrate::on_custom_resource(&App::default(), request(kind, &cfn), Err(why), &http, &stand_in(&cfn), until)
-                .await
-                .expect("answered");
-        assert_eq!(status, expected, "{kind}");
-    }
-    let answers = answers(&cfn).await;
-    let got: Vec<(&str, &str)> =
-        answers.iter().map(|a| (a["Status"].as_str().unwrap(), a["Reason"].as_str().unwrap_or(""))).collect();
-    assert_eq!(got, [("FAILED", why), ("FAILED", why), ("SUCCESS", "")]);
 }

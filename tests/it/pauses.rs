@@ -21,10 +21,9 @@ use sqlx::{
 };
 use webhook_inbox::{
     ops::{self, Audit, PauseScope, Released},
-    receive::claim::{self, Claim, Envelope},
     Event, Handler, HandlerError, Handlers, Outcome, Receiver, Worker, WorkerConfig,
 };
-use webhook_inbox_schemes::{NewEvent, Provider};
+use webhook_inbox_schemes::Provider;
 
 /// Logs each event it applies, in the order applied (committed with its
 /// batch), after taking this many milliseconds.
@@ -296,20 +295,19 @@ async fn nothing_of_a_paused_scope_is_applied_once_the_pause_returns_and_nothing
     no_orphans(&pool).await;
 }
 
-/// Claims a shopify event inside `tx`, as receive does.
+/// Claims a pending shopify event inside `tx` (an `INSERT ... ON CONFLICT DO
+/// NOTHING` as receive's claim is), left uncommitted for the test to commit.
 async fn claim_in(tx: &mut PgConnection, event_id: &str) {
-    let headers = serde_json::json!({});
-    let env = Envelope {
-        provider: Provider::SHOPIFY,
-        raw_body: b"{}",
-        headers: &headers,
-        secret_index: Some(0),
-        secret_fingerprint: None,
-        replay_guard: false,
-        trace_context: None,
-    };
-    let event = NewEvent::pending(event_id.into(), "orders/paid", "{}".into());
-    assert_eq!(claim::claim(tx, &env, &event).await.unwrap(), Claim::New);
+    let inserted = sqlx::query(
+        "INSERT INTO webhook_inbox (provider, event_id, event_type, payload, raw_body, headers, secret_index)
+         VALUES ('shopify', $1, 'orders/paid', '{}', '\\x7b7d', '{}', 0)
+         ON CONFLICT (provider, event_id) DO NOTHING",
+    )
+    .bind(event_id)
+    .execute(tx)
+    .await
+    .unwrap();
+    assert_eq!(inserted.rows_affected(), 1, "{event_id} is new");
 }
 
 /// The SQS path holds a paused event (acknowledged, not processed); inline

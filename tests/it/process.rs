@@ -15,7 +15,7 @@ use sqlx::{
 };
 use stock::orders::{self, OrderSnapshot};
 use tokio::sync::Barrier;
-use webhook_inbox::{process, Handlers, Processed, Stage, Tally, Worker, WorkerConfig};
+use webhook_inbox::{Handlers, Processed, Stage, Tally, Worker, WorkerConfig};
 use webhook_inbox_schemes::Provider;
 
 pub(crate) fn worker(pool: &PgPool, handlers: Handlers) -> Worker {
@@ -204,72 +204,12 @@ async fn thirty_concurrent_duplicates_with_four_workers_apply_each_effect_once(
 }
 
 // ---------- the two triggers ----------
-
-#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
-async fn the_schedule_drains_batch_after_batch_and_stops_at_the_deadline(pool: PgPool) {
-    for i in 0..250 {
-        stored(&pool, Provider::GITHUB, &format!("d-{i:03}"), "ping", json!({})).await;
-    }
-    let w = worker(&pool, stock::handlers());
-    let past = process::on_schedule(&w, Instant::now()).await.unwrap();
-    assert_eq!(past.taken, 0, "past the deadline no event is started");
-    assert_eq!(
-        scalar::<i64>(&pool, "SELECT count(*) FROM webhook_inbox WHERE status = 'pending' AND attempts = 0").await,
-        250
-    );
-    let all = process::on_schedule(&w, Instant::now() + Duration::from_secs(30)).await.unwrap();
-    assert_eq!(all.taken, 250, "batch after batch, until a short one");
-}
-
-/// A run that could not do its work fails, so the Lambda's Errors metric sees the outage.
-#[tokio::test]
-async fn both_triggers_fail_the_invocation_when_the_database_is_unreachable() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut cfg = db_config();
-    cfg.acquire_timeout = Duration::from_millis(500);
-    let options: PgConnectOptions = format!("postgres://postgres@127.0.0.1:{port}/postgres").parse().unwrap();
-    let w = Worker::new(cfg.pool_with(options), stock::handlers(), fast_worker_config());
-    let schedule = fixture("eventbridge-schedule.json");
-    let err = process::handle(&w, schedule, Instant::now() + Duration::from_secs(5)).await.unwrap_err();
-    assert!(matches!(err, process::ProcessError::Database { .. }), "{err}");
-    let sqs = sqs_event(&[("m-1", r#"{"provider":"stripe","event_id":"evt_1"}"#)]);
-    let err = process::handle(&w, serde_json::to_value(&sqs).unwrap(), Instant::now()).await.unwrap_err();
-    assert!(err.to_string().starts_with("processing stopped on a database error"), "{err}");
-}
-
-fn sqs_event(bodies: &[(&str, &str)]) -> aws_lambda_events::event::sqs::SqsEvent {
-    let records: Vec<Value> = bodies
-        .iter()
-        .map(|(id, body)| {
-            let mut record = fixture("sqs-record.json");
-            record["messageId"] = json!(id);
-            record["body"] = json!(body);
-            record
-        })
-        .collect();
-    serde_json::from_value(json!({ "Records": records })).unwrap()
-}
-
-#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
-async fn the_sqs_path_reports_only_the_failed_messages(pool: PgPool) {
-    stored(&pool, Provider::STRIPE, "evt_ok", "payment_intent.succeeded", payment_event("evt_ok", "pi_ok", 700)).await;
-    let deposit =
-        json!({"token": "dep_9", "type": "gpa.credit", "state": "COMPLETION", "user_token": "nobody", "amount": 1});
-    stored(&pool, Provider::MARQETA, "transactions:dep_9", "transactions:gpa.credit", deposit).await;
-    let w = worker(&pool, stock::handlers());
-    let event = sqs_event(&[
-        ("m-ok", r#"{"provider":"stripe","event_id":"evt_ok"}"#),
-        ("m-retry", r#"{"provider":"marqeta","event_id":"transactions:dep_9"}"#),
-        ("m-garbage", "not json"),
-        ("m-unknown", r#"{"provider":"stripe","event_id":"evt_never_received"}"#),
-    ]);
-    let response = process::handle(&w, serde_json::to_value(&event).unwrap(), Instant::now()).await.unwrap();
-    assert_eq!(
-        response,
-        json!({"batchItemFailures": [{"itemIdentifier": "m-retry"}, {"itemIdentifier": "m-garbage"}]})
-    );
-    assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM payments").await, 1);
-}
+//
+// The `process` function's triggers are tested where they are: the schedule's
+// drain and an unreachable database in `shared/src/process/mod.rs`, the SQS
+// path through the function's own binary in `functions/process/tests/sqs.rs`,
+// and receive telling the process queue through the `receive` binary in
+// `functions/receive/tests/process_queue.rs`.
 
 // ---------- documentation as tests (docs/webhook-inbox-article.txt, sections 6 and 7) ----------
 
@@ -310,54 +250,6 @@ async fn merge_raises_unique_violation_where_on_conflict_returns_no_row(pool: Pg
             "MERGE ... RETURNING is a syntax error before PostgreSQL 17"
         );
     }
-}
-
-// ---------- receive tells process (INBOX_PROCESS_QUEUE_URL) ----------
-
-/// After the commit, one message per new pending event; the SQS path then
-/// processes it at once. A duplicate sends nothing; a queue that is gone costs
-/// the sender nothing (still 200, the row stored, left to the schedule).
-#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
-async fn receive_tells_the_process_queue_of_new_events_after_the_commit(_: PgPoolOptions, opts: PgConnectOptions) {
-    use webhook_inbox::receive::notify::ProcessQueue;
-    let moto = inbox_tests::Moto::start();
-    let sqs = aws_sdk_sqs::Client::new(&moto.aws().await);
-    let url = sqs.create_queue().queue_name("process").send().await.unwrap().queue_url().unwrap().to_string();
-    let app = TestApp::spawn(opts.clone(), secrets(false)).await;
-    let r = receiver(opts.clone(), secrets(false)).with_process_queue(ProcessQueue::new(sqs.clone(), &url));
-
-    let body = payment_event("evt_q", "pi_q", 1200).to_string().into_bytes();
-    let sig = stripe_header(STRIPE[0], &body);
-    assert_eq!(post(&r, "stripe", &[("Stripe-Signature", &sig)], &body).await.1, json!({"status": "accepted"}));
-    assert_eq!(post(&r, "stripe", &[("Stripe-Signature", &sig)], &body).await.1, json!({"status": "duplicate"}));
-    let auth = marqeta_basic(MARQETA_USER, MARQETA_PASSWORDS[0]);
-    let batch = br#"{"transactions":[{"token":"q1","type":"authorization"},{"token":"q2","type":"authorization"}]}"#;
-    assert_eq!(post(&r, "marqeta", &[("Authorization", &auth)], batch).await.0, StatusCode::OK);
-
-    let received = sqs.receive_message().queue_url(&url).max_number_of_messages(10).send().await.unwrap();
-    let mut bodies: Vec<String> = received.messages().iter().filter_map(|m| m.body().map(String::from)).collect();
-    bodies.sort();
-    assert_eq!(
-        bodies,
-        [
-            r#"{"event_id":"evt_q","provider":"stripe"}"#,
-            r#"{"event_id":"transactions:q1","provider":"marqeta"}"#,
-            r#"{"event_id":"transactions:q2","provider":"marqeta"}"#,
-        ],
-        "one message per new event; the duplicate sent none"
-    );
-    // The SQS path takes them as the Lambda would: the payment lands.
-    let records: Vec<(&str, &str)> = bodies.iter().map(|b| ("m", b.as_str())).collect();
-    let w = app.worker(stock::handlers());
-    process::on_sqs(&w, sqs_event(&records)).await.unwrap();
-    assert_eq!(app.scalar::<i64>("SELECT count(*) FROM payments").await, 1);
-
-    let gone = receiver(opts, secrets(false))
-        .with_process_queue(ProcessQueue::new(sqs, format!("{}/123456789012/no-such-queue", moto.url)));
-    let body = payment_event("evt_lost", "pi_lost", 5).to_string().into_bytes();
-    let sig = stripe_header(STRIPE[0], &body);
-    assert_eq!(post(&gone, "stripe", &[("Stripe-Signature", &sig)], &body).await.0, StatusCode::OK);
-    assert_eq!(app.scalar::<String>("SELECT status FROM webhook_inbox WHERE event_id = 'evt_lost'").await, "pending");
 }
 
 /// A pending event, inserted as receive's claim would, on `conn` (a

@@ -1,16 +1,15 @@
 //! Reconcile against a real PostgreSQL and local fakes of the Stripe,
 //! Shopify and GitHub APIs (wiremock).
 
-use inbox_tests::later;
+use inbox_tests::{later, store};
 use serde_json::{json, Value};
 use sqlx::PgPool;
 use webhook_inbox::{
     config::Secret,
-    receive::claim::{self, Envelope},
     reconciliation::{ReconcileConfig, Reconciler, ShopifyOrders, Source, StripeEvents},
     Stage, Worker,
 };
-use webhook_inbox_schemes::{NewEvent, Provider};
+use webhook_inbox_schemes::Provider;
 use wiremock::{
     matchers::{header, method, path, query_param},
     Mock, MockServer, ResponseTemplate,
@@ -58,20 +57,7 @@ async fn reconcile_claims_exactly_the_missing_stripe_events_and_nothing_twice(po
         .mount(&server)
         .await;
     // evt_2 did arrive as a webhook.
-    let webhook = stripe_event(2).to_string();
-    let headers = json!({});
-    let env = Envelope {
-        provider: Provider::STRIPE,
-        raw_body: webhook.as_bytes(),
-        headers: &headers,
-        secret_index: Some(0),
-        secret_fingerprint: None,
-        replay_guard: false,
-        trace_context: None,
-    };
-    claim::claim(&pool, &env, &NewEvent::pending("evt_2".into(), "payment_intent.succeeded", webhook.clone()))
-        .await
-        .unwrap();
+    store(&pool, Provider::STRIPE, "evt_2", "payment_intent.succeeded", &stripe_event(2).to_string()).await;
 
     let api = StripeEvents::new(server.uri(), Secret::new("sk_test_fake")).unwrap();
     let first = api.reconcile(&pool, &config(), later()).await.unwrap();

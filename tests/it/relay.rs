@@ -2,7 +2,10 @@
 
 use std::{
     collections::HashSet,
-    sync::Arc,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
     time::{Duration, Instant},
 };
 
@@ -10,8 +13,7 @@ use inbox_tests::later;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 use webhook_inbox::{
-    db::outbox,
-    sinks::{HttpSink, Sink},
+    sinks::{HttpSink, Outgoing, RepliesFuture, Sink, SinkReply},
     Destination, DestinationLimits, Relay, RelayConfig, Stage,
 };
 use wiremock::{
@@ -60,6 +62,67 @@ pub(crate) async fn messages(pool: &PgPool, n: usize) {
 
 fn key(r: &Request) -> String {
     r.headers.get("idempotency-key").expect("every request carries its key").to_str().unwrap().to_string()
+}
+
+/// Hands each call to `inner` (the messages are published), then never
+/// answers: the relay is killed before it hears back.
+struct PublishesThenHangs {
+    inner: Arc<dyn Sink>,
+    /// Messages `inner` answered for, and how many of them it took.
+    answered: Arc<(AtomicUsize, AtomicUsize, tokio::sync::Notify)>,
+}
+
+impl Sink for PublishesThenHangs {
+    fn target(&self) -> String {
+        self.inner.target()
+    }
+
+    fn batch_size(&self) -> usize {
+        self.inner.batch_size()
+    }
+
+    fn deliver<'a>(&'a self, messages: &'a [Outgoing]) -> RepliesFuture<'a> {
+        Box::pin(async move {
+            let replies = self.inner.deliver(messages).await;
+            let taken = replies.iter().filter(|r| **r == SinkReply::Delivered).count();
+            self.answered.1.fetch_add(taken, Ordering::SeqCst);
+            self.answered.0.fetch_add(messages.len(), Ordering::SeqCst);
+            self.answered.2.notify_one();
+            std::future::pending().await
+        })
+    }
+}
+
+/// A relay of `destination` that leases with `lease`, publishes `n` of its
+/// messages through `sink`, and is killed (its pass dropped, as a Lambda at
+/// its timeout) before it records any result: the messages stay leased
+/// until the lease runs out. At most `n` are in flight, so exactly `n` are
+/// published.
+pub(crate) async fn killed_after_publishing(
+    pool: &PgPool,
+    destination: &str,
+    sink: Arc<dyn Sink>,
+    n: usize,
+    lease: Duration,
+) {
+    let answered = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0), tokio::sync::Notify::new()));
+    let hangs = PublishesThenHangs { inner: sink, answered: answered.clone() };
+    let limits = DestinationLimits { concurrency: n, timeout: Duration::from_secs(30), ..limits() };
+    let config = RelayConfig { batch_size: n as i64, lease, ..config() };
+    let dying = Relay::new(pool.clone(), vec![Destination::new(destination, hangs).with_limits(limits)], config);
+    let all_answered = async {
+        while answered.0.load(Ordering::SeqCst) < n {
+            answered.2.notified().await;
+        }
+    };
+    tokio::select! {
+        r = dying.run_once(later()) => panic!("the relay ended before it published {n}: {r:?}"),
+        done = tokio::time::timeout(Duration::from_secs(30), all_answered) => {
+            done.unwrap_or_else(|_| panic!("{n} published within 30 s"));
+        }
+    }
+    let (published, taken) = (answered.0.load(Ordering::SeqCst), answered.1.load(Ordering::SeqCst));
+    assert_eq!((published, taken), (n, n), "the sink took each message before the kill");
 }
 
 pub(crate) async fn row(pool: &PgPool) -> (i32, bool, bool, Option<String>) {
@@ -185,12 +248,11 @@ async fn a_relay_killed_after_publishing_resends_with_the_same_key(pool: PgPool)
     let server = MockServer::start().await;
     Mock::given(method("POST")).respond_with(ResponseTemplate::new(200)).mount(&server).await;
     messages(&pool, 3).await;
-    let http = HttpSink::new(format!("{}/hook", server.uri()), Duration::from_secs(5)).unwrap();
-    let leased = outbox::lease_unsent(&pool, "default", 10, Duration::from_millis(50), None).await.unwrap();
-    http.deliver(&leased).await; // published; the crash comes before record_results
-    let sink: Arc<dyn Sink> = Arc::new(http);
+    let sink = http_sink(&server);
+    let lease = Duration::from_millis(300);
+    killed_after_publishing(&pool, "default", sink.clone(), 3, lease).await; // the crash comes before the record
     assert_eq!(relay(&pool, sink.clone()).run_once(later()).await.unwrap().leased, 0, "leased, not re-sent yet");
-    tokio::time::sleep(Duration::from_millis(80)).await;
+    tokio::time::sleep(lease + Duration::from_millis(100)).await;
     let r = relay(&pool, sink).run_once(later()).await.unwrap();
     assert_eq!(r.sent, 3);
     let requests = server.received_requests().await.unwrap();

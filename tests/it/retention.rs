@@ -17,12 +17,8 @@ use sqlx::{
     postgres::{PgConnectOptions, PgPoolOptions},
     PgPool,
 };
-use webhook_inbox::{
-    config::Catalog,
-    receive::claim::{self, Envelope},
-    PruneConfig, Pruner, Stage,
-};
-use webhook_inbox_schemes::{NewEvent, Provider};
+use webhook_inbox::{config::Catalog, PruneConfig, Pruner, Stage};
+use webhook_inbox_schemes::Provider;
 
 fn retention(batch_size: i64) -> PruneConfig {
     let done_days: HashMap<Provider, u32> = [(Provider::SHOPIFY, 2)].into();
@@ -39,17 +35,7 @@ fn retention(batch_size: i64) -> PruneConfig {
 
 /// An inbox row of `status`, received `days` ago.
 async fn row(pool: &PgPool, provider: Provider, id: &str, status: &str, days: i32) {
-    let headers = json!({});
-    let env = Envelope {
-        provider,
-        raw_body: b"{}",
-        headers: &headers,
-        secret_index: Some(0),
-        secret_fingerprint: None,
-        replay_guard: false,
-        trace_context: None,
-    };
-    claim::claim(pool, &env, &NewEvent::pending(id.into(), "t", "{}".into())).await.unwrap();
+    store(pool, provider, id, "t", "{}").await;
     sqlx::query(
         "UPDATE webhook_inbox SET status = $3, received_at = now() - make_interval(days => $4),
                 processed_at = CASE WHEN $3 = 'done' THEN now() END,
@@ -208,32 +194,35 @@ async fn prune_runs_in_batches_while_deliveries_keep_arriving(_: PgPoolOptions, 
 }
 
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
-async fn batch_bodies_go_once_no_row_points_at_them_and_no_delivery_brought_them_for_a_day(pool: PgPool) {
-    let headers = json!({});
-    let bodies = [&b"kept: a row points at it"[..], b"orphan, old", b"orphan, seen an hour ago"];
-    for (i, body) in bodies.iter().enumerate() {
-        let env = Envelope {
-            provider: Provider::MARQETA,
-            raw_body: body,
-            headers: &headers,
-            secret_index: Some(0),
-            secret_fingerprint: None,
-            replay_guard: false,
-            trace_context: None,
-        };
-        let items = [NewEvent::pending(format!("transactions:t{i}"), "transactions", "{}".into())];
-        claim::claim_batch(&pool, &env, &items).await.unwrap();
+async fn batch_bodies_go_once_no_row_points_at_them_and_no_delivery_brought_them_for_a_day(
+    _: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    let app = TestApp::spawn(opts, secrets(false)).await;
+    let pool = app.pool.clone();
+    let auth = marqeta_basic(MARQETA_USER, MARQETA_PASSWORDS[0]);
+    let notes = ["kept: a row points at it", "orphan, old", "orphan, seen an hour ago"];
+    let bodies: Vec<Vec<u8>> = (notes.iter().enumerate())
+        .map(|(i, note)| {
+            format!(r#"{{"transactions":[{{"token":"t{i}","type":"authorization","note":"{note}"}}]}}"#).into_bytes()
+        })
+        .collect();
+    for body in &bodies {
         // Sent again, its item a duplicate: no body is stored for it a second time.
-        claim::claim_batch(&pool, &env, &items).await.unwrap();
+        for answer in [json!({"accepted": 1, "duplicates": 0}), json!({"accepted": 0, "duplicates": 1})] {
+            assert_eq!(app.post("marqeta", &[("Authorization", &auth)], body).await, (StatusCode::OK, answer));
+        }
     }
     assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM webhook_bodies").await, 3);
     // The rows of the last two went (as retention deletes rows): their bodies are orphans.
     sqlx::query("DELETE FROM webhook_inbox WHERE event_id <> 'transactions:t0'").execute(&pool).await.unwrap();
-    sqlx::query("UPDATE webhook_bodies SET last_seen_at = now() - interval '2 days' WHERE raw_body <> 'orphan, seen an hour ago'")
+    sqlx::query("UPDATE webhook_bodies SET last_seen_at = now() - interval '2 days' WHERE raw_body <> $1")
+        .bind(&bodies[2])
         .execute(&pool)
         .await
         .unwrap();
-    sqlx::query("UPDATE webhook_bodies SET last_seen_at = now() - interval '1 hour' WHERE raw_body = 'orphan, seen an hour ago'")
+    sqlx::query("UPDATE webhook_bodies SET last_seen_at = now() - interval '1 hour' WHERE raw_body = $1")
+        .bind(&bodies[2])
         .execute(&pool)
         .await
         .unwrap();
@@ -242,26 +231,22 @@ async fn batch_bodies_go_once_no_row_points_at_them_and_no_delivery_brought_them
     assert_eq!(pruned.bodies, 1);
     let left: Vec<Vec<u8>> =
         sqlx::query_scalar("SELECT raw_body FROM webhook_bodies ORDER BY raw_body").fetch_all(&pool).await.unwrap();
-    assert_eq!(left, [b"kept: a row points at it".to_vec(), b"orphan, seen an hour ago".to_vec()]);
+    assert_eq!(left, [bodies[0].clone(), bodies[2].clone()]);
 }
 
 /// A replay guard is kept while the row it was claimed for is: once retention
 /// deletes that row (the provider can no longer redeliver it), its digest goes too.
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
-async fn a_replay_guard_goes_with_its_row(pool: PgPool) {
-    let headers = json!({});
-    for (id, body) in [("old", &b"old body"[..]), ("recent", b"recent body")] {
-        let env = Envelope {
-            provider: Provider::GITHUB,
-            raw_body: body,
-            headers: &headers,
-            secret_index: Some(0),
-            secret_fingerprint: None,
-            replay_guard: true,
-            trace_context: None,
-        };
-        claim::claim(&pool, &env, &NewEvent::pending(id.into(), "push", "{}".into())).await.unwrap();
+async fn a_replay_guard_goes_with_its_row(_: PgPoolOptions, opts: PgConnectOptions) {
+    let app = TestApp::spawn(opts, secrets(false)).await;
+    let pool = app.pool.clone();
+    // GitHub signs neither its delivery id nor a time: receive guards its signed bytes against replays.
+    for (id, body) in [("old", &br#"{"ref":"old body"}"#[..]), ("recent", br#"{"ref":"recent body"}"#)] {
+        let sig = github_signature(GITHUB[0], body);
+        let headers = [("X-Hub-Signature-256", sig.as_str()), ("X-GitHub-Delivery", id), ("X-GitHub-Event", "push")];
+        assert_eq!(app.post("github", &headers, body).await, (StatusCode::OK, json!({"status": "accepted"})));
     }
+    assert_eq!(scalar::<i64>(&pool, "SELECT count(*) FROM webhook_replay_guard").await, 2, "each claimed its guard");
     sqlx::query(
         "UPDATE webhook_inbox SET status = 'done', processed_at = now(), received_at = now() - interval '400 days'
          WHERE event_id = 'old'",

@@ -1,6 +1,6 @@
 //! A stand-in for the Lambda Runtime API, to drive a function's own binary as
-//! Lambda would: one invocation handed out, every later poll held, every
-//! result accepted.
+//! Lambda would: its invocations handed out in turn, every later poll held,
+//! every result accepted (and kept, to read).
 
 use std::{
     process::{Child, Command, Stdio},
@@ -15,25 +15,35 @@ use wiremock::{
 
 /// Serves `event` once as invocation `req-1` of `function`, with a deadline a minute away.
 pub async fn runtime_api(function: &str, event: Value) -> MockServer {
+    runtime_api_each(function, [event]).await
+}
+
+/// Serves `events` in turn as invocations `req-1`, `req-2`, ... of
+/// `function` (the next one when the function polls for it, after its answer
+/// to the one before), each with a deadline a minute away.
+pub async fn runtime_api_each(function: &str, events: impl IntoIterator<Item = Value>) -> MockServer {
     let api = MockServer::start().await;
     let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
     let arn = format!("arn:aws:lambda:us-east-1:123456789012:function:{function}");
-    let invocation = ResponseTemplate::new(200)
-        .insert_header("lambda-runtime-aws-request-id", "req-1")
-        .insert_header("lambda-runtime-deadline-ms", (now_ms + 60_000).to_string().as_str())
-        .insert_header("lambda-runtime-invoked-function-arn", arn.as_str())
-        .insert_header(
-            "lambda-runtime-trace-id",
-            "Root=1-00000000-000000000000000000000000;Parent=0000000000000000;Sampled=0",
-        )
-        .set_body_json(event);
-    Mock::given(method("GET"))
-        .and(path("/2018-06-01/runtime/invocation/next"))
-        .respond_with(invocation)
-        .up_to_n_times(1)
-        .mount(&api)
-        .await;
-    // Later polls hang: one invocation is enough.
+    // Mounted in order, each once: wiremock answers with the first that still matches.
+    for (n, event) in events.into_iter().enumerate() {
+        let invocation = ResponseTemplate::new(200)
+            .insert_header("lambda-runtime-aws-request-id", format!("req-{}", n + 1).as_str())
+            .insert_header("lambda-runtime-deadline-ms", (now_ms + 60_000).to_string().as_str())
+            .insert_header("lambda-runtime-invoked-function-arn", arn.as_str())
+            .insert_header(
+                "lambda-runtime-trace-id",
+                "Root=1-00000000-000000000000000000000000;Parent=0000000000000000;Sampled=0",
+            )
+            .set_body_json(event);
+        Mock::given(method("GET"))
+            .and(path("/2018-06-01/runtime/invocation/next"))
+            .respond_with(invocation)
+            .up_to_n_times(1)
+            .mount(&api)
+            .await;
+    }
+    // Later polls hang: the invocations given are enough.
     Mock::given(method("GET"))
         .and(path("/2018-06-01/runtime/invocation/next"))
         .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_secs(120)))
@@ -67,14 +77,28 @@ pub fn spawn_function(bin: &str, function: &str, api: &MockServer, vars: &[(&str
 
 /// Whether the function posted invocation `req-1`'s result, waiting up to `wait`.
 pub async fn answered(api: &MockServer, wait: Duration) -> bool {
+    matches!(result(api, "req-1", wait).await, Some(Ok(_)))
+}
+
+/// What the function posted for invocation `id` (`req-1`, ...), waiting up to
+/// `wait`: `Ok` its result, `Err` the error it reported (`errorType`,
+/// `errorMessage`); `None` when it posted neither.
+pub async fn result(api: &MockServer, id: &str, wait: Duration) -> Option<Result<Value, Value>> {
+    let (response, error) = (format!("/invocation/{id}/response"), format!("/invocation/{id}/error"));
     let until = std::time::Instant::now() + wait;
     loop {
-        let requests = api.received_requests().await.unwrap_or_default();
-        if requests.iter().any(|r| r.method.as_str() == "POST" && r.url.path().ends_with("/req-1/response")) {
-            return true;
+        for r in api.received_requests().await.unwrap_or_default().iter().filter(|r| r.method.as_str() == "POST") {
+            let body =
+                || serde_json::from_slice(&r.body).unwrap_or_else(|_| Value::from(String::from_utf8_lossy(&r.body)));
+            if r.url.path().ends_with(&response) {
+                return Some(Ok(body()));
+            }
+            if r.url.path().ends_with(&error) {
+                return Some(Err(body()));
+            }
         }
         if std::time::Instant::now() >= until {
-            return false;
+            return None;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -3,6 +3,7 @@
 //! helpers that drive the real receive handler against a real PostgreSQL.
 
 pub mod cut;
+pub mod emf;
 pub mod hostile_json;
 pub mod lambda;
 pub mod pgbouncer;
@@ -260,6 +261,13 @@ pub fn fixture(name: &str) -> Value {
 /// A real API Gateway HTTP API (payload 2.0) event, body base64-encoded as API
 /// Gateway does for non-text content types, parsed by `lambda_http` itself.
 pub fn apigw_v2_request(provider: &str, headers: &[(&str, &str)], body: &[u8]) -> Request<Body> {
+    let event = apigw_v2_event(provider, headers, body);
+    lambda_http::request::from_str(&event.to_string()).expect("a valid API Gateway v2 event")
+}
+
+/// [`apigw_v2_request`]'s event as JSON: what the Lambda runtime hands the
+/// `receive` function's binary.
+pub fn apigw_v2_event(provider: &str, headers: &[(&str, &str)], body: &[u8]) -> Value {
     let mut event = fixture("apigw-http-v2.json");
     for (k, v) in headers {
         event["headers"][k.to_ascii_lowercase()] = Value::from(*v);
@@ -268,7 +276,17 @@ pub fn apigw_v2_request(provider: &str, headers: &[(&str, &str)], body: &[u8]) -
     event["requestContext"]["http"]["path"] = event["rawPath"].clone();
     event["pathParameters"]["provider"] = Value::from(provider);
     event["body"] = Value::from(B64.encode(body));
-    lambda_http::request::from_str(&event.to_string()).expect("a valid API Gateway v2 event")
+    event
+}
+
+/// The status and the JSON body of the answer a function behind API Gateway
+/// (payload 2.0) gave, as the Lambda runtime took it.
+pub fn apigw_v2_answer(answer: &Value) -> (StatusCode, Value) {
+    let status = answer["statusCode"].as_u64().and_then(|s| StatusCode::from_u16(s as u16).ok());
+    let body = answer["body"].as_str().unwrap_or_default();
+    let body = if answer["isBase64Encoded"] == true { B64.decode(body).unwrap() } else { body.as_bytes().to_vec() };
+    let body = serde_json::from_slice(&body).unwrap_or_else(|e| panic!("{e}: an answer that is not JSON: {answer}"));
+    (status.unwrap_or_else(|| panic!("no status code: {answer}")), body)
 }
 
 /// A moto server (the AWS emulator from PyPI) on a free loopback port, killed on drop.

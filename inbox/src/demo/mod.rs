@@ -22,13 +22,13 @@ mod storm;
 use storm::{Consumer, Rng};
 
 /// The storm's size: PaymentIntents; orders and Marqeta batches scale with it.
-pub struct Demo {
+pub(crate) struct Demo {
     pub payments: usize,
 }
 
 impl Demo {
     /// Runs the demo on `config`'s database; true when every invariant holds.
-    pub async fn run(&self, config: ReceiveConfig) -> Result<bool> {
+    pub(crate) async fn run(&self, config: ReceiveConfig) -> Result<bool> {
         let pool = config.db.pool()?;
         stock::app().migrate(&pool).await.context("applying migrations")?;
         let existing: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_inbox").fetch_one(&pool).await?;

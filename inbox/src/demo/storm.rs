@@ -20,21 +20,21 @@ use tokio::net::TcpListener;
 use webhook_inbox::config::{DEV_MARQETA_PASSWORD, DEV_MARQETA_USERNAME, DEV_SHOPIFY, DEV_STRIPE};
 
 /// A deterministic generator (xorshift64*): the same storm every run.
-pub struct Rng(pub u64);
+pub(crate) struct Rng(pub u64);
 
 impl Rng {
-    pub fn next_u64(&mut self) -> u64 {
+    pub(crate) fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
 
-    pub fn below(&mut self, n: usize) -> usize {
+    pub(crate) fn below(&mut self, n: usize) -> usize {
         (self.next_u64() % n as u64) as usize
     }
 
-    pub fn shuffle<T>(&mut self, items: &mut [T]) {
+    pub(crate) fn shuffle<T>(&mut self, items: &mut [T]) {
         for i in (1..items.len()).rev() {
             items.swap(i, self.below(i + 1));
         }
@@ -43,7 +43,7 @@ impl Rng {
 
 /// One HTTP delivery as a provider would make it.
 #[derive(Clone, Debug)]
-pub struct Delivery {
+pub(crate) struct Delivery {
     pub provider: &'static str,
     pub headers: Vec<(&'static str, String)>,
     pub body: String,
@@ -53,7 +53,7 @@ pub struct Delivery {
 
 /// What the storm should leave behind.
 #[derive(Default, Debug)]
-pub struct Expected {
+pub(crate) struct Expected {
     /// Every validly signed event, by (provider, event_id).
     pub events: BTreeSet<(String, String)>,
     /// Events sent with a bad signature only.
@@ -94,7 +94,7 @@ fn marqeta(body: String) -> Delivery {
 }
 
 /// The storm: every delivery (copies included) in the order they go out, and what it should leave.
-pub fn storm(size: usize, rng: &mut Rng) -> (Vec<Vec<Delivery>>, Expected) {
+pub(crate) fn storm(size: usize, rng: &mut Rng) -> (Vec<Vec<Delivery>>, Expected) {
     let mut expected = Expected::default();
     let mut waves: Vec<Vec<Delivery>> = vec![Vec::new(), Vec::new()];
     let send = |rng: &mut Rng, d: Delivery, waves: &mut Vec<Vec<Delivery>>| {
@@ -180,7 +180,7 @@ pub fn storm(size: usize, rng: &mut Rng) -> (Vec<Vec<Delivery>>, Expected) {
 }
 
 /// Waits until nothing is pending and nothing waits in the outbox; false after `limit`.
-pub async fn wait_settled(pool: &PgPool, limit: Duration) -> Result<bool, sqlx::Error> {
+pub(crate) async fn wait_settled(pool: &PgPool, limit: Duration) -> Result<bool, sqlx::Error> {
     let until = Instant::now() + limit;
     while Instant::now() < until {
         let gauges = webhook_inbox::ops::gauges(pool).await?;
@@ -194,7 +194,11 @@ pub async fn wait_settled(pool: &PgPool, limit: Duration) -> Result<bool, sqlx::
 
 /// Each invariant of the database against what the storm should leave, and
 /// whether it holds; `refused` is how many deliveries got 401.
-pub async fn check(pool: &PgPool, expected: &Expected, refused: usize) -> Result<Vec<(bool, String)>, sqlx::Error> {
+pub(crate) async fn check(
+    pool: &PgPool,
+    expected: &Expected,
+    refused: usize,
+) -> Result<Vec<(bool, String)>, sqlx::Error> {
     let mut checks = Vec::new();
     let rows: BTreeSet<(String, String)> =
         sqlx::query_as("SELECT provider, event_id FROM webhook_inbox").fetch_all(pool).await?.into_iter().collect();
@@ -271,7 +275,7 @@ pub async fn check(pool: &PgPool, expected: &Expected, refused: usize) -> Result
 /// keeps every body it accepts under its `Idempotency-Key` (a consumer that
 /// deduplicates applies the first), and may refuse every n-th request with 503.
 #[derive(Debug, Default)]
-pub struct Consumer {
+pub(crate) struct Consumer {
     pub requests: usize,
     pub refused: usize,
     /// message_key -> every body accepted under it (the relay may send one twice).
@@ -284,7 +288,7 @@ impl Consumer {
     /// Serves on a free loopback port; its URL, and its state as it fills.
     /// Each answer takes 0 to 19 ms (by its key), as a real consumer's does:
     /// the relay has messages in flight whenever it is stopped.
-    pub async fn start(refuse_every: Option<usize>) -> std::io::Result<(String, Arc<Mutex<Consumer>>)> {
+    pub(crate) async fn start(refuse_every: Option<usize>) -> std::io::Result<(String, Arc<Mutex<Consumer>>)> {
         use http_body_util::{BodyExt, Full};
         use hyper::{server::conn::http1, service::service_fn, Response, StatusCode};
 

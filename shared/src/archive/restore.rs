@@ -29,10 +29,10 @@ const REASONS_KEPT: usize = 20;
 
 /// The longest line read, in bytes: a line holds a delivery's raw bytes
 /// (base64) and its payload, a few times the largest body receive takes.
-pub const MAX_LINE_BYTES: usize = 32 * 1024 * 1024;
+pub(crate) const MAX_LINE_BYTES: usize = 32 * 1024 * 1024;
 
 /// Folders inside the folder given, at most.
-pub const MAX_DEPTH: usize = 8;
+pub(crate) const MAX_DEPTH: usize = 8;
 
 /// Where [`restore`] reads: `s3://bucket/prefix` (every object under it, in
 /// key order), or a local `.jsonl.gz` (or `.jsonl`) file, or a folder of them.

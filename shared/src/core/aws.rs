@@ -5,7 +5,7 @@
 use aws_smithy_http_client::tls;
 
 /// The longest one SQS or EventBridge call may take, retries included.
-pub const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+pub(crate) const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The AWS configuration from the environment, TLS by rustls with ring, each
 /// call bounded to 10 s, retries included;
@@ -25,7 +25,7 @@ pub async fn config(endpoint: Option<&str>) -> aws_config::SdkConfig {
 
 /// [`config`] from the environment alone, loaded once per process: a cold start
 /// that reads its secrets and then connects to SQS builds one HTTP client, not two.
-pub async fn from_env() -> aws_config::SdkConfig {
+pub(crate) async fn from_env() -> aws_config::SdkConfig {
     static CONFIG: tokio::sync::OnceCell<aws_config::SdkConfig> = tokio::sync::OnceCell::const_new();
     CONFIG.get_or_init(|| config(None)).await.clone()
 }

@@ -5,6 +5,8 @@ use std::time::Duration;
 /// An HTTP client for outbound calls (sinks, provider APIs), TLS by rustls with ring.
 /// Redirects are not followed: a POST turned into a GET would count as
 /// delivered, and a token header could be carried to another host.
+// Public as `sinks::http_client`, with the relay.
+#[cfg_attr(not(feature = "relay"), allow(unreachable_pub))]
 pub fn http_client(timeout: Duration) -> Result<reqwest::Client, reqwest::Error> {
     // reqwest is built without a default crypto provider; ring is ours: it
     // cross-compiles for the arm64 functions without a C toolchain. rustls
@@ -25,11 +27,11 @@ pub fn http_client(timeout: Duration) -> Result<reqwest::Client, reqwest::Error>
 /// The largest answer read from a provider's API, in bytes: a page of
 /// Stripe's events or Shopify's orders, one GitHub delivery or one Stripe
 /// object is at most a few MiB; an answer without end would take the memory.
-pub const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
+pub(crate) const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
 
 /// Why an answer was not read.
 #[derive(Debug, thiserror::Error)]
-pub enum AnswerError {
+pub(crate) enum AnswerError {
     /// Longer than the limit (said by `Content-Length`, or found reading it).
     #[error("the answer is over {} MiB: not read", .0 / (1024 * 1024))]
     TooLarge(usize),
@@ -39,7 +41,7 @@ pub enum AnswerError {
 }
 
 /// An answer's body as text (invalid UTF-8 replaced), read up to `limit` bytes.
-pub async fn text(mut response: reqwest::Response, limit: usize) -> Result<String, AnswerError> {
+pub(crate) async fn text(mut response: reqwest::Response, limit: usize) -> Result<String, AnswerError> {
     if response.content_length().is_some_and(|n| n > limit as u64) {
         return Err(AnswerError::TooLarge(limit));
     }
@@ -61,7 +63,7 @@ pub async fn text(mut response: reqwest::Response, limit: usize) -> Result<Strin
 /// that a peer answering with a body without end costs `limit` bytes and a
 /// chunk. A read that fails keeps what came before it.
 #[cfg(feature = "relay")]
-pub async fn head(mut response: reqwest::Response, limit: usize) -> Vec<u8> {
+pub(crate) async fn head(mut response: reqwest::Response, limit: usize) -> Vec<u8> {
     let mut body = Vec::with_capacity(limit.min(8 * 1024));
     while body.len() < limit {
         match response.chunk().await {
@@ -73,7 +75,7 @@ pub async fn head(mut response: reqwest::Response, limit: usize) -> Vec<u8> {
 }
 
 /// `Retry-After` as seconds (whole or decimal) or an HTTP date, at most an hour.
-pub fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+pub(crate) fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     super::backoff::retry_after_value(headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?)
 }
 
@@ -93,6 +95,7 @@ pub(crate) mod tests {
 
     /// A peer answering one request with `status` and a body of 1 GiB,
     /// streamed without a length until the reader goes away.
+    #[cfg_attr(not(feature = "relay"), allow(dead_code))] // the relay's tests read them too
     pub(crate) struct Endless {
         pub(crate) addr: std::net::SocketAddr,
         /// The body's bytes written so far.

@@ -2,14 +2,14 @@
 //! usable payload is, backoff with `Retry-After`, ignore rules, and the outbound HTTP client.
 
 #[cfg(feature = "service")]
-pub mod aws;
+pub(crate) mod aws;
 #[cfg(feature = "service")]
-pub mod backoff;
+pub(crate) mod backoff;
 #[cfg(feature = "http-client")]
-pub mod http;
+pub(crate) mod http;
 #[cfg(feature = "service")]
-pub mod rules;
+pub(crate) mod rules;
 #[cfg(feature = "service")]
-pub mod selection;
+pub(crate) mod selection;
 #[cfg(feature = "service")]
-pub mod status;
+pub(crate) mod status;

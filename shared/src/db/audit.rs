@@ -41,7 +41,7 @@ pub async fn history(pool: &PgPool, provider: &str, event_id: &str) -> Result<Ve
 }
 
 /// A destination's pauses and resumes, oldest first.
-pub async fn destination_history(pool: &PgPool, destination: &str) -> Result<Vec<AuditRecord>, sqlx::Error> {
+pub(crate) async fn destination_history(pool: &PgPool, destination: &str) -> Result<Vec<AuditRecord>, sqlx::Error> {
     super::query_as(
         "SELECT at::text, actor, action, reason, message_id, from_status, attempts, failure_reason
          FROM inbox_audit WHERE destination = $1 ORDER BY id",

@@ -7,7 +7,7 @@ use sqlx::PgExecutor;
 /// delivery has brought for a day. A claim bumps `last_seen_at` under the row's
 /// lock before its rows point at it, so a body is never deleted under a claim:
 /// locked, it is skipped; bumped, it fails the age test when re-checked.
-pub async fn delete_orphans<'e>(ex: impl PgExecutor<'e>, limit: i64) -> Result<u64, sqlx::Error> {
+pub(crate) async fn delete_orphans<'e>(ex: impl PgExecutor<'e>, limit: i64) -> Result<u64, sqlx::Error> {
     let done = super::query(
         "DELETE FROM webhook_bodies
          WHERE sha256 IN (SELECT b.sha256 FROM webhook_bodies AS b
@@ -25,7 +25,7 @@ pub async fn delete_orphans<'e>(ex: impl PgExecutor<'e>, limit: i64) -> Result<u
 /// Deletes up to `limit` replay guards (`webhook_replay_guard`) whose inbox
 /// row retention has deleted, a day old at least: a digest is remembered as
 /// long as the key it was claimed under.
-pub async fn delete_orphan_guards<'e>(ex: impl PgExecutor<'e>, limit: i64) -> Result<u64, sqlx::Error> {
+pub(crate) async fn delete_orphan_guards<'e>(ex: impl PgExecutor<'e>, limit: i64) -> Result<u64, sqlx::Error> {
     let done = super::query(
         "DELETE FROM webhook_replay_guard
          WHERE (provider, sha256) IN (

@@ -16,7 +16,7 @@ pub fn is_destination_name(name: &str) -> bool {
 #[cfg(feature = "relay")]
 /// What a relay may do with a destination now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Gate {
+pub(crate) enum Gate {
     /// Send.
     Open,
     /// Paused by an operator: nothing is sent, nothing spends an attempt.
@@ -32,7 +32,7 @@ pub enum Gate {
 /// This destination's gate. A relay that finds the cool-down over claims the
 /// probe by restarting the cool-down in the same statement: other relays keep
 /// seeing it open, so one message probes, not one per relay.
-pub async fn gate(pool: &PgPool, name: &str, cool_down: std::time::Duration) -> Result<Gate, sqlx::Error> {
+pub(crate) async fn gate(pool: &PgPool, name: &str, cool_down: std::time::Duration) -> Result<Gate, sqlx::Error> {
     let (paused, open, probe): (Option<bool>, Option<bool>, bool) = super::query_as(
         "WITH probe AS (
              UPDATE relay_destinations SET opened_at = now()
@@ -56,7 +56,7 @@ pub async fn gate(pool: &PgPool, name: &str, cool_down: std::time::Duration) -> 
 
 #[cfg(feature = "relay")]
 /// Records that a relay starts with these destinations configured, each with what it sends to.
-pub async fn register(pool: &PgPool, destinations: &[(String, String)]) -> Result<(), sqlx::Error> {
+pub(crate) async fn register(pool: &PgPool, destinations: &[(String, String)]) -> Result<(), sqlx::Error> {
     let (names, targets): (Vec<&str>, Vec<&str>) = destinations.iter().map(|(n, t)| (n.as_str(), t.as_str())).unzip();
     super::query(
         "INSERT INTO relay_destinations (name, target, seen_at)
@@ -72,7 +72,7 @@ pub async fn register(pool: &PgPool, destinations: &[(String, String)]) -> Resul
 
 #[cfg(feature = "relay")]
 /// Opens the circuit after `failures` consecutive failures, the last for `reason`.
-pub async fn open(pool: &PgPool, name: &str, failures: u32, reason: &str) -> Result<(), sqlx::Error> {
+pub(crate) async fn open(pool: &PgPool, name: &str, failures: u32, reason: &str) -> Result<(), sqlx::Error> {
     super::query(
         "INSERT INTO relay_destinations (name, opened_at, failures, last_error) VALUES ($1, now(), $2, $3)
          ON CONFLICT (name) DO UPDATE SET opened_at = now(), failures = $2, last_error = $3",
@@ -87,7 +87,7 @@ pub async fn open(pool: &PgPool, name: &str, failures: u32, reason: &str) -> Res
 
 #[cfg(feature = "relay")]
 /// Closes the circuit: a probe went through.
-pub async fn close(pool: &PgPool, name: &str) -> Result<(), sqlx::Error> {
+pub(crate) async fn close(pool: &PgPool, name: &str) -> Result<(), sqlx::Error> {
     super::query("UPDATE relay_destinations SET opened_at = NULL, failures = 0 WHERE name = $1")
         .bind(name)
         .execute(super::Autocommit(pool))
@@ -98,7 +98,7 @@ pub async fn close(pool: &PgPool, name: &str) -> Result<(), sqlx::Error> {
 /// Pauses (`pause`) or resumes a destination, with an audit record, in one
 /// statement; false when it already was so. A destination no relay has
 /// configured yet may be paused too (its messages wait either way).
-pub async fn set_paused(pool: &PgPool, name: &str, pause: bool, by: &Audit<'_>) -> Result<bool, sqlx::Error> {
+pub(crate) async fn set_paused(pool: &PgPool, name: &str, pause: bool, by: &Audit<'_>) -> Result<bool, sqlx::Error> {
     // The change, and its audit record from what it returned.
     macro_rules! audited {
         ($change:literal) => {
@@ -234,7 +234,7 @@ pub async fn list(pool: &PgPool) -> Result<Vec<DestinationState>, sqlx::Error> {
 #[cfg(feature = "relay")]
 /// Messages waiting for a destination none of `configured` is: counted by the
 /// relay each pass (they wait, never dead), through the destination index.
-pub async fn unrouted(pool: &PgPool, configured: &[String]) -> Result<i64, sqlx::Error> {
+pub(crate) async fn unrouted(pool: &PgPool, configured: &[String]) -> Result<i64, sqlx::Error> {
     super::query_scalar(
         "SELECT count(*) FROM transactional_outbox
          WHERE processed_at IS NULL AND dead_at IS NULL AND destination <> ALL($1)",

@@ -18,7 +18,7 @@ pub struct MinuteCounts {
 
 /// Adds the counts (provider, minute in Unix seconds, counts) to their rows,
 /// in one statement, and drops the rows older than 7 days.
-pub async fn add<'e>(ex: impl PgExecutor<'e>, rows: &[(&str, i64, MinuteCounts)]) -> Result<(), sqlx::Error> {
+pub(crate) async fn add<'e>(ex: impl PgExecutor<'e>, rows: &[(&str, i64, MinuteCounts)]) -> Result<(), sqlx::Error> {
     let column = |f: fn(&MinuteCounts) -> i64| rows.iter().map(|(_, _, c)| f(c)).collect::<Vec<_>>();
     super::query(
         "WITH old AS (DELETE FROM inbox_receive_minutes WHERE minute < now() - interval '7 days')

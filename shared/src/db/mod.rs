@@ -1,20 +1,21 @@
 //! The database: pools and connections, the schema's migrations, SQLSTATE classes, and one
 //! module per table holding every statement on it.
 
-pub mod audit;
-pub mod bodies;
+pub(crate) mod audit;
+pub(crate) mod bodies;
 #[cfg(feature = "reconcile")]
-pub mod checkpoints;
-pub mod destinations;
-pub mod inbox;
-pub mod jobs;
-pub mod minutes;
-pub mod outbox;
-pub mod pauses;
+pub(crate) mod checkpoints;
+pub(crate) mod destinations;
+pub(crate) mod inbox;
+pub(crate) mod jobs;
+pub(crate) mod minutes;
+pub(crate) mod outbox;
+pub(crate) mod pauses;
 mod pooler;
-pub mod schema;
+pub(crate) mod schema;
 
-pub use pooler::{built_query_as, query, query_as, query_scalar, set_behind_pooler, Autocommit};
+pub(crate) use pooler::{built_query_as, set_behind_pooler};
+pub use pooler::{query, query_as, query_scalar, Autocommit};
 
 use std::{
     ops::{Deref, DerefMut},
@@ -30,7 +31,7 @@ use sqlx::{
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 /// [`DbConfig::pool`] for connect options already parsed (tests get theirs from `#[sqlx::test]`).
-pub fn pool_from(options: PgConnectOptions, cfg: &DbConfig) -> PgPool {
+pub(crate) fn pool_from(options: PgConnectOptions, cfg: &DbConfig) -> PgPool {
     PgPoolOptions::new()
         .max_connections(cfg.pool_size.max(1))
         .min_connections(0)
@@ -71,7 +72,7 @@ fn with_timeouts(options: PgConnectOptions, cfg: &DbConfig) -> PgConnectOptions 
 /// A connection is reused only after its statement completed; one whose
 /// statement failed with a lost connection, or whose future was dropped
 /// half-way, is closed instead.
-pub struct Connections {
+pub(crate) struct Connections {
     options: PgConnectOptions,
     idle: Mutex<Vec<PgConnection>>,
     permits: Semaphore,
@@ -79,11 +80,11 @@ pub struct Connections {
 }
 
 impl Connections {
-    pub fn new(cfg: &DbConfig) -> Result<Self, sqlx::Error> {
+    pub(crate) fn new(cfg: &DbConfig) -> Result<Self, sqlx::Error> {
         Ok(Self::from_options(parse_url(cfg)?, cfg))
     }
 
-    pub fn from_options(options: PgConnectOptions, cfg: &DbConfig) -> Self {
+    pub(crate) fn from_options(options: PgConnectOptions, cfg: &DbConfig) -> Self {
         Connections {
             options: with_timeouts(options, cfg),
             idle: Mutex::new(Vec::new()),
@@ -93,7 +94,7 @@ impl Connections {
     }
 
     /// An idle connection, or a new one; waits at most the acquire timeout in all.
-    pub async fn acquire(&self) -> Result<Lease<'_>, sqlx::Error> {
+    pub(crate) async fn acquire(&self) -> Result<Lease<'_>, sqlx::Error> {
         let work = async {
             let permit = self.permits.acquire().await.map_err(|_| sqlx::Error::PoolClosed)?;
             let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
@@ -107,13 +108,13 @@ impl Connections {
     }
 
     /// Closes every idle connection: after one was found dead, the others probably are too.
-    pub fn discard_idle(&self) {
+    pub(crate) fn discard_idle(&self) {
         self.idle.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 }
 
 /// A connection on loan from [`Connections`]; goes back only if [`Lease::reuse`] was called.
-pub struct Lease<'a> {
+pub(crate) struct Lease<'a> {
     owner: &'a Connections,
     conn: Option<PgConnection>,
     reusable: bool,
@@ -122,7 +123,7 @@ pub struct Lease<'a> {
 
 impl Lease<'_> {
     /// The statement completed and the connection is in a known state: keep it.
-    pub fn reuse(mut self) {
+    pub(crate) fn reuse(mut self) {
         self.reusable = true;
     }
 }
@@ -157,14 +158,14 @@ pub fn sqlstate(err: &sqlx::Error) -> Option<String> {
 }
 
 /// 40001 (serialization failure) and 40P01 (deadlock): the whole transaction may simply run again.
-pub fn is_retryable(err: &sqlx::Error) -> bool {
+pub(crate) fn is_retryable(err: &sqlx::Error) -> bool {
     matches!(sqlstate(err).as_deref(), Some("40001" | "40P01"))
 }
 
 /// Errors of the moment, not of the input: serialization failure and deadlock
 /// (40001, 40P01), a lock or statement timeout (55P03, 57014), an exhausted
 /// server (class 53), or a lost connection. Anything else repeats on every try.
-pub fn is_transient(err: &sqlx::Error) -> bool {
+pub(crate) fn is_transient(err: &sqlx::Error) -> bool {
     if is_connection_lost(err) || matches!(err, sqlx::Error::PoolTimedOut) {
         return true;
     }
@@ -177,7 +178,7 @@ pub fn is_transient(err: &sqlx::Error) -> bool {
 
 /// Transient because of another transaction (serialization, deadlock, lock
 /// timeout): retried soon, without spending one of the event's attempts.
-pub fn is_contention(err: &sqlx::Error) -> bool {
+pub(crate) fn is_contention(err: &sqlx::Error) -> bool {
     matches!(sqlstate(err).as_deref(), Some("40001" | "40P01" | "55P03"))
 }
 
@@ -185,13 +186,13 @@ pub fn is_contention(err: &sqlx::Error) -> bool {
 /// class 22; nesting past its stack depth, 54001; a number a column cannot hold,
 /// ...), not because it is unavailable: an outage is transient, and a statement
 /// without the value would fail the same way.
-pub fn is_refused_value(err: &sqlx::Error) -> bool {
+pub(crate) fn is_refused_value(err: &sqlx::Error) -> bool {
     matches!(err, sqlx::Error::Database(_)) && !is_transient(err)
 }
 
 /// The connection died under the statement (server restart, failover, idle
 /// cut): the statement may run again on a fresh connection.
-pub fn is_connection_lost(err: &sqlx::Error) -> bool {
+pub(crate) fn is_connection_lost(err: &sqlx::Error) -> bool {
     match err {
         sqlx::Error::Io(_) => true,
         sqlx::Error::Database(_) => {
@@ -226,12 +227,12 @@ where
 }
 
 /// Attempts of a transaction that keeps failing with 40001/40P01 before giving up.
-pub const MAX_TRANSACTION_ATTEMPTS: u32 = 5;
+pub(crate) const MAX_TRANSACTION_ATTEMPTS: u32 = 5;
 
 /// How long to wait before attempt `attempt + 1` of a transaction that failed
 /// with `err`: `Some` on 40001/40P01 while attempts remain (a short jittered
 /// backoff), `None` when the error is final.
-pub fn retry_after(err: &sqlx::Error, attempt: u32) -> Option<Duration> {
+pub(crate) fn retry_after(err: &sqlx::Error, attempt: u32) -> Option<Duration> {
     if attempt >= MAX_TRANSACTION_ATTEMPTS || !is_retryable(err) {
         return None;
     }

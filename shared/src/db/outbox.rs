@@ -184,7 +184,7 @@ pub struct Outgoing {
 /// the messages go out again, under the same key. The lease starts after the
 /// message `after` (a lane remembers the last it leased:
 /// [`crate::runtime::scan`]), or at the destination's head.
-pub async fn lease_unsent(
+pub(crate) async fn lease_unsent(
     pool: &sqlx::PgPool,
     destination: &str,
     limit: i64,
@@ -235,7 +235,7 @@ pub async fn lease_unsent(
 #[cfg(feature = "relay")]
 /// How a delivery ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Dispatch {
+pub(crate) enum Dispatch {
     Sent,
     Retry { after: std::time::Duration, reason: String },
     Dead(String),
@@ -250,7 +250,7 @@ pub enum Dispatch {
 /// (the attempt number): a relay whose lease ran out and was taken over by
 /// another writes nothing, so it cannot undo the other's result. A dead
 /// message that held back later messages of its ordering key says how many.
-pub async fn record_results(pool: &sqlx::PgPool, results: &[(i64, i32, Dispatch)]) -> Result<(), sqlx::Error> {
+pub(crate) async fn record_results(pool: &sqlx::PgPool, results: &[(i64, i32, Dispatch)]) -> Result<(), sqlx::Error> {
     if results.is_empty() {
         return Ok(());
     }
@@ -298,7 +298,7 @@ pub async fn record_results(pool: &sqlx::PgPool, results: &[(i64, i32, Dispatch)
 #[cfg(feature = "relay")]
 /// Gives leased messages back untouched (the attempt counted by the lease is
 /// undone, and they are due at once), if the lease is still this relay's.
-pub async fn release(pool: &sqlx::PgPool, leases: &[(i64, i32)]) -> Result<(), sqlx::Error> {
+pub(crate) async fn release(pool: &sqlx::PgPool, leases: &[(i64, i32)]) -> Result<(), sqlx::Error> {
     let (ids, attempts): (Vec<i64>, Vec<i32>) = leases.iter().copied().unzip();
     super::query(
         "UPDATE transactional_outbox AS o
@@ -314,7 +314,7 @@ pub async fn release(pool: &sqlx::PgPool, leases: &[(i64, i32)]) -> Result<(), s
 }
 
 /// Deletes up to `limit` outbox messages sent before `days` ago.
-pub async fn delete_sent_before<'e>(ex: impl PgExecutor<'e>, days: u32, limit: i64) -> Result<u64, sqlx::Error> {
+pub(crate) async fn delete_sent_before<'e>(ex: impl PgExecutor<'e>, days: u32, limit: i64) -> Result<u64, sqlx::Error> {
     let done = super::query(
         "DELETE FROM transactional_outbox
          WHERE id IN (SELECT id FROM transactional_outbox
@@ -340,7 +340,7 @@ pub struct OutboxGauges {
     pub dead: i64,
 }
 
-pub async fn gauges<'e>(ex: impl PgExecutor<'e>) -> Result<OutboxGauges, sqlx::Error> {
+pub(crate) async fn gauges<'e>(ex: impl PgExecutor<'e>) -> Result<OutboxGauges, sqlx::Error> {
     super::query_as(
         "SELECT count(*) AS backlog,
                 coalesce(extract(epoch FROM now() - min(created_at)) * 1000, 0)::float8 AS oldest_backlog_ms,
@@ -469,4 +469,66 @@ pub async fn retry_dead(pool: &sqlx::PgPool, limit: i64, by: &Audit<'_>) -> Resu
     .fetch_one(super::Autocommit(pool))
     .await?;
     Ok(n as u64)
+}
+
+#[cfg(test)]
+#[cfg(feature = "relay")]
+mod tests {
+    use std::time::Duration;
+
+    use sqlx::PgPool;
+
+    use super::{enqueue, lease_unsent, record_results, Dispatch, Message};
+
+    async fn one_message(pool: &PgPool) {
+        let mut conn = pool.acquire().await.unwrap();
+        let m = Message::new("payment", "pi_0", "payment_succeeded:pi_0", serde_json::json!({"payment_id": "pi_0"}));
+        assert!(enqueue(&mut conn, &m).await.unwrap());
+    }
+
+    /// (attempts, sent, dead, last_error) of the only message.
+    async fn row(pool: &PgPool) -> (i32, bool, bool, Option<String>) {
+        crate::db::query_as(
+            "SELECT attempts, processed_at IS NOT NULL, dead_at IS NOT NULL, last_error FROM transactional_outbox",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    }
+
+    /// A leased message is no other relay's until its lease runs out; then it
+    /// is leased again, the attempt counted, under the same key.
+    #[sqlx::test(migrator = "webhook_inbox_migrations::INBOX")]
+    async fn a_leased_message_is_left_alone_until_its_lease_runs_out(pool: PgPool) {
+        one_message(&pool).await;
+        let first = lease_unsent(&pool, "default", 10, Duration::from_millis(300), None).await.unwrap();
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].attempts, 1);
+        let meanwhile = lease_unsent(&pool, "default", 10, Duration::from_millis(300), None).await.unwrap();
+        assert!(meanwhile.is_empty(), "held by the first lease: {meanwhile:?}");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let again = lease_unsent(&pool, "default", 10, Duration::from_secs(60), None).await.unwrap();
+        assert_eq!(again.len(), 1, "the lease ran out");
+        assert_eq!((again[0].id, again[0].attempts), (first[0].id, 2));
+        assert_eq!(again[0].message_key, first[0].message_key);
+    }
+
+    /// A relay whose lease ran out while it worked, and whose messages another
+    /// relay has since leased (and then sent), cannot undo that with its late
+    /// result.
+    #[sqlx::test(migrator = "webhook_inbox_migrations::INBOX")]
+    async fn a_late_result_from_an_expired_lease_changes_nothing(pool: PgPool) {
+        one_message(&pool).await;
+        let slow = lease_unsent(&pool, "default", 10, Duration::from_millis(10), None).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let taken_over = lease_unsent(&pool, "default", 10, Duration::from_secs(60), None).await.unwrap();
+        assert_eq!(taken_over.len(), 1, "the slow relay's lease ran out");
+        let late = [(slow[0].id, slow[0].attempts, Dispatch::Dead("HTTP 500 after the lease ran out".into()))];
+        record_results(&pool, &late).await.unwrap();
+        assert_eq!(row(&pool).await, (2, false, false, None), "the other relay's lease still holds it");
+
+        record_results(&pool, &[(taken_over[0].id, taken_over[0].attempts, Dispatch::Sent)]).await.unwrap();
+        record_results(&pool, &late).await.unwrap();
+        assert_eq!(row(&pool).await, (2, true, false, None));
+    }
 }

@@ -27,7 +27,7 @@ static UNNAMED: AtomicBool = AtomicBool::new(false);
 /// Set once, where the database configuration is read (`INBOX_DB_POOLER=proxy`):
 /// a process talks to one database, through a pooler or not (and the
 /// statements of a process that does both are simply unnamed everywhere).
-pub fn set_behind_pooler() {
+pub(crate) fn set_behind_pooler() {
     UNNAMED.store(true, Ordering::Relaxed);
 }
 
@@ -61,7 +61,9 @@ where
 
 /// A statement built with a [`sqlx::QueryBuilder`] (one text per combination
 /// of filters, each planned for what it filters on), unnamed behind a pooler.
-pub fn built_query_as<'q, O>(builder: &'q mut sqlx::QueryBuilder<'_, Postgres>) -> QueryAs<'q, Postgres, O, PgArguments>
+pub(crate) fn built_query_as<'q, O>(
+    builder: &'q mut sqlx::QueryBuilder<'_, Postgres>,
+) -> QueryAs<'q, Postgres, O, PgArguments>
 where
     O: for<'r> FromRow<'r, PgRow>,
 {

@@ -22,10 +22,10 @@ use super::{query, query_as, query_scalar};
 
 /// The inbox's own migrations (the repository's top-level `migrations/`, the
 /// crate `webhook-inbox-migrations`), embedded in every binary.
-pub use webhook_inbox_migrations::INBOX as MIGRATIONS;
+pub(crate) use webhook_inbox_migrations::INBOX as MIGRATIONS;
 
 /// Where the inbox records its applied migrations.
-pub const HISTORY_TABLE: &str = "webhook_inbox_migrations";
+pub(crate) const HISTORY_TABLE: &str = "webhook_inbox_migrations";
 
 /// Contents an inbox migration had in an earlier release, still accepted when
 /// its history is moved out of `_sqlx_migrations`: (version, SHA-384).
@@ -90,7 +90,7 @@ pub(crate) fn history_table_refused(table: &str) -> Option<&'static str> {
 /// [`HISTORY_TABLE`], in the same transaction, checked against this
 /// release's contents. Whatever else `_sqlx_migrations` holds (a team's
 /// history) is left as it is.
-pub async fn migrate(pool: &PgPool) -> Result<i64, MigrateError> {
+pub(crate) async fn migrate(pool: &PgPool) -> Result<i64, MigrateError> {
     migrate_own(pool, &MIGRATIONS, HISTORY_TABLE).await?;
     Ok(latest())
 }
@@ -168,7 +168,7 @@ pub(crate) async fn pending(pool: &PgPool, set: &Migrator, table: &'static str) 
 }
 
 /// The latest version of the inbox's migrations in this release.
-pub fn latest() -> i64 {
+pub(crate) fn latest() -> i64 {
     MIGRATIONS.iter().map(|m| m.version).max().unwrap_or(0)
 }
 
@@ -177,7 +177,7 @@ pub fn latest() -> i64 {
 ///
 /// A migration that cannot run in a transaction (`-- no-transaction`,
 /// `CREATE INDEX CONCURRENTLY`) fails here and says so.
-pub async fn migrate_app(pool: &PgPool, app: &Migrator) -> Result<(), MigrateError> {
+pub(crate) async fn migrate_app(pool: &PgPool, app: &Migrator) -> Result<(), MigrateError> {
     let migrator = Migrator {
         migrations: app.migrations.clone(),
         ignore_missing: app.ignore_missing,

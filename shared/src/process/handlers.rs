@@ -192,7 +192,7 @@ pub(crate) mod erased {
         }
     }
 
-    pub type BoxFuture<'a> = Pin<Box<dyn Future<Output = Result<Outcome, HandlerError>> + Send + 'a>>;
+    pub(crate) type BoxFuture<'a> = Pin<Box<dyn Future<Output = Result<Outcome, HandlerError>> + Send + 'a>>;
 
     /// A registered handler, whatever its payload type.
     pub trait Erased: Send + Sync {
@@ -205,7 +205,7 @@ pub(crate) mod erased {
         }
     }
 
-    pub type BatchFuture<'a> = Pin<Box<dyn Future<Output = Result<Vec<Outcome>, HandlerError>> + Send + 'a>>;
+    pub(crate) type BatchFuture<'a> = Pin<Box<dyn Future<Output = Result<Vec<Outcome>, HandlerError>> + Send + 'a>>;
 
     /// A [`BatchHandler`]'s events, decoded.
     pub trait PreparedBatch: Send + Sync {

@@ -2,10 +2,10 @@
 //! (`webhook-inbox-schemes`), the claim, and inline mode.
 
 #[cfg(feature = "service")]
-pub mod claim;
+pub(crate) mod claim;
 #[cfg(feature = "service")]
-pub mod notify;
+pub(crate) mod notify;
 #[cfg(feature = "service")]
-pub mod receiver;
+pub(crate) mod receiver;
 #[cfg(feature = "service")]
 pub(crate) mod tally;

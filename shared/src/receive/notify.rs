@@ -12,26 +12,26 @@ use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 use webhook_inbox_schemes::Provider;
 
 /// The longest receive waits for the queue before answering anyway.
-pub const NOTIFY_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const NOTIFY_TIMEOUT: Duration = Duration::from_secs(1);
 
-pub struct ProcessQueue {
+pub(crate) struct ProcessQueue {
     client: aws_sdk_sqs::Client,
     url: String,
 }
 
 impl ProcessQueue {
-    pub fn new(client: aws_sdk_sqs::Client, url: impl Into<String>) -> Self {
+    pub(crate) fn new(client: aws_sdk_sqs::Client, url: impl Into<String>) -> Self {
         ProcessQueue { client, url: url.into() }
     }
 
     /// The queue at `url`, with credentials and region from the usual AWS environment.
-    pub async fn connect(url: impl Into<String>) -> Self {
+    pub(crate) async fn connect(url: impl Into<String>) -> Self {
         let sdk = crate::core::aws::from_env().await;
         ProcessQueue::new(aws_sdk_sqs::Client::new(&sdk), url)
     }
 
     /// One message per event, in calls of at most ten, all within [`NOTIFY_TIMEOUT`].
-    pub async fn notify(&self, provider: Provider, event_ids: &[&str]) {
+    pub(crate) async fn notify(&self, provider: Provider, event_ids: &[&str]) {
         if event_ids.is_empty() {
             return;
         }
@@ -77,20 +77,20 @@ impl ProcessQueue {
 /// whose handlers wrote outbox messages, one SQS message `{}` goes to
 /// `INBOX_RELAY_QUEUE_URL`, and the relay function, triggered by it, runs a
 /// pass at once instead of at its next schedule. Best effort, as above.
-pub struct RelayQueue {
+pub(crate) struct RelayQueue {
     client: aws_sdk_sqs::Client,
     url: String,
 }
 
 impl RelayQueue {
     /// The queue at `url`, with credentials and region from the usual AWS environment.
-    pub async fn connect(url: impl Into<String>) -> Self {
+    pub(crate) async fn connect(url: impl Into<String>) -> Self {
         let sdk = crate::core::aws::from_env().await;
         RelayQueue { client: aws_sdk_sqs::Client::new(&sdk), url: url.into() }
     }
 
     /// One message, within [`NOTIFY_TIMEOUT`]; a failure is logged, and the schedule runs the relay anyway.
-    pub async fn nudge(&self) {
+    pub(crate) async fn nudge(&self) {
         let sent = self.client.send_message().queue_url(&self.url).message_body("{}").send();
         match tokio::time::timeout(NOTIFY_TIMEOUT, sent).await {
             Ok(Ok(_)) => {}

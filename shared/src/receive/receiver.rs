@@ -169,8 +169,7 @@ impl Receiver {
     }
 
     /// Tells `process` of each new pending event, after the commit (`PROCESS_QUEUE_URL`).
-    #[doc(hidden)]
-    pub fn with_process_queue(mut self, queue: ProcessQueue) -> Self {
+    pub(crate) fn with_process_queue(mut self, queue: ProcessQueue) -> Self {
         self.process_queue = Some(queue);
         self
     }

@@ -27,7 +27,7 @@ impl Default for DeliveryMinutes {
 
 impl DeliveryMinutes {
     /// Counts one delivery's outcome in the current minute.
-    pub fn record(&self, provider: &'static str, counts: MinuteCounts) {
+    pub(crate) fn record(&self, provider: &'static str, counts: MinuteCounts) {
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
         self.record_at(provider, now, counts);
     }
@@ -48,19 +48,19 @@ impl DeliveryMinutes {
     }
 
     /// Whether `every` has passed since the counts were last taken.
-    pub fn due(&self, every: Duration) -> bool {
+    pub(crate) fn due(&self, every: Duration) -> bool {
         self.taken.lock().unwrap_or_else(|e| e.into_inner()).elapsed() >= every
     }
 
     /// The counts to write, leaving none.
-    pub fn take(&self) -> Rows {
+    pub(crate) fn take(&self) -> Rows {
         *self.taken.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
         let all = std::mem::take(&mut *self.counts.lock().unwrap_or_else(|e| e.into_inner()));
         all.into_iter().map(|((p, minute), c)| (p, minute, c)).collect()
     }
 
     /// Counts taken that could not be written, kept for the next time.
-    pub fn restore(&self, rows: Rows) {
+    pub(crate) fn restore(&self, rows: Rows) {
         self.merge(rows);
     }
 }

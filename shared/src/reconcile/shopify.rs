@@ -65,10 +65,10 @@ fn order_event(order: &str) -> NewEvent {
 }
 
 /// The `event_type` of an order reconcile found: Shopify's topic for the same object.
-pub const ORDER_TOPIC: &str = "orders/updated";
+pub(crate) const ORDER_TOPIC: &str = "orders/updated";
 
 /// The `event_type` of an order reconcile could not use.
-pub const ORDER_EVENT_TYPE: &str = "reconcile:order";
+pub(crate) const ORDER_EVENT_TYPE: &str = "reconcile:order";
 
 impl ShopifyOrders {
     /// The orders of the shop at `base` (`https://<shop>.myshopify.com`), through

@@ -11,7 +11,7 @@ use crate::{
 use webhook_inbox_schemes::ConfigError;
 
 /// Response bodies kept as a dead message's reason are cut to this many bytes.
-pub const REASON_BODY_BYTES: usize = 500;
+pub(crate) const REASON_BODY_BYTES: usize = 500;
 
 /// POSTs each message's payload as JSON to one URL, with `Idempotency-Key:
 /// <message_key>`, the relay's `traceparent` when traces are on, and, with a

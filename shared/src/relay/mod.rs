@@ -17,15 +17,15 @@ use std::{
 use sqlx::PgPool;
 
 #[cfg(feature = "amqp")]
-pub mod amqp;
-pub mod aws;
-pub mod http;
-pub mod lane;
+pub(crate) mod amqp;
+pub(crate) mod aws;
+pub(crate) mod http;
+pub(crate) mod lane;
 #[cfg(feature = "nats")]
-pub mod nats;
+pub(crate) mod nats;
 mod pass;
-pub mod signing;
-pub mod sink;
+pub(crate) mod signing;
+pub(crate) mod sink;
 
 pub use http::HttpSink;
 pub use sink::{RepliesFuture, Sink, SinkReply};

@@ -5,10 +5,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// `INBOX_DEADLINE_MARGIN_MS`, default 7000: a scheduled drain stops starting
 /// batches this long before the Lambda deadline (the statement timeout, 5000,
 /// plus time to commit and answer).
-pub const DEFAULT_DEADLINE_MARGIN: Duration = Duration::from_millis(7000);
+pub(crate) const DEFAULT_DEADLINE_MARGIN: Duration = Duration::from_millis(7000);
 
 /// The Lambda deadline (milliseconds since the epoch) less the margin, as an `Instant`.
-pub fn drain_until(deadline_epoch_ms: u64, margin: Duration) -> Instant {
+pub(crate) fn drain_until(deadline_epoch_ms: u64, margin: Duration) -> Instant {
     let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
     Instant::now() + Duration::from_millis(deadline_epoch_ms.saturating_sub(now_ms)).saturating_sub(margin)
 }

@@ -1,9 +1,9 @@
 //! What every function runs on: the Lambda deadline, the one shape of a batch
 //! stage and its loops, metrics (EMF) and the tracing set-up.
 
-pub mod deadline;
-pub mod metrics;
+pub(crate) mod deadline;
+pub(crate) mod metrics;
 pub(crate) mod scan;
-pub mod stage;
-pub mod telemetry;
-pub mod trace;
+pub(crate) mod stage;
+pub(crate) mod telemetry;
+pub(crate) mod trace;

@@ -83,7 +83,7 @@ pub struct Stopped<T: Debug> {
 }
 
 /// Batch after batch until one comes back short or the deadline passes.
-pub async fn run<S: Stage>(stage: &S, deadline: Instant) -> Result<S::Tally, Stopped<S::Tally>> {
+pub(crate) async fn run<S: Stage>(stage: &S, deadline: Instant) -> Result<S::Tally, Stopped<S::Tally>> {
     let mut tally = S::Tally::default();
     loop {
         match stage.run_once(deadline).await {
@@ -103,7 +103,7 @@ pub async fn run<S: Stage>(stage: &S, deadline: Instant) -> Result<S::Tally, Sto
 
 /// Runs continuously until `shutdown`: again at once after a full batch,
 /// after `poll` otherwise, and no sooner than a second after an error.
-pub async fn run_until<S: Stage>(stage: &S, poll: Duration, shutdown: impl Future<Output = ()>) {
+pub(crate) async fn run_until<S: Stage>(stage: &S, poll: Duration, shutdown: impl Future<Output = ()>) {
     run_observed(stage, poll, None, shutdown, |_| {}).await
 }
 

@@ -18,10 +18,11 @@ use tracing_subscriber::{
 
 /// Target prefixes capped at `info`: the Lambda runtime and `lambda_http`, every
 /// AWS crate (SDKs, smithy, SigV4, `aws_lambda_events`), and the HTTP and TLS stacks.
-pub const CAPPED_TARGETS: &[&str] = &["lambda_", "aws_", "hyper", "h2", "reqwest", "rustls", "tower", "tokio_rustls"];
+pub(crate) const CAPPED_TARGETS: &[&str] =
+    &["lambda_", "aws_", "hyper", "h2", "reqwest", "rustls", "tower", "tokio_rustls"];
 
 /// `RUST_LOG`'s directives (or `info`), with [`CAPPED_TARGETS`] held at `info`.
-pub fn filter<S>(rust_log: Option<&str>) -> impl Filter<S> + Send + Sync + 'static
+pub(crate) fn filter<S>(rust_log: Option<&str>) -> impl Filter<S> + Send + Sync + 'static
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
@@ -35,7 +36,7 @@ where
 /// Installs the subscriber: `rust_log` filters (default `info`, capped as above);
 /// `json` lines on Lambda, plain text on stderr elsewhere. Read from the
 /// environment by [`crate::config::init_logging`].
-pub fn init(rust_log: Option<&str>, json: bool) {
+pub(crate) fn init(rust_log: Option<&str>, json: bool) {
     let layer = if json {
         fmt::layer().json().without_time().with_target(false).boxed()
     } else {

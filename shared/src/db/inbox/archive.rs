@@ -75,7 +75,7 @@ macro_rules! utc {
 /// Locks and reads up to `limit` rows past retention (the rows
 /// [`delete_received_before`] would delete), every column, for the archive;
 /// delete them with [`delete_keys`] in the same transaction once stored.
-pub async fn archive_received_before<'e>(
+pub(crate) async fn archive_received_before<'e>(
     ex: impl PgExecutor<'e>,
     providers: Providers<'_>,
     statuses: &[Status],
@@ -104,7 +104,7 @@ pub async fn archive_received_before<'e>(
 }
 
 /// Batch bodies by their digests (hex), as (digest, base64 bytes).
-pub async fn bodies_base64<'e>(
+pub(crate) async fn bodies_base64<'e>(
     ex: impl PgExecutor<'e>,
     sha256: &[String],
 ) -> Result<Vec<(String, String)>, sqlx::Error> {
@@ -118,7 +118,7 @@ pub async fn bodies_base64<'e>(
 }
 
 /// Deletes these rows (locked by [`archive_received_before`]).
-pub async fn delete_keys<'e>(ex: impl PgExecutor<'e>, keys: &[(&str, &str)]) -> Result<u64, sqlx::Error> {
+pub(crate) async fn delete_keys<'e>(ex: impl PgExecutor<'e>, keys: &[(&str, &str)]) -> Result<u64, sqlx::Error> {
     let (providers, ids): (Vec<&str>, Vec<&str>) = keys.iter().copied().unzip();
     let done = db::query(
         "DELETE FROM webhook_inbox AS w USING unnest($1::text[], $2::text[]) AS k(provider, event_id)
@@ -134,7 +134,7 @@ pub async fn delete_keys<'e>(ex: impl PgExecutor<'e>, keys: &[(&str, &str)]) -> 
 /// Inserts archived rows as they were (a batch body with them, once), marked
 /// restored now, each with an audit record (`restore` by `actor`, for
 /// `reason`); a key already stored is left as it is. Returns the keys inserted.
-pub async fn restore<'e>(
+pub(crate) async fn restore<'e>(
     ex: impl PgExecutor<'e>,
     events: &[ArchivedEvent],
     actor: &str,

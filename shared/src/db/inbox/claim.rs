@@ -8,7 +8,7 @@ use webhook_inbox_schemes::{NewEvent, Provider};
 
 /// What the delivery carried besides its events: shared by every row it makes.
 #[derive(Clone, Copy, Debug)]
-pub struct Envelope<'a> {
+pub(crate) struct Envelope<'a> {
     pub provider: Provider,
     pub raw_body: &'a [u8],
     pub headers: &'a serde_json::Value,
@@ -195,7 +195,7 @@ pub(crate) async fn insert_batch<'e>(
 }
 
 /// A delivery of one event, to claim with its group.
-pub struct GroupRow {
+pub(crate) struct GroupRow {
     pub provider: Provider,
     pub event: NewEvent,
     pub raw_body: Vec<u8>,

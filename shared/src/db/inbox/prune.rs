@@ -6,7 +6,7 @@ use crate::{core::status::Status, db};
 
 /// Which providers' rows a retention DELETE takes.
 #[derive(Debug, Clone, Copy)]
-pub enum Providers<'a> {
+pub(crate) enum Providers<'a> {
     Any,
     Only(&'a [&'a str]),
     Except(&'a [&'a str]),
@@ -56,7 +56,7 @@ pub(super) use bind_due;
 
 /// Deletes up to `limit` rows of one of `statuses` (of `providers`) received
 /// before `days` ago, skipping rows another transaction holds.
-pub async fn delete_received_before<'e>(
+pub(crate) async fn delete_received_before<'e>(
     ex: impl PgExecutor<'e>,
     providers: Providers<'_>,
     statuses: &[Status],

@@ -24,7 +24,7 @@ pub struct InboxGauges {
 }
 
 /// [`InboxGauges`], each from a partial index.
-pub async fn gauges<'e>(ex: impl PgExecutor<'e>) -> Result<InboxGauges, sqlx::Error> {
+pub(crate) async fn gauges<'e>(ex: impl PgExecutor<'e>) -> Result<InboxGauges, sqlx::Error> {
     db::query_as(
         "WITH held AS (SELECT count(*) AS n FROM webhook_inbox WHERE status = 'pending' AND held_by IS NOT NULL)
          SELECT (SELECT count(*) FROM webhook_inbox WHERE status = 'pending' AND held_by IS NULL) + (SELECT n FROM held)

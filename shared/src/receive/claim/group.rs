@@ -34,7 +34,7 @@ use tokio::{
 };
 
 use super::{claim_single, Claim};
-pub use crate::db::inbox::GroupRow as Row;
+pub(crate) use crate::db::inbox::GroupRow as Row;
 use crate::db::{self, Connections};
 
 /// How receive groups its claims (`ServeConfig::read` takes it from the environment).
@@ -76,14 +76,14 @@ struct Waiting {
 }
 
 /// The queue of deliveries, and its committers (spawned on the runtime it is made on).
-pub struct Grouper {
+pub(crate) struct Grouper {
     queue: mpsc::Sender<Waiting>,
 }
 
 impl Grouper {
     /// Starts `config.committers` committers on `connections`. They end when the
     /// grouper is dropped, once the queue is empty.
-    pub fn start(connections: Arc<Connections>, config: GroupConfig) -> Self {
+    pub(crate) fn start(connections: Arc<Connections>, config: GroupConfig) -> Self {
         let (queue, received) = mpsc::channel(config.max * config.committers * 4);
         let shared = Arc::new(Committers {
             queue: Mutex::new(received),
@@ -98,7 +98,7 @@ impl Grouper {
     }
 
     /// Claims `row` with whatever group it joins; answered after the commit.
-    pub async fn claim(&self, row: Row) -> Result<Claim, sqlx::Error> {
+    pub(crate) async fn claim(&self, row: Row) -> Result<Claim, sqlx::Error> {
         let (answer, answered) = oneshot::channel();
         if self.queue.send(Waiting { row, answer }).await.is_err() {
             return Err(sqlx::Error::PoolClosed);
@@ -248,5 +248,87 @@ fn answer(group: Vec<Waiting>, results: Vec<Result<Claim, sqlx::Error>>) {
     for (w, result) in group.into_iter().zip(results) {
         // A delivery whose client went away has no one to answer: its row stands.
         let _ = w.answer.send(result);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The committer against a real PostgreSQL: a value PostgreSQL refuses in a
+    //! group. (What a delivery sees of grouping, through the receiver, is in the
+    //! repository's `tests/it/group.rs`.)
+
+    use std::{sync::Arc, time::Duration};
+
+    use serde_json::json;
+    use sqlx::{
+        postgres::{PgConnectOptions, PgPoolOptions},
+        PgPool,
+    };
+    use tokio::sync::Barrier;
+    use webhook_inbox_schemes::{NewEvent, Provider};
+
+    use super::*;
+    use crate::db::DbConfig;
+
+    /// A group that waits long enough for every claim of a test to join it, on one committer.
+    const ONE_GROUP: GroupConfig =
+        GroupConfig { max: 64, wait: Duration::from_millis(300), committers: 1, stall: Duration::ZERO };
+
+    fn row(id: &str, payload: String) -> Row {
+        Row {
+            provider: Provider::GITHUB,
+            event: NewEvent::pending(id.into(), "push", payload.clone()),
+            raw_body: payload.into_bytes(),
+            headers: json!({"x-github-delivery": id}),
+            secret_index: Some(0),
+            secret_fingerprint: None,
+            trace_context: None,
+        }
+    }
+
+    /// Below receive's own payload check: a value PostgreSQL refuses (here,
+    /// nesting past its stack depth) fails only its own delivery, which is kept
+    /// `failed` without its payload; the rest of its group is claimed as it is.
+    #[sqlx::test(migrator = "webhook_inbox_migrations::INBOX")]
+    async fn a_value_postgres_refuses_fails_only_its_own_delivery_in_the_group(
+        _: PgPoolOptions,
+        opts: PgConnectOptions,
+    ) {
+        let pool = PgPool::connect_with(opts.clone()).await.unwrap();
+        let cfg = DbConfig::with_url("unused: connect options come from the test");
+        let connections = Arc::new(Connections::from_options(opts, &cfg));
+        let grouper = Arc::new(Grouper::start(connections, ONE_GROUP));
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        let rows = vec![row("g1", "{}".into()), row("g2", deep), row("g3", "[1]".into()), row("g1", "{}".into())];
+        let barrier = Arc::new(Barrier::new(rows.len()));
+        let tasks: Vec<_> = rows
+            .into_iter()
+            .map(|row| {
+                let (grouper, barrier) = (grouper.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    grouper.claim(row).await.unwrap()
+                })
+            })
+            .collect();
+        let mut claims = Vec::new();
+        for t in tasks {
+            claims.push(t.await.unwrap());
+        }
+        claims.sort_by_key(|c| format!("{c:?}"));
+        assert_eq!(claims, [Claim::Duplicate, Claim::New, Claim::New, Claim::New]);
+        let stored: Vec<(String, String, bool)> =
+            db::query_as("SELECT event_id, status, payload IS NULL FROM webhook_inbox ORDER BY event_id")
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        assert_eq!(
+            stored,
+            [
+                ("g1".into(), "pending".into(), false),
+                ("g2".into(), "failed".into(), true),
+                ("g3".into(), "pending".into(), false)
+            ]
+        );
     }
 }

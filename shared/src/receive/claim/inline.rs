@@ -22,7 +22,7 @@ use webhook_inbox_schemes::{Events, InitialStatus, NewEvent, Provider};
 
 /// What inline receive asks of the stage that runs handlers (`process`
 /// implements it), so that receive depends on this and not on that stage.
-pub trait InlineHandlers: Send + Sync {
+pub(crate) trait InlineHandlers: Send + Sync {
     /// Whether a handler takes events of this type: `Some(exclusive)`, where an
     /// exclusive one runs alone (the event's advisory lock, taken before the claim).
     fn handles(&self, provider: Provider, event_type: &str) -> Option<bool>;
@@ -40,7 +40,7 @@ pub trait InlineHandlers: Send + Sync {
 
 /// What [`InlineHandlers::apply`] did with an event.
 #[derive(Debug)]
-pub enum Applied {
+pub(crate) enum Applied {
     /// Its handler applied it: the event is done.
     Done,
     /// Left pending for the worker, untouched (an ignore rule takes it, or its

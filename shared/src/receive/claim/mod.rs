@@ -5,9 +5,9 @@
 use sqlx::{PgConnection, PgExecutor};
 use webhook_inbox_schemes::text::Escaped;
 
-pub mod inline;
+pub(crate) mod inline;
 
-pub use crate::db::inbox::{Claim, Envelope};
+pub(crate) use crate::db::inbox::{Claim, Envelope};
 use crate::db::{
     self,
     inbox::{insert, insert_batch, Body},
@@ -22,7 +22,7 @@ pub struct BatchClaim {
 }
 
 /// Claims one event in a single statement (its own short transaction).
-pub async fn claim<'e>(ex: impl PgExecutor<'e>, env: &Envelope<'_>, e: &NewEvent) -> Result<Claim, sqlx::Error> {
+pub(crate) async fn claim<'e>(ex: impl PgExecutor<'e>, env: &Envelope<'_>, e: &NewEvent) -> Result<Claim, sqlx::Error> {
     insert(ex, env, e, Body::InRow).await
 }
 
@@ -38,7 +38,7 @@ pub enum Claimed {
 /// `webhook_bodies`), whatever the number of items. Keys are sorted (concurrent batches
 /// lock in the same order, so they cannot deadlock) and repeats inside the batch
 /// are collapsed to their first occurrence; only the new rows come back.
-pub async fn claim_batch<'e>(
+pub(crate) async fn claim_batch<'e>(
     ex: impl PgExecutor<'e>,
     env: &Envelope<'_>,
     events: &[NewEvent],
@@ -48,7 +48,7 @@ pub async fn claim_batch<'e>(
 }
 
 /// [`claim_batch`], returning the ids of the rows it inserted.
-pub async fn claim_batch_new_ids<'e>(
+pub(crate) async fn claim_batch_new_ids<'e>(
     ex: impl PgExecutor<'e>,
     env: &Envelope<'_>,
     events: &[NewEvent],
@@ -86,7 +86,7 @@ macro_rules! retrying {
     }};
 }
 
-pub mod group;
+pub(crate) mod group;
 
 /// Claims what a delivery carried, retrying the whole claim on 40001/40P01, and
 /// once on a connection that turns out to be dead (the claim is idempotent, so
@@ -99,7 +99,7 @@ pub mod group;
 ///
 /// With `inline` handlers (inline mode), the new events' handlers run inside the
 /// claim's transaction (see the `inline` module).
-pub async fn claim_delivery(
+pub(crate) async fn claim_delivery(
     connections: &db::Connections,
     env: &Envelope<'_>,
     events: &Events,
@@ -185,7 +185,7 @@ async fn claim_events(conn: &mut PgConnection, env: &Envelope<'_>, events: &Even
 
 /// One event in its own statement, with the fallback: if PostgreSQL refuses its
 /// payload, the event is kept as `failed` without it. Receive and reconcile share it.
-pub async fn claim_one(conn: &mut PgConnection, env: &Envelope<'_>, e: &NewEvent) -> Result<Claim, sqlx::Error> {
+pub(crate) async fn claim_one(conn: &mut PgConnection, env: &Envelope<'_>, e: &NewEvent) -> Result<Claim, sqlx::Error> {
     claim_one_as(conn, env, e, Body::InRow).await
 }
 
@@ -210,14 +210,4 @@ async fn claim_one_as(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn batches_are_sorted_and_repeats_collapse_to_the_first() {
-        let e = |id: &str, t: &str| NewEvent::pending(id.into(), t, "{}".into());
-        let events = [e("b", "first"), e("a", "x"), e("b", "second")];
-        let v: Vec<_> = sorted_unique(&events).iter().map(|e| (e.event_id.as_str(), e.event_type.as_str())).collect();
-        assert_eq!(v, [("a", "x"), ("b", "first")]);
-    }
-}
+mod tests;
