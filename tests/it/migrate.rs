@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use inbox_tests::history::{applied, sqlx_history, stock_history, tables};
 use sqlx::{
     postgres::{PgConnectOptions, PgPoolOptions},
     PgPool,
@@ -16,39 +17,6 @@ use webhook_inbox_migrations::INBOX as MIGRATIONS;
 /// What the `migrate` function applies with no application of its own: the inbox's migrations.
 async fn migrate_inbox(pool: &PgPool) -> Result<i64, MigrateError> {
     App::default().migrate(pool).await
-}
-
-/// The inbox's applied migrations, from its own history.
-async fn applied(pool: &PgPool) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM webhook_inbox_migrations").fetch_one(pool).await.unwrap()
-}
-
-/// The versions sqlx's own history holds (a team's); none when it has no such table.
-async fn sqlx_history(pool: &PgPool) -> Vec<i64> {
-    let exists: bool =
-        sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL").fetch_one(pool).await.unwrap();
-    if !exists {
-        return vec![];
-    }
-    sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success ORDER BY version")
-        .fetch_all(pool)
-        .await
-        .unwrap()
-}
-
-/// The stock application's applied migrations, from its own history.
-async fn stock_history(pool: &PgPool) -> Vec<i64> {
-    sqlx::query_scalar("SELECT version FROM webhook_inbox_reference_migrations ORDER BY version")
-        .fetch_all(pool)
-        .await
-        .unwrap()
-}
-
-async fn tables(pool: &PgPool) -> Vec<String> {
-    sqlx::query_scalar("SELECT tablename::text FROM pg_tables WHERE schemaname = 'public' ORDER BY 1")
-        .fetch_all(pool)
-        .await
-        .unwrap()
 }
 
 fn versions(m: &sqlx::migrate::Migrator) -> Vec<i64> {

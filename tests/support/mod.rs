@@ -4,6 +4,7 @@
 
 pub mod cut;
 pub mod emf;
+pub mod history;
 pub mod hostile_json;
 pub mod lambda;
 pub mod pgbouncer;

@@ -9,13 +9,11 @@ use std::time::Duration;
 
 use inbox_tests::{
     fixture,
+    history::{applied, sqlx_history, stock_history},
     lambda::{database_url, logs, result, runtime_api_each, spawn_function},
 };
 use serde_json::{json, Value};
-use sqlx::{
-    postgres::{PgConnectOptions, PgPoolOptions},
-    PgPool,
-};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use webhook_inbox_migrations::INBOX as MIGRATIONS;
 use wiremock::{matchers::method, Mock, MockServer, ResponseTemplate};
 
@@ -63,32 +61,6 @@ async fn invoke(requests: Vec<Value>, database: String, cfn: Option<&MockServer>
     }
     let logs = logs(child);
     results.into_iter().map(|r| r.unwrap_or_else(|| panic!("an invocation not answered; logs:\n{logs}"))).collect()
-}
-
-/// The inbox's applied migrations, from its own history.
-async fn applied(pool: &PgPool) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM webhook_inbox_migrations").fetch_one(pool).await.unwrap()
-}
-
-/// The versions sqlx's own history holds (a team's); none when it has no such table.
-async fn sqlx_history(pool: &PgPool) -> Vec<i64> {
-    let exists: bool =
-        sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL").fetch_one(pool).await.unwrap();
-    if !exists {
-        return vec![];
-    }
-    sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success ORDER BY version")
-        .fetch_all(pool)
-        .await
-        .unwrap()
-}
-
-/// The stock application's applied migrations, from its own history.
-async fn stock_history(pool: &PgPool) -> Vec<i64> {
-    sqlx::query_scalar("SELECT version FROM webhook_inbox_reference_migrations ORDER BY version")
-        .fetch_all(pool)
-        .await
-        .unwrap()
 }
 
 #[sqlx::test(migrations = false)]
