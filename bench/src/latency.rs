@@ -71,7 +71,9 @@ async fn through_serve(database_url: &str, n: u64, round: usize) -> Result<Vec<D
     let port = free_port()?;
     let admin_port = free_port()?;
     let mut serve = Command::new(super::beside("inbox")?)
-        .args(["serve", "--host", "127.0.0.1", "--port", &port.to_string(), "--admin-port", &admin_port.to_string()])
+        // The stock application: its payment handler writes the message the sink receives.
+        .args(["serve", "--stock", "--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--admin-port", &admin_port.to_string()])
         .env("DATABASE_URL", database_url)
         .env("STRIPE_WEBHOOK_SECRET", DEV_STRIPE)
         .env("RELAY_HTTP_URL", sink.url())

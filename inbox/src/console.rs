@@ -32,9 +32,15 @@ pub(crate) enum TokenCommand {
         /// viewer (reads everything, acts on nothing) or operator (also replays, requeues, erases).
         #[arg(long, value_parser = parse_role)]
         role: UserRole,
+        #[command(flatten)]
+        out: Output,
     },
     /// Revoke a token, at once.
-    Revoke { name: String },
+    Revoke {
+        name: String,
+        #[command(flatten)]
+        out: Output,
+    },
     /// Every token, with its role and last use.
     List {
         #[command(flatten)]
@@ -45,18 +51,22 @@ pub(crate) enum TokenCommand {
 /// `inbox console token ...`, each change audited as `by`'s.
 async fn console_token(pool: &PgPool, command: TokenCommand, by: &str) -> Result<()> {
     match command {
-        TokenCommand::Add { name, role } => {
+        TokenCommand::Add { name, role, out } => {
             let token = console::add_token(pool, &name, role, by).await?;
-            say!("{name} added, {role}");
             // The one place it is ever shown: it is kept only as its hash.
-            say!("token (shown once, kept only as its hash): {token}");
+            if out.json {
+                print_json(&json!({"name": name, "role": role.to_string(), "token": token}));
+            } else {
+                say!("{name} added, {role}");
+                say!("token (shown once, kept only as its hash): {token}");
+            }
             Ok(())
         }
-        TokenCommand::Revoke { name } => {
+        TokenCommand::Revoke { name, out } => {
             if !console::revoke_token(pool, &name, by).await? {
                 bail!("no live API token {name:?}");
             }
-            say!("{name} revoked");
+            done(&out, &name, "revoked");
             Ok(())
         }
         TokenCommand::List { out } => {
@@ -94,9 +104,15 @@ pub(crate) enum UserCommand {
         /// Read the password from stdin (its first line; at least 12 characters).
         #[arg(long)]
         password_stdin: bool,
+        #[command(flatten)]
+        out: Output,
     },
     /// Remove a user, and sign it out everywhere.
-    Remove { name: String },
+    Remove {
+        name: String,
+        #[command(flatten)]
+        out: Output,
+    },
     /// Every user, with its role and sessions.
     List {
         #[command(flatten)]
@@ -111,7 +127,7 @@ fn parse_role(name: &str) -> Result<UserRole, String> {
 /// `inbox console user ...`, each change audited as `by`'s.
 async fn console_user(pool: &PgPool, command: UserCommand, by: &str) -> Result<()> {
     match command {
-        UserCommand::Add { name, role, password_stdin } => {
+        UserCommand::Add { name, role, password_stdin, out } => {
             let (password, made) = if password_stdin {
                 let mut line = String::new();
                 std::io::stdin().read_line(&mut line).context("reading the password from stdin")?;
@@ -120,18 +136,23 @@ async fn console_user(pool: &PgPool, command: UserCommand, by: &str) -> Result<(
                 (console::generate_password(), true)
             };
             console::add_user(pool, &name, role, &password, by).await?;
-            say!("{name} added, {role}");
-            if made {
-                // The one place it is ever shown: it is kept only as its hash.
-                say!("password (shown once, kept only as its hash): {password}");
+            // A password made here is shown once, here: it is kept only as its hash.
+            let shown = made.then_some(password.as_str());
+            if out.json {
+                print_json(&json!({"name": name, "role": role.to_string(), "password": shown}));
+            } else {
+                say!("{name} added, {role}");
+                if let Some(password) = shown {
+                    say!("password (shown once, kept only as its hash): {password}");
+                }
             }
             Ok(())
         }
-        UserCommand::Remove { name } => {
+        UserCommand::Remove { name, out } => {
             if !console::remove_user(pool, &name, by).await? {
                 bail!("no console user {name:?}");
             }
-            say!("{name} removed, and signed out everywhere");
+            done(&out, &name, "removed, and signed out everywhere");
             Ok(())
         }
         UserCommand::List { out } => {
@@ -147,6 +168,15 @@ async fn console_user(pool: &PgPool, command: UserCommand, by: &str) -> Result<(
             print_table(&["name", "role", "added", "sessions"], &rows);
             Ok(())
         }
+    }
+}
+
+/// What a removal or a revocation says: `{"name": ..., "done": ...}` with `--json`.
+fn done(out: &Output, name: &str, what: &str) {
+    if out.json {
+        print_json(&json!({"name": name, "done": what}));
+    } else {
+        say!("{name} {what}");
     }
 }
 

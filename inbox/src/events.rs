@@ -81,6 +81,12 @@ pub(crate) async fn stats(pool: &PgPool, env: &Env<'_>, out: &Output) -> Result<
         })
         .collect();
     print_table(&["provider", "secret", "deliveries", "last"], &rows);
+    if configured.is_some() && secrets.iter().any(|s| s.secret_fingerprint.is_some() && position(s).is_none()) {
+        say!(
+            "(\"not configured here\": this shell's environment has no such secret; `inbox dev` makes its \
+             development secrets for itself, and prints them at start: export those here to match them)"
+        );
+    }
     Ok(())
 }
 

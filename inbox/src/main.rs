@@ -55,6 +55,10 @@ enum Command {
         port: u16,
         #[arg(long, default_value = "127.0.0.1")]
         host: String,
+        /// Run the stock application (its handlers and tables: orders, payments, accounts, ...)
+        /// on DATABASE_URL too; its throwaway database always runs it.
+        #[arg(long, env = "INBOX_STOCK", action = clap::ArgAction::SetTrue, value_parser = clap::builder::BoolishValueParser::new())]
+        stock: bool,
     },
     /// The production service, for a container: the stages as long-running roles on DATABASE_URL
     /// (receive with group commit, process, relay, prune, reconcile; the console when named), with
@@ -78,6 +82,10 @@ enum Command {
         /// Apply the migrations before serving (else they must be applied: `inbox migrate`).
         #[arg(long)]
         migrate: bool,
+        /// Run the stock application (its handlers and its tables) [default: the inbox alone:
+        /// events no handler takes end `unhandled`].
+        #[arg(long, env = "INBOX_STOCK", action = clap::ArgAction::SetTrue, value_parser = clap::builder::BoolishValueParser::new())]
+        stock: bool,
     },
     /// The console: a web page to find any event, see why it failed and replay it, on DATABASE_URL
     /// (sign-in required; `inbox console user add` makes users). `inbox dev` serves it at /console.
@@ -89,9 +97,13 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1")]
         host: String,
     },
-    /// Apply the migrations of what `inbox` runs to DATABASE_URL: the inbox's, then the stock
-    /// application's (a team's binaries apply their own application's: App::migrate).
-    Migrate,
+    /// Apply the inbox's migrations to DATABASE_URL (a team's binaries apply their own
+    /// application's after them: App::migrate).
+    Migrate {
+        /// The stock application's too (its tables: orders, payments, accounts, ...), for `serve --stock`.
+        #[arg(long, env = "INBOX_STOCK", action = clap::ArgAction::SetTrue, value_parser = clap::builder::BoolishValueParser::new())]
+        stock: bool,
+    },
     /// The providers with a secret here: the URL to give each, its signature
     /// header and redelivery window (INBOX_PROVIDERS_FILE's included).
     Providers {
@@ -371,8 +383,12 @@ async fn main() -> std::process::ExitCode {
 
 async fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Dev { port, host } => dev::run(stock::app(), &host, port).await,
-        Command::Serve { roles, port, admin_port, host, admin_host, migrate } => {
+        Command::Dev { port, host, stock } => {
+            // Its own throwaway database runs the stock application; a database of yours only when asked.
+            let stock = stock || config::Env::process().var("DATABASE_URL").is_none();
+            dev::run(application(stock), &host, port).await
+        }
+        Command::Serve { roles, port, admin_port, host, admin_host, migrate, stock } => {
             let settings = webhook_inbox_service::serve::Settings {
                 roles,
                 host: Some(host),
@@ -381,7 +397,7 @@ async fn run(cli: Cli) -> Result<()> {
                 admin_port: Some(admin_port),
                 migrate,
             };
-            webhook_inbox_service::serve::run(stock::app(), settings).await
+            webhook_inbox_service::serve::run(application(stock), settings).await
         }
         Command::Console { command: None, port, host } => webhook_inbox_service::console::run(&host, port).await,
         Command::Console { command: Some(command), .. } => console::act(&operator_db().await?, command).await,
@@ -479,7 +495,18 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Outbox { command, dead, limit, out } => {
             outbox::act(&operator_db().await?, command, dead, limit, &out).await
         }
-        Command::Migrate => passes::migrate().await,
+        Command::Migrate { stock } => passes::migrate(application(stock), stock).await,
+    }
+}
+
+/// What `dev`, `serve` and `migrate` run: the stock application (its
+/// handlers, its migrations) when asked, else the inbox alone, which makes no
+/// table of the stock application's in a team's database.
+fn application(stock: bool) -> webhook_inbox::App {
+    if stock {
+        stock::app()
+    } else {
+        webhook_inbox::App::default()
     }
 }
 

@@ -78,14 +78,12 @@ pub(crate) async fn prune() -> Result<()> {
 }
 
 /// The inbox's migrations and the stock application's, on DATABASE_URL.
-pub(crate) async fn migrate() -> Result<()> {
+pub(crate) async fn migrate(app: webhook_inbox::App, stock: bool) -> Result<()> {
     let config = DbConfig::read(&config::Env::resolved().await?, 1)?;
     let url = config.url.clone().context("DATABASE_URL is not set")?;
-    let version = stock::app().migrate(&config.pool()?).await.context("applying migrations")?;
-    say!(
-        "the inbox's migrations (version {version}) and the stock application's applied to {}",
-        config::redact_url(&url)
-    );
+    let version = app.migrate(&config.pool()?).await.context("applying migrations")?;
+    let and_stock = if stock { " and the stock application's" } else { "" };
+    say!("the inbox's migrations (version {version}){and_stock} applied to {}", config::redact_url(&url));
     Ok(())
 }
 

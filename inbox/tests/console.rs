@@ -55,7 +55,9 @@ async fn the_console_in_a_browser_signs_in_filters_opens_and_replays_and_keeps_v
     let pool = pool_options.connect_with(opts).await.unwrap();
     // One attempt: the deposit for an account that does not exist fails at once, and opens an alert.
     let rules = "[[alert]]\nname = \"deposits failing\"\ncondition = \"failed\"\nprovider = \"marqeta\"\nthreshold = 1";
-    let env = [("DATABASE_URL", url.as_str()), ("INBOX_MAX_ATTEMPTS", "1"), ("INBOX_RULES", rules)];
+    // The stock application on a database of its own: its payments, and its deposits failing.
+    let env =
+        [("DATABASE_URL", url.as_str()), ("INBOX_STOCK", "1"), ("INBOX_MAX_ATTEMPTS", "1"), ("INBOX_RULES", rules)];
     let (_child, lines) = inbox_dev(env!("CARGO_BIN_EXE_inbox"), &env);
     let (mut console, mut operator, mut password) = (None, None, None);
     let addr = dev_ready(&lines, |line| {

@@ -148,7 +148,7 @@ fn parse(text: &str) -> Result<Vec<(Provider, Description)>, String> {
     let table: BTreeMap<String, Description> = if text.trim_start().starts_with('{') {
         serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?
     } else {
-        toml::from_str(text).map_err(|e| format!("not valid TOML: {}", e.to_string().trim_end()))?
+        toml::from_str(text).map_err(|e| format!("not valid TOML: {}", crate::text::toml_error(text, &e)))?
     };
     table
         .into_iter()

@@ -169,6 +169,12 @@ async fn events_are_listed_shown_replayed_and_erased(pool: PgPool) {
     }
     row(&pool, "github", "delivery/with/slashes", "push", "failed", json!({"ref": "main"})).await;
     let op = Some(operator.as_str());
+    // Under a base, a route or a method the API lacks is answered with where its document is served.
+    for (method, path) in [("PUT", "/console/api/v1/events"), ("GET", "/console/api/v1/nothing-here")] {
+        let lacking = api.call(method, path, op, None).await;
+        let said = lacking.body["error"].as_str().unwrap_or_default();
+        assert!(said.ends_with("(the document: /console/api/v1/openapi.json)"), "{method} {path}: {said}");
+    }
 
     let page = api.call("GET", "/console/api/v1/events?provider=stripe&status=done&limit=2", op, None).await;
     assert_eq!(page.status, StatusCode::OK, "{:?}", page.body);

@@ -267,12 +267,22 @@ fn api_headers(r: &mut Response) {
     r.headers_mut().insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
 }
 
-async fn no_such_route() -> Refused {
-    Refused::NotFound("there is no such API route (the document: /api/v1/openapi.json)".into())
+/// Where the API's document is served, under the console's base: named in
+/// the answers to a route or a method the API does not have.
+fn document_path(state: &State) -> String {
+    format!("{}/api/v1/openapi.json", state.base)
+}
+
+async fn no_such_route(Shared(state): Shared<Arc<State>>) -> Refused {
+    Refused::NotFound(format!("there is no such API route (the document: {})", document_path(&state)))
 }
 
 /// The API's routes, under `/api/v1`.
 pub(crate) fn router(state: Arc<State>) -> Router {
+    let wrong_method = serde_json::json!({
+        "error": format!("this route does not take this method (the document: {})", document_path(&state))
+    })
+    .to_string();
     Router::new()
         .route("/api/v1/openapi.json", get(openapi))
         .route("/api/v1/events", get(list_events))
@@ -294,13 +304,14 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/api/v1", axum::routing::any(no_such_route))
         .route("/api/v1/", axum::routing::any(no_such_route))
         .route("/api/v1/{*rest}", axum::routing::any(no_such_route))
-        .method_not_allowed_fallback(|| async {
-            let mut r = Refused::BadRequest(String::new()).into_response();
-            *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
-            *r.body_mut() = axum::body::Body::from(
-                r#"{"error":"this route does not take this method (the document: /api/v1/openapi.json)"}"#,
-            );
-            r
+        .method_not_allowed_fallback(move || {
+            let body = wrong_method.clone();
+            async move {
+                let mut r = Refused::BadRequest(String::new()).into_response();
+                *r.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+                *r.body_mut() = axum::body::Body::from(body);
+                r
+            }
         })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::map_response(|mut r: Response| async move {

@@ -225,7 +225,11 @@ pub(crate) async fn check(
             .await?;
     checks.push((
         matches!(&poison, Some((s, Some(_))) if s == "failed"),
-        format!("the poison event is failed with its reason: {poison:?}"),
+        match &poison {
+            Some((status, Some(reason))) => format!("the poison event is {status} with its reason: {reason}"),
+            Some((status, None)) => format!("the poison event is {status}, without a reason"),
+            None => "the poison event is missing".into(),
+        },
     ));
 
     let orders: BTreeMap<String, (String, String, String)> = sqlx::query_as(

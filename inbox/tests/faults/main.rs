@@ -105,7 +105,7 @@ const GROUPS: &[(&str, &str)] = &[("INBOX_GROUP_COMMIT_WAIT_US", "3000"), ("INBO
 impl Stack {
     fn start(link: &Link, sink: &str, port: u16) -> Stack {
         let mut child = Command::new(env!("CARGO_BIN_EXE_inbox"))
-            .args(["dev", "--port", &port.to_string()])
+            .args(["dev", "--stock", "--port", &port.to_string()])
             .env_clear()
             .envs([
                 ("PATH", std::env::var("PATH").unwrap_or_default()),

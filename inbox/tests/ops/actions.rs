@@ -361,3 +361,18 @@ async fn jobs_lists_shows_and_cancels_the_api_s_jobs(pool_options: PgPoolOptions
     assert!(fails(Some(&url), &["jobs", "cancel", &ended]).contains("nothing to cancel"));
     assert!(fails(Some(&url), &["jobs", "show", "999999"]).contains("no job 999999"));
 }
+
+/// `inbox console user|token add|remove|revoke --json`: what each did, as
+/// JSON, with a password or token made here shown that once.
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn console_users_and_tokens_answer_in_json(_: PgPoolOptions, opts: PgConnectOptions) {
+    let url = url_of(&opts);
+    let added = json_of(&url, &["console", "user", "add", "ann", "--role", "viewer", "--json"]);
+    assert_eq!((added["name"].as_str(), added["role"].as_str()), (Some("ann"), Some("viewer")), "{added}");
+    assert!(added["password"].as_str().is_some_and(|p| p.len() >= 12), "{added}");
+    let removed = json_of(&url, &["console", "user", "remove", "ann", "--json"]);
+    assert_eq!(removed, json!({"name": "ann", "done": "removed, and signed out everywhere"}));
+    let token = json_of(&url, &["console", "token", "add", "ci", "--role", "operator", "--json"]);
+    assert!(token["token"].as_str().is_some_and(|t| !t.is_empty()), "{token}");
+    assert_eq!(json_of(&url, &["console", "token", "revoke", "ci", "--json"])["done"], "revoked");
+}

@@ -183,6 +183,7 @@ async fn secret_use_is_counted_by_fingerprint_whatever_the_order_of_the_list(
     let table = ok(&url, &["stats"], &[("STRIPE_WEBHOOK_SECRET", "whsec_new,whsec_old")]);
     assert!(table.contains(&format!("{} (not configured here)", fp("whsec_gone"))), "{table}");
     assert!(table.contains(&format!("{} (#2 here)", fp("whsec_old"))), "{table}");
+    assert!(table.contains("`inbox dev` makes its development secrets for itself"), "says why: {table}");
     let providers = inbox(None, &["providers", "--json"], &[("STRIPE_WEBHOOK_SECRET", "whsec_new,whsec_old")]);
     let providers: Value = serde_json::from_slice(&providers.stdout).unwrap();
     assert_eq!(providers[0]["secret_fingerprints"], json!([fp("whsec_new"), fp("whsec_old")]));
@@ -380,9 +381,27 @@ async fn configuration_and_input_mistakes_are_named(pool_options: PgPoolOptions,
     let fresh_url = format!("postgres://postgres@{}:{}/{fresh}", opts.get_host(), opts.get_port());
     let out = inbox(Some(&fresh_url), &["migrate"], &[("RUST_LOG", "info")]);
     let logs = String::from_utf8_lossy(&out.stderr);
+    // A team's database gets the inbox's tables alone; the stock application's only when asked.
+    let tables = || async {
+        let fresh_pool = PgPool::connect(&fresh_url).await.unwrap();
+        let tables = inbox_tests::history::tables(&fresh_pool).await;
+        fresh_pool.close().await;
+        tables
+    };
+    let inbox_only = tables().await;
+    let stock = inbox(Some(&fresh_url), &["migrate", "--stock"], &[]);
+    let with_stock = tables().await;
     sqlx::query(&format!("DROP DATABASE \"{fresh}\"")).execute(&pool).await.unwrap();
     assert!(out.status.success() && logs.contains("migration applied"), "{logs}");
     assert!(!logs.contains('\u{1b}'), "{logs:?}");
+    assert!(stock.status.success(), "{}", String::from_utf8_lossy(&stock.stderr));
+    assert!(String::from_utf8_lossy(&stock.stdout).contains("and the stock application's"));
+    assert!(inbox_only.contains(&"webhook_inbox".to_string()), "{inbox_only:?}");
+    let added: Vec<&String> = with_stock.iter().filter(|t| !inbox_only.contains(t)).collect();
+    let stock_tables =
+        ["account_deposits", "accounts", "orders", "payments", "subscriptions", "webhook_inbox_reference_migrations"];
+    assert_eq!(added, stock_tables, "`migrate` made none of them, `migrate --stock` all");
+    assert!(inbox_only.iter().all(|t| with_stock.contains(t)));
 }
 
 /// Output piped into a reader that stops early (`inbox providers --all | head -1`):

@@ -144,7 +144,7 @@ async fn serve_is_ready_once_migrated_then_takes_deliveries_and_counts_them(
     // The port that faces the internet says only that: the reason is the admin port's and the log's.
     assert_eq!(get(&serve.main, "/readyz"), (503, r#"{"status":"not ready"}"#.into()));
     serve.line("waiting for migrations before the stages start", Duration::from_secs(5));
-    // One command migrates whatever `inbox serve` runs: the inbox's tables and the stock application's.
+    // One command migrates what `inbox serve` runs: the inbox alone, without `--stock`.
     let migrate = Command::new(env!("CARGO_BIN_EXE_inbox"))
         .arg("migrate")
         .env_clear()

@@ -161,7 +161,8 @@ async fn each_delivery_is_one_trace_from_receive_through_processing_to_the_relay
         ("RELAY_HTTP_URL", sink.as_str()),
         ("INBOX_POLL_MS", "20"),
     ];
-    let mut serve = Serve::start(&url_of(&opts), &[], &env);
+    // The stock application: its payment handler writes the message the relay sends.
+    let mut serve = Serve::start(&url_of(&opts), &["--stock"], &env);
     let body = r#"{"id":"evt_traced","type":"payment_intent.succeeded","data":{"object":{"id":"pi_traced","amount_received":1200,"currency":"eur"}}}"#;
     let t = inbox_tests::now();
     let sig = stripe_v1(SECRET, t, body.as_bytes());

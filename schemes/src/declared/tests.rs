@@ -160,11 +160,12 @@ redelivery_days = 9
             "[a]\nsignature = { header = \"X\" }\nencoding = \"hex\"\nsigned = \"{body}\"",
             "a: redelivery_days is missing",
         ),
-        ("[a\n", "not valid TOML"),
+        ("[a\n", "not valid TOML: line 1, column 3: "),
         ("{\"a\": {\"alias\": 1}}", "not valid JSON"),
     ] {
         let err = Catalog::with_file(Some(file), |_| None).unwrap_err();
         assert!(err.contains(expected), "{file}: {err}");
+        assert!(!err.contains('\n'), "one line: {err}");
     }
     let json = r#"{"acme": {"signature": {"header": "X-Sig"}, "encoding": "base64", "signed": "{body}", "redelivery_days": 1}}"#;
     assert!(Catalog::with_file(Some(json), |_| None).unwrap().find("acme").is_some(), "JSON works too");

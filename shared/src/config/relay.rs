@@ -186,7 +186,8 @@ impl Destinations {
             (None, Some(text)) => ("RELAY_DESTINATIONS", text),
             (None, None) => return Ok(Destinations(out)),
         };
-        let file: File = toml::from_str(&text).map_err(|e| invalid(var, e.to_string()))?;
+        let file: File =
+            toml::from_str(&text).map_err(|e| invalid(var, webhook_inbox_schemes::text::toml_error(&text, &e)))?;
         for (name, entry) in file.destination {
             let at = |key: &str, reason: String| {
                 invalid(var, format!("[destination.{}] {key}: {reason}", webhook_inbox_schemes::text::escape(&name)))

@@ -372,10 +372,11 @@ fn a_destinations_file_is_read_and_each_mistake_is_refused_naming_its_key() {
             "[destination.default] name: is configured by RELAY_HTTP_URL",
         ),
         ("[destinations.a]\nurl = \"http://a\"", &[], "unknown field `destinations`"),
-        ("[destination.a", &[], "RELAY_DESTINATIONS: TOML parse error"),
+        ("[destination.a]\nurl = \"http://a\"\n[destination.b", &[], "RELAY_DESTINATIONS: line 3, column 15: "),
     ] {
         let err = refused(file, extra);
         assert!(err.starts_with("RELAY_DESTINATIONS: ") && err.contains(expected), "{file}: {err}");
+        assert!(!err.contains('\n'), "one line, where and what: {err}");
         assert!(!err.contains("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"), "never the secret: {err}");
     }
     let both = [("RELAY_DESTINATIONS", "x"), ("RELAY_DESTINATIONS_FILE", "/x")];
