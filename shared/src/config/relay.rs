@@ -157,9 +157,17 @@ impl Destinations {
         let defaults = DestinationLimits::read(env)?;
         let mut out = Vec::new();
         let mut each = Vec::new();
+        // The `default` destination's deliveries signed as Standard Webhooks,
+        // as a file's `signing_secret_env` signs a destination's.
+        let signer = match env.var("RELAY_SIGNING_SECRET") {
+            Some(secrets) => Some(Signer::new(&secrets).map_err(|reason| invalid("RELAY_SIGNING_SECRET", reason))?),
+            None => None,
+        };
         if let Some(url) = env.var("RELAY_HTTP_URL") {
             http_url(&url).map_err(|reason| invalid("RELAY_HTTP_URL", reason))?;
-            each.push(Target::Http { url, signer: None });
+            each.push(Target::Http { url, signer: signer.clone() });
+        } else if signer.is_some() {
+            return Err(invalid("RELAY_SIGNING_SECRET", "signs RELAY_HTTP_URL's deliveries, which is not set"));
         }
         if let Some(queue) = env.var("RELAY_SQS_QUEUE_URL") {
             each.push(Target::Sqs(queue));

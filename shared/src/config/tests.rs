@@ -283,6 +283,23 @@ fn a_value_that_does_not_parse_names_its_variable() {
 }
 
 #[test]
+fn relay_signing_secret_signs_the_default_destination_and_needs_its_url() {
+    let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let signed = [("RELAY_HTTP_URL", "https://consumer.example/hooks"), ("RELAY_SIGNING_SECRET", secret)];
+    let read = Destinations::read(&Env::from_pairs(&signed)).unwrap();
+    assert!(matches!(&read.0[0].target, Target::Http { signer: Some(_), .. }), "signed");
+    let plain = Destinations::read(&Env::from_pairs(&signed[..1])).unwrap();
+    assert!(matches!(&plain.0[0].target, Target::Http { signer: None, .. }), "unsigned without it");
+    for (pairs, why) in [
+        (vec![("RELAY_SIGNING_SECRET", secret)], "which is not set"),
+        (vec![signed[0], ("RELAY_SIGNING_SECRET", "not-base64!")], "RELAY_SIGNING_SECRET: "),
+    ] {
+        let err = Destinations::read(&Env::from_pairs(&pairs)).unwrap_err().to_string();
+        assert!(err.contains(why) && !err.contains("MfKQ9r8G"), "{err}");
+    }
+}
+
+#[test]
 fn a_destinations_file_is_read_and_each_mistake_is_refused_naming_its_key() {
     let file = r#"
         [destination.billing]
