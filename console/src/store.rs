@@ -131,7 +131,7 @@ pub(crate) async fn delete_user(pool: &PgPool, actor: &str, name: &str) -> Resul
 /// Every user, by name (the expired ones aside).
 pub(crate) async fn list_users(pool: &PgPool) -> Result<Vec<User>, sqlx::Error> {
     let rows: Vec<(String, String, String, i64)> = query_as(
-        "SELECT u.name, u.role, u.created_at::text,
+        "SELECT u.name, u.role, to_json(u.created_at)#>>'{}' AS created_at,
                 (SELECT count(*) FROM inbox_console_sessions AS s WHERE s.user_name = u.name AND s.expires_at > now())
          FROM inbox_console_users AS u WHERE u.expires_at IS NULL OR u.expires_at > now() ORDER BY u.name",
     )
@@ -244,7 +244,8 @@ pub(crate) struct SessionSeen {
 /// A user's sessions that are signed in and used within `idle`, the most recently used first.
 pub(crate) async fn sessions_of(pool: &PgPool, user: &str, idle: Duration) -> Result<Vec<SessionSeen>, sqlx::Error> {
     query_as(
-        "SELECT encode(token_sha256, 'hex') AS id, created_at::text, last_seen_at::text, client, user_agent
+        "SELECT encode(token_sha256, 'hex') AS id, to_json(created_at)#>>'{}' AS created_at,
+                to_json(last_seen_at)#>>'{}' AS last_seen_at, client, user_agent
          FROM inbox_console_sessions
          WHERE user_name = $1 AND expires_at > now() AND last_seen_at > now() - $2 * interval '1 millisecond'
          ORDER BY last_seen_at DESC",
@@ -317,7 +318,7 @@ pub(crate) struct AccountRecord {
 /// The last `limit` audit records about `user`, newest first.
 pub(crate) async fn account_history(pool: &PgPool, user: &str, limit: i64) -> Result<Vec<AccountRecord>, sqlx::Error> {
     query_as(
-        "SELECT at::text, actor, action, reason FROM inbox_audit
+        "SELECT to_json(at)#>>'{}' AS at, actor, action, reason FROM inbox_audit
          WHERE console_user = $1 ORDER BY id DESC LIMIT $2",
     )
     .bind(user)

@@ -70,7 +70,8 @@ pub(crate) async fn revoke_token(pool: &PgPool, name: &str, by: &str) -> Result<
 /// Every token, revoked ones too, by name.
 pub(crate) async fn list_tokens(pool: &PgPool) -> Result<Vec<ApiToken>, sqlx::Error> {
     query_as(
-        "SELECT name, role, created_at::text, created_by, last_used_at::text, revoked_at::text
+        "SELECT name, role, to_json(created_at)#>>'{}' AS created_at, created_by,
+                to_json(last_used_at)#>>'{}' AS last_used_at, to_json(revoked_at)#>>'{}' AS revoked_at
          FROM inbox_api_tokens ORDER BY name",
     )
     .fetch_all(Autocommit(pool))

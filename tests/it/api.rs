@@ -151,6 +151,13 @@ async fn tokens_authenticate_with_their_roles_are_kept_hashed_and_revocable(pool
     assert_eq!(doc.status, StatusCode::OK);
     assert_eq!(doc.body["openapi"], "3.1.0");
     assert_eq!(doc.body["components"]["securitySchemes"]["token"]["scheme"], "bearer");
+    // Every time is an RFC 3339 date-time, and the document says so.
+    let schemas = &doc.body["components"]["schemas"];
+    for (schema, field) in [("EventItem", "received_at"), ("JobView", "created_at"), ("Pause", "paused_at")] {
+        let property = &schemas[schema]["properties"][field];
+        let format = property["format"].as_str().or(property["oneOf"][0]["format"].as_str());
+        assert_eq!(format, Some("date-time"), "{schema}.{field}: {property}");
+    }
     for path in ["/api/v1/nothing-here", "/api/v1", "/api/v1/"] {
         assert_eq!(api.call("GET", path, Some(&operator), None).await.status, StatusCode::NOT_FOUND, "{path}");
     }
@@ -178,6 +185,8 @@ async fn events_are_listed_shown_replayed_and_erased(pool: PgPool) {
 
     let page = api.call("GET", "/console/api/v1/events?provider=stripe&status=done&limit=2", op, None).await;
     assert_eq!(page.status, StatusCode::OK, "{:?}", page.body);
+    let received = page.body["events"][0]["received_at"].as_str().unwrap_or_default();
+    assert!(rfc3339(received), "an RFC 3339 time in UTC: {received:?}");
     assert_eq!(page.body["events"].as_array().unwrap().len(), 2);
     let next = page.body["next"].as_str().unwrap().to_string();
     let rest =
@@ -543,4 +552,22 @@ async fn a_job_stuck_on_one_event_stays_running_is_cancelled_within_it_and_jobs_
             .await
             .unwrap();
     assert_eq!(cancels, 1);
+}
+
+/// `2026-12-07T19:03:31.123456+00:00`: RFC 3339, in UTC, as every time the API answers.
+fn rfc3339(t: &str) -> bool {
+    let b = t.as_bytes();
+    let digits = |r: std::ops::Range<usize>| b.get(r).is_some_and(|d| d.iter().all(u8::is_ascii_digit));
+    let fraction = t.get(19..t.len().saturating_sub(6)).unwrap_or("x");
+    b.len() >= 25
+        && digits(0..4)
+        && (b[4], b[7], b[10], b[13], b[16]) == (b'-', b'-', b'T', b':', b':')
+        && digits(5..7)
+        && digits(8..10)
+        && digits(11..13)
+        && digits(14..16)
+        && digits(17..19)
+        && t.ends_with("+00:00")
+        && (fraction.is_empty()
+            || fraction.strip_prefix('.').is_some_and(|f| !f.is_empty() && f.bytes().all(|d| d.is_ascii_digit())))
 }

@@ -170,7 +170,8 @@ async fn one_customer_s_events_are_erased_everywhere_and_their_keys_stay(
     assert_eq!(
         ops::erase(&pool, "stripe", "evt_jane_1", &BY).await.unwrap(),
         Erased::Already {
-            at: scalar(&pool, "SELECT erased_at::text FROM webhook_inbox WHERE event_id = 'evt_jane_1'").await,
+            at: scalar(&pool, "SELECT to_json(erased_at)#>>'{}' FROM webhook_inbox WHERE event_id = 'evt_jane_1'")
+                .await,
             by: "dpo".into()
         }
     );

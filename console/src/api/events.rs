@@ -63,6 +63,7 @@ pub(crate) struct EventItem {
     event_type: String,
     status: String,
     attempts: i32,
+    #[schema(format = DateTime)]
     received_at: String,
     failure_reason: Option<String>,
 }
@@ -135,8 +136,11 @@ pub(crate) struct EventDetail {
     /// webhook, or reconcile.
     source: String,
     attempts: i32,
+    #[schema(format = DateTime)]
     received_at: String,
+    #[schema(format = DateTime)]
     processed_at: Option<String>,
+    #[schema(format = DateTime)]
     next_attempt_at: Option<String>,
     failure_reason: Option<String>,
     /// The delivery's headers that were kept.
@@ -146,9 +150,11 @@ pub(crate) struct EventDetail {
     /// The pause holding it, while one does.
     held_by: Option<i64>,
     /// When it was erased, and by whom.
+    #[schema(format = DateTime)]
     erased_at: Option<String>,
     erased_by: Option<String>,
     /// When it was put back from prune's archive, if it was.
+    #[schema(format = DateTime)]
     restored_at: Option<String>,
     /// What was done to it, oldest first.
     history: Vec<HistoryItem>,
@@ -159,6 +165,7 @@ pub(crate) struct EventDetail {
 /// An audit record.
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct HistoryItem {
+    #[schema(format = DateTime)]
     at: String,
     actor: String,
     action: String,
@@ -173,8 +180,11 @@ pub(crate) struct MessageItem {
     message_key: String,
     destination: String,
     attempts: i32,
+    #[schema(format = DateTime)]
     created_at: String,
+    #[schema(format = DateTime)]
     sent_at: Option<String>,
+    #[schema(format = DateTime)]
     dead_at: Option<String>,
     last_error: Option<String>,
 }

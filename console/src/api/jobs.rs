@@ -104,8 +104,11 @@ pub(crate) struct JobView {
     error: Option<String>,
     /// The token that started it.
     created_by: String,
+    #[schema(format = DateTime)]
     created_at: String,
+    #[schema(format = DateTime)]
     finished_at: Option<String>,
+    #[schema(format = DateTime)]
     cancel_requested_at: Option<String>,
     /// The token that asked the cancel.
     cancelled_by: Option<String>,

@@ -23,8 +23,10 @@ pub struct Alert {
     /// `open`, `acknowledged` or `resolved`.
     pub state: String,
     /// When it opened.
+    #[cfg_attr(feature = "openapi", schema(format = DateTime))]
     pub first_seen: String,
     /// When it last held.
+    #[cfg_attr(feature = "openapi", schema(format = DateTime))]
     pub last_seen: String,
     /// Evaluations that found it holding.
     pub seen: i32,
@@ -35,14 +37,17 @@ pub struct Alert {
     /// The last evaluation's sentence (a stranger's text may be in it: escape it for a terminal or a page).
     pub summary: String,
     /// Since when it no longer holds (resolved after the rule's `resolve_after`).
+    #[cfg_attr(feature = "openapi", schema(format = DateTime))]
     pub cleared_at: Option<String>,
     /// Reminders sent.
     pub reminders: i32,
     /// When it was acknowledged, and by whom.
+    #[cfg_attr(feature = "openapi", schema(format = DateTime))]
     pub acknowledged_at: Option<String>,
     /// Who acknowledged it.
     pub acknowledged_by: Option<String>,
     /// When it was resolved.
+    #[cfg_attr(feature = "openapi", schema(format = DateTime))]
     pub resolved_at: Option<String>,
     /// `inbox` when its condition cleared.
     pub resolved_by: Option<String>,
@@ -52,9 +57,10 @@ pub struct Alert {
     pub channels: Json<Vec<Channel>>,
 }
 
-const COLUMNS: &str =
-    "id, rule, condition, scope, state, first_seen::text, last_seen::text, seen, value, peak, summary,
-    cleared_at::text, reminders, acknowledged_at::text, acknowledged_by, resolved_at::text, resolved_by, channels";
+const COLUMNS: &str = "id, rule, condition, scope, state, to_json(first_seen)#>>'{}' AS first_seen,
+     to_json(last_seen)#>>'{}' AS last_seen, seen, value, peak, summary,
+    to_json(cleared_at)#>>'{}' AS cleared_at, reminders, to_json(acknowledged_at)#>>'{}' AS acknowledged_at,
+    acknowledged_by, to_json(resolved_at)#>>'{}' AS resolved_at, resolved_by, channels";
 
 /// The alerts still open or acknowledged, and (with `resolved`) the latest resolved ones, newest first.
 pub async fn list(pool: &PgPool, resolved: bool, limit: i64) -> Result<Vec<Alert>, sqlx::Error> {

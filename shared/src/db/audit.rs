@@ -31,7 +31,7 @@ pub struct AuditRecord {
 /// An event's history, oldest first: its requeues and the retries of the outbox messages it wrote.
 pub async fn history(pool: &PgPool, provider: &str, event_id: &str) -> Result<Vec<AuditRecord>, sqlx::Error> {
     super::query_as(
-        "SELECT at::text, actor, action, reason, message_id, from_status, attempts, failure_reason
+        "SELECT to_json(at)#>>'{}' AS at, actor, action, reason, message_id, from_status, attempts, failure_reason
          FROM inbox_audit WHERE provider = $1 AND event_id = $2 ORDER BY id",
     )
     .bind(provider)
@@ -43,7 +43,7 @@ pub async fn history(pool: &PgPool, provider: &str, event_id: &str) -> Result<Ve
 /// A destination's pauses and resumes, oldest first.
 pub(crate) async fn destination_history(pool: &PgPool, destination: &str) -> Result<Vec<AuditRecord>, sqlx::Error> {
     super::query_as(
-        "SELECT at::text, actor, action, reason, message_id, from_status, attempts, failure_reason
+        "SELECT to_json(at)#>>'{}' AS at, actor, action, reason, message_id, from_status, attempts, failure_reason
          FROM inbox_audit WHERE destination = $1 ORDER BY id",
     )
     .bind(destination)

@@ -148,14 +148,17 @@ pub struct DestinationState {
     /// its messages wait).
     pub target: Option<String>,
     /// When a relay last started with it configured.
+    #[cfg_attr(feature = "openapi", schema(format = DateTime))]
     pub seen_at: Option<String>,
     /// When an operator paused it (none: not paused).
+    #[cfg_attr(feature = "openapi", schema(format = DateTime))]
     pub paused_at: Option<String>,
     /// Who paused it.
     pub paused_by: Option<String>,
     /// Why.
     pub pause_reason: Option<String>,
     /// Since when its circuit is open (none: closed).
+    #[cfg_attr(feature = "openapi", schema(format = DateTime))]
     pub opened_at: Option<String>,
     /// The consecutive failures that opened it.
     pub failures: i32,
@@ -216,7 +219,8 @@ pub async fn list(pool: &PgPool) -> Result<Vec<DestinationState>, sqlx::Error> {
              SELECT destination, count(*) AS dead FROM transactional_outbox WHERE dead_at IS NOT NULL GROUP BY destination),
          names AS (
              SELECT name FROM relay_destinations UNION SELECT destination FROM backlog UNION SELECT destination FROM dead)
-         SELECT n.name, d.target, d.seen_at::text, d.paused_at::text, d.paused_by, d.pause_reason, d.opened_at::text,
+         SELECT n.name, d.target, to_json(d.seen_at)#>>'{}' AS seen_at, to_json(d.paused_at)#>>'{}' AS paused_at,
+         d.paused_by, d.pause_reason, to_json(d.opened_at)#>>'{}' AS opened_at,
                 coalesce(d.failures, 0) AS failures, d.last_error,
                 coalesce(b.backlog, 0) AS backlog,
                 coalesce(extract(epoch FROM now() - b.oldest) * 1000, 0)::float8 AS oldest_backlog_ms,

@@ -36,7 +36,8 @@ pub struct Job {
 
 const JOB_COLUMNS: &str = "id, kind, params,
     CASE WHEN state = 'running' AND updated_at < now() - interval '30 seconds' THEN 'interrupted' ELSE state END AS state,
-    estimate, processed, result, error, created_by, created_at::text, finished_at::text, cancel_requested_at::text,
+    estimate, processed, result, error, created_by, to_json(created_at)#>>'{}' AS created_at,
+    to_json(finished_at)#>>'{}' AS finished_at, to_json(cancel_requested_at)#>>'{}' AS cancel_requested_at,
     cancelled_by";
 
 /// A running job's heartbeat comes this often, whatever its batches take; one

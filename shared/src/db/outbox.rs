@@ -370,12 +370,16 @@ pub struct OutboxMessage {
     /// Delivery attempts so far.
     pub attempts: i32,
     /// When its handler's transaction wrote it.
+    #[cfg_attr(feature = "openapi", schema(format = DateTime))]
     pub created_at: String,
     /// When the relay tries it next (none: as soon as it runs).
+    #[cfg_attr(feature = "openapi", schema(format = DateTime))]
     pub next_attempt_at: Option<String>,
     /// When the relay sent it, if it has.
+    #[cfg_attr(feature = "openapi", schema(format = DateTime))]
     pub sent_at: Option<String>,
     /// When the relay gave up on it (a dead message), if it has.
+    #[cfg_attr(feature = "openapi", schema(format = DateTime))]
     pub dead_at: Option<String>,
     /// Why its last attempt failed.
     pub last_error: Option<String>,
@@ -384,8 +388,10 @@ pub struct OutboxMessage {
 /// Unsent messages (or, with `dead`, the dead ones), oldest first.
 pub async fn list_unsent(pool: &sqlx::PgPool, dead: bool, limit: i64) -> Result<Vec<OutboxMessage>, sqlx::Error> {
     super::query_as(
-        "SELECT id, message_key, aggregate_type, aggregate_id, destination, ordering_key, attempts, created_at::text,
-                next_attempt_at::text, processed_at::text AS sent_at, dead_at::text, last_error
+        "SELECT id, message_key, aggregate_type, aggregate_id, destination, ordering_key, attempts,
+                to_json(created_at)#>>'{}' AS created_at,
+                to_json(next_attempt_at)#>>'{}' AS next_attempt_at, to_json(processed_at)#>>'{}' AS sent_at,
+                to_json(dead_at)#>>'{}' AS dead_at, last_error
          FROM transactional_outbox
          WHERE processed_at IS NULL AND (dead_at IS NOT NULL) = $1
          ORDER BY id LIMIT $2",
@@ -404,8 +410,10 @@ pub async fn event_messages(
     event_id: &str,
 ) -> Result<Vec<OutboxMessage>, sqlx::Error> {
     super::query_as(
-        "SELECT id, message_key, aggregate_type, aggregate_id, destination, ordering_key, attempts, created_at::text,
-                next_attempt_at::text, processed_at::text AS sent_at, dead_at::text, last_error
+        "SELECT id, message_key, aggregate_type, aggregate_id, destination, ordering_key, attempts,
+                to_json(created_at)#>>'{}' AS created_at,
+                to_json(next_attempt_at)#>>'{}' AS next_attempt_at, to_json(processed_at)#>>'{}' AS sent_at,
+                to_json(dead_at)#>>'{}' AS dead_at, last_error
          FROM transactional_outbox WHERE event_provider = $1 AND event_id = $2 ORDER BY id",
     )
     .bind(provider)

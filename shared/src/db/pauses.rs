@@ -73,6 +73,7 @@ pub struct Pause {
     /// The type paused; every type of the provider when `None`.
     pub event_type: Option<String>,
     /// Since when.
+    #[cfg_attr(feature = "openapi", schema(format = DateTime))]
     pub paused_at: String,
     /// Who paused it.
     pub paused_by: String,
@@ -83,6 +84,7 @@ pub struct Pause {
     /// After how long it is overdue (`overdue_pauses`, the `PauseOverdue` alarm), in milliseconds.
     pub alarm_after_ms: f64,
     /// Since when a resume is releasing its events (none: paused).
+    #[cfg_attr(feature = "openapi", schema(format = DateTime))]
     pub resuming_at: Option<String>,
     /// Events it holds now.
     pub held: i64,
@@ -291,10 +293,10 @@ pub async fn release(pool: &PgPool, id: i64, chunk: i64) -> Result<Released, sql
 /// Every pause, by provider (a provider's own first, then its types'), with what each holds.
 pub async fn list(pool: &PgPool) -> Result<Vec<Pause>, sqlx::Error> {
     super::query_as(
-        "SELECT p.id, p.provider, p.event_type, p.paused_at::text, p.paused_by, p.reason,
+        "SELECT p.id, p.provider, p.event_type, to_json(p.paused_at)#>>'{}' AS paused_at, p.paused_by, p.reason,
                 (extract(epoch FROM now() - p.paused_at) * 1000)::float8 AS age_ms,
                 (extract(epoch FROM p.alarm_after) * 1000)::float8 AS alarm_after_ms,
-                p.resuming_at::text, p.released,
+                to_json(p.resuming_at)#>>'{}' AS resuming_at, p.released,
                 (SELECT count(*) FROM webhook_inbox w WHERE w.status = 'pending' AND w.held_by = p.id) AS held
          FROM inbox_pauses p
          ORDER BY p.provider, p.event_type NULLS FIRST",
@@ -306,7 +308,7 @@ pub async fn list(pool: &PgPool) -> Result<Vec<Pause>, sqlx::Error> {
 /// A scope's pauses and resumes, oldest first (a provider's: its types' too).
 pub async fn history(pool: &PgPool, provider: &str) -> Result<Vec<super::audit::AuditRecord>, sqlx::Error> {
     super::query_as(
-        "SELECT at::text, actor, action, reason, message_id, from_status, attempts, failure_reason
+        "SELECT to_json(at)#>>'{}' AS at, actor, action, reason, message_id, from_status, attempts, failure_reason
          FROM inbox_audit WHERE provider = $1 AND pause_id IS NOT NULL ORDER BY id",
     )
     .bind(provider)

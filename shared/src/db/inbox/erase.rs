@@ -103,7 +103,8 @@ const ERASE: &str = "WITH picked AS (
  audited AS (
      INSERT INTO inbox_audit (actor, action, reason, provider, event_id, from_status, attempts)
      SELECT $3, $4, $5, provider, event_id, status, attempts FROM picked WHERE EXISTS (SELECT 1 FROM erased))
- SELECT status, erased_at::text, erased_by, EXISTS (SELECT 1 FROM erased), (SELECT count(*) FROM messages),
+ SELECT status, to_json(erased_at)#>>'{}' AS erased_at, erased_by, EXISTS (SELECT 1 FROM erased),
+ (SELECT count(*) FROM messages),
         (SELECT count(*) FROM siblings)
  FROM picked";
 

@@ -56,7 +56,8 @@ pub async fn list_events(
     // planned for what it filters on (one statement of `$n IS NULL OR ...`
     // gets one generic plan, a scan, after its fifth run).
     let mut sql = sqlx::QueryBuilder::new(
-        "SELECT provider, event_id, event_type, status, attempts, received_at::text, failure_reason
+        "SELECT provider, event_id, event_type, status, attempts, to_json(received_at)#>>'{}' AS received_at,
+                failure_reason
          FROM webhook_inbox AS w WHERE true",
     );
     push_filters(&mut sql, query);
@@ -200,11 +201,14 @@ pub struct StoredEvent {
 /// The event `event_id` of `provider`, in full, if it is stored.
 pub async fn stored_event(pool: &PgPool, provider: &str, event_id: &str) -> Result<Option<StoredEvent>, sqlx::Error> {
     db::query_as(
-        "SELECT w.provider, w.event_id, w.event_type, w.status, w.source, w.attempts, w.received_at::text,
-                w.processed_at::text, w.next_attempt_at::text, w.failure_reason, w.headers, w.payload,
+        "SELECT w.provider, w.event_id, w.event_type, w.status, w.source, w.attempts,
+                to_json(w.received_at)#>>'{}' AS received_at,
+                to_json(w.processed_at)#>>'{}' AS processed_at,
+                to_json(w.next_attempt_at)#>>'{}' AS next_attempt_at, w.failure_reason, w.headers, w.payload,
                 coalesce(b.raw_body, w.raw_body, '') AS raw_body, w.secret_index, w.secret_fingerprint,
-                extract(epoch FROM w.received_at)::bigint AS received_epoch, w.held_by, w.erased_at::text, w.erased_by,
-                w.restored_at::text, w.raw_erased_at::text
+                extract(epoch FROM w.received_at)::bigint AS received_epoch, w.held_by,
+                to_json(w.erased_at)#>>'{}' AS erased_at, w.erased_by,
+                to_json(w.restored_at)#>>'{}' AS restored_at, to_json(w.raw_erased_at)#>>'{}' AS raw_erased_at
          FROM webhook_inbox AS w LEFT JOIN webhook_bodies AS b ON b.sha256 = w.body_sha256
          WHERE w.provider = $1 AND w.event_id = $2",
     )

@@ -59,8 +59,8 @@ macro_rules! bind_filter {
 /// Events matching `filter` (its statuses: failed), the most recent first.
 pub async fn list_failed(pool: &PgPool, filter: &Filter, limit: i64) -> Result<Vec<FailedEvent>, sqlx::Error> {
     let sql = format!(
-        "SELECT provider, event_id, event_type, attempts, received_at::text,
-                coalesce(processed_at, received_at)::text AS failed_at, failure_reason
+        "SELECT provider, event_id, event_type, attempts, to_json(received_at)#>>'{{}}' AS received_at,
+                to_json(coalesce(processed_at, received_at))#>>'{{}}' AS failed_at, failure_reason
          FROM webhook_inbox WHERE {FILTER_WHERE}
          ORDER BY coalesce(processed_at, received_at) DESC LIMIT $9"
     );
@@ -245,7 +245,7 @@ pub async fn replay(pool: &PgPool, provider: &str, event_id: &str, by: &Audit<'_
          audited AS (
              INSERT INTO inbox_audit (actor, action, reason, provider, event_id, from_status, attempts, failure_reason)
              SELECT $3, $4, $5, provider, event_id, status, attempts, failure_reason FROM picked WHERE replayable)
-         SELECT status, status = 'pending', replayable, erased_at::text, erased_by FROM picked",
+         SELECT status, status = 'pending', replayable, to_json(erased_at)#>>'{}' AS erased_at, erased_by FROM picked",
     )
     .bind(provider)
     .bind(event_id)

@@ -112,7 +112,7 @@ pub async fn secret_usage(pool: &PgPool, since: Duration) -> Result<Vec<SecretUs
     db::query_as(
         "SELECT provider, secret_fingerprint,
                 CASE WHEN secret_fingerprint IS NULL THEN secret_index END AS secret_index,
-                count(*) AS deliveries, max(received_at)::text AS last_received_at
+                count(*) AS deliveries, to_json(max(received_at))#>>'{}' AS last_received_at
          FROM webhook_inbox
          WHERE received_at > now() - $1 * interval '1 millisecond' AND source = 'webhook'
          GROUP BY 1, 2, 3 ORDER BY 1, 5 DESC",
