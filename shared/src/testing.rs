@@ -274,6 +274,21 @@ pub enum TestInboxError {
     /// The inbox's or the application's migrations failed.
     #[error(transparent)]
     Migrate(#[from] crate::MigrateError),
+    /// The database refused a statement or did not answer.
+    #[error("the database: {0}")]
+    Database(#[from] sqlx::Error),
+    /// [`TestInbox::drain`] gave up with events still pending.
+    #[error(
+        "{pending} event(s) still pending after {}s of draining: a handler that keeps asking for a retry, \
+         or a pause holding them (ops::stored_event says which, and why)",
+        .after.as_secs()
+    )]
+    StillPending {
+        /// The events left pending.
+        pending: i64,
+        /// How long it drained.
+        after: Duration,
+    },
 }
 
 /// The inbox on a test database, as it runs in production: deliveries through
@@ -337,21 +352,26 @@ impl TestInbox {
     }
 
     /// Runs the worker until no event is pending (retries included, each
-    /// after its backoff), or 30 s have passed: what it did.
-    pub async fn drain(&self) -> Result<Processed, sqlx::Error> {
-        let deadline = Instant::now() + Duration::from_secs(30);
+    /// after its backoff): what it did. After 30 s with events still pending
+    /// it gives up, saying how many ([`TestInboxError::StillPending`]).
+    pub async fn drain(&self) -> Result<Processed, TestInboxError> {
+        let after = Duration::from_secs(30);
+        let deadline = Instant::now() + after;
         let mut total = Processed::default();
         loop {
             let done = match self.worker.run(deadline).await {
                 Ok(counts) => counts,
-                Err(stopped) => return Err(stopped.source),
+                Err(stopped) => return Err(stopped.source.into()),
             };
             total.add(&done);
             let pending: i64 = crate::db::query_scalar("SELECT count(*) FROM webhook_inbox WHERE status = 'pending'")
                 .fetch_one(crate::db::Autocommit(&self.pool))
                 .await?;
-            if pending == 0 || Instant::now() >= deadline {
+            if pending == 0 {
                 return Ok(total);
+            }
+            if Instant::now() >= deadline {
+                return Err(TestInboxError::StillPending { pending, after });
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }

@@ -171,3 +171,21 @@ async fn stored_events_are_claimed_once_and_the_worker_applies_them(pool: PgPool
     let id = first.payload.as_ref().and_then(|p| p.0["id"].as_str());
     assert_eq!((first.status.as_str(), id), ("done", Some("evt_1")), "the first payload is kept");
 }
+
+/// `drain()` runs until nothing is pending; with an event that cannot be
+/// processed (its provider paused) it gives up after 30 s, saying how many
+/// are left and where to look, rather than answer as if it had drained.
+#[sqlx::test(migrations = false)]
+async fn drain_says_when_it_gives_up_with_events_still_pending(pool: PgPool) {
+    use webhook_inbox::ops::{self, Audit, PauseScope};
+    let inbox =
+        TestInbox::new(&pool, &App::new(Handlers::new()), &[("STRIPE_WEBHOOK_SECRET", "whsec_t")]).await.unwrap();
+    let by = Audit { actor: "test", action: "pause", reason: "held for the test" };
+    let scope = PauseScope::new("stripe", None).unwrap();
+    ops::pause_events(&pool, &scope, std::time::Duration::from_secs(3600), &by).await.unwrap();
+    let body = r#"{"id":"evt_held","type":"invoice.paid","data":{}}"#;
+    assert_eq!(inbox.deliver(testing::stripe("whsec_t", body)).await.status, 200);
+    let err = inbox.drain().await.unwrap_err();
+    assert!(matches!(err, testing::TestInboxError::StillPending { pending: 1, .. }), "{err}");
+    assert!(err.to_string().starts_with("1 event(s) still pending after 30s of draining"), "{err}");
+}
