@@ -160,3 +160,52 @@ pub(crate) fn print_table(head: &[&str], rows: &[Vec<String>]) {
         say!("(none)");
     }
 }
+
+/// The commands as `inbox --help` lists them: by what they are for.
+const GROUPS: &[(&str, &[&str])] = &[
+    ("Run it", &["dev", "serve", "console", "migrate", "demo"]),
+    (
+        "See what it holds",
+        &["stats", "events", "failed", "show", "providers", "outbox", "pauses", "jobs", "alerts", "archive", "rules"],
+    ),
+    ("Act on it (each action audited)", &["replay", "requeue", "erase", "pause", "resume", "restore"]),
+    ("One pass of a function", &["relay", "reconcile", "prune"]),
+];
+
+/// `cmd` with its commands listed in [`GROUPS`], each with its short about.
+pub(crate) fn grouped(cmd: clap::Command) -> clap::Command {
+    let width = GROUPS.iter().flat_map(|(_, names)| names.iter().map(|n| n.len())).max().unwrap_or(0);
+    let mut listing = String::new();
+    for (heading, names) in GROUPS {
+        listing.push_str(&format!("{heading}:\n"));
+        for name in *names {
+            let about =
+                cmd.find_subcommand(name).and_then(|c| c.get_about()).map(|a| a.to_string()).unwrap_or_default();
+            listing.push_str(&format!("  {name:<width$}  {about}\n"));
+        }
+        listing.push('\n');
+    }
+    let template = format!("{{about}}\n\n{{usage-heading}} {{usage}}\n\n{listing}Options:\n{{options}}\n\n`inbox help <COMMAND>` says more of each.");
+    cmd.help_template(template)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every command is in `inbox --help`, in one group, and no group names one that is not.
+    #[test]
+    fn every_command_is_listed_in_exactly_one_group() {
+        let cmd = crate::Cli::command();
+        let listed: Vec<&str> = super::GROUPS.iter().flat_map(|(_, names)| names.iter().copied()).collect();
+        let mut commands: Vec<&str> = cmd.get_subcommands().map(|c| c.get_name()).collect();
+        commands.sort_unstable();
+        let mut sorted = listed.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, commands, "GROUPS against the commands");
+        let help = super::grouped(cmd).render_help().to_string();
+        for name in listed {
+            assert_eq!(help.matches(&format!("\n  {name} ")).count(), 1, "{name} once in:\n{help}");
+        }
+    }
+}

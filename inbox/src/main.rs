@@ -31,7 +31,7 @@ mod rules;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use webhook_inbox::{
     config::{self, DbConfig},
     ops::{Audit, Cursor, EventQuery, Filter, IdMatch, PayloadMatch, Since, Status},
@@ -48,6 +48,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run everything locally: webhooks, worker, relay, console.
+    ///
     /// Serve POST /webhooks/{provider} and run process, relay, prune and reconcile on their schedules,
     /// in-process, on DATABASE_URL or an embedded throwaway PostgreSQL.
     Dev {
@@ -60,6 +62,8 @@ enum Command {
         #[arg(long, env = "INBOX_STOCK", action = clap::ArgAction::SetTrue, value_parser = clap::builder::BoolishValueParser::new())]
         stock: bool,
     },
+    /// The production service, for a container.
+    ///
     /// The production service, for a container: the stages as long-running roles on DATABASE_URL
     /// (receive with group commit, process, relay, prune, reconcile; the console when named), with
     /// /healthz, /readyz and Prometheus /metrics, and a drain on SIGTERM. No embedded PostgreSQL, no
@@ -87,6 +91,8 @@ enum Command {
         #[arg(long, env = "INBOX_STOCK", action = clap::ArgAction::SetTrue, value_parser = clap::builder::BoolishValueParser::new())]
         stock: bool,
     },
+    /// The console: find, inspect and replay events in a browser.
+    ///
     /// The console: a web page to find any event, see why it failed and replay it, on DATABASE_URL
     /// (sign-in required; `inbox console user add` makes users). `inbox dev` serves it at /console.
     Console {
@@ -97,6 +103,8 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1")]
         host: String,
     },
+    /// Apply the inbox's migrations.
+    ///
     /// Apply the inbox's migrations to DATABASE_URL (a team's binaries apply their own
     /// application's after them: App::migrate).
     Migrate {
@@ -104,6 +112,8 @@ enum Command {
         #[arg(long, env = "INBOX_STOCK", action = clap::ArgAction::SetTrue, value_parser = clap::builder::BoolishValueParser::new())]
         stock: bool,
     },
+    /// The providers configured here, and the URL to give each.
+    ///
     /// The providers with a secret here: the URL to give each, its signature
     /// header and redelivery window (INBOX_PROVIDERS_FILE's included).
     Providers {
@@ -116,24 +126,32 @@ enum Command {
         #[command(flatten)]
         out: cli::Output,
     },
+    /// Deliver the due outbox messages.
+    ///
     /// One pass of the `relay` function: deliver due outbox messages, print the counts.
     Relay {
         /// One pass, as always (accepted for older scripts; `inbox dev` relays continuously).
         #[arg(long, hide = true)]
         once: bool,
     },
+    /// Fetch what providers never delivered.
+    ///
     /// One pass of the `reconcile` function: fetch what providers never delivered, print the counts.
     Reconcile {
         /// One pass, as always (accepted for older scripts; schedule it for more).
         #[arg(long, hide = true)]
         once: bool,
     },
+    /// Delete what is past its retention.
+    ///
     /// One pass of the `prune` function: delete what is past its retention, print the counts.
     Prune {
         /// One pass, as always (accepted for older scripts; schedule it for more).
         #[arg(long, hide = true)]
         once: bool,
     },
+    /// Counts, queue age, outbox backlog, secrets in use.
+    ///
     /// Counts by provider and status, the queue's age, the outbox backlog, failures
     /// in the last hour, and which secret verified recent deliveries.
     Stats {
@@ -152,6 +170,8 @@ enum Command {
         #[command(flatten)]
         out: cli::Output,
     },
+    /// Find events by provider, type, status, time or id.
+    ///
     /// Events, newest first, by provider, type, status, time received and id
     /// (exact, or a prefix), a page at a time (`--after` the cursor a page ends with).
     Events {
@@ -188,6 +208,8 @@ enum Command {
         #[command(flatten)]
         out: cli::Output,
     },
+    /// One event in full, and whether its bytes still verify.
+    ///
     /// One event: headers, payload, attempts, history, and whether its stored
     /// bytes still verify against the secrets configured here.
     Show {
@@ -197,6 +219,8 @@ enum Command {
         #[command(flatten)]
         out: cli::Output,
     },
+    /// Put one event back to pending; audited.
+    ///
     /// Put one event (done or failed) back to pending, attempts reset; audited.
     Replay {
         #[arg(value_parser = cli::provider_name)]
@@ -208,6 +232,8 @@ enum Command {
         #[command(flatten)]
         out: cli::Output,
     },
+    /// Put a selection of events back to pending, in audited batches.
+    ///
     /// Put events back to pending, in short batches, each audited: failed ones
     /// after a fix, or unhandled (and done) ones to run a handler deployed
     /// since over them. `--dry-run` counts first.
@@ -241,6 +267,8 @@ enum Command {
         #[command(flatten)]
         out: cli::Output,
     },
+    /// Erase events' personal data, keeping their keys.
+    ///
     /// Erase events' personal data (payload, raw bytes, kept headers, failure reason, their outbox
     /// messages' payloads), keeping their keys: a redelivery stays a duplicate; each audited. One event
     /// (--provider and --id), or a selection (--provider, --type, --since, --until, --payload).
@@ -259,11 +287,15 @@ enum Command {
         #[command(flatten)]
         out: cli::Output,
     },
+    /// What prune archived to S3.
+    ///
     /// Prune's archive (INBOX_ARCHIVE_S3_BUCKET): `archive list` says what it holds, by provider and day.
     Archive {
         #[command(subcommand)]
         command: archive::ArchiveCommand,
     },
+    /// Put archived events back.
+    ///
     /// Put archived events back into DATABASE_URL as they were (marked restored; prune keeps them
     /// their retention from now), keys stored already skipped: an s3://bucket/prefix (a provider's
     /// month: s3://bucket/inbox/stripe/2026-10), a .jsonl.gz file or a folder. `inbox requeue` then
@@ -281,6 +313,8 @@ enum Command {
         #[command(flatten)]
         out: cli::Output,
     },
+    /// Outbox messages, retries, and the relay's destinations.
+    ///
     /// Outbox messages waiting (or, with --dead, dead); `outbox retry`, and the
     /// relay's destinations (`outbox destinations`, `pause`, `resume`).
     Outbox {
@@ -294,6 +328,8 @@ enum Command {
         #[command(flatten)]
         out: cli::Output,
     },
+    /// Pause a provider's events (or one type): received, not processed.
+    ///
     /// Pause processing a provider's events, or one type of them: they are still received (200)
     /// and wait, pending, spending no attempt, until `inbox resume`; audited.
     Pause {
@@ -308,6 +344,8 @@ enum Command {
         #[command(flatten)]
         out: cli::Output,
     },
+    /// Resume a pause: its held events in receive order.
+    ///
     /// Resume a pause: its held events are processed in receive order, then new ones as they come.
     Resume {
         #[command(flatten)]
@@ -321,6 +359,8 @@ enum Command {
         #[command(flatten)]
         out: cli::Output,
     },
+    /// What is paused, by whom, why, holding how many.
+    ///
     /// What is paused, since when, by whom, why, and how many events each pause holds.
     Pauses {
         /// A provider's pauses and resumes (its types' too), oldest first, instead.
@@ -329,6 +369,8 @@ enum Command {
         #[command(flatten)]
         out: cli::Output,
     },
+    /// The API's background requeues and erasures.
+    ///
     /// The requeues and erasures the management API runs in the background, newest first;
     /// `jobs show ID`, `jobs cancel ID` (audited).
     Jobs {
@@ -339,6 +381,8 @@ enum Command {
         #[command(flatten)]
         out: cli::Output,
     },
+    /// Open alerts: list, acknowledge, resolve, evaluate.
+    ///
     /// Alerts (`[[alert]]` in INBOX_RULES_FILE): those open or acknowledged, newest first;
     /// `alerts ack ID`, `alerts resolve ID` (audited), `alerts evaluate` (now).
     Alerts {
@@ -350,12 +394,16 @@ enum Command {
         #[command(flatten)]
         out: cli::Output,
     },
+    /// Check an ignore rules file against the stored events.
+    ///
     /// Ignore rules (INBOX_RULES_FILE): `rules check FILE` checks a file and
     /// tries it on the stored events.
     Rules {
         #[command(subcommand)]
         command: rules::RulesCommand,
     },
+    /// The whole pipeline in a minute, every invariant checked.
+    ///
     /// The whole pipeline in a minute: a storm of signed deliveries (duplicates,
     /// late retries, out-of-order snapshots, forgeries, a poison event) through
     /// receive, process and relay to a flaky sink, then every invariant checked.
@@ -372,7 +420,9 @@ enum Command {
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     config::init_logging();
-    match run(Cli::parse()).await {
+    let matches = cli::grouped(Cli::command()).get_matches();
+    let parsed = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    match run(parsed).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {}", webhook_inbox::ops::escape(&format!("{e:#}")));
