@@ -170,6 +170,9 @@ async fn stored_events_are_claimed_once_and_the_worker_applies_them(pool: PgPool
     let first = webhook_inbox::ops::stored_event(inbox.pool(), "stripe", "evt_1").await.unwrap().unwrap();
     let id = first.payload.as_ref().and_then(|p| p.0["id"].as_str());
     assert_eq!((first.status.as_str(), id), ("done", Some("evt_1")), "the first payload is kept");
+    // Its Debug, as a failing assertion prints it: the bytes as text, not as numbers.
+    let shown = format!("{first:?}");
+    assert!(shown.contains(r#"raw_body: 36 bytes: "{\"id\":\"evt_1\",\"type\":\"invoice.paid\"}""#), "{shown}");
 }
 
 /// `drain()` runs until nothing is pending; with an event that cannot be

@@ -150,8 +150,9 @@ pub(super) fn push_filters<'a>(sql: &mut sqlx::QueryBuilder<'a, sqlx::Postgres>,
     }
 }
 
-/// One stored event in full, as `inbox show` prints it. Timestamps are PostgreSQL's own text.
-#[derive(Debug, Clone, sqlx::FromRow)]
+/// One stored event in full, as `inbox show` prints it. Times are RFC 3339, in UTC.
+/// Its `Debug` shows the raw bytes as text (escaped, the first 512 bytes), not as numbers.
+#[derive(Clone, sqlx::FromRow)]
 pub struct StoredEvent {
     /// The provider's name.
     pub provider: String,
@@ -196,6 +197,36 @@ pub struct StoredEvent {
     /// When its raw bytes went with its batch's body, erased with another
     /// event of the batch (it keeps its own payload).
     pub raw_erased_at: Option<String>,
+}
+
+impl std::fmt::Debug for StoredEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shown = &self.raw_body[..self.raw_body.len().min(512)];
+        let raw_body = format!("{} bytes: {:?}", self.raw_body.len(), String::from_utf8_lossy(shown));
+        f.debug_struct("StoredEvent")
+            .field("provider", &self.provider)
+            .field("event_id", &self.event_id)
+            .field("event_type", &self.event_type)
+            .field("status", &self.status)
+            .field("source", &self.source)
+            .field("attempts", &self.attempts)
+            .field("received_at", &self.received_at)
+            .field("processed_at", &self.processed_at)
+            .field("next_attempt_at", &self.next_attempt_at)
+            .field("failure_reason", &self.failure_reason)
+            .field("headers", &self.headers)
+            .field("payload", &self.payload)
+            .field("raw_body", &format_args!("{raw_body}"))
+            .field("secret_index", &self.secret_index)
+            .field("secret_fingerprint", &self.secret_fingerprint)
+            .field("received_epoch", &self.received_epoch)
+            .field("held_by", &self.held_by)
+            .field("erased_at", &self.erased_at)
+            .field("erased_by", &self.erased_by)
+            .field("restored_at", &self.restored_at)
+            .field("raw_erased_at", &self.raw_erased_at)
+            .finish()
+    }
 }
 
 /// The event `event_id` of `provider`, in full, if it is stored.
