@@ -355,8 +355,8 @@ fn the_configuration_page_names_every_variable_the_code_reads_and_only_those() {
 /// stock application and the console, the service (serve, dev), what runs it (the functions, `inbox`, a team's example),
 /// what measures and tests them. A crate added to the workspace is placed here.
 const LAYERS: &[&[&str]] = &[
-    // common-deps has no code: the functions' shared dependencies' features.
-    &["webhook-inbox-schemes", "webhook-inbox-migrations", "common-deps"],
+    // common-deps and check-deps have no code: the functions' and the checks' shared dependencies' features.
+    &["webhook-inbox-schemes", "webhook-inbox-migrations", "common-deps", "check-deps"],
     &["webhook-inbox"],
     &["stock", "webhook-inbox-console"],
     &["webhook-inbox-service"],
@@ -457,6 +457,7 @@ const WITHOUT_THE_WORKSPACE_LINTS: &[(&str, &str)] = &[
     ("tests", "test support, not an API"),
     ("examples/invoices", "a team's application, written as a team would"),
     ("functions/common-deps", "no code"),
+    ("tests/check-deps", "no code"),
 ];
 
 #[test]
