@@ -33,7 +33,10 @@ pub(crate) async fn act(
     out: &Output,
 ) -> Result<()> {
     let job = match command {
-        None => return list(&ops::jobs(pool, limit.clamp(1, 1000)).await?, out),
+        None => {
+            list(&ops::jobs(pool, limit.clamp(1, 1000)).await?, out);
+            return Ok(());
+        }
         Some(JobsCommand::Show { id }) => ops::job(pool, id).await?,
         Some(JobsCommand::Cancel { id }) => {
             let job = ops::cancel_job(pool, id, Canceller::Operator(actor)).await?;
@@ -46,7 +49,7 @@ pub(crate) async fn act(
     if out.json {
         print_json(&json!(job));
     } else {
-        list(std::slice::from_ref(&job), out)?;
+        list(std::slice::from_ref(&job), out);
         say!("asked: {}", ops::escape(&job.params.0.to_string()));
         if let Some(result) = &job.result {
             say!("result: {}", ops::escape(&result.0.to_string()));
@@ -58,10 +61,10 @@ pub(crate) async fn act(
     Ok(())
 }
 
-fn list(jobs: &[Job], out: &Output) -> Result<()> {
+fn list(jobs: &[Job], out: &Output) {
     if out.json {
         print_json(&json!(jobs));
-        return Ok(());
+        return;
     }
     let rows: Vec<Vec<String>> = jobs
         .iter()
@@ -83,5 +86,4 @@ fn list(jobs: &[Job], out: &Output) -> Result<()> {
         })
         .collect();
     print_table(&["#", "kind", "state", "progress", "by", "started", "ended"], &rows);
-    Ok(())
 }

@@ -434,8 +434,12 @@ async fn main() -> std::process::ExitCode {
 async fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Dev { port, host, stock } => {
-            // Its own throwaway database runs the stock application; a database of yours only when asked.
-            let stock = stock || config::Env::process().var("DATABASE_URL").is_none();
+            // Its own throwaway database runs the stock application; a database of yours
+            // (DATABASE_URL, or the one Secrets Manager's DATABASE_SECRET_ARN names) only when asked.
+            let env = config::Env::process();
+            let yours =
+                env.var("DATABASE_URL").is_some() || env.var(config::secrets_manager::DATABASE_SECRET_ARN).is_some();
+            let stock = stock || !yours;
             dev::run(application(stock), &host, port).await
         }
         Command::Serve { roles, port, admin_port, host, admin_host, migrate, stock } => {

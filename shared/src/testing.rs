@@ -396,3 +396,86 @@ impl TestInbox {
         &self.pool
     }
 }
+
+/// A sink for a relay test ([`crate::sinks::Sink`]): it keeps every message
+/// the relay hands it, in order (each attempt of a retried one again), and
+/// takes each, unless told to answer the next ones otherwise. Register a
+/// clone on the app under the name a destination's `sink =` gives:
+///
+/// ```no_run
+/// use webhook_inbox::{sinks::SinkReply, sqlx::PgPool, testing::{RecordingSink, TestInbox}, App, Handlers};
+///
+/// # async fn a_test(pool: PgPool) {
+/// let billing = RecordingSink::new();
+/// let app = App::new(Handlers::new()).with_sink("billing", billing.clone()); // yours: handlers that enqueue
+/// let destinations = "[destination.billing]\nsink = \"billing\"";
+/// let inbox = TestInbox::new(&pool, &app, &[("RELAY_DESTINATIONS", destinations)]).await.unwrap();
+/// billing.answer_next(SinkReply::retry("down for a moment"));
+/// // ... deliver, drain, then:
+/// inbox.relay().await.unwrap();
+/// let sent = billing.delivered();
+/// # }
+/// ```
+#[cfg(feature = "relay")]
+#[derive(Clone, Default)]
+pub struct RecordingSink {
+    state: std::sync::Arc<std::sync::Mutex<Recorded>>,
+}
+
+#[cfg(feature = "relay")]
+#[derive(Default)]
+struct Recorded {
+    handed: Vec<(crate::sinks::Outgoing, crate::sinks::SinkReply)>,
+    next: std::collections::VecDeque<crate::sinks::SinkReply>,
+}
+
+#[cfg(feature = "relay")]
+impl RecordingSink {
+    /// A sink that has seen nothing and takes every message.
+    pub fn new() -> RecordingSink {
+        RecordingSink::default()
+    }
+
+    /// The next message handed to it gets `reply` (after those given before);
+    /// once they are used up, it takes every message again.
+    pub fn answer_next(&self, reply: crate::sinks::SinkReply) {
+        self.recorded().next.push_back(reply);
+    }
+
+    /// Every message handed to it so far, in order, with the reply it got.
+    pub fn handed(&self) -> Vec<(crate::sinks::Outgoing, crate::sinks::SinkReply)> {
+        self.recorded().handed.clone()
+    }
+
+    /// The messages it took ([`crate::sinks::SinkReply::Delivered`]), in order.
+    pub fn delivered(&self) -> Vec<crate::sinks::Outgoing> {
+        let recorded = self.recorded();
+        let taken = recorded.handed.iter().filter(|(_, r)| *r == crate::sinks::SinkReply::Delivered);
+        taken.map(|(m, _)| m.clone()).collect()
+    }
+
+    fn recorded(&self) -> std::sync::MutexGuard<'_, Recorded> {
+        // A test that panicked while holding it left whole entries: still worth reading.
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+#[cfg(feature = "relay")]
+impl crate::sinks::Sink for RecordingSink {
+    fn target(&self) -> String {
+        "recording (webhook_inbox::testing::RecordingSink)".into()
+    }
+
+    fn deliver<'a>(&'a self, messages: &'a [crate::sinks::Outgoing]) -> crate::sinks::RepliesFuture<'a> {
+        let mut recorded = self.recorded();
+        let replies: Vec<crate::sinks::SinkReply> = messages
+            .iter()
+            .map(|m| {
+                let reply = recorded.next.pop_front().unwrap_or(crate::sinks::SinkReply::Delivered);
+                recorded.handed.push((m.clone(), reply.clone()));
+                reply
+            })
+            .collect();
+        Box::pin(std::future::ready(replies))
+    }
+}

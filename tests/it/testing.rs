@@ -192,3 +192,44 @@ async fn drain_says_when_it_gives_up_with_events_still_pending(pool: PgPool) {
     assert!(matches!(err, testing::TestInboxError::StillPending { pending: 1, .. }), "{err}");
     assert!(err.to_string().starts_with("1 event(s) still pending after 30s of draining"), "{err}");
 }
+
+/// A relay test with the kit's `RecordingSink`: a team's handler enqueues a
+/// receipt for its own sink; the sink, told to refuse once, sees the message
+/// twice under one key and takes it the second time, and the outbox says sent.
+#[sqlx::test(migrations = false)]
+async fn a_recording_sink_sees_what_the_relay_hands_it_and_answers_as_told(pool: PgPool) {
+    use webhook_inbox::{
+        sinks::SinkReply, testing::RecordingSink, Event, HandlerError, Message, Outcome, PgConnection, Provider,
+    };
+    async fn receipt(conn: &mut PgConnection, event: &Event) -> Result<Outcome, HandlerError> {
+        let id = event.payload["data"]["object"]["id"].as_str().unwrap_or_default().to_string();
+        let m = Message::new("invoice", &id, format!("receipt:{id}"), serde_json::json!({ "invoice": id }));
+        event.enqueue(conn, &m.to("billing")).await?;
+        Ok(Outcome::Applied)
+    }
+    let billing = RecordingSink::new();
+    let app = App::new(Handlers::new().on(Provider::STRIPE, "invoice.paid", receipt).unwrap())
+        .with_sink("billing", billing.clone());
+    let env =
+        [("STRIPE_WEBHOOK_SECRET", "whsec_t"), ("RELAY_DESTINATIONS", "[destination.billing]\nsink = \"billing\"")];
+    let inbox = TestInbox::new(&pool, &app, &env).await.unwrap();
+    let body = r#"{"id":"evt_1","type":"invoice.paid","data":{"object":{"id":"in_1"}}}"#;
+    assert_eq!(inbox.deliver(testing::stripe("whsec_t", body)).await.status, 200);
+    assert_eq!(inbox.drain().await.unwrap().applied, 1);
+    billing.answer_next(SinkReply::retry("down for a moment"));
+    inbox.relay().await.unwrap();
+    assert!(billing.delivered().is_empty(), "refused once");
+    sqlx::query("UPDATE transactional_outbox SET next_attempt_at = now()").execute(&pool).await.unwrap();
+    inbox.relay().await.unwrap();
+    let handed = billing.handed();
+    let keys: Vec<(&str, bool)> =
+        handed.iter().map(|(m, r)| (m.message_key.as_str(), *r == SinkReply::Delivered)).collect();
+    assert_eq!(keys, [("receipt:in_1", false), ("receipt:in_1", true)]);
+    let sent = billing.delivered();
+    assert_eq!((sent[0].payload.0["invoice"].as_str(), sent[0].attempts), (Some("in_1"), 2));
+    let unsent: i64 = sqlx::query_scalar("SELECT count(*) FROM transactional_outbox WHERE processed_at IS NULL")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(unsent, 0);
+}

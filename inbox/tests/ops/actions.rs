@@ -154,7 +154,8 @@ async fn pause_holds_a_provider_s_events_and_resume_releases_them(pool_options: 
 
 /// `inbox alerts evaluate`, `inbox alerts`, `ack`, `resolve`: the rules
 /// from INBOX_RULES, one alert for a storm, acknowledged and resolved
-/// (audited), its notifications in the outbox; mistakes named.
+/// (audited), its notifications in the outbox; mistakes named; without
+/// `[[alert]]`, the defaults.
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
 async fn alerts_are_evaluated_listed_acknowledged_and_resolved(pool_options: PgPoolOptions, opts: PgConnectOptions) {
     let pool = pool_options.connect_with(opts.clone()).await.unwrap();
@@ -192,7 +193,19 @@ async fn alerts_are_evaluated_listed_acknowledged_and_resolved(pool_options: PgP
         !out.status.success() && said.contains("INBOX_RULES") && said.contains("unknown variant `failing`"),
         "{said}"
     );
-    assert!(fails(Some(&url), &["alerts", "evaluate"]).contains("no [[alert]]"));
+    // No [[alert]] in the file: the defaults, with no channel. The storm above opens `failed` for marqeta,
+    // listed, and nothing goes to the outbox.
+    let ignore_only = [("INBOX_RULES", "[[ignore]]\nprovider = \"github\"\ntype = \"ping\"")];
+    assert!(ok(&url, &["alerts", "evaluate"], &ignore_only)
+        .contains("1 alert(s) opened, 0 resolved, 0 reminded; 1 live; 0 notification(s)"));
+    let listed = json_of(&url, &["alerts", "--json"]);
+    assert_eq!(
+        (listed[0]["rule"].as_str(), listed[0]["scope"].as_str()),
+        (Some("failed"), Some("marqeta")),
+        "{listed}"
+    );
+    let messages: i64 = sqlx::query_scalar("SELECT count(*) FROM transactional_outbox").fetch_one(&pool).await.unwrap();
+    assert_eq!(messages, 2, "the default alerts have no channel");
 }
 
 /// `inbox erase`: a dry run counts, a selection by payload erases, one event

@@ -47,7 +47,19 @@ impl EmbeddedPostgres {
             &["-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-locale", "--no-sync", "--no-instructions"],
         )
         .await?;
-        pg.resume().await?;
+        // The port was free when asked for; another process may have taken it
+        // since (tests start clusters side by side): then another one.
+        let mut attempt = 1;
+        loop {
+            match pg.resume().await {
+                Err(e) if attempt < 3 && pg.log_tail().contains("Address already in use") => {
+                    tracing::warn!("PostgreSQL's port {} was taken meanwhile: another ({e:#})", pg.port);
+                    pg.port = free_port()?;
+                    attempt += 1;
+                }
+                done => break done?,
+            }
+        }
         Ok(pg)
     }
 
@@ -82,9 +94,18 @@ impl EmbeddedPostgres {
             &["-w", "-t", "60", "-s", "start"],
         )
         .await
-        .with_context(|| format!("starting PostgreSQL (log: {})", log.display()))?;
+        .with_context(|| {
+            format!("starting PostgreSQL; the end of its log ({}):\n{}", log.display(), self.log_tail())
+        })?;
         self.running = true;
         Ok(())
+    }
+
+    /// The last lines of the server's log (the folder goes with the cluster, so an error carries them).
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.root.join("postgres.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(10)..].join("\n")
     }
 
     /// Stops the cluster (fast shutdown), keeping its files.

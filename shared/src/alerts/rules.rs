@@ -164,6 +164,32 @@ impl AlertRules {
         Ok(AlertRules { alerts })
     }
 
+    /// The alerts in effect when the rules file declares none (or there is
+    /// no rules file): each with the defaults above and no channel, so they
+    /// show in `inbox alerts` and the console's Alerts page and notify no one.
+    /// A file's own `[[alert]]` entries replace them all.
+    ///
+    /// | name | holds when |
+    /// | --- | --- |
+    /// | `failed` | 10 events of a provider failed in the last 5 minutes (one alert per provider) |
+    /// | `rejected_signatures` | 5 deliveries to a provider were rejected (signature or timestamp) in the last 5 minutes |
+    /// | `oldest_pending` | the oldest pending event the worker may take has waited 15 minutes |
+    /// | `dead_outbox` | a destination has a dead outbox message |
+    /// | `circuit_open` | a destination's circuit is open |
+    /// | `pause_overdue` | a pause is older than its `--alarm-after` |
+    pub fn defaults() -> AlertRules {
+        let rule = |condition| AlertRule::new(AlertEntry::of(condition)).expect("the defaults are valid rules");
+        let conditions = [
+            Condition::Failed,
+            Condition::RejectedSignatures,
+            Condition::OldestPending,
+            Condition::DeadOutbox,
+            Condition::CircuitOpen,
+            Condition::PauseOverdue,
+        ];
+        AlertRules { alerts: conditions.into_iter().map(rule).collect() }
+    }
+
     /// No alerts.
     pub fn is_empty(&self) -> bool {
         self.alerts.is_empty()
@@ -172,6 +198,23 @@ impl AlertRules {
     /// The alerts, in the file's order.
     pub fn rules(&self) -> &[AlertRule] {
         &self.alerts
+    }
+}
+
+impl AlertEntry {
+    /// An entry naming only its condition: every default.
+    fn of(condition: Condition) -> AlertEntry {
+        AlertEntry {
+            name: None,
+            condition,
+            provider: None,
+            threshold: None,
+            window: None,
+            older_than: None,
+            resolve_after: None,
+            remind_every: None,
+            notify: Vec::new(),
+        }
     }
 }
 
@@ -288,6 +331,13 @@ remind_every = "never"
             assert!(err.contains(said), "{text:?}: {err}");
         }
         assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        let defaults = AlertRules::defaults();
+        let named: Vec<&str> = defaults.rules().iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(
+            named,
+            ["failed", "rejected_signatures", "oldest_pending", "dead_outbox", "circuit_open", "pause_overdue"]
+        );
+        assert!(defaults.rules().iter().all(|r| r.notify.is_empty() && r.provider.is_none()));
         assert!(parse_duration("99999999999999999d").is_err() && parse_duration("").is_err());
     }
 }

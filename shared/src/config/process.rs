@@ -29,9 +29,11 @@ impl IgnoreRules {
 }
 
 impl AlertRules {
-    /// The `[[alert]]` entries of the same file (or text) as [`IgnoreRules::read`]'s; none when neither is set.
+    /// The `[[alert]]` entries of the same file (or text) as [`IgnoreRules::read`]'s;
+    /// [`AlertRules::defaults`] when it declares none, or neither is set.
     pub fn read(env: &Env) -> Result<AlertRules, ConfigError> {
-        read_rules(env, AlertRules::parse).map(Option::unwrap_or_default)
+        let declared = read_rules(env, AlertRules::parse)?.unwrap_or_default();
+        Ok(if declared.is_empty() { AlertRules::defaults() } else { declared })
     }
 }
 
