@@ -233,3 +233,53 @@ async fn a_recording_sink_sees_what_the_relay_hands_it_and_answers_as_told(pool:
         .unwrap();
     assert_eq!(unsent, 0);
 }
+
+/// The kit's bodies, signed by its signers, are what receive takes: a Stripe
+/// event, a Standard Webhooks payload and a Marqeta batch of two, each stored
+/// under the id and type its provider gives it; a Marqeta delivery without the
+/// signature its secret asks for is refused.
+#[sqlx::test(migrations = false)]
+async fn the_kit_s_bodies_are_stored_under_their_provider_s_ids_and_types(pool: PgPool) {
+    use webhook_inbox::{serde_json::json, testing::bodies};
+    let env = [
+        ("STRIPE_WEBHOOK_SECRET", "whsec_t"),
+        ("STANDARD_WEBHOOK_SECRET", DEV_STANDARD),
+        ("MARQETA_WEBHOOK_USERNAME", "mq"),
+        ("MARQETA_WEBHOOK_PASSWORD", "a-password-at-least-20-long"),
+        ("MARQETA_WEBHOOK_SECRET", "mq-signing"),
+    ];
+    let inbox = TestInbox::new(&pool, &App::new(Handlers::new()), &env).await.unwrap();
+    let stripe = bodies::stripe_event("evt_1", "invoice.paid", json!({"id": "in_1", "object": "invoice"}));
+    assert_eq!(inbox.deliver(testing::stripe("whsec_t", &stripe)).await.status, 200);
+    let standard = bodies::standard_event("user.created", json!({"id": "u_1"}));
+    assert_eq!(inbox.deliver(testing::standard(DEV_STANDARD, "msg_1", &standard)).await.status, 200);
+    let items = [json!({"token": "t1", "type": "authorization"}), json!({"token": "t2", "type": "refund"})];
+    let batch = bodies::marqeta_batch("transactions", &items);
+    assert_eq!(
+        inbox.deliver(testing::marqeta("mq", "a-password-at-least-20-long", None, &batch)).await.status,
+        401,
+        "no signature"
+    );
+    assert_eq!(
+        inbox.deliver(testing::marqeta("mq", "a-password-at-least-20-long", Some("mq-signing"), &batch)).await.status,
+        200
+    );
+    let stored: Vec<(String, String, String)> =
+        sqlx::query_as("SELECT provider, event_id, event_type FROM webhook_inbox ORDER BY event_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let stored: Vec<(&str, &str, &str)> = stored.iter().map(|(p, i, t)| (p.as_str(), i.as_str(), t.as_str())).collect();
+    assert_eq!(
+        stored,
+        [
+            ("stripe", "evt_1", "invoice.paid"),
+            ("standard", "msg_1", "user.created"),
+            ("marqeta", "transactions:t1", "transactions:authorization"),
+            ("marqeta", "transactions:t2", "transactions:refund"),
+        ]
+    );
+    let body: serde_json::Value = serde_json::from_str(&standard).unwrap();
+    let stamp = body["timestamp"].as_str().unwrap();
+    assert!(stamp.len() == 20 && stamp.ends_with('Z') && stamp.as_bytes()[10] == b'T', "{stamp}");
+}

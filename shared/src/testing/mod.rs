@@ -1,6 +1,7 @@
 //! Test support for a team's own handlers (feature `testing`, for
 //! `[dev-dependencies]`): an [`Event`] built for a handler's unit test,
-//! deliveries signed as each provider signs them, and a [`TestInbox`] that
+//! deliveries signed as each provider signs them, the bodies they send
+//! ([`bodies`]), and a [`TestInbox`] that
 //! delivers through the real receive path and drains with the real worker on
 //! a test database.
 //!
@@ -39,6 +40,8 @@
 //! assert_eq!(drained.unhandled, 1); // no handler takes invoice.paid in this app
 //! # }
 //! ```
+
+pub mod bodies;
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -254,6 +257,19 @@ pub fn standard(secret: &str, message_id: &str, body: &str) -> http::Request<Bod
         ("webhook-signature", format!("v1,{}", B64.encode(signed))),
     ];
     post("standard", &headers, body)
+}
+
+/// `POST /webhooks/marqeta` with `body` as Marqeta sends it: Basic
+/// credentials (`MARQETA_WEBHOOK_USERNAME`, `MARQETA_WEBHOOK_PASSWORD`), and
+/// `X-Marqeta-Signature` (hex HMAC-SHA256 of the body) when a signing secret
+/// is given, as `MARQETA_WEBHOOK_SECRET` asks.
+pub fn marqeta(username: &str, password: &str, signing_secret: Option<&str>, body: &str) -> http::Request<Body> {
+    let mut headers = vec![("authorization", format!("Basic {}", B64.encode(format!("{username}:{password}"))))];
+    if let Some(secret) = signing_secret {
+        let signature = hex::encode(hmac_sha256(secret.as_bytes(), &[body.as_bytes()]));
+        headers.push((webhook_inbox_schemes::marqeta::SIGNATURE, signature));
+    }
+    post("marqeta", &headers, body)
 }
 
 /// What receive answered a delivery.
