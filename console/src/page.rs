@@ -253,6 +253,11 @@ impl Nav {
 
 pub(super) use webhook_inbox_schemes::text::short_time;
 
+/// A time as the pages show it: RFC 3339 in UTC, to the second.
+pub(super) fn second(at: std::time::SystemTime) -> String {
+    short_time(&webhook_inbox_schemes::text::rfc3339(at))
+}
+
 /// A stranger's one-line text, escaped and cut to `max` characters.
 pub(super) fn clip(text: &str, max: usize) -> String {
     let text = escape(text);

@@ -51,7 +51,7 @@ pub(crate) async fn erase(
             let what = match &found {
                 None => "not stored",
                 Some(e) if e.erased_at.is_some() => "erased already",
-                Some(e) if e.status == "pending" => "pending: it would be left as it is",
+                Some(e) if e.status == ops::Status::Pending => "pending: it would be left as it is",
                 Some(_) => "would be erased",
             };
             if out.json {

@@ -1,14 +1,14 @@
 //! What the inbox holds: `inbox stats`, `providers`, `events`, `failed` and
 //! `show`. Each prints a table for people, or JSON with `--json` for scripts.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 use sqlx::PgPool;
 use webhook_inbox::{
     config::{Catalog, Env, Secrets},
-    ops::{self, Cursor, EventQuery, Filter, Status},
+    ops::{self, rfc3339, Cursor, EventQuery, Filter, Status},
     Provider,
 };
 
@@ -208,37 +208,39 @@ pub(crate) async fn show(pool: &PgPool, env: &Env<'_>, provider: &str, event_id:
     if out.json {
         print_json(&json!({
             "provider": event.provider, "event_id": event.event_id, "event_type": event.event_type,
-            "status": event.status, "source": event.source, "attempts": event.attempts,
-            "received_at": event.received_at, "processed_at": event.processed_at,
-            "next_attempt_at": event.next_attempt_at, "failure_reason": event.failure_reason,
+            "status": event.status.as_str(), "source": event.source, "attempts": event.attempts,
+            "received_at": rfc3339(event.received_at), "processed_at": event.processed_at.map(rfc3339),
+            "next_attempt_at": event.next_attempt_at.map(rfc3339), "failure_reason": event.failure_reason,
             "secret_index": event.secret_index, "secret_fingerprint": event.secret_fingerprint,
             "headers": event.headers.0, "payload": event.payload.map(|p| p.0),
             "raw_body_bytes": event.raw_body.len(), "verification": verification, "history": history,
-            "outbox": messages, "held_by_pause": event.held_by, "erased_at": event.erased_at, "erased_by": event.erased_by,
-            "restored_at": event.restored_at, "raw_erased_at": event.raw_erased_at,
+            "outbox": messages, "held_by_pause": event.held_by, "erased_at": event.erased_at.map(rfc3339),
+            "erased_by": event.erased_by, "restored_at": event.restored_at.map(rfc3339),
+            "raw_erased_at": event.raw_erased_at.map(rfc3339),
         }));
         return Ok(());
     }
     say!("{} {} ({}), {}, from {}", event.provider, event.event_id, event.event_type, event.status, event.source);
-    say!("received {}; processed {}", event.received_at, event.processed_at.as_deref().unwrap_or("-"));
-    say!("attempts {}; next attempt {}", event.attempts, event.next_attempt_at.as_deref().unwrap_or("-"));
-    if let Some(at) = &event.erased_at {
+    let time = |t: Option<SystemTime>| t.map_or_else(|| "-".to_string(), rfc3339);
+    say!("received {}; processed {}", rfc3339(event.received_at), time(event.processed_at));
+    say!("attempts {}; next attempt {}", event.attempts, time(event.next_attempt_at));
+    if let Some(at) = event.erased_at.map(rfc3339) {
         say!(
             "erased on {at} by {}: its payload, raw bytes and headers are gone; a redelivery is still a duplicate",
             event.erased_by.as_deref().unwrap_or("?")
         );
     }
-    if let Some(at) = &event.raw_erased_at {
+    if let Some(at) = event.raw_erased_at.map(rfc3339) {
         say!("its raw bytes were erased on {at} with another event of its batch (the batch's body held that one's data); its payload stays");
     }
-    if let Some(at) = &event.restored_at {
+    if let Some(at) = event.restored_at.map(rfc3339) {
         say!("restored from prune's archive on {at} (`inbox restore`)");
     }
     if event.held_by.is_some() {
         say!("held by a pause: it waits, spending no attempt, until `inbox resume` (`inbox pauses` lists the pauses)");
     }
     match &event.failure_reason {
-        Some(reason) if event.status == Status::Ignored.as_str() => say!(
+        Some(reason) if event.status == Status::Ignored => say!(
             "{reason}; to run it after all: inbox requeue --status ignored --provider {} --type {:?}",
             event.provider,
             event.event_type
@@ -246,7 +248,7 @@ pub(crate) async fn show(pool: &PgPool, env: &Env<'_>, provider: &str, event_id:
         Some(reason) => say!("failure: {reason}"),
         None => {}
     }
-    if event.status == Status::Unhandled.as_str() {
+    if event.status == Status::Unhandled {
         say!(
             "unhandled: no handler took {:?} when it was processed; once one is deployed: inbox requeue --status unhandled --provider {} --type {:?}",
             event.event_type, event.provider, event.event_type

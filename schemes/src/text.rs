@@ -10,7 +10,13 @@
 //! `--json` through [`escape_json`]; a log field that carries a stranger's
 //! text is written [`Escaped`].
 
-use std::{borrow::Cow, fmt};
+use std::{
+    borrow::Cow,
+    fmt,
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use crate::declared::{format_time, TimeFormat};
 
 /// Whether a character is escaped.
 pub fn is_unsafe(c: char) -> bool {
@@ -72,6 +78,24 @@ pub fn short_time(t: &str) -> String {
     }
 }
 
+/// `at` in RFC 3339, in UTC, to the microsecond, as PostgreSQL writes a
+/// `timestamptz` in JSON and as every time the API and `--json` answer:
+/// `2026-12-07T19:03:31.123456+00:00`, the fraction without its trailing
+/// zeros, none when the second is whole.
+pub fn rfc3339(at: SystemTime) -> String {
+    let micros = match at.duration_since(UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_micros()).unwrap_or(i64::MAX),
+        Err(e) => -i64::try_from(e.duration().as_micros()).unwrap_or(i64::MAX),
+    };
+    let (secs, fraction) = (micros.div_euclid(1_000_000), micros.rem_euclid(1_000_000));
+    let second = format_time(secs, TimeFormat::Rfc3339);
+    let second = second.strip_suffix('Z').unwrap_or(&second);
+    match fraction {
+        0 => format!("{second}+00:00"),
+        f => format!("{second}.{}+00:00", format!("{f:06}").trim_end_matches('0')),
+    }
+}
+
 /// A TOML file's error on one line: where (line and column), then what, escaped
 /// (toml's own display quotes the file's line under it).
 pub fn toml_error(text: &str, e: &toml::de::Error) -> String {
@@ -92,6 +116,16 @@ impl<T: fmt::Display> fmt::Display for Escaped<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn times_are_written_as_postgresql_writes_them_in_json() {
+        use std::time::Duration;
+        let at = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        assert_eq!(rfc3339(at), "2023-11-14T22:13:20+00:00");
+        assert_eq!(rfc3339(at + Duration::from_micros(123_450)), "2023-11-14T22:13:20.12345+00:00");
+        assert_eq!(rfc3339(at + Duration::from_nanos(999)), "2023-11-14T22:13:20+00:00", "to the microsecond");
+        assert_eq!(rfc3339(UNIX_EPOCH - Duration::from_micros(1)), "1969-12-31T23:59:59.999999+00:00");
+    }
 
     #[test]
     fn controls_and_bidi_are_escaped_and_the_rest_is_kept() {

@@ -146,7 +146,7 @@ async fn a_team_s_ignore_rules_apply_in_the_test_kit(pool: PgPool) {
     let drained = inbox.drain().await.unwrap();
     assert_eq!((drained.taken, drained.ignored, drained.unhandled), (2, 1, 1), "{drained:?}");
     let ping = webhook_inbox::ops::stored_event(inbox.pool(), "github", "gh-1").await.unwrap().unwrap();
-    assert_eq!(ping.status, "ignored");
+    assert_eq!(ping.status, webhook_inbox::ops::Status::Ignored);
 }
 
 /// A team seeds events without signing them: `store` claims each as receive
@@ -154,7 +154,10 @@ async fn a_team_s_ignore_rules_apply_in_the_test_kit(pool: PgPool) {
 /// takes them, the team's handler applying each.
 #[sqlx::test(migrations = false)]
 async fn stored_events_are_claimed_once_and_the_worker_applies_them(pool: PgPool) {
-    use webhook_inbox::{Event, HandlerError, Outcome, PgConnection, Provider};
+    use webhook_inbox::{
+        ops::{rfc3339, Status},
+        Event, HandlerError, Outcome, PgConnection, Provider,
+    };
     async fn seen(_: &mut PgConnection, _: &Event) -> Result<Outcome, HandlerError> {
         Ok(Outcome::Applied)
     }
@@ -169,7 +172,17 @@ async fn stored_events_are_claimed_once_and_the_worker_applies_them(pool: PgPool
     assert_eq!((drained.taken, drained.applied), (2, 2), "{drained:?}");
     let first = webhook_inbox::ops::stored_event(inbox.pool(), "stripe", "evt_1").await.unwrap().unwrap();
     let id = first.payload.as_ref().and_then(|p| p.0["id"].as_str());
-    assert_eq!((first.status.as_str(), id), ("done", Some("evt_1")), "the first payload is kept");
+    assert_eq!((first.status, id), (Status::Done, Some("evt_1")), "the first payload is kept");
+    // Its times are times, the same instants PostgreSQL holds, written as the API writes them.
+    let (received, processed): (String, String) = sqlx::query_as(
+        "SELECT to_json(received_at)#>>'{}', to_json(processed_at)#>>'{}' FROM webhook_inbox WHERE event_id = 'evt_1'",
+    )
+    .fetch_one(inbox.pool())
+    .await
+    .unwrap();
+    let processed_at = first.processed_at.expect("a done event was processed");
+    assert_eq!((rfc3339(first.received_at), rfc3339(processed_at)), (received, processed));
+    assert!(processed_at >= first.received_at);
     // Its Debug, as a failing assertion prints it: the bytes as text, not as numbers.
     let shown = format!("{first:?}");
     assert!(shown.contains(r#"raw_body: 36 bytes: "{\"id\":\"evt_1\",\"type\":\"invoice.paid\"}""#), "{shown}");

@@ -12,7 +12,7 @@ use super::{
     auth::Caller, query, reason, refuse_empty, since, statuses, Answer, ApiError, Body, Params, Refused, MAX_PAGE,
 };
 use crate::State;
-use webhook_inbox::ops::{self, Audit, Cursor, Erased, EventQuery, IdMatch, PayloadMatch, Replayed, Status};
+use webhook_inbox::ops::{self, rfc3339, Audit, Cursor, Erased, EventQuery, IdMatch, PayloadMatch, Replayed, Status};
 use webhook_inbox_schemes::text::escape;
 const ALL: &[Status] = &[Status::Pending, Status::Done, Status::Failed, Status::Unhandled, Status::Ignored];
 
@@ -228,19 +228,19 @@ pub(super) async fn show_event(
         provider: e.provider,
         event_id: e.event_id,
         event_type: e.event_type,
-        status: e.status,
+        status: e.status.to_string(),
         source: e.source,
         attempts: e.attempts,
-        received_at: e.received_at,
-        processed_at: e.processed_at,
-        next_attempt_at: e.next_attempt_at,
+        received_at: rfc3339(e.received_at),
+        processed_at: e.processed_at.map(rfc3339),
+        next_attempt_at: e.next_attempt_at.map(rfc3339),
         failure_reason: e.failure_reason,
         headers: e.headers.0,
         payload: e.payload.map(|p| p.0),
         held_by: e.held_by,
-        erased_at: e.erased_at,
+        erased_at: e.erased_at.map(rfc3339),
         erased_by: e.erased_by,
-        restored_at: e.restored_at,
+        restored_at: e.restored_at.map(rfc3339),
         history: history
             .into_iter()
             .map(|h| HistoryItem {

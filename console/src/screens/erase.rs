@@ -13,10 +13,10 @@ use serde::Deserialize;
 use super::action::{operator_only, streamed, ConfirmPage, ProgressPage};
 use crate::{
     auth::Signed,
-    page::{clip, html, optional, short_time, Nav, PageError, Posted},
+    page::{clip, html, optional, second, short_time, Nav, PageError, Posted},
     State,
 };
-use webhook_inbox::ops::{self, Audit, EraseOptions, Erased, EventQuery, PayloadMatch, Since};
+use webhook_inbox::ops::{self, Audit, EraseOptions, Erased, EventQuery, PayloadMatch, Since, Status};
 use webhook_inbox_schemes::text::{escape, Escaped};
 
 #[derive(Deserialize, Default)]
@@ -35,9 +35,9 @@ pub(super) async fn confirm_erase(
     let nav = signed.nav(&state);
     let event = super::event::stored(&state, &p.provider, &p.id).await?;
     let name = format!("{} {}", escape(&event.provider), clip(&event.event_id, 200));
-    let refused = match (&event.erased_at, event.status.as_str()) {
-        (Some(at), _) => Some(format!("{name} was erased already, on {}.", short_time(at))),
-        (None, "pending") => Some(format!(
+    let refused = match (event.erased_at, event.status) {
+        (Some(at), _) => Some(format!("{name} was erased already, on {}.", second(at))),
+        (None, Status::Pending) => Some(format!(
             "{name} is pending: a worker may be taking it. Erase it once it is processed, or pause its provider first."
         )),
         _ => None,

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use super::action::{audit_reason, operator_only, ConfirmPage};
 use crate::{
     auth::Signed,
-    page::{clip, html, short_time, Nav, PageError, Posted},
+    page::{clip, html, second, short_time, Nav, PageError, Posted},
     State,
 };
 use webhook_inbox::ops::{self, escape, escape_json, Audit, Replayed, Status};
@@ -40,7 +40,7 @@ struct EventView {
     provider: String,
     event_id: String,
     event_type: String,
-    status: String,
+    status: &'static str,
     /// Held by a pause: the Pauses page's link.
     held: Option<String>,
     /// Erased: when, and by whom.
@@ -150,7 +150,7 @@ pub(super) async fn event(
         Ok(text) => (escape_json(text).into_owned(), "as text (controls escaped)"),
         Err(_) => (hex_dump(shown), "in hexadecimal (not UTF-8)"),
     };
-    let replay = (nav.operator() && event.status != Status::Pending.as_str() && event.payload.is_some())
+    let replay = (nav.operator() && event.status != Status::Pending && event.payload.is_some())
         .then(|| nav.href("/event/replay", &[("provider", &event.provider), ("id", &event.event_id)]));
     let notice = match p.done.as_str() {
         "replayed" => Some("Replayed: the event is pending again, its attempts reset. The worker takes it at its next pass; reload to see it."),
@@ -163,18 +163,17 @@ pub(super) async fn event(
         provider: escape(&event.provider).into_owned(),
         event_id: escape(&event.event_id).into_owned(),
         event_type: escape(&event.event_type).into_owned(),
-        status: event.status.clone(),
+        status: event.status.as_str(),
         held: event.held_by.map(|_| nav.href("/pauses", &[])),
         erased: event
             .erased_at
-            .as_deref()
-            .map(|at| format!("{} by {}", short_time(at), clip(event.erased_by.as_deref().unwrap_or("?"), 100))),
-        raw_erased: event.raw_erased_at.as_deref().map(short_time),
+            .map(|at| format!("{} by {}", second(at), clip(event.erased_by.as_deref().unwrap_or("?"), 100))),
+        raw_erased: event.raw_erased_at.map(second),
         source: event.source.clone(),
         attempts: event.attempts,
-        received_at: short_time(&event.received_at),
-        processed_at: event.processed_at.as_deref().map(short_time).unwrap_or_else(|| "-".into()),
-        next_attempt_at: event.next_attempt_at.as_deref().map(short_time).unwrap_or_else(|| "-".into()),
+        received_at: second(event.received_at),
+        processed_at: event.processed_at.map_or_else(|| "-".into(), second),
+        next_attempt_at: event.next_attempt_at.map_or_else(|| "-".into(), second),
         failure_reason: event.failure_reason.as_deref().map(|r| escape_json(r).into_owned()),
         verified: match (verification.verified(), verification.refuted()) {
             (true, _) => "ok",
@@ -223,7 +222,7 @@ pub(super) async fn event(
             })
             .collect(),
         replay,
-        erase: (nav.operator() && event.status != Status::Pending.as_str() && event.erased_at.is_none())
+        erase: (nav.operator() && event.status != Status::Pending && event.erased_at.is_none())
             .then(|| nav.href("/event/erase", &[("provider", &event.provider), ("id", &event.event_id)])),
     };
     html(EventPage { nav, e, notice })
@@ -259,7 +258,7 @@ pub(super) async fn confirm_replay(
     let nav = signed.nav(&state);
     let event = stored(&state, &p.provider, &p.id).await?;
     let name = format!("{} {}", escape(&event.provider), clip(&event.event_id, 200));
-    let refused = if event.status == Status::Pending.as_str() {
+    let refused = if event.status == Status::Pending {
         Some(format!("{name} is pending already: the worker takes it at its next pass. Nothing to replay."))
     } else if event.payload.is_none() {
         Some(format!("{name} was stored without a payload (its body was never usable): no handler could take it."))
@@ -269,7 +268,7 @@ pub(super) async fn confirm_replay(
     let mut what = vec![format!(
         "{name} ({}, {}) is {} after {} attempts{}.",
         clip(&event.event_type, 80),
-        short_time(&event.received_at),
+        second(event.received_at),
         event.status,
         event.attempts,
         event.failure_reason.as_deref().map(|r| format!(", because: {}", clip(r, 300))).unwrap_or_default()

@@ -36,3 +36,9 @@ impl Status {
             .find(|s| s.as_str() == name)
     }
 }
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

@@ -30,7 +30,7 @@ pub use crate::db::pauses::{
 };
 pub use crate::db::sqlstate;
 use std::time::Duration;
-pub use webhook_inbox_schemes::text::{escape, escape_json};
+pub use webhook_inbox_schemes::text::{escape, escape_json, rfc3339};
 
 mod jobs;
 
@@ -291,7 +291,8 @@ pub async fn destination_history(pool: &sqlx::PgPool, name: &str) -> Result<Vec<
 pub fn verify_kept(event: &StoredEvent, catalog: &Catalog, secrets: &Secrets) -> Result<Verified, Rejected> {
     let provider = Provider::try_from(event.provider.as_str())
         .map_err(|_| Rejected::new(RejectionKind::Unconfigured, "not a provider name"))?;
-    verify_stored(&Schemes::new(catalog, secrets), provider, &event.headers.0, &event.raw_body, event.received_epoch)
+    let received = event.received_at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+    verify_stored(&Schemes::new(catalog, secrets), provider, &event.headers.0, &event.raw_body, received)
 }
 
 /// Whether a stored event's kept bytes verify against the secrets configured

@@ -1,11 +1,16 @@
 //! The console's and `inbox events`' listing, a page at a time, and one stored event in full.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sqlx::{types::Json, PgPool};
 
+use webhook_inbox_schemes::text::rfc3339;
+
 use crate::{
-    core::selection::{Cursor, EventQuery, IdMatch, PayloadMatch, Since},
+    core::{
+        selection::{Cursor, EventQuery, IdMatch, PayloadMatch, Since},
+        status::Status,
+    },
     db,
 };
 
@@ -150,9 +155,10 @@ pub(super) fn push_filters<'a>(sql: &mut sqlx::QueryBuilder<'a, sqlx::Postgres>,
     }
 }
 
-/// One stored event in full, as `inbox show` prints it. Times are RFC 3339, in UTC.
+/// One stored event in full, as `inbox show` prints it. Times are in UTC
+/// (written as the API writes them by [`rfc3339`](crate::ops::rfc3339)).
 /// Its `Debug` shows the raw bytes as text (escaped, the first 512 bytes), not as numbers.
-#[derive(Clone, sqlx::FromRow)]
+#[derive(Clone)]
 pub struct StoredEvent {
     /// The provider's name.
     pub provider: String,
@@ -160,18 +166,18 @@ pub struct StoredEvent {
     pub event_id: String,
     /// Its type.
     pub event_type: String,
-    /// `pending`, `done`, `unhandled`, `ignored` or `failed`.
-    pub status: String,
+    /// Where it stands.
+    pub status: Status,
     /// How it arrived: `webhook`, or `reconcile` (fetched from the provider's API, unsigned).
     pub source: String,
     /// Attempts made.
     pub attempts: i32,
-    /// When receive claimed it.
-    pub received_at: String,
+    /// When receive claimed it (re-verification checks a signed timestamp against it).
+    pub received_at: SystemTime,
     /// When a worker finished with it.
-    pub processed_at: Option<String>,
+    pub processed_at: Option<SystemTime>,
     /// When a worker tries it next (an event in backoff).
-    pub next_attempt_at: Option<String>,
+    pub next_attempt_at: Option<SystemTime>,
     /// Why it failed (or last failed).
     pub failure_reason: Option<String>,
     /// The delivery's headers that were kept (a repeated header as an array of its values).
@@ -184,25 +190,24 @@ pub struct StoredEvent {
     pub secret_index: Option<i16>,
     /// The fingerprint of the secret that verified it (rows stored before fingerprints have none).
     pub secret_fingerprint: Option<String>,
-    /// When it was received, in Unix seconds (re-verification checks the timestamp against it).
-    pub received_epoch: i64,
     /// The pause holding it (`inbox pauses`), while one does.
     pub held_by: Option<i64>,
     /// When it was erased ([`crate::ops::erase`]; its payload, bytes and headers are gone), and by whom.
-    pub erased_at: Option<String>,
+    pub erased_at: Option<SystemTime>,
     /// Who erased it.
     pub erased_by: Option<String>,
     /// When it was put back from prune's archive (`inbox restore`), if it was.
-    pub restored_at: Option<String>,
+    pub restored_at: Option<SystemTime>,
     /// When its raw bytes went with its batch's body, erased with another
     /// event of the batch (it keeps its own payload).
-    pub raw_erased_at: Option<String>,
+    pub raw_erased_at: Option<SystemTime>,
 }
 
 impl std::fmt::Debug for StoredEvent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let shown = &self.raw_body[..self.raw_body.len().min(512)];
         let raw_body = format!("{} bytes: {:?}", self.raw_body.len(), String::from_utf8_lossy(shown));
+        let time = |t: &Option<SystemTime>| t.map(rfc3339);
         f.debug_struct("StoredEvent")
             .field("provider", &self.provider)
             .field("event_id", &self.event_id)
@@ -210,43 +215,111 @@ impl std::fmt::Debug for StoredEvent {
             .field("status", &self.status)
             .field("source", &self.source)
             .field("attempts", &self.attempts)
-            .field("received_at", &self.received_at)
-            .field("processed_at", &self.processed_at)
-            .field("next_attempt_at", &self.next_attempt_at)
+            .field("received_at", &rfc3339(self.received_at))
+            .field("processed_at", &time(&self.processed_at))
+            .field("next_attempt_at", &time(&self.next_attempt_at))
             .field("failure_reason", &self.failure_reason)
             .field("headers", &self.headers)
             .field("payload", &self.payload)
             .field("raw_body", &format_args!("{raw_body}"))
             .field("secret_index", &self.secret_index)
             .field("secret_fingerprint", &self.secret_fingerprint)
-            .field("received_epoch", &self.received_epoch)
             .field("held_by", &self.held_by)
-            .field("erased_at", &self.erased_at)
+            .field("erased_at", &time(&self.erased_at))
             .field("erased_by", &self.erased_by)
-            .field("restored_at", &self.restored_at)
-            .field("raw_erased_at", &self.raw_erased_at)
+            .field("restored_at", &time(&self.restored_at))
+            .field("raw_erased_at", &time(&self.raw_erased_at))
             .finish()
+    }
+}
+
+/// A stored event as the query reads it: its status as text, its times in
+/// Unix microseconds (sqlx is built without a date-time crate).
+#[derive(sqlx::FromRow)]
+struct StoredRow {
+    provider: String,
+    event_id: String,
+    event_type: String,
+    status: String,
+    source: String,
+    attempts: i32,
+    received_at: i64,
+    processed_at: Option<i64>,
+    next_attempt_at: Option<i64>,
+    failure_reason: Option<String>,
+    headers: Json<serde_json::Value>,
+    payload: Option<Json<serde_json::Value>>,
+    raw_body: Vec<u8>,
+    secret_index: Option<i16>,
+    secret_fingerprint: Option<String>,
+    held_by: Option<i64>,
+    erased_at: Option<i64>,
+    erased_by: Option<String>,
+    restored_at: Option<i64>,
+    raw_erased_at: Option<i64>,
+}
+
+/// Unix microseconds as a time.
+fn at(micros: i64) -> SystemTime {
+    let since = Duration::from_micros(micros.unsigned_abs());
+    if micros >= 0 {
+        UNIX_EPOCH + since
+    } else {
+        UNIX_EPOCH - since
+    }
+}
+
+impl TryFrom<StoredRow> for StoredEvent {
+    type Error = sqlx::Error;
+
+    fn try_from(r: StoredRow) -> Result<StoredEvent, sqlx::Error> {
+        let status = Status::parse(&r.status)
+            .ok_or_else(|| sqlx::Error::Decode(format!("{:?} is not an event's status", r.status).into()))?;
+        Ok(StoredEvent {
+            provider: r.provider,
+            event_id: r.event_id,
+            event_type: r.event_type,
+            status,
+            source: r.source,
+            attempts: r.attempts,
+            received_at: at(r.received_at),
+            processed_at: r.processed_at.map(at),
+            next_attempt_at: r.next_attempt_at.map(at),
+            failure_reason: r.failure_reason,
+            headers: r.headers,
+            payload: r.payload,
+            raw_body: r.raw_body,
+            secret_index: r.secret_index,
+            secret_fingerprint: r.secret_fingerprint,
+            held_by: r.held_by,
+            erased_at: r.erased_at.map(at),
+            erased_by: r.erased_by,
+            restored_at: r.restored_at.map(at),
+            raw_erased_at: r.raw_erased_at.map(at),
+        })
     }
 }
 
 /// The event `event_id` of `provider`, in full, if it is stored.
 pub async fn stored_event(pool: &PgPool, provider: &str, event_id: &str) -> Result<Option<StoredEvent>, sqlx::Error> {
-    db::query_as(
+    let row: Option<StoredRow> = db::query_as(
         "SELECT w.provider, w.event_id, w.event_type, w.status, w.source, w.attempts,
-                to_json(w.received_at)#>>'{}' AS received_at,
-                to_json(w.processed_at)#>>'{}' AS processed_at,
-                to_json(w.next_attempt_at)#>>'{}' AS next_attempt_at, w.failure_reason, w.headers, w.payload,
-                coalesce(b.raw_body, w.raw_body, '') AS raw_body, w.secret_index, w.secret_fingerprint,
-                extract(epoch FROM w.received_at)::bigint AS received_epoch, w.held_by,
-                to_json(w.erased_at)#>>'{}' AS erased_at, w.erased_by,
-                to_json(w.restored_at)#>>'{}' AS restored_at, to_json(w.raw_erased_at)#>>'{}' AS raw_erased_at
+                (extract(epoch FROM w.received_at) * 1000000)::bigint AS received_at,
+                (extract(epoch FROM w.processed_at) * 1000000)::bigint AS processed_at,
+                (extract(epoch FROM w.next_attempt_at) * 1000000)::bigint AS next_attempt_at,
+                w.failure_reason, w.headers, w.payload,
+                coalesce(b.raw_body, w.raw_body, '') AS raw_body, w.secret_index, w.secret_fingerprint, w.held_by,
+                (extract(epoch FROM w.erased_at) * 1000000)::bigint AS erased_at, w.erased_by,
+                (extract(epoch FROM w.restored_at) * 1000000)::bigint AS restored_at,
+                (extract(epoch FROM w.raw_erased_at) * 1000000)::bigint AS raw_erased_at
          FROM webhook_inbox AS w LEFT JOIN webhook_bodies AS b ON b.sha256 = w.body_sha256
          WHERE w.provider = $1 AND w.event_id = $2",
     )
     .bind(provider)
     .bind(event_id)
     .fetch_optional(db::Autocommit(pool))
-    .await
+    .await?;
+    row.map(StoredEvent::try_from).transpose()
 }
 
 /// An event as an ignore rule reads it: the payload only where it is `LIKE`
