@@ -11,7 +11,8 @@
 //! the database (a cookie that is `Secure`, `HttpOnly` and `SameSite=Lax`
 //! holds only a random token); every form that acts carries the session's
 //! CSRF token; every page is sent under a strict Content-Security-Policy
-//! with no script at all, and everything a stranger sent (payloads, headers,
+//! (no inline script: the one script is the console's own, which keeps the
+//! Events page live and which no page needs), and everything a stranger sent (payloads, headers,
 //! ids, reasons) is escaped by the templates. Sign-in is rate-limited per
 //! name and per client.
 //!
@@ -67,7 +68,13 @@ pub(crate) struct State {
     api_failures: quota::Buckets,
     /// Payload searches at once: one per caller, half the read pool in all.
     searches: quota::Searches,
+    /// Live listings open at once ([`LIVE_AT_ONCE`]): each reads a page every 2 s.
+    live: Arc<tokio::sync::Semaphore>,
 }
+
+/// Live listings (the Events page's stream) open at once: past this many a
+/// new one is answered 503, and the page stays as it was sent.
+const LIVE_AT_ONCE: usize = 16;
 
 /// How the console is reached and how long its sessions last, from the
 /// environment ([`Settings::read`]).
@@ -139,6 +146,7 @@ pub fn router(db: PgPool, read: PgPool, catalog: Catalog, secrets: Secrets, base
         api_rate: quota::Buckets::new(settings.api_rate as f64, 2.0 * settings.api_rate as f64),
         api_failures: quota::Buckets::new(1.0, api::FAILURES_BURST),
         searches,
+        live: Arc::new(tokio::sync::Semaphore::new(LIVE_AT_ONCE)),
         settings,
     });
     screens::router(state)

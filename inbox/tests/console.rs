@@ -2,8 +2,9 @@
 //! failed event and a hostile one delivered over HTTP, a viewer added with
 //! `inbox console user add`, then `tests/console/console.mjs` drives Debian's
 //! Chromium through playwright-core (sign in, filter, open, replay, a viewer,
-//! CSRF, a hostile payload) and writes screenshots to
-//! `target/console-screenshots`. The database is checked afterwards.
+//! CSRF, a hostile payload, the live listing) and writes the screenshots the
+//! docs show (`docs/console-*.png`), so that they cannot go stale. The
+//! database is checked afterwards.
 
 use std::{
     io::Write,
@@ -54,7 +55,10 @@ async fn the_console_in_a_browser_signs_in_filters_opens_and_replays_and_keeps_v
     let url = url_of(&opts);
     let pool = pool_options.connect_with(opts).await.unwrap();
     // One attempt: the deposit for an account that does not exist fails at once, and opens an alert.
-    let rules = "[[alert]]\nname = \"deposits failing\"\ncondition = \"failed\"\nprovider = \"marqeta\"\nthreshold = 1";
+    // GitHub's pings are ignored.
+    let rules =
+        "[[alert]]\nname = \"deposits failing\"\ncondition = \"failed\"\nprovider = \"marqeta\"\nthreshold = 1\n\
+                 [[ignore]]\nname = \"pings\"\nprovider = \"github\"\ntype = \"ping\"";
     // The stock application on a database of its own: its payments, and its deposits failing.
     let env =
         [("DATABASE_URL", url.as_str()), ("INBOX_STOCK", "1"), ("INBOX_MAX_ATTEMPTS", "1"), ("INBOX_RULES", rules)];
@@ -103,6 +107,11 @@ async fn the_console_in_a_browser_signs_in_filters_opens_and_replays_and_keeps_v
         headers.push(("X-Hub-Signature-256", &signature));
         assert_eq!(post(&addr, "/webhooks/github", &headers, &body), 200);
     }
+    // A ping, which the rules ignore.
+    let ping = r#"{"zen":"Keep it logically awesome.","hook_id":1}"#;
+    let signature = inbox_tests::github_signature("dev_github_secret", ping.as_bytes());
+    let headers = [("X-GitHub-Delivery", "gh-ping-1"), ("X-GitHub-Event", "ping"), ("X-Hub-Signature-256", &signature)];
+    assert_eq!(post(&addr, "/webhooks/github", &headers, ping), 200);
     // A deposit to an account that does not exist yet: failed after its one attempt.
     let marqeta = r#"{"transactions":[{"token":"tx_browser_1","type":"gpa.credit","state":"COMPLETION","user_token":"acct_late","amount":"12.50"}]}"#;
     let basic = inbox_tests::marqeta_basic("marqeta", "dev_marqeta_password");
@@ -137,7 +146,8 @@ async fn the_console_in_a_browser_signs_in_filters_opens_and_replays_and_keeps_v
     // Now the account exists: a replay succeeds.
     sqlx::query("INSERT INTO accounts (account_id) VALUES ('acct_late')").execute(&pool).await.unwrap();
 
-    let screenshots = repo().join("target/console-screenshots");
+    let screenshots = repo().join("docs");
+    let started = std::time::SystemTime::now();
     let out = Command::new("node")
         .arg(repo().join("tests/console/console.mjs"))
         .envs([
@@ -184,8 +194,15 @@ async fn the_console_in_a_browser_signs_in_filters_opens_and_replays_and_keeps_v
         .await
         .unwrap();
     assert_eq!(balance, "12.50", "the replayed deposit was applied once");
-    for shot in ["events.png", "event.png", "event-failed.png", "health.png", "sessions.png", "locked.png"] {
-        assert!(screenshots.join(shot).exists(), "{shot} was written");
+    assert_eq!(status(&pool, "github", "gh-ping-1").await.as_deref(), Some("ignored"));
+    // Every screenshot the docs show was taken now, by this test.
+    for doc in ["README.md", "docs/console.md"] {
+        let text = std::fs::read_to_string(repo().join(doc)).unwrap();
+        for shot in text.split(['(', ')']).filter(|s| s.ends_with(".png")) {
+            let name = Path::new(shot).file_name().unwrap();
+            let taken = std::fs::metadata(screenshots.join(name)).and_then(|m| m.modified());
+            assert!(taken.is_ok_and(|t| t >= started), "{doc} shows {shot}, which this test did not take");
+        }
     }
 }
 

@@ -4,7 +4,7 @@
 //   OPERATOR, OPERATOR_PASSWORD, VIEWER, VIEWER_PASSWORD
 //   FAILED_PROVIDER, FAILED_ID    an event that failed and succeeds when replayed
 //   HOSTILE_ID                    a stripe event whose id and payload carry <script>, <img onerror>, javascript:
-//   SCREENSHOTS                   where to write the screenshots
+//   SCREENSHOTS                   where to write the screenshots the docs show (docs/console-*.png)
 // Prints one line per check; exits non-zero at the first that fails.
 import assert from 'node:assert/strict';
 import { createHmac } from 'node:crypto';
@@ -79,7 +79,7 @@ try {
   check('a wrong password is refused, with a clear message');
 
   await signIn(page, env('OPERATOR'), env('OPERATOR_PASSWORD'));
-  await page.screenshot({ path: `${shots}/events.png`, fullPage: true });
+  assert.equal(await page.locator('#live').getAttribute('data-state'), 'off', 'without JavaScript the page is as sent');
   check('the operator signs in (JavaScript off)');
 
   // Filter to the failed event: provider and status, through the form.
@@ -100,7 +100,7 @@ try {
   const reason = await page.locator('#failure-reason').innerText();
   assert.match(reason, /does not exist yet/, `its failure reason: ${reason}`);
   assert.equal(await page.locator('h1 .status').innerText(), 'failed');
-  await page.screenshot({ path: `${shots}/event-failed.png`, fullPage: true });
+  await page.screenshot({ path: `${shots}/console-event.png`, fullPage: true });
   check(`the event page shows the reason: ${reason}`);
 
   // Replay it: a confirmation that says what will happen, then the action.
@@ -125,7 +125,6 @@ try {
   assert.match(history, /replay/);
   assert.match(history, new RegExp(`console:${env('OPERATOR')}`));
   assert.match(history, /the account exists now/);
-  await page.screenshot({ path: `${shots}/event.png`, fullPage: true });
   check('the event becomes done, its history names the replay, who and why');
 
   // An action without its CSRF token, or with another's, or from another site: refused, nothing done.
@@ -160,7 +159,7 @@ try {
   assert.match(await charts('failed'), /^stripe: 1 failed/);
   assert.ok(await page.locator('svg.chart.received[aria-label^="stripe:"] rect').count() >= 1, 'a bar is drawn');
   assert.match(await page.locator('main').innerText(), /Secrets in use/);
-  await page.screenshot({ path: `${shots}/health.png`, fullPage: true });
+  await page.screenshot({ path: `${shots}/console-health.png`, fullPage: true });
   check('the health page charts received, duplicate, rejected and failed per minute');
 
   // ---- pause GitHub's issues from the Pauses page; a delivery waits, held; resume, and it is processed ----
@@ -193,7 +192,7 @@ try {
   }
   assert.equal(held, '1', 'the worker holds the delivery');
   assert.match(await pauseRow.innerText(), /triage bot misbehaving/);
-  await page.screenshot({ path: `${shots}/pauses.png`, fullPage: true });
+  await page.screenshot({ path: `${shots}/console-pauses.png`, fullPage: true });
   await page.goto(eventUrl('github', 'gh-paused-1'));
   assert.equal(await page.locator('h1 .status').innerText(), 'pending');
   assert.match(await page.locator('#held').innerText(), /Held by a pause/);
@@ -223,7 +222,7 @@ try {
   assert.match(await alertRow.innerText(), /deposits failing/);
   assert.match(await alertRow.innerText(), /events of marqeta failed/);
   assert.equal(await alertRow.locator('.status').innerText(), 'open');
-  await page.screenshot({ path: `${shots}/alerts.png`, fullPage: true });
+  await page.screenshot({ path: `${shots}/console-alerts.png`, fullPage: true });
   await alertRow.getByRole('link', { name: 'Acknowledge…' }).click();
   await page.waitForURL(/act=ack/);
   await page.fill('#reason', 'looking at the deposits');
@@ -255,9 +254,39 @@ try {
   }
   const csp = (await p2.request.get(eventUrl('stripe', hostileId))).headers()['content-security-policy'];
   assert.match(csp, /default-src 'none'/);
-  assert.doesNotMatch(csp, /script-src/, 'no script is allowed at all');
+  assert.match(csp, /script-src 'self';/, 'scripts from the console only');
+  assert.doesNotMatch(csp, /unsafe-inline|unsafe-eval|\*/, 'no inline script, no eval, no other origin');
   noProblems(js, 'the hostile payload');
   check('a payload with <script>, <img onerror> and javascript: runs nothing, and shows as text');
+
+  // ---- the Events page is live: a delivery made while it is open appears on it, under the CSP ----
+  await p2.goto(`${url}/events`);
+  await p2.waitForFunction(() => document.getElementById('live')?.dataset.state === 'live', null, { timeout: 10000 });
+  await p2.evaluate(() => { window.__loaded = 'once'; });
+  const stripe = async (id, amount) => {
+    const body = JSON.stringify({ id, type: 'payment_intent.succeeded',
+      data: { object: { id: `pi_${amount}`, amount_received: amount, currency: 'usd' } } });
+    const t = Math.floor(Date.now() / 1000);
+    const v1 = createHmac('sha256', 'whsec_dev_stripe_secret').update(`${t}.${body}`).digest('hex');
+    const r = await p2.request.post(new URL('/webhooks/stripe', url).href,
+      { data: body, headers: { 'Content-Type': 'application/json', 'Stripe-Signature': `t=${t},v1=${v1}` } });
+    assert.equal(r.status(), 200, `the delivery of ${id} is accepted`);
+  };
+  const liveId = 'evt_live_<img src=x onerror=window.__pwned=5>';
+  await stripe(liveId, 4200);
+  await stripe('evt_live_2', 1999);
+  const liveRow = p2.locator('table.events tbody tr', { has: p2.locator('td.id', { hasText: liveId }) });
+  await liveRow.waitFor({ timeout: 15000 });
+  await liveRow.locator('.status.done').waitFor({ timeout: 15000 });
+  await p2.locator('table.events tbody tr', { hasText: 'evt_live_2' }).locator('.status.done').waitFor({ timeout: 15000 });
+  assert.equal(await p2.evaluate(() => window.__loaded), 'once', 'the rows came without a reload');
+  assert.equal(await p2.evaluate(() => window.__pwned), undefined, 'nothing in the live row ran');
+  assert.equal(await p2.locator('main img').count(), 0, 'no img element came from the live row');
+  assert.match(await liveRow.locator('td.id a').getAttribute('href'), /^\/console\/event\?/, 'the row links to its event');
+  assert.equal(await p2.locator('table.events tbody tr').first().locator('td.id').innerText(), 'evt_live_2', 'newest first');
+  await p2.screenshot({ path: `${shots}/console-events.png`, fullPage: true });
+  noProblems(js, 'the live listing');
+  check('the Events page shows new deliveries and their status changes live, as text, under the CSP');
 
   // ---- a viewer cannot act ----
   const viewer = await context();
@@ -300,7 +329,6 @@ try {
   assert.equal(await sessions.count(), 2, 'two sessions of the operator');
   assert.equal(await p2.getByText('this one').count(), 1, 'this one is marked');
   assert.match(await p2.locator('main').innerText(), /sign_in_failed/, 'the wrong password is in its history');
-  await p2.screenshot({ path: `${shots}/sessions.png`, fullPage: true });
   await p2.getByRole('button', { name: 'End every other session' }).click();
   await p2.waitForURL(/ended=1/);
   assert.equal(await sessions.count(), 1, 'one session left');
@@ -322,7 +350,6 @@ try {
   await p4.fill('#password', env('VIEWER_PASSWORD'));
   await p4.click('button[type=submit]');
   assert.match(await p4.locator('main').innerText(), /Too many failed sign-ins: try again in 15 minutes/);
-  await p4.screenshot({ path: `${shots}/locked.png`, fullPage: true });
   check('the sixth try is refused, right password or not, and says how long to wait');
   const after = await context();
   const p5 = await after.newPage();

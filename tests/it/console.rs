@@ -275,8 +275,79 @@ async fn bad_parameters_get_a_clear_page_and_every_page_its_policy(pool: PgPool)
         c.send("GET", "/signin", None, None).await,
         c.send("GET", "/health", Some(&cookie), None).await,
     ] {
-        assert!(page.csp.contains("default-src 'none'") && !page.csp.contains("script-src"), "{}", page.csp);
+        let csp = &page.csp;
+        assert!(csp.contains("default-src 'none'") && csp.contains("script-src 'self';"), "{csp}");
+        assert!(!csp.contains("unsafe") && !csp.contains('*'), "no inline script, no eval, no other origin: {csp}");
     }
+}
+
+/// The Events page's live stream: the newest page of its filter at once, then
+/// again when it changes (a new event); a payload search or a bad filter is
+/// refused, a request without a session sent to sign in; and 16 streams at
+/// once are all it serves (the 17th is answered 503, and one closed makes room).
+#[sqlx::test(migrator = "inbox_tests::MIGRATOR")]
+async fn the_live_listing_streams_the_newest_page_and_its_changes_sixteen_at_once(pool: PgPool) {
+    use std::time::Duration;
+    let c = Console::new(&pool, &pool).await;
+    let (cookie, _) = c.session("vic").await;
+    failed(&pool, 2).await;
+    let open = |path: &str| {
+        let req = Request::get(path)
+            .header(header::HOST, "console.test")
+            .header(header::COOKIE, format!("inbox_console={cookie}"))
+            .body(Body::empty())
+            .unwrap();
+        c.router.clone().oneshot(req)
+    };
+    // Reads the stream until what it has read holds `needle`.
+    async fn until(body: &mut Body, needle: &str) -> String {
+        let mut read = String::new();
+        while !read.contains(needle) {
+            let frame = tokio::time::timeout(Duration::from_secs(10), body.frame()).await;
+            let frame = frame.unwrap_or_else(|_| panic!("{needle} within 10 s; read: {read}")).unwrap().unwrap();
+            read.push_str(&String::from_utf8_lossy(frame.data_ref().unwrap()));
+        }
+        read
+    }
+    let r = open("/events/live?provider=stripe").await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.headers()[header::CONTENT_TYPE], "text/event-stream");
+    let mut body = r.into_body();
+    let first = until(&mut body, "evt_1").await;
+    assert!(first.starts_with("event: page\n") && first.contains(r#""event_id":"evt_2""#), "{first}");
+    sqlx::query(
+        "INSERT INTO webhook_inbox (provider, event_id, event_type, payload, status, raw_body, secret_index)
+         VALUES ('stripe', 'evt_<b>new</b>', 'invoice.paid', '{}', 'pending', '', 0)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let next = until(&mut body, "evt_<b>new</b>").await;
+    assert!(
+        next.contains(r#""status":"pending""#) && next.contains(r#""href":"/event?provider=stripe&id=evt_%3Cb%3Enew"#),
+        "{next}"
+    );
+
+    for (path, status) in [
+        ("/events/live?q=pi_1", StatusCode::BAD_REQUEST),
+        ("/events/live?status=exploded", StatusCode::BAD_REQUEST),
+        ("/events/live?after=bm90IGEgY3Vyc29y", StatusCode::BAD_REQUEST),
+    ] {
+        assert_eq!(open(path).await.unwrap().status(), status, "{path}");
+    }
+    let unsigned = c.send("GET", "/events/live", None, None).await;
+    assert_eq!((unsigned.status, unsigned.location.as_str()), (StatusCode::SEE_OTHER, "/signin?next=%2Fevents%2Flive"));
+
+    let mut held = vec![body];
+    for _ in 1..16 {
+        let r = open("/events/live").await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        held.push(r.into_body());
+    }
+    let refused = open("/events/live").await.unwrap();
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE, "the 17th stream at once");
+    held.pop();
+    assert_eq!(open("/events/live").await.unwrap().status(), StatusCode::OK, "one closed makes room");
 }
 
 #[sqlx::test(migrator = "inbox_tests::MIGRATOR")]

@@ -1,22 +1,29 @@
 //! The Events screen: the listing, its filters and its counts.
 
-use std::sync::Arc;
+use std::{
+    convert::Infallible,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use askama::Template;
 use axum::{
     extract::State as Shared,
     http::StatusCode,
-    response::{IntoResponse, Response},
+    response::{
+        sse::{Event as Sent, KeepAlive, Sse},
+        IntoResponse, Response,
+    },
 };
 use axum_extra::extract::Query;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{
     auth::Signed,
     page::{clip, html, optional, short_time, Nav, PageError},
     State,
 };
-use webhook_inbox::ops::{self, escape, Count, Cursor, EventQuery, IdMatch, PayloadMatch, Since, Status};
+use webhook_inbox::ops::{self, escape, Count, Cursor, EventQuery, EventSummary, IdMatch, PayloadMatch, Since, Status};
 
 #[derive(Deserialize, Default)]
 #[serde(default)]
@@ -103,6 +110,8 @@ struct EventsPage {
     first: Option<String>,
     requeue: Option<String>,
     erase: Option<String>,
+    /// The newest page of a filter without a payload search, kept current: its stream's URL.
+    live: Option<String>,
 }
 
 struct CountView {
@@ -111,6 +120,9 @@ struct CountView {
     href: String,
 }
 
+/// A row of the listing: in the page, and in its live stream as JSON (each
+/// text escaped and clipped as in the page; the script sets it as text).
+#[derive(Serialize)]
 struct Row {
     received_at: String,
     provider: String,
@@ -120,6 +132,22 @@ struct Row {
     attempts: i32,
     reason: String,
     href: String,
+}
+
+fn rows(nav: &Nav, events: &[EventSummary]) -> Vec<Row> {
+    events
+        .iter()
+        .map(|e| Row {
+            received_at: short_time(&e.received_at),
+            provider: escape(&e.provider).into_owned(),
+            event_type: clip(&e.event_type, 80),
+            event_id: clip(&e.event_id, 80),
+            status: e.status.clone(),
+            attempts: e.attempts,
+            reason: e.failure_reason.as_deref().map(|r| clip(r, 140)).unwrap_or_default(),
+            href: nav.event_href(&e.provider, &e.event_id),
+        })
+        .collect()
 }
 
 pub(super) async fn events(
@@ -161,20 +189,7 @@ pub(super) async fn events(
             None => None,
         };
         let page = ops::list_events(&state.read, &query, after.as_ref(), PAGE).await?;
-        rows = page
-            .events
-            .iter()
-            .map(|e| Row {
-                received_at: short_time(&e.received_at),
-                provider: escape(&e.provider).into_owned(),
-                event_type: clip(&e.event_type, 80),
-                event_id: clip(&e.event_id, 80),
-                status: e.status.clone(),
-                attempts: e.attempts,
-                reason: e.failure_reason.as_deref().map(|r| clip(r, 140)).unwrap_or_default(),
-                href: nav.event_href(&e.provider, &e.event_id),
-            })
-            .collect();
+        rows = self::rows(&nav, &page.events);
         next = page.next.map(|c| {
             let c = c.to_string();
             let mut pairs = f.pairs();
@@ -204,7 +219,68 @@ pub(super) async fn events(
     // Only where the filter is all it would take: not narrowed by status or id, which it has not.
     let whole = query.statuses.is_empty() && query.event_id.is_none();
     let erase = (nav.operator() && whole && !pairs.is_empty()).then(|| nav.href("/erase", &pairs));
+    let live =
+        (errors.is_empty() && after.is_none() && query.payload.is_none()).then(|| nav.href("/events/live", &f.pairs()));
     let status = if errors.is_empty() { StatusCode::OK } else { StatusCode::BAD_REQUEST };
-    let page = EventsPage { nav, f, counts, providers, rows, errors, next, first, requeue, erase };
+    let page = EventsPage { nav, f, counts, providers, rows, errors, next, first, requeue, erase, live };
     Ok((status, html(page)?).into_response())
+}
+
+/// How often a live listing reads its page again.
+const LIVE_EVERY: Duration = Duration::from_secs(2);
+/// How long one live stream lasts: then the browser connects again
+/// (`EventSource`), and its session is checked again.
+const LIVE_FOR: Duration = Duration::from_secs(60);
+
+/// The newest page of a filter, as a stream of server-sent events: a `page`
+/// event (the rows, as JSON) at once and whenever the page changes (a new
+/// event, a status that moved), read every [`LIVE_EVERY`]. What the Events
+/// page's script (`live.js`) shows; without a script the page is as it was
+/// sent. A payload search is not streamed (it would read every payload of
+/// its range each time).
+pub(super) async fn live(
+    Shared(state): Shared<Arc<State>>,
+    _: Signed,
+    params: Result<Query<ListParams>, axum_extra::extract::QueryRejection>,
+) -> Result<Response, PageError> {
+    let Query(f) = params.map_err(|_| PageError::BadRequest("The listing's parameters could not be read.".into()))?;
+    let (query, after, errors) = f.query();
+    if let Some(e) = errors.first() {
+        return Err(PageError::BadRequest(e.clone()));
+    }
+    if query.payload.is_some() || after.is_some() {
+        return Err(PageError::BadRequest("Only the newest page without a payload search is live.".into()));
+    }
+    let permit = state.live.clone().try_acquire_owned().map_err(|_| {
+        PageError::Unavailable("As many live listings as the console serves are open: reload the page later.")
+    })?;
+    let until = Instant::now() + LIVE_FOR;
+    // The permit goes with the stream: held while it is open.
+    let pages = futures_util::stream::unfold((String::new(), permit), move |(mut last, permit)| {
+        let (state, query) = (state.clone(), query.clone());
+        async move {
+            loop {
+                if !last.is_empty() {
+                    tokio::time::sleep(LIVE_EVERY).await;
+                }
+                if Instant::now() >= until {
+                    return None;
+                }
+                let page = match ops::list_events(&state.read, &query, None, PAGE).await {
+                    Ok(page) => page,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "a live listing could not read its page: its stream ends, and the browser connects again");
+                        return None;
+                    }
+                };
+                let data = serde_json::to_string(&rows(&Nav::anonymous(&state), &page.events)).unwrap_or_default();
+                if data != last {
+                    let sent = Sent::default().event("page").retry(LIVE_EVERY).data(&data);
+                    return Some((Ok::<_, Infallible>(sent), (data, permit)));
+                }
+                last = data;
+            }
+        }
+    });
+    Ok(Sse::new(pages).keep_alive(KeepAlive::default()).into_response())
 }
