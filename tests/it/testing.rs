@@ -296,3 +296,67 @@ async fn the_kit_s_bodies_are_stored_under_their_provider_s_ids_and_types(pool: 
     let stamp = body["timestamp"].as_str().unwrap();
     assert!(stamp.len() == 20 && stamp.ends_with('Z') && stamp.as_bytes()[10] == b'T', "{stamp}");
 }
+
+/// The kit's assertions, as a team's test uses them: the event's status and
+/// what its handler enqueued, and, when either is not what the test requires,
+/// a failure that says what there is instead.
+#[sqlx::test(migrations = false)]
+async fn the_kit_requires_a_status_and_what_a_handler_enqueued_and_says_what_there_is(pool: PgPool) {
+    use futures_util::FutureExt as _;
+    use std::panic::AssertUnwindSafe;
+    use webhook_inbox::{
+        ops::Status, serde_json::json, testing::Enqueued, Event, HandlerError, Message, Outcome, PgConnection, Provider,
+    };
+    async fn paid(conn: &mut PgConnection, e: &Event) -> Result<Outcome, HandlerError> {
+        let invoice = e.payload["data"]["object"]["id"].as_str().unwrap_or_default();
+        let receipt = Message::new("invoice", invoice, format!("receipt:{invoice}"), json!({"invoice": invoice}));
+        e.enqueue(conn, &receipt.to("billing")).await?;
+        Ok(Outcome::Applied)
+    }
+    async fn voided(_: &mut PgConnection, _: &Event) -> Result<Outcome, HandlerError> {
+        Err(HandlerError::Permanent("voided invoices are not ours".into()))
+    }
+    let handlers = Handlers::new().on(Provider::STRIPE, "invoice.paid", paid).unwrap();
+    let app = App::new(handlers.on(Provider::STRIPE, "invoice.voided", voided).unwrap());
+    let inbox = TestInbox::new(&pool, &app, &[("STRIPE_WEBHOOK_SECRET", "whsec_t")]).await.unwrap();
+    let paid = testing::bodies::stripe_event("evt_1", "invoice.paid", json!({"id": "in_1"}));
+    let voided = testing::bodies::stripe_event("evt_2", "invoice.voided", json!({"id": "in_2"}));
+    for body in [paid, voided] {
+        assert_eq!(inbox.deliver(testing::stripe("whsec_t", &body)).await.status, 200);
+    }
+    inbox.drain().await.unwrap();
+
+    assert_eq!(inbox.require_status("stripe", "evt_1", Status::Done).await.attempts, 1);
+    let sent = inbox.require_enqueued("stripe", "evt_1", "billing").await;
+    let expected = Enqueued {
+        message_key: "receipt:in_1".into(),
+        destination: "billing".into(),
+        aggregate_type: "invoice".into(),
+        aggregate_id: "in_1".into(),
+        ordering_key: None,
+        payload: json!({"invoice": "in_1"}),
+    };
+    assert_eq!(sent, [expected]);
+    inbox.require_nothing_enqueued("stripe", "evt_2").await;
+
+    // Each requirement that does not hold fails with what there is.
+    async fn failure(f: impl std::future::Future<Output = ()>) -> String {
+        let panicked = AssertUnwindSafe(f).catch_unwind().await.expect_err("the requirement fails");
+        panicked.downcast_ref::<String>().cloned().unwrap_or_default()
+    }
+    let said = failure(async { drop(inbox.require_status("stripe", "evt_2", Status::Done).await) }).await;
+    assert!(
+        said.contains("is failed after 1 attempt(s), expected done; failure reason: ")
+            && said.contains("voided invoices are not ours"),
+        "{said}"
+    );
+    let said = failure(async { drop(inbox.require_status("stripe", "evt_9", Status::Done).await) }).await;
+    assert_eq!(said, "stripe evt_9 is not stored: expected it done");
+    let said = failure(async { drop(inbox.require_enqueued("stripe", "evt_1", "default").await) }).await;
+    assert_eq!(
+        said,
+        r#"stripe evt_1 enqueued nothing for "default"; it enqueued 1 message(s): "receipt:in_1" for "billing" (invoice in_1)"#
+    );
+    let said = failure(inbox.require_nothing_enqueued("stripe", "evt_1")).await;
+    assert!(said.ends_with("expected nothing"), "{said}");
+}

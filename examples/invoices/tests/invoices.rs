@@ -174,9 +174,14 @@ async fn an_unknown_invoice_is_retried_and_an_underpaid_one_fails_at_once(pool: 
             ("evt_short".into(), "failed".into(), 1, "attempt 1: invoice in_short: 499 paid of 500".into()),
         ]
     );
-    // The invoice arrives; the retry finds it.
+    // The invoice arrives; the retry finds it, and the receipt goes to the mailer.
     open_invoice(&pool, "in_later", 100).await;
     inbox.drain().await.unwrap();
+    assert_eq!(inbox.require_status("stripe", "evt_early", Status::Done).await.attempts, 2);
+    let receipt = inbox.require_enqueued("stripe", "evt_early", "email").await;
+    assert_eq!((receipt[0].message_key.as_str(), &receipt[0].payload["amount"]), ("receipt:in_later", &json!(100)));
+    inbox.require_status("stripe", "evt_short", Status::Failed).await;
+    inbox.require_nothing_enqueued("stripe", "evt_short").await;
     let paid: String =
         sqlx::query_scalar("SELECT status FROM invoices WHERE invoice_id = 'in_later'").fetch_one(&pool).await.unwrap();
     assert_eq!(paid, "paid");

@@ -3,7 +3,9 @@
 //! deliveries signed as each provider signs them, the bodies they send
 //! ([`bodies`]), and a [`TestInbox`] that
 //! delivers through the real receive path and drains with the real worker on
-//! a test database.
+//! a test database, then requires what became of an event
+//! ([`TestInbox::require_status`]) and what its handler enqueued
+//! ([`TestInbox::require_enqueued`]).
 //!
 //! A handler's unit test needs no database for what it decides before it
 //! writes, and a real one for what it writes:
@@ -42,6 +44,9 @@
 //! ```
 
 pub mod bodies;
+mod require;
+
+pub use require::Enqueued;
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
