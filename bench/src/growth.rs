@@ -49,10 +49,10 @@ impl Bench {
                     http(&config, c, Load::Stripe { copies: 1 }, Until::Deliveries(per_client)).await.map(|_| ())
                 })
                 .await?;
-            println!(
+            self.round(format_args!(
                 "growth, round {round}: pgbench {:.0} B WAL, {:.0} B stored per row | receive {:.0} B WAL, {:.0} B stored per event",
                 peer.wal, peer.bytes, ours.wal, ours.bytes
-            );
+            ));
             wal_peer.values.push(peer.wal);
             wal_ours.values.push(ours.wal);
             size_peer.values.push(peer.bytes);
@@ -100,10 +100,10 @@ impl Bench {
                     .in_schema(pool, config, EMPTY, |schema_url| insert_stripe_shaped(schema_url, method, n))
                     .await?;
                 let per_event = took.as_secs_f64() / n as f64 * 1e6;
-                println!(
+                self.round(format_args!(
                     "compression, round {round}, {method}: {per_event:.1} µs, {:.0} B WAL, {:.0} B stored per event",
                     stored.wal, stored.bytes
-                );
+                ));
                 time.values.push(per_event);
                 wal.values.push(stored.wal);
                 bytes.values.push(stored.bytes);
@@ -147,14 +147,14 @@ impl Bench {
         .context("seeding the full inbox")?;
         sqlx::query("VACUUM ANALYZE webhook_inbox").execute(&seed).await?;
         seed.close().await;
-        println!("claim latency: {rows} events stored in {:.0} s", seeding.elapsed().as_secs_f64());
+        self.round(format_args!("claim latency: {rows} events stored in {:.0} s", seeding.elapsed().as_secs_f64()));
         for round in 1..=self.rounds {
             let empty = claim_times(url, EMPTY, round, claims).await?;
             let full = claim_times(url, FULL, round, claims).await?;
-            println!(
+            self.round(format_args!(
                 "claim latency, round {round}: empty p50 {:.3} ms, p99 {:.3} ms | {rows} stored p50 {:.3} ms, p99 {:.3} ms",
                 empty.0, empty.1, full.0, full.1
-            );
+            ));
             empty_p50.values.push(empty.0);
             empty_p99.values.push(empty.1);
             full_p50.values.push(full.0);

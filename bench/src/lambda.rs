@@ -79,7 +79,7 @@ pub(super) async fn lambda(bench: &Bench, url: &str, report: &mut Report) -> Res
             Some(mb) => format!("arm64 bootstrap {mb:.2} MB"),
             None => "no arm64 bootstrap (scripts/build-lambdas builds it)".into(),
         };
-        println!("lambda {}: native {:.2} MB, {deployed}", b.name, b.native_mb);
+        bench.round(format_args!("lambda {}: native {:.2} MB, {deployed}", b.name, b.native_mb));
     }
     let mut starts: Vec<Figure> =
         binaries.iter().map(|b| Figure::new(format!("{}: exec to first poll", b.name), "ms")).collect();
@@ -95,7 +95,11 @@ pub(super) async fn lambda(bench: &Bench, url: &str, report: &mut Report) -> Res
         };
         for (b, start) in binaries.iter().zip(&mut starts) {
             let mut instance = Instance::start(b, url).await?;
-            println!("lambda {}, round {round}: exec to first poll {:.2} ms", b.name, ms(instance.first_poll));
+            bench.round(format_args!(
+                "lambda {}, round {round}: exec to first poll {:.2} ms",
+                b.name,
+                ms(instance.first_poll)
+            ));
             start.values.push(ms(instance.first_poll));
             if b.name != "receive" {
                 continue;
@@ -103,20 +107,20 @@ pub(super) async fn lambda(bench: &Bench, url: &str, report: &mut Report) -> Res
             let took = instance.warm(&events("latency")?).await?;
             let pct = |p: f64| super::percentile(&took, p);
             let peak = instance.peak_rss()?;
-            println!(
+            bench.round(format_args!(
                 "lambda receive, round {round}: {n} warm invocations p50 {:.2} ms, p99 {:.2} ms, peak RSS {peak:.1} MB",
                 pct(0.50),
                 pct(0.99)
-            );
+            ));
             p50.values.push(pct(0.50));
             p99.values.push(pct(0.99));
             rss.values.push(peak);
         }
 
         let (new, dup) = round_trips(receive, url, &events("trips")?).await?;
-        println!(
+        bench.round(format_args!(
             "lambda receive, round {round}: database round trips per delivery {new:.2} all new, {dup:.2} duplicate"
-        );
+        ));
         trips_new.values.push(new);
         trips_dup.values.push(dup);
     }

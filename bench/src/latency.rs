@@ -50,7 +50,7 @@ impl Bench {
                     through_lambda(url, n, round).await?
                 };
                 let (a, b) = (percentile(&took, 0.50), percentile(&took, 0.99));
-                println!("latency through {way}, round {round}: {n} events received → delivered p50 {a:.0} ms, p99 {b:.0} ms");
+                self.round(format_args!("latency through {way}, round {round}: {n} events received → delivered p50 {a:.0} ms, p99 {b:.0} ms"));
                 p50.values.push(a);
                 p99.values.push(b);
                 p50_check.values.push(a);

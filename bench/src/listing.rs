@@ -66,7 +66,7 @@ impl Bench {
         .await
         .context("seeding the listing's inbox")?;
         sqlx::query("VACUUM ANALYZE webhook_inbox").execute(&seed).await?;
-        println!("listing: {rows} events stored in {:.0} s", seeding.elapsed().as_secs_f64());
+        self.round(format_args!("listing: {rows} events stored in {:.0} s", seeding.elapsed().as_secs_f64()));
 
         let (deep_at, deep_provider, deep_id): (String, String, String) = sqlx::query_as(
             "SELECT received_at::text, provider, event_id FROM webhook_inbox ORDER BY received_at DESC OFFSET $1 LIMIT 1",
@@ -214,7 +214,7 @@ impl Bench {
             }
             counts.values.push(super::median(&c[RUNS - KEPT..]));
             count_star.values.push(super::median(&s[RUNS - KEPT..]));
-            println!("listing, round {round}: the slowest filter {worst:.2} ms");
+            self.round(format_args!("listing, round {round}: the slowest filter {worst:.2} ms"));
             slowest.values.push(worst);
         }
         console.close().await;

@@ -67,9 +67,24 @@ fn beside(name: &str) -> Result<PathBuf> {
 }
 
 /// An error is one line (with its causes) on stderr and exit status 1.
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+fn main() -> std::process::ExitCode {
+    // Its own lines say what it does: the log only warns. The bench's own
+    // statements (seeding millions of rows, vacuums) are slow by design:
+    // sqlx's slow-statement warnings would print their SQL whole.
+    if std::env::var_os("RUST_LOG").is_none() {
+        std::env::set_var("RUST_LOG", "warn,sqlx::query=error");
+    }
     webhook_inbox::config::init_logging();
+    match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime.block_on(run()),
+        Err(e) => {
+            eprintln!("error: starting the runtime: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> std::process::ExitCode {
     let bench = <Cli as clap::Parser>::parse().args.bench();
     let run = async {
         dev::with_database(ReceiveConfig::from_env(16)?, |config| async move { bench.run(config).await }).await
@@ -107,6 +122,8 @@ pub struct Bench {
     pub only: Vec<String>,
     /// Where to write the Markdown report.
     pub out: Option<PathBuf>,
+    /// Each round's figures printed as they come (else one line per section).
+    pub verbose: bool,
 }
 
 /// `inbox-bench`'s arguments.
@@ -141,6 +158,9 @@ pub struct BenchArgs {
     /// The smallest run that exercises every comparison (CI): 1 s, 1 round, 2 in flight, 2,000 events, 2,000 retained, 20,000 stored.
     #[arg(long)]
     smoke: bool,
+    /// Print each round's figures as they come (by default, one line as each section starts, and the figures at the end).
+    #[arg(long, short)]
+    verbose: bool,
 }
 
 impl BenchArgs {
@@ -157,6 +177,7 @@ impl BenchArgs {
                 growth_rows: 20_000,
                 only: self.only,
                 out: self.out,
+                verbose: self.verbose,
             };
         }
         Bench {
@@ -169,6 +190,7 @@ impl BenchArgs {
             growth_rows: self.growth_rows.max(1),
             only: self.only,
             out: self.out,
+            verbose: self.verbose,
         }
     }
 }
@@ -258,6 +280,13 @@ impl Bench {
         self.only.is_empty() || self.only.iter().any(|s| s == section)
     }
 
+    /// A round's figures, as they come: printed with `--verbose`.
+    fn round(&self, line: std::fmt::Arguments<'_>) {
+        if self.verbose {
+            println!("{line}");
+        }
+    }
+
     /// The first concurrency of the run: the one the sections with a single concurrency use.
     fn in_flight(&self) -> usize {
         self.concurrency.first().copied().unwrap_or(8)
@@ -288,57 +317,81 @@ impl Bench {
                 .context("running wrk (`apt-get install wrk`; scripts/test does)")?;
         }
         let mut report = Report::default();
+        // One line as each section starts (each round's figures with --verbose).
+        let started = Instant::now();
+        let section = |name: &str| println!("[{:>5} s] {name}", started.elapsed().as_secs());
         // What a run cut short left behind goes first: the empty inbox must be empty.
         clean(&pool).await?;
         forget_retained(&pool).await?;
         // The worker on an empty inbox first: the figure its runs on a full one are compared with.
-        let empty = if self.runs("process") { Some(self.process_empty(&pool).await?) } else { None };
+        let empty = if self.runs("process") {
+            section("process, on an empty inbox");
+            Some(self.process_empty(&pool).await?)
+        } else {
+            None
+        };
+        section(&format!("storing the retention window: {} done events over 60 days", self.retained));
         // Then the inbox holds a retention window, as in production, for every section on it.
         retain(&pool, 0, self.retained).await?;
         // Every section starts on tables holding none of the bench's rows, dead or alive (the retained ones stay).
         if self.runs("receive") {
             for &c in &self.concurrency {
                 for copies in [1, 2] {
+                    section(&format!(
+                        "receive, {c} in flight, {}",
+                        if copies == 1 { "all new" } else { "50% duplicates" }
+                    ));
                     clean(&pool).await?;
                     self.receive(&url, &config, c, copies, &mut report).await?;
                 }
             }
         }
         if self.runs("marqeta") {
+            section("Marqeta batches");
             clean(&pool).await?;
             self.marqeta(&config, &mut report).await?;
         }
         if self.runs("prune") {
+            section("prune, while receive runs");
             clean(&pool).await?;
             self.prune(&pool, &config, &mut report).await?;
         }
         if let Some(empty) = empty {
+            section("process against graphile-worker, no handler and the stock handlers");
             self.process(&pool, &url, empty, &mut report).await?;
         }
         if self.runs("snapshot") {
+            section("a snapshot held open: process and relay");
             self.process_snapshot(&pool, &mut report).await?;
         }
         if self.runs("relay") {
+            section("relay");
             clean(&pool).await?;
             self.relay(&pool, &url, &mut report).await?;
         }
         if self.runs("latency") {
+            section("received → delivered, through serve and through the functions");
             clean(&pool).await?;
             self.latency(&url, &mut report).await?;
         }
         if self.runs("verify") {
+            section("verification");
             self.verify(&mut report)?;
         }
         if self.runs("lambda") {
+            section("the Lambda functions");
             lambda::lambda(self, &url, &mut report).await?;
         }
         if self.runs("growth") {
+            section("growth: WAL and bytes per event, compression, claim latency");
             self.growth(&pool, &config, &mut report).await?;
         }
         if self.runs("listing") {
+            section("the console's listing");
             self.listing(&pool, &config, &mut report).await?;
         }
         if self.runs("process") {
+            section("process as the inbox fills");
             self.process_history(&pool, &config, &mut report).await?;
         }
         clean(&pool).await?;

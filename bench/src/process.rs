@@ -1,5 +1,9 @@
 //! The worker against graphile-worker: draining, seeding pending and retained events.
 
+use std::process::Stdio;
+
+use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
+
 use super::*;
 
 impl Bench {
@@ -10,7 +14,10 @@ impl Bench {
             clean(pool).await?;
             seed(pool, self.events, false).await?;
             let rate = self.drain(pool, false).await?;
-            println!("process, {} events, no handler, empty inbox, round {round}: {rate:.0} events/s", self.events);
+            self.round(format_args!(
+                "process, {} events, no handler, empty inbox, round {round}: {rate:.0} events/s",
+                self.events
+            ));
             rates.push(rate);
         }
         Ok(rates)
@@ -28,10 +35,13 @@ impl Bench {
         .bind(accounts(self.events))
         .execute(pool)
         .await?;
-        let gw = GraphileWorker::install().await?;
+        let gw = GraphileWorker::install(url).await?;
         let w = self.workers;
         let mut peer = Figure::new(
-            format!("graphile-worker {GRAPHILE_WORKER}, {} no-op jobs, {w} processes of 24 jobs", self.events),
+            format!(
+                "graphile-worker {GRAPHILE_WORKER}, {} no-op jobs, {w} processes of 24 jobs, a database of its own",
+                self.events
+            ),
             "jobs/s",
         );
         let retained = self.retained;
@@ -50,18 +60,20 @@ impl Bench {
             "events/s",
         );
         for round in 1..=self.rounds {
-            let jobs = gw.drain(pool, url, self.events, w).await?;
-            println!("{}, round {round}: {jobs:.0} jobs/s", peer.name);
+            let jobs = gw.drain(self.events, w).await?;
+            self.round(format_args!("{}, round {round}: {jobs:.0} jobs/s", peer.name));
             peer.values.push(jobs);
             for (figure, handlers) in [(&mut bare, false), (&mut stock, true)] {
                 clean(pool).await?;
                 seed(pool, self.events, handlers).await?;
+                // Each side starts settled, as graphile-worker's does.
+                sqlx::raw_sql("CHECKPOINT").execute(pool).await?;
                 let rate = self.drain(pool, handlers).await?;
-                println!("{}, round {round}: {rate:.0} events/s", figure.name);
+                self.round(format_args!("{}, round {round}: {rate:.0} events/s", figure.name));
                 figure.values.push(rate);
             }
         }
-        sqlx::query("DROP SCHEMA IF EXISTS graphile_worker CASCADE").execute(pool).await?;
+        gw.drop_database(pool).await?;
         let per_round = |f: &Figure| f.values.iter().zip(&peer.values).map(|(a, b)| a / b).collect::<Vec<_>>();
         report.checks.push(Check {
             values: per_round(&bare),
@@ -120,7 +132,7 @@ impl Bench {
                 sqlx::raw_sql("VACUUM (ANALYZE) webhook_inbox").execute(p).await?;
                 seed(p, self.events, false).await?;
                 let rate = self.drain(p, false).await?;
-                println!("{}, round {round}: {rate:.0} events/s", figure.name);
+                self.round(format_args!("{}, round {round}: {rate:.0} events/s", figure.name));
                 figure.values.push(rate);
             }
             ratio.values.push(on_full.values[round - 1] / on_empty.values[round - 1]);
@@ -168,13 +180,13 @@ impl Bench {
                 if let Some(tx) = snapshot {
                     tx.rollback().await?;
                 }
-                println!("{}, round {round}: {rate:.0} events/s", figure.name);
+                self.round(format_args!("{}, round {round}: {rate:.0} events/s", figure.name));
                 figure.values.push(rate);
             }
             ratio.values.push(held.values[round - 1] / free.values[round - 1]);
             for (holding, figure) in [(false, &mut relay_free), (true, &mut relay_held)] {
                 let rate = self.relay_drain(pool, holding).await?;
-                println!("{}, round {round}: {rate:.0} messages/s", figure.name);
+                self.round(format_args!("{}, round {round}: {rate:.0} messages/s", figure.name));
                 figure.values.push(rate);
             }
             relay_ratio.values.push(relay_held.values[round - 1] / relay_free.values[round - 1]);
@@ -217,13 +229,25 @@ impl Bench {
 
 pub(super) const GRAPHILE_WORKER: &str = "0.17.3";
 
-/// graphile-worker from npm, in a folder of its own under the temporary directory.
+/// graphile-worker from npm, in a folder of its own under the temporary
+/// directory, on a database of its own on the bench's server
+/// ([`GRAPHILE_DATABASE`]): nothing else writes there, and nothing the bench
+/// retains for the inbox sits beside its jobs.
 pub(super) struct GraphileWorker {
     dir: PathBuf,
+    /// Its database's URL, for its processes.
+    url: String,
+    /// Its database, for the bench's checks before and after a drain (never during one).
+    pool: PgPool,
 }
 
+/// graphile-worker's database, made afresh by each run.
+pub(super) const GRAPHILE_DATABASE: &str = "inbox_bench_graphile";
+
 impl GraphileWorker {
-    pub(super) async fn install() -> Result<Self> {
+    /// Installs graphile-worker if it is not, and makes its database afresh
+    /// on the server of `url`.
+    pub(super) async fn install(url: &str) -> Result<Self> {
         let dir = std::env::temp_dir().join(format!("inbox-bench-graphile-worker-{GRAPHILE_WORKER}"));
         std::fs::create_dir_all(&dir)?;
         if !dir.join("node_modules/graphile-worker/package.json").exists() {
@@ -242,7 +266,26 @@ impl GraphileWorker {
             );
         }
         std::fs::write(dir.join("graphile.mjs"), include_str!("../graphile.mjs"))?;
-        Ok(GraphileWorker { dir })
+        let server = PgPool::connect(url).await.context("connecting to make graphile-worker's database")?;
+        for statement in [
+            format!("DROP DATABASE IF EXISTS {GRAPHILE_DATABASE} WITH (FORCE)"),
+            format!("CREATE DATABASE {GRAPHILE_DATABASE}"),
+        ] {
+            sqlx::raw_sql(&statement).execute(&server).await.context("making graphile-worker's database")?;
+        }
+        server.close().await;
+        let mut own = url::Url::parse(url).context("DATABASE_URL is not a URL")?;
+        own.set_path(&format!("/{GRAPHILE_DATABASE}"));
+        let url = own.to_string();
+        let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect(&url).await?;
+        Ok(GraphileWorker { dir, url, pool })
+    }
+
+    /// Removes its database.
+    pub(super) async fn drop_database(self, pool: &PgPool) -> Result<()> {
+        self.pool.close().await;
+        sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS {GRAPHILE_DATABASE} WITH (FORCE)")).execute(pool).await?;
+        Ok(())
     }
 
     pub(super) fn node(&self, args: &[&str]) -> tokio::process::Command {
@@ -251,42 +294,53 @@ impl GraphileWorker {
         cmd
     }
 
-    /// Jobs per second `processes` worker processes drain `n` no-op jobs at,
-    /// from the first job done to the last (their start-up left out).
-    pub(super) async fn drain(&self, pool: &PgPool, url: &str, n: usize, processes: usize) -> Result<f64> {
-        let mut seed = self.node(&["seed", url, &n.to_string()]).stdin(std::process::Stdio::piped()).spawn()?;
+    /// Jobs per second `processes` worker processes drain `n` no-op jobs at:
+    /// the jobs seeded in a fresh schema, vacuumed and checkpointed; the
+    /// processes started, their pools connected; then timed from the word
+    /// to start to the exit of the last (graphile-worker's `runOnce`, which
+    /// ends when no job is left), with nothing reading its tables meanwhile.
+    pub(super) async fn drain(&self, n: usize, processes: usize) -> Result<f64> {
+        sqlx::query("DROP SCHEMA IF EXISTS graphile_worker CASCADE").execute(&self.pool).await?;
+        let mut seed = self.node(&["seed", &self.url, &n.to_string()]).stdin(Stdio::piped()).spawn()?;
         {
-            use tokio::io::AsyncWriteExt;
             let mut stdin = seed.stdin.take().context("seed's stdin")?;
             stdin.write_all(body("bench-gw").as_bytes()).await?;
         }
         ensure!(seed.wait().await?.success(), "graphile-worker's seed failed");
         let count = || async {
-            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM graphile_worker._private_jobs").fetch_one(pool).await
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM graphile_worker._private_jobs")
+                .fetch_one(&self.pool)
+                .await
         };
         ensure!(count().await? == n as i64, "graphile-worker was not given {n} jobs");
-        let workers: Vec<_> = (0..processes)
-            .map(|_| self.node(&["work", url]).stdout(std::process::Stdio::null()).spawn())
-            .collect::<Result<_, _>>()?;
-        let mut first = None;
-        let started = Instant::now();
-        loop {
-            let left = count().await?;
-            if left < n as i64 && first.is_none() {
-                first = Some((Instant::now(), n as i64 - left));
-            }
-            if left == 0 {
-                break;
-            }
-            ensure!(
-                started.elapsed() < Duration::from_secs(600),
-                "graphile-worker did not drain its jobs in 10 minutes"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        for statement in ["VACUUM (ANALYZE)", "CHECKPOINT"] {
+            sqlx::raw_sql(statement).execute(&self.pool).await?;
         }
-        drop(workers);
-        let (first, done_then) = first.context("no job was done")?;
-        Ok((n as i64 - done_then).max(1) as f64 / first.elapsed().as_secs_f64())
+        let mut workers = Vec::new();
+        for _ in 0..processes {
+            let mut child = self.node(&["once", &self.url]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn()?;
+            let mut lines = BufReader::new(child.stdout.take().context("a worker's stdout")?).lines();
+            let ready = tokio::time::timeout(Duration::from_secs(60), lines.next_line()).await;
+            ensure!(
+                matches!(ready, Ok(Ok(Some(ref line))) if line == "ready"),
+                "a graphile-worker process did not start: {ready:?}"
+            );
+            workers.push(child);
+        }
+        let started = Instant::now();
+        for child in &mut workers {
+            child.stdin.as_mut().context("a worker's stdin")?.write_all(b"go\n").await?;
+        }
+        for mut child in workers {
+            let exited = tokio::time::timeout(Duration::from_secs(600), child.wait()).await;
+            ensure!(
+                matches!(exited, Ok(Ok(ref status)) if status.success()),
+                "a graphile-worker process did not drain and exit in 10 minutes: {exited:?}"
+            );
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        ensure!(count().await? == 0, "graphile-worker left jobs undone");
+        Ok(n as f64 / elapsed)
     }
 }
 
@@ -347,7 +401,6 @@ pub(super) async fn retain(pool: &PgPool, from: usize, to: usize) -> Result<()> 
     if to <= from {
         return Ok(());
     }
-    println!("storing {} retained events (done, over 60 days)", to - from);
     let pad = "x".repeat(1100);
     let sql = format!(
         "INSERT INTO webhook_inbox (provider, event_id, event_type, payload, status, raw_body, headers, secret_index,

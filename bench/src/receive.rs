@@ -76,7 +76,7 @@ impl Bench {
         for round in 1..=self.rounds {
             let ceiling = self.pgbench(url, c, copies).await?;
             let http = self.http(config, c, Load::Stripe { copies }).await?;
-            println!(
+            self.round(format_args!(
                 "receive {c} in flight, {kind}, round {round}: pgbench {ceiling:.0}/s | HTTP {:.0}/s (p50 {:.2} ms, p99 {:.2} ms, {:.0} µs CPU a delivery, load generator {:.0}% CPU) | {:.2}",
                 http.rate,
                 http.p50,
@@ -84,7 +84,7 @@ impl Bench {
                 http.cpu_us,
                 http.load_share * 100.0,
                 http.rate / ceiling
-            );
+            ));
             peer.values.push(ceiling);
             ours.values.push(http.rate);
             p50.values.push(http.p50);

@@ -41,7 +41,11 @@ impl Report {
              deposits to one account per ten deposits, each with its effect and its outbox message); against \
              graphile-worker {GRAPHILE_WORKER} (npm) draining as many no-op jobs carrying the same payload, as many \
              processes as we have workers, each of 24 concurrent jobs, `localQueue` 500, \
-             `completeJobBatchDelay` 0, measured from its first job done to its last. The worker with no handler \
+             `completeJobBatchDelay` 0, no log line per job, in a database of its own: its jobs seeded, \
+             vacuumed and checkpointed, its processes started with their pools connected, then timed from the \
+             word to start to the exit of the last (`runOnce`), nothing reading its tables meanwhile (each of \
+             our drains starts checkpointed too). `bench/graphile-alone.sh` runs it alone by its own CLI, the \
+             check on this figure. The worker with no handler \
              is measured on an empty inbox first; last, it alternates between two freshly migrated schemas, \
              one empty and one holding {} retained events (vacuumed and checkpointed before the first drain, \
              as an old window is settled on disk).\n\

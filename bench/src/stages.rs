@@ -75,12 +75,12 @@ impl Bench {
                 rates[i] = n as f64 / started.elapsed().as_secs_f64();
                 figures[i].values.push(rates[i]);
             }
-            println!(
+            self.round(format_args!(
                 "verify + events, round {round}: coded {:.0}/s | declared {:.0}/s | {:.2}",
                 rates[0],
                 rates[1],
                 rates[1] / rates[0]
-            );
+            ));
             ratio.values.push(rates[1] / rates[0]);
         }
         report.sections.push(("Verification, in process".into(), figures));
@@ -125,12 +125,12 @@ impl Bench {
                 rates[i] = n as f64 / started.elapsed().as_secs_f64();
                 figures[i].values.push(rates[i]);
             }
-            println!(
+            self.round(format_args!(
                 "unsigned Twilio form, round {round}: one header {:.0}/s | 16 headers {:.0}/s | cost {:.2}x",
                 rates[0],
                 rates[1],
                 rates[0] / rates[1]
-            );
+            ));
             cost.values.push(rates[0] / rates[1]);
         }
         report.sections.push(("Verification, a stranger's large unsigned form".into(), figures));
@@ -146,7 +146,10 @@ impl Bench {
         for round in 1..=self.rounds {
             let h = self.http(config, c, Load::Marqeta { items: BATCH_ITEMS }).await?;
             let rate = h.rate * BATCH_ITEMS as f64;
-            println!("Marqeta batches, {c} in flight, round {round}: {rate:.0} items/s (p99 {:.2} ms)", h.p99);
+            self.round(format_args!(
+                "Marqeta batches, {c} in flight, round {round}: {rate:.0} items/s (p99 {:.2} ms)",
+                h.p99
+            ));
             items.values.push(rate);
             p99.values.push(h.p99);
         }
@@ -207,12 +210,12 @@ impl Bench {
             ensure!(deleted > 0, "the prune deleted nothing while receive ran");
             sqlx::query("DELETE FROM webhook_inbox WHERE event_id LIKE 'bench-old-%'").execute(pool).await?;
             let rate = deleted as f64 / elapsed.as_secs_f64();
-            println!(
+            self.round(format_args!(
                 "prune during receive, round {round}: {rate:.0} rows/s ({deleted} in {:.1} s, {left} left) | receive p99 {:.2} ms alone, {:.2} ms with prune",
                 elapsed.as_secs_f64(),
                 alone.p99,
                 during.p99
-            );
+            ));
             rows.values.push(rate);
             without.values.push(alone.p99);
             with.values.push(during.p99);
@@ -256,13 +259,13 @@ impl Bench {
             let stuck = SinkServer::start(Duration::from_secs(5)).await?;
             let shared =
                 self.relay_rate(pool, &[("fast", sink.lane(), 64, n), ("stuck", stuck.lane(), 8, 16)], window).await?;
-            println!(
+            self.round(format_args!(
                 "relay, round {round}: wrk {peer:.0}/s | relay {ours:.0}/s ({:.2}), in process {bare:.0}/s ({:.2} of its statements under pgbench, {own:.0}/s) | 50 ms sink {fifty:.0}/s ({:.2} of {ceiling:.0}) | alone {lone:.0}/s, beside a 5 s one {shared:.0}/s ({:.2})",
                 ours / peer,
                 bare / own,
                 fifty / ceiling,
                 shared / lone
-            );
+            ));
             wrk_rate.values.push(peer);
             at_once.values.push(ours);
             in_process.values.push(bare);

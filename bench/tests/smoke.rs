@@ -11,7 +11,7 @@ use std::process::Command;
 fn the_smoke_size_runs_every_comparison_and_writes_the_report() {
     let report = std::env::temp_dir().join(format!("inbox-bench-smoke-{}.md", std::process::id()));
     let out = Command::new(env!("CARGO_BIN_EXE_inbox-bench"))
-        .args(["--smoke", "--out"])
+        .args(["--smoke", "--verbose", "--out"])
         .arg(&report)
         // Its own embedded cluster; the rest of the environment stays (npm needs HOME and the machine's CA settings).
         .env_remove("DATABASE_URL")
