@@ -12,7 +12,8 @@ pub fn http_client(timeout: Duration) -> Result<reqwest::Client, reqwest::Error>
     // cross-compiles for the arm64 functions without a C toolchain. rustls
     // 0.23.48 deprecates ring's provider (it has no post-quantum key exchange);
     // it is allowed here so that a team's build resolving that release, with
-    // `-D warnings`, stays clean.
+    // `-D warnings`, stays clean. Cargo.lock holds 0.23.48: the test command's
+    // `-D warnings` build fails without this line.
     #[allow(deprecated)]
     let provider = rustls::crypto::ring::default_provider();
     let _ = provider.install_default();
